@@ -1,0 +1,157 @@
+// Package fix is the contract between the core and fix modules.
+//
+// A fix is a pure function from a Snapshot of the cluster (and an IP family) to the rules it wants.
+// It never talks to the Kubernetes API or the kernel itself: the core watches the API, calls Rules
+// when something changed and hands the result to the rule backend.
+package fix
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"reflect"
+	"strings"
+
+	"github.com/go-viper/mapstructure/v2"
+	"go.uber.org/fx"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/network-node-manager/network-node-manager/core/rules"
+)
+
+// Snapshot is a consistent view of what fixes may look at. Fixes must not modify it.
+type Snapshot struct {
+	// Services sorted by namespace/name. Only set when a running fix Needs Services.
+	Services []*corev1.Service
+	// Node is this node's Node object, nil when unknown (no node name, or not yet seen).
+	Node *corev1.Node
+	// PodCIDRs are the pod address ranges of this node: node.spec.podCIDRs, else the configured ones.
+	PodCIDRs []netip.Prefix
+	// Env is what the core knows about the node.
+	Env Env
+}
+
+// PodCIDRsOf returns the pod CIDRs of one family.
+func (s *Snapshot) PodCIDRsOf(f rules.Family) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range s.PodCIDRs {
+		if f.Contains(p.Addr()) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Env describes the node the agent runs on.
+type Env struct {
+	// ProxyMode is kube-proxy's mode: "ipvs", "iptables", "nftables", or "" when unknown.
+	ProxyMode string
+	// NodeName is this node's name ("" when not configured).
+	NodeName string
+}
+
+// Needs says which watches a fix uses; the core starts only the informers that running fixes need.
+type Needs struct {
+	Services bool
+	Node     bool
+}
+
+// Skip is an object a fix left out, with the reason (a short kebab-case word, used as metric label).
+type Skip struct {
+	Object string
+	Reason string
+	Detail string
+}
+
+// Report says what a Rules call covered and what it left out. The core logs skips and exports both.
+type Report struct {
+	// Covered counts the objects (e.g. Services) that got rules.
+	Covered int
+	// Items counts finer-grained things covered (e.g. external IPs), 0 if the fix has none.
+	Items   int
+	Skipped []Skip
+}
+
+// Fix is one independently registered repair.
+type Fix interface {
+	// ID is the fix's kebab-case id: its config key (fixes.<id>), metric label and log field.
+	ID() string
+	// Description is one line for `version`, logs and docs.
+	Description() string
+	// DefaultEnabled says whether the fix runs when the config does not say; env is what was detected.
+	DefaultEnabled(env Env) bool
+	// Configure validates and takes the fix's options (the keys under fixes.<id>, "enabled" removed).
+	// It is called before the first sync and on every config change; on error the old options stay.
+	Configure(options map[string]any) error
+	// Needs lists the watches the fix reads.
+	Needs() Needs
+	// Rules returns the rules the fix wants in family for snap. It must be pure and deterministic.
+	Rules(snap *Snapshot, family rules.Family) (*rules.Ruleset, Report, error)
+}
+
+// Checker is implemented by fixes that must refuse to run in some environments (e.g. a DNAT fix that
+// would break kube-proxy's iptables mode). The error explains why; the fix is then not run.
+type Checker interface {
+	Check(env Env) error
+}
+
+// Observer is implemented by fixes that export figures of their own. The core calls Observe after
+// every successful sync of the fix in a family, outside any lock.
+type Observer interface {
+	Observe(ctx context.Context, family rules.Family, report Report)
+}
+
+// Provide registers a fix constructor into the "fixes" value group: one line per fix module.
+//
+//	var Module = fx.Module("invalid-drop", fix.Provide(New))
+func Provide(constructor any) fx.Option {
+	return fx.Provide(fx.Annotate(constructor, fx.As(new(Fix)), fx.ResultTags(`group:"fixes"`)))
+}
+
+// In is embedded by constructors that receive all registered fixes.
+type In struct {
+	fx.In
+	Fixes []Fix `group:"fixes"`
+}
+
+// Decode fills out (a pointer to a struct holding defaults) from options. Unknown keys and values of
+// the wrong type are errors naming the key. Durations accept "5s"; string lists accept "a,b".
+func Decode(options map[string]any, out any) error {
+	var md mapstructure.Metadata
+	dec, err := mapstructure.NewDecoder(&mapstructure.DecoderConfig{
+		Result:           out,
+		ErrorUnused:      true,
+		WeaklyTypedInput: true,
+		Metadata:         &md,
+		MatchName:        func(key, field string) bool { return normalizeKey(key) == normalizeKey(field) },
+		DecodeHook: mapstructure.ComposeDecodeHookFunc(
+			mapstructure.StringToTimeDurationHookFunc(),
+			mapstructure.StringToSliceHookFunc(","),
+			stringToUint32Hook,
+		),
+	})
+	if err != nil {
+		return err
+	}
+	if err := dec.Decode(options); err != nil {
+		return fmt.Errorf("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	return nil
+}
+
+func normalizeKey(s string) string {
+	return strings.ToLower(strings.NewReplacer("-", "", "_", "").Replace(s))
+}
+
+// stringToUint32Hook parses hexadecimal strings such as "0x4000" into integers.
+func stringToUint32Hook(from, to reflect.Type, data any) (any, error) {
+	if from.Kind() != reflect.String || to.Kind() != reflect.Uint32 {
+		return data, nil
+	}
+	var v uint32
+	s := strings.TrimSpace(data.(string))
+	if _, err := fmt.Sscanf(s, "%v", &v); err != nil {
+		return nil, fmt.Errorf("%q is not a number", s)
+	}
+	return v, nil
+}

@@ -1,0 +1,398 @@
+// Package rules is the backend-neutral model in which fixes describe the netfilter state they want.
+//
+// A fix returns one Ruleset per IP family. A Ruleset is a set of chains (some hooked into the kernel's
+// netfilter hooks, some only jumped to) and lookup maps. Backends (iptables, nftables) render a Ruleset
+// into their own syntax and apply it atomically; nothing here talks to the kernel.
+package rules
+
+import (
+	"fmt"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// Family is an IP family. IPv4 and IPv6 share every code path and differ only by this value.
+type Family string
+
+const (
+	IPv4 Family = "ipv4"
+	IPv6 Family = "ipv6"
+)
+
+// Families lists the supported families in a stable order.
+var Families = []Family{IPv4, IPv6}
+
+// ParseFamily accepts "ipv4"/"4" and "ipv6"/"6".
+func ParseFamily(s string) (Family, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "ipv4", "4", "inet4":
+		return IPv4, nil
+	case "ipv6", "6", "inet6":
+		return IPv6, nil
+	}
+	return "", fmt.Errorf("unknown IP family %q (want ipv4 or ipv6)", s)
+}
+
+// Contains reports whether addr belongs to the family.
+func (f Family) Contains(addr netip.Addr) bool {
+	if f == IPv4 {
+		return addr.Is4() || addr.Is4In6()
+	}
+	return addr.Is6() && !addr.Is4In6()
+}
+
+// ChainType selects the netfilter table the chain lives in: packet filtering or address translation.
+type ChainType string
+
+const (
+	Filter ChainType = "filter"
+	NAT    ChainType = "nat"
+)
+
+// Hook is a netfilter hook. A chain with an empty Hook is a regular chain, reached only by Jump.
+type Hook string
+
+const (
+	Prerouting  Hook = "prerouting"
+	Input       Hook = "input"
+	Forward     Hook = "forward"
+	Output      Hook = "output"
+	Postrouting Hook = "postrouting"
+)
+
+// ParseHook accepts a hook name in any case.
+func ParseHook(s string) (Hook, error) {
+	h := Hook(strings.ToLower(strings.TrimSpace(s)))
+	switch h {
+	case Prerouting, Input, Forward, Output, Postrouting:
+		return h, nil
+	}
+	return "", fmt.Errorf("unknown netfilter hook %q (want prerouting, input, forward, output or postrouting)", s)
+}
+
+// Protocol is a transport protocol. The empty Protocol matches any protocol.
+type Protocol string
+
+const (
+	TCP  Protocol = "tcp"
+	UDP  Protocol = "udp"
+	SCTP Protocol = "sctp"
+)
+
+// ParseProtocol accepts tcp, udp and sctp in any case.
+func ParseProtocol(s string) (Protocol, error) {
+	p := Protocol(strings.ToLower(strings.TrimSpace(s)))
+	switch p {
+	case TCP, UDP, SCTP:
+		return p, nil
+	}
+	return "", fmt.Errorf("unknown protocol %q (want tcp, udp or sctp)", s)
+}
+
+// CTState is a conntrack state.
+type CTState string
+
+const (
+	CTInvalid     CTState = "invalid"
+	CTNew         CTState = "new"
+	CTEstablished CTState = "established"
+	CTRelated     CTState = "related"
+)
+
+// AddrType is an address type as the routing table classifies it.
+type AddrType string
+
+// Local is an address configured on this host.
+const Local AddrType = "local"
+
+// VerdictKind says what a rule does with a matching packet.
+type VerdictKind string
+
+const (
+	// Continue only applies the rule's side effects (SetMark, counter) and goes on to the next rule.
+	Continue   VerdictKind = ""
+	Accept     VerdictKind = "accept"
+	Drop       VerdictKind = "drop"
+	Return     VerdictKind = "return"
+	Jump       VerdictKind = "jump"
+	DNAT       VerdictKind = "dnat"
+	Masquerade VerdictKind = "masquerade"
+	// DNATLookup translates the destination to the target that the rule's Match.Lookup map holds for
+	// the packet's (destination address, protocol, destination port).
+	DNATLookup VerdictKind = "dnat-lookup"
+)
+
+// Verdict is the terminating part of a rule.
+type Verdict struct {
+	Kind VerdictKind
+	// Chain is the target of Jump: the name of another chain of the same Ruleset.
+	Chain string
+	// To is the new destination of DNAT. A zero port keeps the original port.
+	To netip.AddrPort
+}
+
+// Match selects packets. Empty fields match everything; all set fields must match.
+type Match struct {
+	// SrcPrefixes matches a source address in any of the prefixes.
+	SrcPrefixes []netip.Prefix
+	// InInterfacePrefix matches an input interface whose name starts with this prefix.
+	InInterfacePrefix string
+	// SrcAddrType matches the type of the source address.
+	SrcAddrType AddrType
+	// DstAddr matches one destination address.
+	DstAddr  netip.Addr
+	Protocol Protocol
+	// DstPort needs Protocol.
+	DstPort uint16
+	// CTStates matches any of the conntrack states.
+	CTStates []CTState
+	// Mark matches packets whose mark has all these bits set.
+	Mark uint32
+	// Lookup matches packets whose (destination address, protocol, destination port) is a key of the
+	// named Map of the same Ruleset.
+	Lookup string
+}
+
+// Rule is one match and what to do with matching packets.
+type Rule struct {
+	Match Match
+	// SetMark ORs these bits into the packet mark before the verdict.
+	SetMark uint32
+	Verdict Verdict
+	// Counter names a counter whose packets/bytes backends can report (see Backend.Counters).
+	// Names are unique within a Ruleset.
+	Counter string
+	// Comment is shown in the kernel's ruleset (rule comments are limited to 128 bytes).
+	Comment string
+}
+
+// Chain is an ordered list of rules. A chain with a Hook is attached to the kernel's hook of that
+// name (iptables: jumped to from the built-in chain; nftables: a base chain).
+type Chain struct {
+	// Name is short, upper-case and unique within the fix, e.g. "INVALID-INPUT". Backends prefix
+	// it to make it theirs ("NNM-INVALID-INPUT" in iptables).
+	Name  string
+	Type  ChainType
+	Hook  Hook
+	Rules []Rule
+}
+
+// MapEntry maps a destination (address, protocol, port) to a new destination.
+type MapEntry struct {
+	Addr     netip.Addr
+	Protocol Protocol
+	Port     uint16
+	To       netip.AddrPort
+	// Comment names the object the entry comes from (iptables shows it on the expanded rule).
+	Comment string
+}
+
+// Key identifies the entry within its map.
+func (e MapEntry) Key() string {
+	return fmt.Sprintf("%s/%s/%d", e.Addr, e.Protocol, e.Port)
+}
+
+// Map is a lookup table used by Match.Lookup and DNATLookup. The nftables backend renders it as a
+// kernel map (one lookup per packet); the iptables backend expands it into one rule per entry.
+type Map struct {
+	Name    string
+	Entries []MapEntry
+}
+
+// Ruleset is everything one fix wants for one family.
+type Ruleset struct {
+	Fix    string
+	Family Family
+	Chains []Chain
+	Maps   []Map
+}
+
+// RuleCount is the number of kernel rules the ruleset stands for, counting each map entry once.
+func (rs *Ruleset) RuleCount() int {
+	n := 0
+	for _, c := range rs.Chains {
+		n += len(c.Rules)
+	}
+	for _, m := range rs.Maps {
+		n += len(m.Entries)
+	}
+	return n
+}
+
+// Chain returns the chain with that name, or nil.
+func (rs *Ruleset) Chain(name string) *Chain {
+	for i := range rs.Chains {
+		if rs.Chains[i].Name == name {
+			return &rs.Chains[i]
+		}
+	}
+	return nil
+}
+
+// Map returns the map with that name, or nil.
+func (rs *Ruleset) Map(name string) *Map {
+	for i := range rs.Maps {
+		if rs.Maps[i].Name == name {
+			return &rs.Maps[i]
+		}
+	}
+	return nil
+}
+
+var (
+	fixIDPattern     = regexp.MustCompile(`^[a-z][a-z0-9]*(-[a-z0-9]+)*$`)
+	chainNamePattern = regexp.MustCompile(`^[A-Z][A-Z0-9]*(-[A-Z0-9]+)*$`)
+	mapNamePattern   = regexp.MustCompile(`^[a-z][a-z0-9-]*$`)
+)
+
+// MaxChainName keeps "NNM-" + name within iptables' 28-character chain names.
+const MaxChainName = 24
+
+// ValidFixID reports whether id is a short kebab-case word, as fix ids must be.
+func ValidFixID(id string) bool { return fixIDPattern.MatchString(id) }
+
+// Validate checks that the ruleset is well formed: names, jump targets, lookups, families of
+// addresses, hooks fit chain types. Backends call it before rendering; fakes call it too.
+func (rs *Ruleset) Validate() error {
+	if !ValidFixID(rs.Fix) {
+		return fmt.Errorf("fix id %q is not kebab-case", rs.Fix)
+	}
+	if rs.Family != IPv4 && rs.Family != IPv6 {
+		return fmt.Errorf("fix %s: unknown family %q", rs.Fix, rs.Family)
+	}
+	chains := map[string]bool{}
+	for _, c := range rs.Chains {
+		if !chainNamePattern.MatchString(c.Name) || len(c.Name) > MaxChainName {
+			return fmt.Errorf("fix %s: chain name %q must be upper-case words joined by '-' and at most %d characters", rs.Fix, c.Name, MaxChainName)
+		}
+		if chains[c.Name] {
+			return fmt.Errorf("fix %s: chain %s declared twice", rs.Fix, c.Name)
+		}
+		chains[c.Name] = true
+		if c.Type != Filter && c.Type != NAT {
+			return fmt.Errorf("fix %s: chain %s has unknown type %q", rs.Fix, c.Name, c.Type)
+		}
+		if c.Hook != "" {
+			if _, err := ParseHook(string(c.Hook)); err != nil {
+				return fmt.Errorf("fix %s: chain %s: %w", rs.Fix, c.Name, err)
+			}
+			if c.Type == NAT && c.Hook == Forward {
+				return fmt.Errorf("fix %s: chain %s: nat chains cannot hook forward", rs.Fix, c.Name)
+			}
+		}
+	}
+	maps := map[string]*Map{}
+	for i := range rs.Maps {
+		m := &rs.Maps[i]
+		if !mapNamePattern.MatchString(m.Name) {
+			return fmt.Errorf("fix %s: map name %q must be lower-case", rs.Fix, m.Name)
+		}
+		if maps[m.Name] != nil {
+			return fmt.Errorf("fix %s: map %s declared twice", rs.Fix, m.Name)
+		}
+		maps[m.Name] = m
+		keys := map[string]bool{}
+		for _, e := range m.Entries {
+			if !rs.Family.Contains(e.Addr) || !rs.Family.Contains(e.To.Addr()) {
+				return fmt.Errorf("fix %s: map %s entry %s -> %s is not %s", rs.Fix, m.Name, e.Key(), e.To, rs.Family)
+			}
+			if _, err := ParseProtocol(string(e.Protocol)); err != nil || e.Port == 0 {
+				return fmt.Errorf("fix %s: map %s entry %s needs a protocol and a port", rs.Fix, m.Name, e.Key())
+			}
+			if keys[e.Key()] {
+				return fmt.Errorf("fix %s: map %s has entry %s twice", rs.Fix, m.Name, e.Key())
+			}
+			keys[e.Key()] = true
+		}
+	}
+	counters := map[string]bool{}
+	for _, c := range rs.Chains {
+		for i, r := range c.Rules {
+			where := fmt.Sprintf("fix %s: chain %s rule %d", rs.Fix, c.Name, i+1)
+			if err := rs.validateRule(c, r, chains, maps); err != nil {
+				return fmt.Errorf("%s: %w", where, err)
+			}
+			if r.Counter != "" {
+				if counters[r.Counter] {
+					return fmt.Errorf("%s: counter %q used twice", where, r.Counter)
+				}
+				counters[r.Counter] = true
+			}
+		}
+	}
+	return nil
+}
+
+func (rs *Ruleset) validateRule(c Chain, r Rule, chains map[string]bool, maps map[string]*Map) error {
+	m := r.Match
+	for _, p := range m.SrcPrefixes {
+		if !p.IsValid() || !rs.Family.Contains(p.Addr()) {
+			return fmt.Errorf("source prefix %s is not %s", p, rs.Family)
+		}
+	}
+	if m.DstAddr.IsValid() && !rs.Family.Contains(m.DstAddr) {
+		return fmt.Errorf("destination %s is not %s", m.DstAddr, rs.Family)
+	}
+	if m.Protocol != "" {
+		if _, err := ParseProtocol(string(m.Protocol)); err != nil {
+			return err
+		}
+	}
+	if m.DstPort != 0 && m.Protocol == "" {
+		return fmt.Errorf("a destination port needs a protocol")
+	}
+	if m.Lookup != "" && maps[m.Lookup] == nil {
+		return fmt.Errorf("lookup in missing map %q", m.Lookup)
+	}
+	if len(r.Comment) > 128 {
+		return fmt.Errorf("comment longer than 128 bytes")
+	}
+	switch r.Verdict.Kind {
+	case Continue, Accept, Drop, Return:
+	case Jump:
+		if !chains[r.Verdict.Chain] {
+			return fmt.Errorf("jump to missing chain %q", r.Verdict.Chain)
+		}
+		if r.Verdict.Chain == c.Name {
+			return fmt.Errorf("chain jumps to itself")
+		}
+	case DNAT:
+		if c.Type != NAT {
+			return fmt.Errorf("dnat in a %s chain", c.Type)
+		}
+		if !r.Verdict.To.Addr().IsValid() || !rs.Family.Contains(r.Verdict.To.Addr()) {
+			return fmt.Errorf("dnat target %s is not %s", r.Verdict.To, rs.Family)
+		}
+	case DNATLookup:
+		if c.Type != NAT {
+			return fmt.Errorf("dnat in a %s chain", c.Type)
+		}
+		if m.Lookup == "" {
+			return fmt.Errorf("dnat-lookup needs Match.Lookup")
+		}
+	case Masquerade:
+		if c.Type != NAT || (c.Hook != "" && c.Hook != Postrouting) {
+			return fmt.Errorf("masquerade outside a nat postrouting chain")
+		}
+	default:
+		return fmt.Errorf("unknown verdict %q", r.Verdict.Kind)
+	}
+	return nil
+}
+
+// Sorted returns a copy of the map entries sorted by key, the order in which backends render them.
+func (m *Map) Sorted() []MapEntry {
+	out := slices.Clone(m.Entries)
+	slices.SortFunc(out, func(a, b MapEntry) int {
+		if c := a.Addr.Compare(b.Addr); c != 0 {
+			return c
+		}
+		if c := strings.Compare(string(a.Protocol), string(b.Protocol)); c != 0 {
+			return c
+		}
+		return int(a.Port) - int(b.Port)
+	})
+	return out
+}
