@@ -82,28 +82,40 @@ func (ns *NS) MustExec(args ...string) string {
 }
 
 // Do runs fn on an OS thread that has entered the namespace; processes fn starts and sockets it
-// opens live there. The thread is discarded afterwards, so the caller's namespace never changes.
+// opens live there. The caller's own thread never changes namespace.
 func (ns *NS) Do(fn func() error) error {
 	return Do(ns.Path(), fn)
 }
 
-// Do runs fn on a fresh OS thread inside the network namespace at path.
+// Do runs fn on an OS thread locked inside the network namespace at path, then moves the thread
+// back. If moving back fails the thread stays locked and the runtime discards it.
 func Do(path string, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
-		// Never unlocked: the goroutine exits locked, so the runtime throws the thread away.
 		runtime.LockOSThread()
-		f, err := os.Open(path)
+		orig, err := os.Open("/proc/thread-self/ns/net")
 		if err != nil {
+			errc <- fmt.Errorf("open own netns: %w", err)
+			return
+		}
+		defer orig.Close()
+		target, err := os.Open(path)
+		if err != nil {
+			runtime.UnlockOSThread()
 			errc <- fmt.Errorf("open netns %s: %w", path, err)
 			return
 		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+		defer target.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
 			errc <- fmt.Errorf("enter netns %s: %w", path, err)
 			return
 		}
-		errc <- fn()
+		ferr := fn()
+		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- ferr
 	}()
 	return <-errc
 }

@@ -25,7 +25,7 @@ func TestDoEntersNamespaceAndLeavesCallerAlone(t *testing.T) {
 	if before != after {
 		t.Fatalf("caller's thread changed namespace: %s -> %s", before, after)
 	}
-	host, _ := os.ReadFile("/proc/net/dev")
+	host, _ := os.ReadFile("/proc/thread-self/net/dev")
 	if strings.Contains(string(host), "probe0") {
 		t.Fatal("the dummy link leaked into the host namespace")
 	}
