@@ -1,0 +1,242 @@
+// Package testkit is what fix authors use in unit tests: small builders for Services, Nodes and
+// Snapshots (kube-proxy style mutator functions), a validating fake backend, the readable ruleset
+// formatter that golden files use, and a golden-file helper.
+//
+// Typical use:
+//
+//	snap := testkit.Snapshot(
+//		testkit.WithServices(testkit.Service("default", "web",
+//			testkit.ClusterIPs("10.96.0.10"), testkit.LoadBalancer("203.0.113.10"),
+//			testkit.Ports(testkit.TCP(80)))),
+//		testkit.WithNode(testkit.Node("node-a", testkit.PodCIDRs("10.244.1.0/24"))),
+//	)
+//	rs, report, err := f.Rules(snap, rules.IPv4)
+//	testkit.Golden(t, "testdata/web.golden", testkit.Format(rs))
+package testkit
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
+)
+
+// PortSpec is one Service port; build it with TCP, UDP, SCTP and Named.
+type PortSpec = corev1.ServicePort
+
+// Service returns a Service of type ClusterIP (without addresses) changed by mods in order.
+func Service(ns, name string, mods ...func(*corev1.Service)) *corev1.Service {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP},
+	}
+	for _, m := range mods {
+		m(svc)
+	}
+	return svc
+}
+
+// ClusterIPs sets spec.clusterIP (the first) and spec.clusterIPs, and spec.ipFamilies to match.
+func ClusterIPs(ips ...string) func(*corev1.Service) {
+	return func(svc *corev1.Service) {
+		svc.Spec.ClusterIPs = slices.Clone(ips)
+		svc.Spec.ClusterIP = ""
+		svc.Spec.IPFamilies = nil
+		if len(ips) > 0 {
+			svc.Spec.ClusterIP = ips[0]
+		}
+		for _, ip := range ips {
+			if a, err := netip.ParseAddr(ip); err == nil {
+				if a.Unmap().Is4() {
+					svc.Spec.IPFamilies = append(svc.Spec.IPFamilies, corev1.IPv4Protocol)
+				} else {
+					svc.Spec.IPFamilies = append(svc.Spec.IPFamilies, corev1.IPv6Protocol)
+				}
+			}
+		}
+	}
+}
+
+// ClusterIPType sets type ClusterIP.
+func ClusterIPType() func(*corev1.Service) {
+	return func(svc *corev1.Service) { svc.Spec.Type = corev1.ServiceTypeClusterIP }
+}
+
+// NodePortType sets type NodePort.
+func NodePortType() func(*corev1.Service) {
+	return func(svc *corev1.Service) { svc.Spec.Type = corev1.ServiceTypeNodePort }
+}
+
+// Headless makes the Service headless (clusterIP None).
+func Headless() func(*corev1.Service) {
+	return func(svc *corev1.Service) {
+		svc.Spec.Type = corev1.ServiceTypeClusterIP
+		svc.Spec.ClusterIP = corev1.ClusterIPNone
+		svc.Spec.ClusterIPs = []string{corev1.ClusterIPNone}
+	}
+}
+
+// ExternalName makes the Service an ExternalName Service for host (no Cluster-IP).
+func ExternalName(host string) func(*corev1.Service) {
+	return func(svc *corev1.Service) {
+		svc.Spec.Type = corev1.ServiceTypeExternalName
+		svc.Spec.ExternalName = host
+		svc.Spec.ClusterIP = ""
+		svc.Spec.ClusterIPs = nil
+		svc.Spec.IPFamilies = nil
+	}
+}
+
+// LoadBalancer sets type LoadBalancer and appends one status.loadBalancer.ingress entry per IP.
+func LoadBalancer(ingress ...string) func(*corev1.Service) {
+	return func(svc *corev1.Service) {
+		svc.Spec.Type = corev1.ServiceTypeLoadBalancer
+		for _, ip := range ingress {
+			svc.Status.LoadBalancer.Ingress = append(svc.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip})
+		}
+	}
+}
+
+// IngressProxyMode sets type LoadBalancer and appends an ingress entry for ip with ipMode Proxy (KEP-1860).
+func IngressProxyMode(ip string) func(*corev1.Service) {
+	return func(svc *corev1.Service) {
+		svc.Spec.Type = corev1.ServiceTypeLoadBalancer
+		mode := corev1.LoadBalancerIPModeProxy
+		svc.Status.LoadBalancer.Ingress = append(svc.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip, IPMode: &mode})
+	}
+}
+
+// IngressVIPMode appends an ingress entry for ip with an explicit ipMode VIP.
+func IngressVIPMode(ip string) func(*corev1.Service) {
+	return func(svc *corev1.Service) {
+		svc.Spec.Type = corev1.ServiceTypeLoadBalancer
+		mode := corev1.LoadBalancerIPModeVIP
+		svc.Status.LoadBalancer.Ingress = append(svc.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip, IPMode: &mode})
+	}
+}
+
+// IngressHostname appends a hostname-only ingress entry (as AWS ELBs report).
+func IngressHostname(host string) func(*corev1.Service) {
+	return func(svc *corev1.Service) {
+		svc.Spec.Type = corev1.ServiceTypeLoadBalancer
+		svc.Status.LoadBalancer.Ingress = append(svc.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{Hostname: host})
+	}
+}
+
+// ExternalIPs appends to spec.externalIPs.
+func ExternalIPs(ips ...string) func(*corev1.Service) {
+	return func(svc *corev1.Service) { svc.Spec.ExternalIPs = append(svc.Spec.ExternalIPs, ips...) }
+}
+
+// ETPLocal sets externalTrafficPolicy Local.
+func ETPLocal() func(*corev1.Service) {
+	return func(svc *corev1.Service) {
+		svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	}
+}
+
+// Ports appends Service ports.
+func Ports(ports ...PortSpec) func(*corev1.Service) {
+	return func(svc *corev1.Service) { svc.Spec.Ports = append(svc.Spec.Ports, ports...) }
+}
+
+// TCP is an unnamed TCP Service port.
+func TCP(port int32) PortSpec { return PortSpec{Protocol: corev1.ProtocolTCP, Port: port} }
+
+// UDP is an unnamed UDP Service port.
+func UDP(port int32) PortSpec { return PortSpec{Protocol: corev1.ProtocolUDP, Port: port} }
+
+// SCTP is an unnamed SCTP Service port.
+func SCTP(port int32) PortSpec { return PortSpec{Protocol: corev1.ProtocolSCTP, Port: port} }
+
+// Named gives p a name.
+func Named(name string, p PortSpec) PortSpec {
+	p.Name = name
+	return p
+}
+
+// Node returns a Node changed by mods in order.
+func Node(name string, mods ...func(*corev1.Node)) *corev1.Node {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	for _, m := range mods {
+		m(n)
+	}
+	return n
+}
+
+// PodCIDRs sets spec.podCIDR (the first) and spec.podCIDRs.
+func PodCIDRs(cidrs ...string) func(*corev1.Node) {
+	return func(n *corev1.Node) {
+		n.Spec.PodCIDRs = slices.Clone(cidrs)
+		n.Spec.PodCIDR = ""
+		if len(cidrs) > 0 {
+			n.Spec.PodCIDR = cidrs[0]
+		}
+	}
+}
+
+// Snapshot builds a snapshot changed by mods, then sorts Services by namespace/name as the core does.
+// When no mod set Snapshot.PodCIDRs, they are taken from the Node's spec.podCIDRs (unparsable ones
+// are left out), as the core does when no pod CIDR is configured.
+func Snapshot(mods ...func(*fix.Snapshot)) *fix.Snapshot {
+	s := &fix.Snapshot{}
+	for _, m := range mods {
+		m(s)
+	}
+	SortServices(s.Services)
+	if s.PodCIDRs == nil && s.Node != nil {
+		for _, c := range s.Node.Spec.PodCIDRs {
+			if p, err := netip.ParsePrefix(c); err == nil {
+				s.PodCIDRs = append(s.PodCIDRs, p.Masked())
+			}
+		}
+	}
+	return s
+}
+
+// WithServices adds Services to the snapshot.
+func WithServices(svcs ...*corev1.Service) func(*fix.Snapshot) {
+	return func(s *fix.Snapshot) { s.Services = append(s.Services, svcs...) }
+}
+
+// WithNode sets the snapshot's Node (and Env.NodeName).
+func WithNode(n *corev1.Node) func(*fix.Snapshot) {
+	return func(s *fix.Snapshot) {
+		s.Node = n
+		if n != nil {
+			s.Env.NodeName = n.Name
+		}
+	}
+}
+
+// WithPodCIDRs sets the snapshot's pod CIDRs explicitly (as if configured); it panics on a bad prefix.
+// Called with no argument it records "no pod CIDR" and stops the Node's from being used.
+func WithPodCIDRs(cidrs ...string) func(*fix.Snapshot) {
+	return func(s *fix.Snapshot) {
+		s.PodCIDRs = []netip.Prefix{}
+		for _, c := range cidrs {
+			s.PodCIDRs = append(s.PodCIDRs, netip.MustParsePrefix(c))
+		}
+	}
+}
+
+// WithProxyMode sets Env.ProxyMode ("ipvs", "iptables", "nftables").
+func WithProxyMode(mode string) func(*fix.Snapshot) {
+	return func(s *fix.Snapshot) { s.Env.ProxyMode = mode }
+}
+
+// SortServices sorts Services by namespace/name in place.
+func SortServices(svcs []*corev1.Service) {
+	slices.SortStableFunc(svcs, func(a, b *corev1.Service) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	})
+}
+
+// Key is "namespace/name" of a Service, as fixes name it in Skip.Object.
+func Key(svc *corev1.Service) string { return fmt.Sprintf("%s/%s", svc.Namespace, svc.Name) }

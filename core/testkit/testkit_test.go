@@ -1,0 +1,298 @@
+package testkit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+)
+
+var ctx = context.Background()
+
+func goodRuleset(fix string, fam rules.Family) *rules.Ruleset {
+	cidr := netip.MustParsePrefix("10.244.0.0/16")
+	ext, to := netip.MustParseAddr("203.0.113.10"), netip.MustParseAddrPort("10.96.0.10:80")
+	if fam == rules.IPv6 {
+		cidr = netip.MustParsePrefix("fd00:10:244::/64")
+		ext, to = netip.MustParseAddr("2001:db8::10"), netip.MustParseAddrPort("[fd00:10:96::10]:80")
+	}
+	return &rules.Ruleset{
+		Fix: fix, Family: fam,
+		Chains: []rules.Chain{
+			{Name: "DNAT", Type: rules.NAT, Rules: []rules.Rule{
+				{Match: rules.Match{Lookup: "svc"}, SetMark: 0x400000},
+				{Match: rules.Match{Lookup: "svc"}, Verdict: rules.Verdict{Kind: rules.DNATLookup}},
+			}},
+			{Name: "POST", Type: rules.NAT, Hook: rules.Postrouting, Rules: []rules.Rule{
+				{Match: rules.Match{Mark: 0x400000}, Verdict: rules.Verdict{Kind: rules.Masquerade}},
+			}},
+			{Name: "PRE", Type: rules.NAT, Hook: rules.Prerouting, Rules: []rules.Rule{
+				{Match: rules.Match{SrcPrefixes: []netip.Prefix{cidr}}, Verdict: rules.Verdict{Kind: rules.Jump, Chain: "DNAT"}, Counter: "pods", Comment: "from pods"},
+			}},
+		},
+		Maps: []rules.Map{{Name: "svc", Entries: []rules.MapEntry{{Addr: ext, Protocol: rules.TCP, Port: 80, To: to, Comment: "default/web:http"}}}},
+	}
+}
+
+func TestFormat(t *testing.T) {
+	Golden(t, "testdata/format.golden", Format(goodRuleset("demo-fix", rules.IPv4))+Format(goodRuleset("demo-fix", rules.IPv6))+Format(nil))
+}
+
+func TestFakeAcceptsAndDumps(t *testing.T) {
+	f := NewFakeBackend()
+	for _, fam := range rules.Families {
+		if err := f.Apply(ctx, goodRuleset("demo-fix", fam)); err != nil {
+			t.Fatalf("Apply %s: %v", fam, err)
+		}
+	}
+	if err := f.Apply(ctx, &rules.Ruleset{Fix: "another", Family: rules.IPv4}); err != nil {
+		t.Fatal(err)
+	}
+	Golden(t, "testdata/dump.golden", f.Dump())
+	if in, _ := f.InSync(ctx, "demo-fix", rules.IPv4); !in {
+		t.Error("InSync false after Apply")
+	}
+	f.Tamper("demo-fix", rules.IPv4)
+	if in, _ := f.InSync(ctx, "demo-fix", rules.IPv4); in {
+		t.Error("InSync true after Tamper")
+	}
+	if in, _ := f.InSync(ctx, "never", rules.IPv4); in {
+		t.Error("InSync true for a fix never applied")
+	}
+	if f.ApplyCalls() != 3 {
+		t.Errorf("ApplyCalls = %d, want 3", f.ApplyCalls())
+	}
+	if err := f.Remove(ctx, "demo-fix", rules.IPv6); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Remove(ctx, "demo-fix", rules.IPv6); err != nil {
+		t.Fatalf("second Remove: %v", err)
+	}
+	if f.Ruleset("demo-fix", rules.IPv6) != nil || f.Ruleset("demo-fix", rules.IPv4) == nil {
+		t.Error("Remove removed the wrong family")
+	}
+	if err := f.Cleanup(ctx); err != nil || f.Dump() != "" {
+		t.Errorf("after Cleanup: err=%v dump=%q", err, f.Dump())
+	}
+}
+
+func TestFakeRejects(t *testing.T) {
+	mod := func(m func(rs *rules.Ruleset)) *rules.Ruleset {
+		rs := goodRuleset("demo-fix", rules.IPv4)
+		m(rs)
+		return rs
+	}
+	cases := []struct {
+		name string
+		rs   *rules.Ruleset
+		want string
+	}{
+		{"nil", nil, "nil ruleset"},
+		{"jump to missing chain", mod(func(rs *rules.Ruleset) { rs.Chains[2].Rules[0].Verdict.Chain = "NOPE" }), "missing chain"},
+		{"lookup missing map", mod(func(rs *rules.Ruleset) { rs.Maps = nil }), "missing map"},
+		{"wrong family", mod(func(rs *rules.Ruleset) { rs.Family = rules.IPv6 }), "is not ipv6"},
+		{"jump across tables", mod(func(rs *rules.Ruleset) { rs.Chains[0].Type = rules.Filter; rs.Chains[0].Rules = nil }), "jump from a nat chain to filter chain"},
+		{"masquerade from prerouting", mod(func(rs *rules.Ruleset) {
+			rs.Chains[0].Rules = append(rs.Chains[0].Rules, rules.Rule{Verdict: rules.Verdict{Kind: rules.Masquerade}})
+		}), "masquerade is only valid from postrouting"},
+		{"dnat from postrouting", mod(func(rs *rules.Ruleset) {
+			rs.Chains[1].Rules = append(rs.Chains[1].Rules, rules.Rule{Verdict: rules.Verdict{Kind: rules.Jump, Chain: "DNAT"}})
+		}), "dnat is only valid from prerouting or output"},
+		{"jump loop", mod(func(rs *rules.Ruleset) {
+			rs.Chains = append(rs.Chains, rules.Chain{Name: "LOOP", Type: rules.NAT, Rules: []rules.Rule{{Verdict: rules.Verdict{Kind: rules.Jump, Chain: "DNAT"}}}})
+			rs.Chains[0].Rules = append([]rules.Rule{{Verdict: rules.Verdict{Kind: rules.Jump, Chain: "LOOP"}}}, rs.Chains[0].Rules...)
+		}), "jump loop PRE -> DNAT -> LOOP -> DNAT"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := NewFakeBackend()
+			err := f.Apply(ctx, tc.rs)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Apply error = %v, want one containing %q", err, tc.want)
+			}
+			if _, err := f.Render(tc.rs); err == nil {
+				t.Error("Render accepted what Apply rejected")
+			}
+			if f.Dump() != "" || f.FailedApplies() != 1 {
+				t.Errorf("a rejected Apply changed the state: %q (failed=%d)", f.Dump(), f.FailedApplies())
+			}
+		})
+	}
+}
+
+func TestFakeChainNameClashBetweenFixes(t *testing.T) {
+	f := NewFakeBackend()
+	if err := f.Apply(ctx, goodRuleset("first-fix", rules.IPv4)); err != nil {
+		t.Fatal(err)
+	}
+	err := f.Apply(ctx, goodRuleset("second-fix", rules.IPv4))
+	if err == nil || !strings.Contains(err.Error(), "owned by fix first-fix") {
+		t.Fatalf("clash not rejected: %v", err)
+	}
+	// Other family and the same fix again are fine.
+	if err := f.Apply(ctx, goodRuleset("second-fix", rules.IPv6)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Apply(ctx, goodRuleset("first-fix", rules.IPv4)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestFakeAtomicity(t *testing.T) {
+	f := NewFakeBackend()
+	good := goodRuleset("demo-fix", rules.IPv4)
+	if err := f.Apply(ctx, good); err != nil {
+		t.Fatal(err)
+	}
+	before := f.Dump()
+	bad := goodRuleset("demo-fix", rules.IPv4)
+	bad.Chains[2].Rules = append(bad.Chains[2].Rules, rules.Rule{Verdict: rules.Verdict{Kind: rules.Jump, Chain: "MISSING"}})
+	if err := f.Apply(ctx, bad); err == nil {
+		t.Fatal("bad ruleset accepted")
+	}
+	if got := f.Dump(); got != before {
+		t.Errorf("state changed by a failed Apply:\n%s", got)
+	}
+	// Injected error: same guarantee.
+	injected := errors.New("iptables-restore: exit status 4")
+	f.SetApplyError(injected)
+	if err := f.Apply(ctx, &rules.Ruleset{Fix: "demo-fix", Family: rules.IPv4}); !errors.Is(err, injected) {
+		t.Fatalf("Apply = %v, want the injected error", err)
+	}
+	if f.Dump() != before {
+		t.Error("state changed by an Apply with injected error")
+	}
+	f.SetApplyError(nil)
+	// The fake keeps a copy: mutating the caller's ruleset changes nothing.
+	good.Chains[0].Rules[0].Comment = "mutated"
+	good.Chains[2].Rules[0].Match.SrcPrefixes[0] = netip.MustParsePrefix("192.0.2.0/24")
+	if f.Dump() != before {
+		t.Error("fake shares memory with the applied ruleset")
+	}
+	if f.ApplyCalls() != 3 || f.FailedApplies() != 2 {
+		t.Errorf("calls=%d failed=%d, want 3 and 2", f.ApplyCalls(), f.FailedApplies())
+	}
+}
+
+func TestFakeCounters(t *testing.T) {
+	f := NewFakeBackend()
+	if _, err := f.Counters(ctx, "demo-fix", rules.IPv4); !errors.Is(err, ErrNotApplied) {
+		t.Fatalf("Counters before Apply: %v", err)
+	}
+	if err := f.Apply(ctx, goodRuleset("demo-fix", rules.IPv4)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.SetCounter("demo-fix", rules.IPv4, "nope", backend.Counter{}); err == nil {
+		t.Error("SetCounter accepted an unknown counter")
+	}
+	if err := f.SetCounter("demo-fix", rules.IPv4, "pods", backend.Counter{Packets: 3, Bytes: 180}); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := f.Counters(ctx, "demo-fix", rules.IPv4)
+	if err != nil || cs["pods"] != (backend.Counter{Packets: 3, Bytes: 180}) || len(cs) != 1 {
+		t.Fatalf("Counters = %v, %v", cs, err)
+	}
+	// Rewriting the chains resets the counters, as in the kernel.
+	if err := f.Apply(ctx, goodRuleset("demo-fix", rules.IPv4)); err != nil {
+		t.Fatal(err)
+	}
+	if cs, _ := f.Counters(ctx, "demo-fix", rules.IPv4); cs["pods"].Packets != 0 {
+		t.Errorf("counters not reset by Apply: %v", cs)
+	}
+	f.SetCountersError(errors.New("boom"))
+	if _, err := f.Counters(ctx, "demo-fix", rules.IPv4); err == nil {
+		t.Error("injected counters error not returned")
+	}
+}
+
+// recorder is a testing.TB that records failures instead of failing the real test.
+type recorder struct {
+	testing.TB
+	failed bool
+	msg    string
+}
+
+func (r *recorder) Helper() {}
+func (r *recorder) Errorf(format string, args ...any) {
+	r.failed, r.msg = true, fmt.Sprintf(format, args...)
+}
+func (r *recorder) Fatalf(format string, args ...any) { r.Errorf(format, args...) }
+
+func TestGolden(t *testing.T) {
+	if Updating() {
+		t.Skip("golden self-test does not run with -update")
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "x.golden")
+	if err := os.WriteFile(path, []byte("line one\nline two\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := &recorder{TB: t}
+	Golden(r, path, "line one\nline two\n")
+	if r.failed {
+		t.Fatalf("equal content reported as mismatch: %s", r.msg)
+	}
+	r = &recorder{TB: t}
+	Golden(r, path, "line one\nline 2\n")
+	if !r.failed || !strings.Contains(r.msg, "line 2") || !strings.Contains(r.msg, "-update") {
+		t.Fatalf("mismatch not detected or not explained: %v %q", r.failed, r.msg)
+	}
+	r = &recorder{TB: t}
+	Golden(r, filepath.Join(dir, "missing.golden"), "x")
+	if !r.failed || !strings.Contains(r.msg, "-update") {
+		t.Fatalf("missing golden file not reported: %q", r.msg)
+	}
+	*update = true
+	defer func() { *update = false }()
+	r = &recorder{TB: t}
+	Golden(r, filepath.Join(dir, "sub", "new.golden"), "fresh\n")
+	if b, err := os.ReadFile(filepath.Join(dir, "sub", "new.golden")); r.failed || err != nil || string(b) != "fresh\n" {
+		t.Fatalf("update did not write the file: %v %q %v", r.failed, b, err)
+	}
+}
+
+func TestBuilders(t *testing.T) {
+	snap := Snapshot(
+		WithServices(
+			Service("b", "web", ClusterIPs("10.96.0.10", "fd00:10:96::10"), LoadBalancer("203.0.113.10"), IngressProxyMode("203.0.113.11"),
+				ExternalIPs("2001:db8::10"), ETPLocal(), Ports(Named("http", TCP(80)), UDP(53), SCTP(9))),
+			Service("a", "z", Headless()),
+			Service("a", "ext", ExternalName("example.com")),
+		),
+		WithNode(Node("node-a", PodCIDRs("10.244.1.0/24", "fd00:10:244:1::/64"))),
+		WithProxyMode("ipvs"),
+	)
+	var names []string
+	for _, s := range snap.Services {
+		names = append(names, Key(s))
+	}
+	if got := strings.Join(names, " "); got != "a/ext a/z b/web" {
+		t.Errorf("services not sorted: %s", got)
+	}
+	web := snap.Services[2]
+	if web.Spec.Type != corev1.ServiceTypeLoadBalancer || web.Spec.ClusterIP != "10.96.0.10" || len(web.Spec.IPFamilies) != 2 ||
+		web.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal || len(web.Spec.Ports) != 3 || web.Spec.Ports[0].Name != "http" {
+		t.Errorf("web built wrong: %+v", web.Spec)
+	}
+	if ing := web.Status.LoadBalancer.Ingress; len(ing) != 2 || ing[1].IPMode == nil || *ing[1].IPMode != corev1.LoadBalancerIPModeProxy {
+		t.Errorf("ingress built wrong: %+v", ing)
+	}
+	if got := snap.PodCIDRsOf(rules.IPv6); len(got) != 1 || got[0].String() != "fd00:10:244:1::/64" {
+		t.Errorf("pod CIDRs from node: %v", snap.PodCIDRs)
+	}
+	if snap.Env.NodeName != "node-a" || snap.Env.ProxyMode != "ipvs" {
+		t.Errorf("env: %+v", snap.Env)
+	}
+	if s := Snapshot(WithNode(Node("n", PodCIDRs("10.0.0.0/24"))), WithPodCIDRs()); len(s.PodCIDRs) != 0 {
+		t.Errorf("WithPodCIDRs() should override the node: %v", s.PodCIDRs)
+	}
+}

@@ -1,0 +1,33 @@
+// Package invaliddrop drops packets that conntrack marks INVALID before the node answers them with a
+// TCP RST that kills a healthy masqueraded connection (kubernetes#74839, #117924).
+package invaliddrop
+
+import (
+	"go.uber.org/fx"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
+)
+
+// ID is the fix id: config key fixes.invalid-drop, metric label, log field, rule comments.
+const ID = "invalid-drop"
+
+// Description is the one-line summary.
+const Description = "drop packets conntrack marks INVALID so the node never answers them with a connection-killing RST (kubernetes#74839)"
+
+// Module registers the fix.
+var Module = fx.Module(ID, fix.Provide(ID, New))
+
+// Config is the fix's configuration (keys under fixes.invalid-drop).
+type Config struct {
+	// Hooks the drop is installed in: input (the RST problem) and/or forward.
+	Hooks []string `mapstructure:"hooks"`
+	// Protocols limits the drop to these protocols (tcp, udp, sctp); empty means all packets.
+	Protocols []string `mapstructure:"protocols"`
+	// ExemptSourceCIDRs are sources whose INVALID packets are let through (e.g. asymmetric routes).
+	ExemptSourceCIDRs []string `mapstructure:"exemptSourceCIDRs"`
+}
+
+// DefaultConfig is the configuration used when nothing is set.
+func DefaultConfig() Config {
+	return Config{Hooks: []string{"input"}}
+}

@@ -1,0 +1,236 @@
+package invaliddrop
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/fx"
+
+	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/core/sysctl"
+)
+
+// BeLiberalSysctl, when 1, makes conntrack accept out-of-window TCP segments instead of marking them
+// INVALID; the drop then has nothing left to do (kube-proxy ≥1.29 --conntrack-tcp-be-liberal).
+const BeLiberalSysctl = "net.netfilter.nf_conntrack_tcp_be_liberal"
+
+// Comment is carried by every drop rule.
+const Comment = "invalid-drop: drop conntrack INVALID (kubernetes#74839)"
+
+// CounterReader reads the kernel counters of a fix; backend.Backend is one.
+type CounterReader interface {
+	Counters(ctx context.Context, fix string, family rules.Family) (map[string]backend.Counter, error)
+}
+
+// Params is what the core provides.
+type Params struct {
+	fx.In
+	Backend  backend.Backend
+	Registry *prometheus.Registry
+	Sysctl   sysctl.Interface
+	Logger   *slog.Logger `optional:"true"`
+}
+
+var hookRank = map[rules.Hook]int{rules.Input: 0, rules.Forward: 1}
+
+// settings is a validated Config.
+type settings struct {
+	hooks     []rules.Hook
+	protocols []rules.Protocol
+	exempt    []netip.Prefix
+}
+
+// Fix is the invalid-drop fix.
+type Fix struct {
+	sysctl sysctl.Interface
+	log    *slog.Logger
+	m      *metrics
+
+	mu  sync.Mutex
+	cfg settings
+	// redundant is the last be_liberal state seen by Observe, so the log line is written once.
+	redundant bool
+}
+
+var (
+	_ fix.Fix      = (*Fix)(nil)
+	_ fix.Observer = (*Fix)(nil)
+)
+
+// New builds the fix with its default configuration and registers its metrics.
+func New(p Params) (*Fix, error) {
+	log := p.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	f := &Fix{sysctl: p.Sysctl, log: log.With("fix", ID)}
+	cfg, err := parse(DefaultConfig())
+	if err != nil {
+		return nil, err
+	}
+	f.cfg = cfg
+	f.m = newMetrics(p.Backend)
+	if p.Registry != nil {
+		if err := f.m.register(p.Registry); err != nil {
+			return nil, fmt.Errorf("%s: register metrics: %w", ID, err)
+		}
+	}
+	return f, nil
+}
+
+// ID is "invalid-drop".
+func (f *Fix) ID() string { return ID }
+
+// Description is one line.
+func (f *Fix) Description() string { return Description }
+
+// DefaultEnabled is true in every kube-proxy mode: iptables mode drops INVALID in FORWARD only, IPVS
+// and nftables modes not at all, and the node's INPUT path is where the RST comes from.
+func (f *Fix) DefaultEnabled(fix.Env) bool { return true }
+
+// Needs nothing: the rules do not depend on the cluster.
+func (f *Fix) Needs() fix.Needs { return fix.Needs{} }
+
+// Configure decodes and validates options; on error the previous configuration stays.
+func (f *Fix) Configure(options map[string]any) error {
+	cfg := DefaultConfig()
+	if err := fix.Decode(options, &cfg); err != nil {
+		return fmt.Errorf("fixes.%s: %w", ID, err)
+	}
+	s, err := parse(cfg)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.cfg = s
+	f.mu.Unlock()
+	return nil
+}
+
+func parse(cfg Config) (settings, error) {
+	var s settings
+	if len(cfg.Hooks) == 0 {
+		return s, fmt.Errorf("fixes.%s.hooks: must name at least one of input, forward (disable the fix with enabled: false instead)", ID)
+	}
+	for _, h := range cfg.Hooks {
+		hook, err := rules.ParseHook(h)
+		if err != nil || (hook != rules.Input && hook != rules.Forward) {
+			return s, fmt.Errorf("fixes.%s.hooks: %q is not a valid hook (want input or forward)", ID, h)
+		}
+		if !slices.Contains(s.hooks, hook) {
+			s.hooks = append(s.hooks, hook)
+		}
+	}
+	// Input before forward, whatever order the config used.
+	slices.SortFunc(s.hooks, func(a, b rules.Hook) int { return hookRank[a] - hookRank[b] })
+	for _, p := range cfg.Protocols {
+		proto, err := rules.ParseProtocol(p)
+		if err != nil {
+			return s, fmt.Errorf("fixes.%s.protocols: %q is not a valid protocol (want tcp, udp or sctp)", ID, p)
+		}
+		if !slices.Contains(s.protocols, proto) {
+			s.protocols = append(s.protocols, proto)
+		}
+	}
+	slices.Sort(s.protocols)
+	for _, c := range cfg.ExemptSourceCIDRs {
+		c = strings.TrimSpace(c)
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			a, aerr := netip.ParseAddr(c)
+			if aerr != nil {
+				return s, fmt.Errorf("fixes.%s.exemptSourceCIDRs: %q is not a CIDR or an IP address", ID, c)
+			}
+			a = a.Unmap()
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		p = p.Masked()
+		if !slices.Contains(s.exempt, p) {
+			s.exempt = append(s.exempt, p)
+		}
+	}
+	return s, nil
+}
+
+// Rules returns one filter chain per configured hook: exemptions first, then the drop.
+func (f *Fix) Rules(_ *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.Report, error) {
+	f.mu.Lock()
+	cfg := f.cfg
+	f.mu.Unlock()
+
+	var exempt []netip.Prefix
+	for _, p := range cfg.exempt {
+		if family.Contains(p.Addr()) {
+			exempt = append(exempt, p)
+		}
+	}
+	rs := &rules.Ruleset{Fix: ID, Family: family}
+	for _, hook := range cfg.hooks {
+		c := rules.Chain{Name: ChainName(hook), Type: rules.Filter, Hook: hook}
+		if len(exempt) > 0 {
+			c.Rules = append(c.Rules, rules.Rule{
+				Match:   rules.Match{SrcPrefixes: exempt, CTStates: []rules.CTState{rules.CTInvalid}},
+				Verdict: rules.Verdict{Kind: rules.Return},
+				Comment: "invalid-drop: exempt source",
+			})
+		}
+		protos := cfg.protocols
+		if len(protos) == 0 {
+			protos = []rules.Protocol{""}
+		}
+		for _, p := range protos {
+			c.Rules = append(c.Rules, rules.Rule{
+				Match:   rules.Match{CTStates: []rules.CTState{rules.CTInvalid}, Protocol: p},
+				Verdict: rules.Verdict{Kind: rules.Drop},
+				Counter: CounterName(hook, p),
+				Comment: Comment,
+			})
+		}
+		rs.Chains = append(rs.Chains, c)
+	}
+	return rs, fix.Report{Covered: len(cfg.hooks)}, nil
+}
+
+// ChainName is "INVALID-INPUT" or "INVALID-FORWARD".
+func ChainName(h rules.Hook) string { return "INVALID-" + strings.ToUpper(string(h)) }
+
+// CounterName names the drop counter of a hook and protocol: "dropped-input", "dropped-input-tcp".
+// Counter names are unique within a ruleset, so the hook is part of it.
+func CounterName(h rules.Hook, p rules.Protocol) string {
+	if p == "" {
+		return "dropped-" + string(h)
+	}
+	return "dropped-" + string(h) + "-" + string(p)
+}
+
+// Observe checks whether conntrack's be_liberal mode makes the drop redundant and says so once.
+func (f *Fix) Observe(_ context.Context, family rules.Family, _ fix.Report) {
+	v, err := f.sysctl.Get(BeLiberalSysctl)
+	redundant := false
+	if err != nil {
+		f.log.Debug("cannot read sysctl; assuming the drop is needed", "sysctl", BeLiberalSysctl, "err", err)
+	} else {
+		redundant = v == "1"
+	}
+	f.mu.Lock()
+	changed := redundant != f.redundant
+	f.redundant = redundant
+	f.mu.Unlock()
+	if redundant {
+		f.m.redundant.Set(1)
+	} else {
+		f.m.redundant.Set(0)
+	}
+	if changed && redundant {
+		f.log.Info("the INVALID drop is redundant: conntrack accepts out-of-window TCP segments because "+BeLiberalSysctl+"=1; disable this fix or keep it as a safety net",
+			"sysctl", BeLiberalSysctl)
+	}
+}
