@@ -101,11 +101,22 @@ type Observer interface {
 	Observe(ctx context.Context, family rules.Family, report Report)
 }
 
-// Provide registers a fix constructor into the "fixes" value group: one line per fix module.
+// Provide registers a fix: its id (known before any fix is constructed, so that the configuration
+// can be checked against the registered ids) and its constructor, which joins the "fixes" value
+// group. One line per fix module:
 //
-//	var Module = fx.Module("invalid-drop", fix.Provide(New))
-func Provide(constructor any) fx.Option {
-	return fx.Provide(fx.Annotate(constructor, fx.As(new(Fix)), fx.ResultTags(`group:"fixes"`)))
+//	var Module = fx.Module(ID, fix.Provide(ID, New))
+func Provide(id string, constructor any) fx.Option {
+	return fx.Options(
+		fx.Supply(fx.Annotated{Group: "fix-ids", Target: id}),
+		fx.Provide(fx.Annotate(constructor, fx.As(new(Fix)), fx.ResultTags(`group:"fixes"`))),
+	)
+}
+
+// IDs is embedded by constructors that need the registered fix ids (e.g. the config loader).
+type IDs struct {
+	fx.In
+	IDs []string `group:"fix-ids"`
 }
 
 // In is embedded by constructors that receive all registered fixes.

@@ -1,0 +1,155 @@
+// Package core wires the agent: configuration, metrics, the watch source, the sync engine and the
+// HTTP endpoints. Fix modules and a rule backend join the graph from outside (see cmd/ and
+// examples/custom-agent): the core only knows the contracts in core/fix and core/backend.
+package core
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+	"go.uber.org/fx"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/core/detect"
+	"github.com/network-node-manager/network-node-manager/core/engine"
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/metrics"
+	"github.com/network-node-manager/network-node-manager/core/server"
+	"github.com/network-node-manager/network-node-manager/core/sysctl"
+	"github.com/network-node-manager/network-node-manager/core/watch"
+)
+
+// Inputs are what the command line hands to the graph.
+type Inputs struct {
+	// Flags holds the config flags (config.AddFlags); nil for none.
+	Flags *pflag.FlagSet
+	// Environ is the process environment (os.Environ()).
+	Environ []string
+	// Version is the agent's version string.
+	Version string
+}
+
+// Module provides configuration, logging, metrics, sysctl access, detection and the engine. The
+// graph still needs a backend.Backend, a watch.Source and fix modules.
+var Module = fx.Module("core",
+	fx.Provide(
+		LoadConfig,
+		NewLogger,
+		metrics.NewRegistry,
+		func(r *prometheus.Registry) prometheus.Registerer { return r },
+		metrics.NewSync,
+		sysctl.New,
+		Detect,
+		Env,
+		NewEngine,
+	),
+)
+
+// Agent adds what `run` needs on top of Module: the engine and HTTP server started by the lifecycle.
+var Agent = fx.Options(
+	Module,
+	fx.Provide(NewServer),
+	fx.Invoke(func(lc fx.Lifecycle, e *engine.Engine, s *server.Server) {
+		lc.Append(fx.Hook{OnStart: s.Start, OnStop: s.Stop})
+		lc.Append(fx.Hook{OnStart: e.Start, OnStop: e.Stop})
+	}),
+)
+
+// LoadConfig loads the configuration against the registered fix ids.
+func LoadConfig(in Inputs, ids fix.IDs) (*config.Config, error) {
+	return config.Load(in.Flags, in.Environ, ids.IDs)
+}
+
+// NewLogger returns the agent's structured logger at the configured level.
+func NewLogger(cfg *config.Config) *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(cfg.LogLevel))
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+}
+
+// Detect resolves "auto" settings and exports what was found.
+func Detect(cfg *config.Config, m *metrics.Sync, in Inputs, log *slog.Logger) detect.Result {
+	r := detect.Resolve(context.Background(), cfg)
+	m.Info.WithLabelValues(in.Version, r.Backend, r.IptablesVariant, r.ProxyMode, r.ProxyModeSource).Set(1)
+	log.Info("environment", "proxyMode", r.ProxyMode, "proxyModeSource", r.ProxyModeSource,
+		"backend", r.Backend, "backendSource", r.BackendSource,
+		"iptablesVariant", r.IptablesVariant, "iptablesVariantSource", r.IptablesVariantSource)
+	return r
+}
+
+// Env is what fixes learn about the node.
+func Env(cfg *config.Config, r detect.Result) fix.Env {
+	return fix.Env{ProxyMode: r.ProxyMode, NodeName: cfg.NodeName}
+}
+
+// EngineParams are the engine's dependencies.
+type EngineParams struct {
+	fx.In
+	Fixes   []fix.Fix `group:"fixes"`
+	Backend backend.Backend
+	Source  watch.Source
+	Config  *config.Config
+	Env     fix.Env
+	Metrics *metrics.Sync
+	Log     *slog.Logger
+}
+
+// NewEngine builds the engine; it validates and configures every fix.
+func NewEngine(p EngineParams) (*engine.Engine, error) {
+	return engine.New(engine.Options{Fixes: p.Fixes, Backend: p.Backend, Source: p.Source,
+		Config: p.Config, Env: p.Env, Metrics: p.Metrics, Log: p.Log})
+}
+
+// NewServer builds the /metrics, /healthz, /readyz server.
+func NewServer(cfg *config.Config, reg *prometheus.Registry, e *engine.Engine, log *slog.Logger) *server.Server {
+	return server.New(cfg.MetricsAddress, reg, server.Checks{Healthy: e.Healthy, Ready: e.Ready}, log)
+}
+
+// KubeClient builds a client from the kubeconfig in cfg, or the in-cluster config.
+func KubeClient(cfg *config.Config) (kubernetes.Interface, error) {
+	var rc *rest.Config
+	var err error
+	if cfg.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+		if err != nil {
+			err = fmt.Errorf("%w (outside a cluster, set kubeconfig / --kubeconfig / NNM_KUBECONFIG)", err)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	rc.UserAgent = "network-node-manager"
+	rc.QPS, rc.Burst = 20, 40
+	rc.ContentType = "application/vnd.kubernetes.protobuf"
+	return kubernetes.NewForConfig(rc)
+}
+
+// InformerSource is the production watch.Source.
+func InformerSource(cfg *config.Config, log *slog.Logger) (watch.Source, error) {
+	client, err := KubeClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return watch.NewInformers(client, cfg.NodeName, log), nil
+}
+
+// FileSource reads Services from a YAML file (for `plan`).
+func FileSource(path string) func() (watch.Source, error) {
+	return func() (watch.Source, error) {
+		if strings.TrimSpace(path) == "" {
+			return nil, fmt.Errorf("plan: --services FILE is required")
+		}
+		return watch.LoadFile(path)
+	}
+}

@@ -1,0 +1,87 @@
+// Package metrics holds the core's Prometheus metrics. The registry is created here and injected
+// everywhere (fixes register their own metrics on it); nothing is registered globally.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Namespace prefixes every metric name of the agent.
+const Namespace = "nnm"
+
+// NewRegistry returns a registry with the Go and process collectors.
+func NewRegistry() *prometheus.Registry {
+	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return r
+}
+
+// Sync is the per-fix sync metrics of the engine. Labels: fix, backend, and family where it applies.
+type Sync struct {
+	Duration      *prometheus.HistogramVec
+	Syncs         *prometheus.CounterVec
+	Errors        *prometheus.CounterVec
+	Repairs       *prometheus.CounterVec
+	Rules         *prometheus.GaugeVec
+	LastSuccess   *prometheus.GaugeVec
+	Enabled       *prometheus.GaugeVec
+	Covered       *prometheus.GaugeVec
+	Skipped       *prometheus.GaugeVec
+	Info          *prometheus.GaugeVec
+	ConfigReloads *prometheus.CounterVec
+}
+
+// NewSync creates and registers the engine's metrics on reg.
+func NewSync(reg prometheus.Registerer) *Sync {
+	m := &Sync{
+		Duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "sync_duration_seconds",
+			Help:    "Time to compute and apply one fix's rules for one family.",
+			Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
+		}, []string{"fix", "backend"}),
+		Syncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "syncs_total",
+			Help: "Sync attempts of a fix (one per family and pass).",
+		}, []string{"fix", "backend"}),
+		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "sync_errors_total",
+			Help: "Failed sync attempts of a fix; the previous rules stay in place.",
+		}, []string{"fix", "backend"}),
+		Repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "sync_repairs_total",
+			Help: "Resyncs that found a fix's rules changed behind the agent's back and restored them.",
+		}, []string{"fix", "backend", "family"}),
+		Rules: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "rules_programmed",
+			Help: "Rules (and map entries) the fix has in the kernel.",
+		}, []string{"fix", "backend", "family"}),
+		LastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "last_successful_sync_timestamp_seconds",
+			Help: "Unix time of the fix's last successful sync.",
+		}, []string{"fix", "backend"}),
+		Enabled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "fix_enabled",
+			Help: "1 if the fix runs, 0 if it is disabled or refused.",
+		}, []string{"fix"}),
+		Covered: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "fix_objects_covered",
+			Help: "Objects (e.g. Services) the fix programmed rules for.",
+		}, []string{"fix", "family"}),
+		Skipped: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "fix_objects_skipped",
+			Help: "Objects the fix left out, by reason.",
+		}, []string{"fix", "family", "reason"}),
+		Info: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "agent_info",
+			Help: "Always 1; labels say what the agent runs with and how it was found.",
+		}, []string{"version", "backend", "iptables_variant", "proxy_mode", "proxy_mode_source"}),
+		ConfigReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "config_reloads_total",
+			Help: "Config file reloads by result (success or error).",
+		}, []string{"result"}),
+	}
+	reg.MustRegister(m.Duration, m.Syncs, m.Errors, m.Repairs, m.Rules, m.LastSuccess, m.Enabled,
+		m.Covered, m.Skipped, m.Info, m.ConfigReloads)
+	return m
+}

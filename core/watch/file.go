@@ -1,0 +1,131 @@
+package watch
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/yaml"
+	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
+)
+
+// File is a Source that reads Services (and optionally a Node) from a YAML file once, for offline
+// use such as `plan`. Documents may be Services, Nodes, or v1 Lists of them, separated by "---".
+type File struct {
+	services []*corev1.Service
+	node     *corev1.Node
+	changes  chan struct{}
+}
+
+// LoadFile parses path. An object of another kind, or one that does not parse, is an error naming it.
+func LoadFile(path string) (*File, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("services file: %w", err)
+	}
+	return ParseFile(path, data)
+}
+
+// ParseFile parses data as LoadFile does; name is used in errors.
+func ParseFile(name string, data []byte) (*File, error) {
+	f := &File{changes: make(chan struct{})}
+	dec := yaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for i := 1; ; i++ {
+		doc, err := dec.Read()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			return nil, fmt.Errorf("%s: document %d: %w", name, i, err)
+		}
+		if len(bytes.TrimSpace(doc)) == 0 || isOnlyComments(doc) {
+			continue
+		}
+		if err := f.add(name, i, doc); err != nil {
+			return nil, err
+		}
+	}
+	SortServices(f.services)
+	return f, nil
+}
+
+type typeMeta struct {
+	Kind  string           `json:"kind"`
+	Items []map[string]any `json:"items"`
+}
+
+func (f *File) add(name string, i int, doc []byte) error {
+	var tm typeMeta
+	if err := sigsyaml.Unmarshal(doc, &tm); err != nil {
+		return fmt.Errorf("%s: document %d: %w", name, i, err)
+	}
+	switch tm.Kind {
+	case "Service":
+		var svc corev1.Service
+		if err := sigsyaml.UnmarshalStrict(doc, &svc); err != nil {
+			return fmt.Errorf("%s: document %d (Service): %w", name, i, err)
+		}
+		if svc.Name == "" {
+			return fmt.Errorf("%s: document %d: Service without metadata.name", name, i)
+		}
+		if svc.Namespace == "" {
+			svc.Namespace = "default"
+		}
+		f.services = append(f.services, StripService(&svc))
+	case "Node":
+		var n corev1.Node
+		if err := sigsyaml.UnmarshalStrict(doc, &n); err != nil {
+			return fmt.Errorf("%s: document %d (Node): %w", name, i, err)
+		}
+		f.node = StripNode(&n)
+	case "List", "ServiceList", "NodeList":
+		for j, item := range tm.Items {
+			b, err := sigsyaml.Marshal(item)
+			if err != nil {
+				return err
+			}
+			if err := f.add(name, i*1000+j, b); err != nil {
+				return err
+			}
+		}
+	default:
+		return fmt.Errorf("%s: document %d: kind %q is not Service, Node or List", name, i, tm.Kind)
+	}
+	return nil
+}
+
+func isOnlyComments(doc []byte) bool {
+	for _, line := range strings.Split(string(doc), "\n") {
+		line = strings.TrimSpace(line)
+		if line != "" && !strings.HasPrefix(line, "#") {
+			return false
+		}
+	}
+	return true
+}
+
+// Start does nothing: the file was read by LoadFile.
+func (f *File) Start(context.Context, fix.Needs) error { return nil }
+
+// WaitForSync returns at once.
+func (f *File) WaitForSync(context.Context) error { return nil }
+
+// Services returns the file's Services.
+func (f *File) Services() []*corev1.Service { return f.services }
+
+// Node returns the file's Node, if it had one.
+func (f *File) Node() *corev1.Node { return f.node }
+
+// Changes never fires.
+func (f *File) Changes() <-chan struct{} { return f.changes }
+
+// Stop does nothing.
+func (f *File) Stop() {}

@@ -1,0 +1,185 @@
+package watch
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
+)
+
+// Informers is a Source backed by client-go shared informers: Services cluster-wide and this node's
+// Node object (field selector metadata.name, so only one Node is ever listed).
+type Informers struct {
+	client   kubernetes.Interface
+	nodeName string
+	log      *slog.Logger
+
+	changes chan struct{}
+
+	mu        sync.Mutex
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	svcStore  cache.Store
+	svcSync   cache.InformerSynced
+	nodeStore cache.Store
+	nodeSync  cache.InformerSynced
+}
+
+// NewInformers returns an informer Source. It does no I/O until Start.
+func NewInformers(client kubernetes.Interface, nodeName string, log *slog.Logger) *Informers {
+	return &Informers{client: client, nodeName: nodeName, log: log, changes: make(chan struct{}, 1)}
+}
+
+// Start starts the informers that needs asks for.
+func (s *Informers) Start(ctx context.Context, needs fix.Needs) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cancel != nil {
+		return fmt.Errorf("watch: already started")
+	}
+	ctx, s.cancel = context.WithCancel(ctx)
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { s.notify() },
+		UpdateFunc: func(old, cur any) { s.notify() },
+		DeleteFunc: func(any) { s.notify() },
+	}
+	if needs.Services {
+		f := informers.NewSharedInformerFactoryWithOptions(s.client, 0)
+		inf := f.Core().V1().Services().Informer()
+		if err := inf.SetTransform(transform); err != nil {
+			return err
+		}
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return err
+		}
+		s.svcStore, s.svcSync = inf.GetStore(), inf.HasSynced
+		s.run(ctx, inf)
+	}
+	if needs.Node && s.nodeName != "" {
+		f := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.nodeName).String()
+			}))
+		inf := f.Core().V1().Nodes().Informer()
+		if err := inf.SetTransform(transform); err != nil {
+			return err
+		}
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return err
+		}
+		s.nodeStore, s.nodeSync = inf.GetStore(), inf.HasSynced
+		s.run(ctx, inf)
+	} else if needs.Node {
+		s.log.Warn("no node name configured: pod CIDRs come from the configuration only (set nodeName / NNM_NODE_NAME)")
+	}
+	return nil
+}
+
+func (s *Informers) run(ctx context.Context, inf cache.SharedIndexInformer) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		inf.Run(ctx.Done())
+	}()
+}
+
+func transform(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *corev1.Service:
+		return StripService(o), nil
+	case *corev1.Node:
+		return StripNode(o), nil
+	}
+	return obj, nil
+}
+
+func (s *Informers) notify() {
+	select {
+	case s.changes <- struct{}{}:
+	default:
+	}
+}
+
+// WaitForSync waits for the started informers' first list.
+func (s *Informers) WaitForSync(ctx context.Context) error {
+	s.mu.Lock()
+	var synced []cache.InformerSynced
+	for _, f := range []cache.InformerSynced{s.svcSync, s.nodeSync} {
+		if f != nil {
+			synced = append(synced, f)
+		}
+	}
+	s.mu.Unlock()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		all := true
+		for _, f := range synced {
+			all = all && f()
+		}
+		if all {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("watch: informers did not sync: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// Services returns the cached Services, sorted.
+func (s *Informers) Services() []*corev1.Service {
+	s.mu.Lock()
+	store := s.svcStore
+	s.mu.Unlock()
+	if store == nil {
+		return nil
+	}
+	items := store.List()
+	out := make([]*corev1.Service, 0, len(items))
+	for _, o := range items {
+		out = append(out, o.(*corev1.Service))
+	}
+	SortServices(out)
+	return out
+}
+
+// Node returns this node's Node object.
+func (s *Informers) Node() *corev1.Node {
+	s.mu.Lock()
+	store := s.nodeStore
+	s.mu.Unlock()
+	if store == nil {
+		return nil
+	}
+	o, ok, _ := store.GetByKey(s.nodeName)
+	if !ok {
+		return nil
+	}
+	return o.(*corev1.Node)
+}
+
+// Changes signals changes.
+func (s *Informers) Changes() <-chan struct{} { return s.changes }
+
+// Stop stops the informers and waits for them.
+func (s *Informers) Stop() {
+	s.mu.Lock()
+	cancel := s.cancel
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	s.wg.Wait()
+}

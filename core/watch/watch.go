@@ -1,0 +1,84 @@
+// Package watch is where the core learns about the cluster. A Source keeps the Services and this
+// node's Node object and tells when they change; fixes never see it, only the Snapshot the core
+// builds from it.
+package watch
+
+import (
+	"context"
+	"sort"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
+)
+
+// Source is a view of the cluster that fixes' snapshots are built from.
+type Source interface {
+	// Start begins watching what needs asks for. It does not block; Stop ends everything it started.
+	Start(ctx context.Context, needs fix.Needs) error
+	// WaitForSync blocks until the first full list arrived (or ctx ends).
+	WaitForSync(ctx context.Context) error
+	// Services returns the current Services sorted by namespace/name. Callers must not modify them.
+	Services() []*corev1.Service
+	// Node returns this node's Node object, nil if unknown.
+	Node() *corev1.Node
+	// Changes receives a value (coalesced) after anything the source holds changed.
+	Changes() <-chan struct{}
+	// Stop ends the watches and waits for them.
+	Stop()
+}
+
+// SortServices orders Services by namespace/name.
+func SortServices(svcs []*corev1.Service) {
+	sort.Slice(svcs, func(i, j int) bool {
+		if svcs[i].Namespace != svcs[j].Namespace {
+			return svcs[i].Namespace < svcs[j].Namespace
+		}
+		return svcs[i].Name < svcs[j].Name
+	})
+}
+
+// StripService keeps only what fixes read: identity, spec and load-balancer status. It is the
+// informer's transform, so the cache holds the small form (managed fields and annotations of
+// thousands of Services are most of their size).
+func StripService(svc *corev1.Service) *corev1.Service {
+	out := &corev1.Service{}
+	out.Namespace = svc.Namespace
+	out.Name = svc.Name
+	out.UID = svc.UID
+	out.ResourceVersion = svc.ResourceVersion
+	out.Spec = corev1.ServiceSpec{
+		Type:                  svc.Spec.Type,
+		ClusterIP:             svc.Spec.ClusterIP,
+		ClusterIPs:            svc.Spec.ClusterIPs,
+		ExternalIPs:           svc.Spec.ExternalIPs,
+		ExternalName:          svc.Spec.ExternalName,
+		ExternalTrafficPolicy: svc.Spec.ExternalTrafficPolicy,
+		IPFamilies:            svc.Spec.IPFamilies,
+		Ports:                 stripPorts(svc.Spec.Ports),
+	}
+	out.Status.LoadBalancer = svc.Status.LoadBalancer
+	return out
+}
+
+func stripPorts(ports []corev1.ServicePort) []corev1.ServicePort {
+	if len(ports) == 0 {
+		return nil
+	}
+	out := make([]corev1.ServicePort, len(ports))
+	for i, p := range ports {
+		out[i] = corev1.ServicePort{Name: p.Name, Protocol: p.Protocol, Port: p.Port}
+	}
+	return out
+}
+
+// StripNode keeps identity and pod CIDRs.
+func StripNode(n *corev1.Node) *corev1.Node {
+	out := &corev1.Node{}
+	out.Name = n.Name
+	out.UID = n.UID
+	out.ResourceVersion = n.ResourceVersion
+	out.Spec.PodCIDR = n.Spec.PodCIDR
+	out.Spec.PodCIDRs = n.Spec.PodCIDRs
+	return out
+}
