@@ -1,0 +1,191 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+var ids = []string{"invalid-drop", "ipvs-externalip-dnat"}
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func flags(t *testing.T, args ...string) *pflag.FlagSet {
+	t.Helper()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return fs
+}
+
+func TestDefaults(t *testing.T) {
+	cfg, err := Load(nil, nil, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.MinSyncPeriod != time.Second || cfg.SyncPeriod != 30*time.Second || cfg.Backend != "auto" {
+		t.Fatalf("unexpected defaults: %+v", cfg)
+	}
+	if _, set := cfg.FixEnabled("invalid-drop"); set {
+		t.Fatal("no fix should be explicitly enabled by default")
+	}
+}
+
+func TestPrecedenceFileEnvFlags(t *testing.T) {
+	file := writeFile(t, `
+backend: nftables
+syncPeriod: 10s
+minSyncPeriod: 2s
+podCIDRs: [10.244.1.0/24]
+fixes:
+  invalid-drop:
+    enabled: false
+    hooks: [input, forward]
+`)
+	env := []string{"NNM_SYNC_PERIOD=20s", "NNM_FIXES_INVALID_DROP_ENABLED=true", "NNM_FIXES_INVALID_DROP_PROTOCOLS=tcp"}
+	cfg, err := Load(flags(t, "--config", file, "--sync-period", "40s"), env, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Backend != "nftables" {
+		t.Errorf("backend from file: got %q", cfg.Backend)
+	}
+	if cfg.MinSyncPeriod != 2*time.Second {
+		t.Errorf("minSyncPeriod from file: got %s", cfg.MinSyncPeriod)
+	}
+	if cfg.SyncPeriod != 40*time.Second {
+		t.Errorf("flag must beat env and file: got %s", cfg.SyncPeriod)
+	}
+	if on, set := cfg.FixEnabled("invalid-drop"); !on || !set {
+		t.Errorf("env must beat file for fixes.invalid-drop.enabled")
+	}
+	opts := cfg.FixOptions("invalid-drop")
+	if _, ok := opts["enabled"]; ok {
+		t.Error("FixOptions must not contain enabled")
+	}
+	if opts["protocols"] != "tcp" {
+		t.Errorf("fix option from env: got %#v", opts)
+	}
+	if len(opts["hooks"].([]any)) != 2 {
+		t.Errorf("fix option from file: got %#v", opts["hooks"])
+	}
+}
+
+func TestEnvOnly(t *testing.T) {
+	cfg, err := Load(nil, []string{"NNM_BACKEND=iptables", "NNM_POD_CIDRS=10.0.0.0/24, fd00::/64", "NNM_FAMILIES=ipv6"}, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Backend != "iptables" || len(cfg.PodCIDRs) != 2 || len(cfg.ParsedFamilies()) != 1 {
+		t.Fatalf("env not applied: %+v", cfg)
+	}
+}
+
+func TestLegacyEnvironment(t *testing.T) {
+	env := []string{"POD_CIDR_IPV4=10.244.3.0/24", "POD_CIDR_IPV6=fd00:10:244:3::/64",
+		"RULE_DROP_INVALID_INPUT_ENABLE=false", "RULE_EXTERNAL_CLUSTER_ENABLE=true"}
+	cfg, err := Load(nil, env, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cidrs, _ := cfg.ParsedPodCIDRs()
+	if len(cidrs) != 2 || cidrs[0].String() != "10.244.3.0/24" {
+		t.Errorf("legacy pod CIDRs: %v", cidrs)
+	}
+	if on, set := cfg.FixEnabled("invalid-drop"); on || !set {
+		t.Error("RULE_DROP_INVALID_INPUT_ENABLE=false must disable invalid-drop")
+	}
+	if on, set := cfg.FixEnabled("ipvs-externalip-dnat"); !on || !set {
+		t.Error("RULE_EXTERNAL_CLUSTER_ENABLE=true must enable ipvs-externalip-dnat")
+	}
+	// The new variable wins over the legacy one.
+	cfg, err = Load(nil, append(env, "NNM_FIXES_INVALID_DROP_ENABLED=true"), ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if on, _ := cfg.FixEnabled("invalid-drop"); !on {
+		t.Error("NNM_FIXES_INVALID_DROP_ENABLED must beat RULE_DROP_INVALID_INPUT_ENABLE")
+	}
+	if _, err := Load(nil, []string{"RULE_DROP_INVALID_INPUT_ENABLE=maybe"}, ids); err == nil || !strings.Contains(err.Error(), "RULE_DROP_INVALID_INPUT_ENABLE") {
+		t.Errorf("bad legacy value must name the variable, got %v", err)
+	}
+}
+
+func TestErrorsNameTheKey(t *testing.T) {
+	cases := []struct {
+		name, file string
+		env        []string
+		args       []string
+		want       string
+	}{
+		{name: "unknown top-level key", file: "bakend: iptables\n", want: "bakend"},
+		{name: "unknown fix", file: "fixes:\n  no-such-fix:\n    enabled: true\n", want: "no-such-fix"},
+		{name: "bad duration in file", file: "syncPeriod: soon\n", want: "syncPeriod"},
+		{name: "bad duration in env", env: []string{"NNM_MIN_SYNC_PERIOD=fast"}, want: "minSyncPeriod"},
+		{name: "bad backend", args: []string{"--backend", "ebpf"}, want: "backend"},
+		{name: "bad family", env: []string{"NNM_FAMILIES=ipv5"}, want: "families"},
+		{name: "bad pod CIDR", file: "podCIDRs: [10.0.0.300/24]\n", want: "podCIDRs"},
+		{name: "bad enabled", file: "fixes:\n  invalid-drop:\n    enabled: perhaps\n", want: "fixes.invalid-drop.enabled"},
+		{name: "zero sync period", file: "syncPeriod: 0s\n", want: "syncPeriod"},
+		{name: "bad --set", args: []string{"--set", "nokeyvalue"}, want: "--set"},
+		{name: "yaml syntax", file: "backend: [unclosed\n", want: "config file"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			args := c.args
+			if c.file != "" {
+				args = append(args, "--config", writeFile(t, c.file))
+			}
+			_, err := Load(flags(t, args...), c.env, ids)
+			if err == nil {
+				t.Fatal("expected an error")
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %q does not name %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestFixFlags(t *testing.T) {
+	cfg, err := Load(flags(t, "--enable-fix", "ipvs-externalip-dnat", "--disable-fix", "invalid-drop",
+		"--set", "fixes.ipvs-externalip-dnat.masqueradeMark=0x8000"), nil, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if on, _ := cfg.FixEnabled("ipvs-externalip-dnat"); !on {
+		t.Error("--enable-fix ignored")
+	}
+	if on, set := cfg.FixEnabled("invalid-drop"); on || !set {
+		t.Error("--disable-fix ignored")
+	}
+	if cfg.FixOptions("ipvs-externalip-dnat")["masquerademark"] != "0x8000" {
+		t.Errorf("--set ignored: %#v", cfg.FixOptions("ipvs-externalip-dnat"))
+	}
+}
+
+func TestEnvName(t *testing.T) {
+	for key, want := range map[string]string{
+		"minSyncPeriod":              "NNM_MIN_SYNC_PERIOD",
+		"podCIDRs":                   "NNM_POD_CIDRS",
+		"fixes.invalid-drop.enabled": "NNM_FIXES_INVALID_DROP_ENABLED",
+		"iptablesVariant":            "NNM_IPTABLES_VARIANT",
+	} {
+		if got := EnvName(key); got != want {
+			t.Errorf("EnvName(%q) = %q, want %q", key, got, want)
+		}
+	}
+}

@@ -1,0 +1,330 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/metrics"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/core/testkit"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// memSource is an in-memory watch.Source.
+type memSource struct {
+	mu      sync.Mutex
+	svcs    []*corev1.Service
+	node    *corev1.Node
+	changes chan struct{}
+	needs   fix.Needs
+	stopped bool
+}
+
+func newMemSource() *memSource { return &memSource{changes: make(chan struct{}, 1)} }
+
+func (s *memSource) Start(_ context.Context, n fix.Needs) error { s.needs = n; return nil }
+func (s *memSource) WaitForSync(context.Context) error          { return nil }
+func (s *memSource) Services() []*corev1.Service {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.svcs
+}
+func (s *memSource) Node() *corev1.Node       { return s.node }
+func (s *memSource) Changes() <-chan struct{} { return s.changes }
+func (s *memSource) Stop()                    { s.stopped = true }
+func (s *memSource) set(svcs ...*corev1.Service) {
+	s.mu.Lock()
+	s.svcs = svcs
+	s.mu.Unlock()
+	select {
+	case s.changes <- struct{}{}:
+	default:
+	}
+}
+
+// countFix drops traffic to each Service's first ClusterIP of the family: one rule per Service.
+type countFix struct {
+	id        string
+	defaultOn bool
+	refuse    error
+	fail      error
+	optErr    error
+	observed  int
+}
+
+func (f *countFix) ID() string                       { return f.id }
+func (f *countFix) Description() string              { return "test fix" }
+func (f *countFix) DefaultEnabled(fix.Env) bool      { return f.defaultOn }
+func (f *countFix) Needs() fix.Needs                 { return fix.Needs{Services: true} }
+func (f *countFix) Configure(o map[string]any) error { return f.optErr }
+func (f *countFix) Check(fix.Env) error              { return f.refuse }
+func (f *countFix) Observe(context.Context, rules.Family, fix.Report) {
+	f.observed++
+}
+func (f *countFix) Rules(snap *fix.Snapshot, fam rules.Family) (*rules.Ruleset, fix.Report, error) {
+	if f.fail != nil {
+		return nil, fix.Report{}, f.fail
+	}
+	c := rules.Chain{Name: "T-" + strings.ToUpper(f.id), Type: rules.Filter, Hook: rules.Input}
+	rep := fix.Report{}
+	for _, s := range snap.Services {
+		for _, ip := range s.Spec.ClusterIPs {
+			a, err := netip.ParseAddr(ip)
+			if err != nil || !fam.Contains(a) {
+				continue
+			}
+			c.Rules = append(c.Rules, rules.Rule{Match: rules.Match{DstAddr: a}, Verdict: rules.Verdict{Kind: rules.Drop}})
+			rep.Covered++
+		}
+	}
+	return &rules.Ruleset{Fix: f.id, Family: fam, Chains: []rules.Chain{c}}, rep, nil
+}
+
+type harness struct {
+	e   *Engine
+	be  *testkit.FakeBackend
+	src *memSource
+	m   *metrics.Sync
+	now time.Time
+}
+
+func newHarness(t *testing.T, cfg *config.Config, fixes ...fix.Fix) *harness {
+	t.Helper()
+	h := &harness{be: testkit.NewFakeBackend(), src: newMemSource(), m: metrics.NewSync(prometheus.NewRegistry()), now: time.Unix(1000, 0)}
+	if cfg == nil {
+		c := config.Defaults()
+		cfg = &c
+	}
+	e, err := New(Options{Fixes: fixes, Backend: h.be, Source: h.src, Config: cfg, Metrics: h.m,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: func() time.Time { return h.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.e = e
+	return h
+}
+
+func svc(name string, ips ...string) *corev1.Service {
+	return testkit.Service("default", name, testkit.ClusterIPs(ips...), testkit.Ports(testkit.TCP(80)))
+}
+
+func TestSyncAppliesOnlyChangesAndRepairsDrift(t *testing.T) {
+	f := &countFix{id: "count", defaultOn: true}
+	h := newHarness(t, nil, f)
+	h.src.set(svc("a", "10.96.0.1", "fd00::1"))
+	ctx := context.Background()
+	if h.e.SyncOnce(ctx, true) {
+		t.Fatal("first sync failed")
+	}
+	if got := h.be.ApplyCalls(); got != 2 {
+		t.Fatalf("want one apply per family, got %d", got)
+	}
+	if rs := h.be.Ruleset("count", rules.IPv6); rs == nil || len(rs.Chains[0].Rules) != 1 {
+		t.Fatalf("IPv6 ruleset not applied: %v", rs)
+	}
+	// Nothing changed: neither a normal nor a full pass applies again.
+	h.e.SyncOnce(ctx, false)
+	h.e.SyncOnce(ctx, true)
+	if got := h.be.ApplyCalls(); got != 2 {
+		t.Fatalf("unchanged rules were applied again: %d applies", got)
+	}
+	// A change is applied in the next pass, only for the family it touches.
+	h.src.set(svc("a", "10.96.0.1", "fd00::1"), svc("b", "10.96.0.2"))
+	h.e.SyncOnce(ctx, false)
+	if got := h.be.ApplyCalls(); got != 3 {
+		t.Fatalf("want 3 applies after an IPv4-only change, got %d", got)
+	}
+	// Someone deletes our rules: a normal pass does not notice, a full pass repairs.
+	h.be.Tamper("count", rules.IPv4)
+	h.e.SyncOnce(ctx, false)
+	if got := h.be.ApplyCalls(); got != 3 {
+		t.Fatalf("a normal pass must not check the kernel: %d", got)
+	}
+	h.e.SyncOnce(ctx, true)
+	if got := h.be.ApplyCalls(); got != 4 {
+		t.Fatalf("full pass did not repair: %d applies", got)
+	}
+	if v := testutil.ToFloat64(h.m.Repairs.WithLabelValues("count", "fake", "ipv4")); v != 1 {
+		t.Fatalf("repairs metric = %v", v)
+	}
+	if v := testutil.ToFloat64(h.m.Rules.WithLabelValues("count", "fake", "ipv4")); v != 2 {
+		t.Fatalf("rules_programmed = %v", v)
+	}
+	if f.observed == 0 {
+		t.Fatal("Observer was not called")
+	}
+}
+
+func TestFailedApplyKeepsPreviousRulesAndCounts(t *testing.T) {
+	f := &countFix{id: "count", defaultOn: true}
+	h := newHarness(t, nil, f)
+	h.src.set(svc("a", "10.96.0.1"))
+	ctx := context.Background()
+	h.e.SyncOnce(ctx, false)
+	before := h.be.Dump()
+	h.be.SetApplyError(errors.New("kernel says no"))
+	h.src.set(svc("a", "10.96.0.1"), svc("b", "10.96.0.2"))
+	if !h.e.SyncOnce(ctx, false) {
+		t.Fatal("sync must report failure")
+	}
+	if h.be.Dump() != before {
+		t.Fatal("failed apply changed the rules")
+	}
+	if v := testutil.ToFloat64(h.m.Errors.WithLabelValues("count", "fake")); v != 1 {
+		t.Fatalf("sync_errors_total = %v", v)
+	}
+	h.be.SetApplyError(nil)
+	if h.e.SyncOnce(ctx, true) {
+		t.Fatal("retry failed")
+	}
+	if rs := h.be.Ruleset("count", rules.IPv4); len(rs.Chains[0].Rules) != 2 {
+		t.Fatal("retry did not apply the change")
+	}
+}
+
+func TestHealthAndReadiness(t *testing.T) {
+	f := &countFix{id: "count", defaultOn: true}
+	h := newHarness(t, nil, f)
+	h.e.started = h.now
+	if h.e.Ready() == nil {
+		t.Fatal("ready before any sync")
+	}
+	h.e.synced = true
+	h.e.SyncOnce(context.Background(), true)
+	if err := h.e.Ready(); err != nil {
+		t.Fatal(err)
+	}
+	h.now = h.now.Add(59 * time.Second)
+	if err := h.e.Healthy(); err != nil {
+		t.Fatalf("healthy within 2 x syncPeriod: %v", err)
+	}
+	f.fail = errors.New("broken")
+	h.e.SyncOnce(context.Background(), true)
+	h.now = h.now.Add(2 * time.Second)
+	err := h.e.Healthy()
+	if err == nil || !strings.Contains(err.Error(), "broken") || !strings.Contains(err.Error(), "count") {
+		t.Fatalf("unhealthy after 2 x syncPeriod without success, naming the fix and error; got %v", err)
+	}
+}
+
+func TestDisabledFixesAreRemovedAndReconfigured(t *testing.T) {
+	on := &countFix{id: "on", defaultOn: true}
+	off := &countFix{id: "off", defaultOn: false}
+	h := newHarness(t, nil, on, off)
+	h.src.set(svc("a", "10.96.0.1"))
+	ctx := context.Background()
+	// Pretend "off" had rules from an earlier run.
+	if err := h.be.Apply(ctx, &rules.Ruleset{Fix: "off", Family: rules.IPv4, Chains: []rules.Chain{{Name: "T-OFF", Type: rules.Filter, Hook: rules.Input}}}); err != nil {
+		t.Fatal(err)
+	}
+	h.e.removeDisabled(ctx)
+	h.e.SyncOnce(ctx, true)
+	if h.be.Ruleset("off", rules.IPv4) != nil {
+		t.Fatal("disabled fix's rules survived start-up")
+	}
+	if h.be.Ruleset("on", rules.IPv4) == nil {
+		t.Fatal("enabled fix not applied")
+	}
+	// A config that disables "on" removes it and keeps nothing else.
+	c := config.Defaults()
+	c.Fixes = map[string]map[string]any{"on": {"enabled": false}}
+	if !h.e.applyConfig(ctx, &c) {
+		t.Fatal("config rejected")
+	}
+	if h.be.Ruleset("on", rules.IPv4) != nil {
+		t.Fatal("rules of a fix disabled by reload survived")
+	}
+	// A config that a fix rejects changes nothing.
+	on.optErr = errors.New("bad option")
+	c2 := config.Defaults()
+	if h.e.applyConfig(ctx, &c2) {
+		t.Fatal("config with a rejected option was taken")
+	}
+	if st := h.e.Statuses(); st[0].Enabled || st[1].Enabled {
+		t.Fatalf("rejected config changed the enabled set: %+v", st)
+	}
+}
+
+func TestRefusedFix(t *testing.T) {
+	f := &countFix{id: "picky", defaultOn: true, refuse: errors.New("not in iptables mode")}
+	c := config.Defaults()
+	c.Fixes = map[string]map[string]any{"picky": {"enabled": true}}
+	h := newHarness(t, &c, f)
+	if errs := h.e.Refusals(); len(errs) != 1 || !strings.Contains(errs[0].Error(), "not in iptables mode") {
+		t.Fatalf("want the refusal reported, got %v", errs)
+	}
+	h.e.SyncOnce(context.Background(), true)
+	if h.be.ApplyCalls() != 0 {
+		t.Fatal("a refused fix was applied")
+	}
+}
+
+func TestLoopCoalescesAndStops(t *testing.T) {
+	f := &countFix{id: "count", defaultOn: true}
+	c := config.Defaults()
+	c.MinSyncPeriod = 50 * time.Millisecond
+	c.Families = []string{"ipv4"}
+	h := newHarness(t, &c, f)
+	h.e.now = time.Now
+	h.src.set(svc("a", "10.96.0.1"))
+	if err := h.e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return h.be.ApplyCalls() == 1 })
+	for i := 0; i < 20; i++ { // a burst of changes
+		h.src.set(svc("a", "10.96.0.1"), svc("b", "10.96.0."+string(rune('2'+i%8))))
+	}
+	waitFor(t, func() bool {
+		rs := h.be.Ruleset("count", rules.IPv4)
+		return rs != nil && len(rs.Chains[0].Rules) == 2
+	})
+	if n := h.be.ApplyCalls(); n > 4 {
+		t.Fatalf("a burst of 20 changes caused %d applies; want them coalesced", n)
+	}
+	if err := h.e.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !h.src.stopped {
+		t.Fatal("source not stopped")
+	}
+	if h.be.Ruleset("count", rules.IPv4) == nil {
+		t.Fatal("rules must stay in the kernel when the agent stops")
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 5s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestPodCIDRsPreferNode(t *testing.T) {
+	cfgd := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}
+	n := testkit.Node("n1", testkit.PodCIDRs("10.244.1.0/24", "fd00:244:1::/64"))
+	if got := PodCIDRs(n, cfgd); len(got) != 2 || got[0].String() != "10.244.1.0/24" {
+		t.Fatalf("node CIDRs not preferred: %v", got)
+	}
+	if got := PodCIDRs(testkit.Node("n2"), cfgd); len(got) != 1 || got[0] != cfgd[0] {
+		t.Fatalf("config CIDRs not used as fallback: %v", got)
+	}
+}
