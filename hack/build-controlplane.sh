@@ -35,17 +35,12 @@ up_to_date() {
 		[[ "$(cat "$STAMP")" == "$1" ]]
 }
 
-# build <module dir> <package> <output name> [extra ldflags]
+# build <module dir> <pinned module> <package> <output name> [extra ldflags]
 build() {
-	local dir="$1" pkg="$2" out="$3" ldx="${4:-}"
-	echo "building $out from $pkg ($(cd "$dir" && go list -m -f '{{.Path}} {{.Version}}' "$(main_module_of "$dir" "$pkg")"))"
+	local dir="$1" mod="$2" pkg="$3" out="$4" ldx="${5:-}"
+	echo "building $out from $(cd "$dir" && go list -m -f '{{.Path}}@{{.Version}}' "$mod")"
 	(cd "$dir" && go build -trimpath -ldflags="-s -w $ldx" -o "$BIN/.$out.tmp" "$pkg")
 	mv -f "$BIN/.$out.tmp" "$BIN/$out"
-}
-
-# main_module_of prints the module that provides pkg (for the log line only).
-main_module_of() {
-	(cd "$1" && go list -f '{{with .Module}}{{.Path}}{{end}}' "$2" 2>/dev/null) || echo "$2"
 }
 
 # kube_version_ldflags stamps the pinned release into /version, as upstream's
@@ -71,8 +66,8 @@ main() {
 		return 0
 	fi
 	rm -f "$STAMP"
-	build "$TOOLS/etcd" ./cmd/etcd etcd
-	build "$TOOLS/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver "$(kube_version_ldflags)"
+	build "$TOOLS/etcd" go.etcd.io/etcd/server/v3 ./cmd/etcd etcd
+	build "$TOOLS/kube-apiserver" k8s.io/kubernetes k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver "$(kube_version_ldflags)"
 	echo "$want" >"$STAMP"
 	ls -lh "$BIN/etcd" "$BIN/kube-apiserver"
 }

@@ -315,3 +315,13 @@ func processExists(pid int) bool {
 
 // hostVethName is the root-netns end of the host link; at most 15 bytes.
 func hostVethName(id string) string { return "nnmcp" + id }
+
+// RemoveStale deletes control-plane namespaces, host veths and temp dirs left
+// behind by test processes that died before Close ran (Start does this too).
+func RemoveStale(ctx context.Context) error {
+	ip, err := exec.LookPath("ip")
+	if err != nil {
+		return fmt.Errorf("iproute2 `ip` not found: %w", err)
+	}
+	return binaries{ip: ip}.removeStale(ctx)
+}

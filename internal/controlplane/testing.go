@@ -1,0 +1,39 @@
+package controlplane
+
+import (
+	"errors"
+	"testing"
+)
+
+// StartT starts a control plane for a test: it skips the test when the
+// machine cannot run one (see CheckPrerequisites), fails it when Start fails,
+// and registers Close with tb.Cleanup. If the test failed, the tails of the
+// component logs are logged before teardown.
+func StartT(tb testing.TB, opts Options) *ControlPlane {
+	tb.Helper()
+	if err := CheckPrerequisites(opts.BinDir); err != nil {
+		if errors.Is(err, ErrUnavailable) {
+			tb.Skipf("skipping: %v", err)
+		}
+		tb.Fatal(err)
+	}
+	ctx := tb.Context()
+	cp, err := Start(ctx, opts)
+	if err != nil {
+		tb.Fatalf("start control plane: %v", err)
+	}
+	tb.Cleanup(func() {
+		if tb.Failed() {
+			tb.Logf("control plane %s logs:\n%s", cp.Netns(), cp.LogTails())
+		}
+		if err := cp.Close(); err != nil {
+			tb.Errorf("close control plane: %v", err)
+		}
+	})
+	return cp
+}
+
+// LogTails returns the last lines of the etcd and kube-apiserver logs.
+func (c *ControlPlane) LogTails() string {
+	return tailFile(c.logPath("etcd"), 30) + "\n" + tailFile(c.logPath("kube-apiserver"), 30)
+}
