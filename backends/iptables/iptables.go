@@ -1,0 +1,435 @@
+// Package iptables is the iptables backend: it programs the NNM- chains of each fix with one
+// iptables-restore --noflush transaction per (fix, family), for IPv4 and IPv6 through one code path.
+package iptables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+)
+
+// Variant selects the iptables binaries: iptables-nft-* or iptables-legacy-*. Never mix them on a node.
+type Variant string
+
+const (
+	NFT    Variant = "nft"
+	Legacy Variant = "legacy"
+)
+
+// Options configure the backend.
+type Options struct {
+	// Variant is "nft" or "legacy".
+	Variant Variant
+	// LockWait is how many seconds iptables-restore waits for the xtables lock (-w); 0 means 5.
+	LockWait int
+	// Runner executes the binaries; nil means ExecRunner.
+	Runner Runner
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Backend implements backend.Backend with iptables-restore/iptables-save.
+type Backend struct {
+	variant  Variant
+	lockWait int
+	run      Runner
+	log      *slog.Logger
+
+	// mu serialises every kernel operation of this process and guards applied.
+	mu      sync.Mutex
+	applied map[key]*record
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+type key struct {
+	fix    string
+	family rules.Family
+}
+
+// record is what the last successful Apply of (fix, family) rendered and found in the kernel after.
+type record struct {
+	rendered string
+	chains   map[tchain]bool
+	counters []string
+	state    string
+}
+
+// New validates opts; it does no I/O.
+func New(opts Options) (*Backend, error) {
+	switch opts.Variant {
+	case NFT, Legacy:
+	default:
+		return nil, fmt.Errorf("iptables variant %q: want %q or %q", opts.Variant, NFT, Legacy)
+	}
+	if opts.LockWait < 0 {
+		return nil, fmt.Errorf("iptables lock wait %d: must not be negative", opts.LockWait)
+	}
+	if opts.LockWait == 0 {
+		opts.LockWait = 5
+	}
+	if opts.Runner == nil {
+		opts.Runner = ExecRunner{}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Backend{
+		variant:  opts.Variant,
+		lockWait: opts.LockWait,
+		run:      opts.Runner,
+		log:      opts.Logger.With("backend", "iptables", "variant", string(opts.Variant)),
+		applied:  map[key]*record{},
+	}, nil
+}
+
+// Name implements backend.Backend.
+func (b *Backend) Name() string { return "iptables" }
+
+// Binary is the path-less name of the variant's tool for family: tool is "restore" or "save".
+func (b *Backend) Binary(family rules.Family, tool string) string {
+	base := "iptables"
+	if family == rules.IPv6 {
+		base = "ip6tables"
+	}
+	return base + "-" + string(b.variant) + "-" + tool
+}
+
+// Render implements backend.Backend: the iptables-restore --noflush input that programs rs on a
+// kernel that holds none of it yet (Apply leaves out jumps that exist and adds removals of stale chains).
+func (b *Backend) Render(rs *rules.Ruleset) (string, error) {
+	if err := rs.Validate(); err != nil {
+		return "", err
+	}
+	p, _, _, err := planRuleset(rs)
+	if err != nil {
+		return "", err
+	}
+	return p.String(), nil
+}
+
+// Apply implements backend.Backend. It costs one iptables-save when nothing changed, and otherwise
+// iptables-save, one iptables-restore and an iptables-save to record the result.
+func (b *Backend) Apply(ctx context.Context, rs *rules.Ruleset) error {
+	if err := rs.Validate(); err != nil {
+		return err
+	}
+	p, jumps, chains, err := planRuleset(rs)
+	if err != nil {
+		return err
+	}
+	rendered := p.String()
+	k := key{rs.Fix, rs.Family}
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d, err := b.save(ctx, rs.Family)
+	if err != nil {
+		return err
+	}
+	prev := b.applied[k]
+	if prev != nil && prev.rendered == rendered && d.state(prev.chains) == prev.state {
+		b.log.Debug("rules unchanged", "fix", rs.Fix, "family", rs.Family)
+		return nil
+	}
+
+	// Chains of the fix now: what the kernel says, and what this process applied last.
+	owners := d.owners()
+	old := d.owned(rs.Fix)
+	if prev != nil {
+		for c := range prev.chains {
+			if d.has(c) {
+				old[c] = true
+			}
+		}
+	}
+	for c := range chains {
+		if o, ok := owners[c]; ok && o != rs.Fix {
+			return fmt.Errorf("fix %s: chain %s is already used by fix %s", rs.Fix, c, o)
+		}
+	}
+
+	// Jumps that exist are kept; jumps of the fix that the ruleset no longer wants are deleted.
+	want := map[hookJump]bool{}
+	for _, j := range jumps {
+		want[j] = true
+	}
+	have := map[hookJump]bool{}
+	for _, t := range d.tables {
+		for _, c := range t.chains {
+			if !c.builtin() {
+				continue
+			}
+			for _, r := range c.rules {
+				j := hookJump{t.name, c.name, r.target}
+				if r.comment == jumpCommentPrefix+rs.Fix && want[j] && !have[j] {
+					have[j] = true
+				} else if r.comment == jumpCommentPrefix+rs.Fix && isOurs(r.target) {
+					p.table(t.name).deletes = append(p.table(t.name).deletes, "-D "+c.name+" "+r.spec)
+				}
+			}
+		}
+	}
+	for t, ops := range p {
+		ops.inserts = slicesFilter(ops.inserts, func(line string) bool {
+			for j := range have {
+				if j.table == t && line == "-I "+j.builtin+" 1 "+jumpSpec(rs.Fix, j.chain) {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	stale := map[tchain]bool{}
+	for c := range old {
+		if !chains[c] {
+			stale[c] = true
+		}
+	}
+	removeChains(p, d, stale, chains)
+
+	input := p.String()
+	if input != "" {
+		if err := b.restore(ctx, rs.Family, input); err != nil {
+			return fmt.Errorf("fix %s (%s): %w", rs.Fix, rs.Family, err)
+		}
+	}
+	after, err := b.save(ctx, rs.Family)
+	if err != nil {
+		delete(b.applied, k)
+		return err
+	}
+	var counters []string
+	for _, c := range rs.Chains {
+		for _, r := range c.Rules {
+			if r.Counter != "" {
+				counters = append(counters, r.Counter)
+			}
+		}
+	}
+	b.applied[k] = &record{rendered: rendered, chains: chains, counters: counters, state: after.state(chains)}
+	b.log.Info("rules applied", "fix", rs.Fix, "family", rs.Family, "chains", len(chains), "removed_chains", len(stale), "rules", rs.RuleCount())
+	return nil
+}
+
+// removeChains adds to p the deletion of the chains gone: first every rule elsewhere that jumps to
+// them (except from chains that p re-declares, which are flushed anyway), then flush, then delete.
+func removeChains(p plan, d *dump, gone, keep map[tchain]bool) {
+	if len(gone) == 0 {
+		return
+	}
+	for _, t := range d.tables {
+		for _, c := range t.chains {
+			k := tchain{t.name, c.name}
+			if gone[k] || keep[k] {
+				continue
+			}
+			for _, r := range c.rules {
+				line := "-D " + c.name + " " + r.spec
+				if gone[tchain{t.name, r.target}] && !containsStr(p.table(t.name).deletes, line) {
+					p.table(t.name).deletes = append(p.table(t.name).deletes, line)
+				}
+			}
+		}
+	}
+	names := make([]tchain, 0, len(gone))
+	for c := range gone {
+		names = append(names, c)
+	}
+	sort.Slice(names, func(i, j int) bool { return names[i].String() < names[j].String() })
+	for _, c := range names {
+		p.table(c.table).flushes = append(p.table(c.table).flushes, c.chain)
+		p.table(c.table).removes = append(p.table(c.table).removes, c.chain)
+	}
+}
+
+// InSync implements backend.Backend.
+func (b *Backend) InSync(ctx context.Context, fix string, family rules.Family) (bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	prev := b.applied[key{fix, family}]
+	if prev == nil {
+		return false, nil
+	}
+	d, err := b.save(ctx, family)
+	if err != nil {
+		return false, err
+	}
+	return d.state(prev.chains) == prev.state, nil
+}
+
+// Remove implements backend.Backend. Without memory of an Apply it finds the fix's chains from its
+// jump comments in the kernel. One iptables-save, and one iptables-restore if anything is there.
+func (b *Backend) Remove(ctx context.Context, fix string, family rules.Family) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	k := key{fix, family}
+	d, err := b.save(ctx, family)
+	if err != nil {
+		return err
+	}
+	gone := d.owned(fix)
+	if prev := b.applied[k]; prev != nil {
+		for c := range prev.chains {
+			if d.has(c) {
+				gone[c] = true
+			}
+		}
+	}
+	p := plan{}
+	removeChains(p, d, gone, nil)
+	if input := p.String(); input != "" {
+		if err := b.restore(ctx, family, input); err != nil {
+			return fmt.Errorf("remove fix %s (%s): %w", fix, family, err)
+		}
+		b.log.Info("rules removed", "fix", fix, "family", family, "chains", len(gone))
+	}
+	delete(b.applied, k)
+	return nil
+}
+
+// Counters implements backend.Backend: it sums the packets and bytes of the kernel rules whose comment
+// names the counter ("<fix>/<counter>: …"), over every rule a map or prefix list expanded into.
+func (b *Backend) Counters(ctx context.Context, fix string, family rules.Family) (map[string]backend.Counter, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d, err := b.save(ctx, family)
+	if err != nil {
+		return nil, err
+	}
+	chains := d.owned(fix)
+	out := map[string]backend.Counter{}
+	if prev := b.applied[key{fix, family}]; prev != nil {
+		for c := range prev.chains {
+			chains[c] = true
+		}
+		for _, n := range prev.counters {
+			out[n] = backend.Counter{}
+		}
+	}
+	for _, t := range d.tables {
+		for _, c := range t.chains {
+			if !chains[tchain{t.name, c.name}] {
+				continue
+			}
+			for _, r := range c.rules {
+				if n, ok := counterOf(fix, r.comment); ok {
+					v := out[n]
+					v.Packets += r.packets
+					v.Bytes += r.bytes
+					out[n] = v
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// Cleanup implements backend.Backend: in both families and every table it deletes all NNM- chains and
+// the predecessor's NMANAGER_ chains, and every rule jumping to them. Foreign rules stay.
+func (b *Backend) Cleanup(ctx context.Context) error {
+	var errs []error
+	for _, f := range rules.Families {
+		errs = append(errs, b.cleanup(ctx, f, func(c string) bool {
+			return isOurs(c) || strings.HasPrefix(c, PredecessorChainPrefix)
+		}))
+	}
+	b.mu.Lock()
+	clear(b.applied)
+	b.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// CleanupPredecessor removes the chains of Kakao's network-node-manager (NMANAGER_*, any table) and
+// the rules jumping to them in family, leaving ours alone.
+func (b *Backend) CleanupPredecessor(ctx context.Context, family rules.Family) error {
+	return b.cleanup(ctx, family, func(c string) bool { return strings.HasPrefix(c, PredecessorChainPrefix) })
+}
+
+func (b *Backend) cleanup(ctx context.Context, family rules.Family, match func(string) bool) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d, err := b.save(ctx, family)
+	if err != nil {
+		return err
+	}
+	gone := map[tchain]bool{}
+	for _, t := range d.tables {
+		for _, c := range t.chains {
+			if !c.builtin() && match(c.name) {
+				gone[tchain{t.name, c.name}] = true
+			}
+		}
+	}
+	p := plan{}
+	removeChains(p, d, gone, nil)
+	if input := p.String(); input != "" {
+		if err := b.restore(ctx, family, input); err != nil {
+			return fmt.Errorf("cleanup (%s): %w", family, err)
+		}
+		b.log.Info("chains cleaned up", "family", family, "chains", len(gone))
+	}
+	return nil
+}
+
+// save runs iptables-save -c for all tables of family.
+func (b *Backend) save(ctx context.Context, family rules.Family) (*dump, error) {
+	bin := b.Binary(family, "save")
+	out, stderr, err := b.run.Run(ctx, bin, []string{"-c"}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%s -c: %w: %s", bin, err, strings.TrimSpace(string(stderr)))
+	}
+	d, err := parseSave(string(out))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", bin, err)
+	}
+	return d, nil
+}
+
+var lineNo = regexp.MustCompile(`line:? (\d+)`)
+
+// restore feeds input to iptables-restore --noflush in one transaction per table. The error names the
+// tool's message and the input line it complains about.
+func (b *Backend) restore(ctx context.Context, family rules.Family, input string) error {
+	bin := b.Binary(family, "restore")
+	_, stderr, err := b.run.Run(ctx, bin, []string{"-w", strconv.Itoa(b.lockWait), "--noflush"}, []byte(input))
+	if err == nil {
+		return nil
+	}
+	msg := strings.TrimSpace(string(stderr))
+	if m := lineNo.FindStringSubmatch(msg); m != nil {
+		n, _ := strconv.Atoi(m[1])
+		if lines := strings.Split(input, "\n"); n >= 1 && n <= len(lines) {
+			msg += fmt.Sprintf(" (input line %d: %s)", n, lines[n-1])
+		}
+	}
+	return fmt.Errorf("%s --noflush: %w: %s", bin, err, msg)
+}
+
+func containsStr(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func slicesFilter(in []string, keep func(string) bool) []string {
+	out := in[:0]
+	for _, s := range in {
+		if keep(s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}

@@ -1,0 +1,464 @@
+package iptables
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/internal/netnstest"
+)
+
+// nsRunner runs the binaries inside a test namespace and counts the calls per binary.
+type nsRunner struct {
+	ns    *netnstest.NS
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+func (r *nsRunner) Run(ctx context.Context, name string, args []string, stdin []byte) ([]byte, []byte, error) {
+	r.mu.Lock()
+	if r.calls == nil {
+		r.calls = map[string]int{}
+	}
+	r.calls[name]++
+	r.mu.Unlock()
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", r.ns.Name, name}, args...)...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	return out.Bytes(), errb.Bytes(), err
+}
+
+func (r *nsRunner) reset() map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := r.calls
+	r.calls = map[string]int{}
+	return c
+}
+
+// kernel is one namespace, one variant, one family.
+type kernel struct {
+	t       *testing.T
+	ns      *netnstest.NS
+	variant Variant
+	family  rules.Family
+	run     *nsRunner
+}
+
+func (k *kernel) bin(tool string) string {
+	base := "iptables"
+	if k.family == rules.IPv6 {
+		base = "ip6tables"
+	}
+	if tool == "" {
+		return base + "-" + string(k.variant)
+	}
+	return base + "-" + string(k.variant) + "-" + tool
+}
+
+// ipt runs iptables (of the variant and family) in the namespace, failing the test on error.
+func (k *kernel) ipt(args ...string) {
+	k.t.Helper()
+	k.ns.MustExec(append([]string{k.bin(""), "-w", "5"}, args...)...)
+}
+
+var counterRe = regexp.MustCompile(`\[\d+:\d+\]`)
+
+// save is iptables-save of the namespace without timestamps and counters.
+func (k *kernel) save() string {
+	k.t.Helper()
+	out := k.ns.MustExec(k.bin("save"))
+	var b strings.Builder
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "#") || l == "" {
+			continue
+		}
+		b.WriteString(counterRe.ReplaceAllString(l, "[0:0]") + "\n")
+	}
+	return b.String()
+}
+
+// foreign is the part of save that is not ours: no NNM- chains, no rule jumping to them.
+func foreign(save string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(save, "\n") {
+		if strings.Contains(l, "NNM-") {
+			continue
+		}
+		b.WriteString(l + "\n")
+	}
+	return b.String()
+}
+
+func newKernel(t *testing.T, variant Variant, family rules.Family) *kernel {
+	k := &kernel{t: t, variant: variant, family: family}
+	netnstest.Require(t, k.bin(""), k.bin("save"), k.bin("restore"))
+	k.ns = netnstest.New(t, "nnm-ipt")
+	k.run = &nsRunner{ns: k.ns}
+	return k
+}
+
+func (k *kernel) backend() *Backend {
+	return mustBackend(k.t, Options{Variant: k.variant, Runner: k.run})
+}
+
+// addForeign creates what kube-proxy and the predecessor would have: chains and rules we must keep
+// (KUBE-SERVICES, a rule in INPUT) and NMANAGER_ chains that Cleanup must remove.
+func (k *kernel) addForeign() {
+	dst := "192.0.2.99"
+	if k.family == rules.IPv6 {
+		dst = "2001:db8::99"
+	}
+	k.ipt("-N", "KUBE-SERVICES")
+	k.ipt("-A", "KUBE-SERVICES", "-d", dst, "-p", "tcp", "--dport", "80", "-j", "RETURN")
+	k.ipt("-A", "FORWARD", "-j", "KUBE-SERVICES")
+	k.ipt("-A", "INPUT", "-p", "tcp", "--dport", "9999", "-m", "comment", "--comment", "foreign rule", "-j", "ACCEPT")
+	k.ipt("-t", "nat", "-N", "KUBE-SERVICES")
+	k.ipt("-t", "nat", "-A", "PREROUTING", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
+	k.addPredecessor()
+}
+
+func (k *kernel) addPredecessor() {
+	k.ipt("-N", "NMANAGER_DROP_INVALID_INPUT")
+	k.ipt("-A", "NMANAGER_DROP_INVALID_INPUT", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
+	k.ipt("-I", "INPUT", "-j", "NMANAGER_DROP_INVALID_INPUT")
+	k.ipt("-t", "nat", "-N", "NMANAGER_EXTCLUSTER_PRE")
+	k.ipt("-t", "nat", "-N", "NMANAGER_EXTCLUSTER_DNAT")
+	k.ipt("-t", "nat", "-A", "NMANAGER_EXTCLUSTER_PRE", "-j", "NMANAGER_EXTCLUSTER_DNAT")
+	k.ipt("-t", "nat", "-I", "PREROUTING", "-j", "NMANAGER_EXTCLUSTER_PRE")
+}
+
+const probePort = 7777
+
+// loopbackCount counts TCP to probePort in OUTPUT.
+func loopbackCount(family rules.Family) *rules.Ruleset {
+	return &rules.Ruleset{Fix: "loopback-count", Family: family, Chains: []rules.Chain{{
+		Name: "PROBE-OUTPUT", Type: rules.Filter, Hook: rules.Output,
+		Rules: []rules.Rule{{Match: rules.Match{Protocol: rules.TCP, DstPort: probePort}, Counter: "probe", Comment: "count probes"}},
+	}}}
+}
+
+// sendProbe makes one TCP connection over loopback inside the namespace and sends a few bytes.
+func (k *kernel) sendProbe() {
+	k.t.Helper()
+	host := "127.0.0.1"
+	if k.family == rules.IPv6 {
+		host = "::1"
+	}
+	addr := net.JoinHostPort(host, fmt.Sprint(probePort))
+	err := k.ns.Do(func() error {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return err
+		}
+		defer ln.Close()
+		done := make(chan error, 1)
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				done <- err
+				return
+			}
+			defer c.Close()
+			_, err = io.ReadAll(c)
+			done <- err
+		}()
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		if _, err := c.Write([]byte("hello")); err != nil {
+			return err
+		}
+		c.Close()
+		return <-done
+	})
+	if err != nil {
+		k.t.Fatalf("probe over loopback: %v", err)
+	}
+}
+
+func forEachKernel(t *testing.T, fn func(t *testing.T, k *kernel)) {
+	for _, v := range []Variant{NFT, Legacy} {
+		for _, f := range rules.Families {
+			t.Run(string(v)+"-"+string(f), func(t *testing.T) {
+				fn(t, newKernel(t, v, f))
+			})
+		}
+	}
+}
+
+func mustApply(t *testing.T, b *Backend, rs ...*rules.Ruleset) {
+	t.Helper()
+	for _, r := range rs {
+		if err := b.Apply(context.Background(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func mustContain(t *testing.T, save string, lines ...string) {
+	t.Helper()
+	for _, l := range lines {
+		if !strings.Contains(save, l) {
+			t.Errorf("kernel lacks %q; iptables-save:\n%s", l, save)
+		}
+	}
+}
+
+func mustLack(t *testing.T, save string, subs ...string) {
+	t.Helper()
+	for _, s := range subs {
+		if strings.Contains(save, s) {
+			t.Errorf("kernel still has %q; iptables-save:\n%s", s, save)
+		}
+	}
+}
+
+func TestKernelLifecycle(t *testing.T) {
+	ctx := context.Background()
+	forEachKernel(t, func(t *testing.T, k *kernel) {
+		k.addForeign()
+		b := k.backend()
+		all := []*rules.Ruleset{invalidDrop(k.family), externalIP(k.family), loopbackCount(k.family)}
+
+		// Apply: one save, one restore, one save per ruleset.
+		k.run.reset()
+		mustApply(t, b, all...)
+		if c := k.run.reset(); c[k.bin("restore")] != 3 || c[k.bin("save")] != 6 {
+			t.Errorf("first Apply of 3 rulesets ran %v, want 3 restores and 6 saves", c)
+		}
+		s1 := k.save()
+		mustContain(t, s1,
+			`-A INPUT -m comment --comment "network-node-manager:invalid-drop" -j NNM-INVALID-INPUT`,
+			`-A NNM-INVALID-INPUT -m conntrack --ctstate INVALID -m comment --comment "invalid-drop/dropped: drop INVALID so the node sends no RST" -j DROP`,
+			`-A PREROUTING -m comment --comment "network-node-manager:ipvs-externalip-dnat" -j NNM-EXTIP-PREROUTING`,
+			`-A POSTROUTING -m comment --comment "network-node-manager:ipvs-externalip-dnat" -j NNM-EXTIP-MASQ`,
+			`-j MASQUERADE`, `--to-destination`)
+		// Our jump is first in INPUT, before the foreign rules.
+		if i, j := strings.Index(s1, "-A INPUT -m comment --comment \"network-node-manager:invalid-drop\""), strings.Index(s1, "foreign rule"); i < 0 || j < i {
+			t.Errorf("our INPUT jump is not before the foreign rule:\n%s", s1)
+		}
+		foreign1 := foreign(s1)
+
+		// Re-apply: nothing runs but iptables-save, and the kernel is byte-identical.
+		mustApply(t, b, all...)
+		if c := k.run.reset(); c[k.bin("restore")] != 0 || c[k.bin("save")] != 3 {
+			t.Errorf("no-op re-Apply ran %v, want only 3 saves", c)
+		}
+		if s2 := k.save(); s2 != s1 {
+			t.Errorf("re-Apply changed the kernel:\nbefore:\n%s\nafter:\n%s", s1, s2)
+		}
+
+		// Counters survive a no-op resync and count real packets.
+		k.sendProbe()
+		mustApply(t, b, loopbackCount(k.family))
+		cs, err := b.Counters(ctx, "loopback-count", k.family)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cs["probe"].Packets < 3 || cs["probe"].Bytes == 0 {
+			t.Errorf("counter probe = %+v after a TCP exchange, want at least 3 packets", cs["probe"])
+		}
+		if cs, _ := b.Counters(ctx, "invalid-drop", k.family); len(cs) != 1 || cs["dropped"].Packets != 0 {
+			t.Errorf("invalid-drop counters = %v, want dropped=0", cs)
+		}
+
+		// A change rewrites only our chains: one chain and one map entry fewer.
+		changed := externalIP(k.family)
+		changed.Chains = append(changed.Chains[:1], changed.Chains[2:]...) // without EXTIP-OUTPUT
+		removedEntry := changed.Maps[0].Entries[0].Comment
+		changed.Maps[0].Entries = changed.Maps[0].Entries[1:]
+		k.run.reset()
+		mustApply(t, b, changed)
+		if c := k.run.reset(); c[k.bin("restore")] != 1 || c[k.bin("save")] != 2 {
+			t.Errorf("changing Apply ran %v, want 1 restore and 2 saves", c)
+		}
+		s3 := k.save()
+		mustLack(t, s3, "NNM-EXTIP-OUTPUT", removedEntry)
+		mustContain(t, s3, ":NNM-EXTIP-DNAT", ":NNM-INVALID-INPUT")
+		if f := foreign(s3); f != foreign1 {
+			t.Errorf("a change touched foreign rules:\nbefore:\n%s\nafter:\n%s", foreign1, f)
+		}
+		if got, want := strings.Count(s3, "-j DNAT"), len(changed.Maps[0].Entries); got != want {
+			t.Errorf("%d DNAT rules after the change, want %d", got, want)
+		}
+
+		// A rule deleted behind our back is noticed and restored; so is a deleted jump.
+		for _, tamper := range [][]string{
+			{"-D", "NNM-INVALID-INPUT", "1"},
+			{"-D", "INPUT", "-m", "comment", "--comment", "network-node-manager:invalid-drop", "-j", "NNM-INVALID-INPUT"},
+			{"-A", "NNM-INVALID-INPUT", "-j", "ACCEPT"},
+		} {
+			k.ipt(tamper...)
+			if ok, err := b.InSync(ctx, "invalid-drop", k.family); err != nil || ok {
+				t.Errorf("InSync after %v = %v, %v; want false", tamper, ok, err)
+			}
+			mustApply(t, b, invalidDrop(k.family))
+			if ok, err := b.InSync(ctx, "invalid-drop", k.family); err != nil || !ok {
+				t.Errorf("InSync after re-Apply = %v, %v; want true", ok, err)
+			}
+			if s := k.save(); s != s3 {
+				t.Errorf("re-Apply after %v did not restore the rules:\nwant:\n%s\ngot:\n%s", tamper, s3, s)
+			}
+		}
+
+		// A new process knows nothing: Remove finds the fix's chains from the kernel, and only them.
+		b2 := k.backend()
+		if ok, _ := b2.InSync(ctx, "invalid-drop", k.family); ok {
+			t.Error("a fresh backend reports InSync")
+		}
+		if err := b2.Remove(ctx, "ipvs-externalip-dnat", k.family); err != nil {
+			t.Fatal(err)
+		}
+		s4 := k.save()
+		mustLack(t, s4, "NNM-EXTIP", "ipvs-externalip-dnat")
+		mustContain(t, s4, ":NNM-INVALID-INPUT", ":NNM-PROBE-OUTPUT", "network-node-manager:invalid-drop")
+		if f := foreign(s4); f != foreign1 {
+			t.Errorf("Remove touched foreign rules:\nbefore:\n%s\nafter:\n%s", foreign1, f)
+		}
+		if err := b2.Remove(ctx, "ipvs-externalip-dnat", k.family); err != nil {
+			t.Errorf("removing what is gone: %v", err)
+		}
+
+		// Cleanup removes ours and the predecessor's, keeps the foreign.
+		if err := b2.Cleanup(ctx); err != nil {
+			t.Fatal(err)
+		}
+		s5 := k.save()
+		mustLack(t, s5, "NNM-", "NMANAGER_", "network-node-manager")
+		mustContain(t, s5, ":KUBE-SERVICES", "-A FORWARD -j KUBE-SERVICES", "foreign rule", "kubernetes service portals")
+		var wantForeign strings.Builder
+		for _, l := range strings.Split(strings.TrimSpace(foreign1), "\n") {
+			if !strings.Contains(l, "NMANAGER_") {
+				wantForeign.WriteString(l + "\n")
+			}
+		}
+		if s5 != wantForeign.String() {
+			t.Errorf("after Cleanup:\nwant:\n%s\ngot:\n%s", wantForeign.String(), s5)
+		}
+		if ok, _ := b.InSync(ctx, "invalid-drop", k.family); ok {
+			t.Error("InSync true after Cleanup")
+		}
+	})
+}
+
+// TestKernelRejectKeepsPrevious: a ruleset the kernel rejects (DNAT in POSTROUTING passes Validate but
+// not the kernel) returns an error naming the cause and leaves the previous rules in place.
+func TestKernelRejectKeepsPrevious(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, k *kernel) {
+		b := k.backend()
+		mustApply(t, b, externalIP(k.family))
+		before := k.save()
+		bad := externalIP(k.family)
+		bad.Chains[3].Rules = append(bad.Chains[3].Rules, rules.Rule{
+			Match:   rules.Match{Protocol: rules.TCP, DstPort: 1},
+			Verdict: rules.Verdict{Kind: rules.DNAT, To: netip.AddrPortFrom(bad.Maps[0].Entries[0].To.Addr(), 2)},
+		})
+		bad.Chains = bad.Chains[2:] // also drop two chains, which must survive the failure
+		err := b.Apply(context.Background(), bad)
+		if err == nil {
+			t.Fatalf("Apply of a DNAT in POSTROUTING succeeded:\n%s", k.save())
+		}
+		t.Logf("error: %v", err)
+		if !strings.Contains(err.Error(), k.bin("restore")) || !strings.Contains(err.Error(), "ipvs-externalip-dnat") {
+			t.Errorf("error %q does not name the tool and the fix", err)
+		}
+		if after := k.save(); after != before {
+			t.Errorf("failed Apply changed the kernel:\nbefore:\n%s\nafter:\n%s", before, after)
+		}
+		if ok, err := b.InSync(context.Background(), "ipvs-externalip-dnat", k.family); !ok || err != nil {
+			t.Errorf("InSync after a failed Apply = %v, %v; want the previous state still in sync", ok, err)
+		}
+	})
+}
+
+// TestKernelAcceptsGoldens: the kernel takes every golden rendering as it is.
+func TestKernelAcceptsGoldens(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, k *kernel) {
+		b := k.backend()
+		for _, rs := range []*rules.Ruleset{invalidDrop(k.family), externalIP(k.family), kitchenSink(k.family)} {
+			mustApply(t, b, rs)
+			if ok, err := b.InSync(context.Background(), rs.Fix, k.family); !ok || err != nil {
+				t.Errorf("%s: InSync = %v, %v", rs.Fix, ok, err)
+			}
+		}
+		// Comments with quotes and backslashes come back from iptables-save as they were.
+		mustContain(t, k.save(), `--comment "kitchen-sink: it\'s \"quoted\" \\ and tabbed"`)
+	})
+}
+
+// TestCleanupPredecessorOnly removes NMANAGER_ chains and keeps ours.
+func TestCleanupPredecessorOnly(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, k *kernel) {
+		k.addPredecessor()
+		b := k.backend()
+		mustApply(t, b, invalidDrop(k.family))
+		if err := b.CleanupPredecessor(context.Background(), k.family); err != nil {
+			t.Fatal(err)
+		}
+		s := k.save()
+		mustLack(t, s, "NMANAGER_")
+		mustContain(t, s, ":NNM-INVALID-INPUT", "network-node-manager:invalid-drop")
+		if ok, _ := b.InSync(context.Background(), "invalid-drop", k.family); !ok {
+			t.Error("CleanupPredecessor disturbed our chains")
+		}
+	})
+}
+
+// TestKernelScale applies 1,000 services (2,000 expanded rules) and checks the exec count stays constant.
+func TestKernelScale(t *testing.T) {
+	if testing.Short() {
+		t.Skip("scale test skipped in -short")
+	}
+	for _, v := range []Variant{NFT, Legacy} {
+		t.Run(string(v), func(t *testing.T) {
+			k := newKernel(t, v, rules.IPv4)
+			b := k.backend()
+			rs := externalIP(rules.IPv4)
+			var entries []rules.MapEntry
+			for i := range 1000 {
+				a := netip.AddrFrom4([4]byte{198, 18, byte(i / 250), byte(i%250 + 1)})
+				to := netip.AddrFrom4([4]byte{10, 96, byte(i / 250), byte(i%250 + 1)})
+				entries = append(entries, rules.MapEntry{Addr: a, Protocol: rules.TCP, Port: 443, To: netip.AddrPortFrom(to, 443), Comment: fmt.Sprintf("ns/svc-%d:https", i)})
+			}
+			rs.Maps[0].Entries = entries
+			k.run.reset()
+			start := time.Now()
+			mustApply(t, b, rs)
+			first := time.Since(start)
+			if c := k.run.reset(); c[k.bin("restore")] != 1 || c[k.bin("save")] != 2 {
+				t.Errorf("Apply of 1000 entries ran %v, want 1 restore and 2 saves", c)
+			}
+			start = time.Now()
+			mustApply(t, b, rs)
+			noop := time.Since(start)
+			rs.Maps[0].Entries = entries[1:]
+			start = time.Now()
+			mustApply(t, b, rs)
+			change := time.Since(start)
+			if c := k.run.reset(); c[k.bin("restore")] != 1 || c[k.bin("save")] != 3 {
+				t.Errorf("no-op + change ran %v, want 1 restore and 3 saves", c)
+			}
+			if n := strings.Count(k.save(), "-j DNAT"); n != 999 {
+				t.Errorf("%d DNAT rules in the kernel, want 999", n)
+			}
+			t.Logf("%s, 1000 entries (%d kernel rules): first Apply %v, no-op Apply %v, change of one entry %v",
+				v, 2*1000+5, first.Round(time.Millisecond), noop.Round(time.Millisecond), change.Round(time.Millisecond))
+		})
+	}
+}

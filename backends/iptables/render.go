@@ -1,0 +1,369 @@
+package iptables
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/network-node-manager/network-node-manager/core/rules"
+)
+
+const (
+	// ChainPrefix makes a chain ours: kernel name = ChainPrefix + rules.Chain.Name.
+	ChainPrefix = "NNM-"
+	// PredecessorChainPrefix marks the chains of Kakao's network-node-manager, removed by Cleanup.
+	PredecessorChainPrefix = "NMANAGER_"
+	// jumpCommentPrefix + fix id is the comment of the jump from a built-in chain to a hooked chain.
+	jumpCommentPrefix = "network-node-manager:"
+	// maxComment is the kernel's limit for -m comment (XT_MAX_COMMENT_LEN minus the NUL).
+	maxComment = 255
+)
+
+func isOurs(chain string) bool { return strings.HasPrefix(chain, ChainPrefix) }
+
+// KernelChain is the iptables chain name of a rules.Chain.
+func KernelChain(name string) string { return ChainPrefix + name }
+
+func tableOf(t rules.ChainType) string {
+	if t == rules.NAT {
+		return "nat"
+	}
+	return "filter"
+}
+
+func builtinOf(h rules.Hook) string { return strings.ToUpper(string(h)) }
+
+// jumpSpec is the rule (after "-A <builtin>") that hooks chain in for fix.
+func jumpSpec(fix, chain string) string {
+	return "-m comment --comment " + quote(jumpCommentPrefix+fix) + " -j " + chain
+}
+
+// tableOps is what one iptables-restore section does to one table, in this order: declare (and so
+// flush) chains, append their rules, delete rules (jumps), flush and delete chains, insert jumps.
+type tableOps struct {
+	decls   []string
+	appends []string
+	deletes []string
+	flushes []string
+	removes []string
+	inserts []string
+}
+
+func (o *tableOps) empty() bool {
+	return len(o.decls)+len(o.appends)+len(o.deletes)+len(o.flushes)+len(o.removes)+len(o.inserts) == 0
+}
+
+// plan is a whole iptables-restore --noflush input, by table.
+type plan map[string]*tableOps
+
+func (p plan) table(name string) *tableOps {
+	if p[name] == nil {
+		p[name] = &tableOps{}
+	}
+	return p[name]
+}
+
+var tableOrder = []string{"raw", "mangle", "filter", "nat", "security"}
+
+// String renders the plan as iptables-restore input; tables without operations are left out.
+func (p plan) String() string {
+	names := make([]string, 0, len(p))
+	for n := range p {
+		names = append(names, n)
+	}
+	rank := func(n string) int {
+		if i := slices.Index(tableOrder, n); i >= 0 {
+			return i
+		}
+		return len(tableOrder)
+	}
+	sort.Slice(names, func(i, j int) bool {
+		if ri, rj := rank(names[i]), rank(names[j]); ri != rj {
+			return ri < rj
+		}
+		return names[i] < names[j]
+	})
+	var b strings.Builder
+	for _, n := range names {
+		o := p[n]
+		if o.empty() {
+			continue
+		}
+		fmt.Fprintf(&b, "*%s\n", n)
+		for _, c := range o.decls {
+			fmt.Fprintf(&b, ":%s - [0:0]\n", c)
+		}
+		for _, l := range o.appends {
+			b.WriteString(l + "\n")
+		}
+		for _, l := range o.deletes {
+			b.WriteString(l + "\n")
+		}
+		for _, c := range o.flushes {
+			fmt.Fprintf(&b, "-F %s\n", c)
+		}
+		for _, c := range o.removes {
+			fmt.Fprintf(&b, "-X %s\n", c)
+		}
+		for _, l := range o.inserts {
+			b.WriteString(l + "\n")
+		}
+		b.WriteString("COMMIT\n")
+	}
+	return b.String()
+}
+
+// hookJump is one jump from a built-in chain to a hooked chain of the fix.
+type hookJump struct {
+	table, builtin, chain string
+}
+
+// planRuleset renders the chains of rs (declarations and rules) and, for a kernel without any of them,
+// the jumps. It also returns the jumps and the kernel chains it declares.
+func planRuleset(rs *rules.Ruleset) (plan, []hookJump, map[tchain]bool, error) {
+	p := plan{}
+	var jumps []hookJump
+	chains := map[tchain]bool{}
+	for _, c := range rs.Chains {
+		t := tableOf(c.Type)
+		name := KernelChain(c.Name)
+		ops := p.table(t)
+		ops.decls = append(ops.decls, name)
+		chains[tchain{t, name}] = true
+		for i, r := range c.Rules {
+			specs, err := renderRule(rs, c, r)
+			if err != nil {
+				return nil, nil, nil, fmt.Errorf("fix %s: chain %s rule %d: %w", rs.Fix, c.Name, i+1, err)
+			}
+			for _, s := range specs {
+				ops.appends = append(ops.appends, "-A "+name+" "+s)
+			}
+		}
+		if c.Hook != "" {
+			jumps = append(jumps, hookJump{t, builtinOf(c.Hook), name})
+		}
+	}
+	// Each jump goes to position 1; inserting in reverse keeps the chains in declaration order.
+	for i := len(jumps) - 1; i >= 0; i-- {
+		j := jumps[i]
+		p.table(j.table).inserts = append(p.table(j.table).inserts, "-I "+j.builtin+" 1 "+jumpSpec(rs.Fix, j.chain))
+	}
+	return p, jumps, chains, nil
+}
+
+// target is what one expanded rule matches on top of the rule's own match (one map entry).
+type target struct {
+	dst      netip.Addr
+	proto    rules.Protocol
+	port     uint16
+	to       netip.AddrPort
+	comment  string
+	fromEntr bool
+}
+
+// renderRule returns the specs (after "-A CHAIN") of the kernel rules that stand for r: one per source
+// prefix and per map entry, and a MARK rule before the verdict rule when r sets a mark and has a verdict.
+func renderRule(rs *rules.Ruleset, c rules.Chain, r rules.Rule) ([]string, error) {
+	m := r.Match
+	if m.InInterfacePrefix != "" && !validIfacePrefix(m.InInterfacePrefix) {
+		return nil, fmt.Errorf("input interface prefix %q is not a valid interface name prefix", m.InInterfacePrefix)
+	}
+	var targets []target
+	if m.Lookup != "" {
+		mp := rs.Map(m.Lookup)
+		for _, e := range mp.Sorted() {
+			// The rule's own destination match narrows the map.
+			if (m.DstAddr.IsValid() && m.DstAddr != e.Addr) || (m.Protocol != "" && m.Protocol != e.Protocol) || (m.DstPort != 0 && m.DstPort != e.Port) {
+				continue
+			}
+			cm := e.Comment
+			if cm == "" {
+				cm = r.Comment
+			}
+			targets = append(targets, target{dst: e.Addr, proto: e.Protocol, port: e.Port, to: e.To, comment: cm, fromEntr: true})
+		}
+	} else {
+		targets = []target{{dst: m.DstAddr, proto: m.Protocol, port: m.DstPort, to: r.Verdict.To, comment: r.Comment}}
+	}
+	prefixes := m.SrcPrefixes
+	if len(prefixes) == 0 {
+		prefixes = []netip.Prefix{{}}
+	}
+	verdict, err := renderVerdict(rs, r.Verdict)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, tg := range targets {
+		if (r.Verdict.Kind == rules.DNAT || r.Verdict.Kind == rules.DNATLookup) && tg.to.Port() != 0 && tg.proto == "" {
+			return nil, fmt.Errorf("dnat to a port needs Match.Protocol")
+		}
+		for _, p := range prefixes {
+			var b strings.Builder
+			if p.IsValid() {
+				fmt.Fprintf(&b, " -s %s", unmapPrefix(p))
+			}
+			if tg.dst.IsValid() {
+				a := tg.dst.Unmap()
+				fmt.Fprintf(&b, " -d %s", netip.PrefixFrom(a, a.BitLen()))
+			}
+			if m.InInterfacePrefix != "" {
+				fmt.Fprintf(&b, " -i %s+", m.InInterfacePrefix)
+			}
+			if tg.proto != "" {
+				fmt.Fprintf(&b, " -p %s", tg.proto)
+				if tg.port != 0 {
+					fmt.Fprintf(&b, " -m %s --dport %d", tg.proto, tg.port)
+				}
+			}
+			if m.SrcAddrType != "" {
+				fmt.Fprintf(&b, " -m addrtype --src-type %s", strings.ToUpper(string(m.SrcAddrType)))
+			}
+			if len(m.CTStates) > 0 {
+				states := make([]string, len(m.CTStates))
+				for i, s := range m.CTStates {
+					states[i] = strings.ToUpper(string(s))
+				}
+				fmt.Fprintf(&b, " -m conntrack --ctstate %s", strings.Join(states, ","))
+			}
+			if m.Mark != 0 {
+				fmt.Fprintf(&b, " -m mark --mark 0x%x/0x%x", m.Mark, m.Mark)
+			}
+			match := b.String()
+			counted := " -m comment --comment " + quote(ruleComment(rs.Fix, r.Counter, tg.comment))
+			if r.SetMark != 0 {
+				markComment := counted
+				if r.Verdict.Kind != rules.Continue {
+					markComment = " -m comment --comment " + quote(ruleComment(rs.Fix, "", tg.comment))
+				}
+				out = append(out, strings.TrimSpace(fmt.Sprintf("%s%s -j MARK --or-mark 0x%x", match, markComment, r.SetMark)))
+				if r.Verdict.Kind == rules.Continue {
+					continue
+				}
+			}
+			v := verdict
+			if r.Verdict.Kind == rules.DNAT || r.Verdict.Kind == rules.DNATLookup {
+				v = " -j DNAT --to-destination " + dnatTo(tg.to)
+			}
+			out = append(out, strings.TrimSpace(match+counted+v))
+		}
+	}
+	return out, nil
+}
+
+func renderVerdict(rs *rules.Ruleset, v rules.Verdict) (string, error) {
+	switch v.Kind {
+	case rules.Continue:
+		return "", nil
+	case rules.Accept:
+		return " -j ACCEPT", nil
+	case rules.Drop:
+		return " -j DROP", nil
+	case rules.Return:
+		return " -j RETURN", nil
+	case rules.Jump:
+		return " -j " + KernelChain(v.Chain), nil
+	case rules.Masquerade:
+		return " -j MASQUERADE", nil
+	case rules.DNAT, rules.DNATLookup:
+		return "", nil // per target
+	}
+	return "", fmt.Errorf("unknown verdict %q", v.Kind)
+}
+
+// unmapPrefix turns an IPv4-mapped IPv6 prefix into its IPv4 prefix and masks it.
+func unmapPrefix(p netip.Prefix) netip.Prefix {
+	if p.Addr().Is4In6() {
+		bits := p.Bits() - 96
+		if bits < 0 {
+			bits = 0
+		}
+		p = netip.PrefixFrom(p.Addr().Unmap(), bits)
+	}
+	return p.Masked()
+}
+
+func dnatTo(to netip.AddrPort) string {
+	a := to.Addr().Unmap()
+	if to.Port() == 0 {
+		return a.String()
+	}
+	if a.Is6() {
+		return fmt.Sprintf("[%s]:%d", a, to.Port())
+	}
+	return fmt.Sprintf("%s:%d", a, to.Port())
+}
+
+// ruleComment is "<fix>: <comment>", or "<fix>/<counter>: <comment>" for a counted rule, which is how
+// Counters finds the rule again in iptables-save output.
+func ruleComment(fix, counter, comment string) string {
+	head := fix
+	if counter != "" {
+		head += "/" + counter
+	}
+	if comment != "" {
+		head += ": " + comment
+	}
+	return sanitizeComment(head)
+}
+
+// counterOf extracts the counter name from a comment made by ruleComment.
+func counterOf(fix, comment string) (string, bool) {
+	rest, ok := strings.CutPrefix(comment, fix+"/")
+	if !ok {
+		return "", false
+	}
+	name, _, _ := strings.Cut(rest, ": ")
+	return name, name != ""
+}
+
+// sanitizeComment replaces control characters (a newline would end the restore line) and cuts the
+// comment to the kernel's limit on a UTF-8 boundary.
+func sanitizeComment(s string) string {
+	s = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "?")
+	}
+	for len(s) > maxComment {
+		_, size := utf8.DecodeLastRuneInString(s)
+		s = s[:len(s)-size]
+	}
+	return s
+}
+
+// quote double-quotes s for iptables-restore, escaping what iptables-save escapes.
+func quote(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '"', '\\', '\'':
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// validIfacePrefix accepts what can start an interface name (IFNAMSIZ 16 incl. NUL, plus our '+').
+func validIfacePrefix(s string) bool {
+	if len(s) > 14 {
+		return false
+	}
+	for _, r := range s {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._-@:", r)
+		if !ok {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,213 @@
+package iptables
+
+// Test address plan (documentation ranges only):
+//
+//	pod CIDRs            10.244.0.0/16, 10.245.0.0/16   fd00:244::/56
+//	external IPs (LB)    203.0.113.10, 203.0.113.11    2001:db8:ff::10
+//	cluster IPs          10.96.0.10, 10.96.0.11        fd00:96::10
+//	foreign test ports   7777 (counted), 9999
+
+import (
+	"flag"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden")
+
+// golden compares got with testdata/<name>.golden, or rewrites it with -update.
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if diff := cmp.Diff(string(want), got); diff != "" {
+		t.Errorf("%s differs from golden (-want +got):\n%s", path, diff)
+	}
+}
+
+func mustBackend(t *testing.T, opts Options) *Backend {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func invalidDrop(family rules.Family) *rules.Ruleset {
+	return &rules.Ruleset{Fix: "invalid-drop", Family: family, Chains: []rules.Chain{{
+		Name: "INVALID-INPUT", Type: rules.Filter, Hook: rules.Input,
+		Rules: []rules.Rule{{
+			Match:   rules.Match{CTStates: []rules.CTState{rules.CTInvalid}},
+			Verdict: rules.Verdict{Kind: rules.Drop},
+			Counter: "dropped",
+			Comment: "drop INVALID so the node sends no RST",
+		}},
+	}}}
+}
+
+func externalIP(family rules.Family) *rules.Ruleset {
+	v4 := family == rules.IPv4
+	pick := func(a, b string) netip.Addr {
+		if v4 {
+			return netip.MustParseAddr(a)
+		}
+		return netip.MustParseAddr(b)
+	}
+	var pods []netip.Prefix
+	var entries []rules.MapEntry
+	if v4 {
+		pods = []netip.Prefix{netip.MustParsePrefix("10.245.0.0/16"), netip.MustParsePrefix("10.244.0.0/16")}
+		entries = []rules.MapEntry{
+			{Addr: pick("203.0.113.11", ""), Protocol: rules.UDP, Port: 53, To: netip.AddrPortFrom(pick("10.96.0.11", ""), 53), Comment: "kube-system/dns:dns"},
+			{Addr: pick("203.0.113.10", ""), Protocol: rules.TCP, Port: 443, To: netip.AddrPortFrom(pick("10.96.0.10", ""), 443), Comment: `default/web:"https"`},
+			{Addr: pick("203.0.113.10", ""), Protocol: rules.TCP, Port: 80, To: netip.AddrPortFrom(pick("10.96.0.10", ""), 80), Comment: "default/web:http"},
+			{Addr: pick("203.0.113.10", ""), Protocol: rules.SCTP, Port: 9999, To: netip.AddrPortFrom(pick("10.96.0.10", ""), 9999), Comment: "default/web:sctp"},
+		}
+	} else {
+		pods = []netip.Prefix{netip.MustParsePrefix("fd00:244::/56")}
+		entries = []rules.MapEntry{
+			{Addr: pick("", "2001:db8:ff::10"), Protocol: rules.TCP, Port: 80, To: netip.AddrPortFrom(pick("", "fd00:96::10"), 80), Comment: "default/web:http"},
+			{Addr: pick("", "2001:db8:ff::10"), Protocol: rules.UDP, Port: 53, To: netip.AddrPortFrom(pick("", "fd00:96::10"), 53), Comment: "default/web:dns"},
+		}
+	}
+	const mark = 0x8000
+	return &rules.Ruleset{Fix: "ipvs-externalip-dnat", Family: family,
+		Maps: []rules.Map{{Name: "external-ips", Entries: entries}},
+		Chains: []rules.Chain{
+			{Name: "EXTIP-PREROUTING", Type: rules.NAT, Hook: rules.Prerouting, Rules: []rules.Rule{
+				{Match: rules.Match{SrcPrefixes: pods}, Verdict: rules.Verdict{Kind: rules.Jump, Chain: "EXTIP-DNAT"}, Comment: "from local pods"},
+				{Match: rules.Match{InInterfacePrefix: "cali"}, Verdict: rules.Verdict{Kind: rules.Jump, Chain: "EXTIP-DNAT"}, Comment: "from pod interfaces"},
+			}},
+			{Name: "EXTIP-OUTPUT", Type: rules.NAT, Hook: rules.Output, Rules: []rules.Rule{
+				{Match: rules.Match{SrcAddrType: rules.Local}, Verdict: rules.Verdict{Kind: rules.Jump, Chain: "EXTIP-DNAT"}, Comment: "host network"},
+			}},
+			{Name: "EXTIP-DNAT", Type: rules.NAT, Rules: []rules.Rule{
+				{Match: rules.Match{Lookup: "external-ips"}, SetMark: mark, Comment: "mark for masquerade"},
+				{Match: rules.Match{Lookup: "external-ips"}, Verdict: rules.Verdict{Kind: rules.DNATLookup}, Counter: "dnat"},
+			}},
+			{Name: "EXTIP-MASQ", Type: rules.NAT, Hook: rules.Postrouting, Rules: []rules.Rule{
+				{Match: rules.Match{Mark: mark}, Verdict: rules.Verdict{Kind: rules.Masquerade}, Counter: "masqueraded", Comment: "masquerade what we DNATed"},
+			}},
+		}}
+}
+
+// kitchenSink covers every match and verdict once.
+func kitchenSink(family rules.Family) *rules.Ruleset {
+	v4 := family == rules.IPv4
+	addr := func(a4, a6 string) netip.Addr {
+		if v4 {
+			return netip.MustParseAddr(a4)
+		}
+		return netip.MustParseAddr(a6)
+	}
+	pfx := func(a4, a6 string) netip.Prefix {
+		if v4 {
+			return netip.MustParsePrefix(a4)
+		}
+		return netip.MustParsePrefix(a6)
+	}
+	return &rules.Ruleset{Fix: "kitchen-sink", Family: family, Chains: []rules.Chain{
+		{Name: "SINK-FORWARD", Type: rules.Filter, Hook: rules.Forward, Rules: []rules.Rule{
+			{Match: rules.Match{Protocol: rules.TCP, DstPort: 22, DstAddr: addr("192.0.2.1", "2001:db8::1")}, Verdict: rules.Verdict{Kind: rules.Accept}, Comment: `it's "quoted" \ and	tabbed`},
+			{Match: rules.Match{Protocol: rules.UDP, DstPort: 53}, Verdict: rules.Verdict{Kind: rules.Return}},
+			{Match: rules.Match{Protocol: rules.SCTP}, Verdict: rules.Verdict{Kind: rules.Drop}, Comment: "any sctp"},
+			{Match: rules.Match{CTStates: []rules.CTState{rules.CTNew, rules.CTRelated}, Mark: 0x1}, SetMark: 0x2, Verdict: rules.Verdict{Kind: rules.Accept}, Counter: "new-marked"},
+			{Match: rules.Match{SrcPrefixes: []netip.Prefix{pfx("198.51.100.7/24", "2001:db8:1::7/64")}}, Counter: "seen"},
+		}},
+		{Name: "SINK-DNAT", Type: rules.NAT, Hook: rules.Prerouting, Rules: []rules.Rule{
+			{Match: rules.Match{DstAddr: addr("192.0.2.2", "2001:db8::2"), Protocol: rules.TCP, DstPort: 80}, Verdict: rules.Verdict{Kind: rules.DNAT, To: netip.AddrPortFrom(addr("10.96.0.10", "fd00:96::10"), 8080)}},
+			{Match: rules.Match{DstAddr: addr("192.0.2.3", "2001:db8::3")}, Verdict: rules.Verdict{Kind: rules.DNAT, To: netip.AddrPortFrom(addr("10.96.0.11", "fd00:96::11"), 0)}},
+		}},
+	}}
+}
+
+func TestRenderGolden(t *testing.T) {
+	b := mustBackend(t, Options{Variant: NFT})
+	for _, tc := range []struct {
+		name string
+		rs   func(rules.Family) *rules.Ruleset
+	}{
+		{"invalid-drop", invalidDrop},
+		{"externalip", externalIP},
+		{"kitchen-sink", kitchenSink},
+	} {
+		for _, f := range rules.Families {
+			t.Run(tc.name+"-"+string(f), func(t *testing.T) {
+				got, err := b.Render(tc.rs(f))
+				if err != nil {
+					t.Fatal(err)
+				}
+				golden(t, tc.name+"-"+string(f), got)
+				again, _ := b.Render(tc.rs(f))
+				if again != got {
+					t.Error("Render is not deterministic")
+				}
+			})
+		}
+	}
+}
+
+func TestRenderRejects(t *testing.T) {
+	b := mustBackend(t, Options{Variant: Legacy})
+	bad := []struct {
+		name string
+		rs   *rules.Ruleset
+		want string
+	}{
+		{"invalid ruleset", &rules.Ruleset{Fix: "Bad_Fix", Family: rules.IPv4}, "kebab-case"},
+		{"dnat port without protocol", &rules.Ruleset{Fix: "x", Family: rules.IPv4, Chains: []rules.Chain{{Name: "A", Type: rules.NAT, Rules: []rules.Rule{
+			{Verdict: rules.Verdict{Kind: rules.DNAT, To: netip.MustParseAddrPort("10.0.0.1:80")}}}}}}, "needs Match.Protocol"},
+		{"interface with space", &rules.Ruleset{Fix: "x", Family: rules.IPv4, Chains: []rules.Chain{{Name: "A", Type: rules.Filter, Rules: []rules.Rule{
+			{Match: rules.Match{InInterfacePrefix: "eth 0"}}}}}}, "interface"},
+	}
+	for _, tc := range bad {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := b.Render(tc.rs)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Render error = %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestCommentRoundTrip(t *testing.T) {
+	for _, c := range []string{"plain", `it's "quoted" \ and \"escaped\"`, "line\nbreak", strings.Repeat("é", 200)} {
+		s := sanitizeComment(c)
+		if len(s) > maxComment || strings.ContainsAny(s, "\n\r") {
+			t.Errorf("sanitizeComment(%q) = %q", c, s)
+		}
+		args, err := splitArgs("-m comment --comment " + quote(s) + " -j ACCEPT")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(args) != 6 || args[3] != s {
+			t.Errorf("round trip of %q gave %q", s, args)
+		}
+	}
+	if n, ok := counterOf("invalid-drop", "invalid-drop/dropped: drop it"); !ok || n != "dropped" {
+		t.Errorf("counterOf = %q %v", n, ok)
+	}
+	if _, ok := counterOf("invalid-drop", "invalid-drop: not counted"); ok {
+		t.Error("counterOf found a counter in a plain comment")
+	}
+}

@@ -1,0 +1,260 @@
+package iptables
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// dump is a parsed `iptables-save -c`.
+type dump struct {
+	tables []*table
+}
+
+type table struct {
+	name   string
+	chains []*chain
+	byName map[string]*chain
+}
+
+type chain struct {
+	name string
+	// policy is "-" for user chains and ACCEPT/DROP for built-in ones.
+	policy string
+	rules  []*savedRule
+}
+
+func (c *chain) builtin() bool { return c.policy != "-" }
+
+type savedRule struct {
+	chain string
+	// spec is everything after "-A CHAIN", as iptables-save printed it (restore-compatible quoting).
+	spec    string
+	target  string // value of -j or -g
+	comment string // value of --comment, unquoted
+	packets uint64
+	bytes   uint64
+}
+
+// line is the rule without counters, as in iptables-save output.
+func (r *savedRule) line() string { return "-A " + r.chain + " " + r.spec }
+
+func (d *dump) table(name string) *table {
+	for _, t := range d.tables {
+		if t.name == name {
+			return t
+		}
+	}
+	return nil
+}
+
+// parseSave parses iptables-save output, with or without -c.
+func parseSave(out string) (*dump, error) {
+	d := &dump{}
+	var cur *table
+	for n, raw := range strings.Split(out, "\n") {
+		line := strings.TrimSpace(raw)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		bad := func(why string) error {
+			return fmt.Errorf("iptables-save line %d %q: %s", n+1, line, why)
+		}
+		switch {
+		case line[0] == '*':
+			cur = &table{name: line[1:], byName: map[string]*chain{}}
+			d.tables = append(d.tables, cur)
+		case line == "COMMIT":
+			cur = nil
+		case cur == nil:
+			return nil, bad("outside a table")
+		case line[0] == ':':
+			f := strings.Fields(line[1:])
+			if len(f) < 2 {
+				return nil, bad("malformed chain declaration")
+			}
+			c := &chain{name: f[0], policy: f[1]}
+			cur.chains = append(cur.chains, c)
+			cur.byName[c.name] = c
+		default:
+			r := &savedRule{}
+			if line[0] == '[' {
+				end := strings.IndexByte(line, ']')
+				if end < 0 {
+					return nil, bad("unterminated counters")
+				}
+				p, b, ok := strings.Cut(line[1:end], ":")
+				var err1, err2 error
+				r.packets, err1 = strconv.ParseUint(p, 10, 64)
+				r.bytes, err2 = strconv.ParseUint(b, 10, 64)
+				if !ok || err1 != nil || err2 != nil {
+					return nil, bad("malformed counters")
+				}
+				line = strings.TrimSpace(line[end+1:])
+			}
+			rest, ok := strings.CutPrefix(line, "-A ")
+			if !ok {
+				return nil, bad("expected -A")
+			}
+			name, spec, _ := strings.Cut(rest, " ")
+			c := cur.byName[name]
+			if c == nil {
+				return nil, bad("rule in undeclared chain")
+			}
+			r.chain, r.spec = name, spec
+			args, err := splitArgs(spec)
+			if err != nil {
+				return nil, bad(err.Error())
+			}
+			for i := 0; i+1 < len(args); i++ {
+				switch args[i] {
+				case "-j", "-g", "--jump", "--goto":
+					r.target = args[i+1]
+				case "--comment":
+					r.comment = args[i+1]
+				}
+			}
+			c.rules = append(c.rules, r)
+		}
+	}
+	return d, nil
+}
+
+// splitArgs splits a rule spec the way iptables-restore does: whitespace separates arguments, double
+// quotes group them, and inside quotes a backslash escapes the next character.
+func splitArgs(s string) ([]string, error) {
+	var args []string
+	var cur strings.Builder
+	inArg, quoted, escaped := false, false, false
+	for i := 0; i < len(s); i++ {
+		ch := s[i]
+		switch {
+		case escaped:
+			cur.WriteByte(ch)
+			escaped = false
+		case quoted && ch == '\\':
+			escaped = true
+		case quoted && ch == '"':
+			quoted = false
+		case quoted:
+			cur.WriteByte(ch)
+		case ch == '"':
+			quoted, inArg = true, true
+		case ch == ' ' || ch == '\t':
+			if inArg {
+				args = append(args, cur.String())
+				cur.Reset()
+				inArg = false
+			}
+		default:
+			cur.WriteByte(ch)
+			inArg = true
+		}
+	}
+	if quoted {
+		return nil, fmt.Errorf("unterminated quote")
+	}
+	if inArg {
+		args = append(args, cur.String())
+	}
+	return args, nil
+}
+
+// tchain names a chain in a table.
+type tchain struct{ table, chain string }
+
+func (c tchain) String() string { return c.table + "/" + c.chain }
+
+// owners derives from the kernel which fix owns which NNM- chain: the roots are the NNM- chains jumped
+// to from built-in chains by rules commented "network-node-manager:<fix>"; a fix owns its roots and
+// every NNM- chain reachable from them by jumps.
+func (d *dump) owners() map[tchain]string {
+	own := map[tchain]string{}
+	for _, t := range d.tables {
+		var queue []tchain
+		for _, c := range t.chains {
+			if !c.builtin() {
+				continue
+			}
+			for _, r := range c.rules {
+				fix, ok := strings.CutPrefix(r.comment, jumpCommentPrefix)
+				if !ok || !isOurs(r.target) || t.byName[r.target] == nil {
+					continue
+				}
+				k := tchain{t.name, r.target}
+				if _, seen := own[k]; !seen {
+					own[k] = fix
+					queue = append(queue, k)
+				}
+			}
+		}
+		for len(queue) > 0 {
+			k := queue[0]
+			queue = queue[1:]
+			for _, r := range t.byName[k.chain].rules {
+				if !isOurs(r.target) || t.byName[r.target] == nil {
+					continue
+				}
+				n := tchain{t.name, r.target}
+				if _, seen := own[n]; !seen {
+					own[n] = own[k]
+					queue = append(queue, n)
+				}
+			}
+		}
+	}
+	return own
+}
+
+// owned returns the chains of fix according to the kernel.
+func (d *dump) owned(fix string) map[tchain]bool {
+	out := map[tchain]bool{}
+	for k, f := range d.owners() {
+		if f == fix {
+			out[k] = true
+		}
+	}
+	return out
+}
+
+func (d *dump) has(k tchain) bool {
+	t := d.table(k.table)
+	return t != nil && t.byName[k.chain] != nil
+}
+
+// state is the kernel's view of the given chains, counters excluded: their declarations and rules, and
+// every rule elsewhere that jumps to them. It is ordered so that unrelated changes (other chains created,
+// other rules inserted) do not change it.
+func (d *dump) state(chains map[tchain]bool) string {
+	var b strings.Builder
+	tables := make([]*table, len(d.tables))
+	copy(tables, d.tables)
+	sort.Slice(tables, func(i, j int) bool { return tables[i].name < tables[j].name })
+	for _, t := range tables {
+		var ours, others []*chain
+		for _, c := range t.chains {
+			if chains[tchain{t.name, c.name}] {
+				ours = append(ours, c)
+			} else {
+				others = append(others, c)
+			}
+		}
+		sort.Slice(ours, func(i, j int) bool { return ours[i].name < ours[j].name })
+		sort.Slice(others, func(i, j int) bool { return others[i].name < others[j].name })
+		for _, c := range ours {
+			fmt.Fprintf(&b, "%s :%s\n", t.name, c.name)
+			for _, r := range c.rules {
+				fmt.Fprintf(&b, "%s %s\n", t.name, r.line())
+			}
+		}
+		for _, c := range others {
+			for _, r := range c.rules {
+				if chains[tchain{t.name, r.target}] {
+					fmt.Fprintf(&b, "%s %s\n", t.name, r.line())
+				}
+			}
+		}
+	}
+	return b.String()
+}
