@@ -4,6 +4,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -37,7 +38,11 @@ func Golden(t testing.TB, path string, got string) {
 		t.Fatalf("golden %s: %v (run `go test -update` to create it)", path, err)
 		return
 	}
-	if diff := cmp.Diff(string(want), got); diff != "" {
+	if string(want) == got {
+		return
+	}
+	// Line by line: golden files are line-oriented dumps.
+	if diff := cmp.Diff(strings.Split(string(want), "\n"), strings.Split(got, "\n")); diff != "" {
 		t.Errorf("output differs from golden file %s (-want +got; run `go test -update` to accept):\n%s", path, diff)
 	}
 }

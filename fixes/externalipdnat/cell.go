@@ -1,0 +1,42 @@
+// Package externalipdnat makes a Service's External-IPs reachable from the node itself in kube-proxy
+// IPVS mode: traffic that starts on this node (pods or host network) and is addressed to an External-IP
+// is DNATed to the Service's Cluster-IP, which IPVS serves on every node (kubernetes#75262).
+package externalipdnat
+
+import (
+	"go.uber.org/fx"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
+)
+
+// ID is the fix id: config key fixes.ipvs-externalip-dnat, metric label, log field, rule comments.
+const ID = "ipvs-externalip-dnat"
+
+// Description is the one-line summary.
+const Description = "IPVS mode: DNAT node-local traffic for Service External-IPs to the Cluster-IP so eTP=Local Services stay reachable from the node (kubernetes#75262)"
+
+// Module registers the fix.
+var Module = fx.Module(ID, fix.Provide(ID, New))
+
+// DefaultMasqueradeMark is the packet-mark bit this fix uses to masquerade what it DNATed. It is our
+// own bit, not kube-proxy's 0x4000, so the fix depends on nothing kube-proxy owns.
+const DefaultMasqueradeMark uint32 = 0x00400000
+
+// Config is the fix's configuration (keys under fixes.ipvs-externalip-dnat).
+type Config struct {
+	// MasqueradeMark is the single mark bit set on DNATed packets and masqueraded in postrouting.
+	MasqueradeMark uint32 `mapstructure:"masqueradeMark"`
+	// FromPods catches traffic of local pods in prerouting (source in this node's pod CIDRs, or from
+	// an interface starting with PodInterfacePrefix).
+	FromPods bool `mapstructure:"fromPods"`
+	// FromHost catches host-network traffic in output (source address type LOCAL).
+	FromHost bool `mapstructure:"fromHost"`
+	// PodInterfacePrefix, when set, also catches traffic entering from interfaces with this name
+	// prefix (e.g. "cali", "veth"): for CNIs without per-node pod CIDRs.
+	PodInterfacePrefix string `mapstructure:"podInterfacePrefix"`
+}
+
+// DefaultConfig is the configuration used when nothing is set.
+func DefaultConfig() Config {
+	return Config{MasqueradeMark: DefaultMasqueradeMark, FromPods: true, FromHost: true}
+}

@@ -1,0 +1,360 @@
+package externalipdnat
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"math/bits"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/fx"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+)
+
+// Chain and map names (≤ 24 characters; the backends prefix them).
+const (
+	ChainPrerouting  = "EXTIP-PREROUTING"
+	ChainOutput      = "EXTIP-OUTPUT"
+	ChainDNAT        = "EXTIP-DNAT"
+	ChainPostrouting = "EXTIP-POSTROUTING"
+	MapName          = "svc"
+)
+
+// Skip reasons (metric-label safe).
+const (
+	ReasonHeadless     = "headless"
+	ReasonExternalName = "external-name"
+	ReasonNoClusterIP  = "no-cluster-ip"
+	ReasonBadIP        = "bad-ip"
+	ReasonIPModeProxy  = "ipmode-proxy"
+	ReasonConflict     = "conflict"
+	ReasonNoPodCIDR    = "no-pod-cidr"
+	ReasonBadPort      = "bad-port"
+)
+
+// Params is what the core provides.
+type Params struct {
+	fx.In
+	Registry *prometheus.Registry
+	Logger   *slog.Logger `optional:"true"`
+}
+
+// Fix is the ipvs-externalip-dnat fix.
+type Fix struct {
+	log *slog.Logger
+	m   *metrics
+
+	mu  sync.Mutex
+	cfg Config
+}
+
+var (
+	_ fix.Fix      = (*Fix)(nil)
+	_ fix.Checker  = (*Fix)(nil)
+	_ fix.Observer = (*Fix)(nil)
+)
+
+// New builds the fix with its default configuration and registers its metrics.
+func New(p Params) (*Fix, error) {
+	log := p.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	f := &Fix{log: log.With("fix", ID), cfg: DefaultConfig(), m: newMetrics()}
+	if p.Registry != nil {
+		if err := f.m.register(p.Registry); err != nil {
+			return nil, fmt.Errorf("%s: register metrics: %w", ID, err)
+		}
+	}
+	return f, nil
+}
+
+// ID is "ipvs-externalip-dnat".
+func (f *Fix) ID() string { return ID }
+
+// Description is one line.
+func (f *Fix) Description() string { return Description }
+
+// DefaultEnabled is true only in kube-proxy IPVS mode, the only mode that still has the problem.
+func (f *Fix) DefaultEnabled(env fix.Env) bool { return env.ProxyMode == "ipvs" }
+
+// Check refuses kube-proxy's iptables and nftables modes, which handle External-IP traffic themselves.
+func (f *Fix) Check(env fix.Env) error {
+	switch env.ProxyMode {
+	case "iptables", "nftables":
+		return fmt.Errorf("%s: refusing to run in kube-proxy %s mode: kube-proxy itself handles External-IP traffic from the node in that mode, and this DNAT would bypass its chains (its service chains, endpoint selection and masquerading); the fix is for IPVS mode only", ID, env.ProxyMode)
+	}
+	return nil
+}
+
+// Needs Services and this Node (for its pod CIDRs).
+func (f *Fix) Needs() fix.Needs { return fix.Needs{Services: true, Node: true} }
+
+var ifacePrefix = regexp.MustCompile(`^[A-Za-z0-9_.@-]{1,15}$`)
+
+// Configure decodes and validates options; on error the previous configuration stays.
+func (f *Fix) Configure(options map[string]any) error {
+	cfg := DefaultConfig()
+	if err := fix.Decode(options, &cfg); err != nil {
+		return fmt.Errorf("fixes.%s: %w", ID, err)
+	}
+	if bits.OnesCount32(cfg.MasqueradeMark) != 1 {
+		return fmt.Errorf("fixes.%s.masqueradeMark: 0x%x must be a single non-zero bit, e.g. 0x%08x", ID, cfg.MasqueradeMark, DefaultMasqueradeMark)
+	}
+	if cfg.PodInterfacePrefix != "" && !ifacePrefix.MatchString(cfg.PodInterfacePrefix) {
+		return fmt.Errorf("fixes.%s.podInterfacePrefix: %q is not an interface name prefix (at most 15 characters, no spaces or slashes)", ID, cfg.PodInterfacePrefix)
+	}
+	if !cfg.FromPods && !cfg.FromHost {
+		return fmt.Errorf("fixes.%s: fromPods and fromHost are both false, so the fix would do nothing (disable it with enabled: false instead)", ID)
+	}
+	f.mu.Lock()
+	f.cfg = cfg
+	f.mu.Unlock()
+	return nil
+}
+
+// Rules maps every (External-IP, protocol, port) of this family to the Cluster-IP of the same family
+// and hooks the lookup into prerouting (local pods) and output (host network).
+func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.Report, error) {
+	f.mu.Lock()
+	cfg := f.cfg
+	f.mu.Unlock()
+
+	entries, report := buildEntries(snap.Services, family)
+	rs := &rules.Ruleset{Fix: ID, Family: family, Maps: []rules.Map{{Name: MapName, Entries: entries}}}
+
+	jump := rules.Verdict{Kind: rules.Jump, Chain: ChainDNAT}
+	if cfg.FromPods {
+		c := rules.Chain{Name: ChainPrerouting, Type: rules.NAT, Hook: rules.Prerouting}
+		if cidrs := snap.PodCIDRsOf(family); len(cidrs) > 0 {
+			c.Rules = append(c.Rules, rules.Rule{
+				Match: rules.Match{SrcPrefixes: cidrs}, Verdict: jump,
+				Comment: ID + ": from local pods",
+			})
+		}
+		if cfg.PodInterfacePrefix != "" {
+			c.Rules = append(c.Rules, rules.Rule{
+				Match: rules.Match{InInterfacePrefix: cfg.PodInterfacePrefix}, Verdict: jump,
+				Comment: ID + ": from pod interfaces",
+			})
+		}
+		if len(c.Rules) == 0 {
+			report.Skipped = append(report.Skipped, fix.Skip{
+				Object: "node", Reason: ReasonNoPodCIDR,
+				Detail: fmt.Sprintf("no %s pod CIDR and no podInterfacePrefix: traffic from pods is not caught, host traffic still is", family),
+			})
+		}
+		rs.Chains = append(rs.Chains, c)
+	}
+	if cfg.FromHost {
+		rs.Chains = append(rs.Chains, rules.Chain{Name: ChainOutput, Type: rules.NAT, Hook: rules.Output, Rules: []rules.Rule{{
+			Match: rules.Match{SrcAddrType: rules.Local}, Verdict: jump,
+			Comment: ID + ": from the host network",
+		}}})
+	}
+	rs.Chains = append(rs.Chains,
+		rules.Chain{Name: ChainDNAT, Type: rules.NAT, Rules: []rules.Rule{
+			{Match: rules.Match{Lookup: MapName}, SetMark: cfg.MasqueradeMark, Comment: ID + ": mark for masquerade"},
+			{Match: rules.Match{Lookup: MapName}, Verdict: rules.Verdict{Kind: rules.DNATLookup}, Comment: ID + ": External-IP to Cluster-IP"},
+		}},
+		rules.Chain{Name: ChainPostrouting, Type: rules.NAT, Hook: rules.Postrouting, Rules: []rules.Rule{
+			{Match: rules.Match{Mark: cfg.MasqueradeMark}, Verdict: rules.Verdict{Kind: rules.Masquerade}, Comment: ID + ": masquerade"},
+		}},
+	)
+	return rs, report, nil
+}
+
+// buildEntries is the pure Service → map computation. Services are processed in namespace/name order
+// so that, when two claim the same (IP, protocol, port), the first keeps it.
+func buildEntries(services []*corev1.Service, family rules.Family) ([]rules.MapEntry, fix.Report) {
+	var report fix.Report
+	svcs := slices.Clone(services)
+	slices.SortStableFunc(svcs, func(a, b *corev1.Service) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	})
+	owner := map[string]string{} // entry key → Service that has it
+	ips := map[netip.Addr]bool{}
+	var entries []rules.MapEntry
+	for _, svc := range svcs {
+		name := svc.Namespace + "/" + svc.Name
+		skip := func(reason, detail string) {
+			report.Skipped = append(report.Skipped, fix.Skip{Object: name, Reason: reason, Detail: detail})
+		}
+		ext := externalIPs(svc, family, skip)
+		if len(ext) == 0 {
+			continue
+		}
+		switch {
+		case svc.Spec.Type == corev1.ServiceTypeExternalName:
+			skip(ReasonExternalName, "an ExternalName Service has no Cluster-IP to DNAT to")
+			continue
+		case svc.Spec.ClusterIP == corev1.ClusterIPNone:
+			skip(ReasonHeadless, "a headless Service has no Cluster-IP to DNAT to")
+			continue
+		}
+		clusterIP, ok := clusterIPOf(svc, family, skip)
+		if !ok {
+			continue
+		}
+		covered := false
+		for _, p := range svc.Spec.Ports {
+			proto := rules.TCP
+			if p.Protocol != "" {
+				var err error
+				if proto, err = rules.ParseProtocol(string(p.Protocol)); err != nil {
+					skip(ReasonBadPort, fmt.Sprintf("port %s: %v", portName(p), err))
+					continue
+				}
+			}
+			if p.Port <= 0 || p.Port > 65535 {
+				skip(ReasonBadPort, fmt.Sprintf("port %s: %d is not a port number", portName(p), p.Port))
+				continue
+			}
+			for _, ip := range ext {
+				e := rules.MapEntry{
+					Addr: ip, Protocol: proto, Port: uint16(p.Port),
+					To:      netip.AddrPortFrom(clusterIP, uint16(p.Port)),
+					Comment: comment(name, p),
+				}
+				if other, taken := owner[e.Key()]; taken {
+					if other != name {
+						skip(ReasonConflict, fmt.Sprintf("%s %s/%d is already used by %s", ip, proto, p.Port, other))
+					}
+					continue
+				}
+				owner[e.Key()] = name
+				entries = append(entries, e)
+				ips[ip] = true
+				covered = true
+			}
+		}
+		if covered {
+			report.Covered++
+		}
+	}
+	report.Items = len(ips)
+	return entries, report
+}
+
+// externalIPs returns the Service's external addresses of family, in order and without duplicates:
+// the ingress IPs of a LoadBalancer Service (not those with ipMode Proxy, which must go through the
+// load balancer) and spec.externalIPs. Bad and ipMode-Proxy addresses are reported through skip, each
+// in the family it looks like.
+func externalIPs(svc *corev1.Service, family rules.Family, skip func(reason, detail string)) []netip.Addr {
+	var out []netip.Addr
+	proxied := map[netip.Addr]bool{}
+	parse := func(field, s string) (netip.Addr, bool) {
+		a, err := netip.ParseAddr(strings.TrimSpace(s))
+		if err != nil || a.Zone() != "" {
+			if looksLike(s) == family {
+				skip(ReasonBadIP, fmt.Sprintf("%s %q is not an IP address", field, s))
+			}
+			return netip.Addr{}, false
+		}
+		a = a.Unmap()
+		return a, family.Contains(a)
+	}
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for i, ing := range svc.Status.LoadBalancer.Ingress {
+			if ing.IP == "" {
+				continue // hostname-only ingress: nothing to match on
+			}
+			a, ok := parse(fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), ing.IP)
+			if !ok {
+				continue
+			}
+			if ing.IPMode != nil && *ing.IPMode == corev1.LoadBalancerIPModeProxy {
+				if !proxied[a] {
+					skip(ReasonIPModeProxy, fmt.Sprintf("%s has ipMode Proxy: traffic must go through the load balancer", a))
+				}
+				proxied[a] = true
+				continue
+			}
+			out = append(out, a)
+		}
+	}
+	for i, s := range svc.Spec.ExternalIPs {
+		if a, ok := parse(fmt.Sprintf("spec.externalIPs[%d]", i), s); ok {
+			out = append(out, a)
+		}
+	}
+	// Drop duplicates (an address both in the ingress and in externalIPs) and proxied addresses.
+	var uniq []netip.Addr
+	for _, a := range out {
+		if !proxied[a] && !slices.Contains(uniq, a) {
+			uniq = append(uniq, a)
+		}
+	}
+	return uniq
+}
+
+// looksLike guesses the family of an unparsable address so it is reported once, not per family.
+func looksLike(s string) rules.Family {
+	if strings.Contains(s, ":") {
+		return rules.IPv6
+	}
+	return rules.IPv4
+}
+
+// clusterIPOf returns the Service's Cluster-IP of family (spec.clusterIPs, else spec.clusterIP).
+func clusterIPOf(svc *corev1.Service, family rules.Family, skip func(reason, detail string)) (netip.Addr, bool) {
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	for i, s := range ips {
+		a, err := netip.ParseAddr(strings.TrimSpace(s))
+		if err != nil {
+			if looksLike(s) == family {
+				skip(ReasonBadIP, fmt.Sprintf("spec.clusterIPs[%d] %q is not an IP address", i, s))
+				return netip.Addr{}, false
+			}
+			continue
+		}
+		if a = a.Unmap(); family.Contains(a) {
+			return a, true
+		}
+	}
+	skip(ReasonNoClusterIP, fmt.Sprintf("the Service has %s External-IPs but no %s Cluster-IP", family, family))
+	return netip.Addr{}, false
+}
+
+func portName(p corev1.ServicePort) string {
+	if p.Name != "" {
+		return p.Name
+	}
+	return strconv.Itoa(int(p.Port))
+}
+
+// comment is "ipvs-externalip-dnat: <ns>/<name>:<port>", cut to the kernel's 128 bytes.
+func comment(name string, p corev1.ServicePort) string {
+	c := ID + ": " + name + ":" + portName(p)
+	if len(c) > 128 {
+		c = c[:128]
+	}
+	return c
+}
+
+// Observe exports the figures of the last Rules call of family.
+func (f *Fix) Observe(_ context.Context, family rules.Family, report fix.Report) {
+	skipped := map[string]bool{}
+	for _, s := range report.Skipped {
+		if s.Object != "node" {
+			skipped[s.Object] = true
+		}
+	}
+	fam := string(family)
+	f.m.services.WithLabelValues(fam, "covered").Set(float64(report.Covered))
+	f.m.services.WithLabelValues(fam, "skipped").Set(float64(len(skipped)))
+	f.m.ips.WithLabelValues(fam).Set(float64(report.Items))
+}

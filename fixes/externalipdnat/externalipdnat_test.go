@@ -1,0 +1,392 @@
+package externalipdnat
+
+// Test address plan (all tests in this file):
+//
+//	node            node-a
+//	pod CIDRs       10.244.1.0/24, fd00:10:244:1::/64      (node.spec.podCIDRs)
+//	Cluster-IPs     10.96.0.0/16,  fd00:10:96::/112        (spec.clusterIPs)
+//	External-IPs    203.0.113.0/24, 2001:db8:e::/48        (RFC 5737 / RFC 3849 documentation prefixes)
+//	                .10-.19 LoadBalancer ingress, .20-.29 spec.externalIPs, .30-.39 skipped on purpose
+//	Services        namespace "default" unless the test is about ordering ("a", "b")
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	"go.uber.org/fx"
+	"go.uber.org/fx/fxtest"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+	tk "github.com/network-node-manager/network-node-manager/core/testkit"
+)
+
+var nodeA = tk.Node("node-a", tk.PodCIDRs("10.244.1.0/24", "fd00:10:244:1::/64"))
+
+func newFix(t *testing.T, options map[string]any) (*Fix, *prometheus.Registry, *bytes.Buffer) {
+	t.Helper()
+	reg, logs := prometheus.NewRegistry(), &bytes.Buffer{}
+	f, err := New(Params{Registry: reg, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if options != nil {
+		if err := f.Configure(options); err != nil {
+			t.Fatalf("Configure(%v): %v", options, err)
+		}
+	}
+	return f, reg, logs
+}
+
+// dump returns the rules and report of both families, after checking that the fake backend accepts
+// every ruleset.
+func dump(t *testing.T, f *Fix, snap *fix.Snapshot) string {
+	t.Helper()
+	be := tk.NewFakeBackend()
+	var b strings.Builder
+	for i, fam := range rules.Families {
+		rs, report, err := f.Rules(snap, fam)
+		if err != nil {
+			t.Fatalf("Rules(%s): %v", fam, err)
+		}
+		if err := be.Apply(context.Background(), rs); err != nil {
+			t.Fatalf("fake backend rejected the %s rules: %v\n%s", fam, err, tk.Format(rs))
+		}
+		if i > 0 {
+			b.WriteString("\n")
+		}
+		b.WriteString(tk.Format(rs))
+		fmt.Fprintf(&b, "report covered=%d items=%d\n", report.Covered, report.Items)
+		for _, s := range report.Skipped {
+			fmt.Fprintf(&b, "  skip %s %s: %s\n", s.Object, s.Reason, s.Detail)
+		}
+	}
+	return b.String()
+}
+
+func TestRules(t *testing.T) {
+	cases := []struct {
+		name    string
+		options map[string]any
+		snap    *fix.Snapshot
+	}{
+		{"ipv4", nil, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+			tk.Service("default", "web", tk.ClusterIPs("10.96.0.10"), tk.LoadBalancer("203.0.113.10"), tk.ETPLocal(),
+				tk.Ports(tk.Named("http", tk.TCP(80)), tk.Named("https", tk.TCP(443)))),
+		))},
+		{"ipv6", nil, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+			tk.Service("default", "web6", tk.ClusterIPs("fd00:10:96::10"), tk.LoadBalancer("2001:db8:e::10"), tk.ETPLocal(),
+				tk.Ports(tk.Named("http", tk.TCP(80)))),
+		))},
+		{"dual-stack-protocols", nil, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+			tk.Service("default", "dns", tk.ClusterIPs("fd00:10:96::53", "10.96.0.53"),
+				tk.LoadBalancer("203.0.113.11", "2001:db8:e::11", "203.0.113.12"),
+				tk.Ports(tk.Named("dns-udp", tk.UDP(53)), tk.Named("dns-tcp", tk.TCP(53)), tk.SCTP(9))),
+			// No protocol set means TCP, as in the API defaults.
+			tk.Service("default", "noproto", tk.ClusterIPs("10.96.0.54", "fd00:10:96::54"), tk.LoadBalancer("203.0.113.13"),
+				tk.Ports(tk.PortSpec{Port: 8080})),
+		))},
+		{"external-ips", nil, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+			tk.Service("default", "cip", tk.ClusterIPType(), tk.ClusterIPs("10.96.0.20"), tk.ExternalIPs("203.0.113.20", "2001:db8:e::20"),
+				tk.Ports(tk.TCP(80))),
+			tk.Service("default", "np", tk.NodePortType(), tk.ClusterIPs("10.96.0.21", "fd00:10:96::21"), tk.ExternalIPs("203.0.113.21", "2001:db8:e::21"),
+				tk.Ports(tk.UDP(5000))),
+			// The same address in the ingress and in externalIPs is one address.
+			tk.Service("default", "lb", tk.ClusterIPs("10.96.0.22"), tk.LoadBalancer("203.0.113.22"), tk.ExternalIPs("203.0.113.22", "::ffff:203.0.113.23"),
+				tk.Ports(tk.TCP(80))),
+		))},
+		{"skips", nil, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+			tk.Service("default", "proxy-mode", tk.ClusterIPs("10.96.0.30"), tk.IngressProxyMode("203.0.113.30"), tk.LoadBalancer("203.0.113.31"),
+				tk.IngressVIPMode("203.0.113.32"), tk.Ports(tk.TCP(80))),
+			tk.Service("default", "headless", tk.Headless(), tk.ExternalIPs("203.0.113.33"), tk.Ports(tk.TCP(80))),
+			tk.Service("default", "headless-no-ext", tk.Headless(), tk.Ports(tk.TCP(80))),
+			tk.Service("default", "extname", tk.ExternalName("db.example.com"), tk.ExternalIPs("203.0.113.34"), tk.Ports(tk.TCP(5432))),
+			tk.Service("default", "bad-ips", tk.ClusterIPs("10.96.0.35"), tk.LoadBalancer("203.0.113.999", "2001:db8:e::zz", "203.0.113.35"),
+				tk.ExternalIPs("not-an-ip", "fe80::1%eth0"), tk.Ports(tk.TCP(80))),
+			tk.Service("default", "v4-only", tk.ClusterIPs("10.96.0.36"), tk.LoadBalancer("203.0.113.36", "2001:db8:e::36"), tk.Ports(tk.TCP(80))),
+			tk.Service("default", "hostname", tk.ClusterIPs("10.96.0.37"), tk.IngressHostname("lb.example.com"), tk.Ports(tk.TCP(80))),
+			// Ingress status of a non-LoadBalancer Service is ignored.
+			tk.Service("default", "not-lb", tk.ClusterIPs("10.96.0.38"), func(s *corev1.Service) {
+				s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "203.0.113.38"}}
+			}, tk.Ports(tk.TCP(80))),
+			tk.Service("default", "no-ports", tk.ClusterIPs("10.96.0.39"), tk.LoadBalancer("203.0.113.39")),
+			tk.Service("default", "bad-cluster-ip", tk.ClusterIPs("10.96.0.999"), tk.LoadBalancer("203.0.113.40"), tk.Ports(tk.TCP(80))),
+		))},
+		{"conflicts", nil, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+			// Given out of order on purpose: a/first wins because of namespace/name order.
+			tk.Service("b", "second", tk.ClusterIPs("10.96.0.12"), tk.LoadBalancer("203.0.113.10"), tk.Ports(tk.TCP(80), tk.TCP(81))),
+			tk.Service("a", "first", tk.ClusterIPs("10.96.0.11"), tk.LoadBalancer("203.0.113.10"), tk.Ports(tk.TCP(80), tk.UDP(81))),
+			tk.Service("c", "third", tk.ClusterIPs("10.96.0.13"), tk.ExternalIPs("203.0.113.10"), tk.Ports(tk.TCP(80))),
+		))},
+		{"no-pod-cidr", nil, tk.Snapshot(tk.WithNode(tk.Node("node-a")), tk.WithServices(
+			tk.Service("default", "web", tk.ClusterIPs("10.96.0.10", "fd00:10:96::10"), tk.LoadBalancer("203.0.113.10", "2001:db8:e::10"), tk.Ports(tk.TCP(80))),
+		))},
+		{"v4-pod-cidr-only", nil, tk.Snapshot(tk.WithNode(tk.Node("node-a", tk.PodCIDRs("10.244.1.0/24"))), tk.WithServices(
+			tk.Service("default", "web", tk.ClusterIPs("10.96.0.10", "fd00:10:96::10"), tk.LoadBalancer("203.0.113.10", "2001:db8:e::10"), tk.Ports(tk.TCP(80))),
+		))},
+		{"interface-prefix", map[string]any{"podInterfacePrefix": "cali"}, tk.Snapshot(tk.WithNode(tk.Node("node-a", tk.PodCIDRs("10.244.1.0/24"))), tk.WithServices(
+			tk.Service("default", "web", tk.ClusterIPs("10.96.0.10", "fd00:10:96::10"), tk.LoadBalancer("203.0.113.10", "2001:db8:e::10"), tk.Ports(tk.TCP(80))),
+		))},
+		{"host-only-custom-mark", map[string]any{"fromPods": false, "masqueradeMark": "0x1000000"}, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+			tk.Service("default", "web", tk.ClusterIPs("10.96.0.10"), tk.LoadBalancer("203.0.113.10"), tk.Ports(tk.TCP(80))),
+		))},
+		{"pods-only", map[string]any{"from-host": "false"}, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+			tk.Service("default", "web", tk.ClusterIPs("10.96.0.10"), tk.LoadBalancer("203.0.113.10"), tk.Ports(tk.TCP(80))),
+		))},
+		{"no-services", nil, tk.Snapshot(tk.WithNode(nodeA))},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f, _, _ := newFix(t, tc.options)
+			tk.Golden(t, "testdata/"+tc.name+".golden", dump(t, f, tc.snap))
+		})
+	}
+}
+
+// TestRulesPure checks that Rules neither changes the snapshot nor depends on the order of Services.
+func TestRulesPure(t *testing.T) {
+	mk := func(order ...int) *fix.Snapshot {
+		all := []*corev1.Service{
+			tk.Service("a", "x", tk.ClusterIPs("10.96.0.1"), tk.LoadBalancer("203.0.113.10"), tk.Ports(tk.TCP(80))),
+			tk.Service("a", "y", tk.ClusterIPs("10.96.0.2"), tk.LoadBalancer("203.0.113.10"), tk.Ports(tk.TCP(80))),
+			tk.Service("b", "z", tk.ClusterIPs("10.96.0.3"), tk.ExternalIPs("203.0.113.11"), tk.Ports(tk.TCP(80))),
+		}
+		s := tk.Snapshot(tk.WithNode(nodeA))
+		for _, i := range order {
+			s.Services = append(s.Services, all[i]) // deliberately not sorted
+		}
+		return s
+	}
+	f, _, _ := newFix(t, nil)
+	snap := mk(2, 1, 0)
+	before := snap.Services[0].DeepCopy()
+	got := dump(t, f, snap)
+	if !reflect.DeepEqual(before, snap.Services[0]) {
+		t.Error("Rules modified a Service of the snapshot")
+	}
+	if want := dump(t, f, mk(0, 1, 2)); got != want {
+		t.Errorf("Rules depends on the order of Services:\n%s\n---\n%s", got, want)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	cases := []struct {
+		options map[string]any
+		want    []string
+	}{
+		{map[string]any{"masqueradeBit": 14}, []string{"masqueradeBit"}},
+		{map[string]any{"localTraffic": map[string]any{"fromPods": true}}, []string{"localTraffic"}},
+		{map[string]any{"masqueradeMark": 0}, []string{"masqueradeMark", "0x0"}},
+		{map[string]any{"masqueradeMark": "0x3"}, []string{"masqueradeMark", "0x3", "single"}},
+		{map[string]any{"masqueradeMark": -1}, []string{"masqueradeMark"}},
+		{map[string]any{"masqueradeMark": "lots"}, []string{"masqueradeMark", `"lots"`}},
+		{map[string]any{"fromPods": "maybe"}, []string{"fromPods"}},
+		{map[string]any{"podInterfacePrefix": "a/b"}, []string{"podInterfacePrefix", `"a/b"`}},
+		{map[string]any{"podInterfacePrefix": "averyveryverylongname"}, []string{"podInterfacePrefix"}},
+		{map[string]any{"fromPods": false, "fromHost": false}, []string{"fromPods", "fromHost"}},
+	}
+	snap := tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+		tk.Service("default", "web", tk.ClusterIPs("10.96.0.10"), tk.LoadBalancer("203.0.113.10"), tk.Ports(tk.TCP(80)))))
+	for _, tc := range cases {
+		f, _, _ := newFix(t, map[string]any{"masqueradeMark": 0x800000})
+		before := dump(t, f, snap)
+		err := f.Configure(tc.options)
+		if err == nil {
+			t.Errorf("Configure(%v) accepted", tc.options)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("Configure(%v) = %q, want it to mention %s", tc.options, err, w)
+			}
+		}
+		if dump(t, f, snap) != before {
+			t.Errorf("a rejected Configure(%v) changed the rules", tc.options)
+		}
+	}
+	// Accepted forms of the mark.
+	for _, v := range []any{"0x00400000", 4194304, "4194304", uint32(1)} {
+		f, _, _ := newFix(t, nil)
+		if err := f.Configure(map[string]any{"masqueradeMark": v}); err != nil {
+			t.Errorf("masqueradeMark %v (%T) rejected: %v", v, v, err)
+		}
+	}
+}
+
+func TestEnvironment(t *testing.T) {
+	f, _, _ := newFix(t, nil)
+	for mode, want := range map[string]bool{"ipvs": true, "iptables": false, "nftables": false, "": false} {
+		if got := f.DefaultEnabled(fix.Env{ProxyMode: mode}); got != want {
+			t.Errorf("DefaultEnabled(%q) = %v", mode, got)
+		}
+	}
+	for _, mode := range []string{"iptables", "nftables"} {
+		err := f.Check(fix.Env{ProxyMode: mode})
+		if err == nil || !strings.Contains(err.Error(), "refusing to run in kube-proxy "+mode+" mode") || !strings.Contains(err.Error(), "bypass") {
+			t.Errorf("Check(%s) = %v", mode, err)
+		}
+	}
+	for _, mode := range []string{"ipvs", ""} {
+		if err := f.Check(fix.Env{ProxyMode: mode}); err != nil {
+			t.Errorf("Check(%q) = %v", mode, err)
+		}
+	}
+	if f.Needs() != (fix.Needs{Services: true, Node: true}) {
+		t.Errorf("Needs = %+v", f.Needs())
+	}
+	if !rules.ValidFixID(f.ID()) || f.ID() != "ipvs-externalip-dnat" || f.Description() == "" {
+		t.Error("bad id or description")
+	}
+	for _, c := range []string{ChainPrerouting, ChainOutput, ChainDNAT, ChainPostrouting} {
+		if len(c) > rules.MaxChainName {
+			t.Errorf("chain name %s too long", c)
+		}
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	f, reg, _ := newFix(t, nil)
+	snap := tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+		tk.Service("default", "a", tk.ClusterIPs("10.96.0.10", "fd00:10:96::10"), tk.LoadBalancer("203.0.113.10", "2001:db8:e::10"), tk.ExternalIPs("203.0.113.20"),
+			tk.Ports(tk.TCP(80), tk.UDP(80))),
+		tk.Service("default", "b", tk.ClusterIPs("10.96.0.11"), tk.LoadBalancer("203.0.113.11"), tk.IngressProxyMode("203.0.113.30"), tk.Ports(tk.TCP(80))),
+		tk.Service("default", "c", tk.Headless(), tk.ExternalIPs("203.0.113.33", "2001:db8:e::33"), tk.Ports(tk.TCP(80))),
+	))
+	for _, fam := range rules.Families {
+		_, report, err := f.Rules(snap, fam)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Observe(context.Background(), fam, report)
+	}
+	want := `
+# HELP nnm_externalip_dnat_ips Distinct External-IPs of the family that are DNATed to a Cluster-IP.
+# TYPE nnm_externalip_dnat_ips gauge
+nnm_externalip_dnat_ips{family="ipv4"} 3
+nnm_externalip_dnat_ips{family="ipv6"} 1
+# HELP nnm_externalip_dnat_services Services with External-IPs of the family: covered = got at least one DNAT entry, skipped = had at least one address or port left out (see logs for the reason).
+# TYPE nnm_externalip_dnat_services gauge
+nnm_externalip_dnat_services{family="ipv4",state="covered"} 2
+nnm_externalip_dnat_services{family="ipv4",state="skipped"} 2
+nnm_externalip_dnat_services{family="ipv6",state="covered"} 1
+nnm_externalip_dnat_services{family="ipv6",state="skipped"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+		t.Error(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+	}
+}
+
+func TestModule(t *testing.T) {
+	var got fix.In
+	app := fxtest.New(t, Module, fx.Provide(prometheus.NewRegistry), fx.Populate(&got))
+	app.RequireStart().RequireStop()
+	if len(got.Fixes) != 1 || got.Fixes[0].ID() != ID {
+		t.Fatalf("fixes group = %v", got.Fixes)
+	}
+	if _, ok := got.Fixes[0].(fix.Checker); !ok {
+		t.Error("the registered fix is not a Checker")
+	}
+}
+
+// TestManyServices measures Rules on 1,000 dual-stack LoadBalancer Services with two ports each.
+func TestManyServices(t *testing.T) {
+	var svcs []*corev1.Service
+	for i := range 1000 {
+		svcs = append(svcs, tk.Service("ns", fmt.Sprintf("svc-%04d", i),
+			tk.ClusterIPs(fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), fmt.Sprintf("fd00:10:96::%x", i+1)),
+			tk.LoadBalancer(fmt.Sprintf("203.0.%d.%d", 113+i/250, i%250+1), fmt.Sprintf("2001:db8:e::%x", i+1)),
+			tk.Ports(tk.TCP(80), tk.TCP(443))))
+	}
+	snap := tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(svcs...))
+	f, _, _ := newFix(t, nil)
+	be := tk.NewFakeBackend()
+	start := time.Now()
+	for _, fam := range rules.Families {
+		rs, report, err := f.Rules(snap, fam)
+		if err != nil || report.Covered != 1000 || report.Items != 1000 || len(rs.Map(MapName).Entries) != 2000 {
+			t.Fatalf("%s: covered=%d items=%d err=%v", fam, report.Covered, report.Items, err)
+		}
+		if err := be.Apply(context.Background(), rs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("Rules+fake Apply for 1000 dual-stack Services (4000 entries): %v", time.Since(start))
+}
+
+func TestREADME(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	for _, s := range []string{"## What it does", "## Configuration", "## Rules", "## Metrics", "## Example"} {
+		if !strings.Contains(readme, s) {
+			t.Errorf("README lacks section %q", s)
+		}
+	}
+	m := regexp.MustCompile("(?s)```yaml\n(.*?)```").FindStringSubmatch(readme)
+	if m == nil {
+		t.Fatal("README has no yaml example")
+	}
+	var doc struct {
+		Fixes map[string]map[string]any `json:"fixes"`
+	}
+	if err := yaml.UnmarshalStrict([]byte(m[1]), &doc); err != nil {
+		t.Fatal(err)
+	}
+	opts, ok := doc.Fixes[ID]
+	if !ok {
+		t.Fatalf("example does not configure fixes.%s", ID)
+	}
+	delete(opts, "enabled")
+	f, _, _ := newFix(t, nil)
+	if err := f.Configure(opts); err != nil {
+		t.Fatalf("README example is not valid: %v", err)
+	}
+	// The README's rule dump is what the fix produces for its example Service.
+	snap := tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+		tk.Service("default", "web", tk.ClusterIPs("10.96.0.10"), tk.LoadBalancer("203.0.113.10"), tk.ETPLocal(),
+			tk.Ports(tk.Named("http", tk.TCP(80)), tk.Named("dns", tk.UDP(53))))))
+	def, _, _ := newFix(t, nil)
+	rs, _, err := def.Rules(snap, rules.IPv4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dump := strings.SplitN(tk.Format(rs), "\n", 2)[1]; !strings.Contains(readme, dump) {
+		t.Errorf("README rule dump is stale; want:\n%s", dump)
+	}
+	for _, name := range []string{"nnm_externalip_dnat_services", "nnm_externalip_dnat_ips"} {
+		if !strings.Contains(readme, "`"+name+"`") {
+			t.Errorf("README does not document %s", name)
+		}
+	}
+	for _, r := range []string{ReasonHeadless, ReasonExternalName, ReasonNoClusterIP, ReasonBadIP, ReasonIPModeProxy, ReasonConflict, ReasonNoPodCIDR, ReasonBadPort} {
+		if !strings.Contains(readme, "`"+r+"`") {
+			t.Errorf("README does not document skip reason %s", r)
+		}
+	}
+}

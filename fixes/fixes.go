@@ -1,0 +1,15 @@
+// Package fixes lists the in-tree fix modules. Adding a fix is one line here.
+package fixes
+
+import (
+	"go.uber.org/fx"
+
+	"github.com/network-node-manager/network-node-manager/fixes/externalipdnat"
+	"github.com/network-node-manager/network-node-manager/fixes/invaliddrop"
+)
+
+// Standard is every in-tree fix.
+var Standard = fx.Options(
+	invaliddrop.Module,
+	externalipdnat.Module,
+)
