@@ -1,0 +1,85 @@
+# network-node-manager — build, test, demo.
+#
+#   make demo    build everything and watch the agent program rules against a local control plane
+#   make test    unit, kernel (network namespace) and end-to-end tests; needs root for the last two
+#   make bench   scale benchmarks (slow; not part of make test)
+#
+# Every tool is built from pinned versions (go.mod, tools/*/go.mod); missing system packages are
+# installed with apt-get on Debian when running as root.
+
+SHELL       := /bin/bash
+GO          ?= go
+VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+BIN         := $(CURDIR)/bin
+AGENT       := $(BIN)/network-node-manager
+GOFLAGS_RUN := -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
+# Packages the project needs on a node or test machine, as "binary:debian-package".
+SYSTEM_DEPS := iptables:iptables nft:nftables ip:iproute2 conntrack:conntrack
+TEST_FLAGS  ?= -count=1 -timeout 30m
+
+export NNM_BIN_DIR := $(BIN)
+
+.PHONY: all build deps controlplane test test-unit demo bench lint fmt vet clean image plan
+
+all: build
+
+include Makefile.controlplane.mk
+
+## deps: install missing system packages (root on Debian); otherwise say what is missing.
+deps:
+	@missing=""; for dep in $(SYSTEM_DEPS); do \
+		bin=$${dep%%:*}; pkg=$${dep##*:}; \
+		command -v $$bin >/dev/null 2>&1 || [ -x /usr/sbin/$$bin ] || missing="$$missing $$pkg"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing:$$missing"; \
+			DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+		else \
+			echo "missing packages:$$missing (install them, or run as root on Debian)"; \
+		fi; \
+	fi
+
+## build: the agent binary.
+build:
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_RUN) -o $(AGENT) ./cmd/network-node-manager
+
+## test: everything that proves the agent works. Kernel and end-to-end tests need root.
+test: deps build controlplane
+	$(GO) vet ./...
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	NNM_AGENT_BIN=$(AGENT) $(GO) test $(TEST_FLAGS) ./...
+	@if [ -f examples/go.mod ]; then cd examples && NNM_AGENT_BIN=$(AGENT) $(GO) test $(TEST_FLAGS) ./...; fi
+
+## test-unit: the tests that need neither root nor the control plane.
+test-unit:
+	$(GO) test -count=1 -short ./...
+
+## plan: print the rules for examples/services.yaml (both backends), touching nothing.
+plan: build
+	$(AGENT) plan --services examples/services.yaml --config examples/config.yaml
+
+## demo: start a local control plane and the agent in a "node" network namespace, create the example
+## Services and show what the agent did. DEMO_ONCE=1 prints and exits.
+demo: deps build controlplane
+	./hack/demo.sh
+
+## bench: scale benchmarks against the real control plane (see BENCHMARKS.md).
+bench: deps build controlplane
+	./hack/bench.sh
+
+lint: vet fmt
+vet:
+	$(GO) vet ./...
+fmt:
+	gofmt -l -w $$(git ls-files '*.go')
+
+## image: the container image (needs a Docker engine).
+image:
+	docker build --build-arg VERSION=$(VERSION) -t network-node-manager:$(VERSION) .
+
+clean:
+	rm -rf $(BIN)

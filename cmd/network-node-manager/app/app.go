@@ -1,0 +1,237 @@
+// Package app builds the agent's command line around a set of fix modules, so that a custom agent
+// (see examples/custom-agent) is the standard fixes plus its own in one call:
+//
+//	app.NewCommand(version, fx.Options(fixes.Standard, myfix.Module)).Execute()
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/fx"
+	"go.uber.org/fx/fxevent"
+
+	"github.com/network-node-manager/network-node-manager/backends"
+	"github.com/network-node-manager/network-node-manager/core"
+	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/core/engine"
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+)
+
+// NewCommand returns the root command with run, plan, cleanup and version.
+func NewCommand(version string, fixModules fx.Option) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "network-node-manager",
+		Short:         "Keeps a Kubernetes node's netfilter rules in the state its fix modules ask for",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(runCommand(version, fixModules), planCommand(version, fixModules),
+		cleanupCommand(version, fixModules), versionCommand(version, fixModules))
+	return root
+}
+
+func quiet() fx.Option {
+	return fx.WithLogger(func() fxevent.Logger { return fxevent.NopLogger })
+}
+
+func inputs(cmd *cobra.Command, version string) core.Inputs {
+	return core.Inputs{Flags: cmd.Flags(), Environ: config.Environ(), Version: version}
+}
+
+func runCommand(version string, fixModules fx.Option) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the agent: watch the API and keep the rules in the kernel",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			app := fx.New(quiet(), fixModules, core.Agent, backends.Module,
+				fx.Supply(inputs(cmd, version)),
+				fx.Provide(core.InformerSource),
+				fx.Invoke(core.WatchConfig),
+			)
+			if err := app.Err(); err != nil {
+				return err
+			}
+			ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			defer cancel()
+			startCtx, startCancel := context.WithTimeout(ctx, time.Minute)
+			defer startCancel()
+			if err := app.Start(startCtx); err != nil {
+				return err
+			}
+			<-ctx.Done()
+			stopCtx, stopCancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer stopCancel()
+			// Rules stay in the kernel: a restart must not interrupt traffic. Use `cleanup` to remove them.
+			return app.Stop(stopCtx)
+		},
+	}
+	config.AddFlags(cmd.Flags())
+	return cmd
+}
+
+func planCommand(version string, fixModules fx.Option) *cobra.Command {
+	var servicesFile string
+	cmd := &cobra.Command{
+		Use:   "plan --services FILE",
+		Short: "Print exactly the rules that would be applied for the Services in FILE, touching nothing",
+		Long: "Reads Services (and optionally this node's Node) from a YAML file and prints, per enabled fix and\n" +
+			"family, the input the backend would feed iptables-restore or nft -f. With --backend auto (the\n" +
+			"default) both backends are shown.",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var e *engine.Engine
+			var cfg *config.Config
+			app := fx.New(quiet(), fixModules, core.Module, backends.Module,
+				fx.Supply(inputs(cmd, version)),
+				fx.Provide(core.FileSource(servicesFile)),
+				fx.Populate(&e, &cfg),
+			)
+			if err := app.Err(); err != nil {
+				return err
+			}
+			names := backends.Names
+			if cfg.Backend != "auto" {
+				names = []string{cfg.Backend}
+			}
+			return printPlan(cmd.OutOrStdout(), e, cfg, names)
+		},
+	}
+	config.AddFlags(cmd.Flags())
+	cmd.Flags().StringVar(&servicesFile, "services", "", "YAML file with Services (and optionally a Node)")
+	return cmd
+}
+
+func printPlan(w io.Writer, e *engine.Engine, cfg *config.Config, names []string) error {
+	for _, st := range e.Statuses() {
+		switch {
+		case st.Refusal != nil:
+			fmt.Fprintf(w, "# fix %s: refused: %v\n", st.Fix, st.Refusal)
+		case !st.Enabled:
+			fmt.Fprintf(w, "# fix %s: disabled\n", st.Fix)
+		default:
+			fmt.Fprintf(w, "# fix %s: enabled\n", st.Fix)
+		}
+	}
+	sets, reports, err := e.Plan()
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		be, err := backends.New(name, cfg.IptablesVariant, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil && name == "iptables" {
+			be, err = backends.New(name, "nft", slog.New(slog.NewTextHandler(io.Discard, nil)))
+		}
+		if err != nil {
+			return err
+		}
+		for i, rs := range sets {
+			text, err := be.Render(rs)
+			if err != nil {
+				return fmt.Errorf("%s: render %s (%s): %w", name, rs.Fix, rs.Family, err)
+			}
+			fmt.Fprintf(w, "\n# ---- backend %s, fix %s, family %s: %d rules, %d objects covered\n",
+				name, rs.Fix, rs.Family, rs.RuleCount(), reports[i].Covered)
+			for _, s := range reports[i].Skipped {
+				fmt.Fprintf(w, "# skipped %s: %s %s\n", s.Object, s.Reason, s.Detail)
+			}
+			fmt.Fprint(w, text)
+		}
+	}
+	return nil
+}
+
+func cleanupCommand(version string, fixModules fx.Option) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "cleanup",
+		Short: "Remove every rule, chain and table the agent owns (both backends, both families) and the predecessor's NMANAGER_* chains",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var cfg *config.Config
+			var log *slog.Logger
+			app := fx.New(quiet(), fixModules, core.Module, fx.Supply(inputs(cmd, version)), fx.Populate(&cfg, &log))
+			if err := app.Err(); err != nil {
+				return err
+			}
+			return Cleanup(cmd.Context(), cfg, log)
+		},
+	}
+	config.AddFlags(cmd.Flags())
+	return cmd
+}
+
+// Cleanup removes what every backend owns. The iptables variant of the node is cleaned; the other
+// variant too when its binaries work, so that nothing of ours survives a variant switch.
+func Cleanup(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	var errs []error
+	variants := []string{"nft", "legacy"}
+	if cfg.IptablesVariant == "legacy" {
+		variants = []string{"legacy", "nft"}
+	}
+	type target struct{ name, variant string }
+	var targets []target
+	for _, v := range variants {
+		targets = append(targets, target{"iptables", v})
+	}
+	targets = append(targets, target{"nftables", ""})
+	for i, t := range targets {
+		be, err := backends.New(t.name, t.variant, log)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := be.Cleanup(ctx); err != nil {
+			// The node's own iptables variant and nftables must clean up; the other variant may be absent.
+			if t.name == "iptables" && i > 0 {
+				log.Warn("cleanup skipped for the other iptables variant", "variant", t.variant, "err", err)
+				continue
+			}
+			errs = append(errs, fmt.Errorf("%s %s: %w", t.name, t.variant, err))
+			continue
+		}
+		log.Info("cleaned up", "backend", t.name, "variant", t.variant)
+	}
+	return errors.Join(errs...)
+}
+
+func versionCommand(version string, fixModules fx.Option) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version and the registered fixes",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var fixes struct {
+				fx.In
+				Fixes []fix.Fix `group:"fixes"`
+			}
+			// The fixes' constructors need the core's providers, but nothing is started.
+			app := fx.New(quiet(), fixModules, core.Module,
+				fx.Supply(core.Inputs{Environ: nil, Version: version}),
+				fx.Provide(func() backend.Backend { return nil }),
+				fx.Populate(&fixes))
+			if err := app.Err(); err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "network-node-manager %s\nfixes:\n", version)
+			list := fixes.Fixes
+			sort.Slice(list, func(i, j int) bool { return list[i].ID() < list[j].ID() })
+			for _, f := range list {
+				fmt.Fprintf(w, "  %-22s %s\n", f.ID(), f.Description())
+			}
+			fmt.Fprintf(w, "backends: %s\nfamilies: %s, %s\n", strings.Join(backends.Names, ", "), rules.IPv4, rules.IPv6)
+			return nil
+		},
+	}
+}

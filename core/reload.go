@@ -1,0 +1,104 @@
+package core
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"go.uber.org/fx"
+
+	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/core/engine"
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/metrics"
+)
+
+// WatchConfig reloads the config file when it changes and hands the result to the engine, so that
+// enabling, disabling or tuning a fix in a ConfigMap needs no redeploy. The directory is watched, not
+// the file, because a mounted ConfigMap is updated by swapping a symlink. A file that no longer loads
+// is logged and counted; the running configuration stays.
+func WatchConfig(lc fx.Lifecycle, cfg *config.Config, in Inputs, ids fix.IDs, e *engine.Engine, m *metrics.Sync, log *slog.Logger) {
+	if cfg.File == "" {
+		return
+	}
+	w := &configWatcher{file: cfg.File, load: func() (*config.Config, error) { return config.Load(in.Flags, in.Environ, ids.IDs) },
+		apply: e.Reconfigure, m: m, log: log}
+	lc.Append(fx.Hook{OnStart: w.start, OnStop: w.stop})
+}
+
+type configWatcher struct {
+	file  string
+	load  func() (*config.Config, error)
+	apply func(*config.Config)
+	m     *metrics.Sync
+	log   *slog.Logger
+
+	last   []byte
+	fsw    *fsnotify.Watcher
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func (w *configWatcher) start(context.Context) error {
+	fsw, err := fsnotify.NewWatcher()
+	if err != nil {
+		return err
+	}
+	if err := fsw.Add(filepath.Dir(w.file)); err != nil {
+		fsw.Close()
+		return err
+	}
+	w.fsw = fsw
+	w.last, _ = os.ReadFile(w.file)
+	ctx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		w.loop(ctx)
+	}()
+	return nil
+}
+
+func (w *configWatcher) loop(ctx context.Context) {
+	var debounce <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.fsw.Events:
+			debounce = time.After(200 * time.Millisecond)
+		case err := <-w.fsw.Errors:
+			w.log.Warn("config watch error", "err", err)
+		case <-debounce:
+			w.reload()
+		}
+	}
+}
+
+func (w *configWatcher) reload() {
+	data, err := os.ReadFile(w.file)
+	if err != nil || bytes.Equal(data, w.last) {
+		return
+	}
+	w.last = data
+	cfg, err := w.load()
+	if err != nil {
+		w.log.Error("config file changed but does not load; keeping the running configuration", "file", w.file, "err", err)
+		w.m.ConfigReloads.WithLabelValues("error").Inc()
+		return
+	}
+	w.apply(cfg)
+}
+
+func (w *configWatcher) stop(context.Context) error {
+	w.cancel()
+	err := w.fsw.Close()
+	w.wg.Wait()
+	return err
+}
