@@ -136,12 +136,8 @@ func KubeClient(cfg *config.Config) (kubernetes.Interface, error) {
 }
 
 // InformerSource is the production watch.Source.
-func InformerSource(cfg *config.Config, log *slog.Logger) (watch.Source, error) {
-	client, err := KubeClient(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return watch.NewInformers(client, cfg.NodeName, log), nil
+func InformerSource(cfg *config.Config, log *slog.Logger) watch.Source {
+	return watch.NewInformers(func() (kubernetes.Interface, error) { return KubeClient(cfg) }, cfg.NodeName, log)
 }
 
 // FileSource reads Services from a YAML file (for `plan`).

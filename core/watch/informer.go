@@ -20,8 +20,8 @@ import (
 // Informers is a Source backed by client-go shared informers: Services cluster-wide and this node's
 // Node object (field selector metadata.name, so only one Node is ever listed).
 type Informers struct {
-	client   kubernetes.Interface
-	nodeName string
+	newClient func() (kubernetes.Interface, error)
+	nodeName  string
 	log      *slog.Logger
 
 	changes chan struct{}
@@ -35,9 +35,10 @@ type Informers struct {
 	nodeSync  cache.InformerSynced
 }
 
-// NewInformers returns an informer Source. It does no I/O until Start.
-func NewInformers(client kubernetes.Interface, nodeName string, log *slog.Logger) *Informers {
-	return &Informers{client: client, nodeName: nodeName, log: log, changes: make(chan struct{}, 1)}
+// NewInformers returns an informer Source. It does no I/O until Start, and creates the client only
+// if some running fix needs a watch, so an agent whose fixes read nothing needs no API server.
+func NewInformers(newClient func() (kubernetes.Interface, error), nodeName string, log *slog.Logger) *Informers {
+	return &Informers{newClient: newClient, nodeName: nodeName, log: log, changes: make(chan struct{}, 1)}
 }
 
 // Start starts the informers that needs asks for.
@@ -47,6 +48,14 @@ func (s *Informers) Start(ctx context.Context, needs fix.Needs) error {
 	if s.cancel != nil {
 		return fmt.Errorf("watch: already started")
 	}
+	if !needs.Services && !needs.Node {
+		s.cancel = func() {}
+		return nil
+	}
+	client, err := s.newClient()
+	if err != nil {
+		return err
+	}
 	ctx, s.cancel = context.WithCancel(ctx)
 	handler := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { s.notify() },
@@ -54,7 +63,7 @@ func (s *Informers) Start(ctx context.Context, needs fix.Needs) error {
 		DeleteFunc: func(any) { s.notify() },
 	}
 	if needs.Services {
-		f := informers.NewSharedInformerFactoryWithOptions(s.client, 0)
+		f := informers.NewSharedInformerFactoryWithOptions(client, 0)
 		inf := f.Core().V1().Services().Informer()
 		if err := inf.SetTransform(transform); err != nil {
 			return err
@@ -66,7 +75,7 @@ func (s *Informers) Start(ctx context.Context, needs fix.Needs) error {
 		s.run(ctx, inf)
 	}
 	if needs.Node && s.nodeName != "" {
-		f := informers.NewSharedInformerFactoryWithOptions(s.client, 0,
+		f := informers.NewSharedInformerFactoryWithOptions(client, 0,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.nodeName).String()
 			}))

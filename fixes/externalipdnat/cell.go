@@ -20,7 +20,7 @@ var Module = fx.Module(ID, fix.Provide(ID, New))
 
 // DefaultMasqueradeMark is the packet-mark bit this fix uses to masquerade what it DNATed. It is our
 // own bit, not kube-proxy's 0x4000, so the fix depends on nothing kube-proxy owns.
-const DefaultMasqueradeMark uint32 = 0x00400000
+const DefaultMasqueradeMark uint32 = 0x00001000
 
 // Config is the fix's configuration (keys under fixes.ipvs-externalip-dnat).
 type Config struct {

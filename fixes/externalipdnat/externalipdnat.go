@@ -139,13 +139,13 @@ func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fi
 		if cidrs := snap.PodCIDRsOf(family); len(cidrs) > 0 {
 			c.Rules = append(c.Rules, rules.Rule{
 				Match: rules.Match{SrcPrefixes: cidrs}, Verdict: jump,
-				Comment: ID + ": from local pods",
+				Comment: "from local pods",
 			})
 		}
 		if cfg.PodInterfacePrefix != "" {
 			c.Rules = append(c.Rules, rules.Rule{
 				Match: rules.Match{InInterfacePrefix: cfg.PodInterfacePrefix}, Verdict: jump,
-				Comment: ID + ": from pod interfaces",
+				Comment: "from pod interfaces",
 			})
 		}
 		if len(c.Rules) == 0 {
@@ -159,16 +159,16 @@ func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fi
 	if cfg.FromHost {
 		rs.Chains = append(rs.Chains, rules.Chain{Name: ChainOutput, Type: rules.NAT, Hook: rules.Output, Rules: []rules.Rule{{
 			Match: rules.Match{SrcAddrType: rules.Local}, Verdict: jump,
-			Comment: ID + ": from the host network",
+			Comment: "from the host network",
 		}}})
 	}
 	rs.Chains = append(rs.Chains,
 		rules.Chain{Name: ChainDNAT, Type: rules.NAT, Rules: []rules.Rule{
-			{Match: rules.Match{Lookup: MapName}, SetMark: cfg.MasqueradeMark, Comment: ID + ": mark for masquerade"},
-			{Match: rules.Match{Lookup: MapName}, Verdict: rules.Verdict{Kind: rules.DNATLookup}, Comment: ID + ": External-IP to Cluster-IP"},
+			{Match: rules.Match{Lookup: MapName}, SetMark: cfg.MasqueradeMark, Comment: "mark for masquerade"},
+			{Match: rules.Match{Lookup: MapName}, Verdict: rules.Verdict{Kind: rules.DNATLookup}, Comment: "External-IP to Cluster-IP"},
 		}},
 		rules.Chain{Name: ChainPostrouting, Type: rules.NAT, Hook: rules.Postrouting, Rules: []rules.Rule{
-			{Match: rules.Match{Mark: cfg.MasqueradeMark}, Verdict: rules.Verdict{Kind: rules.Masquerade}, Comment: ID + ": masquerade"},
+			{Match: rules.Match{Mark: cfg.MasqueradeMark}, Verdict: rules.Verdict{Kind: rules.Masquerade}, Comment: "masquerade"},
 		}},
 	)
 	return rs, report, nil
@@ -336,9 +336,10 @@ func portName(p corev1.ServicePort) string {
 	return strconv.Itoa(int(p.Port))
 }
 
-// comment is "ipvs-externalip-dnat: <ns>/<name>:<port>", cut to the kernel's 128 bytes.
+// comment is "<ns>/<name>:<port>", cut to the kernel's 128 bytes. Backends say which fix it is
+// (iptables prefixes the fix id; in nftables the table is the fix's own).
 func comment(name string, p corev1.ServicePort) string {
-	c := ID + ": " + name + ":" + portName(p)
+	c := name + ":" + portName(p)
 	if len(c) > 128 {
 		c = c[:128]
 	}

@@ -23,7 +23,7 @@ import (
 const BeLiberalSysctl = "net.netfilter.nf_conntrack_tcp_be_liberal"
 
 // Comment is carried by every drop rule.
-const Comment = "invalid-drop: drop conntrack INVALID (kubernetes#74839)"
+const Comment = "drop conntrack INVALID (kubernetes#74839)"
 
 // CounterReader reads the kernel counters of a fix; backend.Backend is one.
 type CounterReader interface {
@@ -179,7 +179,7 @@ func (f *Fix) Rules(_ *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.R
 			c.Rules = append(c.Rules, rules.Rule{
 				Match:   rules.Match{SrcPrefixes: exempt, CTStates: []rules.CTState{rules.CTInvalid}},
 				Verdict: rules.Verdict{Kind: rules.Return},
-				Comment: "invalid-drop: exempt source",
+				Comment: "exempt source",
 			})
 		}
 		protos := cfg.protocols
