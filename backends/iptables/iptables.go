@@ -158,7 +158,10 @@ func (b *Backend) Apply(ctx context.Context, rs *rules.Ruleset) error {
 		}
 	}
 
-	// Jumps that exist are kept; jumps of the fix that the ruleset no longer wants are deleted.
+	// Jumps that exist ahead of every foreign rule are kept; jumps of the fix that the ruleset no
+	// longer wants, or that something else's rule now precedes (e.g. kube-proxy re-inserting its own
+	// jump at the top of nat PREROUTING, which would bypass our DNAT), are deleted and inserted again
+	// at the top.
 	want := map[hookJump]bool{}
 	for _, j := range jumps {
 		want[j] = true
@@ -169,9 +172,13 @@ func (b *Backend) Apply(ctx context.Context, rs *rules.Ruleset) error {
 			if !c.builtin() {
 				continue
 			}
+			foreignSeen := false
 			for _, r := range c.rules {
 				j := hookJump{t.name, c.name, r.target}
-				if r.comment == jumpCommentPrefix+rs.Fix && want[j] && !have[j] {
+				if !isOurs(r.target) {
+					foreignSeen = true
+				}
+				if r.comment == jumpCommentPrefix+rs.Fix && want[j] && !have[j] && !foreignSeen {
 					have[j] = true
 				} else if r.comment == jumpCommentPrefix+rs.Fix && isOurs(r.target) {
 					p.table(t.name).deletes = append(p.table(t.name).deletes, "-D "+c.name+" "+r.spec)

@@ -462,3 +462,33 @@ func TestKernelScale(t *testing.T) {
 		})
 	}
 }
+
+// TestKernelJumpStaysFirst: when another component inserts its rule at the top of a built-in chain
+// (kube-proxy re-inserting its KUBE-SERVICES jump in nat PREROUTING after a restart would bypass our
+// DNAT), InSync reports it and Apply moves our jump back ahead of it, leaving the foreign rule alone.
+func TestKernelJumpStaysFirst(t *testing.T) {
+	ctx := context.Background()
+	forEachKernel(t, func(t *testing.T, k *kernel) {
+		b := k.backend()
+		rs := externalIP(k.family)
+		mustApply(t, b, rs)
+		k.ipt("-t", "nat", "-N", "KUBE-SERVICES")
+		k.ipt("-t", "nat", "-I", "PREROUTING", "1", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
+		if in, err := b.InSync(ctx, rs.Fix, k.family); err != nil || in {
+			t.Fatalf("InSync = %v, %v after a foreign rule was put ahead of our jump; want false", in, err)
+		}
+		mustApply(t, b, rs)
+		s := k.save()
+		ours := strings.Index(s, `-A PREROUTING -m comment --comment "network-node-manager:ipvs-externalip-dnat"`)
+		theirs := strings.Index(s, `-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES`)
+		if ours < 0 || theirs < 0 || ours > theirs {
+			t.Fatalf("our jump is not back ahead of the foreign rule (ours at %d, theirs at %d):\n%s", ours, theirs, s)
+		}
+		if n := strings.Count(s, `"network-node-manager:ipvs-externalip-dnat" -j NNM-EXTIP-PREROUTING`); n != 1 {
+			t.Fatalf("want exactly one PREROUTING jump, found %d:\n%s", n, s)
+		}
+		if in, err := b.InSync(ctx, rs.Fix, k.family); err != nil || !in {
+			t.Fatalf("InSync = %v, %v after the repair; want true", in, err)
+		}
+	})
+}

@@ -249,9 +249,14 @@ func (d *dump) state(chains map[tchain]bool) string {
 			}
 		}
 		for _, c := range others {
+			foreignSeen := false
 			for _, r := range c.rules {
+				if !isOurs(r.target) {
+					foreignSeen = true
+				}
 				if chains[tchain{t.name, r.target}] {
-					fmt.Fprintf(&b, "%s %s\n", t.name, r.line())
+					// A jump from a built-in chain must stay ahead of every foreign rule.
+					fmt.Fprintf(&b, "%s %s%s\n", t.name, r.line(), map[bool]string{true: " #behind-foreign"}[foreignSeen && c.builtin()])
 				}
 			}
 		}
