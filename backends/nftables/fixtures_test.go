@@ -1,0 +1,270 @@
+package nftables
+
+// Test address plan (documentation ranges only, so nothing here can collide with a real network):
+//
+//	pod CIDRs          10.244.0.0/16, 10.245.0.0/16     fd00:244::/64
+//	cluster IPs        10.96.0.0/16                     fd00:96::/112
+//	external IPs       203.0.113.0/24                   2001:db8:113::/64
+//	loopback target    127.0.0.2 (counted in tests)     ::1
+//	masquerade mark    0x4000
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"sigs.k8s.io/knftables"
+
+	"github.com/network-node-manager/network-node-manager/core/rules"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run `go test ./backends/nftables -run %s -update` to create it)", err, t.Name())
+	}
+	if diff := cmp.Diff(string(want), got); diff != "" {
+		t.Errorf("%s differs from the golden file (-want +got):\n%s", path, diff)
+	}
+}
+
+// addrs picks the test address of a family: v4 or v6.
+func addrs(f rules.Family, v4, v6 string) string {
+	if f == rules.IPv4 {
+		return v4
+	}
+	return v6
+}
+
+func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+func ad(s string) netip.Addr     { return netip.MustParseAddr(s) }
+func pf(s string) netip.Prefix   { return netip.MustParsePrefix(s) }
+
+// entry is a map entry: external address:port/proto -> cluster address:port.
+func entry(f rules.Family, i int, proto rules.Protocol, port uint16, toPort uint16) rules.MapEntry {
+	ext := addrs(f, fmt.Sprintf("203.0.%d.%d", 113+i/250, 1+i%250), fmt.Sprintf("2001:db8:113::%x", i+1))
+	to := addrs(f, fmt.Sprintf("10.96.%d.%d", i/250, 1+i%250), fmt.Sprintf("fd00:96::%x", i+1))
+	return rules.MapEntry{
+		Addr: ad(ext), Protocol: proto, Port: port,
+		To:      netip.AddrPortFrom(ad(to), toPort),
+		Comment: fmt.Sprintf("ns%d/svc%d:%s-%d", i%7, i, proto, port),
+	}
+}
+
+// externalIPRuleset looks like what the ipvs-externalip-dnat fix wants: DNAT local traffic to an
+// external IP onto the Cluster-IP through a map, marking it for masquerade.
+func externalIPRuleset(f rules.Family, entries []rules.MapEntry) *rules.Ruleset {
+	podCIDRs := []netip.Prefix{pf(addrs(f, "10.244.0.0/16", "fd00:244::/64"))}
+	if f == rules.IPv4 {
+		podCIDRs = append(podCIDRs, pf("10.245.0.0/16"))
+	}
+	return &rules.Ruleset{
+		Fix: "ipvs-externalip-dnat", Family: f,
+		Chains: []rules.Chain{
+			{Name: "EXTIP-PREROUTING", Type: rules.NAT, Hook: rules.Prerouting, Rules: []rules.Rule{
+				{Match: rules.Match{SrcPrefixes: podCIDRs, Lookup: "external-ips"}, Verdict: rules.Verdict{Kind: rules.Jump, Chain: "EXTIP-DNAT"}, Comment: "pods to external IPs"},
+				{Match: rules.Match{InInterfacePrefix: "cali", Lookup: "external-ips"}, Verdict: rules.Verdict{Kind: rules.Jump, Chain: "EXTIP-DNAT"}},
+			}},
+			{Name: "EXTIP-OUTPUT", Type: rules.NAT, Hook: rules.Output, Rules: []rules.Rule{
+				{Match: rules.Match{SrcAddrType: rules.Local, Lookup: "external-ips"}, Verdict: rules.Verdict{Kind: rules.Jump, Chain: "EXTIP-DNAT"}, Comment: "host network to external IPs"},
+			}},
+			{Name: "EXTIP-DNAT", Type: rules.NAT, Rules: []rules.Rule{
+				{Match: rules.Match{Lookup: "external-ips"}, SetMark: 0x4000, Verdict: rules.Verdict{Kind: rules.DNATLookup}, Counter: "dnat", Comment: "external IP to cluster IP"},
+			}},
+			{Name: "EXTIP-POSTROUTING", Type: rules.NAT, Hook: rules.Postrouting, Rules: []rules.Rule{
+				{Match: rules.Match{Mark: 0x4000}, Verdict: rules.Verdict{Kind: rules.Masquerade}, Comment: "masquerade what we DNATed"},
+			}},
+		},
+		Maps: []rules.Map{{Name: "external-ips", Entries: entries}},
+	}
+}
+
+// invalidDropRuleset looks like what the invalid-drop fix wants, plus a counted rule on loopback
+// traffic that the kernel tests can hit with real packets.
+func invalidDropRuleset(f rules.Family) *rules.Ruleset {
+	return &rules.Ruleset{
+		Fix: "invalid-drop", Family: f,
+		Chains: []rules.Chain{
+			{Name: "INVALID-INPUT", Type: rules.Filter, Hook: rules.Input, Rules: []rules.Rule{
+				{Match: rules.Match{CTStates: []rules.CTState{rules.CTInvalid}}, Verdict: rules.Verdict{Kind: rules.Drop}, Counter: "invalid-dropped", Comment: "network-node-manager:invalid-drop"},
+			}},
+			{Name: "PROBE-OUTPUT", Type: rules.Filter, Hook: rules.Output, Rules: []rules.Rule{
+				{Match: rules.Match{DstAddr: ad(addrs(f, "127.0.0.2", "::1")), Protocol: rules.UDP, DstPort: 9999}, Counter: "probe", Comment: "test probe"},
+			}},
+		},
+	}
+}
+
+// miscRuleset covers the remaining rule shapes: several protocols and ports, DNAT with and without a
+// port, ct states, accept/return/jump, marks.
+func miscRuleset(f rules.Family) *rules.Ruleset {
+	return &rules.Ruleset{
+		Fix: "misc", Family: f,
+		Chains: []rules.Chain{
+			{Name: "MISC-PREROUTING", Type: rules.NAT, Hook: rules.Prerouting, Rules: []rules.Rule{
+				{Match: rules.Match{DstAddr: ad(addrs(f, "203.0.113.7", "2001:db8:113::7")), Protocol: rules.TCP, DstPort: 443}, Verdict: rules.Verdict{Kind: rules.DNAT, To: ap(addrs(f, "10.96.0.7:8443", "[fd00:96::7]:8443"))}},
+				{Match: rules.Match{DstAddr: ad(addrs(f, "203.0.113.8", "2001:db8:113::8")), Protocol: rules.UDP, DstPort: 53}, Verdict: rules.Verdict{Kind: rules.DNAT, To: ap(addrs(f, "10.96.0.10:53", "[fd00:96::a]:53"))}},
+				{Match: rules.Match{DstAddr: ad(addrs(f, "203.0.113.9", "2001:db8:113::9")), Protocol: rules.SCTP}, Verdict: rules.Verdict{Kind: rules.DNAT, To: netip.AddrPortFrom(ad(addrs(f, "10.96.0.11", "fd00:96::b")), 0)}},
+			}},
+			{Name: "MISC-FORWARD", Type: rules.Filter, Hook: rules.Forward, Rules: []rules.Rule{
+				{Match: rules.Match{CTStates: []rules.CTState{rules.CTEstablished, rules.CTRelated}}, Verdict: rules.Verdict{Kind: rules.Accept}},
+				{Match: rules.Match{InInterfacePrefix: "eth", Protocol: rules.TCP, DstPort: 22}, Verdict: rules.Verdict{Kind: rules.Jump, Chain: "MISC-SSH"}},
+				{Match: rules.Match{Mark: 0x1}, SetMark: 0x2, Comment: "mark only"},
+			}},
+			{Name: "MISC-SSH", Type: rules.Filter, Rules: []rules.Rule{
+				{Match: rules.Match{SrcPrefixes: []netip.Prefix{pf(addrs(f, "192.0.2.0/24", "2001:db8:2::/48"))}}, Verdict: rules.Verdict{Kind: rules.Return}},
+				{Counter: "ssh-dropped", Verdict: rules.Verdict{Kind: rules.Drop}},
+			}},
+		},
+	}
+}
+
+// recorder wraps a knftables.Interface (fake or real), keeps the text of every transaction run
+// through it and can inject a failure.
+type recorder struct {
+	knftables.Interface
+	mu   sync.Mutex
+	sent []string
+	// inject, if set, may change a transaction before it runs or fail it.
+	inject func(tx *knftables.Transaction) error
+}
+
+func (r *recorder) Run(ctx context.Context, tx *knftables.Transaction) error {
+	r.mu.Lock()
+	inject := r.inject
+	r.mu.Unlock()
+	if inject != nil {
+		if err := inject(tx); err != nil {
+			return err
+		}
+	}
+	r.mu.Lock()
+	r.sent = append(r.sent, tx.String())
+	r.mu.Unlock()
+	return r.Interface.Run(ctx, tx)
+}
+
+// kernel hands out one recorder per table, over fakes (unit tests) or real nft (kernel tests).
+type kernel struct {
+	mu     sync.Mutex
+	real   bool
+	tables map[tableKey]*recorder
+	fakes  map[tableKey]*knftables.Fake
+}
+
+func newFakeKernel() *kernel {
+	return &kernel{tables: map[tableKey]*recorder{}, fakes: map[tableKey]*knftables.Fake{}}
+}
+
+func newRealKernel() *kernel {
+	k := newFakeKernel()
+	k.real = true
+	return k
+}
+
+func (k *kernel) newInterface(family knftables.Family, table string) (knftables.Interface, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	key := tableKey{family, table}
+	if r := k.tables[key]; r != nil {
+		return r, nil
+	}
+	var inner knftables.Interface
+	if k.real {
+		nft, err := newRealInterface(family, table)
+		if err != nil {
+			return nil, err
+		}
+		inner = nft
+	} else {
+		f := knftables.NewFake(family, table)
+		k.fakes[key] = f
+		inner = f
+	}
+	r := &recorder{Interface: inner}
+	k.tables[key] = r
+	return r, nil
+}
+
+func (k *kernel) listTables(ctx context.Context, family knftables.Family) ([]string, error) {
+	if k.real {
+		return listRealTables(ctx, family)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []string
+	for key, f := range k.fakes {
+		if key.family == family && f.Table != nil {
+			out = append(out, key.table)
+		}
+	}
+	return out, nil
+}
+
+func (k *kernel) rec(family knftables.Family, table string) *recorder {
+	r, err := k.newInterface(family, table)
+	if err != nil {
+		panic(err)
+	}
+	return r.(*recorder)
+}
+
+func (k *kernel) backend(t testing.TB) *Backend {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	b, err := New(Options{NewInterface: k.newInterface, ListTables: k.listTables, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// sentSince returns the transactions a recorder ran after the first n.
+func (r *recorder) sentSince(n int) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.sent[n:]...)
+}
+
+func (r *recorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.sent)
+}
+
+// onlyElementOps fails unless every line of tx adds or deletes a map element.
+func onlyElementOps(tx string) error {
+	for _, line := range strings.Split(strings.TrimSpace(tx), "\n") {
+		if !strings.HasPrefix(line, "add element ") && !strings.HasPrefix(line, "delete element ") {
+			return errors.New("not an element operation: " + line)
+		}
+	}
+	return nil
+}
+
+func nftFamily(f rules.Family) knftables.Family {
+	ff, _ := familyOf(f)
+	return ff.nft
+}

@@ -1,0 +1,356 @@
+package nftables
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/internal/netnstest"
+)
+
+// These tests program a real kernel inside a network namespace of their own and assert on what
+// `nft list` prints there. They skip without root.
+
+func inNS(t *testing.T, ns *netnstest.NS, fn func() error) {
+	t.Helper()
+	if err := ns.Do(fn); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func nftList(t *testing.T, ns *netnstest.NS, args ...string) string {
+	t.Helper()
+	return ns.MustExec(append([]string{"nft"}, args...)...)
+}
+
+// foreign creates tables that belong to someone else: a kube-proxy-like nft table and an
+// iptables-nft rule (which lives in nft table ip/ip6 filter).
+func foreign(t *testing.T, ns *netnstest.NS, f rules.Family) (snapshot func() string) {
+	t.Helper()
+	nf, ipt, addr := "ip", "iptables", "10.96.0.1"
+	if f == rules.IPv6 {
+		nf, ipt, addr = "ip6", "ip6tables", "fd00:96::1"
+	}
+	ns.MustExec("nft", "add table "+nf+" kube-proxy")
+	ns.MustExec("nft", "add chain "+nf+" kube-proxy services { type nat hook prerouting priority -100 ; }")
+	ns.MustExec("nft", "add rule "+nf+" kube-proxy services "+nf+" daddr "+addr+" tcp dport 80 counter accept comment \"kube-proxy rule\"")
+	ns.MustExec(ipt, "-w", "-A", "INPUT", "-p", "tcp", "--dport", "22", "-m", "comment", "--comment", "someone else", "-j", "ACCEPT")
+	return func() string {
+		save := ns.MustExec(ipt+"-save", "-t", "filter")
+		save = regexp.MustCompile(`(?m)^#.*\n|\[\d+:\d+\]`).ReplaceAllString(save, "")
+		return nftList(t, ns, "list", "table", nf, "kube-proxy") + save
+	}
+}
+
+// sendUDP sends n datagrams from inside the namespace (call within ns.Do).
+func sendUDP(addr string, n int) error {
+	to, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return err
+	}
+	// Unconnected, so the ICMP port-unreachable answers do not fail the next write.
+	c, err := net.ListenUDP("udp", nil)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	for i := 0; i < n; i++ {
+		if _, err := c.WriteToUDP([]byte("probe"), to); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var counterValues = regexp.MustCompile(`packets \d+ bytes \d+`)
+
+func TestKernel(t *testing.T) {
+	netnstest.Require(t, "nft", "iptables", "ip6tables")
+	for _, f := range rules.Families {
+		t.Run(string(f), func(t *testing.T) { testKernel(t, f) })
+	}
+}
+
+func testKernel(t *testing.T, f rules.Family) {
+	ctx := context.Background()
+	ns := netnstest.New(t, "nnm-nft")
+	foreignState := foreign(t, ns, f)
+	before := foreignState()
+	nf := string(nftFamily(f))
+
+	k := newRealKernel()
+	b := k.backend(t)
+	ext := externalIPRuleset(f, threeEntries(f))
+	inv := invalidDropRuleset(f)
+	misc := miscRuleset(f)
+	extTable := TableName(ext.Fix)
+
+	// Every golden ruleset is accepted by the real nft and kernel.
+	inNS(t, ns, func() error {
+		for _, rs := range []*rules.Ruleset{ext, inv, misc} {
+			if err := b.Apply(ctx, rs); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	listing := nftList(t, ns, "list", "table", nf, extTable)
+	for _, want := range []string{
+		"type nat hook prerouting priority dstnat - 10; policy accept;",
+		"type nat hook postrouting priority srcnat + 10; policy accept;",
+		`comment "ns1/svc1:udp-53" : ` + addrs(f, "10.96.0.2", "fd00:96::2") + " . 53",
+		`counter name "cnt-dnat" meta mark set meta mark | 0x00004000 dnat ` + nf + ` to ` + nf + ` daddr . meta l4proto . th dport map @external-ips comment "external IP to cluster IP"`,
+	} {
+		if !strings.Contains(listing, want) {
+			t.Errorf("kernel listing lacks %q:\n%s", want, listing)
+		}
+	}
+	if l := nftList(t, ns, "list", "table", nf, "nnm-invalid-drop"); !strings.Contains(l, `ct state invalid counter name "cnt-invalid-dropped" drop comment "network-node-manager:invalid-drop"`) {
+		t.Errorf("invalid-drop table:\n%s", l)
+	}
+
+	// Re-applying leaves the ruleset byte-identical and sends nothing.
+	rec := k.rec(nftFamily(f), extTable)
+	ruleset := nftList(t, ns, "-a", "list", "ruleset")
+	n := rec.count()
+	inNS(t, ns, func() error { return b.Apply(ctx, externalIPRuleset(f, threeEntries(f))) })
+	if sent := rec.sentSince(n); len(sent) != 0 {
+		t.Fatalf("re-apply sent %q", sent)
+	}
+	if got := nftList(t, ns, "-a", "list", "ruleset"); got != ruleset {
+		t.Fatalf("re-apply changed the ruleset:\n%s\nwas:\n%s", got, ruleset)
+	}
+
+	// A map-only change sends only element operations and the kernel shows the new elements.
+	changed := threeEntries(f)[1:]
+	changed[1].To = netip.AddrPortFrom(changed[1].To.Addr().Next(), 5353)
+	changed = append(changed, entry(f, 9, rules.TCP, 8080, 80))
+	inNS(t, ns, func() error { return b.Apply(ctx, externalIPRuleset(f, changed)) })
+	sent := rec.sentSince(n)
+	if len(sent) != 1 {
+		t.Fatalf("map change sent %d transactions", len(sent))
+	}
+	if err := onlyElementOps(sent[0]); err != nil {
+		t.Fatalf("%v\n%s", err, sent[0])
+	}
+	m := nftList(t, ns, "list", "map", nf, extTable, "external-ips")
+	for _, want := range []string{
+		addrs(f, "203.0.113.10 . tcp . 8080", "2001:db8:113::a . tcp . 8080"),
+		addrs(f, "10.96.0.3 . 5353", "fd00:96::3 . 5353"),
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("map lacks %q:\n%s", want, m)
+		}
+	}
+	if strings.Contains(m, " . tcp . 80 ") {
+		t.Errorf("removed element still in the map:\n%s", m)
+	}
+	inNS(t, ns, func() error {
+		if ok, err := b.InSync(ctx, ext.Fix, f); !ok || err != nil {
+			return fmt.Errorf("InSync after element change = %v, %v", ok, err)
+		}
+		return nil
+	})
+
+	// Counters read real packets, and survive a full rewrite of the table.
+	const probe = 5
+	inNS(t, ns, func() error { return sendUDP(addrs(f, "127.0.0.2:9999", "[::1]:9999"), probe) })
+	readProbe := func() uint64 {
+		var got uint64
+		inNS(t, ns, func() error {
+			c, err := b.Counters(ctx, inv.Fix, f)
+			got = c["probe"].Packets
+			return err
+		})
+		return got
+	}
+	if got := readProbe(); got != probe {
+		t.Fatalf("probe counter = %d packets, want %d", got, probe)
+	}
+	inv2 := invalidDropRuleset(f)
+	inv2.Chains[1].Rules = append(inv2.Chains[1].Rules, rules.Rule{Match: rules.Match{Protocol: rules.TCP, DstPort: 1}, Verdict: rules.Verdict{Kind: rules.Accept}})
+	inNS(t, ns, func() error { return b.Apply(ctx, inv2) })
+	if got := readProbe(); got != probe {
+		t.Fatalf("after a rewrite the probe counter = %d packets, want %d (named counters must survive)", got, probe)
+	}
+
+	// Changes behind our back: InSync notices, Apply restores.
+	want := nftList(t, ns, "list", "table", nf, extTable)
+	for name, tamper := range map[string][]string{
+		"flush chain":    {"flush chain " + nf + " " + extTable + " extip-dnat"},
+		"flush table":    {"flush table " + nf + " " + extTable},
+		"delete element": {"delete element " + nf + " " + extTable + " external-ips { " + addrs(f, "203.0.113.10", "2001:db8:113::a") + " . tcp . 8080 }"},
+		"delete table":   {"delete table " + nf + " " + extTable},
+	} {
+		for _, cmd := range tamper {
+			ns.MustExec("nft", cmd)
+		}
+		inNS(t, ns, func() error {
+			if ok, err := b.InSync(ctx, ext.Fix, f); ok || err != nil {
+				return fmt.Errorf("%s: InSync = %v, %v; want false", name, ok, err)
+			}
+			if err := b.Apply(ctx, externalIPRuleset(f, changed)); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			if ok, err := b.InSync(ctx, ext.Fix, f); !ok || err != nil {
+				return fmt.Errorf("%s: InSync after repair = %v, %v", name, ok, err)
+			}
+			return nil
+		})
+		got := nftList(t, ns, "list", "table", nf, extTable)
+		if counterValues.ReplaceAllString(got, "") != counterValues.ReplaceAllString(want, "") {
+			t.Fatalf("%s: Apply did not restore the table:\n%s\nwant:\n%s", name, got, want)
+		}
+	}
+
+	// A transaction the kernel rejects changes nothing and the error names the cause.
+	want = nftList(t, ns, "list", "ruleset")
+	rec.inject = func(tx *knftables.Transaction) error {
+		tx.Add(&knftables.Rule{Chain: "extip-dnat", Rule: "meta mark set 0x1 frobnicate"})
+		return nil
+	}
+	inNS(t, ns, func() error {
+		err := b.Apply(ctx, externalIPRuleset(f, threeEntries(f)))
+		if err == nil || !strings.Contains(err.Error(), "frobnicate") || !strings.Contains(err.Error(), extTable) {
+			return fmt.Errorf("Apply of a rejected transaction returned %v", err)
+		}
+		return nil
+	})
+	rec.inject = nil
+	if got := nftList(t, ns, "list", "ruleset"); got != want {
+		t.Fatalf("a rejected transaction changed the kernel:\n%s\nwant:\n%s", got, want)
+	}
+
+	// Remove deletes one table; Cleanup every nnm-* table; the foreign ones stay.
+	inNS(t, ns, func() error { return b.Remove(ctx, misc.Fix, f) })
+	if tables := nftList(t, ns, "list", "tables"); strings.Contains(tables, "nnm-misc") || !strings.Contains(tables, "nnm-invalid-drop") {
+		t.Fatalf("after Remove:\n%s", tables)
+	}
+	inNS(t, ns, func() error { return b.Cleanup(ctx) })
+	if tables := nftList(t, ns, "list", "tables"); strings.Contains(tables, "nnm-") {
+		t.Fatalf("Cleanup left:\n%s", tables)
+	}
+	if after := foreignState(); counterValues.ReplaceAllString(after, "") != counterValues.ReplaceAllString(before, "") {
+		t.Fatalf("someone else's rules changed:\n%s\nwas:\n%s", after, before)
+	}
+}
+
+// TestKernelCost logs what the parts of an Apply cost with a map of 10,000 elements (run with -v;
+// BenchmarkApply10k gives averaged numbers) and checks the no-op and element paths are taken.
+func TestKernelCost(t *testing.T) {
+	netnstest.Require(t, "nft")
+	ns := netnstest.New(t, "nnm-nft")
+	k := newRealKernel()
+	b := k.backend(t)
+	ctx := context.Background()
+	f := rules.IPv4
+	rs := externalIPRuleset(f, manyEntries(f, 10000))
+	text, err := b.Render(rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	timed := func(what string, fn func() error) {
+		t.Helper()
+		start := time.Now()
+		inNS(t, ns, fn)
+		t.Logf("%-45s %v", what, time.Since(start).Round(time.Millisecond))
+	}
+	timed("nft -f of the rendered 10k transaction", func() error {
+		cmd := exec.Command("nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(text)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
+	ns.MustExec("nft", "delete", "table", "ip", TableName(rs.Fix))
+	timed("cold Apply (new interface, tx, read-back)", func() error { return b.Apply(ctx, rs) })
+	timed("InSync", func() error {
+		if ok, err := b.InSync(ctx, rs.Fix, f); !ok || err != nil {
+			return fmt.Errorf("InSync = %v, %v", ok, err)
+		}
+		return nil
+	})
+	rec := k.rec(nftFamily(f), TableName(rs.Fix))
+	n := rec.count()
+	timed("no-op Apply", func() error { return b.Apply(ctx, externalIPRuleset(f, manyEntries(f, 10000))) })
+	if sent := rec.sentSince(n); len(sent) != 0 {
+		t.Fatalf("no-op Apply sent %d transactions", len(sent))
+	}
+	changed := append(manyEntries(f, 10000)[1:], entry(f, 20000, rules.UDP, 53, 53))
+	timed("one-element Apply", func() error { return b.Apply(ctx, externalIPRuleset(f, changed)) })
+	if sent := rec.sentSince(n); len(sent) != 1 || onlyElementOps(sent[0]) != nil {
+		t.Fatalf("one-element Apply sent %q", sent)
+	}
+	rs2 := externalIPRuleset(f, changed)
+	rs2.Chains[0].Rules = rs2.Chains[0].Rules[:1]
+	timed("rule-change Apply (full rewrite)", func() error { return b.Apply(ctx, rs2) })
+}
+
+func manyEntries(f rules.Family, n int) []rules.MapEntry {
+	out := make([]rules.MapEntry, n)
+	for i := range out {
+		out[i] = entry(f, i, rules.TCP, uint16(80+i%3), 8080)
+	}
+	return out
+}
+
+func BenchmarkApply10k(b *testing.B) {
+	netnstest.Require(b, "nft")
+	ns := netnstest.New(b, "nnm-nft")
+	ctx := context.Background()
+	for _, f := range rules.Families {
+		entries := manyEntries(f, 10000)
+		one := append(manyEntries(f, 10000)[:9999], entry(f, 20000, rules.UDP, 53, 53))
+		b.Run("cold-"+string(f), func(b *testing.B) {
+			be := newRealKernel().backend(b)
+			if err := ns.Do(func() error {
+				rs := externalIPRuleset(f, entries)
+				for i := 0; i < b.N; i++ {
+					b.StopTimer()
+					if err := be.Remove(ctx, rs.Fix, f); err != nil {
+						return err
+					}
+					b.StartTimer()
+					if err := be.Apply(ctx, rs); err != nil {
+						return err
+					}
+				}
+				return nil
+			}); err != nil {
+				b.Fatal(err)
+			}
+		})
+		b.Run("one-element-"+string(f), func(b *testing.B) {
+			be := newRealKernel().backend(b)
+			if err := ns.Do(func() error {
+				if err := be.Apply(ctx, externalIPRuleset(f, entries)); err != nil {
+					return err
+				}
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					e := entries
+					if i%2 == 0 {
+						e = one
+					}
+					if err := be.Apply(ctx, externalIPRuleset(f, e)); err != nil {
+						return err
+					}
+				}
+				return nil
+			}); err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}

@@ -1,0 +1,379 @@
+package nftables
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/network-node-manager/network-node-manager/core/rules"
+)
+
+func threeEntries(f rules.Family) []rules.MapEntry {
+	return []rules.MapEntry{
+		entry(f, 0, rules.TCP, 80, 8080),
+		entry(f, 0, rules.TCP, 443, 8443),
+		entry(f, 1, rules.UDP, 53, 53),
+		entry(f, 2, rules.SCTP, 9000, 0), // zero keeps the port
+	}
+}
+
+func TestRenderGolden(t *testing.T) {
+	b := newFakeKernel().backend(t)
+	for _, f := range rules.Families {
+		for name, rs := range map[string]*rules.Ruleset{
+			"externalip": externalIPRuleset(f, threeEntries(f)),
+			"invalid":    invalidDropRuleset(f),
+			"misc":       miscRuleset(f),
+		} {
+			t.Run(name+"-"+string(f), func(t *testing.T) {
+				got, err := b.Render(rs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				golden(t, name+"-"+string(f), got)
+				again, _ := b.Render(rs)
+				if again != got {
+					t.Fatal("Render is not deterministic")
+				}
+			})
+		}
+	}
+}
+
+// Render must be what a cold Apply sends, byte for byte, and the validating fake must accept it.
+func TestRenderIsWhatColdApplySends(t *testing.T) {
+	ctx := context.Background()
+	for _, f := range rules.Families {
+		for _, rs := range []*rules.Ruleset{externalIPRuleset(f, threeEntries(f)), invalidDropRuleset(f), miscRuleset(f)} {
+			k := newFakeKernel()
+			b := k.backend(t)
+			want, err := b.Render(rs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Apply(ctx, rs); err != nil {
+				t.Fatalf("%s %s: %v", rs.Fix, f, err)
+			}
+			sent := k.rec(nftFamily(f), TableName(rs.Fix)).sentSince(0)
+			if len(sent) != 1 || sent[0] != want {
+				t.Fatalf("%s %s: cold Apply sent %q, Render said %q", rs.Fix, f, sent, want)
+			}
+		}
+	}
+}
+
+func TestRenderRejects(t *testing.T) {
+	b := newFakeKernel().backend(t)
+	base := func() *rules.Ruleset { return miscRuleset(rules.IPv4) }
+	for name, tc := range map[string]struct {
+		mod  func(rs *rules.Ruleset)
+		want string
+	}{
+		"invalid ruleset": {func(rs *rules.Ruleset) { rs.Fix = "Bad_Fix" }, "kebab-case"},
+		"dnat port without protocol": {func(rs *rules.Ruleset) {
+			rs.Chains[0].Rules[0].Match.Protocol, rs.Chains[0].Rules[0].Match.DstPort = "", 0
+		}, "needs Match.Protocol"},
+		"quote in comment":   {func(rs *rules.Ruleset) { rs.Chains[1].Rules[2].Comment = `say "hi"` }, "quotes"},
+		"bad interface":      {func(rs *rules.Ruleset) { rs.Chains[1].Rules[1].Match.InInterfacePrefix = "eth 0" }, "interface"},
+		"bad counter name":   {func(rs *rules.Ruleset) { rs.Chains[2].Rules[1].Counter = "9 lives" }, "counter name"},
+		"rule does nothing":  {func(rs *rules.Ruleset) { rs.Chains[2].Rules[1] = rules.Rule{Comment: "x"} }, "neither"},
+		"unknown addr type":  {func(rs *rules.Ruleset) { rs.Chains[1].Rules[2].Match.SrcAddrType = "broadcast" }, "address type"},
+		"ipv6 in ipv4 table": {func(rs *rules.Ruleset) { rs.Chains[0].Rules[0].Match.DstAddr = netip.MustParseAddr("::1") }, "not ipv4"},
+	} {
+		rs := base()
+		tc.mod(rs)
+		_, err := b.Render(rs)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want an error containing %q", name, err, tc.want)
+		}
+		if err := b.Apply(context.Background(), rs); err == nil {
+			t.Errorf("%s: Apply accepted what Render rejects", name)
+		}
+	}
+}
+
+func TestApplyNoopAndElementOnlyChanges(t *testing.T) {
+	ctx := context.Background()
+	for _, f := range rules.Families {
+		k := newFakeKernel()
+		b := k.backend(t)
+		entries := threeEntries(f)
+		rs := externalIPRuleset(f, entries)
+		if err := b.Apply(ctx, rs); err != nil {
+			t.Fatal(err)
+		}
+		rec := k.rec(nftFamily(f), TableName(rs.Fix))
+		if ok, err := b.InSync(ctx, rs.Fix, f); err != nil || !ok {
+			t.Fatalf("InSync after Apply = %v, %v", ok, err)
+		}
+		dump := k.fakes[tableKey{nftFamily(f), TableName(rs.Fix)}].Dump()
+
+		// Same ruleset again: nothing is sent.
+		n := rec.count()
+		if err := b.Apply(ctx, externalIPRuleset(f, threeEntries(f))); err != nil {
+			t.Fatal(err)
+		}
+		if sent := rec.sentSince(n); len(sent) != 0 {
+			t.Fatalf("re-applying the same ruleset sent %q", sent)
+		}
+
+		// One entry removed, one changed, one added: only element operations.
+		changed := threeEntries(f)
+		changed = changed[1:]
+		changed[0].To = netip.AddrPortFrom(changed[0].To.Addr(), 9443)
+		changed = append(changed, entry(f, 5, rules.TCP, 8080, 80))
+		if err := b.Apply(ctx, externalIPRuleset(f, changed)); err != nil {
+			t.Fatal(err)
+		}
+		sent := rec.sentSince(n)
+		if len(sent) != 1 {
+			t.Fatalf("map change sent %d transactions, want 1", len(sent))
+		}
+		if err := onlyElementOps(sent[0]); err != nil {
+			t.Fatalf("%v\nin:\n%s", err, sent[0])
+		}
+		if got := strings.Count(sent[0], "\n"); got != 4 { // delete removed, delete+add changed, add new
+			t.Fatalf("map change sent %d operations, want 4:\n%s", got, sent[0])
+		}
+		// The result equals a cold apply of the new ruleset.
+		k2 := newFakeKernel()
+		if err := k2.backend(t).Apply(ctx, externalIPRuleset(f, changed)); err != nil {
+			t.Fatal(err)
+		}
+		key := tableKey{nftFamily(f), TableName(rs.Fix)}
+		if got, want := sortedDump(k.fakes[key]), sortedDump(k2.fakes[key]); got != want {
+			t.Fatalf("incremental result differs from a cold apply:\n%s\nwant:\n%s", got, want)
+		}
+		if got := k.fakes[key].Dump(); got == dump {
+			t.Fatal("map change did not change the table")
+		}
+		if ok, _ := b.InSync(ctx, rs.Fix, f); !ok {
+			t.Fatal("not in sync after an element-only apply")
+		}
+	}
+}
+
+func TestApplyRewritesChangedChainsAndDeletesStaleObjects(t *testing.T) {
+	ctx := context.Background()
+	k := newFakeKernel()
+	b := k.backend(t)
+	rs := miscRuleset(rules.IPv4)
+	if err := b.Apply(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	// Drop the SSH chain (and its counter), and move MISC-FORWARD to the input hook.
+	rs2 := miscRuleset(rules.IPv4)
+	rs2.Chains = rs2.Chains[:2]
+	rs2.Chains[1].Hook = rules.Input
+	rs2.Chains[1].Rules = rs2.Chains[1].Rules[:1]
+	if err := b.Apply(ctx, rs2); err != nil {
+		t.Fatal(err)
+	}
+	sent := k.rec(knftables.IPv4Family, "nnm-misc").sentSince(1)
+	for _, want := range []string{
+		"flush chain ip nnm-misc misc-ssh\n",
+		"delete chain ip nnm-misc misc-ssh\n",
+		"delete chain ip nnm-misc misc-forward\n",
+		"add chain ip nnm-misc misc-forward { type filter hook input priority -10 ; policy accept ; }\n",
+		"delete counter ip nnm-misc cnt-ssh-dropped\n",
+	} {
+		if !strings.Contains(sent[0], want) {
+			t.Errorf("transaction lacks %q:\n%s", want, sent[0])
+		}
+	}
+	if strings.Contains(sent[0], "delete chain ip nnm-misc misc-prerouting") {
+		t.Errorf("an unchanged chain was re-created:\n%s", sent[0])
+	}
+	k2 := newFakeKernel()
+	if err := k2.backend(t).Apply(ctx, rs2); err != nil {
+		t.Fatal(err)
+	}
+	key := tableKey{knftables.IPv4Family, "nnm-misc"}
+	if got, want := sortedDump(k.fakes[key]), sortedDump(k2.fakes[key]); got != want {
+		t.Fatalf("rewrite left:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func TestInSyncNoticesTampering(t *testing.T) {
+	ctx := context.Background()
+	k := newFakeKernel()
+	b := k.backend(t)
+	if ok, err := b.InSync(ctx, "invalid-drop", rules.IPv6); ok || err != nil {
+		t.Fatalf("InSync before any Apply = %v, %v; want false", ok, err)
+	}
+	rs := invalidDropRuleset(rules.IPv6)
+	if err := b.Apply(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	key := tableKey{knftables.IPv6Family, "nnm-invalid-drop"}
+	fake := k.fakes[key]
+	want := fake.Dump()
+	for name, tamper := range map[string]func(tx *knftables.Transaction){
+		"flush chain":  func(tx *knftables.Transaction) { tx.Flush(&knftables.Chain{Name: "invalid-input"}) },
+		"delete table": func(tx *knftables.Transaction) { tx.Delete(&knftables.Table{}) },
+		"add rule":     func(tx *knftables.Transaction) { tx.Add(&knftables.Rule{Chain: "probe-output", Rule: "accept"}) },
+		"delete chain": func(tx *knftables.Transaction) {
+			tx.Flush(&knftables.Chain{Name: "probe-output"})
+			tx.Delete(&knftables.Chain{Name: "probe-output"})
+		},
+	} {
+		tx := fake.NewTransaction()
+		tamper(tx)
+		if err := fake.Run(ctx, tx); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if ok, err := b.InSync(ctx, rs.Fix, rs.Family); ok || err != nil {
+			t.Fatalf("%s: InSync = %v, %v; want false", name, ok, err)
+		}
+		if err := b.Apply(ctx, rs); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if got := fake.Dump(); got != want {
+			t.Fatalf("%s: Apply did not restore the table:\n%s\nwant:\n%s", name, got, want)
+		}
+		if ok, err := b.InSync(ctx, rs.Fix, rs.Family); !ok || err != nil {
+			t.Fatalf("%s: InSync after repair = %v, %v", name, ok, err)
+		}
+	}
+}
+
+func TestFailedTransactionKeepsPreviousState(t *testing.T) {
+	ctx := context.Background()
+	k := newFakeKernel()
+	b := k.backend(t)
+	rs := externalIPRuleset(rules.IPv4, threeEntries(rules.IPv4))
+	if err := b.Apply(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	key := tableKey{knftables.IPv4Family, TableName(rs.Fix)}
+	before := k.fakes[key].Dump()
+	rec := k.rec(key.family, key.table)
+	rec.inject = func(tx *knftables.Transaction) error {
+		// A jump to a chain that does not exist: the fake (like the kernel) rejects the whole batch.
+		tx.Add(&knftables.Rule{Chain: "extip-dnat", Rule: "jump nowhere"})
+		return nil
+	}
+	err := b.Apply(ctx, externalIPRuleset(rules.IPv4, threeEntries(rules.IPv4)[:1]))
+	if err == nil || !strings.Contains(err.Error(), "nowhere") || !strings.Contains(err.Error(), "nnm-ipvs-externalip-dnat") {
+		t.Fatalf("Apply error = %v; want one naming the table and the cause", err)
+	}
+	if got := k.fakes[key].Dump(); got != before {
+		t.Fatalf("a failed transaction changed the table:\n%s\nwant:\n%s", got, before)
+	}
+	rec.inject = nil
+	if err := b.Apply(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := b.InSync(ctx, rs.Fix, rs.Family); !ok {
+		t.Fatal("not in sync after recovering")
+	}
+}
+
+func TestMissingNFTIsAClearError(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	b, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = b.Apply(context.Background(), invalidDropRuleset(rules.IPv4))
+	if err == nil || !strings.Contains(err.Error(), "nft binary not found; install nftables") {
+		t.Fatalf("Apply without nft = %v", err)
+	}
+	if err := b.Cleanup(context.Background()); err == nil || !strings.Contains(err.Error(), "nft binary not found") {
+		t.Fatalf("Cleanup without nft = %v", err)
+	}
+}
+
+func TestRemoveCountersCleanup(t *testing.T) {
+	ctx := context.Background()
+	k := newFakeKernel()
+	b := k.backend(t)
+	for _, f := range rules.Families {
+		for _, rs := range []*rules.Ruleset{invalidDropRuleset(f), miscRuleset(f)} {
+			if err := b.Apply(ctx, rs); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	c, err := b.Counters(ctx, "invalid-drop", rules.IPv4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c["invalid-dropped"]; !ok || len(c) != 2 {
+		t.Fatalf("Counters = %v; want invalid-dropped and probe", c)
+	}
+	if err := b.Remove(ctx, "invalid-drop", rules.IPv4); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Remove(ctx, "invalid-drop", rules.IPv4); err != nil {
+		t.Fatalf("removing an absent table: %v", err)
+	}
+	if c, err := b.Counters(ctx, "invalid-drop", rules.IPv4); err != nil || len(c) != 0 {
+		t.Fatalf("Counters of a removed table = %v, %v", c, err)
+	}
+	if ok, _ := b.InSync(ctx, "invalid-drop", rules.IPv4); ok {
+		t.Fatal("InSync true after Remove")
+	}
+	if err := b.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for key, f := range k.fakes {
+		if f.Table != nil {
+			t.Errorf("Cleanup left table %s %s", key.family, key.table)
+		}
+	}
+	if err := b.Remove(ctx, "Not-A-Fix", rules.IPv4); err == nil {
+		t.Error("Remove accepted an invalid fix id")
+	}
+	if _, err := b.Counters(ctx, "x", rules.Family("ipx")); err == nil {
+		t.Error("Counters accepted an unknown family")
+	}
+}
+
+// sortedDump is the fake's dump with lines sorted: element order depends on insertion order.
+func sortedDump(f *knftables.Fake) string {
+	lines := strings.Split(f.Dump(), "\n")
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
+}
+
+// A map change whose element operations no longer fit the kernel (an element deleted behind our
+// back) falls back to a rewrite within the same Apply.
+func TestElementDriftFallsBackToRewrite(t *testing.T) {
+	ctx := context.Background()
+	k := newFakeKernel()
+	b := k.backend(t)
+	f := rules.IPv4
+	if err := b.Apply(ctx, externalIPRuleset(f, threeEntries(f))); err != nil {
+		t.Fatal(err)
+	}
+	key := tableKey{knftables.IPv4Family, "nnm-ipvs-externalip-dnat"}
+	fake := k.fakes[key]
+	gone := element("external-ips", threeEntries(f)[0])
+	tx := fake.NewTransaction()
+	tx.Delete(&knftables.Element{Map: gone.Map, Key: gone.Key})
+	if err := fake.Run(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := b.InSync(ctx, "ipvs-externalip-dnat", f); ok {
+		t.Fatal("InSync missed a deleted element")
+	}
+	want := threeEntries(f)[1:] // removes the element that is already gone
+	if err := b.Apply(ctx, externalIPRuleset(f, want)); err != nil {
+		t.Fatal(err)
+	}
+	k2 := newFakeKernel()
+	if err := k2.backend(t).Apply(ctx, externalIPRuleset(f, want)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := sortedDump(fake), sortedDump(k2.fakes[key]); got != want {
+		t.Fatalf("after fallback:\n%s\nwant:\n%s", got, want)
+	}
+	if ok, _ := b.InSync(ctx, "ipvs-externalip-dnat", f); !ok {
+		t.Fatal("not in sync after the fallback rewrite")
+	}
+}

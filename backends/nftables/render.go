@@ -1,0 +1,443 @@
+package nftables
+
+import (
+	"fmt"
+	"net/netip"
+	"regexp"
+	"strings"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/network-node-manager/network-node-manager/core/rules"
+)
+
+// TablePrefix starts the name of every table this backend owns: table <family> nnm-<fix-id>.
+const TablePrefix = "nnm-"
+
+// TableName is the nftables table that holds fix's rules (one per family).
+func TableName(fix string) string { return TablePrefix + fix }
+
+// CounterPrefix starts the kernel name of every named counter. nft 1.0.x neither accepts keywords
+// ("dnat", "drop", ...) as object names nor quoted names, so Rule.Counter "dnat" becomes "cnt-dnat".
+const CounterPrefix = "cnt-"
+
+// CounterName is the kernel name of the counter Rule.Counter names.
+func CounterName(name string) string { return CounterPrefix + name }
+
+// ChainName is the nftables chain name of a rules.Chain name ("INVALID-INPUT" -> "invalid-input").
+func ChainName(name string) string { return strings.ToLower(name) }
+
+// Base-chain priorities. nat prerouting/output run before kube-proxy's dstnat (-100) chains so that
+// our DNAT wins; nat postrouting/input run after srcnat (100); filter hooks run just before filter (0).
+const (
+	PriorityNATDst  = -110
+	PriorityNATSrc  = 110
+	PriorityFilter  = -10
+	mapKeyFieldsFmt = "%s . inet_proto . inet_service : %s . inet_service"
+)
+
+// fam holds everything that differs between IPv4 and IPv6; everything else is one code path.
+type fam struct {
+	nft      knftables.Family // table family: ip / ip6
+	addr     string           // address match keyword: ip / ip6
+	addrType string           // set/map type: ipv4_addr / ipv6_addr
+}
+
+func familyOf(f rules.Family) (fam, error) {
+	switch f {
+	case rules.IPv4:
+		return fam{nft: knftables.IPv4Family, addr: "ip", addrType: "ipv4_addr"}, nil
+	case rules.IPv6:
+		return fam{nft: knftables.IPv6Family, addr: "ip6", addrType: "ipv6_addr"}, nil
+	}
+	return fam{}, fmt.Errorf("nftables backend: unknown family %q", f)
+}
+
+// model is a Ruleset translated into knftables objects: what one table must contain.
+type model struct {
+	family   knftables.Family
+	table    string
+	chains   []chainModel
+	counters []string
+	maps     []mapModel
+}
+
+type chainModel struct {
+	chain knftables.Chain
+	rules []knftables.Rule
+}
+
+type mapModel struct {
+	m     knftables.Map
+	elems []knftables.Element
+}
+
+// sameDefinition reports whether two chains are the same kernel object apart from their rules.
+func sameDefinition(a, b knftables.Chain) bool {
+	eq := func(x, y *string) bool { return (x == nil) == (y == nil) && (x == nil || *x == *y) }
+	return a.Name == b.Name && eq((*string)(a.Type), (*string)(b.Type)) && eq((*string)(a.Hook), (*string)(b.Hook)) &&
+		eq((*string)(a.Priority), (*string)(b.Priority)) && eq((*string)(a.Policy), (*string)(b.Policy))
+}
+
+var (
+	counterNamePattern = regexp.MustCompile(`^[a-zA-Z][a-zA-Z0-9_.-]*$`)
+	ifacePattern       = regexp.MustCompile(`^[a-zA-Z0-9_.:@-]+$`)
+)
+
+// checkText rejects strings that cannot be put between double quotes in nft syntax.
+func checkText(what, s string) error {
+	if strings.ContainsAny(s, "\"\\\n\r") {
+		return fmt.Errorf("%s %q must not contain quotes, backslashes or newlines", what, s)
+	}
+	for _, r := range s {
+		if r < 0x20 || r > 0x7e {
+			return fmt.Errorf("%s %q must be printable ASCII", what, s)
+		}
+	}
+	return nil
+}
+
+// build validates rs and translates it into a model. It does no I/O.
+func build(rs *rules.Ruleset) (*model, error) {
+	if err := rs.Validate(); err != nil {
+		return nil, fmt.Errorf("nftables backend: %w", err)
+	}
+	f, err := familyOf(rs.Family)
+	if err != nil {
+		return nil, err
+	}
+	m := &model{family: f.nft, table: TableName(rs.Fix)}
+	for _, c := range rs.Chains {
+		cm := chainModel{chain: knftables.Chain{Name: ChainName(c.Name)}}
+		if c.Hook != "" {
+			prio := PriorityFilter
+			if c.Type == rules.NAT {
+				prio = PriorityNATSrc
+				if c.Hook == rules.Prerouting || c.Hook == rules.Output {
+					prio = PriorityNATDst
+				}
+			}
+			typ := knftables.FilterType
+			if c.Type == rules.NAT {
+				typ = knftables.NATType
+			}
+			cm.chain.Type = knftables.PtrTo(typ)
+			cm.chain.Hook = knftables.PtrTo(knftables.BaseChainHook(c.Hook))
+			cm.chain.Priority = knftables.PtrTo(knftables.BaseChainPriority(fmt.Sprint(prio)))
+			cm.chain.Policy = knftables.PtrTo(knftables.AcceptPolicy)
+		}
+		for i, r := range c.Rules {
+			text, err := ruleText(f, c, r)
+			if err != nil {
+				return nil, fmt.Errorf("nftables backend: fix %s: chain %s rule %d: %w", rs.Fix, c.Name, i+1, err)
+			}
+			kr := knftables.Rule{Chain: cm.chain.Name, Rule: text}
+			if r.Comment != "" {
+				kr.Comment = knftables.PtrTo(r.Comment)
+			}
+			cm.rules = append(cm.rules, kr)
+			if r.Counter != "" {
+				m.counters = append(m.counters, CounterName(r.Counter))
+			}
+		}
+		m.chains = append(m.chains, cm)
+	}
+	for i := range rs.Maps {
+		rm := &rs.Maps[i]
+		mm := mapModel{m: knftables.Map{Name: rm.Name, Type: fmt.Sprintf(mapKeyFieldsFmt, f.addrType, f.addrType)}}
+		for _, e := range rm.Sorted() {
+			if err := checkText("map entry comment", e.Comment); err != nil {
+				return nil, fmt.Errorf("nftables backend: fix %s: map %s: %w", rs.Fix, rm.Name, err)
+			}
+			mm.elems = append(mm.elems, element(rm.Name, e))
+		}
+		m.maps = append(m.maps, mm)
+	}
+	return m, nil
+}
+
+func element(mapName string, e rules.MapEntry) knftables.Element {
+	to := e.To.Port()
+	if to == 0 {
+		to = e.Port // the map value needs a port; zero keeps the original one
+	}
+	el := knftables.Element{
+		Map:   mapName,
+		Key:   []string{e.Addr.Unmap().String(), string(e.Protocol), fmt.Sprint(e.Port)},
+		Value: []string{e.To.Addr().Unmap().String(), fmt.Sprint(to)},
+	}
+	if e.Comment != "" {
+		el.Comment = knftables.PtrTo(e.Comment)
+	}
+	return el
+}
+
+// elementKey identifies an element within its map, as nft does.
+func elementKey(e *knftables.Element) string { return strings.Join(e.Key, " . ") }
+
+// sameElement reports whether a and b are the same element including value and comment.
+func sameElement(a, b *knftables.Element) bool {
+	ac, bc := "", ""
+	if a.Comment != nil {
+		ac = *a.Comment
+	}
+	if b.Comment != nil {
+		bc = *b.Comment
+	}
+	return elementKey(a) == elementKey(b) && strings.Join(a.Value, " . ") == strings.Join(b.Value, " . ") && ac == bc
+}
+
+func addrString(a netip.Addr) string { return a.Unmap().String() }
+
+// ruleText renders the nft expression of one rule (without its comment, which knftables adds).
+func ruleText(f fam, c rules.Chain, r rules.Rule) (string, error) {
+	var p []string
+	m := r.Match
+	if m.InInterfacePrefix != "" {
+		if !ifacePattern.MatchString(m.InInterfacePrefix) {
+			return "", fmt.Errorf("interface prefix %q has characters an interface name cannot have", m.InInterfacePrefix)
+		}
+		p = append(p, fmt.Sprintf("iifname %q", m.InInterfacePrefix+"*"))
+	}
+	if len(m.SrcPrefixes) > 0 {
+		ps := make([]string, len(m.SrcPrefixes))
+		for i, pfx := range m.SrcPrefixes {
+			pfx = pfx.Masked()
+			ps[i] = netip.PrefixFrom(pfx.Addr().Unmap(), pfx.Bits()-boolInt(pfx.Addr().Is4In6())*96).String()
+		}
+		p = append(p, f.addr+" saddr "+setOf(ps))
+	}
+	switch m.SrcAddrType {
+	case "":
+	case rules.Local:
+		p = append(p, "fib saddr type local")
+	default:
+		return "", fmt.Errorf("unsupported source address type %q", m.SrcAddrType)
+	}
+	if m.DstAddr.IsValid() {
+		p = append(p, f.addr+" daddr "+addrString(m.DstAddr))
+	}
+	if m.Protocol != "" {
+		if m.DstPort != 0 {
+			p = append(p, fmt.Sprintf("%s dport %d", m.Protocol, m.DstPort))
+		} else {
+			p = append(p, "meta l4proto "+string(m.Protocol))
+		}
+	}
+	if len(m.CTStates) > 0 {
+		cs := make([]string, len(m.CTStates))
+		for i, s := range m.CTStates {
+			cs[i] = string(s)
+		}
+		p = append(p, "ct state "+setOf(cs))
+	}
+	if m.Mark != 0 {
+		p = append(p, fmt.Sprintf("meta mark & 0x%08x == 0x%08x", m.Mark, m.Mark))
+	}
+	lookupKey := f.addr + " daddr . meta l4proto . th dport"
+	if m.Lookup != "" {
+		p = append(p, lookupKey+" @"+m.Lookup)
+	}
+	if r.Counter != "" {
+		if !counterNamePattern.MatchString(r.Counter) {
+			return "", fmt.Errorf("counter name %q must be a letter followed by letters, digits, '_', '.' or '-'", r.Counter)
+		}
+		p = append(p, fmt.Sprintf("counter name %q", CounterName(r.Counter)))
+	}
+	if r.SetMark != 0 {
+		p = append(p, fmt.Sprintf("meta mark set meta mark | 0x%08x", r.SetMark))
+	}
+	v := r.Verdict
+	switch v.Kind {
+	case rules.Continue:
+	case rules.Accept, rules.Drop, rules.Return, rules.Masquerade:
+		p = append(p, string(v.Kind))
+	case rules.Jump:
+		p = append(p, "jump "+ChainName(v.Chain))
+	case rules.DNAT:
+		a := addrString(v.To.Addr())
+		switch {
+		case v.To.Port() == 0:
+			p = append(p, "dnat to "+a)
+		case m.Protocol == "":
+			// nft: "transport protocol mapping is only valid after transport protocol match"
+			return "", fmt.Errorf("dnat to %s needs Match.Protocol to rewrite the port", v.To)
+		case f.nft == knftables.IPv6Family:
+			p = append(p, fmt.Sprintf("dnat to [%s]:%d", a, v.To.Port()))
+		default:
+			p = append(p, fmt.Sprintf("dnat to %s:%d", a, v.To.Port()))
+		}
+	case rules.DNATLookup:
+		p = append(p, "dnat to "+lookupKey+" map @"+m.Lookup)
+	default:
+		return "", fmt.Errorf("unsupported verdict %q", v.Kind)
+	}
+	if len(p) == 0 {
+		return "", fmt.Errorf("rule has neither a match, a counter, a mark nor a verdict")
+	}
+	if err := checkText("comment", r.Comment); err != nil {
+		return "", err
+	}
+	return strings.Join(p, " "), nil
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// setOf renders one value as itself and several as an anonymous set.
+func setOf(vals []string) string {
+	if len(vals) == 1 {
+		return vals[0]
+	}
+	return "{ " + strings.Join(vals, ", ") + " }"
+}
+
+// existing describes what the kernel holds in our table before a full rewrite.
+type existing struct {
+	chains, maps, counters []string
+	// trusted: the chains and maps have the definitions of known (our last successful apply, and the
+	// kernel still matches it). Otherwise every existing chain and map is deleted and re-created, since
+	// a base chain's hook or priority cannot be changed in place.
+	trusted bool
+	known   *model
+}
+
+// writeFull queues the transaction that makes the table hold exactly m. With ex == nil (nothing of
+// ours in the kernel) it is exactly what Render shows.
+func writeFull(tx *knftables.Transaction, m *model, ex *existing) {
+	tx.Add(&knftables.Table{})
+	desiredChains := map[string]*knftables.Chain{}
+	for i := range m.chains {
+		desiredChains[m.chains[i].chain.Name] = &m.chains[i].chain
+	}
+	desiredMaps := map[string]bool{}
+	for _, mm := range m.maps {
+		desiredMaps[mm.m.Name] = true
+	}
+	desiredCounters := map[string]bool{}
+	for _, c := range m.counters {
+		desiredCounters[c] = true
+	}
+	if ex != nil {
+		// Empty every chain first so no rule references a chain, map or counter we delete below.
+		for _, name := range ex.chains {
+			tx.Flush(&knftables.Chain{Name: name})
+		}
+		knownChains := map[string]knftables.Chain{}
+		if ex.trusted && ex.known != nil {
+			for _, c := range ex.known.chains {
+				knownChains[c.chain.Name] = c.chain
+			}
+		}
+		for _, name := range ex.chains {
+			want, keep := desiredChains[name]
+			if known, ok := knownChains[name]; keep && ok && sameDefinition(known, *want) {
+				continue
+			}
+			tx.Delete(&knftables.Chain{Name: name})
+		}
+		for _, name := range ex.maps {
+			if !desiredMaps[name] || !ex.trusted {
+				tx.Delete(&knftables.Map{Name: name})
+			}
+		}
+	}
+	for i := range m.chains {
+		c := m.chains[i].chain
+		tx.Add(&c)
+		tx.Flush(&knftables.Chain{Name: c.Name})
+	}
+	for _, name := range m.counters {
+		tx.Add(&knftables.Counter{Name: name})
+	}
+	for i := range m.maps {
+		mm := m.maps[i].m
+		tx.Add(&mm)
+		tx.Flush(&knftables.Map{Name: mm.Name, Type: mm.Type})
+		for j := range m.maps[i].elems {
+			e := m.maps[i].elems[j]
+			tx.Add(&e)
+		}
+	}
+	for i := range m.chains {
+		for j := range m.chains[i].rules {
+			r := m.chains[i].rules[j]
+			tx.Add(&r)
+		}
+	}
+	if ex != nil {
+		for _, name := range ex.counters {
+			if !desiredCounters[name] {
+				tx.Delete(&knftables.Counter{Name: name})
+			}
+		}
+	}
+}
+
+// sameShape reports whether a and b differ at most in map elements.
+func sameShape(a, b *model) bool {
+	if a.family != b.family || a.table != b.table || len(a.chains) != len(b.chains) ||
+		len(a.maps) != len(b.maps) || strings.Join(a.counters, "\x00") != strings.Join(b.counters, "\x00") {
+		return false
+	}
+	for i := range a.chains {
+		ca, cb := a.chains[i], b.chains[i]
+		if !sameDefinition(ca.chain, cb.chain) || len(ca.rules) != len(cb.rules) {
+			return false
+		}
+		for j := range ca.rules {
+			ra, rb := ca.rules[j], cb.rules[j]
+			if ra.Rule != rb.Rule || (ra.Comment == nil) != (rb.Comment == nil) || (ra.Comment != nil && *ra.Comment != *rb.Comment) {
+				return false
+			}
+		}
+	}
+	for i := range a.maps {
+		if a.maps[i].m.Name != b.maps[i].m.Name || a.maps[i].m.Type != b.maps[i].m.Type {
+			return false
+		}
+	}
+	return true
+}
+
+// writeElementDiff queues only the element operations that turn old's maps into m's (same shape).
+// A changed element is deleted and re-added: nft refuses to add a key that exists with other data.
+// It reports whether anything was queued.
+func writeElementDiff(tx *knftables.Transaction, old, m *model) bool {
+	changed := false
+	for i := range m.maps {
+		was := map[string]*knftables.Element{}
+		for j := range old.maps[i].elems {
+			e := &old.maps[i].elems[j]
+			was[elementKey(e)] = e
+		}
+		now := map[string]bool{}
+		for j := range m.maps[i].elems {
+			now[elementKey(&m.maps[i].elems[j])] = true
+		}
+		for j := range old.maps[i].elems {
+			e := old.maps[i].elems[j]
+			if !now[elementKey(&e)] {
+				tx.Delete(&knftables.Element{Map: e.Map, Key: e.Key})
+				changed = true
+			}
+		}
+		for j := range m.maps[i].elems {
+			e := m.maps[i].elems[j]
+			prev := was[elementKey(&e)]
+			if prev != nil && sameElement(prev, &e) {
+				continue
+			}
+			if prev != nil {
+				tx.Delete(&knftables.Element{Map: e.Map, Key: e.Key})
+			}
+			tx.Add(&e)
+			changed = true
+		}
+	}
+	return changed
+}
