@@ -11,44 +11,25 @@ package nftables
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
 	"sigs.k8s.io/knftables"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	tk "github.com/network-node-manager/network-node-manager/core/testkit"
 )
 
-var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
-
+// golden compares got with testdata/<name>.golden; `go test -update` (testkit's flag) rewrites it.
 func golden(t *testing.T, name, got string) {
 	t.Helper()
-	path := filepath.Join("testdata", name+".golden")
-	if *update {
-		if err := os.MkdirAll("testdata", 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run `go test ./backends/nftables -run %s -update` to create it)", err, t.Name())
-	}
-	if diff := cmp.Diff(string(want), got); diff != "" {
-		t.Errorf("%s differs from the golden file (-want +got):\n%s", path, diff)
-	}
+	tk.Golden(t, filepath.Join("testdata", name+".golden"), got)
 }
 
 // addrs picks the test address of a family: v4 or v6.
