@@ -5,6 +5,9 @@
 // checks that the kernel still holds what was applied and restores it if not. A failed apply is
 // retried with backoff; the rules applied before stay in place. Rules are never removed because the
 // process exits; a disabled fix's rules are removed at start and when the config changes.
+//
+// A fix that implements fix.Actuator (node state other than rules, e.g. a sysctl) takes the same
+// path with Ensure once per pass in place of Rules+Apply per family, and Revert in place of Remove.
 package engine
 
 import (
@@ -380,7 +383,7 @@ func restartOnly(a, b *config.Config) []string {
 }
 
 // removeDisabled removes the rules of disabled fixes in every family, and of enabled fixes in the
-// families that are not configured.
+// families that are not configured. Disabled Actuators are reverted instead.
 func (e *Engine) removeDisabled(ctx context.Context) {
 	e.mu.Lock()
 	type job struct {
@@ -388,7 +391,17 @@ func (e *Engine) removeDisabled(ctx context.Context) {
 		fam rules.Family
 	}
 	var jobs []job
+	var reverts []fix.Actuator
+	var revertIDs []string
 	for _, st := range e.fixes {
+		if a, ok := st.fix.(fix.Actuator); ok {
+			// Node state is not per family: revert once, and only when the fix is disabled.
+			if !st.enabled {
+				reverts = append(reverts, a)
+				revertIDs = append(revertIDs, st.fix.ID())
+			}
+			continue
+		}
 		for _, fam := range rules.Families {
 			if !st.enabled || !slices.Contains(e.families, fam) {
 				jobs = append(jobs, job{st, fam})
@@ -396,6 +409,11 @@ func (e *Engine) removeDisabled(ctx context.Context) {
 		}
 	}
 	e.mu.Unlock()
+	for i, a := range reverts {
+		if err := a.Revert(ctx); err != nil {
+			e.log.Error("cannot revert disabled fix", "fix", revertIDs[i], "err", err)
+		}
+	}
 	for _, j := range jobs {
 		id := j.st.fix.ID()
 		if err := e.be.Remove(ctx, id, j.fam); err != nil {
@@ -462,17 +480,26 @@ func (e *Engine) SyncOnce(ctx context.Context, full bool) (failed bool) {
 	var passErr error
 	for _, st := range states {
 		ok := true
-		for _, fam := range fams {
-			if err := e.syncFix(ctx, st, fam, snap, full); err != nil {
+		bname := e.be.Name()
+		if a, isActuator := st.fix.(fix.Actuator); isActuator {
+			bname = fix.NodeBackend
+			if err := e.ensureFix(ctx, st, a, snap, full); err != nil {
 				ok = false
 				passErr = errors.Join(passErr, err)
+			}
+		} else {
+			for _, fam := range fams {
+				if err := e.syncFix(ctx, st, fam, snap, full); err != nil {
+					ok = false
+					passErr = errors.Join(passErr, err)
+				}
 			}
 		}
 		e.mu.Lock()
 		if ok {
 			st.lastOK = e.now()
 			st.lastErr = nil
-			e.m.LastSuccess.WithLabelValues(st.fix.ID(), e.be.Name()).Set(float64(st.lastOK.UnixNano()) / 1e9)
+			e.m.LastSuccess.WithLabelValues(st.fix.ID(), bname).Set(float64(st.lastOK.UnixNano()) / 1e9)
 		}
 		e.mu.Unlock()
 	}
@@ -546,6 +573,39 @@ func (e *Engine) syncFix(ctx context.Context, st *fixState, fam rules.Family, sn
 	e.m.Rules.WithLabelValues(id, bname, string(fam)).Set(float64(n))
 	if o, ok := st.fix.(fix.Observer); ok {
 		o.Observe(ctx, fam, report)
+	}
+	return nil
+}
+
+// ensureFix runs one Ensure of an Actuator, with the same metrics and logs as syncFix.
+func (e *Engine) ensureFix(ctx context.Context, st *fixState, a fix.Actuator, snap *fix.Snapshot, full bool) (err error) {
+	id := st.fix.ID()
+	start := e.now()
+	defer func() {
+		e.m.Duration.WithLabelValues(id, fix.NodeBackend).Observe(e.now().Sub(start).Seconds())
+		e.m.Syncs.WithLabelValues(id, fix.NodeBackend).Inc()
+		if err != nil {
+			e.m.Errors.WithLabelValues(id, fix.NodeBackend).Inc()
+			e.mu.Lock()
+			st.lastErr = err
+			e.mu.Unlock()
+			e.log.Error("sync failed", "fix", id, "err", err)
+		}
+	}()
+	res, err := a.Ensure(ctx, snap, full)
+	if err != nil {
+		return fmt.Errorf("fix %s: ensure: %w", id, err)
+	}
+	e.report(st, "", res.Report)
+	switch {
+	case res.Repaired:
+		e.log.Warn("node state changed behind our back; restored it", "fix", id)
+		e.m.Repairs.WithLabelValues(id, fix.NodeBackend, "").Inc()
+	case res.Changed:
+		e.log.Info("node state changed", "fix", id)
+	}
+	if o, ok := st.fix.(fix.Observer); ok {
+		o.Observe(ctx, "", res.Report)
 	}
 	return nil
 }
@@ -646,6 +706,9 @@ func (e *Engine) Plan() ([]*rules.Ruleset, []fix.Report, error) {
 	var out []*rules.Ruleset
 	var reports []fix.Report
 	for _, f := range fixes {
+		if _, ok := f.(fix.Actuator); ok {
+			continue // no rules: it changes node state (see Statuses)
+		}
 		for _, fam := range fams {
 			rs, rep, err := f.Rules(snap, fam)
 			if err != nil {

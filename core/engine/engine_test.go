@@ -328,3 +328,153 @@ func TestPodCIDRsPreferNode(t *testing.T) {
 		t.Fatalf("config CIDRs not used as fallback: %v", got)
 	}
 }
+
+// nodeFix is a fix.Actuator: it keeps a pretend node setting at "on" and counts what the engine asks.
+type nodeFix struct {
+	id        string
+	defaultOn bool
+	fail      error
+
+	value    string // the pretend node state
+	ensures  []bool // the full flag of every Ensure
+	reverts  int
+	observed []rules.Family
+}
+
+func (f *nodeFix) ID() string                       { return f.id }
+func (f *nodeFix) Description() string              { return "test actuator" }
+func (f *nodeFix) DefaultEnabled(fix.Env) bool      { return f.defaultOn }
+func (f *nodeFix) Needs() fix.Needs                 { return fix.Needs{} }
+func (f *nodeFix) Configure(o map[string]any) error { return nil }
+func (f *nodeFix) Rules(*fix.Snapshot, rules.Family) (*rules.Ruleset, fix.Report, error) {
+	panic("the engine must not ask an Actuator for rules")
+}
+func (f *nodeFix) Ensure(_ context.Context, _ *fix.Snapshot, full bool) (fix.Result, error) {
+	f.ensures = append(f.ensures, full)
+	if f.fail != nil {
+		return fix.Result{}, f.fail
+	}
+	res := fix.Result{Report: fix.Report{Covered: 1}}
+	if f.value != "on" {
+		res.Changed = true
+		res.Repaired = f.value == "reset" // someone reset what an earlier Ensure set
+		f.value = "on"
+	}
+	return res, nil
+}
+func (f *nodeFix) Revert(context.Context) error {
+	f.reverts++
+	f.value = "off"
+	return nil
+}
+func (f *nodeFix) Observe(_ context.Context, fam rules.Family, _ fix.Report) {
+	f.observed = append(f.observed, fam)
+}
+
+func TestActuatorEnsuredOncePerPassWithMetrics(t *testing.T) {
+	a := &nodeFix{id: "node-setting", defaultOn: true, value: "off"}
+	r := &countFix{id: "count", defaultOn: true}
+	h := newHarness(t, nil, a, r)
+	h.src.set(svc("a", "10.96.0.1", "fd00::1"))
+	ctx := context.Background()
+	if h.e.SyncOnce(ctx, true) {
+		t.Fatal("first sync failed")
+	}
+	if len(a.ensures) != 1 || !a.ensures[0] || a.value != "on" {
+		t.Fatalf("want one full Ensure per pass (not per family), got %v, value %q", a.ensures, a.value)
+	}
+	if h.be.ApplyCalls() != 2 || h.be.Ruleset("node-setting", rules.IPv4) != nil {
+		t.Fatalf("the rule backend must only see the rule fix: %d applies\n%s", h.be.ApplyCalls(), h.be.Dump())
+	}
+	if len(a.observed) != 1 || a.observed[0] != "" {
+		t.Fatalf("Observe after Ensure with no family: %v", a.observed)
+	}
+	h.e.SyncOnce(ctx, false)
+	if len(a.ensures) != 2 || a.ensures[1] {
+		t.Fatalf("a change-driven pass must say full=false: %v", a.ensures)
+	}
+	// Someone resets the setting: the next full pass repairs it and counts the repair.
+	a.value = "reset"
+	h.e.SyncOnce(ctx, true)
+	if a.value != "on" {
+		t.Fatal("full pass did not repair")
+	}
+	for name, got := range map[string]float64{
+		"syncs":    testutil.ToFloat64(h.m.Syncs.WithLabelValues("node-setting", fix.NodeBackend)),
+		"repairs":  testutil.ToFloat64(h.m.Repairs.WithLabelValues("node-setting", fix.NodeBackend, "")),
+		"covered":  testutil.ToFloat64(h.m.Covered.WithLabelValues("node-setting", "")),
+		"last-ok":  testutil.ToFloat64(h.m.LastSuccess.WithLabelValues("node-setting", fix.NodeBackend)),
+		"errors":   testutil.ToFloat64(h.m.Errors.WithLabelValues("node-setting", fix.NodeBackend)),
+		"rule-fix": testutil.ToFloat64(h.m.Syncs.WithLabelValues("count", "fake")),
+	} {
+		want := map[string]float64{"syncs": 3, "repairs": 1, "covered": 1, "last-ok": 1000, "errors": 0, "rule-fix": 6}[name]
+		if got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+	// Plan lists rules only, and never asks the Actuator (its Rules panics).
+	sets, _, err := h.e.Plan()
+	if err != nil || len(sets) != 2 || sets[0].Fix != "count" {
+		t.Fatalf("Plan = %v, %v", sets, err)
+	}
+}
+
+func TestActuatorFailureIsRetriedAndUnhealthy(t *testing.T) {
+	a := &nodeFix{id: "node-setting", defaultOn: true, fail: errors.New("read-only /proc/sys")}
+	h := newHarness(t, nil, a)
+	h.e.started = h.now
+	ctx := context.Background()
+	if !h.e.SyncOnce(ctx, true) {
+		t.Fatal("a failed Ensure must fail the pass (so that it is retried)")
+	}
+	if v := testutil.ToFloat64(h.m.Errors.WithLabelValues("node-setting", fix.NodeBackend)); v != 1 {
+		t.Fatalf("sync_errors_total = %v", v)
+	}
+	if len(a.observed) != 0 {
+		t.Fatal("Observe after a failed Ensure")
+	}
+	h.now = h.now.Add(61 * time.Second)
+	if err := h.e.Healthy(); err == nil || !strings.Contains(err.Error(), "read-only /proc/sys") {
+		t.Fatalf("Healthy = %v, want the Ensure error", err)
+	}
+	a.fail = nil
+	if h.e.SyncOnce(ctx, true) || h.e.Healthy() != nil {
+		t.Fatal("recovery not seen")
+	}
+}
+
+func TestActuatorRevertedWhenDisabled(t *testing.T) {
+	a := &nodeFix{id: "node-setting", defaultOn: false, value: "on"} // "on" from an earlier run
+	h := newHarness(t, nil, a)
+	ctx := context.Background()
+	h.e.removeDisabled(ctx)
+	if a.reverts != 1 || a.value != "off" {
+		t.Fatalf("disabled at start: want one Revert, got %d (value %q)", a.reverts, a.value)
+	}
+	h.e.SyncOnce(ctx, true)
+	if len(a.ensures) != 0 {
+		t.Fatal("a disabled Actuator was ensured")
+	}
+	// Enabled by a reload: ensured, not reverted.
+	c := config.Defaults()
+	c.Fixes = map[string]map[string]any{"node-setting": {"enabled": true}}
+	if !h.e.applyConfig(ctx, &c) {
+		t.Fatal("config rejected")
+	}
+	h.e.SyncOnce(ctx, true)
+	if a.reverts != 1 || a.value != "on" {
+		t.Fatalf("enabled by reload: reverts=%d value=%q", a.reverts, a.value)
+	}
+	// Disabled by a reload: reverted once, whatever the number of families.
+	c2 := config.Defaults()
+	c2.Fixes = map[string]map[string]any{"node-setting": {"enabled": false}}
+	if !h.e.applyConfig(ctx, &c2) {
+		t.Fatal("config rejected")
+	}
+	if a.reverts != 2 || a.value != "off" {
+		t.Fatalf("disabled by reload: reverts=%d value=%q", a.reverts, a.value)
+	}
+	if h.be.ApplyCalls() != 0 {
+		t.Fatal("the rule backend was used for an Actuator")
+	}
+}

@@ -2,7 +2,9 @@
 //
 // A fix is a pure function from a Snapshot of the cluster (and an IP family) to the rules it wants.
 // It never talks to the Kubernetes API or the kernel itself: the core watches the API, calls Rules
-// when something changed and hands the result to the rule backend.
+// when something changed and hands the result to the rule backend. A fix whose repair is not a
+// netfilter rule (a sysctl) implements Actuator instead and changes the node through a seam the core
+// injects (sysctl.Interface), so that unit tests can fake it.
 package fix
 
 import (
@@ -96,10 +98,44 @@ type Checker interface {
 }
 
 // Observer is implemented by fixes that export figures of their own. The core calls Observe after
-// every successful sync of the fix in a family, outside any lock.
+// every successful sync of the fix in a family, outside any lock. For an Actuator it is called once
+// per successful Ensure, with an empty family.
 type Observer interface {
 	Observe(ctx context.Context, family rules.Family, report Report)
 }
+
+// Actuator is implemented by fixes that change node state other than netfilter rules (a sysctl, a
+// file, a route). For such a fix the engine does not ask for rules per family nor touch the rule
+// backend: it calls Ensure once per sync pass and Revert when the fix is disabled. Rules is then never
+// called by the engine and may return nil. The engine's sync metrics (nnm_syncs_total,
+// nnm_sync_errors_total, nnm_last_successful_sync_timestamp_seconds, nnm_sync_repairs_total) carry
+// backend="node" and no family for an Actuator; a failed Ensure is retried with backoff like a
+// failed Apply, and counts against /healthz.
+type Actuator interface {
+	// Ensure makes the node hold what the fix wants for snap. It must be idempotent. full is true on
+	// the first pass, on periodic resyncs and on retries: the fix must then re-read the node's state
+	// and restore what someone changed behind its back (saying so in Result.Repaired); when full is
+	// false it may trust what it did last. Ensure must not start goroutines.
+	Ensure(ctx context.Context, snap *Snapshot, full bool) (Result, error)
+	// Revert undoes what Ensure did (e.g. puts a sysctl's previous value back). The engine calls it
+	// for a disabled fix at start-up and after every config change, so it must be a cheap no-op when
+	// there is nothing to undo. It is never called because the process exits: a restart must not
+	// change the node.
+	Revert(ctx context.Context) error
+}
+
+// Result is what one Ensure call did.
+type Result struct {
+	Report
+	// Changed says Ensure changed the node's state (logged at info level).
+	Changed bool
+	// Repaired says a full Ensure found its state changed behind its back and restored it
+	// (counted in nnm_sync_repairs_total and logged as a warning).
+	Repaired bool
+}
+
+// NodeBackend is the backend label of an Actuator's sync metrics.
+const NodeBackend = "node"
 
 // Provide registers a fix: its id (known before any fix is constructed, so that the configuration
 // can be checked against the registered ids) and its constructor, which joins the "fixes" value
