@@ -57,7 +57,8 @@ var Module = fx.Module("core",
 // Agent adds what `run` needs on top of Module: the engine and HTTP server started by the lifecycle.
 var Agent = fx.Options(
 	Module,
-	fx.Provide(NewServer),
+	fx.Provide(NewServer, RunProbes),
+	fx.Invoke(CleanPredecessor),
 	fx.Invoke(func(lc fx.Lifecycle, e *engine.Engine, s *server.Server) {
 		lc.Append(fx.Hook{OnStart: s.Start, OnStop: s.Stop})
 		lc.Append(fx.Hook{OnStart: e.Start, OnStop: e.Stop})
@@ -76,14 +77,52 @@ func NewLogger(cfg *config.Config) *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 }
 
-// Detect resolves "auto" settings and exports what was found.
-func Detect(cfg *config.Config, m *metrics.Sync, in Inputs, log *slog.Logger) detect.Result {
-	r := detect.Resolve(context.Background(), cfg)
-	m.Info.WithLabelValues(in.Version, r.Backend, r.IptablesVariant, r.ProxyMode, r.ProxyModeSource).Set(1)
-	log.Info("environment", "proxyMode", r.ProxyMode, "proxyModeSource", r.ProxyModeSource,
+// DetectParams are Detect's dependencies. Probes is optional: without it the node's local signals
+// are read (no API call); `run` provides probes with an API client (RunProbes).
+type DetectParams struct {
+	fx.In
+	Config  *config.Config
+	Metrics *metrics.Sync
+	Inputs  Inputs
+	Log     *slog.Logger
+	Probes  *detect.Probes `optional:"true"`
+}
+
+// Detect resolves "auto" settings, logs what was found and how, and exports it as nnm_agent_info.
+func Detect(p DetectParams) detect.Result {
+	probes := detect.RealProbes(nil)
+	if p.Probes != nil {
+		probes = *p.Probes
+	}
+	r := detect.Resolve(context.Background(), p.Config, probes, p.Log)
+	p.Metrics.Info.WithLabelValues(p.Inputs.Version, r.Backend, r.IptablesVariant, r.ProxyMode, r.ProxyModeSource).Set(1)
+	p.Log.Info("environment", "proxyMode", r.ProxyMode, "proxyModeSource", r.ProxyModeSource,
 		"backend", r.Backend, "backendSource", r.BackendSource,
 		"iptablesVariant", r.IptablesVariant, "iptablesVariantSource", r.IptablesVariantSource)
+	if f := r.Features; f != nil {
+		if !f.NFTables {
+			p.Log.Warn("nftables is not usable on this node; the nftables backend would fail", "err", f.NFTablesErr)
+		}
+		if !f.ConntrackMatch {
+			p.Log.Warn("the iptables conntrack match is not available; fixes matching conntrack state will fail", "variant", r.IptablesVariant, "err", f.ConntrackMatchErr)
+		}
+	}
+	if r.ProxyModeSource == detect.SourceUnknown {
+		p.Log.Warn("kube-proxy mode not detected; mode-specific fixes keep their conservative defaults (set proxyMode to override)", "tried", strings.Join(r.Notes, "; "))
+	}
 	return r
+}
+
+// RunProbes are the probes of `run`: the local signals plus the kube-proxy ConfigMap through the
+// agent's API client (when one can be built; otherwise the local signals only).
+func RunProbes(cfg *config.Config, log *slog.Logger) *detect.Probes {
+	client, err := KubeClient(cfg)
+	if err != nil {
+		log.Debug("detection without the kube-proxy ConfigMap", "err", err)
+		client = nil
+	}
+	p := detect.RealProbes(client)
+	return &p
 }
 
 // Env is what fixes learn about the node.

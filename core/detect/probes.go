@@ -1,0 +1,167 @@
+package detect
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+)
+
+// ProxyModeURL is where kube-proxy answers with its mode (its metrics server, host network).
+const ProxyModeURL = "http://127.0.0.1:10249/proxyMode"
+
+// ProbeTimeout bounds each probe.
+const ProbeTimeout = time.Second
+
+var yamlUnmarshal = yaml.Unmarshal
+
+// RealProbes reads the node. client may be nil: then the kube-proxy ConfigMap is not consulted
+// (`plan` runs without an API client). Nothing is written anywhere.
+func RealProbes(client kubernetes.Interface) Probes {
+	p := Probes{
+		ProxyModeEndpoint: HTTPProxyMode(ProxyModeURL),
+		LinkExists:        LinkExists,
+		NFTTables:         NFTTables,
+		IptablesSave:      IptablesSave,
+		ConntrackMatch:    ConntrackMatch,
+	}
+	if client != nil {
+		p.KubeProxyConfigMap = KubeProxyConfigMap(client)
+	}
+	return p
+}
+
+// HTTPProxyMode GETs url (kube-proxy's /proxyMode) with a short timeout.
+func HTTPProxyMode(url string) func(context.Context) (string, error) {
+	return func(ctx context.Context) (string, error) {
+		ctx, cancel := context.WithTimeout(ctx, ProbeTimeout)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return "", err
+		}
+		// A proxy from the environment must not answer for the node's loopback.
+		c := &http.Client{Transport: &http.Transport{Proxy: nil}}
+		resp, err := c.Do(req)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(io.LimitReader(resp.Body, 256))
+		if err != nil {
+			return "", err
+		}
+		if resp.StatusCode != http.StatusOK {
+			return "", fmt.Errorf("GET %s: %s", url, resp.Status)
+		}
+		return string(body), nil
+	}
+}
+
+// LinkExists reports whether the network interface exists in the current network namespace.
+func LinkExists(name string) (bool, error) {
+	_, err := net.InterfaceByName(name)
+	if err == nil {
+		return true, nil
+	}
+	if strings.Contains(err.Error(), "no such network interface") {
+		return false, nil
+	}
+	return false, err
+}
+
+// NFTTables runs `nft list tables` and returns "family name" pairs.
+func NFTTables(ctx context.Context) ([]string, error) {
+	out, err := run(ctx, "nft", "list", "tables")
+	if err != nil {
+		return nil, err
+	}
+	var tables []string
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == "table" {
+			tables = append(tables, f[1]+" "+f[2])
+		}
+	}
+	return tables, nil
+}
+
+// IptablesSave runs iptables-<variant>-save (ip6tables-… for ipv6), for one table or all.
+func IptablesSave(ctx context.Context, variant, family, table string) (string, error) {
+	var args []string
+	if table != "" {
+		args = []string{"-t", table}
+	}
+	return run(ctx, iptablesBinary(variant, family, "save"), args...)
+}
+
+func iptablesBinary(variant, family, tool string) string {
+	base := "iptables"
+	if family == "ipv6" {
+		base = "ip6tables"
+	}
+	if tool == "" {
+		return base + "-" + variant
+	}
+	return base + "-" + variant + "-" + tool
+}
+
+// ConntrackMatch checks that iptables-<variant> has the conntrack match extension. It only loads
+// the extension's help (no rule is touched); a missing kernel module shows up when the rule is
+// applied, and the backend's error then names the match.
+func ConntrackMatch(ctx context.Context, variant string) error {
+	out, err := run(ctx, iptablesBinary(variant, "ipv4", ""), "-m", "conntrack", "--help")
+	if err != nil {
+		return fmt.Errorf("conntrack match: %w", err)
+	}
+	if !strings.Contains(out, "--ctstate") {
+		return errors.New("conntrack match: the iptables binary does not know --ctstate")
+	}
+	return nil
+}
+
+// KubeProxyConfigMap reads data["config.conf"] of kube-system/kube-proxy (kubeadm's layout).
+func KubeProxyConfigMap(client kubernetes.Interface) func(context.Context) (string, bool, error) {
+	return func(ctx context.Context) (string, bool, error) {
+		ctx, cancel := context.WithTimeout(ctx, 3*ProbeTimeout)
+		defer cancel()
+		cm, err := client.CoreV1().ConfigMaps("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			return "", false, nil
+		case apierrors.IsForbidden(err):
+			return "", false, fmt.Errorf("%w (grant get on configmaps/kube-proxy in kube-system: deploy/base/rbac.yaml)", err)
+		case err != nil:
+			return "", false, err
+		}
+		conf, ok := cm.Data["config.conf"]
+		return conf, ok, nil
+	}
+}
+
+func run(ctx context.Context, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*ProbeTimeout)
+	defer cancel()
+	path, err := exec.LookPath(name)
+	if err != nil {
+		return "", fmt.Errorf("%s not found: %w", name, err)
+	}
+	cmd := exec.CommandContext(ctx, path, args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
+	}
+	return out.String(), nil
+}

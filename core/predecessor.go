@@ -1,0 +1,93 @@
+package core
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"go.uber.org/fx"
+
+	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/core/engine"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+)
+
+// PredecessorCleaner is implemented by backends that can remove the rules of the agent this one
+// replaces (Kakao's network-node-manager: NMANAGER_* chains and the jumps to them) in one family,
+// leaving everything else alone. The iptables backend implements it.
+type PredecessorCleaner interface {
+	CleanupPredecessor(ctx context.Context, family rules.Family) error
+}
+
+// predecessorPoll is how often the takeover waits for the first successful sync.
+var predecessorPoll = 500 * time.Millisecond
+
+// CleanPredecessor removes the predecessor's chains once this agent has taken over: after the first
+// fix synced successfully, in every configured family, once per process. Our rules go in before the
+// predecessor's go out, so the node is never without either. With no fix enabled nothing is taken
+// over and nothing is removed; a backend that is not a PredecessorCleaner (nftables) leaves the
+// predecessor's iptables chains to `network-node-manager cleanup`.
+func CleanPredecessor(lc fx.Lifecycle, be backend.Backend, e *engine.Engine, cfg *config.Config, log *slog.Logger) {
+	pc, ok := be.(PredecessorCleaner)
+	if !ok {
+		return
+	}
+	t := &takeover{pc: pc, families: cfg.ParsedFamilies(), synced: func() bool {
+		for _, st := range e.Statuses() {
+			if st.Enabled && !st.LastOK.IsZero() {
+				return true
+			}
+		}
+		return false
+	}, log: log}
+	lc.Append(fx.Hook{OnStart: t.start, OnStop: t.stop})
+}
+
+type takeover struct {
+	pc       PredecessorCleaner
+	families []rules.Family
+	synced   func() bool
+	log      *slog.Logger
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func (t *takeover) start(context.Context) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.cancel = cancel
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		tick := time.NewTicker(predecessorPoll)
+		defer tick.Stop()
+		for !t.synced() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+		t.clean(ctx)
+	}()
+	return nil
+}
+
+func (t *takeover) clean(ctx context.Context) {
+	for _, f := range t.families {
+		if err := t.pc.CleanupPredecessor(ctx, f); err != nil {
+			// Not fatal: the predecessor's leftovers do not stop our fixes; `cleanup` removes them too.
+			t.log.Warn("could not remove the predecessor's NMANAGER_ chains", "family", f, "err", err)
+		}
+	}
+}
+
+func (t *takeover) stop(context.Context) error {
+	if t.cancel != nil {
+		t.cancel()
+	}
+	t.wg.Wait()
+	return nil
+}

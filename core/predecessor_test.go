@@ -1,0 +1,179 @@
+package core_test
+
+import (
+	"bytes"
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/fx"
+	"go.uber.org/fx/fxtest"
+
+	"github.com/network-node-manager/network-node-manager/backends/iptables"
+	"github.com/network-node-manager/network-node-manager/core"
+	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/detect"
+	"github.com/network-node-manager/network-node-manager/core/engine"
+	"github.com/network-node-manager/network-node-manager/core/watch"
+	"github.com/network-node-manager/network-node-manager/fixes/invaliddrop"
+	"github.com/network-node-manager/network-node-manager/internal/netnstest"
+)
+
+// nsRunner runs the iptables binaries inside the test namespace.
+type nsRunner struct{ ns *netnstest.NS }
+
+func (r nsRunner) Run(ctx context.Context, name string, args []string, stdin []byte) ([]byte, []byte, error) {
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", r.ns.Name, name}, args...)...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	return out.Bytes(), errb.Bytes(), err
+}
+
+// The predecessor's leftovers as a migrating node has them: NMANAGER_ chains in filter and nat with
+// jumps from the built-in chains, beside kube-proxy's chains that must stay untouched.
+var predecessorSetup = [][]string{
+	{"-t", "filter", "-N", "NMANAGER_DROP_INVALID_INPUT"},
+	{"-t", "filter", "-A", "NMANAGER_DROP_INVALID_INPUT", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"},
+	{"-t", "filter", "-I", "INPUT", "-j", "NMANAGER_DROP_INVALID_INPUT"},
+	{"-t", "nat", "-N", "NMANAGER_PREROUTING"},
+	{"-t", "nat", "-N", "NMANAGER_EX_CLUS_IP"},
+	{"-t", "nat", "-A", "NMANAGER_PREROUTING", "-j", "NMANAGER_EX_CLUS_IP"},
+	{"-t", "nat", "-I", "PREROUTING", "-j", "NMANAGER_PREROUTING"},
+	{"-t", "filter", "-N", "KUBE-FIREWALL"},
+	{"-t", "filter", "-A", "KUBE-FIREWALL", "-m", "mark", "--mark", "0x8000/0x8000", "-j", "DROP"},
+	{"-t", "filter", "-A", "INPUT", "-j", "KUBE-FIREWALL"},
+	{"-t", "nat", "-N", "KUBE-SERVICES"},
+	{"-t", "nat", "-A", "PREROUTING", "-j", "KUBE-SERVICES"},
+}
+
+func save(t *testing.T, ns *netnstest.NS, bin string) string {
+	t.Helper()
+	out := ns.MustExec(bin + "-save")
+	var keep []string
+	for _, l := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(l, "#") { // timestamps
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
+}
+
+func foreign(dump string) string {
+	var keep []string
+	for _, l := range strings.Split(dump, "\n") {
+		if strings.Contains(l, "KUBE-") {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
+}
+
+// When the agent takes over (its first fix synced), the predecessor's NMANAGER_ chains and the jumps
+// to them go, in both families; our chains and foreign chains stay.
+func TestPredecessorChainsRemovedOnTakeover(t *testing.T) {
+	netnstest.Require(t, "iptables-nft", "iptables-legacy", "ip6tables-nft", "ip6tables-legacy")
+	for _, variant := range []iptables.Variant{iptables.NFT, iptables.Legacy} {
+		t.Run(string(variant), func(t *testing.T) {
+			ns := netnstest.New(t, "nnm-pred")
+			bins := []string{"iptables-" + string(variant), "ip6tables-" + string(variant)}
+			for _, bin := range bins {
+				for _, args := range predecessorSetup {
+					ns.MustExec(append([]string{bin}, args...)...)
+				}
+			}
+			before := map[string]string{}
+			for _, bin := range bins {
+				before[bin] = save(t, ns, bin)
+				if !strings.Contains(before[bin], "NMANAGER_") {
+					t.Fatalf("%s: setup did not create NMANAGER_ chains:\n%s", bin, before[bin])
+				}
+			}
+
+			src, err := watch.ParseFile("empty", []byte("apiVersion: v1\nkind: List\nitems: []\n"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var e *engine.Engine
+			app := fxtest.New(t, fx.NopLogger,
+				invaliddrop.Module,
+				core.Module,
+				fx.Supply(core.Inputs{Environ: []string{
+					"NNM_PROXY_MODE=ipvs", "NNM_BACKEND=iptables", "NNM_IPTABLES_VARIANT=" + string(variant),
+					"NNM_METRICS_ADDRESS=", "NNM_LOG_LEVEL=error", "NNM_MIN_SYNC_PERIOD=0s",
+				}}),
+				fx.Supply(&detect.Probes{}), // values are configured: no host probe
+				fx.Provide(func() (backend.Backend, error) {
+					return iptables.New(iptables.Options{Variant: variant, Runner: nsRunner{ns}})
+				}),
+				fx.Provide(func() watch.Source { return src }),
+				fx.Invoke(core.CleanPredecessor),
+				fx.Invoke(func(lc fx.Lifecycle, en *engine.Engine) { lc.Append(fx.Hook{OnStart: en.Start, OnStop: en.Stop}) }),
+				fx.Populate(&e),
+			)
+			app.RequireStart()
+			defer app.RequireStop()
+
+			deadline := time.Now().Add(15 * time.Second)
+			for {
+				gone := true
+				for _, bin := range bins {
+					gone = gone && !strings.Contains(save(t, ns, bin), "NMANAGER_")
+				}
+				if gone {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("NMANAGER_ chains still present after 15s:\n%s", save(t, ns, bins[0]))
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			for _, bin := range bins {
+				after := save(t, ns, bin)
+				if !strings.Contains(after, ":NNM-INVALID-INPUT") || !strings.Contains(after, "-j NNM-INVALID-INPUT") {
+					t.Errorf("%s: our invalid-drop chain or jump missing after takeover:\n%s", bin, after)
+				}
+				if foreign(after) != foreign(before[bin]) {
+					t.Errorf("%s: foreign rules changed:\nbefore:\n%s\nafter:\n%s", bin, foreign(before[bin]), foreign(after))
+				}
+			}
+		})
+	}
+}
+
+// Without any enabled fix nothing is taken over, so nothing of the predecessor is removed.
+func TestPredecessorKeptWithoutEnabledFix(t *testing.T) {
+	netnstest.Require(t, "iptables-nft")
+	ns := netnstest.New(t, "nnm-pred")
+	for _, args := range predecessorSetup[:3] {
+		ns.MustExec(append([]string{"iptables-nft"}, args...)...)
+	}
+	src, err := watch.ParseFile("empty", []byte("apiVersion: v1\nkind: List\nitems: []\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fxtest.New(t, fx.NopLogger,
+		invaliddrop.Module,
+		core.Module,
+		fx.Supply(core.Inputs{Environ: []string{"NNM_PROXY_MODE=ipvs", "NNM_BACKEND=iptables", "NNM_IPTABLES_VARIANT=nft",
+			"NNM_METRICS_ADDRESS=", "NNM_LOG_LEVEL=error", "NNM_FIXES_INVALID_DROP_ENABLED=false", "NNM_FIXES_IPVS_EXTERNALIP_DNAT_ENABLED=false"}}),
+		fx.Supply(&detect.Probes{}),
+		fx.Provide(func() (backend.Backend, error) {
+			return iptables.New(iptables.Options{Variant: iptables.NFT, Runner: nsRunner{ns}})
+		}),
+		fx.Provide(func() watch.Source { return src }),
+		fx.Invoke(core.CleanPredecessor),
+		fx.Invoke(func(lc fx.Lifecycle, en *engine.Engine) { lc.Append(fx.Hook{OnStart: en.Start, OnStop: en.Stop}) }),
+	)
+	app.RequireStart()
+	time.Sleep(1500 * time.Millisecond)
+	app.RequireStop()
+	if out := save(t, ns, "iptables-nft"); !strings.Contains(out, ":NMANAGER_DROP_INVALID_INPUT") {
+		t.Errorf("predecessor chain removed although no fix runs:\n%s", out)
+	}
+}

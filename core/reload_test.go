@@ -1,0 +1,130 @@
+package core
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/core/metrics"
+)
+
+// configMapDir lays out a directory the way the kubelet projects a ConfigMap volume:
+//
+//	dir/config.yaml -> ..data/config.yaml
+//	dir/..data      -> ..<timestamp>
+//	dir/..<timestamp>/config.yaml
+//
+// and updates it the same way: write a new timestamped directory, point a temporary symlink at it,
+// rename that over ..data (atomic), delete the old directory. The file itself is never written.
+type configMapDir struct {
+	t       *testing.T
+	dir     string
+	current string
+	n       int
+}
+
+func newConfigMapDir(t *testing.T, content string) *configMapDir {
+	d := &configMapDir{t: t, dir: t.TempDir()}
+	d.swap(content)
+	if err := os.Symlink(filepath.Join("..data", "config.yaml"), filepath.Join(d.dir, "config.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func (d *configMapDir) file() string { return filepath.Join(d.dir, "config.yaml") }
+
+func (d *configMapDir) swap(content string) {
+	d.n++
+	ts := "..2026_01_02_03_04_05." + string(rune('0'+d.n))
+	if err := os.Mkdir(filepath.Join(d.dir, ts), 0o755); err != nil {
+		d.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(d.dir, ts, "config.yaml"), []byte(content), 0o644); err != nil {
+		d.t.Fatal(err)
+	}
+	tmp := filepath.Join(d.dir, "..data_tmp")
+	if err := os.Symlink(ts, tmp); err != nil {
+		d.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(d.dir, "..data")); err != nil {
+		d.t.Fatal(err)
+	}
+	if d.current != "" {
+		if err := os.RemoveAll(filepath.Join(d.dir, d.current)); err != nil {
+			d.t.Fatal(err)
+		}
+	}
+	d.current = ts
+}
+
+func TestConfigReloadOnConfigMapSymlinkSwap(t *testing.T) {
+	d := newConfigMapDir(t, "fixes:\n  invalid-drop:\n    enabled: true\n")
+	ids := []string{"invalid-drop"}
+	env := []string{"NNM_CONFIG=" + d.file()}
+	cfg, err := config.Load(nil, env, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if on, _ := cfg.FixEnabled("invalid-drop"); !on {
+		t.Fatal("initial config: invalid-drop should be enabled")
+	}
+	m := metrics.NewSync(prometheus.NewRegistry())
+	applied := make(chan *config.Config, 10)
+	w := &configWatcher{file: cfg.File, load: func() (*config.Config, error) { return config.Load(nil, env, ids) },
+		apply: func(c *config.Config) { applied <- c }, m: m, log: slog.New(slog.DiscardHandler)}
+	if err := w.start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.stop(context.Background()) })
+
+	expect := func(what string) *config.Config {
+		t.Helper()
+		select {
+		case c := <-applied:
+			return c
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: no reload within 5s", what)
+		}
+		return nil
+	}
+	expectNone := func(what string) {
+		t.Helper()
+		select {
+		case c := <-applied:
+			t.Fatalf("%s: unexpected reload %+v", what, c.Fixes)
+		case <-time.After(700 * time.Millisecond): // > the watcher's 200ms debounce
+		}
+	}
+
+	// 1. The ConfigMap changes: the engine gets the new configuration.
+	d.swap("fixes:\n  invalid-drop:\n    enabled: false\n")
+	if on, explicit := expect("disable").FixEnabled("invalid-drop"); on || !explicit {
+		t.Errorf("after swap: invalid-drop enabled=%v explicit=%v, want explicitly disabled", on, explicit)
+	}
+
+	// 2. A swap to identical content (the kubelet re-projects on resync) reconfigures nothing.
+	d.swap("fixes:\n  invalid-drop:\n    enabled: false\n")
+	expectNone("same content")
+
+	// 3. A broken file is reported and the running configuration stays.
+	d.swap("fixes:\n  invalid-drop:\n    enabled: maybe\n  no-such-fix: {}\n")
+	expectNone("broken file")
+	if got := testutil.ToFloat64(m.ConfigReloads.WithLabelValues("error")); got != 1 {
+		t.Errorf("config reload errors = %v, want 1", got)
+	}
+
+	// 4. Fixed again: applied.
+	d.swap("minSyncPeriod: 3s\nfixes:\n  invalid-drop:\n    enabled: true\n")
+	c := expect("re-enable")
+	if on, _ := c.FixEnabled("invalid-drop"); !on || c.MinSyncPeriod != 3*time.Second {
+		t.Errorf("after fix: invalid-drop=%v minSyncPeriod=%s", on, c.MinSyncPeriod)
+	}
+}
