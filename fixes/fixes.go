@@ -4,6 +4,7 @@ package fixes
 import (
 	"go.uber.org/fx"
 
+	"github.com/network-node-manager/network-node-manager/fixes/conntrackliberal"
 	"github.com/network-node-manager/network-node-manager/fixes/externalipdnat"
 	"github.com/network-node-manager/network-node-manager/fixes/invaliddrop"
 )
@@ -12,4 +13,5 @@ import (
 var Standard = fx.Options(
 	invaliddrop.Module,
 	externalipdnat.Module,
+	conntrackliberal.Module,
 )

@@ -296,3 +296,45 @@ func TestBuilders(t *testing.T) {
 		t.Errorf("WithPodCIDRs() should override the node: %v", s.PodCIDRs)
 	}
 }
+
+func TestReadREADME(t *testing.T) {
+	dir := t.TempDir()
+	write := func(text string) string {
+		p := filepath.Join(dir, "README.md")
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := "# demo-fix\n\n## What it does\n\nx\n\n## Configuration\n\n## Rules\n\n```\nchain X\n```\n\n## Metrics\n\n`nnm_demo_fix_total`\n\n## Example\n\n" +
+		"```yaml\nfixes:\n  demo-fix:\n    enabled: true\n    hooks: [input]\n```\n"
+	r := ReadREADME(t, write(good), "demo-fix")
+	if r.Enabled == nil || !*r.Enabled || len(r.Options) != 1 || r.Options["hooks"] == nil {
+		t.Fatalf("parsed %+v", r)
+	}
+	r.Contains(t, "a dump", "chain X")
+	r.DocumentsMetrics(t, "nnm_demo_fix_total")
+
+	for name, tc := range map[string]struct{ text, want string }{
+		"missing section": {strings.Replace(good, "## Metrics", "## Figures", 1), `lacks section "## Metrics"`},
+		"out of order":    {strings.NewReplacer("## Rules", "## Metrics", "## Metrics", "## Rules").Replace(good), "out of order"},
+		"bad title":       {strings.Replace(good, "# demo-fix", "# Demo", 1), "title"},
+		"no example":      {strings.Replace(good, "```yaml", "```text", 1), "no ```yaml example"},
+		"other fix":       {strings.Replace(good, "  demo-fix:", "  other-fix:", 1), "does not configure fixes.demo-fix"},
+		"not config":      {strings.Replace(good, "fixes:", "fixes:\n  - oops", 1), "not agent configuration"},
+	} {
+		rec := &recorder{TB: t}
+		if r := ReadREADME(rec, write(tc.text), "demo-fix"); r != nil && name != "missing section" && name != "out of order" && name != "bad title" {
+			t.Errorf("%s: a fatal problem must return nil", name)
+		}
+		if !rec.failed || !strings.Contains(rec.msg, tc.want) {
+			t.Errorf("%s: failed=%v msg=%q, want %q", name, rec.failed, rec.msg, tc.want)
+		}
+	}
+	rec := &recorder{TB: t}
+	r.DocumentsMetrics(rec, "nnm_undocumented_total")
+	r.Contains(rec, "x", "not there")
+	if !rec.failed {
+		t.Error("undocumented metric / missing text not reported")
+	}
+}

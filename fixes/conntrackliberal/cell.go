@@ -1,0 +1,38 @@
+// Package conntrackliberal sets net.netfilter.nf_conntrack_tcp_be_liberal=1, so that conntrack
+// accepts out-of-window TCP segments instead of marking them INVALID: the kernel-level alternative to
+// invalid-drop that kube-proxy offers as --conntrack-tcp-be-liberal (kubernetes#74839, #117924).
+//
+// It is the in-tree example of a fix that is not a netfilter rule: it implements fix.Actuator and
+// changes the node only through the sysctl.Interface the core injects.
+package conntrackliberal
+
+import (
+	"go.uber.org/fx"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
+)
+
+// ID is the fix id: config key fixes.conntrack-liberal, metric label, log field.
+const ID = "conntrack-liberal"
+
+// Description is the one-line summary.
+const Description = "set net.netfilter.nf_conntrack_tcp_be_liberal=1 so conntrack never marks out-of-window TCP INVALID (alternative to invalid-drop, kubernetes#74839)"
+
+// Module registers the fix.
+var Module = fx.Module(ID, fix.Provide(ID, New))
+
+// DefaultStateDir is where the value found before the fix changed it is remembered. It is on tmpfs
+// on every systemd host: cleared by a reboot, which also resets the sysctl to the kernel's default.
+const DefaultStateDir = "/run/network-node-manager"
+
+// Config is the fix's configuration (keys under fixes.conntrack-liberal).
+type Config struct {
+	// StateDir holds conntrack-liberal.json, the value to restore when the fix is disabled, so that
+	// it survives agent restarts. Empty keeps it in memory only (lost on restart).
+	StateDir string `mapstructure:"stateDir"`
+}
+
+// DefaultConfig is the configuration used when nothing is set.
+func DefaultConfig() Config {
+	return Config{StateDir: DefaultStateDir}
+}

@@ -1,0 +1,99 @@
+package conntrackliberal
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/network-node-manager/network-node-manager/core/sysctl"
+	"github.com/network-node-manager/network-node-manager/core/testkit"
+	"github.com/network-node-manager/network-node-manager/internal/netnstest"
+)
+
+// TestKernel runs the fix against the real /proc/sys inside a throwaway network namespace. The sysctl
+// is per network namespace, and /proc/sys/net resolves against the namespace of the thread that opens
+// the file: inside ns.Do the fix sees (and changes) the namespace's value only. The test reads the
+// value from a separate process in the namespace (ip netns exec) and checks that the host's value is
+// the same before and after.
+func TestKernel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kernel test")
+	}
+	ns := netnstest.New(t, "nnm-ctliberal")
+	proc := "/proc/sys/" + strings.ReplaceAll(Sysctl, ".", "/")
+	host, err := os.ReadFile(proc)
+	if err != nil {
+		t.Skipf("the host has no %s (nf_conntrack not loaded): %v", Sysctl, err)
+	}
+	defer func() {
+		if after, _ := os.ReadFile(proc); string(after) != string(host) {
+			t.Errorf("THE HOST'S %s CHANGED: %q -> %q", Sysctl, host, after)
+		}
+	}()
+	inNS := func() string { return strings.TrimSpace(ns.MustExec("cat", proc)) }
+	if _, err := ns.Exec("cat", proc); err != nil {
+		t.Skipf("the namespace has no %s: %v", Sysctl, err)
+	}
+	ns.MustExec("sh", "-c", "echo 0 > "+proc)
+	stateDir := t.TempDir()
+	newFix := func() *Fix {
+		f, err := New(Params{Sysctl: sysctl.New(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Configure(map[string]any{"stateDir": stateDir}); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	f := newFix()
+	inside := func(step string, fn func() error) {
+		t.Helper()
+		if err := ns.Do(fn); err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+	}
+	inside("enable", func() error {
+		res, err := f.Ensure(ctx, testkit.Snapshot(), true)
+		if err == nil && !res.Changed {
+			err = fmt.Errorf("first Ensure did not change anything: %+v", res)
+		}
+		return err
+	})
+	if got := inNS(); got != "1" {
+		t.Fatalf("namespace value after Ensure = %q, want 1", got)
+	}
+	if got, _ := os.ReadFile(proc); string(got) != string(host) {
+		t.Fatalf("Ensure inside the namespace changed the host: %q -> %q", host, got)
+	}
+	if b, err := os.ReadFile(filepath.Join(stateDir, StateFile)); err != nil || !strings.Contains(string(b), `"previous":"0"`) {
+		t.Fatalf("state file: %s %v", b, err)
+	}
+
+	// Someone resets it in the namespace; a full pass of a restarted agent repairs it.
+	ns.MustExec("sh", "-c", "echo 0 > "+proc)
+	f = newFix()
+	inside("repair", func() error {
+		res, err := f.Ensure(ctx, testkit.Snapshot(), true)
+		if err == nil && !res.Repaired {
+			err = fmt.Errorf("reset not repaired: %+v", res)
+		}
+		return err
+	})
+	if got := inNS(); got != "1" {
+		t.Fatalf("namespace value after repair = %q, want 1", got)
+	}
+
+	// Disabled: the value found at first is back.
+	inside("disable", func() error { return f.Revert(ctx) })
+	if got := inNS(); got != "0" {
+		t.Fatalf("namespace value after Revert = %q, want 0", got)
+	}
+	if _, err := os.Stat(filepath.Join(stateDir, StateFile)); err == nil {
+		t.Fatal("state file survived Revert")
+	}
+}
