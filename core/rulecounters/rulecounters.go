@@ -1,0 +1,119 @@
+// Package rulecounters exports the kernel counters of a fix's rules (rules.Rule.Counter) as one
+// Prometheus counter per family, for fixes that want "packets dropped/matched" metrics.
+//
+// Kernel rule counters reset whenever the backend rewrites the fix's chains, and Prometheus counters
+// must never go down. The collector reads the counters on every scrape, remembers the last raw value
+// of each, and adds only increases (after a reset: the new raw value) to a running total.
+//
+//	reg.MustRegister(rulecounters.New(rulecounters.Options{
+//		Reader: p.Backend, Fix: ID,
+//		Name:   "nnm_metadata_block_dropped_packets_total",
+//		Help:   "Packets from local pods to a blocked metadata address, dropped.",
+//		Match:  rulecounters.Prefix("dropped"),
+//	}))
+package rulecounters
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+)
+
+// Reader reads the counters of a fix; backend.Backend is one (and testkit.FakeBackend).
+type Reader interface {
+	Counters(ctx context.Context, fix string, family rules.Family) (map[string]backend.Counter, error)
+}
+
+// Options describe one exported counter.
+type Options struct {
+	Reader Reader
+	// Fix is the fix id whose counters are read.
+	Fix string
+	// Name is the metric name (nnm_<fix>_…_total) and Help its help text.
+	Name, Help string
+	// Match selects the rule counters summed into the metric (nil: all of them).
+	Match func(counter string) bool
+	// Bytes exports bytes instead of packets.
+	Bytes bool
+	// Timeout bounds the read done on each scrape (default 5s).
+	Timeout time.Duration
+}
+
+// Prefix matches counter names that start with p.
+func Prefix(p string) func(string) bool {
+	return func(name string) bool { return strings.HasPrefix(name, p) }
+}
+
+// Collector is a prometheus.Collector with one series per family (label "family").
+type Collector struct {
+	o    Options
+	desc *prometheus.Desc
+
+	mu    sync.Mutex
+	last  map[rules.Family]map[string]uint64
+	total map[rules.Family]uint64
+}
+
+// New returns the collector; register it on the injected registry.
+func New(o Options) *Collector {
+	if o.Timeout <= 0 {
+		o.Timeout = 5 * time.Second
+	}
+	return &Collector{o: o,
+		desc:  prometheus.NewDesc(o.Name, o.Help, []string{"family"}, nil),
+		last:  map[rules.Family]map[string]uint64{},
+		total: map[rules.Family]uint64{},
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect reads the kernel counters of every family. A family is exported from its first successful
+// read on; a failed read keeps the last total rather than making the series vanish.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.o.Timeout)
+	defer cancel()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, fam := range rules.Families {
+		if c.o.Reader != nil {
+			if cs, err := c.o.Reader.Counters(ctx, c.o.Fix, fam); err == nil && len(cs) > 0 {
+				raw := map[string]uint64{}
+				for name, v := range cs {
+					if c.o.Match == nil || c.o.Match(name) {
+						raw[name] = v.Packets
+						if c.o.Bytes {
+							raw[name] = v.Bytes
+						}
+					}
+				}
+				c.add(fam, raw)
+			}
+		}
+		if total, ok := c.total[fam]; ok {
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(total), string(fam))
+		}
+	}
+}
+
+func (c *Collector) add(fam rules.Family, raw map[string]uint64) {
+	last := c.last[fam]
+	total := c.total[fam]
+	for name, v := range raw {
+		prev, seen := last[name]
+		if !seen || v < prev { // new counter, or reset by a rewrite of the chains
+			total += v
+		} else {
+			total += v - prev
+		}
+	}
+	c.last[fam] = raw // a counter that disappears starts from zero if it comes back
+	c.total[fam] = total
+}
