@@ -141,7 +141,7 @@ func KubeProxyConfigMap(client kubernetes.Interface) func(context.Context) (stri
 		case apierrors.IsNotFound(err):
 			return "", false, nil
 		case apierrors.IsForbidden(err):
-			return "", false, fmt.Errorf("%w (grant get on configmaps/kube-proxy in kube-system: deploy/base/rbac.yaml)", err)
+			return "", false, fmt.Errorf("%w (grant get on configmaps/kube-proxy in kube-system: deploy/base/kube-proxy-config-rbac.yaml)", err)
 		case err != nil:
 			return "", false, err
 		}

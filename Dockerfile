@@ -1,0 +1,36 @@
+# network-node-manager image: a static Go binary on Debian bookworm-slim with the netfilter tools the
+# agent drives (iptables-nft, iptables-legacy, ip6tables-*, their -save/-restore, and nft).
+#
+#   docker build --build-arg VERSION=$(git describe --tags --always) -t network-node-manager:dev .
+#   (make image does the same)
+#
+# Runtime needs (see deploy/base/daemonset.yaml): root in the host network namespace with only
+# CAP_NET_ADMIN (+ CAP_NET_RAW for iptables-legacy), read-only root filesystem, and the host's
+# /run/xtables.lock mounted. Nothing in the image is written at run time.
+
+# ---- build ----
+FROM golang:1.26-bookworm AS build
+WORKDIR /src
+# Dependencies first, so that source edits reuse the module cache layer.
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION=dev
+RUN CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" \
+      -o /out/network-node-manager ./cmd/network-node-manager \
+ && /out/network-node-manager version
+
+# ---- runtime ----
+FROM debian:bookworm-slim
+# iptables brings both variants (iptables-nft is the default alternative; the agent calls the
+# variant-specific binaries iptables-nft-* / iptables-legacy-* itself, so alternatives do not matter).
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends iptables nftables \
+ && rm -rf /var/lib/apt/lists/* \
+ && iptables-nft-save --version && iptables-legacy-save --version && nft --version
+COPY --from=build /out/network-node-manager /usr/local/bin/network-node-manager
+# Netfilter needs uid 0 in the node's network namespace; capabilities are limited by the pod spec.
+USER 0:0
+EXPOSE 9484
+ENTRYPOINT ["/usr/local/bin/network-node-manager"]
+CMD ["run"]

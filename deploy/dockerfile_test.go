@@ -1,0 +1,254 @@
+package deploy
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// No Docker engine runs in CI, so the image cannot be built there. This test checks the Dockerfile
+// against the repository instead: the Go version, the package it builds, the -X variable, the binary
+// path between the stages, the tools the runtime installs (against this Debian 12 host's package
+// database, the same release as the bookworm-slim runtime), and that .dockerignore keeps what the
+// build needs.
+
+type dockerfile struct {
+	stages []stage
+}
+
+type stage struct {
+	from, name string
+	lines      []string // instructions with continuations joined
+}
+
+func parseDockerfile(t *testing.T, file string) dockerfile {
+	t.Helper()
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var df dockerfile
+	var cur strings.Builder
+	sc := bufio.NewScanner(f)
+	flush := func() {
+		line := strings.TrimSpace(cur.String())
+		cur.Reset()
+		if line == "" {
+			return
+		}
+		fields := strings.Fields(line)
+		if strings.EqualFold(fields[0], "FROM") {
+			s := stage{from: fields[1]}
+			if len(fields) == 4 && strings.EqualFold(fields[2], "AS") {
+				s.name = fields[3]
+			}
+			df.stages = append(df.stages, s)
+			return
+		}
+		if len(df.stages) == 0 {
+			if !strings.EqualFold(fields[0], "ARG") {
+				t.Fatalf("%s: %q before the first FROM", file, line)
+			}
+			return
+		}
+		df.stages[len(df.stages)-1].lines = append(df.stages[len(df.stages)-1].lines, line)
+	}
+	for sc.Scan() {
+		l := sc.Text()
+		if strings.HasPrefix(strings.TrimSpace(l), "#") {
+			continue
+		}
+		if strings.HasSuffix(l, `\`) {
+			cur.WriteString(strings.TrimSuffix(l, `\`) + " ")
+			continue
+		}
+		cur.WriteString(l)
+		flush()
+	}
+	flush()
+	return df
+}
+
+func (s stage) find(instr string) []string {
+	var out []string
+	for _, l := range s.lines {
+		if f := strings.Fields(l); strings.EqualFold(f[0], instr) {
+			out = append(out, strings.TrimSpace(l[len(f[0]):]))
+		}
+	}
+	return out
+}
+
+func TestDockerfile(t *testing.T) {
+	root, _ := filepath.Abs("..")
+	df := parseDockerfile(t, filepath.Join(root, "Dockerfile"))
+	if len(df.stages) != 2 || df.stages[0].name != "build" {
+		t.Fatalf("want two stages (build, runtime), got %+v", df.stages)
+	}
+	build, runtime := df.stages[0], df.stages[1]
+
+	// The Go image matches go.mod's go line (major.minor).
+	gomod, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindSubmatch(gomod)
+	if m == nil || !strings.HasPrefix(build.from, "golang:"+string(m[1])) {
+		t.Errorf("build stage FROM %s, go.mod says go %s", build.from, m[1])
+	}
+
+	// The build command: static, the agent's package, main.version, an output path.
+	var goBuild string
+	for _, r := range build.find("RUN") {
+		if strings.Contains(r, "go build") {
+			goBuild = r
+		}
+	}
+	for _, want := range []string{"CGO_ENABLED=0", "-X main.version="} {
+		if !strings.Contains(goBuild, want) {
+			t.Errorf("go build %q lacks %s", goBuild, want)
+		}
+	}
+	pkg := regexp.MustCompile(`\s(\./cmd/[\w/-]+)`).FindStringSubmatch(goBuild)
+	out := regexp.MustCompile(`-o\s+(\S+)`).FindStringSubmatch(goBuild)
+	if pkg == nil || out == nil {
+		t.Fatalf("go build %q: no package or -o", goBuild)
+	}
+	mainGo, err := os.ReadFile(filepath.Join(root, pkg[1], "main.go"))
+	if err != nil {
+		t.Fatalf("the Dockerfile builds %s: %v", pkg[1], err)
+	}
+	if !regexp.MustCompile(`(?m)^package main$`).Match(mainGo) || !regexp.MustCompile(`(?m)^var version\b`).Match(mainGo) {
+		t.Errorf("%s/main.go must be package main with a version variable for -X main.version", pkg[1])
+	}
+
+	// The runtime copies that binary and runs it.
+	copies := runtime.find("COPY")
+	if len(copies) != 1 {
+		t.Fatalf("runtime COPY = %v", copies)
+	}
+	cf := strings.Fields(copies[0])
+	if len(cf) != 3 || cf[0] != "--from="+build.name || cf[1] != out[1] {
+		t.Errorf("runtime COPY %q must copy %s from stage %s", copies[0], out[1], build.name)
+	}
+	entry := runtime.find("ENTRYPOINT")
+	if len(entry) != 1 || entry[0] != `["`+cf[2]+`"]` {
+		t.Errorf("ENTRYPOINT %v must be the copied binary %s", entry, cf[2])
+	}
+	if path.Base(cf[2]) != "network-node-manager" {
+		t.Errorf("binary name %s", cf[2])
+	}
+
+	// The runtime packages provide every tool the agent executes (checked against this Debian host).
+	var install string
+	for _, r := range runtime.find("RUN") {
+		if strings.Contains(r, "apt-get install") {
+			install = r
+		}
+	}
+	pkgs := map[string]bool{}
+	for _, p := range []string{"iptables", "nftables"} {
+		if !regexp.MustCompile(`\s` + p + `(\s|$)`).MatchString(install) {
+			t.Errorf("runtime does not install %s: %q", p, install)
+		}
+		pkgs[p] = true
+	}
+	if !strings.Contains(runtime.from, "bookworm") {
+		t.Errorf("runtime FROM %s: the package check below assumes Debian bookworm", runtime.from)
+	}
+	if _, err := exec.LookPath("dpkg"); err != nil {
+		t.Log("no dpkg: skipping the package-content check")
+		return
+	}
+	tools := []string{"nft"}
+	for _, bin := range []string{"iptables", "ip6tables"} {
+		for _, v := range []string{"nft", "legacy"} {
+			for _, tool := range []string{"-save", "-restore", ""} {
+				tools = append(tools, bin+"-"+v+tool)
+			}
+		}
+	}
+	for _, tool := range tools {
+		p, err := exec.LookPath(tool)
+		if err != nil {
+			t.Errorf("%s is not installed on this host; cannot check which package provides it", tool)
+			continue
+		}
+		outb, err := exec.Command("dpkg", "-S", p).Output()
+		if err != nil {
+			// /usr/sbin may be a merged-/usr symlink target; try the /sbin spelling.
+			outb, err = exec.Command("dpkg", "-S", strings.Replace(p, "/usr/sbin", "/sbin", 1)).Output()
+		}
+		owner, _, _ := strings.Cut(string(outb), ":")
+		if err != nil || !pkgs[owner] {
+			t.Errorf("%s (%s) comes from package %q, not from the image's iptables/nftables: %v", tool, p, owner, err)
+		}
+	}
+}
+
+// .dockerignore must not drop a file the build stage needs: go.mod, go.sum and every package the
+// agent is built from.
+func TestDockerignoreKeepsBuildInputs(t *testing.T) {
+	root, _ := filepath.Abs("..")
+	data, err := os.ReadFile(filepath.Join(root, ".dockerignore"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var patterns []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+			if strings.HasPrefix(l, "!") {
+				t.Fatalf(".dockerignore: exceptions (%s) are not understood by this test", l)
+			}
+			patterns = append(patterns, l)
+		}
+	}
+	ignored := func(rel string) string {
+		parts := strings.Split(rel, "/")
+		for _, p := range patterns {
+			for i := range parts {
+				prefix := strings.Join(parts[:i+1], "/")
+				if ok, _ := path.Match(p, prefix); ok {
+					return p
+				}
+				if rest, ok := strings.CutPrefix(p, "**/"); ok {
+					if ok, _ := path.Match(rest, parts[i]); ok {
+						return p
+					}
+				}
+			}
+		}
+		return ""
+	}
+	cmd := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.Dir}}{{end}}", "./cmd/network-node-manager")
+	cmd.Dir = root
+	outb, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	needed := []string{"go.mod", "go.sum"}
+	for _, dir := range strings.Fields(string(outb)) {
+		if rel, err := filepath.Rel(root, dir); err == nil && !strings.HasPrefix(rel, "..") {
+			needed = append(needed, filepath.ToSlash(rel)+"/x.go")
+		}
+	}
+	if len(needed) < 5 {
+		t.Fatalf("go list found only %v", needed)
+	}
+	for _, n := range needed {
+		if p := ignored(n); p != "" {
+			t.Errorf(".dockerignore pattern %q drops %s, which the image build needs", p, path.Dir(n))
+		}
+	}
+	for _, n := range []string{"bin/network-node-manager", ".git/HEAD", "core/testkit/testdata/x.golden"} {
+		if ignored(n) == "" {
+			t.Errorf(".dockerignore should keep %s out of the build context", n)
+		}
+	}
+}

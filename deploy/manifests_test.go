@@ -1,0 +1,583 @@
+// Package deploy holds the kustomize base, components, overlays and uninstall manifests. Its tests
+// render them the way `kubectl apply -k` does, check them against each other, the agent's command
+// line and configuration, and apply them to a real kube-apiserver with server-side dry run, so a
+// schema error fails the build.
+package deploy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"go.uber.org/fx"
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
+
+	"github.com/network-node-manager/network-node-manager/cmd/network-node-manager/app"
+	"github.com/network-node-manager/network-node-manager/core"
+	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/core/detect"
+	"github.com/network-node-manager/network-node-manager/core/engine"
+	"github.com/network-node-manager/network-node-manager/core/testkit"
+	"github.com/network-node-manager/network-node-manager/core/watch"
+	"github.com/network-node-manager/network-node-manager/fixes"
+	"github.com/network-node-manager/network-node-manager/internal/controlplane"
+)
+
+// ---- a kustomize renderer for what our kustomizations use ----
+
+// kustomization is the subset of kustomize's Kustomization/Component that deploy/ uses. It is
+// decoded strictly: a kustomization that starts using transformers (namespace, images, patches, …)
+// fails here until the renderer learns them, instead of being checked as if they were not there.
+type kustomization struct {
+	APIVersion string   `json:"apiVersion"`
+	Kind       string   `json:"kind"`
+	Resources  []string `json:"resources"`
+	Components []string `json:"components"`
+}
+
+type object struct {
+	file string
+	doc  []byte
+	u    *unstructured.Unstructured
+}
+
+func (o object) String() string {
+	return fmt.Sprintf("%s %s/%s (%s)", o.u.GetKind(), o.u.GetNamespace(), o.u.GetName(), o.file)
+}
+
+// render returns the objects `kubectl apply -k dir` applies, in order.
+func render(t *testing.T, dir string) []object {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k kustomization
+	if err := yaml.UnmarshalStrict(data, &k); err != nil {
+		t.Fatalf("%s/kustomization.yaml: %v (the test renderer knows only resources and components)", dir, err)
+	}
+	switch {
+	case k.Kind == "Kustomization" && k.APIVersion == "kustomize.config.k8s.io/v1beta1":
+	case k.Kind == "Component" && k.APIVersion == "kustomize.config.k8s.io/v1alpha1":
+	default:
+		t.Fatalf("%s: %s %s is not a kustomization", dir, k.APIVersion, k.Kind)
+	}
+	var out []object
+	for _, r := range k.Resources {
+		p := filepath.Join(dir, r)
+		if fi, err := os.Stat(p); err == nil && fi.IsDir() {
+			out = append(out, render(t, p)...)
+			continue
+		}
+		out = append(out, loadFile(t, p)...)
+	}
+	for _, c := range k.Components {
+		out = append(out, render(t, filepath.Join(dir, c))...)
+	}
+	seen := map[string]string{}
+	for _, o := range out {
+		id := o.u.GroupVersionKind().GroupKind().String() + " " + o.u.GetNamespace() + "/" + o.u.GetName()
+		if prev, dup := seen[id]; dup {
+			t.Fatalf("%s defined twice (%s and %s): kustomize refuses that", id, prev, o.file)
+		}
+		seen[id] = o.file
+	}
+	return out
+}
+
+var docSep = regexp.MustCompile(`(?m)^---\s*$`)
+
+func loadFile(t *testing.T, path string) []object {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []object
+	for i, doc := range docSep.Split(string(data), -1) {
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+			t.Fatalf("%s document %d: %v", path, i, err)
+		}
+		if len(u.Object) == 0 {
+			continue
+		}
+		if u.GetKind() == "" || u.GetAPIVersion() == "" || u.GetName() == "" {
+			t.Fatalf("%s document %d: apiVersion, kind and metadata.name are required", path, i)
+		}
+		out = append(out, object{file: path, doc: []byte(doc), u: u})
+	}
+	return out
+}
+
+// typed decodes o strictly into a typed object: a misspelt field fails even without an API server.
+func typed[T any](t *testing.T, o object) *T {
+	t.Helper()
+	v := new(T)
+	if err := yaml.UnmarshalStrict(o.doc, v); err != nil {
+		t.Fatalf("%s: %v", o, err)
+	}
+	return v
+}
+
+func find(t *testing.T, objs []object, kind, name string) object {
+	t.Helper()
+	for _, o := range objs {
+		if o.u.GetKind() == kind && o.u.GetName() == name {
+			return o
+		}
+	}
+	t.Fatalf("no %s %s among %d objects", kind, name, len(objs))
+	return object{}
+}
+
+// Every manifest set the docs tell users to apply.
+var manifestSets = map[string]func(t *testing.T) []object{
+	"base":                func(t *testing.T) []object { return render(t, "base") },
+	"overlays/podmonitor": func(t *testing.T) []object { return render(t, "overlays/podmonitor") },
+	"uninstall/daemonset": func(t *testing.T) []object { return loadFile(t, "uninstall/daemonset.yaml") },
+	"uninstall/job":       func(t *testing.T) []object { return loadFile(t, "uninstall/job.yaml") },
+}
+
+// ---- static checks ----
+
+func TestBaseObjects(t *testing.T) {
+	var got []string
+	for _, o := range render(t, "base") {
+		got = append(got, o.u.GetKind()+" "+o.u.GetNamespace()+"/"+o.u.GetName())
+	}
+	want := []string{
+		"ServiceAccount kube-system/network-node-manager",
+		"ClusterRole /network-node-manager",
+		"ClusterRoleBinding /network-node-manager",
+		"Role kube-system/network-node-manager-kube-proxy-config",
+		"RoleBinding kube-system/network-node-manager-kube-proxy-config",
+		"ConfigMap kube-system/network-node-manager",
+		"DaemonSet kube-system/network-node-manager",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("deploy/base renders\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+	}
+}
+
+// The ClusterRole grants exactly Services list/watch and Nodes get/list/watch; the only namespaced
+// grant is get on the one ConfigMap kube-system/kube-proxy; both bind the agent's ServiceAccount.
+func TestLeastPrivilege(t *testing.T) {
+	objs := render(t, "base")
+	cr := typed[rbacv1.ClusterRole](t, find(t, objs, "ClusterRole", "network-node-manager"))
+	wantCR := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"services"}, Verbs: []string{"list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
+	}
+	if fmt.Sprint(cr.Rules) != fmt.Sprint(wantCR) || cr.AggregationRule != nil {
+		t.Errorf("ClusterRole rules = %+v, want exactly %+v", cr.Rules, wantCR)
+	}
+	role := typed[rbacv1.Role](t, find(t, objs, "Role", "network-node-manager-kube-proxy-config"))
+	wantRole := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{"kube-proxy"}, Verbs: []string{"get"}}}
+	if fmt.Sprint(role.Rules) != fmt.Sprint(wantRole) || role.Namespace != "kube-system" {
+		t.Errorf("Role %s rules = %+v, want exactly %+v", role.Namespace, role.Rules, wantRole)
+	}
+	sa := typed[corev1.ServiceAccount](t, find(t, objs, "ServiceAccount", "network-node-manager"))
+	subject := rbacv1.Subject{Kind: "ServiceAccount", Name: sa.Name, Namespace: sa.Namespace}
+	crb := typed[rbacv1.ClusterRoleBinding](t, find(t, objs, "ClusterRoleBinding", "network-node-manager"))
+	rb := typed[rbacv1.RoleBinding](t, find(t, objs, "RoleBinding", "network-node-manager-kube-proxy-config"))
+	for _, b := range []struct {
+		name     string
+		ref      rbacv1.RoleRef
+		subjects []rbacv1.Subject
+		want     rbacv1.RoleRef
+	}{
+		{"ClusterRoleBinding", crb.RoleRef, crb.Subjects, rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: cr.Name}},
+		{"RoleBinding", rb.RoleRef, rb.Subjects, rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: role.Name}},
+	} {
+		if b.ref != b.want || len(b.subjects) != 1 || b.subjects[0] != subject {
+			t.Errorf("%s: roleRef %+v subjects %+v, want %+v and only %+v", b.name, b.ref, b.subjects, b.want, subject)
+		}
+	}
+}
+
+func TestDaemonSet(t *testing.T) {
+	objs := render(t, "base")
+	ds := typed[appsv1.DaemonSet](t, find(t, objs, "DaemonSet", "network-node-manager"))
+	cm := typed[corev1.ConfigMap](t, find(t, objs, "ConfigMap", "network-node-manager"))
+	sa := typed[corev1.ServiceAccount](t, find(t, objs, "ServiceAccount", "network-node-manager"))
+	spec := ds.Spec.Template.Spec
+	check := func(ok bool, format string, args ...any) {
+		t.Helper()
+		if !ok {
+			t.Errorf(format, args...)
+		}
+	}
+	check(spec.HostNetwork, "hostNetwork must be true")
+	check(spec.PriorityClassName == "system-node-critical", "priorityClassName = %q", spec.PriorityClassName)
+	check(len(spec.Tolerations) == 1 && spec.Tolerations[0].Operator == corev1.TolerationOpExists && spec.Tolerations[0].Key == "" &&
+		spec.Tolerations[0].Effect == "", "tolerations must be a single {operator: Exists}: %+v", spec.Tolerations)
+	check(spec.ServiceAccountName == sa.Name, "serviceAccountName %q, want %q", spec.ServiceAccountName, sa.Name)
+	check(ds.Namespace == sa.Namespace && cm.Namespace == sa.Namespace, "DaemonSet, ConfigMap, ServiceAccount in different namespaces")
+	us := ds.Spec.UpdateStrategy
+	check(us.Type == appsv1.RollingUpdateDaemonSetStrategyType && us.RollingUpdate != nil && us.RollingUpdate.MaxUnavailable != nil &&
+		us.RollingUpdate.MaxUnavailable.String() == "10%", "updateStrategy = %+v", us)
+	check(ds.Spec.Selector != nil && fmt.Sprint(ds.Spec.Selector.MatchLabels) == fmt.Sprint(ds.Spec.Template.Labels),
+		"selector %v must equal the pod labels %v", ds.Spec.Selector, ds.Spec.Template.Labels)
+	if len(spec.Containers) != 1 {
+		t.Fatalf("want one container, got %d", len(spec.Containers))
+	}
+	c := spec.Containers[0]
+
+	// Node name from the downward API, into the variable the config reads.
+	var nodeEnv *corev1.EnvVar
+	for i := range c.Env {
+		if c.Env[i].Name == config.EnvName("nodeName") {
+			nodeEnv = &c.Env[i]
+		}
+	}
+	check(nodeEnv != nil && nodeEnv.ValueFrom != nil && nodeEnv.ValueFrom.FieldRef != nil && nodeEnv.ValueFrom.FieldRef.FieldPath == "spec.nodeName",
+		"%s must come from fieldRef spec.nodeName: %+v", config.EnvName("nodeName"), nodeEnv)
+
+	// The config file: a ConfigMap volume (no subPath: subPath mounts never see updates) and --config.
+	mounts := map[string]corev1.VolumeMount{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.Name] = m
+	}
+	vols := map[string]corev1.Volume{}
+	for _, v := range spec.Volumes {
+		vols[v.Name] = v
+	}
+	var cfgVol string
+	for name, v := range vols {
+		if v.ConfigMap != nil && v.ConfigMap.Name == cm.Name {
+			cfgVol = name
+		}
+	}
+	m, ok := mounts[cfgVol]
+	check(ok && m.SubPath == "" && m.ReadOnly, "ConfigMap %s must be mounted read-only as a directory (no subPath): %+v", cm.Name, m)
+	cfgPath := filepath.Join(m.MountPath, "config.yaml")
+	check(slices.Contains(c.Args, "--config="+cfgPath), "args %v must pass --config=%s", c.Args, cfgPath)
+	_, hasKey := cm.Data["config.yaml"]
+	check(hasKey, "ConfigMap has no config.yaml key")
+
+	// xtables lock shared with the host.
+	lock, ok := vols["xtables-lock"]
+	check(ok && lock.HostPath != nil && lock.HostPath.Path == "/run/xtables.lock" && lock.HostPath.Type != nil &&
+		*lock.HostPath.Type == corev1.HostPathFileOrCreate, "xtables-lock volume = %+v", lock)
+	check(mounts["xtables-lock"].MountPath == "/run/xtables.lock" && !mounts["xtables-lock"].ReadOnly, "xtables lock mount = %+v", mounts["xtables-lock"])
+
+	// Probes and metrics on the port metricsAddress names.
+	cfg := loadConfigMap(t, cm)
+	_, port, err := net.SplitHostPort(cfg.MetricsAddress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var metricsPort int32
+	for _, p := range c.Ports {
+		if p.Name == "metrics" {
+			metricsPort = p.ContainerPort
+		}
+	}
+	check(fmt.Sprint(metricsPort) == port, "containerPort metrics = %d, config metricsAddress %s", metricsPort, cfg.MetricsAddress)
+	check(ds.Spec.Template.Annotations["prometheus.io/port"] == port, "prometheus.io/port annotation %q, want %s", ds.Spec.Template.Annotations["prometheus.io/port"], port)
+	for name, p := range map[string]*corev1.Probe{"/healthz": c.LivenessProbe, "/readyz": c.ReadinessProbe} {
+		check(p != nil && p.HTTPGet != nil && p.HTTPGet.Path == name && p.HTTPGet.Port.String() == "metrics", "probe %s = %+v", name, p)
+	}
+
+	// Resources and privileges.
+	check(!c.Resources.Requests.Cpu().IsZero() && !c.Resources.Requests.Memory().IsZero() && !c.Resources.Limits.Memory().IsZero(),
+		"requests cpu/memory and a memory limit are required: %+v", c.Resources)
+	checkSecurity(t, c, "agent")
+	check(spec.Containers[0].Image == "network-node-manager:latest", "image %q: the docs' `kustomize edit set image network-node-manager=…` relies on this name", c.Image)
+}
+
+// checkSecurity: netfilter needs uid 0 but nothing beyond NET_ADMIN (+ NET_RAW for iptables-legacy).
+func checkSecurity(t *testing.T, c corev1.Container, what string) {
+	t.Helper()
+	sc := c.SecurityContext
+	if sc == nil || sc.Capabilities == nil {
+		t.Fatalf("%s: no securityContext", what)
+	}
+	if fmt.Sprint(sc.Capabilities.Drop) != "[ALL]" || fmt.Sprint(sc.Capabilities.Add) != "[NET_ADMIN NET_RAW]" {
+		t.Errorf("%s: capabilities drop %v add %v, want drop [ALL] add [NET_ADMIN NET_RAW]", what, sc.Capabilities.Drop, sc.Capabilities.Add)
+	}
+	if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Errorf("%s: readOnlyRootFilesystem must be true", what)
+	}
+	if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Errorf("%s: allowPrivilegeEscalation must be false", what)
+	}
+	if sc.Privileged != nil && *sc.Privileged {
+		t.Errorf("%s: must not be privileged", what)
+	}
+}
+
+// loadConfigMap loads the shipped config file the way the agent does, and builds the engine with every
+// standard fix, so an unknown key or a bad fix option in the ConfigMap fails here.
+func loadConfigMap(t *testing.T, cm *corev1.ConfigMap) *config.Config {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(file, []byte(cm.Data["config.yaml"]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var cfg *config.Config
+	var e *engine.Engine
+	src, err := watch.ParseFile("empty", []byte("apiVersion: v1\nkind: List\nitems: []\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fx.New(fx.NopLogger, fixes.Standard, core.Module,
+		fx.Supply(core.Inputs{Environ: []string{"NNM_CONFIG=" + file, "NNM_NODE_NAME=node-1"}}),
+		fx.Supply(&detect.Probes{}),
+		fx.Provide(func() backend.Backend { return testkit.NewFakeBackend() }),
+		fx.Provide(func() watch.Source { return src }),
+		fx.Populate(&cfg, &e))
+	if err := app.Err(); err != nil {
+		t.Fatalf("the ConfigMap's config.yaml does not load: %v", err)
+	}
+	if cfg.ProxyMode != "auto" || cfg.Backend != "auto" || cfg.IptablesVariant != "auto" || cfg.NodeName != "node-1" {
+		t.Errorf("shipped config: proxyMode %q backend %q iptablesVariant %q nodeName %q; want auto everywhere and the node name from the environment",
+			cfg.ProxyMode, cfg.Backend, cfg.IptablesVariant, cfg.NodeName)
+	}
+	return cfg
+}
+
+// The commands and flags the manifests call exist in the binary.
+func TestManifestsCallExistingCommands(t *testing.T) {
+	root := app.NewCommand("test", fixes.Standard)
+	for set, load := range manifestSets {
+		for _, o := range load(t) {
+			var pod *corev1.PodSpec
+			switch o.u.GetKind() {
+			case "DaemonSet":
+				pod = &typed[appsv1.DaemonSet](t, o).Spec.Template.Spec
+			case "Job":
+				pod = &typed[batchv1.Job](t, o).Spec.Template.Spec
+			default:
+				continue
+			}
+			for _, c := range append(slices.Clone(pod.InitContainers), pod.Containers...) {
+				if c.Image != "network-node-manager:latest" {
+					t.Errorf("%s %s: image %q", set, c.Name, c.Image)
+				}
+				if len(c.Command) > 0 {
+					continue // e.g. sleep in the uninstall DaemonSet
+				}
+				if len(c.Args) == 0 {
+					t.Errorf("%s %s: no subcommand", set, c.Name)
+					continue
+				}
+				cmd, rest, err := root.Find(c.Args)
+				if err != nil || cmd == root {
+					t.Errorf("%s %s: %v is not a command: %v", set, c.Name, c.Args, err)
+					continue
+				}
+				if err := cmd.ParseFlags(rest); err != nil {
+					t.Errorf("%s %s: %v: %v", set, c.Name, c.Args, err)
+				}
+				if cmd.Name() == "cleanup" {
+					checkSecurity(t, c, set+" "+c.Name)
+				}
+			}
+		}
+	}
+}
+
+// The PodMonitor scrapes the DaemonSet's pods on their metrics port.
+func TestPodMonitorMatchesDaemonSet(t *testing.T) {
+	objs := render(t, "overlays/podmonitor")
+	pm := find(t, objs, "PodMonitor", "network-node-manager")
+	ds := typed[appsv1.DaemonSet](t, find(t, objs, "DaemonSet", "network-node-manager"))
+	if pm.u.GetAPIVersion() != "monitoring.coreos.com/v1" {
+		t.Errorf("PodMonitor apiVersion %s", pm.u.GetAPIVersion())
+	}
+	sel, _, _ := unstructured.NestedStringMap(pm.u.Object, "spec", "selector", "matchLabels")
+	for k, v := range sel {
+		if ds.Spec.Template.Labels[k] != v {
+			t.Errorf("PodMonitor selector %s=%s does not match the pod labels %v", k, v, ds.Spec.Template.Labels)
+		}
+	}
+	ns, _, _ := unstructured.NestedStringSlice(pm.u.Object, "spec", "namespaceSelector", "matchNames")
+	if !slices.Contains(ns, ds.Namespace) {
+		t.Errorf("PodMonitor namespaceSelector %v misses %s", ns, ds.Namespace)
+	}
+	eps, _, _ := unstructured.NestedSlice(pm.u.Object, "spec", "podMetricsEndpoints")
+	if len(eps) != 1 || eps[0].(map[string]any)["port"] != "metrics" {
+		t.Errorf("podMetricsEndpoints = %v, want port metrics", eps)
+	}
+}
+
+// ---- against a real kube-apiserver ----
+
+type applier struct {
+	dyn    dynamic.Interface
+	mapper meta.RESTMapper
+}
+
+func newApplier(t *testing.T, cfg *rest.Config) *applier {
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &applier{dyn: dynamic.NewForConfigOrDie(cfg), mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))}
+}
+
+var errNoKind = errors.New("kind not served")
+
+// apply server-side applies o (dryRun: All → validated and admitted, not stored).
+func (a *applier) apply(ctx context.Context, o object, dryRun bool) error {
+	gvk := o.u.GroupVersionKind()
+	mapping, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if meta.IsNoMatchError(err) {
+		return fmt.Errorf("%s: %w", gvk, errNoKind)
+	}
+	if err != nil {
+		return err
+	}
+	var ri dynamic.ResourceInterface = a.dyn.Resource(mapping.Resource)
+	if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
+		ns := o.u.GetNamespace()
+		if ns == "" {
+			return fmt.Errorf("%s: namespaced object without namespace (the base sets no namespace transformer)", o)
+		}
+		ri = a.dyn.Resource(mapping.Resource).Namespace(ns)
+	} else if o.u.GetNamespace() != "" {
+		return fmt.Errorf("%s: cluster-scoped object with a namespace", o)
+	}
+	opts := metav1.ApplyOptions{FieldManager: "kubectl", Force: true}
+	if dryRun {
+		opts.DryRun = []string{metav1.DryRunAll}
+	}
+	_, err = ri.Apply(ctx, o.u.GetName(), o.u, opts)
+	return err
+}
+
+func TestManifestsAgainstAPIServer(t *testing.T) {
+	cp := controlplane.StartT(t, controlplane.Options{})
+	ctx := t.Context()
+	a := newApplier(t, cp.AdminRESTConfig())
+
+	names := make([]string, 0, len(manifestSets))
+	for n := range manifestSets {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, set := range names {
+		t.Run("dry-run/"+set, func(t *testing.T) {
+			for _, o := range manifestSets[set](t) {
+				err := a.apply(ctx, o, true)
+				if errors.Is(err, errNoKind) && o.u.GetKind() == "PodMonitor" {
+					t.Logf("%s: CRD not installed here; checked structurally (TestPodMonitorMatchesDaemonSet)", o)
+					continue
+				}
+				if err != nil {
+					t.Errorf("server-side dry run of %s: %v", o, err)
+				}
+			}
+		})
+	}
+
+	// The dry run can fail: a misspelt field is rejected by the server.
+	t.Run("dry-run rejects a schema error", func(t *testing.T) {
+		o := find(t, render(t, "base"), "DaemonSet", "network-node-manager")
+		bad := object{file: o.file, u: o.u.DeepCopy()}
+		spec := bad.u.Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
+		spec["hostNetwrok"] = true
+		if err := a.apply(ctx, bad, true); err == nil || !strings.Contains(err.Error(), "hostNetwrok") {
+			t.Errorf("applying a DaemonSet with spec.template.spec.hostNetwrok: err = %v, want a schema error naming the field", err)
+		}
+	})
+
+	// Apply the base for real (what `kubectl apply -k deploy/base` does) and check what the agent's
+	// ServiceAccount may do with it.
+	t.Run("apply base and check the agent's access", func(t *testing.T) {
+		for _, o := range render(t, "base") {
+			if err := a.apply(ctx, o, false); err != nil {
+				t.Fatalf("apply %s: %v", o, err)
+			}
+		}
+		kc, err := cp.ServiceAccountKubeconfig(ctx, "kube-system", "network-node-manager", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc, err := clientcmd.BuildConfigFromFlags("", kc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs := kubernetes.NewForConfigOrDie(rc)
+		allowed := map[string]func() error{
+			"list services": func() error { _, err := cs.CoreV1().Services("").List(ctx, metav1.ListOptions{}); return err },
+			"watch nodes": func() error {
+				w, err := cs.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=node-1"})
+				if err == nil {
+					w.Stop()
+				}
+				return err
+			},
+			"get node": func() error {
+				_, err := cs.CoreV1().Nodes().Get(ctx, "node-1", metav1.GetOptions{})
+				if apierrors.IsNotFound(err) {
+					return nil
+				}
+				return err
+			},
+			// The detect probe as the agent runs it: NotFound here (no kube-proxy), not Forbidden.
+			"get kube-proxy configmap": func() error {
+				_, found, err := detect.KubeProxyConfigMap(cs)(ctx)
+				if found {
+					return errors.New("unexpected kube-proxy ConfigMap")
+				}
+				return err
+			},
+		}
+		for what, f := range allowed {
+			if err := f(); err != nil {
+				t.Errorf("%s as the agent: %v", what, err)
+			}
+		}
+		denied := map[string]func() error{
+			"list configmaps in kube-system": func() error {
+				_, err := cs.CoreV1().ConfigMaps("kube-system").List(ctx, metav1.ListOptions{})
+				return err
+			},
+			"get another configmap": func() error {
+				_, err := cs.CoreV1().ConfigMaps("kube-system").Get(ctx, "network-node-manager", metav1.GetOptions{})
+				return err
+			},
+			"list secrets": func() error { _, err := cs.CoreV1().Secrets("").List(ctx, metav1.ListOptions{}); return err },
+			"list pods":    func() error { _, err := cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); return err },
+			"update node": func() error {
+				_, err := cs.CoreV1().Nodes().Update(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}, metav1.UpdateOptions{})
+				return err
+			},
+			"delete service": func() error {
+				return cs.CoreV1().Services("default").Delete(ctx, "kubernetes", metav1.DeleteOptions{})
+			},
+		}
+		for what, f := range denied {
+			if err := f(); !apierrors.IsForbidden(err) {
+				t.Errorf("%s as the agent: err = %v, want Forbidden", what, err)
+			}
+		}
+	})
+}
