@@ -1,0 +1,36 @@
+// Package metadatablock is an example fix written outside the network-node-manager module, as a
+// third party would write one: it drops traffic from this node's pods to cloud metadata addresses
+// (169.254.169.254 by default), so that pods cannot read the node's cloud credentials, while the node
+// itself (kubelet, host-network pods) keeps its access.
+//
+// Files: cell.go (id, config, module), metadatablock.go (the rules), metrics.go, the tests, and
+// README.md in the sections every fix README has. See CONTRIBUTING.md at the repository root.
+package metadatablock
+
+import (
+	"go.uber.org/fx"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
+)
+
+// ID is the fix id: config key fixes.metadata-block, metric label, log field, rule comments.
+const ID = "metadata-block"
+
+// Description is the one-line summary shown by `version`.
+const Description = "drop traffic from this node's pods to cloud metadata addresses (169.254.169.254), keeping the node's own access"
+
+// Module registers the fix: one line in a custom agent's fx.Options.
+var Module = fx.Module(ID, fix.Provide(ID, New))
+
+// Config is the fix's configuration (keys under fixes.metadata-block).
+type Config struct {
+	// Addresses are the metadata addresses to block, IPv4 and/or IPv6.
+	Addresses []string `mapstructure:"addresses"`
+	// ExemptSourceCIDRs are pod ranges allowed through (e.g. a metadata proxy's pods).
+	ExemptSourceCIDRs []string `mapstructure:"exemptSourceCIDRs"`
+}
+
+// DefaultConfig is the configuration used when nothing is set.
+func DefaultConfig() Config {
+	return Config{Addresses: []string{"169.254.169.254"}}
+}

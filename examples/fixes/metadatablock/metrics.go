@@ -1,0 +1,16 @@
+package metadatablock
+
+import (
+	"github.com/network-node-manager/network-node-manager/core/rulecounters"
+)
+
+// newDropped exports the drop rules' kernel counters as nnm_metadata_block_dropped_packets_total,
+// monotonic across rule rewrites.
+func newDropped(r rulecounters.Reader) *rulecounters.Collector {
+	return rulecounters.New(rulecounters.Options{
+		Reader: r, Fix: ID,
+		Name:  "nnm_metadata_block_dropped_packets_total",
+		Help:  "Packets from this node's pods to a blocked metadata address, dropped.",
+		Match: rulecounters.Prefix("dropped-"),
+	})
+}
