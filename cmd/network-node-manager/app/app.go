@@ -154,19 +154,49 @@ func printPlan(w io.Writer, e *engine.Engine, cfg *config.Config, names []string
 func cleanupCommand(version string, fixModules fx.Option) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "cleanup",
-		Short: "Remove every rule, chain and table the agent owns (both backends, both families) and the predecessor's NMANAGER_* chains",
+		Short: "Remove every rule, chain and table the agent owns (both backends, both families) and the predecessor's NMANAGER_* chains, and revert node-state fixes (e.g. sysctls)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var cfg *config.Config
 			var log *slog.Logger
-			app := fx.New(quiet(), fixModules, core.Module, fx.Supply(inputs(cmd, version)), fx.Populate(&cfg, &log))
+			var fixes fix.In
+			// The fixes are built (not started) so that node-state fixes can be reverted; their
+			// constructors need a backend value but use it only when syncing.
+			app := fx.New(quiet(), fixModules, core.Module, fx.Supply(inputs(cmd, version)),
+				fx.Provide(func() backend.Backend { return nil }),
+				fx.Populate(&cfg, &log, &fixes))
 			if err := app.Err(); err != nil {
 				return err
 			}
-			return Cleanup(cmd.Context(), cfg, log)
+			return errors.Join(Cleanup(cmd.Context(), cfg, log), RevertNodeState(cmd.Context(), fixes.Fixes, cfg, log))
 		},
 	}
 	config.AddFlags(cmd.Flags())
 	return cmd
+}
+
+// RevertNodeState reverts every fix that changes node state other than rules (fix.Actuator), enabled
+// or not, with its options from cfg (e.g. where it keeps the value to restore).
+func RevertNodeState(ctx context.Context, fixes []fix.Fix, cfg *config.Config, log *slog.Logger) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	var errs []error
+	for _, f := range fixes {
+		a, ok := f.(fix.Actuator)
+		if !ok {
+			continue
+		}
+		if err := f.Configure(cfg.FixOptions(f.ID())); err != nil {
+			errs = append(errs, fmt.Errorf("fix %s: %w", f.ID(), err))
+			continue
+		}
+		if err := a.Revert(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("fix %s: revert: %w", f.ID(), err))
+			continue
+		}
+		log.Info("reverted", "fix", f.ID())
+	}
+	return errors.Join(errs...)
 }
 
 // Cleanup removes what every backend owns. The iptables variant of the node is cleaned; the other

@@ -1,0 +1,51 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+)
+
+type nodeFix struct {
+	id       string
+	opts     map[string]any
+	reverted bool
+	fail     error
+}
+
+func (f *nodeFix) ID() string                       { return f.id }
+func (f *nodeFix) Description() string              { return "" }
+func (f *nodeFix) DefaultEnabled(fix.Env) bool      { return false }
+func (f *nodeFix) Needs() fix.Needs                 { return fix.Needs{} }
+func (f *nodeFix) Configure(o map[string]any) error { f.opts = o; return nil }
+func (f *nodeFix) Ensure(context.Context, *fix.Snapshot, bool) (fix.Result, error) {
+	return fix.Result{}, nil
+}
+func (f *nodeFix) Revert(context.Context) error { f.reverted = true; return f.fail }
+func (f *nodeFix) Rules(*fix.Snapshot, rules.Family) (*rules.Ruleset, fix.Report, error) {
+	return nil, fix.Report{}, nil
+}
+
+func TestRevertNodeState(t *testing.T) {
+	a := &nodeFix{id: "node-a"}
+	b := &nodeFix{id: "node-b", fail: errors.New("read-only")}
+	c := config.Defaults()
+	c.Fixes = map[string]map[string]any{"node-a": {"enabled": false, "stateDir": "/run/x"}}
+	err := RevertNodeState(context.Background(), []fix.Fix{a, b}, &c, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if !a.reverted || !b.reverted {
+		t.Fatal("every Actuator must be reverted, enabled or not")
+	}
+	if a.opts["stateDir"] != "/run/x" {
+		t.Fatalf("Revert must run with the configured options: %v", a.opts)
+	}
+	if err == nil || !strings.Contains(err.Error(), "node-b") || strings.Contains(err.Error(), "node-a") {
+		t.Fatalf("err = %v", err)
+	}
+}
