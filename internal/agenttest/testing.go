@@ -1,0 +1,83 @@
+package agenttest
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// StopGrace is how long Stop waits after SIGTERM in the test helpers.
+const StopGrace = 15 * time.Second
+
+// Require skips the test when the agent cannot run here (see CheckPrerequisites).
+func Require(tb testing.TB) {
+	tb.Helper()
+	if err := CheckPrerequisites(); err != nil {
+		if errors.Is(err, ErrUnavailable) {
+			tb.Skipf("skipping: %v", err)
+		}
+		tb.Fatal(err)
+	}
+}
+
+// StartT starts the agent for a test: it skips when the agent cannot run (Require), fails the test when
+// it cannot start, and stops the agent when the test ends, printing the log tail if the test failed.
+// The log file lives in tb.TempDir() unless opts.LogFile is set.
+func StartT(tb testing.TB, opts Options) *Agent {
+	tb.Helper()
+	Require(tb)
+	if opts.LogFile == "" {
+		opts.LogFile = tb.TempDir() + "/agent.log"
+	}
+	a, err := Start(opts)
+	if err != nil {
+		tb.Fatalf("start agent: %v", err)
+	}
+	tb.Cleanup(func() {
+		err := a.Stop(StopGrace)
+		if tb.Failed() {
+			tb.Logf("agent log (%s), last 60 lines:\n%s", a.LogPath(), a.LogTail(60))
+		}
+		if err != nil {
+			tb.Errorf("stop agent: %v", err)
+		}
+	})
+	return a
+}
+
+// WaitReadyT is WaitReady that fails the test (with the log tail) on error.
+func (a *Agent) WaitReadyT(tb testing.TB, timeout time.Duration) {
+	tb.Helper()
+	if err := a.WaitReady(tb.Context(), timeout); err != nil {
+		tb.Fatalf("agent in %s not ready: %v\nlog tail:\n%s", a.Netns(), err, a.LogTail(40))
+	}
+}
+
+// MetricsT is Metrics that fails the test on error.
+func (a *Agent) MetricsT(tb testing.TB) Metrics {
+	tb.Helper()
+	m, err := a.Metrics(tb.Context())
+	if err != nil {
+		tb.Fatalf("scrape agent metrics in %s: %v", a.Netns(), err)
+	}
+	return m
+}
+
+// Eventually polls cond every 50 ms until it returns nil and fails the test with cond's last error
+// after timeout. It returns how long it took.
+func Eventually(tb testing.TB, timeout time.Duration, cond func() error) time.Duration {
+	tb.Helper()
+	start := time.Now()
+	if err := Poll(tb.Context(), timeout, 50*time.Millisecond, cond); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Since(start)
+}
+
+// Consistently fails the test if cond returns an error at any poll during duration.
+func Consistently(tb testing.TB, duration time.Duration, cond func() error) {
+	tb.Helper()
+	if err := Holds(tb.Context(), duration, 100*time.Millisecond, cond); err != nil {
+		tb.Fatalf("condition broke within %v: %v", duration, err)
+	}
+}
