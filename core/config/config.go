@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 
+	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -232,7 +233,7 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string) (*Config, error)
 		return nil, err
 	}
 	if err := dec.Decode(v.AllSettings()); err != nil {
-		return nil, fmt.Errorf("config: %s", strings.ReplaceAll(err.Error(), "\n", "; "))
+		return nil, fmt.Errorf("config: %w", fix.DecodeError(err))
 	}
 	cfg.File = file
 	cfg.Fixes = normalizeFixes(cfg.Fixes, fixIDs)
@@ -336,6 +337,7 @@ func checkKeys(v *viper.Viper, fixIDs []string) error {
 		if top == "fixes" {
 			id, _, _ := strings.Cut(rest, ".")
 			if !slices.Contains(fixIDs, id) {
+				fixIDs = slices.Sorted(slices.Values(fixIDs))
 				return fmt.Errorf("config: fixes.%s: unknown fix %q (registered fixes: %s)", id, id, strings.Join(fixIDs, ", "))
 			}
 			continue

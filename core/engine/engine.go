@@ -124,6 +124,9 @@ func (e *Engine) configure(cfg *config.Config) error {
 	}
 	for _, st := range e.fixes {
 		if err := st.fix.Configure(cfg.FixOptions(st.fix.ID())); err != nil {
+			if strings.HasPrefix(err.Error(), "fixes."+st.fix.ID()) {
+				return fmt.Errorf("config: %w", err)
+			}
 			return fmt.Errorf("config: fixes.%s: %w", st.fix.ID(), err)
 		}
 	}

@@ -9,6 +9,7 @@ package fix
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"reflect"
@@ -181,9 +182,33 @@ func Decode(options map[string]any, out any) error {
 		return err
 	}
 	if err := dec.Decode(options); err != nil {
-		return fmt.Errorf("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+		return DecodeError(err)
 	}
 	return nil
+}
+
+// DecodeError turns a mapstructure error into one line per problem ("'syncPeriod' time: invalid
+// duration \"abc\""), without its multi-line preamble.
+func DecodeError(err error) error {
+	var parts []string
+	for _, line := range strings.Split(err.Error(), "\n") {
+		line = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "* "))
+		if line == "" || strings.HasPrefix(line, "decoding failed due to") || strings.HasSuffix(line, "error(s) decoding:") {
+			continue
+		}
+		if where, keys, ok := strings.Cut(line, " has invalid keys: "); ok {
+			where = strings.Trim(where, "'")
+			if where != "" {
+				where += "."
+			}
+			line = "unknown key " + where + keys
+		}
+		parts = append(parts, line)
+	}
+	if len(parts) == 0 {
+		return err
+	}
+	return errors.New(strings.Join(parts, "; "))
 }
 
 func normalizeKey(s string) string {

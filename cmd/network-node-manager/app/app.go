@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.uber.org/dig"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxevent"
 
@@ -61,6 +62,7 @@ func runCommand(version string, fixModules fx.Option) *cobra.Command {
 				fx.Invoke(core.WatchConfig),
 			)
 			if err := app.Err(); err != nil {
+				err = dig.RootCause(err)
 				return err
 			}
 			ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -98,6 +100,7 @@ func planCommand(version string, fixModules fx.Option) *cobra.Command {
 				fx.Populate(&e, &cfg),
 			)
 			if err := app.Err(); err != nil {
+				err = dig.RootCause(err)
 				return err
 			}
 			names := backends.Names
@@ -165,6 +168,7 @@ func cleanupCommand(version string, fixModules fx.Option) *cobra.Command {
 				fx.Provide(func() backend.Backend { return nil }),
 				fx.Populate(&cfg, &log, &fixes))
 			if err := app.Err(); err != nil {
+				err = dig.RootCause(err)
 				return err
 			}
 			return errors.Join(Cleanup(cmd.Context(), cfg, log), RevertNodeState(cmd.Context(), fixes.Fixes, cfg, log))
@@ -251,6 +255,7 @@ func versionCommand(version string, fixModules fx.Option) *cobra.Command {
 				fx.Provide(func() backend.Backend { return nil }),
 				fx.Populate(&fixes))
 			if err := app.Err(); err != nil {
+				err = dig.RootCause(err)
 				return err
 			}
 			w := cmd.OutOrStdout()
