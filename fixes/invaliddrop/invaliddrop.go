@@ -25,11 +25,6 @@ const BeLiberalSysctl = "net.netfilter.nf_conntrack_tcp_be_liberal"
 // Comment is carried by every drop rule.
 const Comment = "drop conntrack INVALID (kubernetes#74839)"
 
-// CounterReader reads the kernel counters of a fix; backend.Backend is one.
-type CounterReader interface {
-	Counters(ctx context.Context, fix string, family rules.Family) (map[string]backend.Counter, error)
-}
-
 // Params is what the core provides.
 type Params struct {
 	fx.In
