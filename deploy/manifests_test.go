@@ -285,6 +285,10 @@ func TestDaemonSet(t *testing.T) {
 	check(ok && lock.HostPath != nil && lock.HostPath.Path == "/run/xtables.lock" && lock.HostPath.Type != nil &&
 		*lock.HostPath.Type == corev1.HostPathFileOrCreate, "xtables-lock volume = %+v", lock)
 	check(mounts["xtables-lock"].MountPath == "/run/xtables.lock" && !mounts["xtables-lock"].ReadOnly, "xtables lock mount = %+v", mounts["xtables-lock"])
+	// State that survives agent restarts (conntrack-liberal's value to restore), on the node's tmpfs.
+	state, ok := vols["state"]
+	check(ok && state.HostPath != nil && state.HostPath.Path == "/run/network-node-manager", "state volume = %+v", state)
+	check(mounts["state"].MountPath == "/run/network-node-manager" && !mounts["state"].ReadOnly, "state mount = %+v", mounts["state"])
 
 	// Probes and metrics on the port metricsAddress names.
 	cfg := loadConfigMap(t, cm)
