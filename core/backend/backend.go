@@ -1,8 +1,8 @@
 // Package backend defines the interface through which the core programs rules into the kernel.
 //
-// A backend owns a namespace of kernel objects (iptables chains named "NNM-…", nftables tables named
-// "network-node-manager") and never touches anything else, except the jump rules it adds to built-in
-// iptables chains. Each call is about one fix and one family, so fixes never disturb each other.
+// A backend owns a namespace of kernel objects (iptables chains named "NNM-…"; nftables tables named
+// "nnm-<fix>", one per fix and family) and never touches anything else, except the jump rules it adds
+// to built-in iptables chains. Each call is about one fix and one family, so fixes never disturb each other.
 package backend
 
 import (

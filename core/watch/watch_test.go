@@ -1,0 +1,165 @@
+package watch
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
+)
+
+func TestFileSourceReadsExample(t *testing.T) {
+	f, err := LoadFile("../../examples/services.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	svcs := f.Services()
+	if len(svcs) != 5 {
+		t.Fatalf("want the 5 example Services, got %d", len(svcs))
+	}
+	for i := 1; i < len(svcs); i++ {
+		a, b := svcs[i-1], svcs[i]
+		if a.Namespace > b.Namespace || (a.Namespace == b.Namespace && a.Name > b.Name) {
+			t.Fatalf("Services not sorted: %s/%s before %s/%s", a.Namespace, a.Name, b.Namespace, b.Name)
+		}
+	}
+	if n := f.Node(); n == nil || len(n.Spec.PodCIDRs) != 2 {
+		t.Fatalf("Node with two pod CIDRs expected, got %+v", n)
+	}
+}
+
+func TestFileSourceErrorsNameTheDocument(t *testing.T) {
+	for name, c := range map[string]struct{ doc, want string }{
+		"unknown kind":  {"apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n", `document 1: kind "Pod"`},
+		"unknown field": {"apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec: {portz: []}\n", "portz"},
+		"no name":       {"apiVersion: v1\nkind: Service\nspec: {}\n", "without metadata.name"},
+		"bad yaml":      {"kind: Service\n  - [\n", "document 1"},
+		"second doc":    {"apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\nkind: Secret\n", "document 2"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := ParseFile("x.yaml", []byte(c.doc))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("want an error containing %q, got %v", c.want, err)
+			}
+		})
+	}
+}
+
+func TestFileSourceListsAndDefaults(t *testing.T) {
+	doc := `apiVersion: v1
+kind: List
+items:
+  - apiVersion: v1
+    kind: Service
+    metadata: {name: b}
+    spec: {clusterIP: 10.96.0.2}
+  - apiVersion: v1
+    kind: Service
+    metadata: {name: a, namespace: x, annotations: {big: value}}
+    spec: {clusterIP: 10.96.0.1}
+`
+	f, err := ParseFile("list.yaml", []byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svcs := f.Services()
+	if len(svcs) != 2 || svcs[0].Namespace != "default" || svcs[1].Name != "a" {
+		t.Fatalf("list not read with the default namespace: %+v", svcs)
+	}
+	if len(svcs[1].Annotations) != 0 {
+		t.Fatal("file Services must be stripped like informer ones")
+	}
+}
+
+func TestStripServiceKeepsWhatFixesRead(t *testing.T) {
+	in := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "n", Name: "s", Annotations: map[string]string{"a": strings.Repeat("x", 1000)},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}, Labels: map[string]string{"l": "v"}},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ClusterIPs: []string{"10.96.0.1"}, ExternalIPs: []string{"203.0.113.1"},
+			Selector: map[string]string{"app": "x"}, Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, NodePort: 30080}}},
+		Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{{IP: "203.0.113.2"}}}},
+	}
+	out := StripService(in)
+	if out.Annotations != nil || out.ManagedFields != nil || out.Labels != nil || out.Spec.Selector != nil || out.Spec.Ports[0].NodePort != 0 {
+		t.Fatalf("not stripped: %+v", out)
+	}
+	if out.Spec.ClusterIPs[0] != "10.96.0.1" || out.Spec.ExternalIPs[0] != "203.0.113.1" || out.Status.LoadBalancer.Ingress[0].IP != "203.0.113.2" ||
+		out.Spec.Ports[0].Port != 80 || out.Spec.Type != corev1.ServiceTypeLoadBalancer {
+		t.Fatalf("lost what fixes read: %+v", out)
+	}
+}
+
+func TestInformersWatchOnlyWhatIsNeeded(t *testing.T) {
+	called := false
+	s := NewInformers(func() (kubernetes.Interface, error) { called = true; return fake.NewClientset(), nil }, "n1",
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := s.Start(context.Background(), fix.Needs{}); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	if called {
+		t.Fatal("a client was built although no fix needs a watch")
+	}
+	if err := s.WaitForSync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestInformersSnapshotAndChanges(t *testing.T) {
+	cs := fake.NewClientset(
+		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "b", Name: "z", Annotations: map[string]string{"a": "b"}}},
+		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "y"}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Spec: corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}}},
+	)
+	s := NewInformers(func() (kubernetes.Interface, error) { return cs, nil }, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Start(ctx, fix.Needs{Services: true, Node: true}); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	if err := s.WaitForSync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	svcs := s.Services()
+	if len(svcs) != 2 || svcs[0].Namespace != "a" || svcs[1].Annotations != nil {
+		t.Fatalf("want 2 sorted, stripped Services, got %+v", svcs)
+	}
+	if n := s.Node(); n == nil || n.Spec.PodCIDRs[0] != "10.244.1.0/24" {
+		t.Fatalf("node not seen: %+v", n)
+	}
+	drainChanges(s)
+	if _, err := cs.CoreV1().Services("c").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "c", Name: "new"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.Changes():
+	case <-ctx.Done():
+		t.Fatal("no change signalled after a Service was created")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(s.Services()) != 3 {
+		if time.Now().After(deadline) {
+			t.Fatal("new Service not in the snapshot")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func drainChanges(s *Informers) {
+	for {
+		select {
+		case <-s.Changes():
+		default:
+			return
+		}
+	}
+}
