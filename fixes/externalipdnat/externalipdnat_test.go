@@ -14,9 +14,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"reflect"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -27,7 +25,6 @@ import (
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxtest"
 	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
@@ -338,33 +335,9 @@ func TestManyServices(t *testing.T) {
 }
 
 func TestREADME(t *testing.T) {
-	b, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	readme := string(b)
-	for _, s := range []string{"## What it does", "## Configuration", "## Rules", "## Metrics", "## Example"} {
-		if !strings.Contains(readme, s) {
-			t.Errorf("README lacks section %q", s)
-		}
-	}
-	m := regexp.MustCompile("(?s)```yaml\n(.*?)```").FindStringSubmatch(readme)
-	if m == nil {
-		t.Fatal("README has no yaml example")
-	}
-	var doc struct {
-		Fixes map[string]map[string]any `json:"fixes"`
-	}
-	if err := yaml.UnmarshalStrict([]byte(m[1]), &doc); err != nil {
-		t.Fatal(err)
-	}
-	opts, ok := doc.Fixes[ID]
-	if !ok {
-		t.Fatalf("example does not configure fixes.%s", ID)
-	}
-	delete(opts, "enabled")
+	r := tk.ReadREADME(t, "README.md", ID)
 	f, _, _ := newFix(t, nil)
-	if err := f.Configure(opts); err != nil {
+	if err := f.Configure(r.Options); err != nil {
 		t.Fatalf("README example is not valid: %v", err)
 	}
 	// The README's rule dump is what the fix produces for its example Service.
@@ -376,17 +349,9 @@ func TestREADME(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if dump := strings.SplitN(tk.Format(rs), "\n", 2)[1]; !strings.Contains(readme, dump) {
-		t.Errorf("README rule dump is stale; want:\n%s", dump)
-	}
-	for _, name := range []string{"nnm_externalip_dnat_services", "nnm_externalip_dnat_ips"} {
-		if !strings.Contains(readme, "`"+name+"`") {
-			t.Errorf("README does not document %s", name)
-		}
-	}
-	for _, r := range []string{ReasonHeadless, ReasonExternalName, ReasonNoClusterIP, ReasonBadIP, ReasonIPModeProxy, ReasonConflict, ReasonNoPodCIDR, ReasonBadPort} {
-		if !strings.Contains(readme, "`"+r+"`") {
-			t.Errorf("README does not document skip reason %s", r)
-		}
+	r.Contains(t, "the rule dump", strings.SplitN(tk.Format(rs), "\n", 2)[1])
+	r.DocumentsMetrics(t, "nnm_externalip_dnat_services", "nnm_externalip_dnat_ips")
+	for _, reason := range []string{ReasonHeadless, ReasonExternalName, ReasonNoClusterIP, ReasonBadIP, ReasonIPModeProxy, ReasonConflict, ReasonNoPodCIDR, ReasonBadPort} {
+		r.Contains(t, "skip reason "+reason, "`"+reason+"`")
 	}
 }

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
-	"os"
-	"regexp"
 	"strings"
 	"testing"
 
@@ -14,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxtest"
-	"sigs.k8s.io/yaml"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
@@ -283,43 +280,12 @@ func TestModule(t *testing.T) {
 // TestREADME checks that the README's example is valid configuration and that its rule dump is
 // what the fix produces for the configuration it describes.
 func TestREADME(t *testing.T) {
-	b, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	readme := string(b)
-	for _, s := range []string{"## What it does", "## Configuration", "## Rules", "## Metrics", "## Example"} {
-		if !strings.Contains(readme, s) {
-			t.Errorf("README lacks section %q", s)
-		}
-	}
-	m := regexp.MustCompile("(?s)```yaml\n(.*?)```").FindStringSubmatch(readme)
-	if m == nil {
-		t.Fatal("README has no yaml example")
-	}
-	var doc struct {
-		Fixes map[string]map[string]any `json:"fixes"`
-	}
-	if err := yaml.UnmarshalStrict([]byte(m[1]), &doc); err != nil {
-		t.Fatal(err)
-	}
-	opts, ok := doc.Fixes[ID]
-	if !ok {
-		t.Fatalf("example does not configure fixes.%s", ID)
-	}
-	delete(opts, "enabled")
-	e := newEnv(t, opts)
+	r := testkit.ReadREADME(t, "README.md", ID)
+	e := newEnv(t, r.Options)
 	e.rulesAndApply(t)
 
 	e = newEnv(t, map[string]any{"hooks": "input,forward", "protocols": "tcp", "exemptSourceCIDRs": "192.0.2.0/24"})
 	rs, _, _ := e.fix.Rules(testkit.Snapshot(), rules.IPv4)
-	dump := strings.SplitN(testkit.Format(rs), "\n", 2)[1]
-	if !strings.Contains(readme, dump) {
-		t.Errorf("README rule dump is stale; want:\n%s", dump)
-	}
-	for _, name := range []string{"nnm_invalid_drop_dropped_packets_total", "nnm_invalid_drop_redundant"} {
-		if !strings.Contains(readme, "`"+name+"`") {
-			t.Errorf("README does not document %s", name)
-		}
-	}
+	r.Contains(t, "the rule dump", strings.SplitN(testkit.Format(rs), "\n", 2)[1])
+	r.DocumentsMetrics(t, "nnm_invalid_drop_dropped_packets_total", "nnm_invalid_drop_redundant")
 }
