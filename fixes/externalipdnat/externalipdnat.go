@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/fx"
@@ -54,8 +53,7 @@ type Fix struct {
 	log *slog.Logger
 	m   *metrics
 
-	mu  sync.Mutex
-	cfg Config
+	opts *fix.Settings[Config, Config]
 }
 
 var (
@@ -70,7 +68,11 @@ func New(p Params) (*Fix, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	f := &Fix{log: log.With("fix", ID), cfg: DefaultConfig(), m: newMetrics()}
+	opts, err := fix.NewSettings(ID, DefaultConfig, validate)
+	if err != nil {
+		return nil, err
+	}
+	f := &Fix{log: log.With("fix", ID), opts: opts, m: newMetrics()}
 	if p.Registry != nil {
 		if err := f.m.register(p.Registry); err != nil {
 			return nil, fmt.Errorf("%s: register metrics: %w", ID, err)
@@ -103,32 +105,25 @@ func (f *Fix) Needs() fix.Needs { return fix.Needs{Services: true, Node: true} }
 var ifacePrefix = regexp.MustCompile(`^[A-Za-z0-9_.@-]{1,15}$`)
 
 // Configure decodes and validates options; on error the previous configuration stays.
-func (f *Fix) Configure(options map[string]any) error {
-	cfg := DefaultConfig()
-	if err := fix.Decode(options, &cfg); err != nil {
-		return fmt.Errorf("fixes.%s: %w", ID, err)
-	}
+func (f *Fix) Configure(options map[string]any) error { return f.opts.Configure(options) }
+
+func validate(cfg Config) (Config, error) {
 	if bits.OnesCount32(cfg.MasqueradeMark) != 1 {
-		return fmt.Errorf("fixes.%s.masqueradeMark: 0x%x must be a single non-zero bit, e.g. 0x%08x", ID, cfg.MasqueradeMark, DefaultMasqueradeMark)
+		return cfg, fmt.Errorf("fixes.%s.masqueradeMark: 0x%x must be a single non-zero bit, e.g. 0x%08x", ID, cfg.MasqueradeMark, DefaultMasqueradeMark)
 	}
 	if cfg.PodInterfacePrefix != "" && !ifacePrefix.MatchString(cfg.PodInterfacePrefix) {
-		return fmt.Errorf("fixes.%s.podInterfacePrefix: %q is not an interface name prefix (at most 15 characters, no spaces or slashes)", ID, cfg.PodInterfacePrefix)
+		return cfg, fmt.Errorf("fixes.%s.podInterfacePrefix: %q is not an interface name prefix (at most 15 characters, no spaces or slashes)", ID, cfg.PodInterfacePrefix)
 	}
 	if !cfg.FromPods && !cfg.FromHost {
-		return fmt.Errorf("fixes.%s: fromPods and fromHost are both false, so the fix would do nothing (disable it with enabled: false instead)", ID)
+		return cfg, fmt.Errorf("fixes.%s: fromPods and fromHost are both false, so the fix would do nothing (disable it with enabled: false instead)", ID)
 	}
-	f.mu.Lock()
-	f.cfg = cfg
-	f.mu.Unlock()
-	return nil
+	return cfg, nil
 }
 
 // Rules maps every (External-IP, protocol, port) of this family to the Cluster-IP of the same family
 // and hooks the lookup into prerouting (local pods) and output (host network).
 func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.Report, error) {
-	f.mu.Lock()
-	cfg := f.cfg
-	f.mu.Unlock()
+	cfg := f.opts.Get()
 
 	entries, report := buildEntries(snap.Services, family)
 	rs := &rules.Ruleset{Fix: ID, Family: family, Maps: []rules.Map{{Name: MapName, Entries: entries}}}

@@ -7,7 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/fx"
@@ -49,10 +49,9 @@ type Fix struct {
 	log    *slog.Logger
 	m      *metrics
 
-	mu  sync.Mutex
-	cfg settings
+	opts *fix.Settings[Config, settings]
 	// redundant is the last be_liberal state seen by Observe, so the log line is written once.
-	redundant bool
+	redundant atomic.Bool
 }
 
 var (
@@ -66,12 +65,11 @@ func New(p Params) (*Fix, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	f := &Fix{sysctl: p.Sysctl, log: log.With("fix", ID)}
-	cfg, err := parse(DefaultConfig())
+	opts, err := fix.NewSettings(ID, DefaultConfig, parse)
 	if err != nil {
 		return nil, err
 	}
-	f.cfg = cfg
+	f := &Fix{sysctl: p.Sysctl, log: log.With("fix", ID), opts: opts}
 	f.m = newMetrics(p.Backend)
 	if p.Registry != nil {
 		if err := f.m.register(p.Registry); err != nil {
@@ -95,20 +93,7 @@ func (f *Fix) DefaultEnabled(fix.Env) bool { return true }
 func (f *Fix) Needs() fix.Needs { return fix.Needs{} }
 
 // Configure decodes and validates options; on error the previous configuration stays.
-func (f *Fix) Configure(options map[string]any) error {
-	cfg := DefaultConfig()
-	if err := fix.Decode(options, &cfg); err != nil {
-		return fmt.Errorf("fixes.%s: %w", ID, err)
-	}
-	s, err := parse(cfg)
-	if err != nil {
-		return err
-	}
-	f.mu.Lock()
-	f.cfg = s
-	f.mu.Unlock()
-	return nil
-}
+func (f *Fix) Configure(options map[string]any) error { return f.opts.Configure(options) }
 
 func parse(cfg Config) (settings, error) {
 	var s settings
@@ -157,9 +142,7 @@ func parse(cfg Config) (settings, error) {
 
 // Rules returns one filter chain per configured hook: exemptions first, then the drop.
 func (f *Fix) Rules(_ *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.Report, error) {
-	f.mu.Lock()
-	cfg := f.cfg
-	f.mu.Unlock()
+	cfg := f.opts.Get()
 
 	var exempt []netip.Prefix
 	for _, p := range cfg.exempt {
@@ -215,10 +198,7 @@ func (f *Fix) Observe(_ context.Context, family rules.Family, _ fix.Report) {
 	} else {
 		redundant = v == "1"
 	}
-	f.mu.Lock()
-	changed := redundant != f.redundant
-	f.redundant = redundant
-	f.mu.Unlock()
+	changed := f.redundant.Swap(redundant) != redundant
 	if redundant {
 		f.m.redundant.Set(1)
 	} else {

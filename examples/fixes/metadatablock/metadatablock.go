@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/fx"
@@ -33,8 +32,7 @@ type settings struct {
 
 // Fix is the metadata-block fix.
 type Fix struct {
-	mu  sync.Mutex
-	cfg settings
+	opts *fix.Settings[Config, settings]
 }
 
 var _ fix.Fix = (*Fix)(nil)
@@ -42,7 +40,7 @@ var _ fix.Fix = (*Fix)(nil)
 // New validates the defaults and registers the metrics. Constructors allocate only: no I/O, no
 // goroutines.
 func New(p Params) (*Fix, error) {
-	s, err := parse(DefaultConfig())
+	opts, err := fix.NewSettings(ID, DefaultConfig, parse)
 	if err != nil {
 		return nil, err
 	}
@@ -51,7 +49,7 @@ func New(p Params) (*Fix, error) {
 			return nil, fmt.Errorf("%s: register metrics: %w", ID, err)
 		}
 	}
-	return &Fix{cfg: s}, nil
+	return &Fix{opts: opts}, nil
 }
 
 // ID is "metadata-block".
@@ -67,20 +65,7 @@ func (f *Fix) DefaultEnabled(fix.Env) bool { return false }
 func (f *Fix) Needs() fix.Needs { return fix.Needs{Node: true} }
 
 // Configure decodes and validates; on error the previous configuration stays.
-func (f *Fix) Configure(options map[string]any) error {
-	cfg := DefaultConfig()
-	if err := fix.Decode(options, &cfg); err != nil {
-		return fmt.Errorf("fixes.%s: %w", ID, err)
-	}
-	s, err := parse(cfg)
-	if err != nil {
-		return err
-	}
-	f.mu.Lock()
-	f.cfg = s
-	f.mu.Unlock()
-	return nil
-}
+func (f *Fix) Configure(options map[string]any) error { return f.opts.Configure(options) }
 
 func parse(cfg Config) (settings, error) {
 	var s settings
@@ -113,9 +98,7 @@ func parse(cfg Config) (settings, error) {
 // node's own traffic goes through output and is not touched): exempt sources return, then one drop
 // per metadata address of the family, from the node's pod CIDRs. One code path for both families.
 func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.Report, error) {
-	f.mu.Lock()
-	cfg := f.cfg
-	f.mu.Unlock()
+	cfg := f.opts.Get()
 	var rep fix.Report
 	var addrs []netip.Addr
 	for _, a := range cfg.addrs {
