@@ -127,8 +127,9 @@ func miscRuleset(f rules.Family) *rules.Ruleset {
 // through it and can inject a failure.
 type recorder struct {
 	knftables.Interface
-	mu   sync.Mutex
-	sent []string
+	mu    sync.Mutex
+	sent  []string
+	lists int // List* calls: each is one `nft --json list` run against a real kernel
 	// inject, if set, may change a transaction before it runs or fail it.
 	inject func(tx *knftables.Transaction) error
 }
@@ -146,6 +147,43 @@ func (r *recorder) Run(ctx context.Context, tx *knftables.Transaction) error {
 	r.sent = append(r.sent, tx.String())
 	r.mu.Unlock()
 	return r.Interface.Run(ctx, tx)
+}
+
+func (r *recorder) listed() {
+	r.mu.Lock()
+	r.lists++
+	r.mu.Unlock()
+}
+
+func (r *recorder) List(ctx context.Context, objectType string) ([]string, error) {
+	r.listed()
+	return r.Interface.List(ctx, objectType)
+}
+
+func (r *recorder) ListAll(ctx context.Context) (map[string][]string, error) {
+	r.listed()
+	return r.Interface.ListAll(ctx)
+}
+
+func (r *recorder) ListRules(ctx context.Context, chain string) ([]*knftables.Rule, error) {
+	r.listed()
+	return r.Interface.ListRules(ctx, chain)
+}
+
+func (r *recorder) ListElements(ctx context.Context, objectType, name string) ([]*knftables.Element, error) {
+	r.listed()
+	return r.Interface.ListElements(ctx, objectType, name)
+}
+
+func (r *recorder) ListCounters(ctx context.Context) ([]*knftables.Counter, error) {
+	r.listed()
+	return r.Interface.ListCounters(ctx)
+}
+
+func (r *recorder) listCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lists
 }
 
 // kernel hands out one recorder per table, over fakes (unit tests) or real nft (kernel tests).

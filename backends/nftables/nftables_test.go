@@ -126,8 +126,13 @@ func TestApplyNoopAndElementOnlyChanges(t *testing.T) {
 		changed = changed[1:]
 		changed[0].To = netip.AddrPortFrom(changed[0].To.Addr(), 9443)
 		changed = append(changed, entry(f, 5, rules.TCP, 8080, 80))
+		lists := rec.listCount()
 		if err := b.Apply(ctx, externalIPRuleset(f, changed)); err != nil {
 			t.Fatal(err)
+		}
+		// Nothing is read first: at 10,000 elements a listing costs far more than the change.
+		if got := rec.listCount() - lists; got != 0 {
+			t.Fatalf("map change listed the table %d times before sending, want 0", got)
 		}
 		sent := rec.sentSince(n)
 		if len(sent) != 1 {
@@ -375,5 +380,72 @@ func TestElementDriftFallsBackToRewrite(t *testing.T) {
 	}
 	if ok, _ := b.InSync(ctx, "ipvs-externalip-dnat", f); !ok {
 		t.Fatal("not in sync after the fallback rewrite")
+	}
+}
+
+// An element-only change does not read the table first, so a chain flushed behind our back stays
+// flushed through it; InSync (the periodic resync) notices and Apply of the same ruleset repairs.
+func TestElementOnlyChangeLeavesRuleDriftToInSync(t *testing.T) {
+	ctx := context.Background()
+	k := newFakeKernel()
+	b := k.backend(t)
+	f := rules.IPv4
+	if err := b.Apply(ctx, externalIPRuleset(f, threeEntries(f))); err != nil {
+		t.Fatal(err)
+	}
+	key := tableKey{knftables.IPv4Family, "nnm-ipvs-externalip-dnat"}
+	fake := k.fakes[key]
+	tx := fake.NewTransaction()
+	tx.Flush(&knftables.Chain{Name: "extip-dnat"})
+	if err := fake.Run(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	want := threeEntries(f)[1:]
+	if err := b.Apply(ctx, externalIPRuleset(f, want)); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.InSync(ctx, "ipvs-externalip-dnat", f); ok || err != nil {
+		t.Fatalf("InSync after an element change over a flushed chain = %v, %v; want false", ok, err)
+	}
+	if err := b.Apply(ctx, externalIPRuleset(f, want)); err != nil {
+		t.Fatal(err)
+	}
+	k2 := newFakeKernel()
+	if err := k2.backend(t).Apply(ctx, externalIPRuleset(f, want)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := sortedDump(fake), sortedDump(k2.fakes[key]); got != want {
+		t.Fatalf("after repair:\n%s\nwant:\n%s", got, want)
+	}
+	if ok, _ := b.InSync(ctx, "ipvs-externalip-dnat", f); !ok {
+		t.Fatal("not in sync after the repair")
+	}
+}
+
+// Removing a table this process never touched runs nothing when the kernel does not have it, and
+// still deletes it when it does (left by an earlier process).
+func TestRemoveOfUntouchedTable(t *testing.T) {
+	ctx := context.Background()
+	k := newFakeKernel()
+	b := k.backend(t)
+	if err := b.Remove(ctx, "invalid-drop", rules.IPv6); err != nil {
+		t.Fatal(err)
+	}
+	k.mu.Lock()
+	n := len(k.tables)
+	k.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("Remove of an absent, untouched table created %d nft interfaces; want none", n)
+	}
+
+	if err := b.Apply(ctx, invalidDropRuleset(rules.IPv4)); err != nil {
+		t.Fatal(err)
+	}
+	b2 := k.backend(t) // a restarted agent: no memory of the table
+	if err := b2.Remove(ctx, "invalid-drop", rules.IPv4); err != nil {
+		t.Fatal(err)
+	}
+	if f := k.fakes[tableKey{knftables.IPv4Family, "nnm-invalid-drop"}]; f.Table != nil {
+		t.Fatal("Remove from a fresh backend left the table in place")
 	}
 }

@@ -22,7 +22,7 @@ import (
 type Informers struct {
 	newClient func() (kubernetes.Interface, error)
 	nodeName  string
-	log      *slog.Logger
+	log       *slog.Logger
 
 	changes chan struct{}
 
@@ -33,6 +33,8 @@ type Informers struct {
 	svcSync   cache.InformerSynced
 	nodeStore cache.Store
 	nodeSync  cache.InformerSynced
+	started   time.Time // when Start began, for the "watches synced" log line
+	synced    bool      // that line was logged
 }
 
 // NewInformers returns an informer Source. It does no I/O until Start, and creates the client only
@@ -48,6 +50,7 @@ func (s *Informers) Start(ctx context.Context, needs fix.Needs) error {
 	if s.cancel != nil {
 		return fmt.Errorf("watch: already started")
 	}
+	s.started = time.Now()
 	if !needs.Services && !needs.Node {
 		s.cancel = func() {}
 		return nil
@@ -137,6 +140,7 @@ func (s *Informers) WaitForSync(ctx context.Context) error {
 			all = all && f()
 		}
 		if all {
+			s.logSynced(len(synced))
 			return nil
 		}
 		select {
@@ -145,6 +149,22 @@ func (s *Informers) WaitForSync(ctx context.Context) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// logSynced logs, once, how long the first list of the started informers took (at 10,000 Services
+// this is a large part of a cold start; see BENCHMARKS.md).
+func (s *Informers) logSynced(informers int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.synced || informers == 0 {
+		return
+	}
+	s.synced = true
+	n := 0
+	if s.svcStore != nil {
+		n = len(s.svcStore.ListKeys())
+	}
+	s.log.Info("watches synced", "after", time.Since(s.started).Round(time.Millisecond), "services", n)
 }
 
 // Services returns the cached Services, sorted.

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/network-node-manager/network-node-manager/internal/controlplane"
+)
+
+const (
+	namespace = "bench"
+	svcPort   = 80
+)
+
+// Address plan (documentation and private ranges, never routed anywhere: the agent only puts them
+// into rules inside a throw-away namespace).
+var (
+	// Ingress IP of the i-th scale Service: 172.16.0.0 + i + 1.
+	scaleBase = netip.MustParseAddr("172.16.0.0")
+	// Ingress IPs of the Services of the change-latency phase: created with 172.31.0.0 + k + 1,
+	// updated to 172.30.0.0 + k + 1.
+	createBase = netip.MustParseAddr("172.31.0.0")
+	updateBase = netip.MustParseAddr("172.30.0.0")
+)
+
+func nthAddr(base netip.Addr, i int) netip.Addr {
+	a := base.As4()
+	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
+	v += uint32(i) + 1
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+type cluster struct {
+	client  kubernetes.Interface
+	workers int
+	have    int // scale Services svc-00000 .. svc-<have-1> exist with their ingress IP
+}
+
+func newCluster(cp *controlplane.ControlPlane, workers int) (*cluster, error) {
+	cfg := cp.AdminRESTConfig()
+	cfg.QPS, cfg.Burst = 5000, 10000
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	_, err = client.CoreV1().Namespaces().Create(context.Background(),
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("create namespace: %w", err)
+	}
+	return &cluster{client: client, workers: workers}, nil
+}
+
+// lbService is a LoadBalancer Service as the scale test wants it: externalTrafficPolicy Local (so the
+// apiserver allocates a health-check node port from the node-port range), no node ports for the
+// traffic ports, IPv4 single-stack, one TCP port.
+func lbService(name string) *corev1.Service {
+	single := corev1.IPFamilyPolicySingleStack
+	no := false
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: corev1.ServiceSpec{
+			Type:                          corev1.ServiceTypeLoadBalancer,
+			ExternalTrafficPolicy:         corev1.ServiceExternalTrafficPolicyLocal,
+			AllocateLoadBalancerNodePorts: &no,
+			IPFamilyPolicy:                &single,
+			IPFamilies:                    []corev1.IPFamily{corev1.IPv4Protocol},
+			Selector:                      map[string]string{"app": name},
+			Ports: []corev1.ServicePort{{
+				Name: "http", Protocol: corev1.ProtocolTCP, Port: svcPort, TargetPort: intstr.FromInt32(8080),
+			}},
+		},
+	}
+}
+
+func withIngress(svc *corev1.Service, ip netip.Addr) *corev1.Service {
+	out := svc.DeepCopy()
+	out.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: ip.String()}}
+	return out
+}
+
+// ensureServices creates scale Services up to n (with their ingress IPs) with parallel workers.
+func (c *cluster) ensureServices(ctx context.Context, n int) error {
+	if n <= c.have {
+		return nil
+	}
+	var next atomic.Int64
+	next.Store(int64(c.have))
+	var wg sync.WaitGroup
+	errs := make(chan error, c.workers)
+	for w := 0; w < c.workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				name := fmt.Sprintf("svc-%05d", i)
+				svc, err := c.client.CoreV1().Services(namespace).Create(ctx, lbService(name), metav1.CreateOptions{})
+				if err != nil {
+					errs <- fmt.Errorf("create %s: %w", name, err)
+					return
+				}
+				if _, err := c.client.CoreV1().Services(namespace).UpdateStatus(ctx, withIngress(svc, nthAddr(scaleBase, i)), metav1.UpdateOptions{}); err != nil {
+					errs <- fmt.Errorf("status of %s: %w", name, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c.have = n
+	return nil
+}

@@ -1,0 +1,171 @@
+// Command bench measures the agent at scale against a real kube-apiserver (make bench; see
+// BENCHMARKS.md): cold start with N LoadBalancer Services, change latency, memory and idle CPU, each
+// against the kernel's own floor (one iptables-restore / nft -f of the same rules).
+//
+//	go run ./bench -n 1000,10000 -backends iptables,nftables
+//
+// It needs root (network namespaces), bin/network-node-manager (make build) and bin/etcd,
+// bin/kube-apiserver (make controlplane). Every kernel change happens in namespaces it creates.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/controlplane"
+)
+
+type options struct {
+	sizes         []int
+	backends      []string
+	changes       int
+	idle          time.Duration
+	minSyncPeriod time.Duration
+	workers       int
+	out           string
+	floorRuns     int
+	agentEnv      []string
+}
+
+func main() {
+	var o options
+	sizes := flag.String("n", "1000,10000", "numbers of LoadBalancer Services, ascending")
+	backends := flag.String("backends", "iptables,nftables", "backends to measure")
+	flag.IntVar(&o.changes, "changes", 100, "changes of each kind (create, update, delete) at the largest N")
+	flag.DurationVar(&o.idle, "idle", 60*time.Second, "window for idle CPU at the largest N")
+	flag.DurationVar(&o.minSyncPeriod, "min-sync-period", 0, "agent --min-sync-period (0: changes are not rate limited; they are spaced apart anyway)")
+	flag.IntVar(&o.workers, "workers", 16, "parallel API writers when creating Services")
+	flag.StringVar(&o.out, "out", "", "also write the result table (markdown) to this file")
+	flag.IntVar(&o.floorRuns, "floor-runs", 3, "floor measurements per figure (median)")
+	agentEnv := flag.String("agent-env", "", "comma-separated KEY=VALUE added to the agent's environment (e.g. GOMEMLIMIT=48MiB)")
+	flag.Parse()
+	if *agentEnv != "" {
+		o.agentEnv = strings.Split(*agentEnv, ",")
+	}
+	for _, s := range strings.Split(*sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n <= 0 {
+			log.Fatalf("-n: bad size %q", s)
+		}
+		o.sizes = append(o.sizes, n)
+	}
+	o.backends = strings.Split(*backends, ",")
+
+	if err := agenttest.CheckPrerequisites(); err != nil {
+		log.Fatal(err)
+	}
+	if err := controlplane.CheckPrerequisites(""); err != nil {
+		log.Fatal(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		log.Printf("bench failed: %v", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o options) error {
+	machine := describeMachine()
+	logf("machine: %s", machine.oneLine())
+	start := time.Now()
+	cp, err := controlplane.Start(ctx, controlplane.Options{})
+	if err != nil {
+		return fmt.Errorf("start control plane: %w", err)
+	}
+	defer cp.Close()
+	logf("control plane up in %v (node-port range %s)", time.Since(start).Round(time.Millisecond), controlplane.DefaultServiceNodePortRange)
+
+	c, err := newCluster(cp, o.workers)
+	if err != nil {
+		return err
+	}
+	var results []*result
+	largest := o.sizes[len(o.sizes)-1]
+	for _, n := range o.sizes {
+		t0 := time.Now()
+		if err := c.ensureServices(ctx, n); err != nil {
+			return err
+		}
+		logf("%d LoadBalancer Services exist (created the missing ones in %v)", n, time.Since(t0).Round(time.Millisecond))
+		for _, be := range o.backends {
+			r, err := measure(ctx, cp, c, o, be, n, n == largest)
+			if err != nil {
+				return fmt.Errorf("%s at %d: %w", be, n, err)
+			}
+			results = append(results, r)
+			logf("%s", r.summary())
+		}
+	}
+	machine.loadAfter = loadAvg()
+	table := render(machine, o, results)
+	fmt.Println()
+	fmt.Println(table)
+	if o.out != "" {
+		if err := os.WriteFile(o.out, []byte(table), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s  %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+}
+
+// machine describes where the figures come from.
+type machine struct {
+	nproc, kernel, iptables, nft, cpu, loadBefore, loadAfter string
+}
+
+func describeMachine() machine {
+	out := func(name string, args ...string) string {
+		b, err := exec.Command(name, args...).CombinedOutput()
+		if err != nil {
+			return "?"
+		}
+		return strings.TrimSpace(string(b))
+	}
+	m := machine{
+		nproc:      out("nproc"),
+		kernel:     out("uname", "-r"),
+		iptables:   out("iptables", "--version"),
+		nft:        out("nft", "--version"),
+		loadBefore: loadAvg(),
+	}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "model name"); ok {
+				m.cpu = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	return m
+}
+
+func (m machine) oneLine() string {
+	return fmt.Sprintf("%s CPUs (%s), kernel %s, %s, %s, load average %s", m.nproc, m.cpu, m.kernel, m.iptables, m.nft, m.loadBefore)
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}

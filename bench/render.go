@@ -1,0 +1,96 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+// Targets of issue 7.
+const (
+	targetRatio   = 2.0
+	targetE2E     = 3 * time.Second
+	targetP99     = 100 * time.Millisecond
+	targetRSSMB   = 64.0
+	largestTarget = 10000
+)
+
+func mark(ok bool) string {
+	if ok {
+		return "ok"
+	}
+	return "**missed**"
+}
+
+// render prints the results as markdown tables (readable in a terminal and pasted into BENCHMARKS.md).
+func render(m machine, o options, rs []*result) string {
+	var b strings.Builder
+	host, _ := os.Hostname()
+	fmt.Fprintf(&b, "Run of %s on %s: %s CPUs (%s), kernel %s, %s, %s.\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), host, m.nproc, m.cpu, m.kernel, m.iptables, m.nft)
+	fmt.Fprintf(&b, "Load average (1/5/15 min) before: %s, after: %s.\n", m.loadBefore, m.loadAfter)
+	fmt.Fprintf(&b, "Command: `go run ./bench %s`; agent flags `--backend <b> --iptables-variant nft --proxy-mode ipvs --families ipv4 --pod-cidrs 10.244.0.0/24 --disable-fix invalid-drop --min-sync-period %v` (sync period default 30s); agent environment: %s.\n\n",
+		strings.Join(os.Args[1:], " "), o.minSyncPeriod, envText(o.agentEnv))
+
+	b.WriteString("Cold start (IPv4 single-stack LoadBalancer Services, eTP Local, one TCP port each; a fresh node namespace per row):\n\n")
+	b.WriteString("| backend | N | end to end | informer list/sync | rule programming | floor (one restore / nft -f) | programming / floor | targets (≤2× floor, ≤3 s e2e at 10k) |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---|\n")
+	for _, r := range rs {
+		rt := ratio(r.program, r.floor)
+		target := mark(rt <= targetRatio)
+		if r.n >= largestTarget {
+			target += " / " + mark(r.e2e <= targetE2E)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %v | %v | %v | %v | %.2f× | %s |\n", r.backend, r.n, ms(r.e2e), ms(r.list), ms(r.program), ms(r.floor), rt, target)
+	}
+
+	var full []*result
+	for _, r := range rs {
+		if len(r.latency) > 0 || r.idleWin > 0 {
+			full = append(full, r)
+		}
+	}
+	if len(full) > 0 {
+		fmt.Fprintf(&b, "\nChange latency at N = %d, API write returned → nf_tables commit after which the kernel shows the change (%d changes of each kind, one at a time):\n\n", full[0].n, o.changes)
+		b.WriteString("Floors: \"one-entry floor\" is one process adding one entry to the full ruleset (`nft add element`, or `iptables-restore --noflush` appending 2 rules); \"full floor\" is the cold-start floor above.\n\n")
+		b.WriteString("| backend | change | p50 | p99 | max | one-entry floor | p99 / one-entry floor | p99 / full floor | target p99 ≤ 100 ms |\n")
+		b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---|\n")
+		for _, r := range full {
+			for _, kind := range []string{"create", "update", "delete"} {
+				l := r.latency[kind]
+				if len(l) == 0 {
+					continue
+				}
+				p99 := pct(l, 99)
+				fmt.Fprintf(&b, "| %s | %s | %v | %v | %v | %v | %.1f× | %.2f× | %s |\n", r.backend, map[string]string{
+					"create": "create (ingress IP set on a new Service)", "update": "update (ingress IP changed)", "delete": "delete (Service deleted)",
+				}[kind], ms(pct(l, 50)), ms(p99), ms(pct(l, 100)), ms(r.floorOne), ratio(p99, r.floorOne), ratio(p99, r.floor), mark(p99 <= targetP99))
+			}
+		}
+		b.WriteString("\nResources at N = 10,000 (peak over the whole run including the changes; idle = no API changes, only the periodic resync; CPU includes the agent's child processes):\n\n")
+		b.WriteString("| backend | peak RSS (VmHWM) | RSS at end | idle CPU | idle window | CPU share | target RSS ≤ 64 MB |\n")
+		b.WriteString("|---|---:|---:|---:|---:|---:|---|\n")
+		for _, r := range full {
+			hwm := float64(r.hwmKB) / 1024
+			share := float64(r.idleCPU) / float64(r.idleWin) * 100
+			fmt.Fprintf(&b, "| %s | %.1f MB | %.1f MB | %v | %v | %.2f%% | %s |\n", r.backend, hwm, float64(r.rssKB)/1024, ms(r.idleCPU), r.idleWin, share, mark(hwm <= targetRSSMB))
+		}
+	}
+	var lost []string
+	for _, r := range rs {
+		if r.overflows > 0 {
+			lost = append(lost, fmt.Sprintf("%s N=%d: %d", r.backend, r.n, r.overflows))
+		}
+	}
+	if len(lost) > 0 {
+		fmt.Fprintf(&b, "\nNetlink notification overflows (a commit time may be later than measured by up to the overflow): %s\n", strings.Join(lost, ", "))
+	}
+	return b.String()
+}
+
+func envText(env []string) string {
+	if len(env) == 0 {
+		return "nothing added"
+	}
+	return "`" + strings.Join(env, " ") + "`"
+}
