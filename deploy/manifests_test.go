@@ -24,6 +24,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/discovery"
@@ -285,6 +286,17 @@ func TestDaemonSet(t *testing.T) {
 	check(ok && lock.HostPath != nil && lock.HostPath.Path == "/run/xtables.lock" && lock.HostPath.Type != nil &&
 		*lock.HostPath.Type == corev1.HostPathFileOrCreate, "xtables-lock volume = %+v", lock)
 	check(mounts["xtables-lock"].MountPath == "/run/xtables.lock" && !mounts["xtables-lock"].ReadOnly, "xtables lock mount = %+v", mounts["xtables-lock"])
+	// A soft Go heap limit below the container's memory limit.
+	var memlimit string
+	for _, e := range c.Env {
+		if e.Name == "GOMEMLIMIT" {
+			memlimit = e.Value
+		}
+	}
+	check(memlimit != "", "GOMEMLIMIT is not set")
+	if q, err := resource.ParseQuantity(strings.TrimSuffix(memlimit, "B")); err != nil || c.Resources.Limits.Memory().Cmp(q) <= 0 {
+		t.Errorf("GOMEMLIMIT %q must parse and stay below the memory limit %s (%v)", memlimit, c.Resources.Limits.Memory(), err)
+	}
 	// State that survives agent restarts (conntrack-liberal's value to restore), on the node's tmpfs.
 	state, ok := vols["state"]
 	check(ok && state.HostPath != nil && state.HostPath.Path == "/run/network-node-manager", "state volume = %+v", state)
