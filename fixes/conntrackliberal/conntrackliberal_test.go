@@ -14,7 +14,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxtest"
 
@@ -275,17 +274,7 @@ func TestMetrics(t *testing.T) {
 	delete(e.sys.Values, Sysctl)
 	want(prev + "nnm_conntrack_liberal_previous_value 0\n")
 
-	mfs, err := e.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range problems {
-		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
-	}
+	testkit.Promlint(t, e.reg)
 }
 
 // TestWithInvalidDropThroughTheEngine runs both strategies in the real engine: while

@@ -21,7 +21,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxtest"
 	corev1 "k8s.io/api/core/v1"
@@ -284,17 +283,7 @@ nnm_externalip_dnat_services{family="ipv6",state="skipped"} 1
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
 		t.Error(err)
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range problems {
-		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
-	}
+	tk.Promlint(t, reg)
 }
 
 func TestModule(t *testing.T) {

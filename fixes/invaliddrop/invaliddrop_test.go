@@ -9,7 +9,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxtest"
 
@@ -237,17 +236,7 @@ func TestMetricsLint(t *testing.T) {
 	if err := e.be.Apply(context.Background(), rs); err != nil {
 		t.Fatal(err)
 	}
-	mfs, err := e.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range problems {
-		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
-	}
+	testkit.Promlint(t, e.reg)
 	if n, err := testutil.GatherAndCount(e.reg); err != nil || n != 2 {
 		t.Errorf("gathered %d series (%v), want 2 (dropped ipv4, redundant)", n, err)
 	}

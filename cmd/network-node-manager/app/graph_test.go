@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"go.uber.org/fx"
 
 	"github.com/network-node-manager/network-node-manager/backends"
@@ -64,13 +63,7 @@ func TestMetricsPassPromlint(t *testing.T) {
 			t.Errorf("metric %s missing after a sync", want)
 		}
 	}
-	problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range problems {
-		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
-	}
+	testkit.Promlint(t, reg)
 }
 
 func runCmd(t *testing.T, args ...string) (string, error) {

@@ -7,7 +7,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxtest"
 
@@ -131,11 +130,7 @@ func TestDroppedMetric(t *testing.T) {
 	if err := testutil.GatherAndCompare(e.reg, strings.NewReader(exp)); err != nil {
 		t.Error(err)
 	}
-	mfs, _ := e.reg.Gather()
-	problems, _ := promlint.NewWithMetricFamilies(mfs).Lint()
-	for _, p := range problems {
-		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
-	}
+	testkit.Promlint(t, e.reg)
 }
 
 func TestModule(t *testing.T) {
