@@ -3,6 +3,7 @@ package iptables
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -325,4 +326,115 @@ func TestParseSaveRejectsGarbage(t *testing.T) {
 			t.Errorf("parseSave(%q) succeeded", in)
 		}
 	}
+}
+
+// TestApplyRewritesOnlyChangedBucket: once this process has applied a fix, a change of one map entry
+// runs no iptables-save and one restore that rewrites only that entry's bucket, then lists it.
+func TestApplyRewritesOnlyChangedBucket(t *testing.T) {
+	ctx := context.Background()
+	f := &fakeRunner{dumps: map[string]string{"iptables-nft-save": emptyFilter}}
+	b := mustBackend(t, Options{Variant: NFT, Runner: f})
+	oneRun := func() *rules.Ruleset { // one lookup run (MARK + DNAT) over two buckets
+		rs := externalIPSharded(rules.IPv4)
+		rs.Chains[2].Rules = rs.Chains[2].Rules[:2]
+		return rs
+	}
+	if err := b.Apply(ctx, oneRun()); err != nil {
+		t.Fatal(err)
+	}
+	f.calls = nil
+	changed := oneRun()
+	changed.Maps[0].Entries[1].To = netip.MustParseAddrPort("10.96.0.99:80") // 198.51.100.7
+	if err := b.Apply(ctx, changed); err != nil {
+		t.Fatal(err)
+	}
+	want := []call{
+		{name: "iptables-nft-restore", args: "-w 5 --noflush", stdin: `*nat
+:NNM-EXTIP-DNAT-C6336400 - [0:0]
+-A NNM-EXTIP-DNAT-C6336400 -d 198.51.100.7/32 -p tcp -m tcp --dport 80 -m comment --comment "ipvs-externalip-dnat: default/c:http" -j MARK --or-mark 0x8000
+-A NNM-EXTIP-DNAT-C6336400 -d 198.51.100.7/32 -p tcp -m tcp --dport 80 -m comment --comment "ipvs-externalip-dnat/dnat: default/c:http" -j DNAT --to-destination 10.96.0.99:80
+COMMIT
+`},
+		{name: "iptables-nft", args: "-w 5 -t nat -S NNM-EXTIP-DNAT-C6336400"},
+	}
+	if diff := cmp.Diff(want, f.calls, cmp.AllowUnexported(call{})); diff != "" {
+		t.Errorf("calls (-want +got):\n%s", diff)
+	}
+
+}
+
+// TestApplyRemovesEmptiedBucket: when the last entry of a bucket goes, the parent chain loses its
+// dispatch rule (it is rewritten) and the bucket chain is deleted, in one restore and without a save.
+func TestApplyRemovesEmptiedBucket(t *testing.T) {
+	ctx := context.Background()
+	f := &fakeRunner{dumps: map[string]string{"iptables-nft-save": emptyFilter}}
+	b := mustBackend(t, Options{Variant: NFT, Runner: f})
+	if err := b.Apply(ctx, externalIPSharded(rules.IPv4)); err != nil {
+		t.Fatal(err)
+	}
+	f.calls = nil
+	changed := externalIPSharded(rules.IPv4)
+	changed.Maps[0].Entries = append(changed.Maps[0].Entries[:1], changed.Maps[0].Entries[2:]...) // 198.51.100.7
+	if err := b.Apply(ctx, changed); err != nil {
+		t.Fatal(err)
+	}
+	r := f.restores()
+	if len(r) != 1 || len(f.calls) != 2 || f.calls[1].args != "-w 5 -t nat -S NNM-EXTIP-DNAT" {
+		t.Fatalf("calls %v, want one restore and a listing of the parent chain", f.calls)
+	}
+	want := `*nat
+:NNM-EXTIP-DNAT - [0:0]
+-A NNM-EXTIP-DNAT -d 203.0.113.0/24 -m comment --comment "ipvs-externalip-dnat: lookup external-ips 203.0.113.0/24" -j NNM-EXTIP-DNAT-CB007100
+-A NNM-EXTIP-DNAT -p udp -m comment --comment "ipvs-externalip-dnat: udp is not ours" -j RETURN
+-A NNM-EXTIP-DNAT -d 203.0.113.0/24 -m comment --comment "ipvs-externalip-dnat: lookup external-ips 203.0.113.0/24" -j NNM-EXTIP-DNAT2-CB007100
+-F NNM-EXTIP-DNAT-C6336400
+-F NNM-EXTIP-DNAT2-C6336400
+-X NNM-EXTIP-DNAT-C6336400
+-X NNM-EXTIP-DNAT2-C6336400
+COMMIT
+`
+	if diff := cmp.Diff(want, r[0].stdin); diff != "" {
+		t.Errorf("restore input (-want +got):\n%s", diff)
+	}
+}
+
+// TestApplyChangedFallsBack: when the short way's restore fails (the kernel is not what the record
+// says), Apply reads the kernel and applies in full.
+func TestApplyChangedFallsBack(t *testing.T) {
+	ctx := context.Background()
+	f := &fakeRunner{dumps: map[string]string{"iptables-nft-save": emptyFilter}}
+	b := mustBackend(t, Options{Variant: NFT, Runner: f})
+	if err := b.Apply(ctx, externalIPSharded(rules.IPv4)); err != nil {
+		t.Fatal(err)
+	}
+	f.calls = nil
+	failing := &failOnce{fakeRunner: f}
+	b.run = failing
+	changed := externalIPSharded(rules.IPv4)
+	changed.Maps[0].Entries = changed.Maps[0].Entries[1:]
+	if err := b.Apply(ctx, changed); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, c := range f.calls {
+		names = append(names, c.name)
+	}
+	if diff := cmp.Diff([]string{"iptables-nft-restore", "iptables-nft-save", "iptables-nft-restore", "iptables-nft-save"}, names); diff != "" {
+		t.Errorf("calls (-want +got):\n%s", diff)
+	}
+}
+
+// failOnce fails the first restore.
+type failOnce struct {
+	*fakeRunner
+	failed bool
+}
+
+func (f *failOnce) Run(ctx context.Context, name string, args []string, stdin []byte) ([]byte, []byte, error) {
+	out, stderr, err := f.fakeRunner.Run(ctx, name, args, stdin)
+	if strings.HasSuffix(name, "-restore") && !f.failed {
+		f.failed = true
+		return nil, []byte("iptables-restore: line 2 failed"), errors.New("exit status 1")
+	}
+	return out, stderr, err
 }

@@ -58,10 +58,52 @@ type key struct {
 
 // record is what the last successful Apply of (fix, family) rendered and found in the kernel after.
 type record struct {
-	rendered string
+	// content is each chain's rendered rules, parent its dispatching chain if it is a lookup bucket.
+	content  map[tchain]string
+	parent   map[tchain]string
+	jumps    string
 	chains   map[tchain]bool
 	counters []string
-	state    string
+	state    kstate
+}
+
+// rendering is what Apply compares with a record.
+type rendering struct {
+	chains  []*rchain
+	set     map[tchain]bool
+	content map[tchain]string
+	parent  map[tchain]string
+	jumps   string
+}
+
+func newRendering(chains []*rchain, jumps []hookJump) *rendering {
+	r := &rendering{chains: chains, set: map[tchain]bool{}, content: map[tchain]string{}, parent: map[tchain]string{}}
+	for _, c := range chains {
+		r.set[c.key()] = true
+		r.content[c.key()] = c.content()
+		if c.parent != "" {
+			r.parent[c.key()] = c.parent
+		}
+	}
+	var b strings.Builder
+	for _, j := range jumps {
+		fmt.Fprintf(&b, "%s %s %s\n", j.table, j.builtin, j.chain)
+	}
+	r.jumps = b.String()
+	return r
+}
+
+// same reports whether r renders exactly what rec recorded.
+func (r *rendering) same(rec *record) bool {
+	if r.jumps != rec.jumps || len(r.content) != len(rec.content) {
+		return false
+	}
+	for k, v := range r.content {
+		if w, ok := rec.content[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
 }
 
 // New validates opts; it does no I/O.
@@ -95,11 +137,15 @@ func New(opts Options) (*Backend, error) {
 // Name implements backend.Backend.
 func (b *Backend) Name() string { return "iptables" }
 
-// Binary is the path-less name of the variant's tool for family: tool is "restore" or "save".
+// Binary is the path-less name of the variant's tool for family: tool is "restore", "save", or ""
+// for iptables itself.
 func (b *Backend) Binary(family rules.Family, tool string) string {
 	base := "iptables"
 	if family == rules.IPv6 {
 		base = "ip6tables"
+	}
+	if tool == "" {
+		return base + "-" + string(b.variant)
 	}
 	return base + "-" + string(b.variant) + "-" + tool
 }
@@ -117,27 +163,48 @@ func (b *Backend) Render(rs *rules.Ruleset) (string, error) {
 	return p.String(), nil
 }
 
-// Apply implements backend.Backend. It costs one iptables-save when nothing changed, and otherwise
-// iptables-save, one iptables-restore and an iptables-save to record the result.
+// Apply implements backend.Backend. When nothing changed it costs one iptables-save. When this process
+// applied the fix before and only the contents of chains changed (map entries: lookup buckets), it
+// runs one iptables-restore that rewrites just the changed chains, then lists those chains to record
+// them (no full iptables-save: drift elsewhere is InSync's job). Otherwise it runs iptables-save, one
+// iptables-restore and an iptables-save to record the result.
 func (b *Backend) Apply(ctx context.Context, rs *rules.Ruleset) error {
 	if err := rs.Validate(); err != nil {
 		return err
 	}
-	p, jumps, chains, err := planRuleset(rs)
+	p, rchains, jumps, err := planRuleset(rs)
 	if err != nil {
 		return err
 	}
-	rendered := p.String()
+	r := newRendering(rchains, jumps)
+	chains := r.set
 	k := key{rs.Fix, rs.Family}
+	var counters []string
+	for _, c := range rs.Chains {
+		for _, r := range c.Rules {
+			if r.Counter != "" {
+				counters = append(counters, r.Counter)
+			}
+		}
+	}
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	prev := b.applied[k]
+	if prev != nil && !r.same(prev) {
+		done, err := b.applyChanged(ctx, rs, r, prev, counters)
+		if err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+	}
 	d, err := b.save(ctx, rs.Family)
 	if err != nil {
 		return err
 	}
-	prev := b.applied[k]
-	if prev != nil && prev.rendered == rendered && d.state(prev.chains) == prev.state {
+	if prev != nil && r.same(prev) && d.state(prev.chains).equal(prev.state) {
 		b.log.Debug("rules unchanged", "fix", rs.Fix, "family", rs.Family)
 		return nil
 	}
@@ -215,17 +282,80 @@ func (b *Backend) Apply(ctx context.Context, rs *rules.Ruleset) error {
 		delete(b.applied, k)
 		return err
 	}
-	var counters []string
-	for _, c := range rs.Chains {
-		for _, r := range c.Rules {
-			if r.Counter != "" {
-				counters = append(counters, r.Counter)
-			}
-		}
-	}
-	b.applied[k] = &record{rendered: rendered, chains: chains, counters: counters, state: after.state(chains)}
+	b.applied[k] = &record{content: r.content, parent: r.parent, jumps: r.jumps, chains: chains, counters: counters, state: after.state(chains)}
 	b.log.Info("rules applied", "fix", rs.Fix, "family", rs.Family, "chains", len(chains), "removed_chains", len(stale), "rules", rs.RuleCount())
 	return nil
+}
+
+// applyChanged is Apply's short way for a ruleset that differs from the record only in the contents
+// of chains (typically map entries, which live in lookup buckets): the same jumps, and the chains that
+// appear or disappear are buckets whose dispatching chain is rewritten too. It trusts the record
+// instead of reading the whole kernel first, rewrites only the changed chains, deletes the buckets
+// gone, and lists the rewritten chains to update the record. It returns false without having changed
+// anything when the change is not of that kind, or when the restore failed (Apply then takes the
+// long way, which reads the kernel and repairs whatever the record missed).
+func (b *Backend) applyChanged(ctx context.Context, rs *rules.Ruleset, r *rendering, prev *record, counters []string) (bool, error) {
+	if r.jumps != prev.jumps {
+		return false, nil
+	}
+	for c := range r.set {
+		if !prev.chains[c] && r.parent[c] == "" {
+			return false, nil // a new chain that is not a bucket: check ownership the long way
+		}
+	}
+	var changed []*rchain
+	rewritten := map[tchain]bool{}
+	for _, c := range r.chains {
+		if w, ok := prev.content[c.key()]; !ok || w != c.content() {
+			changed = append(changed, c)
+			rewritten[c.key()] = true
+		}
+	}
+	var stale []tchain
+	for c := range prev.chains {
+		if r.set[c] {
+			continue
+		}
+		par, ok := prev.parent[c]
+		if !ok || !rewritten[tchain{c.table, par}] {
+			return false, nil // not a bucket whose dispatch rule goes with its parent's rewrite
+		}
+		stale = append(stale, c)
+	}
+	sort.Slice(stale, func(i, j int) bool { return stale[i].String() < stale[j].String() })
+
+	p := plan{}
+	for _, c := range changed {
+		ops := p.table(c.table)
+		ops.decls = append(ops.decls, c.name)
+		ops.appends = append(ops.appends, c.lines...)
+	}
+	for _, c := range stale {
+		p.table(c.table).flushes = append(p.table(c.table).flushes, c.chain)
+		p.table(c.table).removes = append(p.table(c.table).removes, c.chain)
+	}
+	if err := b.restore(ctx, rs.Family, p.String()); err != nil {
+		b.log.Warn("rewriting changed chains failed; reading the kernel and applying in full", "fix", rs.Fix, "family", rs.Family, "error", err)
+		return false, nil
+	}
+	k := key{rs.Fix, rs.Family}
+	st := kstate{own: map[tchain]string{}, others: prev.state.others}
+	for c, v := range prev.state.own {
+		if r.set[c] && !rewritten[c] {
+			st.own[c] = v
+		}
+	}
+	for _, c := range changed {
+		saved, err := b.list(ctx, rs.Family, c.table, c.name)
+		if err != nil {
+			delete(b.applied, k)
+			return false, err
+		}
+		st.own[c.key()] = chainState(c.name, saved)
+	}
+	b.applied[k] = &record{content: r.content, parent: r.parent, jumps: r.jumps, chains: r.set, counters: counters, state: st}
+	b.log.Info("rules applied", "fix", rs.Fix, "family", rs.Family, "rewritten_chains", len(changed), "removed_chains", len(stale), "rules", rs.RuleCount())
+	return true, nil
 }
 
 // removeChains adds to p the deletion of the chains gone: first every rule elsewhere that jumps to
@@ -271,7 +401,7 @@ func (b *Backend) InSync(ctx context.Context, fix string, family rules.Family) (
 	if err != nil {
 		return false, err
 	}
-	return d.state(prev.chains) == prev.state, nil
+	return d.state(prev.chains).equal(prev.state), nil
 }
 
 // Remove implements backend.Backend. Without memory of an Apply it finds the fix's chains from its
@@ -400,6 +530,18 @@ func (b *Backend) save(ctx context.Context, family rules.Family) (*dump, error) 
 		return nil, fmt.Errorf("%s: %w", bin, err)
 	}
 	return d, nil
+}
+
+// list runs iptables -S CHAIN: the chain's rules in iptables-save's format, without reading the
+// rest of the kernel's rules into text.
+func (b *Backend) list(ctx context.Context, family rules.Family, table, chain string) ([]*savedRule, error) {
+	bin := b.Binary(family, "")
+	args := []string{"-w", strconv.Itoa(b.lockWait), "-t", table, "-S", chain}
+	out, stderr, err := b.run.Run(ctx, bin, args, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w: %s", bin, strings.Join(args, " "), err, strings.TrimSpace(string(stderr)))
+	}
+	return parseList(chain, string(out))
 }
 
 var lineNo = regexp.MustCompile(`line:? (\d+)`)

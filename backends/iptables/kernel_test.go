@@ -451,14 +451,18 @@ func TestKernelScale(t *testing.T) {
 			start = time.Now()
 			mustApply(t, b, rs)
 			change := time.Since(start)
-			if c := k.run.reset(); c[k.bin("restore")] != 1 || c[k.bin("save")] != 3 {
-				t.Errorf("no-op + change ran %v, want 1 restore and 3 saves", c)
+			// The no-op Apply checks the kernel with one save; the change rewrites one bucket and lists it.
+			if c := k.run.reset(); c[k.bin("restore")] != 1 || c[k.bin("save")] != 1 || c[k.bin("")] != 1 {
+				t.Errorf("no-op + change ran %v, want 1 restore, 1 save and 1 listing", c)
+			}
+			if ok, err := b.InSync(context.Background(), rs.Fix, rules.IPv4); err != nil || !ok {
+				t.Errorf("InSync after the change = %v, %v; want true", ok, err)
 			}
 			if n := strings.Count(k.save(), "-j DNAT"); n != 999 {
 				t.Errorf("%d DNAT rules in the kernel, want 999", n)
 			}
-			t.Logf("%s, 1000 entries (%d kernel rules): first Apply %v, no-op Apply %v, change of one entry %v",
-				v, 2*1000+5, first.Round(time.Millisecond), noop.Round(time.Millisecond), change.Round(time.Millisecond))
+			t.Logf("%s, 1000 entries (%d kernel rules in 4 buckets): first Apply %v, no-op Apply %v, change of one entry %v",
+				v, 2*1000+5+4, first.Round(time.Millisecond), noop.Round(time.Millisecond), change.Round(time.Millisecond))
 		})
 	}
 }
@@ -491,4 +495,145 @@ func TestKernelJumpStaysFirst(t *testing.T) {
 			t.Fatalf("InSync = %v, %v after the repair; want true", in, err)
 		}
 	})
+}
+
+// TestKernelBuckets: map entries in two lookup buckets DNAT real connections to the right place, the
+// counter sums over the buckets, a change of one entry rewrites only its bucket (one restore, one
+// listing, no iptables-save) and leaves the kernel in a state InSync accepts, an emptied bucket is
+// deleted, and a rule deleted inside a bucket is noticed by InSync and restored by Apply.
+func TestKernelBuckets(t *testing.T) {
+	ctx := context.Background()
+	forEachKernel(t, func(t *testing.T, k *kernel) {
+		// The node's own address 10.99.0.1 / fd00:99::1 on one end of a veth pair (this kernel has no
+		// dummy links); the External-IPs are routed out of it, so a connection to them reaches a
+		// listener only if our DNAT rewrote it.
+		local, route, ips := "10.99.0.1", "203.0.113.0/24", []string{"203.0.113.5", "198.51.100.7"}
+		if k.family == rules.IPv6 {
+			local, route, ips = "fd00:99::1", "2001:db8:ff::/64", []string{"2001:db8:ff::10", "2001:db8:ff::1:5"}
+		}
+		k.ns.MustExec("ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
+		k.ns.MustExec("ip", "link", "set", "d1", "up")
+		k.ns.MustExec("ip", "link", "set", "d0", "up")
+		if k.family == rules.IPv6 {
+			k.ns.MustExec("ip", "addr", "add", local+"/64", "dev", "d0", "nodad")
+		} else {
+			k.ns.MustExec("ip", "addr", "add", local+"/24", "dev", "d0")
+		}
+		k.ns.MustExec("ip", "route", "add", route, "dev", "d0")
+		if k.family == rules.IPv4 {
+			k.ns.MustExec("ip", "route", "add", "198.51.100.0/24", "dev", "d0")
+		}
+		ports := []uint16{7781, 7782}
+		rs := func(entries ...int) *rules.Ruleset {
+			r := externalIP(k.family)
+			r.Chains = r.Chains[:3] // no MASQUERADE: the connections stay on the node
+			r.Maps[0].Entries = nil
+			for _, i := range entries {
+				r.Maps[0].Entries = append(r.Maps[0].Entries, rules.MapEntry{
+					Addr: netip.MustParseAddr(ips[i]), Protocol: rules.TCP, Port: 80,
+					To: netip.AddrPortFrom(netip.MustParseAddr(local), ports[i]), Comment: fmt.Sprintf("ns/svc-%d:http", i)})
+			}
+			return r
+		}
+		b := k.backend()
+		mustApply(t, b, rs(0, 1))
+		buckets := []string{bucketName("EXTIP-DNAT", 1, bucketPrefix(netip.MustParseAddr(ips[0]))), bucketName("EXTIP-DNAT", 1, bucketPrefix(netip.MustParseAddr(ips[1])))}
+		if buckets[0] == buckets[1] {
+			t.Fatalf("the test addresses share the bucket %s", buckets[0])
+		}
+		mustContain(t, k.save(), ":"+buckets[0], ":"+buckets[1], "-j "+buckets[0], "-j "+buckets[1])
+
+		for i := range ips {
+			if got := k.connect(ips[i], ports); got != ports[i] {
+				t.Errorf("connection to %s:80 reached port %d, want %d", ips[i], got, ports[i])
+			}
+		}
+		cs, err := b.Counters(ctx, "ipvs-externalip-dnat", k.family)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cs["dnat"].Packets != 2 {
+			t.Errorf("counter dnat = %+v after two connections, want 2 packets", cs["dnat"])
+		}
+
+		// One entry changes: one restore and a listing of its bucket, no iptables-save.
+		changed := rs(0, 1)
+		changed.Maps[0].Entries[1].Comment = "ns/svc-1:renamed"
+		k.run.reset()
+		mustApply(t, b, changed)
+		if c := k.run.reset(); c[k.bin("restore")] != 1 || c[k.bin("save")] != 0 || c[k.bin("")] != 1 {
+			t.Errorf("a one-entry change ran %v, want 1 restore, 1 listing and no save", c)
+		}
+		if ok, err := b.InSync(ctx, "ipvs-externalip-dnat", k.family); err != nil || !ok {
+			t.Errorf("InSync after a bucket rewrite = %v, %v; want true", ok, err)
+		}
+		mustContain(t, k.save(), "ns/svc-1:renamed")
+
+		// The bucket of entry 1 empties: it is deleted with its dispatch rule.
+		mustApply(t, b, rs(0))
+		s := k.save()
+		mustLack(t, s, buckets[1])
+		mustContain(t, s, ":"+buckets[0])
+		if ok, err := b.InSync(ctx, "ipvs-externalip-dnat", k.family); err != nil || !ok {
+			t.Errorf("InSync after a bucket removal = %v, %v; want true", ok, err)
+		}
+		if got := k.connect(ips[0], ports); got != ports[0] {
+			t.Errorf("after the removal, connection to %s:80 reached port %d, want %d", ips[0], got, ports[0])
+		}
+
+		// A rule deleted inside a bucket: InSync notices, Apply restores it.
+		k.ipt("-t", "nat", "-D", buckets[0], "2")
+		if ok, err := b.InSync(ctx, "ipvs-externalip-dnat", k.family); err != nil || ok {
+			t.Errorf("InSync after deleting a rule in a bucket = %v, %v; want false", ok, err)
+		}
+		mustApply(t, b, rs(0))
+		if after := k.save(); after != s {
+			t.Errorf("Apply did not restore the bucket:\nwant:\n%s\ngot:\n%s", s, after)
+		}
+
+		// A fresh process's Remove finds the buckets through the dispatch rules.
+		if err := k.backend().Remove(ctx, "ipvs-externalip-dnat", k.family); err != nil {
+			t.Fatal(err)
+		}
+		mustLack(t, k.save(), "NNM-")
+	})
+}
+
+// connect listens on every port of ports at the node's address (all addresses), dials addr:80 from
+// inside the namespace, and returns the port whose listener accepted the connection (0 if none).
+func (k *kernel) connect(addr string, ports []uint16) uint16 {
+	k.t.Helper()
+	var got uint16
+	err := k.ns.Do(func() error {
+		accepted := make(chan uint16, len(ports))
+		for _, p := range ports {
+			ln, err := net.Listen("tcp", fmt.Sprintf(":%d", p))
+			if err != nil {
+				return err
+			}
+			defer ln.Close()
+			go func() {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				c.Close()
+				accepted <- p
+			}()
+		}
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(addr, "80"), 3*time.Second)
+		if err != nil {
+			return err
+		}
+		c.Close()
+		select {
+		case got = <-accepted:
+		case <-time.After(3 * time.Second):
+		}
+		return nil
+	})
+	if err != nil {
+		k.t.Errorf("connecting to %s:80: %v", addr, err)
+	}
+	return got
 }

@@ -1,10 +1,13 @@
 package iptables
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -121,37 +124,168 @@ type hookJump struct {
 	table, builtin, chain string
 }
 
-// planRuleset renders the chains of rs (declarations and rules) and, for a kernel without any of them,
-// the jumps. It also returns the jumps and the kernel chains it declares.
-func planRuleset(rs *rules.Ruleset) (plan, []hookJump, map[tchain]bool, error) {
-	p := plan{}
+// rchain is one kernel chain as rendered: its "-A" lines, and for a lookup bucket the chain that
+// dispatches to it.
+type rchain struct {
+	table, name string
+	lines       []string
+	parent      string
+}
+
+func (c *rchain) key() tchain { return tchain{c.table, c.name} }
+
+// content is what decides whether the chain must be rewritten.
+func (c *rchain) content() string { return strings.Join(c.lines, "\n") }
+
+// Lookup sharding: the entries of a map are not expanded into the rule's chain itself but into
+// bucket chains, one per destination prefix, and the chain holds one dispatch rule per bucket
+// (-d <prefix> -j <bucket>). A packet only matches entries of its own destination address, which all
+// sit in one bucket in the same relative order as an unsharded expansion, so the semantics are the
+// same; a change of one entry rewrites one bucket, and a new connection walks the dispatch rules and
+// one bucket instead of every entry.
+const (
+	bucketBits4 = 24  // IPv4 buckets: /24
+	bucketBits6 = 120 // IPv6 buckets: /120
+	// maxChainName is the kernel's limit for a chain name (XT_EXTENSION_MAXNAMELEN minus the NUL).
+	maxChainName = 28
+)
+
+// bucketPrefix is the bucket of a destination address.
+func bucketPrefix(a netip.Addr) netip.Prefix {
+	a = a.Unmap()
+	if a.Is4() {
+		return netip.PrefixFrom(a, bucketBits4).Masked()
+	}
+	return netip.PrefixFrom(a, bucketBits6).Masked()
+}
+
+// bucketName is the stable kernel name of the bucket of prefix p for the run-th lookup run (1-based)
+// of chain: "NNM-" + chain + "-" + the /24's address in hex (NNM-EXTIP-DNAT-CB007100 for
+// 203.0.113.0/24), or 12 hex digits of a SHA-256 of the /120 for IPv6. A chain name too long for the
+// 28-character limit is shortened to its start plus 5 hex digits of its hash.
+func bucketName(chain string, run int, p netip.Prefix) string {
+	base := chain
+	if run > 1 {
+		base += strconv.Itoa(run)
+	}
+	var suffix string
+	if a := p.Addr(); a.Is4() {
+		b := a.As4()
+		suffix = fmt.Sprintf("%02X%02X%02X%02X", b[0], b[1], b[2], b[3])
+	} else {
+		h := sha256.Sum256([]byte(p.String()))
+		suffix = strings.ToUpper(hex.EncodeToString(h[:6]))
+	}
+	maxBase := maxChainName - len(ChainPrefix) - 1 - len(suffix)
+	if len(base) > maxBase {
+		h := sha256.Sum256([]byte(base))
+		base = base[:maxBase-5] + strings.ToUpper(hex.EncodeToString(h[:3]))[:5]
+	}
+	return ChainPrefix + base + "-" + suffix
+}
+
+// renderChains renders the chains of rs, each followed by its lookup buckets, and the jumps that hook
+// them in.
+func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
+	var out []*rchain
 	var jumps []hookJump
-	chains := map[tchain]bool{}
 	for _, c := range rs.Chains {
 		t := tableOf(c.Type)
 		name := KernelChain(c.Name)
-		ops := p.table(t)
-		ops.decls = append(ops.decls, name)
-		chains[tchain{t, name}] = true
-		for i, r := range c.Rules {
-			specs, err := renderRule(rs, c, r)
-			if err != nil {
-				return nil, nil, nil, fmt.Errorf("fix %s: chain %s rule %d: %w", rs.Fix, c.Name, i+1, err)
+		parent := &rchain{table: t, name: name}
+		out = append(out, parent)
+		run := 0
+		for i := 0; i < len(c.Rules); {
+			r := c.Rules[i]
+			if r.Match.Lookup == "" {
+				lines, err := renderRule(rs, c, r)
+				if err != nil {
+					return nil, nil, fmt.Errorf("fix %s: chain %s rule %d: %w", rs.Fix, c.Name, i+1, err)
+				}
+				for _, l := range lines {
+					parent.lines = append(parent.lines, "-A "+name+" "+l.spec)
+				}
+				i++
+				continue
 			}
-			for _, s := range specs {
-				ops.appends = append(ops.appends, "-A "+name+" "+s)
+			// A run of consecutive rules on the same map shares its buckets: inside a bucket the
+			// rules keep their order (all MARK rules of the bucket's entries, then all DNAT rules).
+			run++
+			lookup := r.Match.Lookup
+			buckets := map[netip.Prefix]*rchain{}
+			for ; i < len(c.Rules) && c.Rules[i].Match.Lookup == lookup; i++ {
+				lines, err := renderRule(rs, c, c.Rules[i])
+				if err != nil {
+					return nil, nil, fmt.Errorf("fix %s: chain %s rule %d: %w", rs.Fix, c.Name, i+1, err)
+				}
+				for _, l := range lines {
+					if !l.dst.IsValid() {
+						return nil, nil, fmt.Errorf("fix %s: chain %s rule %d: map entry without an address", rs.Fix, c.Name, i+1)
+					}
+					p := bucketPrefix(l.dst)
+					bc := buckets[p]
+					if bc == nil {
+						bc = &rchain{table: t, name: bucketName(c.Name, run, p), parent: name}
+						buckets[p] = bc
+					}
+					bc.lines = append(bc.lines, "-A "+bc.name+" "+l.spec)
+				}
+			}
+			prefixes := make([]netip.Prefix, 0, len(buckets))
+			for p := range buckets {
+				prefixes = append(prefixes, p)
+			}
+			sort.Slice(prefixes, func(a, b int) bool { return prefixes[a].Addr().Less(prefixes[b].Addr()) })
+			for _, p := range prefixes {
+				bc := buckets[p]
+				parent.lines = append(parent.lines, fmt.Sprintf("-A %s -d %s -m comment --comment %s -j %s",
+					name, p, quote(ruleComment(rs.Fix, "", "lookup "+lookup+" "+p.String())), bc.name))
+				out = append(out, bc)
 			}
 		}
 		if c.Hook != "" {
 			jumps = append(jumps, hookJump{t, builtinOf(c.Hook), name})
 		}
 	}
-	// Each jump goes to position 1; inserting in reverse keeps the chains in declaration order.
+	seen := map[tchain]bool{}
+	for _, c := range out {
+		if seen[c.key()] {
+			return nil, nil, fmt.Errorf("fix %s: kernel chain %s is rendered twice (a lookup bucket name collides)", rs.Fix, c.name)
+		}
+		seen[c.key()] = true
+	}
+	return out, jumps, nil
+}
+
+// planRuleset renders the chains of rs (declarations and rules) and, for a kernel without any of them,
+// the jumps. It also returns the rendered chains and the jumps.
+func planRuleset(rs *rules.Ruleset) (plan, []*rchain, []hookJump, error) {
+	chains, jumps, err := renderChains(rs)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	p := plan{}
+	for _, c := range chains {
+		ops := p.table(c.table)
+		ops.decls = append(ops.decls, c.name)
+		ops.appends = append(ops.appends, c.lines...)
+	}
+	addInserts(p, rs.Fix, jumps)
+	return p, chains, jumps, nil
+}
+
+// addInserts adds the jumps at position 1; inserting in reverse keeps the chains in declaration order.
+func addInserts(p plan, fix string, jumps []hookJump) {
 	for i := len(jumps) - 1; i >= 0; i-- {
 		j := jumps[i]
-		p.table(j.table).inserts = append(p.table(j.table).inserts, "-I "+j.builtin+" 1 "+jumpSpec(rs.Fix, j.chain))
+		p.table(j.table).inserts = append(p.table(j.table).inserts, "-I "+j.builtin+" 1 "+jumpSpec(fix, j.chain))
 	}
-	return p, jumps, chains, nil
+}
+
+// ruleLine is one kernel rule (after "-A CHAIN") and the destination address it matches, if any.
+type ruleLine struct {
+	spec string
+	dst  netip.Addr
 }
 
 // target is what one expanded rule matches on top of the rule's own match (one map entry).
@@ -166,7 +300,7 @@ type target struct {
 
 // renderRule returns the specs (after "-A CHAIN") of the kernel rules that stand for r: one per source
 // prefix and per map entry, and a MARK rule before the verdict rule when r sets a mark and has a verdict.
-func renderRule(rs *rules.Ruleset, c rules.Chain, r rules.Rule) ([]string, error) {
+func renderRule(rs *rules.Ruleset, c rules.Chain, r rules.Rule) ([]ruleLine, error) {
 	m := r.Match
 	if m.InInterfacePrefix != "" && !validIfacePrefix(m.InInterfacePrefix) {
 		return nil, fmt.Errorf("input interface prefix %q is not a valid interface name prefix", m.InInterfacePrefix)
@@ -196,7 +330,7 @@ func renderRule(rs *rules.Ruleset, c rules.Chain, r rules.Rule) ([]string, error
 	if err != nil {
 		return nil, err
 	}
-	var out []string
+	var out []ruleLine
 	for _, tg := range targets {
 		if (r.Verdict.Kind == rules.DNAT || r.Verdict.Kind == rules.DNATLookup) && tg.to.Port() != 0 && tg.proto == "" {
 			return nil, fmt.Errorf("dnat to a port needs Match.Protocol")
@@ -239,7 +373,7 @@ func renderRule(rs *rules.Ruleset, c rules.Chain, r rules.Rule) ([]string, error
 				if r.Verdict.Kind != rules.Continue {
 					markComment = " -m comment --comment " + quote(ruleComment(rs.Fix, "", tg.comment))
 				}
-				out = append(out, strings.TrimSpace(fmt.Sprintf("%s%s -j MARK --or-mark 0x%x", match, markComment, r.SetMark)))
+				out = append(out, ruleLine{strings.TrimSpace(fmt.Sprintf("%s%s -j MARK --or-mark 0x%x", match, markComment, r.SetMark)), tg.dst})
 				if r.Verdict.Kind == rules.Continue {
 					continue
 				}
@@ -248,7 +382,7 @@ func renderRule(rs *rules.Ruleset, c rules.Chain, r rules.Rule) ([]string, error
 			if r.Verdict.Kind == rules.DNAT || r.Verdict.Kind == rules.DNATLookup {
 				v = " -j DNAT --to-destination " + dnatTo(tg.to)
 			}
-			out = append(out, strings.TrimSpace(match+counted+v))
+			out = append(out, ruleLine{strings.TrimSpace(match + counted + v), tg.dst})
 		}
 	}
 	return out, nil

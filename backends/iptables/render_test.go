@@ -6,6 +6,8 @@ package iptables
 //	external IPs (LB)    203.0.113.10, 203.0.113.11    2001:db8:ff::10
 //	cluster IPs          10.96.0.10, 10.96.0.11        fd00:96::10
 //	foreign test ports   7777 (counted), 9999
+//	sharded external IPs 198.51.100.7, 203.0.113.200, 203.0.113.5  2001:db8:ff::10, 2001:db8:ff::1:5
+//	                     (two /24 buckets in IPv4, two /120 buckets in IPv6)
 
 import (
 	"flag"
@@ -111,6 +113,33 @@ func externalIP(family rules.Family) *rules.Ruleset {
 		}}
 }
 
+// externalIPSharded is externalIP with map entries in two lookup buckets per family, listed out of
+// order, plus a second run of lookup rules in the same chain (its own buckets) behind a plain rule.
+func externalIPSharded(family rules.Family) *rules.Ruleset {
+	rs := externalIP(family)
+	e := func(a, to string, port uint16, c string) rules.MapEntry {
+		return rules.MapEntry{Addr: netip.MustParseAddr(a), Protocol: rules.TCP, Port: port, To: netip.AddrPortFrom(netip.MustParseAddr(to), port), Comment: c}
+	}
+	if family == rules.IPv4 {
+		rs.Maps[0].Entries = []rules.MapEntry{
+			e("203.0.113.200", "10.96.0.12", 443, "default/b:https"),
+			e("198.51.100.7", "10.96.0.13", 80, "default/c:http"),
+			e("203.0.113.5", "10.96.0.11", 80, "default/a:http"),
+		}
+	} else {
+		rs.Maps[0].Entries = []rules.MapEntry{
+			e("2001:db8:ff::1:5", "fd00:96::12", 443, "default/b:https"),
+			e("2001:db8:ff::10", "fd00:96::10", 80, "default/a:http"),
+		}
+	}
+	dnat := &rs.Chains[2]
+	dnat.Rules = append(dnat.Rules,
+		rules.Rule{Match: rules.Match{Protocol: rules.UDP}, Verdict: rules.Verdict{Kind: rules.Return}, Comment: "udp is not ours"},
+		rules.Rule{Match: rules.Match{Lookup: "external-ips", SrcAddrType: rules.Local}, Verdict: rules.Verdict{Kind: rules.DNATLookup}, Comment: "second run"},
+	)
+	return rs
+}
+
 // kitchenSink covers every match and verdict once.
 func kitchenSink(family rules.Family) *rules.Ruleset {
 	v4 := family == rules.IPv4
@@ -150,6 +179,7 @@ func TestRenderGolden(t *testing.T) {
 		{"invalid-drop", invalidDrop},
 		{"externalip", externalIP},
 		{"kitchen-sink", kitchenSink},
+		{"externalip-sharded", externalIPSharded},
 	} {
 		for _, f := range rules.Families {
 			t.Run(tc.name+"-"+string(f), func(t *testing.T) {
@@ -209,5 +239,34 @@ func TestCommentRoundTrip(t *testing.T) {
 	}
 	if _, ok := counterOf("invalid-drop", "invalid-drop: not counted"); ok {
 		t.Error("counterOf found a counter in a plain comment")
+	}
+}
+
+func TestBucketNames(t *testing.T) {
+	for _, tc := range []struct {
+		chain string
+		run   int
+		p     string
+		want  string
+	}{
+		{"EXTIP-DNAT", 1, "203.0.113.0/24", "NNM-EXTIP-DNAT-CB007100"},
+		{"EXTIP-DNAT", 2, "203.0.113.0/24", "NNM-EXTIP-DNAT2-CB007100"},
+		{"A-VERY-LONG-CHAIN-NAME-X", 1, "10.0.0.0/24", ""},
+		{"EXTIP-DNAT", 1, "2001:db8:ff::/120", ""},
+		{"A-VERY-LONG-CHAIN-NAME-X", 3, "2001:db8:ff::/120", ""},
+	} {
+		got := bucketName(tc.chain, tc.run, netip.MustParsePrefix(tc.p))
+		if tc.want != "" && got != tc.want {
+			t.Errorf("bucketName(%s, %d, %s) = %s, want %s", tc.chain, tc.run, tc.p, got, tc.want)
+		}
+		if len(got) > maxChainName || !strings.HasPrefix(got, ChainPrefix) {
+			t.Errorf("bucketName(%s, %d, %s) = %s: not an NNM- name of at most %d characters", tc.chain, tc.run, tc.p, got, maxChainName)
+		}
+		if again := bucketName(tc.chain, tc.run, netip.MustParsePrefix(tc.p)); again != got {
+			t.Errorf("bucketName is not stable: %s then %s", got, again)
+		}
+	}
+	if a, b := bucketName("EXTIP-DNAT", 1, netip.MustParsePrefix("2001:db8::/120")), bucketName("EXTIP-DNAT", 1, netip.MustParsePrefix("2001:db8::100/120")); a == b {
+		t.Errorf("two IPv6 buckets share the name %s", a)
 	}
 }

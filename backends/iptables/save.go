@@ -2,7 +2,6 @@ package iptables
 
 import (
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 )
@@ -223,32 +222,44 @@ func (d *dump) has(k tchain) bool {
 	return t != nil && t.byName[k.chain] != nil
 }
 
-// state is the kernel's view of the given chains, counters excluded: their declarations and rules, and
-// every rule elsewhere that jumps to them. It is ordered so that unrelated changes (other chains created,
-// other rules inserted) do not change it.
-func (d *dump) state(chains map[tchain]bool) string {
-	var b strings.Builder
-	tables := make([]*table, len(d.tables))
-	copy(tables, d.tables)
-	sort.Slice(tables, func(i, j int) bool { return tables[i].name < tables[j].name })
-	for _, t := range tables {
-		var ours, others []*chain
+// kstate is the kernel's view of a set of chains, counters excluded: per chain its declaration and
+// rules, and per table every rule elsewhere that jumps to one of them. It is kept per chain so that an
+// Apply that rewrites a few chains can update its record from a listing of those chains alone.
+type kstate struct {
+	own    map[tchain]string
+	others map[string]string
+}
+
+// equal compares two states; unrelated changes (other chains created, other rules inserted) do not
+// show in either.
+func (s kstate) equal(o kstate) bool {
+	if len(s.own) != len(o.own) || len(s.others) != len(o.others) {
+		return false
+	}
+	for k, v := range s.own {
+		if w, ok := o.own[k]; !ok || w != v {
+			return false
+		}
+	}
+	for k, v := range s.others {
+		if w, ok := o.others[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// state is the kernel's view of the given chains (see kstate).
+func (d *dump) state(chains map[tchain]bool) kstate {
+	st := kstate{own: map[tchain]string{}, others: map[string]string{}}
+	for _, t := range d.tables {
+		var others strings.Builder
 		for _, c := range t.chains {
-			if chains[tchain{t.name, c.name}] {
-				ours = append(ours, c)
-			} else {
-				others = append(others, c)
+			k := tchain{t.name, c.name}
+			if chains[k] {
+				st.own[k] = chainState(c.name, c.rules)
+				continue
 			}
-		}
-		sort.Slice(ours, func(i, j int) bool { return ours[i].name < ours[j].name })
-		sort.Slice(others, func(i, j int) bool { return others[i].name < others[j].name })
-		for _, c := range ours {
-			fmt.Fprintf(&b, "%s :%s\n", t.name, c.name)
-			for _, r := range c.rules {
-				fmt.Fprintf(&b, "%s %s\n", t.name, r.line())
-			}
-		}
-		for _, c := range others {
 			foreignSeen := false
 			for _, r := range c.rules {
 				if !isOurs(r.target) {
@@ -256,10 +267,44 @@ func (d *dump) state(chains map[tchain]bool) string {
 				}
 				if chains[tchain{t.name, r.target}] {
 					// A jump from a built-in chain must stay ahead of every foreign rule.
-					fmt.Fprintf(&b, "%s %s%s\n", t.name, r.line(), map[bool]string{true: " #behind-foreign"}[foreignSeen && c.builtin()])
+					fmt.Fprintf(&others, "%s%s\n", r.line(), map[bool]string{true: " #behind-foreign"}[foreignSeen && c.builtin()])
 				}
 			}
 		}
+		if others.Len() > 0 {
+			st.others[t.name] = others.String()
+		}
+	}
+	return st
+}
+
+// chainState is the state of one of our chains: its name and its rules in order.
+func chainState(name string, rs []*savedRule) string {
+	var b strings.Builder
+	b.WriteString(":" + name + "\n")
+	for _, r := range rs {
+		b.WriteString(r.line() + "\n")
 	}
 	return b.String()
+}
+
+// parseList parses `iptables -S CHAIN` output (a "-N CHAIN" line, then the "-A CHAIN" lines in
+// iptables-save's format) into the rules of chain.
+func parseList(chain, out string) ([]*savedRule, error) {
+	var rs []*savedRule
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || line == "-N "+chain || strings.HasPrefix(line, "#") {
+			continue
+		}
+		rest, ok := strings.CutPrefix(line, "-A "+chain+" ")
+		if line == "-A "+chain {
+			rest, ok = "", true
+		}
+		if !ok {
+			return nil, fmt.Errorf("unexpected line %q listing chain %s", line, chain)
+		}
+		rs = append(rs, &savedRule{chain: chain, spec: rest})
+	}
+	return rs, nil
 }
