@@ -19,7 +19,7 @@ import (
 const (
 	nftTable   = "nnm-ipvs-externalip-dnat" // nftables backend: table ip nnm-<fix>
 	nftMap     = "svc"                      // externalipdnat.MapName
-	iptDNATPfx = "-A NNM-EXTIP-DNAT "       // iptables backend: chain NNM-<Chain.Name>
+	iptDNATPfx = "-A NNM-EXTIP-DNAT"        // iptables backend: chain NNM-<Chain.Name> and its lookup buckets NNM-EXTIP-DNAT-<prefix>
 )
 
 // kernel reads what a backend left in a namespace. Reads are never timed: the benchmark times the
@@ -131,9 +131,9 @@ func (k iptKernel) has(ctx context.Context, ns string, ip netip.Addr) (bool, err
 	if err != nil {
 		return false, err
 	}
-	want := fmt.Sprintf("%s-d %s/32 ", iptDNATPfx, ip)
+	want := fmt.Sprintf(" -d %s/32 ", ip)
 	for _, l := range strings.Split(out, "\n") {
-		if strings.HasPrefix(l, want) && strings.Contains(l, "-j DNAT") {
+		if strings.HasPrefix(l, iptDNATPfx) && strings.Contains(l, want) && strings.Contains(l, "-j DNAT") {
 			return true, nil
 		}
 	}

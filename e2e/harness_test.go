@@ -283,7 +283,16 @@ func (n *node) dnatEntries(family string) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		for _, line := range agenttest.Lines(save, "-A NNM-EXTIP-DNAT ", "-j DNAT") {
+		// The entries sit in bucket chains NNM-EXTIP-DNAT-<prefix> that NNM-EXTIP-DNAT dispatches to
+		// (one per destination /24 or /120); only the DNAT rules of dispatched buckets are in effect.
+		chains := map[string]bool{"NNM-EXTIP-DNAT": true}
+		for _, line := range agenttest.Lines(save, "-A NNM-EXTIP-DNAT ", "-j NNM-EXTIP-DNAT-") {
+			chains[line[strings.LastIndex(line, " ")+1:]] = true
+		}
+		for _, line := range agenttest.Lines(save, "-A NNM-EXTIP-DNAT", "-j DNAT") {
+			if name, _, _ := strings.Cut(strings.TrimPrefix(line, "-A "), " "); !chains[name] {
+				continue
+			}
 			d, p, port, to := reDst.FindStringSubmatch(line), reProto.FindStringSubmatch(line), reDport.FindStringSubmatch(line), reTo.FindStringSubmatch(line)
 			if d == nil || p == nil || port == nil || to == nil {
 				return nil, fmt.Errorf("unexpected DNAT rule %q", line)
