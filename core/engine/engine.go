@@ -54,6 +54,8 @@ type fixState struct {
 	lastOK   time.Time
 	lastErr  error
 	everSeen bool
+	// enabledAt is when the fix last went from disabled to enabled (health counts from there).
+	enabledAt time.Time
 }
 
 // Engine runs the sync loop. Create it with New, then Start and Stop it (fx lifecycle).
@@ -77,6 +79,8 @@ type Engine struct {
 	synced    bool
 	lastPass  time.Time
 	lastPassE error
+	// removalPending is set while removing a disabled fix's rules keeps failing.
+	removalPending bool
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -122,8 +126,17 @@ func (e *Engine) configure(cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
-	for _, st := range e.fixes {
+	for i, st := range e.fixes {
 		if err := st.fix.Configure(cfg.FixOptions(st.fix.ID())); err != nil {
+			// Fixes configured before this one took the new options: give them the running ones
+			// back, so that a rejected configuration changes nothing.
+			if e.cfg != nil {
+				for _, done := range e.fixes[:i] {
+					if rerr := done.fix.Configure(e.cfg.FixOptions(done.fix.ID())); rerr != nil {
+						e.log.Error("cannot restore the running options of a fix", "fix", done.fix.ID(), "err", rerr)
+					}
+				}
+			}
 			if strings.HasPrefix(err.Error(), "fixes."+st.fix.ID()) {
 				return fmt.Errorf("config: %w", err)
 			}
@@ -147,6 +160,9 @@ func (e *Engine) configure(cfg *config.Config) error {
 				}
 				enabled = false
 			}
+		}
+		if enabled && !st.enabled {
+			st.enabledAt = e.now()
 		}
 		st.enabled = enabled
 		v := 0.0
@@ -387,7 +403,10 @@ func restartOnly(a, b *config.Config) []string {
 
 // removeDisabled removes the rules of disabled fixes in every family, and of enabled fixes in the
 // families that are not configured. Disabled Actuators are reverted instead.
-func (e *Engine) removeDisabled(ctx context.Context) {
+//
+// A removal that fails is retried on every full pass (and fails the pass, so the retry backoff
+// applies) until it succeeds: a disabled fix must not keep filtering traffic.
+func (e *Engine) removeDisabled(ctx context.Context) error {
 	e.mu.Lock()
 	type job struct {
 		st  *fixState
@@ -412,15 +431,18 @@ func (e *Engine) removeDisabled(ctx context.Context) {
 		}
 	}
 	e.mu.Unlock()
+	var errs []error
 	for i, a := range reverts {
 		if err := a.Revert(ctx); err != nil {
 			e.log.Error("cannot revert disabled fix", "fix", revertIDs[i], "err", err)
+			errs = append(errs, fmt.Errorf("fix %s: revert: %w", revertIDs[i], err))
 		}
 	}
 	for _, j := range jobs {
 		id := j.st.fix.ID()
 		if err := e.be.Remove(ctx, id, j.fam); err != nil {
 			e.log.Error("cannot remove rules of disabled fix", "fix", id, "family", j.fam, "err", err)
+			errs = append(errs, fmt.Errorf("fix %s (%s): remove: %w", id, j.fam, err))
 			continue
 		}
 		e.mu.Lock()
@@ -428,6 +450,11 @@ func (e *Engine) removeDisabled(ctx context.Context) {
 		e.mu.Unlock()
 		e.m.Rules.WithLabelValues(id, e.be.Name(), string(j.fam)).Set(0)
 	}
+	err := errors.Join(errs...)
+	e.mu.Lock()
+	e.removalPending = err != nil
+	e.mu.Unlock()
+	return err
 }
 
 // Snapshot builds the view that fixes see now.
@@ -481,6 +508,12 @@ func (e *Engine) SyncOnce(ctx context.Context, full bool) (failed bool) {
 	}
 	e.mu.Unlock()
 	var passErr error
+	e.mu.Lock()
+	retryRemoval := full && e.removalPending
+	e.mu.Unlock()
+	if retryRemoval {
+		passErr = e.removeDisabled(ctx)
+	}
 	for _, st := range states {
 		ok := true
 		bname := e.be.Name()
@@ -565,6 +598,24 @@ func (e *Engine) syncFix(ctx context.Context, st *fixState, fam rules.Family, sn
 			return fmt.Errorf("fix %s (%s): %w", id, fam, err)
 		}
 		e.log.Info("rules applied", "fix", id, "family", fam, "rules", rs.RuleCount())
+		// Backends apply a change by trusting what they applied last (an element or bucket update),
+		// so on a full pass verify the result too: otherwise drift would never be repaired on a node
+		// whose Services change at least once per syncPeriod.
+		if !full || prev == nil {
+			break
+		}
+		in, err := e.be.InSync(ctx, id, fam)
+		if err != nil {
+			return fmt.Errorf("fix %s (%s): check kernel state: %w", id, fam, err)
+		}
+		if in {
+			break
+		}
+		e.log.Warn("rules changed behind our back; restoring them", "fix", id, "family", fam)
+		e.m.Repairs.WithLabelValues(id, bname, string(fam)).Inc()
+		if err := e.be.Apply(ctx, rs); err != nil {
+			return fmt.Errorf("fix %s (%s): %w", id, fam, err)
+		}
 	}
 	e.mu.Lock()
 	st.applied[fam] = rs
@@ -649,9 +700,12 @@ func (e *Engine) Healthy() error {
 		if !st.enabled {
 			continue
 		}
+		// Count from the latest of: the last success, the agent's start, the fix being enabled.
 		last := st.lastOK
-		if last.IsZero() {
-			last = e.started
+		for _, t := range []time.Time{e.started, st.enabledAt} {
+			if t.After(last) {
+				last = t
+			}
 		}
 		if age := now.Sub(last); age > limit {
 			errs = append(errs, fmt.Errorf("fix %s: no successful sync for %s (limit %s); last error: %v", st.fix.ID(), age.Round(time.Second), limit, st.lastErr))

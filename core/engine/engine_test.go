@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -476,5 +477,161 @@ func TestActuatorRevertedWhenDisabled(t *testing.T) {
 	}
 	if h.be.ApplyCalls() != 0 {
 		t.Fatal("the rule backend was used for an Actuator")
+	}
+}
+
+// trustingBackend models the real backends' short path: a changed ruleset is applied on top of
+// what the backend remembers, so drift (someone flushing our rules) survives it; only an Apply of
+// the same ruleset reads the kernel and repairs.
+type trustingBackend struct {
+	*testkit.FakeBackend
+	drift     bool
+	last      *rules.Ruleset
+	removeErr error
+}
+
+func (b *trustingBackend) Apply(ctx context.Context, rs *rules.Ruleset) error {
+	if b.last == nil || reflect.DeepEqual(b.last, rs) {
+		b.drift = false
+	}
+	b.last = rs
+	return b.FakeBackend.Apply(ctx, rs)
+}
+
+func (b *trustingBackend) InSync(ctx context.Context, fix string, fam rules.Family) (bool, error) {
+	in, err := b.FakeBackend.InSync(ctx, fix, fam)
+	return in && !b.drift, err
+}
+
+func (b *trustingBackend) Remove(ctx context.Context, fix string, fam rules.Family) error {
+	if b.removeErr != nil {
+		return b.removeErr
+	}
+	return b.FakeBackend.Remove(ctx, fix, fam)
+}
+
+func newTrustingHarness(t *testing.T, cfg *config.Config, fixes ...fix.Fix) (*harness, *trustingBackend) {
+	t.Helper()
+	tb := &trustingBackend{FakeBackend: testkit.NewFakeBackend()}
+	h := &harness{be: tb.FakeBackend, src: newMemSource(), m: metrics.NewSync(prometheus.NewRegistry()), now: time.Unix(1000, 0)}
+	if cfg == nil {
+		c := config.Defaults()
+		c.Families = []string{"ipv4"}
+		cfg = &c
+	}
+	e, err := New(Options{Fixes: fixes, Backend: tb, Source: h.src, Config: cfg, Metrics: h.m,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: func() time.Time { return h.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.e = e
+	return h, tb
+}
+
+// Drift is repaired by a full pass even when the same pass also applies a change.
+func TestFullPassRepairsDriftWhileRulesChange(t *testing.T) {
+	h, tb := newTrustingHarness(t, nil, &countFix{id: "count", defaultOn: true})
+	ctx := context.Background()
+	h.src.set(svc("a", "10.96.0.1"))
+	h.e.SyncOnce(ctx, true)
+	tb.drift = true // someone flushed our chain
+	h.src.set(svc("a", "10.96.0.1"), svc("b", "10.96.0.2"))
+	if h.e.SyncOnce(ctx, true) {
+		t.Fatal("full pass failed")
+	}
+	if tb.drift {
+		t.Fatal("drift survived a full pass that also applied a change")
+	}
+	if v := testutil.ToFloat64(h.m.Repairs.WithLabelValues("count", "fake", "ipv4")); v != 1 {
+		t.Fatalf("repairs metric = %v, want 1", v)
+	}
+	// A normal (change-triggered) pass does not pay for the check.
+	tb.drift = true
+	h.src.set(svc("a", "10.96.0.1"))
+	h.e.SyncOnce(ctx, false)
+	if !tb.drift {
+		t.Fatal("a normal pass checked the kernel")
+	}
+}
+
+// optFix records the options it holds and rejects options with "bad" set.
+type optFix struct {
+	countFix
+	opts map[string]any
+}
+
+func (f *optFix) Configure(o map[string]any) error {
+	if o["bad"] != nil {
+		return errors.New("bad option")
+	}
+	f.opts = o
+	return nil
+}
+
+// A configuration that one fix rejects leaves every fix with its running options.
+func TestRejectedConfigRestoresEarlierFixes(t *testing.T) {
+	a := &optFix{countFix: countFix{id: "a-first", defaultOn: true}}
+	b := &optFix{countFix: countFix{id: "b-second", defaultOn: true}}
+	c := config.Defaults()
+	c.Fixes = map[string]map[string]any{"a-first": {"mode": "old"}, "b-second": {}}
+	h := newHarness(t, &c, a, b)
+	next := config.Defaults()
+	next.Fixes = map[string]map[string]any{"a-first": {"mode": "new"}, "b-second": {"bad": true}}
+	if h.e.applyConfig(context.Background(), &next) {
+		t.Fatal("a configuration with a rejected option was taken")
+	}
+	if a.opts["mode"] != "old" {
+		t.Fatalf("fix a-first kept the rejected configuration's options: %v", a.opts)
+	}
+}
+
+// A disabled fix whose removal failed is removed by a later full pass, and the failure counts.
+func TestFailedRemovalIsRetried(t *testing.T) {
+	off := &countFix{id: "off", defaultOn: false}
+	h, tb := newTrustingHarness(t, nil, off)
+	ctx := context.Background()
+	rs := &rules.Ruleset{Fix: "off", Family: rules.IPv4, Chains: []rules.Chain{{Name: "T-OFF", Type: rules.Filter, Hook: rules.Input}}}
+	if err := tb.FakeBackend.Apply(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	tb.removeErr = errors.New("xtables lock held")
+	if err := h.e.removeDisabled(ctx); err == nil {
+		t.Fatal("removal error not reported")
+	}
+	if !h.e.SyncOnce(ctx, true) {
+		t.Fatal("a full pass must fail while the removal keeps failing")
+	}
+	tb.removeErr = nil
+	h.e.SyncOnce(ctx, false)
+	if h.be.Ruleset("off", rules.IPv4) == nil {
+		t.Fatal("a normal pass must not retry the removal")
+	}
+	if h.e.SyncOnce(ctx, true) {
+		t.Fatal("full pass failed after the removal could succeed")
+	}
+	if h.be.Ruleset("off", rules.IPv4) != nil {
+		t.Fatal("the disabled fix's rules are still there")
+	}
+}
+
+// A fix enabled long after start gets 2 x syncPeriod from the moment it was enabled.
+func TestHealthCountsFromEnabling(t *testing.T) {
+	f := &countFix{id: "late", defaultOn: false}
+	h := newHarness(t, nil, f)
+	h.e.started = h.now
+	h.now = h.now.Add(10 * time.Minute)
+	c := config.Defaults()
+	c.Fixes = map[string]map[string]any{"late": {"enabled": true}}
+	if !h.e.applyConfig(context.Background(), &c) {
+		t.Fatal("config rejected")
+	}
+	f.fail = errors.New("not yet")
+	h.e.SyncOnce(context.Background(), true)
+	if err := h.e.Healthy(); err != nil {
+		t.Fatalf("a fix enabled just now must not be unhealthy yet: %v", err)
+	}
+	h.now = h.now.Add(61 * time.Second)
+	if err := h.e.Healthy(); err == nil {
+		t.Fatal("still healthy after 2 x syncPeriod without success")
 	}
 }
