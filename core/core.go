@@ -74,7 +74,11 @@ func LoadConfig(in Inputs, ids fix.IDs) (*config.Config, error) {
 func NewLogger(cfg *config.Config) *slog.Logger {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(cfg.LogLevel))
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	for _, w := range cfg.Warnings {
+		log.Warn("config: " + w)
+	}
+	return log
 }
 
 // DetectParams are Detect's dependencies. Probes is optional: without it the node's local signals

@@ -52,6 +52,9 @@ type Config struct {
 
 	// File is the config file that was read ("" for none). Not a config key.
 	File string `mapstructure:"-"`
+	// Warnings are problems that do not stop start-up (e.g. an NNM_ variable that is no config key:
+	// the test harnesses set some of their own), logged by the agent at start.
+	Warnings []string `mapstructure:"-"`
 }
 
 // Defaults returns the configuration used when nothing is set.
@@ -236,6 +239,7 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string) (*Config, error)
 		return nil, fmt.Errorf("config: %w", fix.DecodeError(err))
 	}
 	cfg.File = file
+	cfg.Warnings = unknownEnv(env, fixIDs)
 	cfg.Fixes = normalizeFixes(cfg.Fixes, fixIDs)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -280,7 +284,8 @@ func flagValue(f *pflag.Flag) any {
 }
 
 func applyLegacyEnv(v *viper.Viper, env map[string]string) error {
-	if !v.IsSet("podCIDRs") || len(v.GetStringSlice("podCIDRs")) == 0 {
+	// The legacy variables are environment: they beat the file, and NNM_POD_CIDRS and flags beat them.
+	if env[EnvName("podCIDRs")] == "" {
 		var cidrs []string
 		for _, name := range []string{LegacyPodCIDRv4, LegacyPodCIDRv6} {
 			if val := strings.TrimSpace(env[name]); val != "" {
@@ -306,10 +311,15 @@ func applyLegacyEnv(v *viper.Viper, env map[string]string) error {
 }
 
 func applyFixFlags(v *viper.Viper, fs *pflag.FlagSet) error {
-	for flag, enabled := range map[string]bool{"enable-fix": true, "disable-fix": false} {
+	named := map[string]string{}
+	for _, flag := range []string{"enable-fix", "disable-fix"} {
 		if f := fs.Lookup(flag); f != nil && f.Changed {
 			for _, id := range f.Value.(pflag.SliceValue).GetSlice() {
-				v.Set("fixes."+id+".enabled", enabled)
+				if other, ok := named[id]; ok && other != flag {
+					return fmt.Errorf("config: fix %q is named by both --enable-fix and --disable-fix", id)
+				}
+				named[id] = flag
+				v.Set("fixes."+id+".enabled", flag == "enable-fix")
 			}
 		}
 	}
@@ -475,3 +485,28 @@ func parseBool(val any) (bool, error) {
 
 // Environ is os.Environ, a variable so that callers read the process environment in one place.
 var Environ = os.Environ
+
+// unknownEnv lists NNM_ variables that are no configuration key, e.g. a misspelt NNM_SYNC_PERIODS.
+func unknownEnv(env map[string]string, fixIDs []string) []string {
+	known := map[string]bool{"NNM_CONFIG": true}
+	for _, k := range keys {
+		known[EnvName(k.key)] = true
+	}
+	var out []string
+	for name := range env {
+		if !strings.HasPrefix(name, "NNM_") || known[name] {
+			continue
+		}
+		isFix := false
+		for _, id := range fixIDs {
+			if strings.HasPrefix(name, EnvName("fixes."+id)+"_") {
+				isFix = true
+			}
+		}
+		if !isFix {
+			out = append(out, fmt.Sprintf("environment variable %s is not a configuration key; ignored", name))
+		}
+	}
+	sort.Strings(out)
+	return out
+}

@@ -189,3 +189,39 @@ func TestEnvName(t *testing.T) {
 		}
 	}
 }
+
+func TestEnableAndDisableSameFixIsAnError(t *testing.T) {
+	_, err := Load(flags(t, "--enable-fix", "invalid-drop", "--disable-fix", "invalid-drop"), nil, ids)
+	if err == nil || !strings.Contains(err.Error(), "invalid-drop") {
+		t.Fatalf("want an error naming the fix, got %v", err)
+	}
+}
+
+func TestLegacyPodCIDRsBeatTheFile(t *testing.T) {
+	file := writeFile(t, "podCIDRs: [10.0.0.0/24]\n")
+	cfg, err := Load(flags(t, "--config", file), []string{"POD_CIDR_IPV4=10.244.7.0/24"}, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.PodCIDRs) != 1 || cfg.PodCIDRs[0] != "10.244.7.0/24" {
+		t.Fatalf("the legacy variable (environment) must beat the file: %v", cfg.PodCIDRs)
+	}
+	cfg, err = Load(flags(t, "--config", file), []string{"POD_CIDR_IPV4=10.244.7.0/24", "NNM_POD_CIDRS=10.244.9.0/24"}, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.PodCIDRs[0] != "10.244.9.0/24" {
+		t.Fatalf("NNM_POD_CIDRS must beat the legacy variable: %v", cfg.PodCIDRs)
+	}
+}
+
+func TestUnknownEnvironmentIsWarned(t *testing.T) {
+	cfg, err := Load(nil, []string{"NNM_SYNC_PERIODS=5s", "NNM_FIXES_NO_SUCH_FIX_ENABLED=true", "NNM_SYNC_PERIOD=5s", "NNM_FIXES_INVALID_DROP_ENABLED=true"}, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := strings.Join(cfg.Warnings, "\n")
+	if !strings.Contains(w, "NNM_SYNC_PERIODS") || !strings.Contains(w, "NNM_FIXES_NO_SUCH_FIX_ENABLED") || len(cfg.Warnings) != 2 {
+		t.Fatalf("want warnings for exactly the two unknown variables, got %q", cfg.Warnings)
+	}
+}
