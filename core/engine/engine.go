@@ -46,14 +46,13 @@ type Options struct {
 }
 
 type fixState struct {
-	fix      fix.Fix
-	enabled  bool
-	refusal  error
-	applied  map[rules.Family]*rules.Ruleset
-	skipSig  map[rules.Family]string
-	lastOK   time.Time
-	lastErr  error
-	everSeen bool
+	fix     fix.Fix
+	enabled bool
+	refusal error
+	applied map[rules.Family]*rules.Ruleset
+	skipSig map[rules.Family]string
+	lastOK  time.Time
+	lastErr error
 	// enabledAt is when the fix last went from disabled to enabled (health counts from there).
 	enabledAt time.Time
 }
@@ -176,12 +175,10 @@ func (e *Engine) configure(cfg *config.Config) error {
 
 // Refusals returns the errors of fixes that the config enabled but that refused to run here.
 func (e *Engine) Refusals() []error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	var out []error
-	for _, st := range e.fixes {
-		if st.refusal != nil {
-			out = append(out, st.refusal)
+	for _, st := range e.Statuses() {
+		if st.Refusal != nil {
+			out = append(out, st.Refusal)
 		}
 	}
 	return out
@@ -578,43 +575,28 @@ func (e *Engine) syncFix(ctx context.Context, st *fixState, fam rules.Family, sn
 			}
 		}
 	case prev != nil && reflect.DeepEqual(prev, rs):
-		if !full {
-			break
-		}
-		in, err := e.be.InSync(ctx, id, fam)
-		if err != nil {
-			return fmt.Errorf("fix %s (%s): check kernel state: %w", id, fam, err)
-		}
-		if in {
-			break
-		}
-		e.log.Warn("rules changed behind our back; restoring them", "fix", id, "family", fam)
-		e.m.Repairs.WithLabelValues(id, bname, string(fam)).Inc()
-		if err := e.be.Apply(ctx, rs); err != nil {
-			return fmt.Errorf("fix %s (%s): %w", id, fam, err)
-		}
+		// Unchanged: nothing to apply; a full pass still checks the kernel below.
 	default:
 		if err := e.be.Apply(ctx, rs); err != nil {
 			return fmt.Errorf("fix %s (%s): %w", id, fam, err)
 		}
 		e.log.Info("rules applied", "fix", id, "family", fam, "rules", rs.RuleCount())
-		// Backends apply a change by trusting what they applied last (an element or bucket update),
-		// so on a full pass verify the result too: otherwise drift would never be repaired on a node
-		// whose Services change at least once per syncPeriod.
-		if !full || prev == nil {
-			break
-		}
+	}
+	// A full pass checks that the kernel still holds what was applied and restores it if not; also
+	// right after a change, because backends apply a change on top of what they applied last (an
+	// element or bucket update), so drift would otherwise never be repaired on a node whose
+	// Services change at least once per syncPeriod.
+	if full && rs != nil && prev != nil {
 		in, err := e.be.InSync(ctx, id, fam)
 		if err != nil {
 			return fmt.Errorf("fix %s (%s): check kernel state: %w", id, fam, err)
 		}
-		if in {
-			break
-		}
-		e.log.Warn("rules changed behind our back; restoring them", "fix", id, "family", fam)
-		e.m.Repairs.WithLabelValues(id, bname, string(fam)).Inc()
-		if err := e.be.Apply(ctx, rs); err != nil {
-			return fmt.Errorf("fix %s (%s): %w", id, fam, err)
+		if !in {
+			e.log.Warn("rules changed behind our back; restoring them", "fix", id, "family", fam)
+			e.m.Repairs.WithLabelValues(id, bname, string(fam)).Inc()
+			if err := e.be.Apply(ctx, rs); err != nil {
+				return fmt.Errorf("fix %s (%s): %w", id, fam, err)
+			}
 		}
 	}
 	e.mu.Lock()

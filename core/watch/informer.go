@@ -67,42 +67,40 @@ func (s *Informers) Start(ctx context.Context, needs fix.Needs) error {
 	}
 	if needs.Services {
 		f := informers.NewSharedInformerFactoryWithOptions(client, 0)
-		inf := f.Core().V1().Services().Informer()
-		if err := inf.SetTransform(transform); err != nil {
+		if err := s.start(ctx, f.Core().V1().Services().Informer(), handler, &s.svcStore, &s.svcSync); err != nil {
 			return err
 		}
-		if _, err := inf.AddEventHandler(handler); err != nil {
-			return err
-		}
-		s.svcStore, s.svcSync = inf.GetStore(), inf.HasSynced
-		s.run(ctx, inf)
 	}
 	if needs.Node && s.nodeName != "" {
 		f := informers.NewSharedInformerFactoryWithOptions(client, 0,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.nodeName).String()
 			}))
-		inf := f.Core().V1().Nodes().Informer()
-		if err := inf.SetTransform(transform); err != nil {
+		if err := s.start(ctx, f.Core().V1().Nodes().Informer(), handler, &s.nodeStore, &s.nodeSync); err != nil {
 			return err
 		}
-		if _, err := inf.AddEventHandler(handler); err != nil {
-			return err
-		}
-		s.nodeStore, s.nodeSync = inf.GetStore(), inf.HasSynced
-		s.run(ctx, inf)
 	} else if needs.Node {
 		s.log.Warn("no node name configured: pod CIDRs come from the configuration only (set nodeName / NNM_NODE_NAME)")
 	}
 	return nil
 }
 
-func (s *Informers) run(ctx context.Context, inf cache.SharedIndexInformer) {
+// start strips what the informer caches, hooks the change signal in, and runs it in the background.
+func (s *Informers) start(ctx context.Context, inf cache.SharedIndexInformer, h cache.ResourceEventHandler,
+	store *cache.Store, synced *cache.InformerSynced) error {
+	if err := inf.SetTransform(transform); err != nil {
+		return err
+	}
+	if _, err := inf.AddEventHandler(h); err != nil {
+		return err
+	}
+	*store, *synced = inf.GetStore(), inf.HasSynced
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		inf.Run(ctx.Done())
 	}()
+	return nil
 }
 
 func transform(obj any) (any, error) {
