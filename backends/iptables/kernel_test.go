@@ -391,7 +391,7 @@ func TestKernelRejectKeepsPrevious(t *testing.T) {
 func TestKernelAcceptsGoldens(t *testing.T) {
 	forEachKernel(t, func(t *testing.T, k *kernel) {
 		b := k.backend()
-		for _, rs := range []*rules.Ruleset{invalidDrop(k.family), externalIP(k.family), kitchenSink(k.family)} {
+		for _, rs := range []*rules.Ruleset{invalidDrop(k.family), externalIP(k.family), kitchenSink(k.family), mssClamp(k.family)} {
 			mustApply(t, b, rs)
 			if ok, err := b.InSync(context.Background(), rs.Fix, k.family); !ok || err != nil {
 				t.Errorf("%s: InSync = %v, %v", rs.Fix, ok, err)

@@ -31,8 +31,11 @@ func isOurs(chain string) bool { return strings.HasPrefix(chain, ChainPrefix) }
 func KernelChain(name string) string { return ChainPrefix + name }
 
 func tableOf(t rules.ChainType) string {
-	if t == rules.NAT {
+	switch t {
+	case rules.NAT:
 		return "nat"
+	case rules.Mangle:
+		return "mangle"
 	}
 	return "filter"
 }
@@ -302,8 +305,10 @@ type target struct {
 // prefix and per map entry, and a MARK rule before the verdict rule when r sets a mark and has a verdict.
 func renderRule(rs *rules.Ruleset, c rules.Chain, r rules.Rule) ([]ruleLine, error) {
 	m := r.Match
-	if m.InInterfacePrefix != "" && !validIfacePrefix(m.InInterfacePrefix) {
-		return nil, fmt.Errorf("input interface prefix %q is not a valid interface name prefix", m.InInterfacePrefix)
+	for _, ifp := range []string{m.InInterfacePrefix, m.OutInterfacePrefix} {
+		if ifp != "" && !validIfacePrefix(ifp) {
+			return nil, fmt.Errorf("interface prefix %q is not a valid interface name prefix", ifp)
+		}
 	}
 	var targets []target
 	if m.Lookup != "" {
@@ -335,22 +340,39 @@ func renderRule(rs *rules.Ruleset, c rules.Chain, r rules.Rule) ([]ruleLine, err
 		if (r.Verdict.Kind == rules.DNAT || r.Verdict.Kind == rules.DNATLookup) && tg.to.Port() != 0 && tg.proto == "" {
 			return nil, fmt.Errorf("dnat to a port needs Match.Protocol")
 		}
-		for _, p := range prefixes {
+		dsts := m.DstPrefixes
+		if tg.dst.IsValid() {
+			a := tg.dst.Unmap()
+			dsts = []netip.Prefix{netip.PrefixFrom(a, a.BitLen())}
+		}
+		if len(dsts) == 0 {
+			dsts = []netip.Prefix{{}}
+		}
+		for _, pd := range cross(prefixes, dsts) {
+			p, d := pd[0], pd[1]
 			var b strings.Builder
 			if p.IsValid() {
 				fmt.Fprintf(&b, " -s %s", unmapPrefix(p))
 			}
-			if tg.dst.IsValid() {
-				a := tg.dst.Unmap()
-				fmt.Fprintf(&b, " -d %s", netip.PrefixFrom(a, a.BitLen()))
+			if d.IsValid() {
+				fmt.Fprintf(&b, " -d %s", unmapPrefix(d))
 			}
 			if m.InInterfacePrefix != "" {
 				fmt.Fprintf(&b, " -i %s+", m.InInterfacePrefix)
 			}
+			if m.OutInterfacePrefix != "" {
+				fmt.Fprintf(&b, " -o %s+", m.OutInterfacePrefix)
+			}
 			if tg.proto != "" {
 				fmt.Fprintf(&b, " -p %s", tg.proto)
+				if tg.port != 0 || m.TCPFlags.Mask != 0 {
+					fmt.Fprintf(&b, " -m %s", tg.proto)
+				}
 				if tg.port != 0 {
-					fmt.Fprintf(&b, " -m %s --dport %d", tg.proto, tg.port)
+					fmt.Fprintf(&b, " --dport %d", tg.port)
+				}
+				if m.TCPFlags.Mask != 0 {
+					fmt.Fprintf(&b, " --tcp-flags %s %s", iptFlags(m.TCPFlags.Mask), iptFlags(m.TCPFlags.Set))
 				}
 			}
 			if m.SrcAddrType != "" {
@@ -404,8 +426,32 @@ func renderVerdict(rs *rules.Ruleset, v rules.Verdict) (string, error) {
 		return " -j MASQUERADE", nil
 	case rules.DNAT, rules.DNATLookup:
 		return "", nil // per target
+	case rules.ClampMSS:
+		if v.MSS == 0 {
+			return " -j TCPMSS --clamp-mss-to-pmtu", nil
+		}
+		return fmt.Sprintf(" -j TCPMSS --set-mss %d", v.MSS), nil
 	}
 	return "", fmt.Errorf("unknown verdict %q", v.Kind)
+}
+
+// cross returns every (source, destination) pair, sources outermost.
+func cross(srcs, dsts []netip.Prefix) [][2]netip.Prefix {
+	out := make([][2]netip.Prefix, 0, len(srcs)*len(dsts))
+	for _, s := range srcs {
+		for _, d := range dsts {
+			out = append(out, [2]netip.Prefix{s, d})
+		}
+	}
+	return out
+}
+
+// iptFlags is a flag set in iptables' --tcp-flags notation ("SYN,RST"; "NONE" when empty).
+func iptFlags(f rules.TCPFlag) string {
+	if f == 0 {
+		return "NONE"
+	}
+	return strings.ToUpper(strings.Join(f.Names(), ","))
 }
 
 // unmapPrefix turns an IPv4-mapped IPv6 prefix into its IPv4 prefix and masks it.

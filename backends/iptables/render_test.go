@@ -170,6 +170,25 @@ func kitchenSink(family rules.Family) *rules.Ruleset {
 	}}
 }
 
+// mssClamp covers the mangle table, destination prefixes, output interfaces, TCP flags and both
+// forms of the MSS clamp.
+func mssClamp(family rules.Family) *rules.Ruleset {
+	pods := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("10.245.0.0/16")}
+	if family == rules.IPv6 {
+		pods = []netip.Prefix{netip.MustParsePrefix("fd00:244::/56")}
+	}
+	syn := func(m rules.Match) rules.Match { m.Protocol, m.TCPFlags = rules.TCP, rules.SYNNotRST; return m }
+	return &rules.Ruleset{Fix: "mss-clamp", Family: family, Chains: []rules.Chain{
+		{Name: "CLAMP-FORWARD", Type: rules.Mangle, Hook: rules.Forward, Rules: []rules.Rule{
+			{Match: syn(rules.Match{SrcPrefixes: pods}), Verdict: rules.Verdict{Kind: rules.ClampMSS}, Counter: "from-pods"},
+			{Match: syn(rules.Match{DstPrefixes: pods}), Verdict: rules.Verdict{Kind: rules.ClampMSS}, Counter: "to-pods"},
+			{Match: syn(rules.Match{InInterfacePrefix: "cali"}), Verdict: rules.Verdict{Kind: rules.ClampMSS, MSS: 1300}},
+			{Match: syn(rules.Match{OutInterfacePrefix: "cali", DstPort: 443}), Verdict: rules.Verdict{Kind: rules.ClampMSS, MSS: 1300}, Comment: "fixed"},
+			{Match: rules.Match{Protocol: rules.TCP, TCPFlags: rules.TCPFlags{Mask: rules.FIN | rules.SYN | rules.RST | rules.ACK}}, Verdict: rules.Verdict{Kind: rules.Drop}, Comment: "null scan"},
+		}},
+	}}
+}
+
 func TestRenderGolden(t *testing.T) {
 	b := mustBackend(t, Options{Variant: NFT})
 	for _, tc := range []struct {
@@ -180,6 +199,7 @@ func TestRenderGolden(t *testing.T) {
 		{"externalip", externalIP},
 		{"kitchen-sink", kitchenSink},
 		{"externalip-sharded", externalIPSharded},
+		{"mss-clamp", mssClamp},
 	} {
 		for _, f := range rules.Families {
 			t.Run(tc.name+"-"+string(f), func(t *testing.T) {

@@ -123,6 +123,25 @@ func miscRuleset(f rules.Family) *rules.Ruleset {
 	}
 }
 
+// clampRuleset covers the mangle chain type, destination prefixes, output interfaces, TCP flags and
+// both forms of the MSS clamp.
+func clampRuleset(f rules.Family) *rules.Ruleset {
+	pods := []netip.Prefix{pf(addrs(f, "10.244.0.0/16", "fd00:244::/64")), pf(addrs(f, "10.245.0.0/16", "fd00:245::/64"))}
+	syn := func(m rules.Match) rules.Match { m.Protocol, m.TCPFlags = rules.TCP, rules.SYNNotRST; return m }
+	return &rules.Ruleset{
+		Fix: "clamp", Family: f,
+		Chains: []rules.Chain{
+			{Name: "CLAMP-FORWARD", Type: rules.Mangle, Hook: rules.Forward, Rules: []rules.Rule{
+				{Match: syn(rules.Match{SrcPrefixes: pods}), Verdict: rules.Verdict{Kind: rules.ClampMSS}, Counter: "from-pods"},
+				{Match: syn(rules.Match{DstPrefixes: pods}), Verdict: rules.Verdict{Kind: rules.ClampMSS}, Counter: "to-pods"},
+				{Match: syn(rules.Match{InInterfacePrefix: "cali"}), Verdict: rules.Verdict{Kind: rules.ClampMSS, MSS: 1300}},
+				{Match: syn(rules.Match{OutInterfacePrefix: "cali", DstPort: 443}), Verdict: rules.Verdict{Kind: rules.ClampMSS, MSS: 1300}, Comment: "fixed"},
+				{Match: rules.Match{Protocol: rules.TCP, TCPFlags: rules.TCPFlags{Mask: rules.FIN | rules.SYN | rules.RST | rules.ACK, Set: 0}}, Verdict: rules.Verdict{Kind: rules.Drop}, Comment: "null scan"},
+			}},
+		},
+	}
+}
+
 // recorder wraps a knftables.Interface (fake or real), keeps the text of every transaction run
 // through it and can inject a failure.
 type recorder struct {

@@ -96,7 +96,7 @@ func testKernel(t *testing.T, f rules.Family) {
 
 	// Every golden ruleset is accepted by the real nft and kernel.
 	inNS(t, ns, func() error {
-		for _, rs := range []*rules.Ruleset{ext, inv, misc} {
+		for _, rs := range []*rules.Ruleset{ext, inv, misc, clampRuleset(f)} {
 			if err := b.Apply(ctx, rs); err != nil {
 				return err
 			}
@@ -113,6 +113,11 @@ func testKernel(t *testing.T, f rules.Family) {
 		if !strings.Contains(listing, want) {
 			t.Errorf("kernel listing lacks %q:\n%s", want, listing)
 		}
+	}
+	if l := nftList(t, ns, "list", "table", nf, "nnm-clamp"); !strings.Contains(l, "type filter hook forward priority mangle - 10; policy accept;") ||
+		!strings.Contains(l, `tcp flags syn / syn,rst counter name "cnt-from-pods" tcp option maxseg size set rt mtu`) ||
+		!strings.Contains(l, `oifname "cali*" tcp dport 443 tcp flags syn / syn,rst tcp option maxseg size set 1300`) {
+		t.Errorf("clamp table:\n%s", l)
 	}
 	if l := nftList(t, ns, "list", "table", nf, "nnm-invalid-drop"); !strings.Contains(l, `ct state invalid counter name "cnt-invalid-dropped" drop comment "network-node-manager:invalid-drop"`) {
 		t.Errorf("invalid-drop table:\n%s", l)

@@ -28,6 +28,7 @@ func TestRenderGolden(t *testing.T) {
 			"externalip": externalIPRuleset(f, threeEntries(f)),
 			"invalid":    invalidDropRuleset(f),
 			"misc":       miscRuleset(f),
+			"clamp":      clampRuleset(f),
 		} {
 			t.Run(name+"-"+string(f), func(t *testing.T) {
 				got, err := b.Render(rs)
@@ -48,7 +49,7 @@ func TestRenderGolden(t *testing.T) {
 func TestRenderIsWhatColdApplySends(t *testing.T) {
 	ctx := context.Background()
 	for _, f := range rules.Families {
-		for _, rs := range []*rules.Ruleset{externalIPRuleset(f, threeEntries(f)), invalidDropRuleset(f), miscRuleset(f)} {
+		for _, rs := range []*rules.Ruleset{externalIPRuleset(f, threeEntries(f)), invalidDropRuleset(f), miscRuleset(f), clampRuleset(f)} {
 			k := newFakeKernel()
 			b := k.backend(t)
 			want, err := b.Render(rs)
@@ -85,6 +86,28 @@ func TestRenderRejects(t *testing.T) {
 		"ipv6 in ipv4 table": {func(rs *rules.Ruleset) { rs.Chains[0].Rules[0].Match.DstAddr = netip.MustParseAddr("::1") }, "not ipv4"},
 	} {
 		rs := base()
+		tc.mod(rs)
+		_, err := b.Render(rs)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want an error containing %q", name, err, tc.want)
+		}
+		if err := b.Apply(context.Background(), rs); err == nil {
+			t.Errorf("%s: Apply accepted what Render rejects", name)
+		}
+	}
+	for name, tc := range map[string]struct {
+		mod  func(rs *rules.Ruleset)
+		want string
+	}{
+		"clamp without syn":      {func(rs *rules.Ruleset) { rs.Chains[0].Rules[0].Match.TCPFlags = rules.TCPFlags{} }, "SYN flag"},
+		"clamp in nat":           {func(rs *rules.Ruleset) { rs.Chains[0].Type = rules.NAT }, "nat chain"},
+		"pmtu clamp in input":    {func(rs *rules.Ruleset) { rs.Chains[0].Hook = rules.Input }, "path MTU"},
+		"flags without tcp":      {func(rs *rules.Ruleset) { rs.Chains[0].Rules[4].Match.Protocol = rules.UDP }, "needs protocol tcp"},
+		"flag set outside mask":  {func(rs *rules.Ruleset) { rs.Chains[0].Rules[4].Match.TCPFlags.Set = rules.URG }, "subset"},
+		"bad output interface":   {func(rs *rules.Ruleset) { rs.Chains[0].Rules[3].Match.OutInterfacePrefix = "eth 0" }, "interface"},
+		"ipv6 destination range": {func(rs *rules.Ruleset) { rs.Chains[0].Rules[1].Match.DstPrefixes[0] = pf("fd00::/8") }, "not ipv4"},
+	} {
+		rs := clampRuleset(rules.IPv4)
 		tc.mod(rs)
 		_, err := b.Render(rs)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -30,9 +30,11 @@ func ChainName(name string) string { return strings.ToLower(name) }
 // Base-chain priorities. nat prerouting/output run before kube-proxy's dstnat (-100) chains so that
 // our DNAT wins; nat postrouting/input run after srcnat (100); filter hooks run just before filter (0).
 const (
-	PriorityNATDst  = -110
-	PriorityNATSrc  = 110
-	PriorityFilter  = -10
+	PriorityNATDst = -110
+	PriorityNATSrc = 110
+	PriorityFilter = -10
+	// PriorityMangle is just before the mangle priority (-150), for chains of type rules.Mangle.
+	PriorityMangle  = -160
 	mapKeyFieldsFmt = "%s . inet_proto . inet_service : %s . inet_service"
 )
 
@@ -111,6 +113,9 @@ func build(rs *rules.Ruleset) (*model, error) {
 		cm := chainModel{chain: knftables.Chain{Name: ChainName(c.Name)}}
 		if c.Hook != "" {
 			prio := PriorityFilter
+			if c.Type == rules.Mangle {
+				prio = PriorityMangle
+			}
 			if c.Type == rules.NAT {
 				prio = PriorityNATSrc
 				if c.Hook == rules.Prerouting || c.Hook == rules.Output {
@@ -199,13 +204,14 @@ func ruleText(f fam, c rules.Chain, r rules.Rule) (string, error) {
 		}
 		p = append(p, fmt.Sprintf("iifname %q", m.InInterfacePrefix+"*"))
 	}
-	if len(m.SrcPrefixes) > 0 {
-		ps := make([]string, len(m.SrcPrefixes))
-		for i, pfx := range m.SrcPrefixes {
-			pfx = pfx.Masked()
-			ps[i] = netip.PrefixFrom(pfx.Addr().Unmap(), pfx.Bits()-boolInt(pfx.Addr().Is4In6())*96).String()
+	if m.OutInterfacePrefix != "" {
+		if !ifacePattern.MatchString(m.OutInterfacePrefix) {
+			return "", fmt.Errorf("interface prefix %q has characters an interface name cannot have", m.OutInterfacePrefix)
 		}
-		p = append(p, f.addr+" saddr "+setOf(ps))
+		p = append(p, fmt.Sprintf("oifname %q", m.OutInterfacePrefix+"*"))
+	}
+	if len(m.SrcPrefixes) > 0 {
+		p = append(p, f.addr+" saddr "+prefixSet(m.SrcPrefixes))
 	}
 	switch m.SrcAddrType {
 	case "":
@@ -217,12 +223,18 @@ func ruleText(f fam, c rules.Chain, r rules.Rule) (string, error) {
 	if m.DstAddr.IsValid() {
 		p = append(p, f.addr+" daddr "+addrString(m.DstAddr))
 	}
+	if len(m.DstPrefixes) > 0 {
+		p = append(p, f.addr+" daddr "+prefixSet(m.DstPrefixes))
+	}
 	if m.Protocol != "" {
 		if m.DstPort != 0 {
 			p = append(p, fmt.Sprintf("%s dport %d", m.Protocol, m.DstPort))
 		} else {
 			p = append(p, "meta l4proto "+string(m.Protocol))
 		}
+	}
+	if fl := m.TCPFlags; fl.Mask != 0 {
+		p = append(p, fmt.Sprintf("tcp flags & (%s) == %s", strings.Join(fl.Mask.Names(), " | "), nftFlags(fl.Set)))
 	}
 	if len(m.CTStates) > 0 {
 		cs := make([]string, len(m.CTStates))
@@ -269,6 +281,13 @@ func ruleText(f fam, c rules.Chain, r rules.Rule) (string, error) {
 		}
 	case rules.DNATLookup:
 		p = append(p, "dnat to "+lookupKey+" map @"+m.Lookup)
+	case rules.ClampMSS:
+		// The kernel never raises the MSS with this statement (nft_exthdr), like iptables' TCPMSS.
+		if v.MSS == 0 {
+			p = append(p, "tcp option maxseg size set rt mtu")
+		} else {
+			p = append(p, fmt.Sprintf("tcp option maxseg size set %d", v.MSS))
+		}
 	default:
 		return "", fmt.Errorf("unsupported verdict %q", v.Kind)
 	}
@@ -279,6 +298,24 @@ func ruleText(f fam, c rules.Chain, r rules.Rule) (string, error) {
 		return "", err
 	}
 	return strings.Join(p, " "), nil
+}
+
+// prefixSet renders prefixes (IPv4-mapped ones as IPv4) as one value or an anonymous set.
+func prefixSet(prefixes []netip.Prefix) string {
+	ps := make([]string, len(prefixes))
+	for i, pfx := range prefixes {
+		pfx = pfx.Masked()
+		ps[i] = netip.PrefixFrom(pfx.Addr().Unmap(), pfx.Bits()-boolInt(pfx.Addr().Is4In6())*96).String()
+	}
+	return setOf(ps)
+}
+
+// nftFlags is a flag set in nft notation ("syn", "syn | ack"; "0x0" when empty).
+func nftFlags(f rules.TCPFlag) string {
+	if f == 0 {
+		return "0x0"
+	}
+	return strings.Join(f.Names(), " | ")
 }
 
 func boolInt(b bool) int {

@@ -43,12 +43,14 @@ func (f Family) Contains(addr netip.Addr) bool {
 	return addr.Is6() && !addr.Is4In6()
 }
 
-// ChainType selects the netfilter table the chain lives in: packet filtering or address translation.
+// ChainType selects the netfilter table the chain lives in: packet filtering, address translation, or
+// packet alteration (mangle, which runs before filter on the same hook).
 type ChainType string
 
 const (
 	Filter ChainType = "filter"
 	NAT    ChainType = "nat"
+	Mangle ChainType = "mangle"
 )
 
 // Hook is a netfilter hook. A chain with an empty Hook is a regular chain, reached only by Jump.
@@ -101,6 +103,45 @@ const (
 	CTRelated     CTState = "related"
 )
 
+// TCPFlag is a set of TCP header flags (bits of the flags byte).
+type TCPFlag uint8
+
+const (
+	FIN TCPFlag = 0x01
+	SYN TCPFlag = 0x02
+	RST TCPFlag = 0x04
+	PSH TCPFlag = 0x08
+	ACK TCPFlag = 0x10
+	URG TCPFlag = 0x20
+)
+
+// TCPFlagNames lists the flags in header bit order with their lower-case names.
+var TCPFlagNames = []struct {
+	Flag TCPFlag
+	Name string
+}{{FIN, "fin"}, {SYN, "syn"}, {RST, "rst"}, {PSH, "psh"}, {ACK, "ack"}, {URG, "urg"}}
+
+// Names returns the lower-case names of the flags set in f, in header bit order.
+func (f TCPFlag) Names() []string {
+	var out []string
+	for _, n := range TCPFlagNames {
+		if f&n.Flag != 0 {
+			out = append(out, n.Name)
+		}
+	}
+	return out
+}
+
+// TCPFlags matches TCP segments whose flags, masked by Mask, equal Set (iptables --tcp-flags MASK SET).
+// A zero Mask matches every segment.
+type TCPFlags struct {
+	Mask, Set TCPFlag
+}
+
+// SYNNotRST matches SYN and SYN-ACK segments (SYN set, RST clear): the segments that carry the MSS
+// option, as iptables' TCPMSS target requires.
+var SYNNotRST = TCPFlags{Mask: SYN | RST, Set: SYN}
+
 // AddrType is an address type as the routing table classifies it.
 type AddrType string
 
@@ -122,6 +163,11 @@ const (
 	// DNATLookup translates the destination to the target that the rule's Match.Lookup map holds for
 	// the packet's (destination address, protocol, destination port).
 	DNATLookup VerdictKind = "dnat-lookup"
+	// ClampMSS lowers the MSS option of a TCP SYN or SYN-ACK to Verdict.MSS, or with a zero MSS to the
+	// path MTU of the packet's route minus the IP and TCP headers, and goes on to the next rule. It
+	// never raises an MSS. The rule must match Protocol tcp and TCPFlags with SYN set (SYNNotRST);
+	// the path-MTU form works only from forward, output and postrouting (it needs the route).
+	ClampMSS VerdictKind = "clamp-mss"
 )
 
 // Verdict is the terminating part of a rule.
@@ -131,14 +177,21 @@ type Verdict struct {
 	Chain string
 	// To is the new destination of DNAT. A zero port keeps the original port.
 	To netip.AddrPort
+	// MSS is the value ClampMSS lowers the MSS option to; zero clamps to the route's path MTU.
+	MSS uint16
 }
 
 // Match selects packets. Empty fields match everything; all set fields must match.
 type Match struct {
 	// SrcPrefixes matches a source address in any of the prefixes.
 	SrcPrefixes []netip.Prefix
+	// DstPrefixes matches a destination address in any of the prefixes (not together with DstAddr).
+	DstPrefixes []netip.Prefix
 	// InInterfacePrefix matches an input interface whose name starts with this prefix.
 	InInterfacePrefix string
+	// OutInterfacePrefix matches an output interface whose name starts with this prefix (only where
+	// the output interface is known: forward, output, postrouting).
+	OutInterfacePrefix string
 	// SrcAddrType matches the type of the source address.
 	SrcAddrType AddrType
 	// DstAddr matches one destination address.
@@ -146,6 +199,8 @@ type Match struct {
 	Protocol Protocol
 	// DstPort needs Protocol.
 	DstPort uint16
+	// TCPFlags matches TCP flags; it needs Protocol tcp.
+	TCPFlags TCPFlags
 	// CTStates matches any of the conntrack states.
 	CTStates []CTState
 	// Mark matches packets whose mark has all these bits set.
@@ -271,7 +326,7 @@ func (rs *Ruleset) Validate() error {
 			return fmt.Errorf("fix %s: chain %s declared twice", rs.Fix, c.Name)
 		}
 		chains[c.Name] = true
-		if c.Type != Filter && c.Type != NAT {
+		if c.Type != Filter && c.Type != NAT && c.Type != Mangle {
 			return fmt.Errorf("fix %s: chain %s has unknown type %q", rs.Fix, c.Name, c.Type)
 		}
 		if c.Hook != "" {
@@ -332,8 +387,27 @@ func (rs *Ruleset) validateRule(c Chain, r Rule, chains map[string]bool, maps ma
 			return fmt.Errorf("source prefix %s is not %s", p, rs.Family)
 		}
 	}
+	for _, p := range m.DstPrefixes {
+		if !p.IsValid() || !rs.Family.Contains(p.Addr()) {
+			return fmt.Errorf("destination prefix %s is not %s", p, rs.Family)
+		}
+	}
 	if m.DstAddr.IsValid() && !rs.Family.Contains(m.DstAddr) {
 		return fmt.Errorf("destination %s is not %s", m.DstAddr, rs.Family)
+	}
+	if m.DstAddr.IsValid() && len(m.DstPrefixes) > 0 {
+		return fmt.Errorf("a destination address and destination prefixes in one rule")
+	}
+	if m.OutInterfacePrefix != "" && (c.Hook == Prerouting || c.Hook == Input) {
+		return fmt.Errorf("an output interface match in a %s chain", c.Hook)
+	}
+	if m.TCPFlags != (TCPFlags{}) {
+		if m.Protocol != TCP {
+			return fmt.Errorf("a TCP flags match needs protocol tcp")
+		}
+		if m.TCPFlags.Mask == 0 || m.TCPFlags.Set&^m.TCPFlags.Mask != 0 || m.TCPFlags.Mask&^(FIN|SYN|RST|PSH|ACK|URG) != 0 {
+			return fmt.Errorf("TCP flags %v/%v: the set flags must be a subset of a non-empty mask", m.TCPFlags.Set.Names(), m.TCPFlags.Mask.Names())
+		}
 	}
 	if m.Protocol != "" {
 		if _, err := ParseProtocol(string(m.Protocol)); err != nil {
@@ -376,10 +450,26 @@ func (rs *Ruleset) validateRule(c Chain, r Rule, chains map[string]bool, maps ma
 		if c.Type != NAT || (c.Hook != "" && c.Hook != Postrouting) {
 			return fmt.Errorf("masquerade outside a nat postrouting chain")
 		}
+	case ClampMSS:
+		if c.Type == NAT {
+			return fmt.Errorf("clamp-mss in a nat chain (it sees only the first packet of a connection, not the SYN-ACK)")
+		}
+		if m.Protocol != TCP || m.TCPFlags.Mask&SYN == 0 || m.TCPFlags.Set&SYN == 0 {
+			return fmt.Errorf("clamp-mss needs a match on protocol tcp with the SYN flag set")
+		}
+		if r.Verdict.MSS == 0 && !ClampsToPMTUFrom(c.Hook) {
+			return fmt.Errorf("clamp-mss to the path MTU from hook %s (only forward, output and postrouting have a route)", c.Hook)
+		}
 	default:
 		return fmt.Errorf("unknown verdict %q", r.Verdict.Kind)
 	}
 	return nil
+}
+
+// ClampsToPMTUFrom reports whether a path-MTU ClampMSS can run from hook h ("" for a regular chain,
+// which is checked where it is jumped to): only hooks that run after the routing decision.
+func ClampsToPMTUFrom(h Hook) bool {
+	return h == "" || h == Forward || h == Output || h == Postrouting
 }
 
 // Sorted returns a copy of the map entries sorted by key, the order in which backends render them.

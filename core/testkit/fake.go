@@ -18,8 +18,8 @@ import (
 //
 // Beyond rules.Ruleset.Validate it rejects: a chain name another fix already uses in the same family
 // (iptables chains share one namespace), jumps between chains of different types (tables), jump loops,
-// DNAT reachable from a hook other than prerouting/output, and masquerade reachable from a hook other
-// than postrouting. A rejected Apply leaves the state unchanged.
+// DNAT reachable from a hook other than prerouting/output, masquerade reachable from a hook other
+// than postrouting, and a path-MTU MSS clamp reachable from a hook before the routing decision. A rejected Apply leaves the state unchanged.
 //
 // Counters behave like kernel rule counters: every successful Apply of (fix, family) resets them to
 // zero (the chains are rewritten); SetCounter stands in for traffic.
@@ -286,6 +286,10 @@ func walk(rs *rules.Ruleset, byName map[string]*rules.Chain, c *rules.Chain, hoo
 			if hook != rules.Postrouting {
 				return fmt.Errorf("%s: masquerade is only valid from postrouting", where)
 			}
+		case rules.ClampMSS:
+			if r.Verdict.MSS == 0 && !rules.ClampsToPMTUFrom(hook) {
+				return fmt.Errorf("%s: clamping the MSS to the path MTU is only valid from forward, output or postrouting", where)
+			}
 		case rules.Jump:
 			if err := walk(rs, byName, byName[r.Verdict.Chain], hook, path); err != nil {
 				return err
@@ -302,6 +306,7 @@ func cloneRuleset(rs *rules.Ruleset) *rules.Ruleset {
 		nc.Rules = make([]rules.Rule, len(c.Rules))
 		for i, r := range c.Rules {
 			r.Match.SrcPrefixes = slices.Clone(r.Match.SrcPrefixes)
+			r.Match.DstPrefixes = slices.Clone(r.Match.DstPrefixes)
 			r.Match.CTStates = slices.Clone(r.Match.CTStates)
 			nc.Rules[i] = r
 		}

@@ -69,6 +69,9 @@ func FormatRule(r rules.Rule) string {
 	if m.InInterfacePrefix != "" {
 		parts = append(parts, "iif "+m.InInterfacePrefix+"*")
 	}
+	if m.OutInterfacePrefix != "" {
+		parts = append(parts, "oif "+m.OutInterfacePrefix+"*")
+	}
 	if len(m.SrcPrefixes) > 0 {
 		ps := make([]string, len(m.SrcPrefixes))
 		for i, p := range m.SrcPrefixes {
@@ -82,11 +85,21 @@ func FormatRule(r rules.Rule) string {
 	if m.DstAddr.IsValid() {
 		parts = append(parts, "dst "+m.DstAddr.String())
 	}
+	if len(m.DstPrefixes) > 0 {
+		ps := make([]string, len(m.DstPrefixes))
+		for i, p := range m.DstPrefixes {
+			ps[i] = p.String()
+		}
+		parts = append(parts, "dst {"+strings.Join(ps, ", ")+"}")
+	}
 	if m.Protocol != "" {
 		parts = append(parts, "proto "+string(m.Protocol))
 	}
 	if m.DstPort != 0 {
 		parts = append(parts, fmt.Sprintf("dport %d", m.DstPort))
+	}
+	if m.TCPFlags.Mask != 0 {
+		parts = append(parts, "tcp-flags "+flagList(m.TCPFlags.Set)+"/"+flagList(m.TCPFlags.Mask))
 	}
 	if len(m.CTStates) > 0 {
 		ss := make([]string, len(m.CTStates))
@@ -131,7 +144,20 @@ func formatVerdict(v rules.Verdict, lookup string) string {
 		return "dnat to " + v.To.String()
 	case rules.DNATLookup:
 		return "dnat to @" + lookup
+	case rules.ClampMSS:
+		if v.MSS == 0 {
+			return "clamp-mss to pmtu"
+		}
+		return fmt.Sprintf("clamp-mss to %d", v.MSS)
 	default:
 		return string(v.Kind)
 	}
+}
+
+// flagList is "syn,ack"-style, or "none" for an empty set.
+func flagList(f rules.TCPFlag) string {
+	if f == 0 {
+		return "none"
+	}
+	return strings.Join(f.Names(), ",")
 }

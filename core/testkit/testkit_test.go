@@ -111,6 +111,16 @@ func TestFakeRejects(t *testing.T) {
 			rs.Chains = append(rs.Chains, rules.Chain{Name: "LOOP", Type: rules.NAT, Rules: []rules.Rule{{Verdict: rules.Verdict{Kind: rules.Jump, Chain: "DNAT"}}}})
 			rs.Chains[0].Rules = append([]rules.Rule{{Verdict: rules.Verdict{Kind: rules.Jump, Chain: "LOOP"}}}, rs.Chains[0].Rules...)
 		}), "jump loop PRE -> DNAT -> LOOP -> DNAT"},
+		{"path-MTU clamp reached from prerouting", &rules.Ruleset{Fix: "demo-fix", Family: rules.IPv4, Chains: []rules.Chain{
+			{Name: "PRE", Type: rules.Mangle, Hook: rules.Prerouting, Rules: []rules.Rule{{Verdict: rules.Verdict{Kind: rules.Jump, Chain: "CLAMP"}}}},
+			{Name: "CLAMP", Type: rules.Mangle, Rules: []rules.Rule{{Match: rules.Match{Protocol: rules.TCP, TCPFlags: rules.SYNNotRST}, Verdict: rules.Verdict{Kind: rules.ClampMSS}}}},
+		}}, "clamping the MSS to the path MTU is only valid from forward, output or postrouting"},
+		{"clamp without a SYN match", &rules.Ruleset{Fix: "demo-fix", Family: rules.IPv4, Chains: []rules.Chain{
+			{Name: "FWD", Type: rules.Mangle, Hook: rules.Forward, Rules: []rules.Rule{{Match: rules.Match{Protocol: rules.TCP}, Verdict: rules.Verdict{Kind: rules.ClampMSS, MSS: 1300}}}},
+		}}, "SYN flag"},
+		{"output interface in input", &rules.Ruleset{Fix: "demo-fix", Family: rules.IPv4, Chains: []rules.Chain{
+			{Name: "IN", Type: rules.Filter, Hook: rules.Input, Rules: []rules.Rule{{Match: rules.Match{OutInterfacePrefix: "eth"}, Verdict: rules.Verdict{Kind: rules.Drop}}}},
+		}}, "output interface match in a input chain"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
