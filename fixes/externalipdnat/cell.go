@@ -4,6 +4,8 @@
 package externalipdnat
 
 import (
+	"net/netip"
+
 	"go.uber.org/fx"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
@@ -34,6 +36,12 @@ type Config struct {
 	// PodInterfacePrefix, when set, also catches traffic entering from interfaces with this name
 	// prefix (e.g. "cali", "veth"): for CNIs without per-node pod CIDRs.
 	PodInterfacePrefix string `mapstructure:"podInterfacePrefix"`
+	// AllowedCIDRs, when not empty, are the only ranges whose External-IPs the fix takes over (both
+	// families: a family without a range gets no entry). Addresses that are never DNATed (special-
+	// purpose blocks, this node's pod CIDRs and addresses) stay refused whatever it says.
+	AllowedCIDRs []string `mapstructure:"allowedCIDRs"`
+
+	allowed []netip.Prefix // AllowedCIDRs parsed by validate
 }
 
 // DefaultConfig is the configuration used when nothing is set.

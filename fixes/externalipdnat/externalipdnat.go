@@ -117,6 +117,10 @@ func validate(cfg Config) (Config, error) {
 	if !cfg.FromPods && !cfg.FromHost {
 		return cfg, fmt.Errorf("fixes.%s: fromPods and fromHost are both false, so the fix would do nothing (disable it with enabled: false instead)", ID)
 	}
+	var err error
+	if cfg.allowed, err = parseAllowed(cfg.AllowedCIDRs); err != nil {
+		return cfg, err
+	}
 	return cfg, nil
 }
 
@@ -125,7 +129,7 @@ func validate(cfg Config) (Config, error) {
 func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.Report, error) {
 	cfg := f.opts.Get()
 
-	entries, report := buildEntries(snap.Services, family)
+	entries, report := buildEntries(snap.Services, family, newGuard(cfg, snap))
 	rs := &rules.Ruleset{Fix: ID, Family: family, Maps: []rules.Map{{Name: MapName, Entries: entries}}}
 
 	jump := rules.Verdict{Kind: rules.Jump, Chain: ChainDNAT}
@@ -170,8 +174,9 @@ func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fi
 }
 
 // buildEntries is the pure Service → map computation. Services are processed in namespace/name order
-// so that, when two claim the same (IP, protocol, port), the first keeps it.
-func buildEntries(services []*corev1.Service, family rules.Family) ([]rules.MapEntry, fix.Report) {
+// so that, when two claim the same (IP, protocol, port), the first keeps it. g refuses the addresses
+// the fix must not take over.
+func buildEntries(services []*corev1.Service, family rules.Family, g guard) ([]rules.MapEntry, fix.Report) {
 	var report fix.Report
 	svcs := slices.Clone(services)
 	slices.SortStableFunc(svcs, func(a, b *corev1.Service) int {
@@ -185,7 +190,7 @@ func buildEntries(services []*corev1.Service, family rules.Family) ([]rules.MapE
 		skip := func(reason, detail string) {
 			report.Skipped = append(report.Skipped, fix.Skip{Object: name, Reason: reason, Detail: detail})
 		}
-		ext := externalIPs(svc, family, skip)
+		ext := externalIPs(svc, family, g, skip)
 		if len(ext) == 0 {
 			continue
 		}
@@ -243,11 +248,12 @@ func buildEntries(services []*corev1.Service, family rules.Family) ([]rules.MapE
 
 // externalIPs returns the Service's external addresses of family, in order and without duplicates:
 // the ingress IPs of a LoadBalancer Service (not those with ipMode Proxy, which must go through the
-// load balancer) and spec.externalIPs. Bad and ipMode-Proxy addresses are reported through skip, each
-// in the family it looks like.
-func externalIPs(svc *corev1.Service, family rules.Family, skip func(reason, detail string)) []netip.Addr {
+// load balancer) and spec.externalIPs, less those g refuses. Bad, refused and ipMode-Proxy addresses
+// are reported through skip, each once and in the family it looks like.
+func externalIPs(svc *corev1.Service, family rules.Family, g guard, skip func(reason, detail string)) []netip.Addr {
 	var out []netip.Addr
 	proxied := map[netip.Addr]bool{}
+	refused := map[netip.Addr]bool{}
 	parse := func(field, s string) (netip.Addr, bool) {
 		a, err := netip.ParseAddr(strings.TrimSpace(s))
 		if err != nil || a.Zone() != "" {
@@ -256,8 +262,18 @@ func externalIPs(svc *corev1.Service, family rules.Family, skip func(reason, det
 			}
 			return netip.Addr{}, false
 		}
-		a = a.Unmap()
-		return a, family.Contains(a)
+		raw := a
+		if a = a.Unmap(); !family.Contains(a) {
+			return a, false
+		}
+		if reason, detail := g.check(raw); reason != "" {
+			if !refused[raw] {
+				skip(reason, field+": "+detail)
+			}
+			refused[raw] = true
+			return a, false
+		}
+		return a, true
 	}
 	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
 		for i, ing := range svc.Status.LoadBalancer.Ingress {

@@ -32,6 +32,16 @@ import (
 
 var nodeA = tk.Node("node-a", tk.PodCIDRs("10.244.1.0/24", "fd00:10:244:1::/64"))
 
+// nodeWithAddresses is node-a with status.addresses 192.168.10.5 and 2001:db8:a::5 (and a hostname,
+// which is no address).
+var nodeWithAddresses = tk.Node("node-a", tk.PodCIDRs("10.244.1.0/24", "fd00:10:244:1::/64"), func(n *corev1.Node) {
+	n.Status.Addresses = []corev1.NodeAddress{
+		{Type: corev1.NodeInternalIP, Address: "192.168.10.5"},
+		{Type: corev1.NodeExternalIP, Address: "2001:db8:a::5"},
+		{Type: corev1.NodeHostName, Address: "node-a"},
+	}
+})
+
 func newFix(t *testing.T, options map[string]any) (*Fix, *prometheus.Registry, *bytes.Buffer) {
 	t.Helper()
 	reg, logs := prometheus.NewRegistry(), &bytes.Buffer{}
@@ -143,6 +153,22 @@ func TestRules(t *testing.T) {
 			tk.Service("default", "web", tk.ClusterIPs("10.96.0.10"), tk.LoadBalancer("203.0.113.10"), tk.Ports(tk.TCP(80))),
 		))},
 		{"no-services", nil, tk.Snapshot(tk.WithNode(nodeA))},
+		// Addresses with a meaning on the node are never DNATed, whoever wrote them into a Service:
+		// each is skipped with its reason, and the ordinary address beside them still is programmed.
+		{"special-addresses", nil, tk.Snapshot(tk.WithNode(nodeWithAddresses), tk.WithServices(
+			tk.Service("default", "hostile", tk.ClusterIPs("10.96.0.50", "fd00:10:96::50"),
+				tk.LoadBalancer("127.0.0.1", "169.254.169.254", "0.0.0.0", "255.255.255.255", "224.0.0.1", "240.0.0.1",
+					"0.1.2.3", "10.244.1.7", "192.168.10.5", "::1", "::", "fe80::1", "ff02::1", "::ffff:127.0.0.1",
+					"::7f00:1", "fd00:10:244:1::7", "2001:db8:a::5", "203.0.113.50", "2001:db8:e::50"),
+				tk.ExternalIPs("169.254.169.254", "100.64.0.50", "127.0.0.53"),
+				tk.Ports(tk.TCP(80))),
+		))},
+		// allowedCIDRs narrows what the fix takes over; it cannot widen it to a refused address.
+		{"allowed-cidrs", map[string]any{"allowedCIDRs": "203.0.113.0/26, 10.0.0.0/8,2001:db8:e::/64"}, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+			tk.Service("default", "inside", tk.ClusterIPs("10.96.0.60", "fd00:10:96::60"), tk.LoadBalancer("203.0.113.10", "2001:db8:e::60"), tk.Ports(tk.TCP(80))),
+			tk.Service("default", "outside", tk.ClusterIPs("10.96.0.61", "fd00:10:96::61"), tk.LoadBalancer("203.0.113.70", "2001:db8:f::61"), tk.ExternalIPs("198.51.100.61"), tk.Ports(tk.TCP(80))),
+			tk.Service("default", "pod-cidr", tk.ClusterIPs("10.96.0.62"), tk.LoadBalancer("10.244.1.62", "10.1.2.62"), tk.Ports(tk.TCP(80))),
+		))},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -193,6 +219,12 @@ func TestConfigErrors(t *testing.T) {
 		{map[string]any{"podInterfacePrefix": "a/b"}, []string{"podInterfacePrefix", `"a/b"`}},
 		{map[string]any{"podInterfacePrefix": "averyveryverylongname"}, []string{"podInterfacePrefix"}},
 		{map[string]any{"fromPods": false, "fromHost": false}, []string{"fromPods", "fromHost"}},
+		{map[string]any{"allowedCIDRs": "203.0.113.0/24,bogus"}, []string{"allowedCIDRs", `"bogus"`}},
+		{map[string]any{"allowedCIDRs": []string{"10.0.0.1/8"}}, []string{"allowedCIDRs", "host bits", "10.0.0.0/8"}},
+		{map[string]any{"allowedCIDRs": []any{"169.254.0.0/16"}}, []string{"allowedCIDRs", "169.254.0.0/16", "never DNATed"}},
+		{map[string]any{"allowedCIDRs": "::1"}, []string{"allowedCIDRs", "::1", "loopback"}},
+		{map[string]any{"allowedCIDRs": "::ffff:10.0.0.0/104"}, []string{"allowedCIDRs", "IPv4-mapped"}},
+		{map[string]any{"allowedCIDRs": "fe80::1%eth0"}, []string{"allowedCIDRs", "fe80::1%eth0"}},
 	}
 	snap := tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
 		tk.Service("default", "web", tk.ClusterIPs("10.96.0.10"), tk.LoadBalancer("203.0.113.10"), tk.Ports(tk.TCP(80)))))
@@ -340,7 +372,8 @@ func TestREADME(t *testing.T) {
 	}
 	r.Contains(t, "the rule dump", strings.SplitN(tk.Format(rs), "\n", 2)[1])
 	r.DocumentsMetrics(t, "nnm_externalip_dnat_services", "nnm_externalip_dnat_ips")
-	for _, reason := range []string{ReasonHeadless, ReasonExternalName, ReasonNoClusterIP, ReasonBadIP, ReasonIPModeProxy, ReasonConflict, ReasonNoPodCIDR, ReasonBadPort} {
+	for _, reason := range []string{ReasonHeadless, ReasonExternalName, ReasonNoClusterIP, ReasonBadIP, ReasonIPModeProxy, ReasonConflict, ReasonNoPodCIDR, ReasonBadPort,
+		ReasonSpecialAddress, ReasonPodCIDR, ReasonNodeAddress, ReasonNotAllowed} {
 		r.Contains(t, "skip reason "+reason, "`"+reason+"`")
 	}
 }
