@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,7 +13,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/core/engine"
+	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
+	"github.com/network-node-manager/network-node-manager/core/testkit"
+	"github.com/network-node-manager/network-node-manager/core/watch"
+	"github.com/network-node-manager/network-node-manager/fixes/externalipdnat"
 )
 
 // configMapDir lays out a directory the way the kubelet projects a ConfigMap volume:
@@ -126,5 +132,77 @@ func TestConfigReloadOnConfigMapSymlinkSwap(t *testing.T) {
 	c := expect("re-enable")
 	if on, _ := c.FixEnabled("invalid-drop"); !on || c.MinSyncPeriod != 3*time.Second {
 		t.Errorf("after fix: invalid-drop=%v minSyncPeriod=%s", on, c.MinSyncPeriod)
+	}
+}
+
+// A reload whose value no backend can render (a 15-character podInterfacePrefix: iptables' `-i x+`
+// and nftables' `iifname "x*"` both need it at most 14) is rejected and counted as such, and the
+// running options stay in force. (It used to pass validation, count as a successful reload and then
+// fail every apply.)
+func TestConfigReloadRejectsWhatBackendsCannotRender(t *testing.T) {
+	const good = "proxyMode: ipvs\nfixes:\n  ipvs-externalip-dnat:\n    enabled: true\n    podInterfacePrefix: cali\n"
+	d := newConfigMapDir(t, good)
+	ids := []string{externalipdnat.ID}
+	env := []string{"NNM_CONFIG=" + d.file()}
+	cfg, err := config.Load(nil, env, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := externalipdnat.New(externalipdnat.Params{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := watch.LoadFile("../examples/services.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := metrics.NewSync(prometheus.NewRegistry())
+	be := testkit.NewFakeBackend()
+	e, err := engine.New(engine.Options{Fixes: []fix.Fix{f}, Backend: be, Source: src, Config: cfg,
+		Env: fix.Env{ProxyMode: "ipvs"}, Metrics: m, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Stop(context.Background()) })
+	w := &configWatcher{file: cfg.File, load: func() (*config.Config, error) { return config.Load(nil, env, ids) },
+		apply: e.Reconfigure, m: m, log: slog.New(slog.DiscardHandler)}
+	if err := w.start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.stop(context.Background()) })
+
+	d.swap(strings.Replace(good, "cali", "abcdefghijklmno", 1))
+	deadline := time.Now().Add(5 * time.Second)
+	for testutil.ToFloat64(m.ConfigReloads.WithLabelValues("error")) == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := testutil.ToFloat64(m.ConfigReloads.WithLabelValues("error")); got != 1 {
+		t.Errorf("rejected reloads = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(m.ConfigReloads.WithLabelValues("success")); got != 0 {
+		t.Errorf("successful reloads = %v, want 0", got)
+	}
+	rulesets, _, err := e.Plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefixes := map[string]bool{}
+	for _, rs := range rulesets {
+		if err := rs.Validate(); err != nil {
+			t.Errorf("the running rules do not validate: %v", err)
+		}
+		for _, c := range rs.Chains {
+			for _, r := range c.Rules {
+				if r.Match.InInterfacePrefix != "" {
+					prefixes[r.Match.InInterfacePrefix] = true
+				}
+			}
+		}
+	}
+	if !prefixes["cali"] || len(prefixes) != 1 {
+		t.Errorf("interface prefixes in the running rules = %v, want only the previous cali", prefixes)
 	}
 }

@@ -306,8 +306,10 @@ type target struct {
 func renderRule(rs *rules.Ruleset, c rules.Chain, r rules.Rule) ([]ruleLine, error) {
 	m := r.Match
 	for _, ifp := range []string{m.InInterfacePrefix, m.OutInterfacePrefix} {
-		if ifp != "" && !validIfacePrefix(ifp) {
-			return nil, fmt.Errorf("interface prefix %q is not a valid interface name prefix", ifp)
+		if ifp != "" {
+			if err := rules.ValidInterfacePrefix(ifp); err != nil {
+				return nil, err
+			}
 		}
 	}
 	var targets []target
@@ -532,18 +534,4 @@ func quote(s string) string {
 	}
 	b.WriteByte('"')
 	return b.String()
-}
-
-// validIfacePrefix accepts what can start an interface name (IFNAMSIZ 16 incl. NUL, plus our '+').
-func validIfacePrefix(s string) bool {
-	if len(s) > 14 {
-		return false
-	}
-	for _, r := range s {
-		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._-@:", r)
-		if !ok {
-			return false
-		}
-	}
-	return true
 }

@@ -83,7 +83,6 @@ func sameDefinition(a, b knftables.Chain) bool {
 
 var (
 	counterNamePattern = regexp.MustCompile(`^[a-zA-Z][a-zA-Z0-9_.-]*$`)
-	ifacePattern       = regexp.MustCompile(`^[a-zA-Z0-9_.:@-]+$`)
 )
 
 // checkText rejects strings that cannot be put between double quotes in nft syntax.
@@ -199,14 +198,14 @@ func ruleText(f fam, c rules.Chain, r rules.Rule) (string, error) {
 	var p []string
 	m := r.Match
 	if m.InInterfacePrefix != "" {
-		if !ifacePattern.MatchString(m.InInterfacePrefix) {
-			return "", fmt.Errorf("interface prefix %q has characters an interface name cannot have", m.InInterfacePrefix)
+		if err := rules.ValidInterfacePrefix(m.InInterfacePrefix); err != nil {
+			return "", err
 		}
 		p = append(p, fmt.Sprintf("iifname %q", m.InInterfacePrefix+"*"))
 	}
 	if m.OutInterfacePrefix != "" {
-		if !ifacePattern.MatchString(m.OutInterfacePrefix) {
-			return "", fmt.Errorf("interface prefix %q has characters an interface name cannot have", m.OutInterfacePrefix)
+		if err := rules.ValidInterfacePrefix(m.OutInterfacePrefix); err != nil {
+			return "", err
 		}
 		p = append(p, fmt.Sprintf("oifname %q", m.OutInterfacePrefix+"*"))
 	}

@@ -219,7 +219,7 @@ type Rule struct {
 	// Counter names a counter whose packets/bytes backends can report (see Backend.Counters).
 	// Names are unique within a Ruleset.
 	Counter string
-	// Comment is shown in the kernel's ruleset (rule comments are limited to 128 bytes).
+	// Comment is shown in the kernel's ruleset (at most MaxComment bytes).
 	Comment string
 }
 
@@ -356,6 +356,9 @@ func (rs *Ruleset) Validate() error {
 			if _, err := ParseProtocol(string(e.Protocol)); err != nil || e.Port == 0 {
 				return fmt.Errorf("fix %s: map %s entry %s needs a protocol and a port", rs.Fix, m.Name, e.Key())
 			}
+			if len(e.Comment) > MaxComment {
+				return fmt.Errorf("fix %s: map %s entry %s: comment longer than %d bytes", rs.Fix, m.Name, e.Key(), MaxComment)
+			}
 			if keys[e.Key()] {
 				return fmt.Errorf("fix %s: map %s has entry %s twice", rs.Fix, m.Name, e.Key())
 			}
@@ -383,13 +386,20 @@ func (rs *Ruleset) Validate() error {
 func (rs *Ruleset) validateRule(c Chain, r Rule, chains map[string]bool, maps map[string]*Map) error {
 	m := r.Match
 	for _, p := range m.SrcPrefixes {
-		if !p.IsValid() || !rs.Family.Contains(p.Addr()) {
+		if !p.IsValid() || !rs.Family.Contains(p.Addr()) || p.Addr().Is4In6() {
 			return fmt.Errorf("source prefix %s is not %s", p, rs.Family)
 		}
 	}
 	for _, p := range m.DstPrefixes {
-		if !p.IsValid() || !rs.Family.Contains(p.Addr()) {
+		if !p.IsValid() || !rs.Family.Contains(p.Addr()) || p.Addr().Is4In6() {
 			return fmt.Errorf("destination prefix %s is not %s", p, rs.Family)
+		}
+	}
+	for _, ifp := range []string{m.InInterfacePrefix, m.OutInterfacePrefix} {
+		if ifp != "" {
+			if err := ValidInterfacePrefix(ifp); err != nil {
+				return err
+			}
 		}
 	}
 	if m.DstAddr.IsValid() && !rs.Family.Contains(m.DstAddr) {
@@ -420,8 +430,8 @@ func (rs *Ruleset) validateRule(c Chain, r Rule, chains map[string]bool, maps ma
 	if m.Lookup != "" && maps[m.Lookup] == nil {
 		return fmt.Errorf("lookup in missing map %q", m.Lookup)
 	}
-	if len(r.Comment) > 128 {
-		return fmt.Errorf("comment longer than 128 bytes")
+	if len(r.Comment) > MaxComment {
+		return fmt.Errorf("comment longer than %d bytes", MaxComment)
 	}
 	switch r.Verdict.Kind {
 	case Continue, Accept, Drop, Return:

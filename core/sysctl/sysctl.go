@@ -11,6 +11,11 @@ import (
 	"sync"
 )
 
+// ConntrackTCPBeLiberal, when 1, makes conntrack accept out-of-window TCP segments instead of marking
+// them INVALID (kube-proxy's --conntrack-tcp-be-liberal). It is per network namespace. The
+// conntrack-liberal fix sets it; invalid-drop reads it to tell when its drop is redundant.
+const ConntrackTCPBeLiberal = "net.netfilter.nf_conntrack_tcp_be_liberal"
+
 // Interface reads and writes sysctls by dotted name, e.g. "net.netfilter.nf_conntrack_tcp_be_liberal".
 type Interface interface {
 	// Get returns the value with surrounding white space removed.

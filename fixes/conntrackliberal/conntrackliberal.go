@@ -19,11 +19,8 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/sysctl"
 )
 
-// Sysctl is the kernel parameter the fix owns. It is per network namespace: the agent runs in the
-// node's (hostNetwork), so it changes the node's.
-const Sysctl = "net.netfilter.nf_conntrack_tcp_be_liberal"
-
-// Liberal is the value the fix keeps.
+// Liberal is the value the fix keeps in sysctl.ConntrackTCPBeLiberal. The sysctl is per network
+// namespace: the agent runs in the node's (hostNetwork), so it changes the node's.
 const Liberal = "1"
 
 // StateFile is the name of the state file under Config.StateDir.
@@ -122,7 +119,7 @@ func (f *Fix) Ensure(_ context.Context, _ *fix.Snapshot, full bool) (fix.Result,
 	if f.ensured && !full {
 		return res, nil
 	}
-	cur, err := f.sys.Get(Sysctl)
+	cur, err := f.sys.Get(sysctl.ConntrackTCPBeLiberal)
 	if err != nil {
 		return res, fmt.Errorf("%w (is the nf_conntrack module loaded?)", err)
 	}
@@ -132,23 +129,23 @@ func (f *Fix) Ensure(_ context.Context, _ *fix.Snapshot, full bool) (fix.Result,
 	}
 	owed := rec != nil
 	if rec == nil {
-		rec = &record{Sysctl: Sysctl, Previous: cur}
+		rec = &record{Sysctl: sysctl.ConntrackTCPBeLiberal, Previous: cur}
 	}
 	if err := f.saveLocked(rec); err != nil {
 		return res, err
 	}
 	if cur != Liberal {
-		if err := f.sys.Set(Sysctl, Liberal); err != nil {
+		if err := f.sys.Set(sysctl.ConntrackTCPBeLiberal, Liberal); err != nil {
 			return res, err
 		}
-		if v, err := f.sys.Get(Sysctl); err != nil || v != Liberal {
-			return res, fmt.Errorf("sysctl %s is %q after writing %s (err: %v)", Sysctl, v, Liberal, err)
+		if v, err := f.sys.Get(sysctl.ConntrackTCPBeLiberal); err != nil || v != Liberal {
+			return res, fmt.Errorf("sysctl %s is %q after writing %s (err: %v)", sysctl.ConntrackTCPBeLiberal, v, Liberal, err)
 		}
 		if owed {
 			res.Repaired = true // it was ours and someone reset it
 		} else {
 			res.Changed = true
-			f.log.Info("conntrack accepts out-of-window TCP segments now", "sysctl", Sysctl, "value", Liberal, "previous", cur)
+			f.log.Info("conntrack accepts out-of-window TCP segments now", "sysctl", sysctl.ConntrackTCPBeLiberal, "value", Liberal, "previous", cur)
 		}
 	}
 	f.ensured = true
@@ -165,20 +162,20 @@ func (f *Fix) Revert(context.Context) error {
 	if err != nil || rec == nil {
 		return err
 	}
-	cur, err := f.sys.Get(Sysctl)
+	cur, err := f.sys.Get(sysctl.ConntrackTCPBeLiberal)
 	if err != nil {
 		return err
 	}
 	switch {
 	case cur == rec.Previous:
 	case cur == Liberal:
-		if err := f.sys.Set(Sysctl, rec.Previous); err != nil {
+		if err := f.sys.Set(sysctl.ConntrackTCPBeLiberal, rec.Previous); err != nil {
 			return err
 		}
 		f.restored++
-		f.log.Info("restored the previous value", "sysctl", Sysctl, "value", rec.Previous)
+		f.log.Info("restored the previous value", "sysctl", sysctl.ConntrackTCPBeLiberal, "value", rec.Previous)
 	default:
-		f.log.Warn("someone else changed the sysctl since; leaving their value", "sysctl", Sysctl, "value", cur, "previous", rec.Previous)
+		f.log.Warn("someone else changed the sysctl since; leaving their value", "sysctl", sysctl.ConntrackTCPBeLiberal, "value", cur, "previous", rec.Previous)
 	}
 	if f.savedIn != "" {
 		if err := os.Remove(filepath.Join(f.savedIn, StateFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -203,8 +200,8 @@ func (f *Fix) loadLocked() (*record, error) {
 		return nil, fmt.Errorf("read state: %w", err)
 	}
 	var rec record
-	if err := json.Unmarshal(b, &rec); err != nil || rec.Sysctl != Sysctl || rec.Previous == "" {
-		return nil, fmt.Errorf("state file %s is not ours or is damaged (%v): delete it after checking %s", path, err, Sysctl)
+	if err := json.Unmarshal(b, &rec); err != nil || rec.Sysctl != sysctl.ConntrackTCPBeLiberal || rec.Previous == "" {
+		return nil, fmt.Errorf("state file %s is not ours or is damaged (%v): delete it after checking %s", path, err, sysctl.ConntrackTCPBeLiberal)
 	}
 	f.rec, f.savedIn = &rec, f.cfg.StateDir
 	return f.rec, nil

@@ -48,7 +48,7 @@ func newEnv(t *testing.T, value string, options map[string]any) *env {
 	t.Helper()
 	e := &env{sys: sysctl.NewFake(nil), reg: prometheus.NewRegistry(), dir: t.TempDir(), logs: &bytes.Buffer{}}
 	if value != "" {
-		e.sys.Values[Sysctl] = value
+		e.sys.Values[sysctl.ConntrackTCPBeLiberal] = value
 	}
 	return e.restart(t, options)
 }
@@ -72,7 +72,7 @@ func (e *env) restart(t *testing.T, options map[string]any) *env {
 	return e
 }
 
-func (e *env) value() string { return e.sys.Values[Sysctl] }
+func (e *env) value() string { return e.sys.Values[sysctl.ConntrackTCPBeLiberal] }
 
 func (e *env) ensure(t *testing.T, full bool) fix.Result {
 	t.Helper()
@@ -98,7 +98,7 @@ func TestEnsureRepairRevert(t *testing.T) {
 	if res := e.ensure(t, true); !res.Changed || res.Repaired || e.value() != "1" {
 		t.Fatalf("first Ensure: %+v, value %q", res, e.value())
 	}
-	if r, ok := e.stateFile(); !ok || r.Previous != "0" || r.Sysctl != Sysctl {
+	if r, ok := e.stateFile(); !ok || r.Previous != "0" || r.Sysctl != sysctl.ConntrackTCPBeLiberal {
 		t.Fatalf("state file: %+v %v", r, ok)
 	}
 	// Nothing to do: no write, neither in a normal nor in a full pass.
@@ -107,7 +107,7 @@ func TestEnsureRepairRevert(t *testing.T) {
 		t.Fatalf("idempotent Ensure: %+v, %d writes", res, e.sys.Writes)
 	}
 	// Someone resets it: a normal pass trusts its last Ensure, a full pass repairs.
-	e.sys.Values[Sysctl] = "0"
+	e.sys.Values[sysctl.ConntrackTCPBeLiberal] = "0"
 	if res := e.ensure(t, false); res.Repaired || e.value() != "0" {
 		t.Fatalf("a normal pass must not re-read the sysctl: %+v", res)
 	}
@@ -146,7 +146,7 @@ func TestRestartWhileEnabled(t *testing.T) {
 		t.Fatalf("restart forgot the previous value: %+v", r)
 	}
 	// Reset while the agent was down: a repair, and the previous value is still the original one.
-	e.sys.Values[Sysctl] = "0"
+	e.sys.Values[sysctl.ConntrackTCPBeLiberal] = "0"
 	e.restart(t, nil)
 	if res := e.ensure(t, true); !res.Repaired || e.value() != "1" {
 		t.Fatalf("reset during restart: %+v", res)
@@ -172,7 +172,7 @@ func TestAlreadyLiberalIsLeftAlone(t *testing.T) {
 func TestRevertLeavesSomeoneElsesValue(t *testing.T) {
 	e := newEnv(t, "1", nil)
 	e.ensure(t, true) // previous = 1
-	e.sys.Values[Sysctl] = "0"
+	e.sys.Values[sysctl.ConntrackTCPBeLiberal] = "0"
 	if err := e.fix.Revert(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -269,9 +269,9 @@ func TestMetrics(t *testing.T) {
 	e.ensure(t, true)
 	want(prev + "nnm_conntrack_liberal_previous_value 0\n" + value + "nnm_conntrack_liberal_value 1\n")
 	// Someone resets it: the metric shows it at once, before the next resync repairs it.
-	e.sys.Values[Sysctl] = "0"
+	e.sys.Values[sysctl.ConntrackTCPBeLiberal] = "0"
 	want(prev + "nnm_conntrack_liberal_previous_value 0\n" + value + "nnm_conntrack_liberal_value 0\n")
-	delete(e.sys.Values, Sysctl)
+	delete(e.sys.Values, sysctl.ConntrackTCPBeLiberal)
 	want(prev + "nnm_conntrack_liberal_previous_value 0\n")
 
 	testkit.Promlint(t, e.reg)
@@ -282,7 +282,7 @@ func TestMetrics(t *testing.T) {
 // restarts with conntrack-liberal disabled: the engine reverts it at start-up (the previous value
 // comes from the state file), and invalid-drop sees the drop is needed again.
 func TestWithInvalidDropThroughTheEngine(t *testing.T) {
-	sys := sysctl.NewFake(map[string]string{Sysctl: "0"})
+	sys := sysctl.NewFake(map[string]string{sysctl.ConntrackTCPBeLiberal: "0"})
 	stateDir := t.TempDir()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	type agent struct {
@@ -323,7 +323,7 @@ func TestWithInvalidDropThroughTheEngine(t *testing.T) {
 		}
 		return -1
 	}
-	value := func() string { v, _ := sys.Get(Sysctl); return v }
+	value := func() string { v, _ := sys.Get(sysctl.ConntrackTCPBeLiberal); return v }
 
 	a := start(true)
 	if a.e.SyncOnce(ctx, true) {
@@ -382,5 +382,5 @@ func TestREADME(t *testing.T) {
 	r.DocumentsMetrics(t, "nnm_conntrack_liberal_value", "nnm_conntrack_liberal_previous_value", "nnm_sync_repairs_total", "nnm_invalid_drop_redundant")
 	r.Contains(t, "the state file name", StateFile)
 	r.Contains(t, "the default state directory", DefaultStateDir)
-	r.Contains(t, "the sysctl", Sysctl)
+	r.Contains(t, "the sysctl", sysctl.ConntrackTCPBeLiberal)
 }

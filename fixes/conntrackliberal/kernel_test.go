@@ -24,19 +24,19 @@ func TestKernel(t *testing.T) {
 		t.Skip("kernel test")
 	}
 	ns := netnstest.New(t, "nnm-ctliberal")
-	proc := "/proc/sys/" + strings.ReplaceAll(Sysctl, ".", "/")
+	proc := "/proc/sys/" + strings.ReplaceAll(sysctl.ConntrackTCPBeLiberal, ".", "/")
 	host, err := os.ReadFile(proc)
 	if err != nil {
-		t.Skipf("the host has no %s (nf_conntrack not loaded): %v", Sysctl, err)
+		t.Skipf("the host has no %s (nf_conntrack not loaded): %v", sysctl.ConntrackTCPBeLiberal, err)
 	}
 	defer func() {
 		if after, _ := os.ReadFile(proc); string(after) != string(host) {
-			t.Errorf("THE HOST'S %s CHANGED: %q -> %q", Sysctl, host, after)
+			t.Errorf("THE HOST'S %s CHANGED: %q -> %q", sysctl.ConntrackTCPBeLiberal, host, after)
 		}
 	}()
 	inNS := func() string { return strings.TrimSpace(ns.MustExec("cat", proc)) }
 	if _, err := ns.Exec("cat", proc); err != nil {
-		t.Skipf("the namespace has no %s: %v", Sysctl, err)
+		t.Skipf("the namespace has no %s: %v", sysctl.ConntrackTCPBeLiberal, err)
 	}
 	ns.MustExec("sh", "-c", "echo 0 > "+proc)
 	stateDir := t.TempDir()

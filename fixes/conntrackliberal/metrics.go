@@ -3,6 +3,7 @@ package conntrackliberal
 import (
 	"strconv"
 
+	"github.com/network-node-manager/network-node-manager/core/sysctl"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -30,7 +31,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	if v, err := c.f.sys.Get(Sysctl); err == nil {
+	if v, err := c.f.sys.Get(sysctl.ConntrackTCPBeLiberal); err == nil {
 		if n, err := strconv.ParseFloat(v, 64); err == nil {
 			ch <- prometheus.MustNewConstMetric(c.value, prometheus.GaugeValue, n)
 		}

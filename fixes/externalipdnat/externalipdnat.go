@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math/bits"
 	"net/netip"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -102,8 +101,6 @@ func (f *Fix) Check(env fix.Env) error {
 // Needs Services and this Node (for its pod CIDRs).
 func (f *Fix) Needs() fix.Needs { return fix.Needs{Services: true, Node: true} }
 
-var ifacePrefix = regexp.MustCompile(`^[A-Za-z0-9_.@-]{1,15}$`)
-
 // Configure decodes and validates options; on error the previous configuration stays.
 func (f *Fix) Configure(options map[string]any) error { return f.opts.Configure(options) }
 
@@ -111,8 +108,10 @@ func validate(cfg Config) (Config, error) {
 	if bits.OnesCount32(cfg.MasqueradeMark) != 1 {
 		return cfg, fmt.Errorf("fixes.%s.masqueradeMark: 0x%x must be a single non-zero bit, e.g. 0x%08x", ID, cfg.MasqueradeMark, DefaultMasqueradeMark)
 	}
-	if cfg.PodInterfacePrefix != "" && !ifacePrefix.MatchString(cfg.PodInterfacePrefix) {
-		return cfg, fmt.Errorf("fixes.%s.podInterfacePrefix: %q is not an interface name prefix (at most 15 characters, no spaces or slashes)", ID, cfg.PodInterfacePrefix)
+	if cfg.PodInterfacePrefix != "" {
+		if err := rules.ValidInterfacePrefix(cfg.PodInterfacePrefix); err != nil {
+			return cfg, fmt.Errorf("fixes.%s.podInterfacePrefix: %w", ID, err)
+		}
 	}
 	if !cfg.FromPods && !cfg.FromHost {
 		return cfg, fmt.Errorf("fixes.%s: fromPods and fromHost are both false, so the fix would do nothing (disable it with enabled: false instead)", ID)

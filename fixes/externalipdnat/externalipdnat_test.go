@@ -218,6 +218,8 @@ func TestConfigErrors(t *testing.T) {
 		{map[string]any{"fromPods": "maybe"}, []string{"fromPods"}},
 		{map[string]any{"podInterfacePrefix": "a/b"}, []string{"podInterfacePrefix", `"a/b"`}},
 		{map[string]any{"podInterfacePrefix": "averyveryverylongname"}, []string{"podInterfacePrefix"}},
+		// 15 characters: neither iptables (-i prefix+) nor nftables (iifname "prefix*") can match it.
+		{map[string]any{"podInterfacePrefix": "abcdefghijklmno"}, []string{"fixes.ipvs-externalip-dnat.podInterfacePrefix", "at most 14"}},
 		{map[string]any{"fromPods": false, "fromHost": false}, []string{"fromPods", "fromHost"}},
 		{map[string]any{"allowedCIDRs": "203.0.113.0/24,bogus"}, []string{"allowedCIDRs", `"bogus"`}},
 		{map[string]any{"allowedCIDRs": []string{"10.0.0.1/8"}}, []string{"allowedCIDRs", "host bits", "10.0.0.0/8"}},

@@ -4,12 +4,12 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/netaddr"
+	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
 // Skip reasons of the guard: addresses the fix never takes over.
@@ -76,43 +76,18 @@ func (g guard) check(raw netip.Addr) (reason, detail string) {
 	return "", ""
 }
 
-// parseAllowed validates the allowedCIDRs option: CIDRs (or single addresses) without host bits, none
-// of which lies wholly in a never-DNAT block (it could never match anything).
+// parseAllowed validates the allowedCIDRs option (rules.ParsePrefixes: CIDRs or single addresses,
+// without host bits), none of which may lie wholly in a never-DNAT block (it could never match).
 func parseAllowed(list []string) ([]netip.Prefix, error) {
 	key := fmt.Sprintf("fixes.%s.allowedCIDRs", ID)
-	var out []netip.Prefix
-	for _, s := range list {
-		p, err := parseCIDR(s)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", key, err)
-		}
+	out, err := rules.ParsePrefixes(key, "", list)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range out {
 		if b, ok := netaddr.WithinRefused(p); ok {
 			return nil, fmt.Errorf("%s: %s lies within %s (%s), which is never DNATed, so it would allow nothing", key, p, b.Name, b.Prefix)
 		}
-		if !slices.Contains(out, p) {
-			out = append(out, p)
-		}
 	}
 	return out, nil
-}
-
-// parseCIDR parses one entry: a CIDR without host bits, or an address meaning that host alone.
-func parseCIDR(s string) (netip.Prefix, error) {
-	s = strings.TrimSpace(s)
-	p, err := netip.ParsePrefix(s)
-	if err != nil {
-		a, aerr := netip.ParseAddr(s)
-		if aerr != nil || a.Zone() != "" {
-			return netip.Prefix{}, fmt.Errorf("%q is not a CIDR or an IP address", s)
-		}
-		a = a.Unmap()
-		return netip.PrefixFrom(a, a.BitLen()), nil
-	}
-	if p.Addr().Is4In6() {
-		return netip.Prefix{}, fmt.Errorf("%q is an IPv4-mapped prefix: write the IPv4 CIDR", s)
-	}
-	if m := p.Masked(); m != p {
-		return netip.Prefix{}, fmt.Errorf("%q has host bits set (did you mean %s?)", s, m)
-	}
-	return p, nil
 }

@@ -18,10 +18,6 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/sysctl"
 )
 
-// BeLiberalSysctl, when 1, makes conntrack accept out-of-window TCP segments instead of marking them
-// INVALID; the drop then has nothing left to do (kube-proxy ≥1.29 --conntrack-tcp-be-liberal).
-const BeLiberalSysctl = "net.netfilter.nf_conntrack_tcp_be_liberal"
-
 // Comment is carried by every drop rule.
 const Comment = "drop conntrack INVALID (kubernetes#74839)"
 
@@ -121,22 +117,11 @@ func parse(cfg Config) (settings, error) {
 		}
 	}
 	slices.Sort(s.protocols)
-	for _, c := range cfg.ExemptSourceCIDRs {
-		c = strings.TrimSpace(c)
-		p, err := netip.ParsePrefix(c)
-		if err != nil {
-			a, aerr := netip.ParseAddr(c)
-			if aerr != nil {
-				return s, fmt.Errorf("fixes.%s.exemptSourceCIDRs: %q is not a CIDR or an IP address", ID, c)
-			}
-			a = a.Unmap()
-			p = netip.PrefixFrom(a, a.BitLen())
-		}
-		p = p.Masked()
-		if !slices.Contains(s.exempt, p) {
-			s.exempt = append(s.exempt, p)
-		}
+	exempt, err := rules.ParsePrefixes("fixes."+ID+".exemptSourceCIDRs", "", cfg.ExemptSourceCIDRs)
+	if err != nil {
+		return s, err
 	}
+	s.exempt = exempt
 	return s, nil
 }
 
@@ -191,10 +176,10 @@ func CounterName(h rules.Hook, p rules.Protocol) string {
 
 // Observe checks whether conntrack's be_liberal mode makes the drop redundant and says so once.
 func (f *Fix) Observe(_ context.Context, family rules.Family, _ fix.Report) {
-	v, err := f.sysctl.Get(BeLiberalSysctl)
+	v, err := f.sysctl.Get(sysctl.ConntrackTCPBeLiberal)
 	redundant := false
 	if err != nil {
-		f.log.Debug("cannot read sysctl; assuming the drop is needed", "sysctl", BeLiberalSysctl, "err", err)
+		f.log.Debug("cannot read sysctl; assuming the drop is needed", "sysctl", sysctl.ConntrackTCPBeLiberal, "err", err)
 	} else {
 		redundant = v == "1"
 	}
@@ -205,7 +190,7 @@ func (f *Fix) Observe(_ context.Context, family rules.Family, _ fix.Report) {
 		f.m.redundant.Set(0)
 	}
 	if changed && redundant {
-		f.log.Info("the INVALID drop is redundant: conntrack accepts out-of-window TCP segments because "+BeLiberalSysctl+"=1; disable this fix or keep it as a safety net",
-			"sysctl", BeLiberalSysctl)
+		f.log.Info("the INVALID drop is redundant: conntrack accepts out-of-window TCP segments because "+sysctl.ConntrackTCPBeLiberal+"=1; disable this fix or keep it as a safety net",
+			"sysctl", sysctl.ConntrackTCPBeLiberal)
 	}
 }

@@ -76,7 +76,7 @@ func TestRules(t *testing.T) {
 			"exemptSourceCIDRs": []any{"198.51.100.7", "192.0.2.0/24", "2001:db8:1::/48"},
 			"protocols":         "tcp",
 		}},
-		{"exemptions-ipv4-only", map[string]any{"hooks": "input,forward", "exempt-source-cidrs": "192.0.2.1/24"}},
+		{"exemptions-ipv4-only", map[string]any{"hooks": "input,forward", "exempt-source-cidrs": "192.0.2.0/24"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -105,6 +105,7 @@ func TestConfigErrors(t *testing.T) {
 		{map[string]any{"hooks": []any{}}, []string{"hooks", "at least one"}},
 		{map[string]any{"protocols": []any{"icmp"}}, []string{"protocols", `"icmp"`}},
 		{map[string]any{"exemptSourceCIDRs": []any{"10.0.0.0/33"}}, []string{"exemptSourceCIDRs", `"10.0.0.0/33"`}},
+		{map[string]any{"exemptSourceCIDRs": []any{"10.0.0.1/8"}}, []string{"exemptSourceCIDRs", "did you mean 10.0.0.0/8"}},
 		{map[string]any{"hooks": map[string]any{"a": 1}}, []string{"hooks"}},
 	}
 	for _, tc := range cases {
@@ -209,7 +210,7 @@ func TestRedundantMetricAndLog(t *testing.T) {
 	if gauge() != 0 || !strings.Contains(e.logs.String(), "level=DEBUG") || strings.Contains(e.logs.String(), "level=INFO") {
 		t.Fatalf("missing sysctl: gauge=%v logs=%s", gauge(), e.logs)
 	}
-	e.sys.Values[BeLiberalSysctl] = "1"
+	e.sys.Values[sysctl.ConntrackTCPBeLiberal] = "1"
 	for range 3 {
 		e.fix.Observe(ctx, rules.IPv4, fix.Report{})
 		e.fix.Observe(ctx, rules.IPv6, fix.Report{})
@@ -223,7 +224,7 @@ func TestRedundantMetricAndLog(t *testing.T) {
 	if !strings.Contains(e.logs.String(), "fix=invalid-drop") {
 		t.Errorf("log lacks fix=invalid-drop: %s", e.logs)
 	}
-	e.sys.Values[BeLiberalSysctl] = "0"
+	e.sys.Values[sysctl.ConntrackTCPBeLiberal] = "0"
 	e.fix.Observe(ctx, rules.IPv4, fix.Report{})
 	if gauge() != 0 {
 		t.Errorf("be_liberal=0: gauge=%v", gauge())

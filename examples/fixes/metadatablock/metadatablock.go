@@ -82,15 +82,11 @@ func parse(cfg Config) (settings, error) {
 		}
 	}
 	slices.SortFunc(s.addrs, netip.Addr.Compare)
-	for _, c := range cfg.ExemptSourceCIDRs {
-		p, err := netip.ParsePrefix(strings.TrimSpace(c))
-		if err != nil {
-			return s, fmt.Errorf("fixes.%s.exemptSourceCIDRs: %q is not a CIDR", ID, c)
-		}
-		if p = p.Masked(); !slices.Contains(s.exempt, p) {
-			s.exempt = append(s.exempt, p)
-		}
+	exempt, err := rules.ParsePrefixes("fixes."+ID+".exemptSourceCIDRs", "", cfg.ExemptSourceCIDRs)
+	if err != nil {
+		return s, err
 	}
+	s.exempt = exempt
 	return s, nil
 }
 

@@ -80,7 +80,7 @@ func TestRules(t *testing.T) {
 	}{
 		{"default", nil, dualStackNode()},
 		{"dual-stack", map[string]any{"addresses": "fd00:ec2::254,169.254.169.254"}, dualStackNode()},
-		{"exempt", map[string]any{"exemptSourceCIDRs": []any{"10.244.1.130/25"}}, dualStackNode()},
+		{"exempt", map[string]any{"exemptSourceCIDRs": []any{"10.244.1.128/25"}}, dualStackNode()},
 		{"no-pod-cidr", map[string]any{"addresses": "169.254.169.254,fd00:ec2::254"},
 			testkit.Snapshot(testkit.WithNode(testkit.Node("node-a", testkit.PodCIDRs("10.244.1.0/24"))))},
 	} {
@@ -97,7 +97,7 @@ func TestConfigErrors(t *testing.T) {
 	}{
 		{map[string]any{"addresses": []any{}}, "at least one"},
 		{map[string]any{"addresses": "169.254.169.254/32"}, `"169.254.169.254/32" is not an IP address`},
-		{map[string]any{"exemptSourceCIDRs": "10.0.0.1"}, "fixes.metadata-block.exemptSourceCIDRs"},
+		{map[string]any{"exemptSourceCIDRs": "10.0.0.1/8"}, "fixes.metadata-block.exemptSourceCIDRs"},
 		{map[string]any{"adresses": "1.2.3.4"}, "adresses"},
 	} {
 		e := newEnv(t, nil)
