@@ -85,17 +85,25 @@ var (
 	counterNamePattern = regexp.MustCompile(`^[a-zA-Z][a-zA-Z0-9_.-]*$`)
 )
 
-// checkText rejects strings that cannot be put between double quotes in nft syntax.
-func checkText(what, s string) error {
-	if strings.ContainsAny(s, "\"\\\n\r") {
-		return fmt.Errorf("%s %q must not contain quotes, backslashes or newlines", what, s)
-	}
-	for _, r := range s {
-		if r < 0x20 || r > 0x7e {
-			return fmt.Errorf("%s %q must be printable ASCII", what, s)
+// commentText makes s safe as one nft comment, per object, as the iptables backend does. nft's
+// quoted strings have no escapes: a double quote ends the string, and knftables writes a newline or a
+// non-ASCII byte as a Go escape that the kernel would store literally, so the read-back would differ
+// forever. So a double quote becomes a single quote, a backslash a slash, and every byte outside
+// printable ASCII a question mark. One odd object name then changes its own comment, not the fate of
+// the whole fix.
+func commentText(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		switch {
+		case c == '"':
+			b[i] = '\''
+		case c == '\\':
+			b[i] = '/'
+		case c < 0x20 || c > 0x7e:
+			b[i] = '?'
 		}
 	}
-	return nil
+	return string(b)
 }
 
 // build validates rs and translates it into a model. It does no I/O.
@@ -137,7 +145,7 @@ func build(rs *rules.Ruleset) (*model, error) {
 			}
 			kr := knftables.Rule{Chain: cm.chain.Name, Rule: text}
 			if r.Comment != "" {
-				kr.Comment = knftables.PtrTo(r.Comment)
+				kr.Comment = knftables.PtrTo(commentText(r.Comment))
 			}
 			cm.rules = append(cm.rules, kr)
 			if r.Counter != "" {
@@ -150,9 +158,6 @@ func build(rs *rules.Ruleset) (*model, error) {
 		rm := &rs.Maps[i]
 		mm := mapModel{m: knftables.Map{Name: rm.Name, Type: fmt.Sprintf(mapKeyFieldsFmt, f.addrType, f.addrType)}}
 		for _, e := range rm.Sorted() {
-			if err := checkText("map entry comment", e.Comment); err != nil {
-				return nil, fmt.Errorf("nftables backend: fix %s: map %s: %w", rs.Fix, rm.Name, err)
-			}
 			mm.elems = append(mm.elems, element(rm.Name, e))
 		}
 		m.maps = append(m.maps, mm)
@@ -171,7 +176,7 @@ func element(mapName string, e rules.MapEntry) knftables.Element {
 		Value: []string{e.To.Addr().Unmap().String(), fmt.Sprint(to)},
 	}
 	if e.Comment != "" {
-		el.Comment = knftables.PtrTo(e.Comment)
+		el.Comment = knftables.PtrTo(commentText(e.Comment))
 	}
 	return el
 }
@@ -292,9 +297,6 @@ func ruleText(f fam, c rules.Chain, r rules.Rule) (string, error) {
 	}
 	if len(p) == 0 {
 		return "", fmt.Errorf("rule has neither a match, a counter, a mark nor a verdict")
-	}
-	if err := checkText("comment", r.Comment); err != nil {
-		return "", err
 	}
 	return strings.Join(p, " "), nil
 }

@@ -1,0 +1,105 @@
+package nftables
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/internal/netnstest"
+)
+
+// oddComment holds everything nft cannot take between double quotes as it is: a quote, a
+// backslash, a newline, a tab, DEL, non-ASCII; plus the printable ASCII punctuation it can.
+const oddComment = "ns\"x/we\\ird\nname\t\x7f\u00e9:!#$%&'()*+,-.;<=>?@[]^_`{|}~"
+
+// oddCommentText is what nft gets and the kernel keeps: one byte for each byte of oddComment.
+const oddCommentText = "ns'x/we/ird?name????:!#$%&'()*+,-.;<=>?@[]^_`{|}~"
+
+func TestCommentText(t *testing.T) {
+	if got := commentText(oddComment); got != oddCommentText {
+		t.Errorf("commentText(%q) = %q, want %q", oddComment, got, oddCommentText)
+	}
+	if got := commentText("default/web:http"); got != "default/web:http" {
+		t.Errorf("an ordinary comment changed: %q", got)
+	}
+}
+
+// oddRuleset is the External-IP ruleset whose second map entry (an object from a `plan` file, say)
+// and one rule carry oddComment.
+func oddRuleset(f rules.Family) *rules.Ruleset {
+	entries := threeEntries(f)
+	entries[1].Comment = oddComment
+	rs := externalIPRuleset(f, entries)
+	rs.Chains[1].Rules[0].Comment = `say "hi"`
+	return rs
+}
+
+// One object with an odd comment is rendered with its comment made safe; the whole fix is not
+// refused because of it (it was: "map entry comment ... must not contain quotes").
+func TestOddCommentsPerObject(t *testing.T) {
+	ctx := context.Background()
+	for _, f := range rules.Families {
+		b := newFakeKernel().backend(t)
+		rs := oddRuleset(f)
+		text, err := b.Render(rs)
+		if err != nil {
+			t.Fatalf("%s: Render refused the whole fix for one comment: %v", f, err)
+		}
+		for _, want := range []string{`comment "` + oddCommentText + `"`, `comment "say 'hi'"`} {
+			if !strings.Contains(text, want) {
+				t.Errorf("%s: rendered text lacks %s:\n%s", f, want, text)
+			}
+		}
+		if strings.Count(text, "\n") != strings.Count(mustRender(t, b, externalIPRuleset(f, threeEntries(f))), "\n") {
+			t.Errorf("%s: a newline in a comment split a line:\n%s", f, text)
+		}
+		if err := b.Apply(ctx, rs); err != nil {
+			t.Fatalf("%s: Apply: %v", f, err)
+		}
+		if ok, err := b.InSync(ctx, rs.Fix, f); err != nil || !ok {
+			t.Errorf("%s: InSync after Apply = %v, %v", f, ok, err)
+		}
+	}
+}
+
+func mustRender(t *testing.T, b *Backend, rs *rules.Ruleset) string {
+	t.Helper()
+	text, err := b.Render(rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return text
+}
+
+// The real nft parses the made-safe comments, the kernel keeps them as rendered, and a re-apply
+// finds the table in sync and sends nothing (a comment the kernel stored differently would be
+// "repaired" on every sync).
+func TestKernelOddComments(t *testing.T) {
+	netnstest.Require(t, "nft")
+	ctx := context.Background()
+	for _, f := range rules.Families {
+		ns := netnstest.New(t, "nnm-nft")
+		k := newRealKernel()
+		b := k.backend(t)
+		rs := oddRuleset(f)
+		inNS(t, ns, func() error { return b.Apply(ctx, rs) })
+		listing := nftList(t, ns, "list", "table", string(nftFamily(f)), TableName(rs.Fix))
+		for _, want := range []string{`comment "` + oddCommentText + `"`, `comment "say 'hi'"`} {
+			if !strings.Contains(listing, want) {
+				t.Errorf("%s: kernel listing lacks %s:\n%s", f, want, listing)
+			}
+		}
+		rec := k.rec(nftFamily(f), TableName(rs.Fix))
+		n := rec.count()
+		inNS(t, ns, func() error {
+			if ok, err := b.InSync(ctx, rs.Fix, f); err != nil || !ok {
+				t.Errorf("%s: InSync after Apply = %v, %v", f, ok, err)
+			}
+			return b.Apply(ctx, oddRuleset(f))
+		})
+		if sent := rec.sentSince(n); len(sent) != 0 {
+			t.Errorf("%s: re-apply sent %q", f, sent)
+		}
+	}
+}
