@@ -7,6 +7,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/fixes/conntrackliberal"
 	"github.com/network-node-manager/network-node-manager/fixes/externalipdnat"
 	"github.com/network-node-manager/network-node-manager/fixes/invaliddrop"
+	"github.com/network-node-manager/network-node-manager/fixes/mssclamp"
 )
 
 // Standard is every in-tree fix.
@@ -14,4 +15,5 @@ var Standard = fx.Options(
 	invaliddrop.Module,
 	externalipdnat.Module,
 	conntrackliberal.Module,
+	mssclamp.Module,
 )

@@ -30,7 +30,10 @@ type Segment struct {
 	Seq, Ack uint32
 	Flags    uint8
 	Window   uint16
-	Payload  []byte
+	// MSS is the maximum segment size option of a parsed segment (0 when absent). MarshalTCP does
+	// not write options.
+	MSS     uint16
+	Payload []byte
 }
 
 // SeqEnd is the sequence number that follows the segment (SYN and FIN count as one byte).
@@ -58,7 +61,11 @@ func (s Segment) String() string {
 			names += f.name
 		}
 	}
-	return fmt.Sprintf("%s > %s [%s] seq %d ack %d win %d len %d", s.Src, s.Dst, names, s.Seq, s.Ack, s.Window, len(s.Payload))
+	mss := ""
+	if s.MSS != 0 {
+		mss = fmt.Sprintf(" mss %d", s.MSS)
+	}
+	return fmt.Sprintf("%s > %s [%s] seq %d ack %d win %d%s len %d", s.Src, s.Dst, names, s.Seq, s.Ack, s.Window, mss, len(s.Payload))
 }
 
 func (s Segment) check() error {
@@ -193,8 +200,30 @@ func parseTCP(src, dst netip.Addr, tcp []byte) (Segment, bool) {
 		Ack:     binary.BigEndian.Uint32(tcp[8:]),
 		Flags:   tcp[13],
 		Window:  binary.BigEndian.Uint16(tcp[14:]),
+		MSS:     mssOption(tcp[tcpHeaderLen:off]),
 		Payload: append([]byte(nil), tcp[off:]...),
 	}, true
+}
+
+// mssOption finds the MSS option (kind 2, length 4) in the TCP options, or returns 0.
+func mssOption(opts []byte) uint16 {
+	for i := 0; i < len(opts); {
+		switch kind := opts[i]; kind {
+		case 0: // end of options
+			return 0
+		case 1: // no-op
+			i++
+			continue
+		}
+		if i+1 >= len(opts) || opts[i+1] < 2 || i+int(opts[i+1]) > len(opts) {
+			return 0
+		}
+		if opts[i] == 2 && opts[i+1] == 4 {
+			return binary.BigEndian.Uint16(opts[i+2:])
+		}
+		i += int(opts[i+1])
+	}
+	return 0
 }
 
 // ChecksumOK reports whether the TCP checksum of a marshalled segment between src and dst is valid.

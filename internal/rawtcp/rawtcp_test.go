@@ -156,3 +156,22 @@ func sendCorrupt(s Segment) error {
 	tcp[16] ^= 0x01
 	return sendIPv6(tcp, s)
 }
+
+func TestMSSOption(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []byte
+		want uint16
+	}{
+		{"linux syn", []byte{2, 4, 0x05, 0x50, 4, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0, 1, 3, 3, 7}, 1360},
+		{"after nops and timestamps", []byte{1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0, 2, 4, 0x05, 0xb4}, 1460},
+		{"none", []byte{1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0}, 0},
+		{"end of options first", []byte{0, 0, 2, 4, 5, 0xb4}, 0},
+		{"truncated", []byte{2, 4, 5}, 0},
+		{"zero length", []byte{3, 0, 2, 4, 5, 0xb4}, 0},
+	} {
+		if got := mssOption(tc.opts); got != tc.want {
+			t.Errorf("%s: mssOption = %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,32 @@
+// Package mssclamp lowers the MSS option of forwarded TCP SYN and SYN-ACK segments of pod traffic to
+// what the route can carry, so that pods behind a narrower link (VXLAN, IPIP, WireGuard) do not hit a
+// path-MTU black hole when ICMP "fragmentation needed" is filtered on the way (Calico #7651).
+package mssclamp
+
+import (
+	"go.uber.org/fx"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
+)
+
+// ID is the fix id: config key fixes.mss-clamp, metric label, log field, rule comments.
+const ID = "mss-clamp"
+
+// Description is the one-line summary.
+const Description = "clamp the TCP MSS of forwarded pod SYN and SYN-ACK segments to the route's MTU so large transfers do not stall in a PMTU black hole (Calico #7651)"
+
+// Module registers the fix.
+var Module = fx.Module(ID, fix.Provide(ID, New))
+
+// Config is the fix's configuration (keys under fixes.mss-clamp).
+type Config struct {
+	// MSS is a fixed MSS to clamp to; 0 clamps to the path MTU of the segment's route.
+	MSS int `mapstructure:"mss"`
+	// PodInterfacePrefix, when set, scopes the clamp to segments entering or leaving interfaces with
+	// this name prefix (e.g. "cali", "veth") instead of the node's pod CIDRs.
+	PodInterfacePrefix string `mapstructure:"podInterfacePrefix"`
+}
+
+// DefaultConfig is the configuration used when nothing is set: clamp to the path MTU, scoped to the
+// node's pod CIDRs.
+func DefaultConfig() Config { return Config{} }
