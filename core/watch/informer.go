@@ -31,6 +31,7 @@ type Informers struct {
 	wg        sync.WaitGroup
 	svcStore  cache.Store
 	svcSync   cache.InformerSynced
+	services  sortedServices // the Services of svcStore's events, sorted
 	nodeStore cache.Store
 	nodeSync  cache.InformerSynced
 	started   time.Time // when Start began, for the "watches synced" log line
@@ -67,7 +68,12 @@ func (s *Informers) Start(ctx context.Context, needs fix.Needs) error {
 	}
 	if needs.Services {
 		f := informers.NewSharedInformerFactoryWithOptions(client, 0)
-		if err := s.start(ctx, f.Core().V1().Services().Informer(), handler, &s.svcStore, &s.svcSync); err != nil {
+		svcHandler := cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { s.services.set(obj, false); s.notify() },
+			UpdateFunc: func(_, cur any) { s.services.set(cur, false); s.notify() },
+			DeleteFunc: func(obj any) { s.services.set(obj, true); s.notify() },
+		}
+		if err := s.start(ctx, f.Core().V1().Services().Informer(), svcHandler, &s.svcStore, &s.svcSync); err != nil {
 			return err
 		}
 	}
@@ -91,10 +97,13 @@ func (s *Informers) start(ctx context.Context, inf cache.SharedIndexInformer, h 
 	if err := inf.SetTransform(transform); err != nil {
 		return err
 	}
-	if _, err := inf.AddEventHandler(h); err != nil {
+	reg, err := inf.AddEventHandler(h)
+	if err != nil {
 		return err
 	}
-	*store, *synced = inf.GetStore(), inf.HasSynced
+	// Synced once the handler, not only the store, has seen the first list: Services() is built
+	// from the handler's events.
+	*store, *synced = inf.GetStore(), reg.HasSynced
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -165,22 +174,8 @@ func (s *Informers) logSynced(informers int) {
 	s.log.Info("watches synced", "after", time.Since(s.started).Round(time.Millisecond), "services", n)
 }
 
-// Services returns the cached Services, sorted.
-func (s *Informers) Services() []*corev1.Service {
-	s.mu.Lock()
-	store := s.svcStore
-	s.mu.Unlock()
-	if store == nil {
-		return nil
-	}
-	items := store.List()
-	out := make([]*corev1.Service, 0, len(items))
-	for _, o := range items {
-		out = append(out, o.(*corev1.Service))
-	}
-	SortServices(out)
-	return out
-}
+// Services returns the cached Services, sorted. The slice and the objects are shared: do not modify.
+func (s *Informers) Services() []*corev1.Service { return s.services.list() }
 
 // Node returns this node's Node object.
 func (s *Informers) Node() *corev1.Node {

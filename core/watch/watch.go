@@ -19,6 +19,8 @@ type Source interface {
 	// WaitForSync blocks until the first full list arrived (or ctx ends).
 	WaitForSync(ctx context.Context) error
 	// Services returns the current Services sorted by namespace/name. Callers must not modify them.
+	// A Service that changed is a new object; one that did not is the same object as in the previous
+	// call (fix.ServiceMap relies on it to recompute only what changed).
 	Services() []*corev1.Service
 	// Node returns this node's Node object, nil if unknown.
 	Node() *corev1.Node

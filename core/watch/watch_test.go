@@ -2,8 +2,11 @@ package watch
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
 )
@@ -81,17 +85,22 @@ items:
 
 func TestStripServiceKeepsWhatFixesRead(t *testing.T) {
 	in := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "n", Name: "s", Annotations: map[string]string{"a": strings.Repeat("x", 1000)},
-			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}, Labels: map[string]string{"l": "v"}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "n", Name: "s", Annotations: map[string]string{"a": strings.Repeat("x", 1000),
+			"kubectl.kubernetes.io/last-applied-configuration": strings.Repeat("{}", 500)}, Finalizers: []string{"f"},
+			OwnerReferences: []metav1.OwnerReference{{Name: "o"}},
+			ManagedFields:   []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}, Labels: map[string]string{"l": "v"}},
 		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ClusterIPs: []string{"10.96.0.1"}, ExternalIPs: []string{"203.0.113.1"},
 			Selector: map[string]string{"app": "x"}, Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, NodePort: 30080}}},
-		Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{{IP: "203.0.113.2"}}}},
+		Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{{IP: "203.0.113.2", IPMode: new(corev1.LoadBalancerIPModeProxy)}}},
+			Conditions: []metav1.Condition{{Type: "x", Message: strings.Repeat("m", 100)}}},
 	}
 	out := StripService(in)
-	if out.Annotations != nil || out.ManagedFields != nil || out.Labels != nil || out.Spec.Selector != nil || out.Spec.Ports[0].NodePort != 0 {
+	if out.Annotations != nil || out.ManagedFields != nil || out.Labels != nil || out.Finalizers != nil || out.OwnerReferences != nil ||
+		out.Spec.Selector != nil || out.Spec.Ports[0].NodePort != 0 || out.Status.Conditions != nil {
 		t.Fatalf("not stripped: %+v", out)
 	}
 	if out.Spec.ClusterIPs[0] != "10.96.0.1" || out.Spec.ExternalIPs[0] != "203.0.113.1" || out.Status.LoadBalancer.Ingress[0].IP != "203.0.113.2" ||
+		*out.Status.LoadBalancer.Ingress[0].IPMode != corev1.LoadBalancerIPModeProxy ||
 		out.Spec.Ports[0].Port != 80 || out.Spec.Type != corev1.ServiceTypeLoadBalancer {
 		t.Fatalf("lost what fixes read: %+v", out)
 	}
@@ -151,6 +160,69 @@ func TestInformersSnapshotAndChanges(t *testing.T) {
 			t.Fatal("new Service not in the snapshot")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	// The Services the event did not touch are the same objects (what lets fixes skip them), and
+	// the list handed out before is not modified.
+	now := s.Services()
+	if len(now) != 3 || now[0] != svcs[0] || now[1] != svcs[1] || now[2].Namespace != "c" || len(svcs) != 2 {
+		t.Fatalf("want a/y and b/z unchanged before c/new, and the old list intact: before %v, now %v", names(svcs), names(now))
+	}
+}
+
+func names(svcs []*corev1.Service) []string {
+	var out []string
+	for _, s := range svcs {
+		out = append(out, s.Namespace+"/"+s.Name)
+	}
+	return out
+}
+
+// TestSortedServicesMergesEvents: after random adds, updates and deletes (also in batches between two
+// lists), the list equals the sorted set of the latest objects, untouched objects keep their
+// identity, and lists handed out earlier stay as they were.
+func TestSortedServicesMergesEvents(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var s sortedServices
+	want := map[string]*corev1.Service{}
+	type handed struct {
+		list []*corev1.Service
+		keys []string
+	}
+	var lists []handed
+	for step := range 2000 {
+		ns, name := fmt.Sprint("ns", rng.IntN(3)), fmt.Sprint("s", rng.IntN(40))
+		key := ns + "/" + name
+		switch rng.IntN(4) {
+		case 0:
+			delete(want, key)
+			var obj any = &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+			if rng.IntN(2) == 0 {
+				obj = cache.DeletedFinalStateUnknown{Key: key, Obj: obj}
+			}
+			s.set(obj, true)
+		default:
+			svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, ResourceVersion: fmt.Sprint(step)}}
+			want[key] = svc
+			s.set(svc, false)
+		}
+		if rng.IntN(5) != 0 {
+			continue // several events between two lists
+		}
+		got := s.list()
+		var wantList []*corev1.Service
+		for _, svc := range want {
+			wantList = append(wantList, svc)
+		}
+		SortServices(wantList)
+		if !slices.Equal(got, wantList) {
+			t.Fatalf("step %d: got %v, want %v", step, names(got), names(wantList))
+		}
+		lists = append(lists, handed{got, names(got)})
+	}
+	for i, h := range lists {
+		if !slices.Equal(names(h.list), h.keys) {
+			t.Fatalf("list %d was modified after it was handed out", i)
+		}
 	}
 }
 

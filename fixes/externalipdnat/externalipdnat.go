@@ -1,7 +1,6 @@
 package externalipdnat
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -10,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/fx"
@@ -35,7 +35,7 @@ const (
 	ReasonNoClusterIP  = "no-cluster-ip"
 	ReasonBadIP        = "bad-ip"
 	ReasonIPModeProxy  = "ipmode-proxy"
-	ReasonConflict     = "conflict"
+	ReasonConflict     = fix.ReasonConflict
 	ReasonNoPodCIDR    = "no-pod-cidr"
 	ReasonBadPort      = "bad-port"
 )
@@ -52,7 +52,12 @@ type Fix struct {
 	log *slog.Logger
 	m   *metrics
 
-	opts *fix.Settings[Config, Config]
+	opts    *fix.Settings[Config, Config]
+	entries *fix.ServiceMap[*guard]
+
+	mu       sync.Mutex
+	guard    *guard // the last guard: the same pointer while its inputs stay, so Services need no recomputing
+	guardKey string
 }
 
 var (
@@ -71,7 +76,7 @@ func New(p Params) (*Fix, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &Fix{log: log.With("fix", ID), opts: opts, m: newMetrics()}
+	f := &Fix{log: log.With("fix", ID), opts: opts, m: newMetrics(), entries: fix.NewServiceMap(serviceEntries)}
 	if p.Registry != nil {
 		if err := f.m.register(p.Registry); err != nil {
 			return nil, fmt.Errorf("%s: register metrics: %w", ID, err)
@@ -128,8 +133,10 @@ func validate(cfg Config) (Config, error) {
 func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.Report, error) {
 	cfg := f.opts.Get()
 
-	entries, report := buildEntries(snap.Services, family, newGuard(cfg, snap))
-	rs := &rules.Ruleset{Fix: ID, Family: family, Maps: []rules.Map{{Name: MapName, Entries: entries}}}
+	m := f.entries.Update(snap.Services, family, f.guardFor(cfg, snap))
+	report := m.Report
+	report.Skipped = slices.Clip(report.Skipped) // the node skip below must not write into the cached report
+	rs := &rules.Ruleset{Fix: ID, Family: family, Maps: []rules.Map{{Name: MapName, Entries: m.Entries}}}
 
 	jump := rules.Verdict{Kind: rules.Jump, Chain: ChainDNAT}
 	if cfg.FromPods {
@@ -172,77 +179,68 @@ func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fi
 	return rs, report, nil
 }
 
-// buildEntries is the pure Service → map computation. Services are processed in namespace/name order
-// so that, when two claim the same (IP, protocol, port), the first keeps it. g refuses the addresses
-// the fix must not take over.
-func buildEntries(services []*corev1.Service, family rules.Family, g guard) ([]rules.MapEntry, fix.Report) {
-	var report fix.Report
-	svcs := slices.Clone(services)
-	slices.SortStableFunc(svcs, func(a, b *corev1.Service) int {
-		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
-	})
-	owner := map[string]string{} // entry key → Service that has it
-	ips := map[netip.Addr]bool{}
+// guardFor returns the guard for cfg and snap: the previous one while what it is made of stays, so
+// that the per-Service results computed with it stay valid (fix.ServiceMap recomputes every Service
+// when its input changes).
+func (f *Fix) guardFor(cfg Config, snap *fix.Snapshot) *guard {
+	g := newGuard(cfg, snap)
+	key := fmt.Sprint(g.allowed, g.podCIDRs, g.nodeAddrs)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.guard == nil || f.guardKey != key {
+		f.guard, f.guardKey = &g, key
+	}
+	return f.guard
+}
+
+// serviceEntries is the pure Service → map computation for one Service: an entry per External-IP
+// and port. The core's fix.ServiceMap calls it only for Services that changed, and gives an entry
+// that two Services want to the first in namespace/name order.
+func serviceEntries(svc *corev1.Service, family rules.Family, g *guard) ([]rules.MapEntry, []fix.Skip) {
+	var skips []fix.Skip
+	skip := func(reason, detail string) {
+		skips = append(skips, fix.Skip{Reason: reason, Detail: detail})
+	}
+	ext := externalIPs(svc, family, *g, skip)
+	if len(ext) == 0 {
+		return nil, skips
+	}
+	switch {
+	case svc.Spec.Type == corev1.ServiceTypeExternalName:
+		skip(ReasonExternalName, "an ExternalName Service has no Cluster-IP to DNAT to")
+		return nil, skips
+	case svc.Spec.ClusterIP == corev1.ClusterIPNone:
+		skip(ReasonHeadless, "a headless Service has no Cluster-IP to DNAT to")
+		return nil, skips
+	}
+	clusterIP, ok := clusterIPOf(svc, family, skip)
+	if !ok {
+		return nil, skips
+	}
+	name := svc.Namespace + "/" + svc.Name
 	var entries []rules.MapEntry
-	for _, svc := range svcs {
-		name := svc.Namespace + "/" + svc.Name
-		skip := func(reason, detail string) {
-			report.Skipped = append(report.Skipped, fix.Skip{Object: name, Reason: reason, Detail: detail})
-		}
-		ext := externalIPs(svc, family, g, skip)
-		if len(ext) == 0 {
-			continue
-		}
-		switch {
-		case svc.Spec.Type == corev1.ServiceTypeExternalName:
-			skip(ReasonExternalName, "an ExternalName Service has no Cluster-IP to DNAT to")
-			continue
-		case svc.Spec.ClusterIP == corev1.ClusterIPNone:
-			skip(ReasonHeadless, "a headless Service has no Cluster-IP to DNAT to")
-			continue
-		}
-		clusterIP, ok := clusterIPOf(svc, family, skip)
-		if !ok {
-			continue
-		}
-		covered := false
-		for _, p := range svc.Spec.Ports {
-			proto := rules.TCP
-			if p.Protocol != "" {
-				var err error
-				if proto, err = rules.ParseProtocol(string(p.Protocol)); err != nil {
-					skip(ReasonBadPort, fmt.Sprintf("port %s: %v", portName(p), err))
-					continue
-				}
-			}
-			if p.Port <= 0 || p.Port > 65535 {
-				skip(ReasonBadPort, fmt.Sprintf("port %s: %d is not a port number", portName(p), p.Port))
+	for _, p := range svc.Spec.Ports {
+		proto := rules.TCP
+		if p.Protocol != "" {
+			var err error
+			if proto, err = rules.ParseProtocol(string(p.Protocol)); err != nil {
+				skip(ReasonBadPort, fmt.Sprintf("port %s: %v", portName(p), err))
 				continue
 			}
-			for _, ip := range ext {
-				e := rules.MapEntry{
-					Addr: ip, Protocol: proto, Port: uint16(p.Port),
-					To:      netip.AddrPortFrom(clusterIP, uint16(p.Port)),
-					Comment: comment(name, p),
-				}
-				if other, taken := owner[e.Key()]; taken {
-					if other != name {
-						skip(ReasonConflict, fmt.Sprintf("%s %s/%d is already used by %s", ip, proto, p.Port, other))
-					}
-					continue
-				}
-				owner[e.Key()] = name
-				entries = append(entries, e)
-				ips[ip] = true
-				covered = true
-			}
 		}
-		if covered {
-			report.Covered++
+		if p.Port <= 0 || p.Port > 65535 {
+			skip(ReasonBadPort, fmt.Sprintf("port %s: %d is not a port number", portName(p), p.Port))
+			continue
+		}
+		for _, ip := range ext {
+			entries = append(entries, rules.MapEntry{
+				Addr: ip, Protocol: proto, Port: uint16(p.Port),
+				To:      netip.AddrPortFrom(clusterIP, uint16(p.Port)),
+				Comment: comment(name, p),
+			})
 		}
 	}
-	report.Items = len(ips)
-	return entries, report
+	return entries, skips
 }
 
 // externalIPs returns the Service's external addresses of family, in order and without duplicates:

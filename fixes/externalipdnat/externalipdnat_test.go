@@ -379,3 +379,14 @@ func TestREADME(t *testing.T) {
 		r.Contains(t, "skip reason "+reason, "`"+reason+"`")
 	}
 }
+
+// TestIncrementalEqualsScratch: after any sequence of Service events the fix's rules and report
+// equal those of a fresh fix on the same snapshot, byte for byte (the fix recomputes only the
+// Services that changed; see fix.ServiceMap). fixes.TestIncrementalEqualsScratch runs a shorter
+// version for every in-tree fix that reads Services.
+func TestIncrementalEqualsScratch(t *testing.T) {
+	tk.CheckIncremental(t, func() fix.Fix {
+		f, _, _ := newFix(t, nil)
+		return f
+	}, tk.IncrementalOptions{})
+}

@@ -1,0 +1,287 @@
+package fix
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/network-node-manager/network-node-manager/core/rules"
+)
+
+// ReasonConflict is the skip reason of a map entry that an earlier Service (in namespace/name order)
+// already has.
+const ReasonConflict = "conflict"
+
+// ServiceMap computes a lookup map (rules.Map entries) from Services incrementally, for fixes whose
+// map entries come from Services one by one (e.g. External-IP → Cluster-IP). The fix writes only
+// the per-Service function; ServiceMap calls it for the Services that changed since the previous
+// call of the same family, keeps the map sorted, and resolves conflicts: when two Services want the
+// same (address, protocol, port), the first in namespace/name order keeps it and the other gets a
+// ReasonConflict skip.
+//
+// It relies on the core's rule for Snapshot objects: they are never modified, a changed object is a
+// new object (client-go informers replace cached objects on every update). So a Service whose
+// pointer did not change since the previous call is not looked at again, and a call with nothing
+// changed returns the previous result (the same Entries slice) in time linear in the number of
+// Services, without allocating. The result equals a computation from scratch over the same Services
+// (TestServiceMapIncrementalEqualsScratch).
+//
+// In is everything other than the Service the per-Service function reads (options, node data); a
+// call with a different In recomputes every Service.
+type ServiceMap[In comparable] struct {
+	entries func(svc *corev1.Service, family rules.Family, in In) ([]rules.MapEntry, []Skip)
+
+	mu   sync.Mutex
+	fams map[rules.Family]*serviceMapState[In]
+}
+
+// ServiceMapResult is the map and the report of one ServiceMap.Update.
+type ServiceMapResult struct {
+	// Entries are the map's entries sorted as rules.Map.Sorted sorts them. The slice is shared with
+	// later results while nothing changes: callers must not modify it.
+	Entries []rules.MapEntry
+	// Report: Covered counts the Services that have at least one entry, Items the distinct
+	// addresses, Skipped what the per-Service function left out and the conflicts, by Service in
+	// namespace/name order (each Service's own skips first, then its conflicts).
+	Report Report
+}
+
+// NewServiceMap returns a ServiceMap around entries, the per-Service function: the map entries one
+// Service wants in family (in its order of preference) and what of it was left out. It must be
+// pure. A Skip's Object may be left empty; it is then set to the Service's namespace/name.
+func NewServiceMap[In comparable](entries func(svc *corev1.Service, family rules.Family, in In) ([]rules.MapEntry, []Skip)) *ServiceMap[In] {
+	return &ServiceMap[In]{entries: entries, fams: map[rules.Family]*serviceMapState[In]{}}
+}
+
+type entryKey struct {
+	addr  netip.Addr
+	proto rules.Protocol
+	port  uint16
+}
+
+func keyOf(e *rules.MapEntry) entryKey { return entryKey{e.Addr, e.Protocol, e.Port} }
+
+// compareEntries is rules.Map.Sorted's order.
+func compareEntries(a, b entryKey) int {
+	return cmp.Or(a.addr.Compare(b.addr), strings.Compare(string(a.proto), string(b.proto)), cmp.Compare(a.port, b.port))
+}
+
+func compareServices(a, b *corev1.Service) int {
+	return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+}
+
+// svcState is what one Service contributes.
+type svcState struct {
+	obj     *corev1.Service
+	entries []rules.MapEntry // deduplicated, in the Service's order
+	skipped []Skip           // the per-Service function's own skips
+	wins    int              // how many of entries are in the map (the others lost a conflict)
+}
+
+func (s *svcState) name() string { return s.obj.Namespace + "/" + s.obj.Name }
+
+type serviceMapState[In comparable] struct {
+	in   In
+	svcs []*svcState // sorted by namespace/name
+	// claims holds, per key, the Services wanting it sorted by namespace/name; the first has it.
+	claims map[entryKey][]*svcState
+	// ips counts the map's entries per address (Report.Items is its size).
+	ips    map[netip.Addr]int
+	result ServiceMapResult
+}
+
+// Update returns the map and report for services (sorted by namespace/name, as Snapshot.Services
+// is) in family.
+func (m *ServiceMap[In]) Update(services []*corev1.Service, family rules.Family, in In) ServiceMapResult {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !slices.IsSortedFunc(services, compareServices) {
+		services = slices.Clone(services)
+		slices.SortStableFunc(services, compareServices)
+	}
+	st := m.fams[family]
+	if st == nil || st.in != in {
+		st = &serviceMapState[In]{in: in, claims: map[entryKey][]*svcState{}, ips: map[netip.Addr]int{}}
+		m.fams[family] = st
+	} else if unchanged(st.svcs, services) {
+		return st.result
+	}
+
+	// Walk the previous and the new Services side by side; a Service whose object changed is
+	// removed and added again.
+	var removed, added []*svcState
+	next := make([]*svcState, 0, len(services))
+	i := 0
+	for _, svc := range services {
+		if j := len(next); j > 0 && compareServices(next[j-1].obj, svc) == 0 {
+			continue // a duplicate name: the first object counts
+		}
+		for i < len(st.svcs) && compareServices(st.svcs[i].obj, svc) < 0 {
+			removed = append(removed, st.svcs[i])
+			i++
+		}
+		if i < len(st.svcs) && compareServices(st.svcs[i].obj, svc) == 0 {
+			if st.svcs[i].obj == svc {
+				next = append(next, st.svcs[i])
+				i++
+				continue
+			}
+			removed = append(removed, st.svcs[i])
+			i++
+		}
+		s := m.compute(svc, family, in)
+		added = append(added, s)
+		next = append(next, s)
+	}
+	removed = append(removed, st.svcs[i:]...)
+	st.svcs = next
+
+	// Update the claims, remembering who had each touched key before.
+	before := map[entryKey]*svcState{}
+	touch := func(k entryKey) {
+		if _, ok := before[k]; !ok {
+			var w *svcState
+			if c := st.claims[k]; len(c) > 0 {
+				w = c[0]
+			}
+			before[k] = w
+		}
+	}
+	for _, s := range removed {
+		for e := range s.entries {
+			k := keyOf(&s.entries[e])
+			touch(k)
+			c := slices.DeleteFunc(st.claims[k], func(o *svcState) bool { return o == s })
+			if len(c) == 0 {
+				delete(st.claims, k)
+			} else {
+				st.claims[k] = c
+			}
+		}
+	}
+	for _, s := range added {
+		for e := range s.entries {
+			k := keyOf(&s.entries[e])
+			touch(k)
+			c := st.claims[k]
+			at, _ := slices.BinarySearchFunc(c, s, func(a, b *svcState) int { return compareServices(a.obj, b.obj) })
+			st.claims[k] = slices.Insert(c, at, s)
+		}
+	}
+
+	// Move the keys whose owner changed, and patch the sorted entries in one merge.
+	type change struct {
+		key   entryKey
+		entry *rules.MapEntry // nil: the key leaves the map
+	}
+	var changes []change
+	for k, old := range before {
+		var now *svcState
+		if c := st.claims[k]; len(c) > 0 {
+			now = c[0]
+		}
+		if now == old {
+			continue
+		}
+		if old != nil {
+			old.wins--
+			if st.ips[k.addr]--; st.ips[k.addr] == 0 {
+				delete(st.ips, k.addr)
+			}
+		}
+		ch := change{key: k}
+		if now != nil {
+			now.wins++
+			st.ips[k.addr]++
+			ch.entry = now.entry(k)
+		}
+		changes = append(changes, ch)
+	}
+	slices.SortFunc(changes, func(a, b change) int { return compareEntries(a.key, b.key) })
+	if len(changes) > 0 {
+		old := st.result.Entries
+		out := make([]rules.MapEntry, 0, len(old)+len(changes))
+		o := 0
+		for _, ch := range changes {
+			for o < len(old) && compareEntries(keyOf(&old[o]), ch.key) < 0 {
+				out = append(out, old[o])
+				o++
+			}
+			if o < len(old) && compareEntries(keyOf(&old[o]), ch.key) == 0 {
+				o++ // replaced or removed
+			}
+			if ch.entry != nil {
+				out = append(out, *ch.entry)
+			}
+		}
+		st.result.Entries = append(out, old[o:]...)
+	}
+	st.result.Report = st.report()
+	return st.result
+}
+
+// unchanged says whether services are the same objects as last time.
+func unchanged(prev []*svcState, services []*corev1.Service) bool {
+	if len(prev) != len(services) {
+		return false
+	}
+	for i, s := range prev {
+		if s.obj != services[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func (m *ServiceMap[In]) compute(svc *corev1.Service, family rules.Family, in In) *svcState {
+	entries, skipped := m.entries(svc, family, in)
+	s := &svcState{obj: svc, skipped: skipped, entries: make([]rules.MapEntry, 0, len(entries))}
+	for _, e := range entries {
+		if s.entry(keyOf(&e)) == nil { // a Service wanting a key twice has it once
+			s.entries = append(s.entries, e)
+		}
+	}
+	for i := range s.skipped {
+		if s.skipped[i].Object == "" {
+			s.skipped[i].Object = s.name()
+		}
+	}
+	return s
+}
+
+// entry returns s's entry of k.
+func (s *svcState) entry(k entryKey) *rules.MapEntry {
+	for i := range s.entries {
+		if keyOf(&s.entries[i]) == k {
+			return &s.entries[i]
+		}
+	}
+	return nil
+}
+
+// report walks the Services once; it allocates only for skips.
+func (st *serviceMapState[In]) report() Report {
+	r := Report{Items: len(st.ips)}
+	for _, s := range st.svcs {
+		if s.wins > 0 {
+			r.Covered++
+		}
+		r.Skipped = append(r.Skipped, s.skipped...)
+		if s.wins == len(s.entries) {
+			continue
+		}
+		for i := range s.entries {
+			e := &s.entries[i]
+			if w := st.claims[keyOf(e)][0]; w != s {
+				r.Skipped = append(r.Skipped, Skip{Object: s.name(), Reason: ReasonConflict,
+					Detail: fmt.Sprintf("%s %s/%d is already used by %s", e.Addr, e.Protocol, e.Port, w.name())})
+			}
+		}
+	}
+	return r
+}

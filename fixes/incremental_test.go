@@ -1,0 +1,58 @@
+package fixes
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/fx"
+	"go.uber.org/fx/fxtest"
+
+	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/sysctl"
+	"github.com/network-node-manager/network-node-manager/core/testkit"
+)
+
+// standardFixes builds a fresh set of the in-tree fixes with the core's dependencies faked.
+func standardFixes(t *testing.T) []fix.Fix {
+	t.Helper()
+	var got fix.In
+	app := fxtest.New(t, Standard,
+		fx.Provide(
+			func() backend.Backend { return testkit.NewFakeBackend() },
+			func() sysctl.Interface { return sysctl.NewFake(nil) },
+			prometheus.NewRegistry,
+		),
+		fx.Populate(&got),
+	)
+	app.RequireStart().RequireStop()
+	return got.Fixes
+}
+
+// TestIncrementalEqualsScratch: every in-tree rule fix that reads Services computes, after any
+// sequence of Service events, exactly what a fresh instance computes from the same snapshot (the
+// fixes keep per-Service results between syncs; see fix.ServiceMap).
+func TestIncrementalEqualsScratch(t *testing.T) {
+	tested := 0
+	for _, f := range standardFixes(t) {
+		if _, actuator := f.(fix.Actuator); actuator || !f.Needs().Services {
+			continue
+		}
+		tested++
+		id := f.ID()
+		t.Run(id, func(t *testing.T) {
+			testkit.CheckIncremental(t, func() fix.Fix {
+				for _, g := range standardFixes(t) {
+					if g.ID() == id {
+						return g
+					}
+				}
+				t.Fatalf("fix %s vanished", id)
+				return nil
+			}, testkit.IncrementalOptions{Seeds: 4, Steps: 60})
+		})
+	}
+	if tested == 0 {
+		t.Fatal("no in-tree rule fix reads Services: nothing was tested")
+	}
+}
