@@ -13,20 +13,22 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 )
 
-// standardFixes builds a fresh set of the in-tree fixes with the core's dependencies faked.
-func standardFixes(t *testing.T) []fix.Fix {
+// standardFixes builds a fresh set of the in-tree fixes through fx with the core's dependencies
+// faked, and returns them with the registered ids.
+func standardFixes(t *testing.T) ([]fix.Fix, []string) {
 	t.Helper()
 	var got fix.In
+	var ids fix.IDs
 	app := fxtest.New(t, Standard,
 		fx.Provide(
 			func() backend.Backend { return testkit.NewFakeBackend() },
 			func() sysctl.Interface { return sysctl.NewFake(nil) },
 			prometheus.NewRegistry,
 		),
-		fx.Populate(&got),
+		fx.Populate(&got, &ids),
 	)
 	app.RequireStart().RequireStop()
-	return got.Fixes
+	return got.Fixes, ids.IDs
 }
 
 // TestIncrementalEqualsScratch: every in-tree rule fix that reads Services computes, after any
@@ -34,7 +36,8 @@ func standardFixes(t *testing.T) []fix.Fix {
 // fixes keep per-Service results between syncs; see fix.ServiceMap).
 func TestIncrementalEqualsScratch(t *testing.T) {
 	tested := 0
-	for _, f := range standardFixes(t) {
+	all, _ := standardFixes(t)
+	for _, f := range all {
 		if _, actuator := f.(fix.Actuator); actuator || !f.Needs().Services {
 			continue
 		}
@@ -42,7 +45,8 @@ func TestIncrementalEqualsScratch(t *testing.T) {
 		id := f.ID()
 		t.Run(id, func(t *testing.T) {
 			testkit.CheckIncremental(t, func() fix.Fix {
-				for _, g := range standardFixes(t) {
+				fresh, _ := standardFixes(t)
+				for _, g := range fresh {
 					if g.ID() == id {
 						return g
 					}
