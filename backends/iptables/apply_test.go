@@ -72,7 +72,7 @@ func TestApplyExactInput(t *testing.T) {
 			f := &fakeRunner{dumps: map[string]string{tc.save: emptyFilter}}
 			b := mustBackend(t, Options{Variant: tc.variant, LockWait: tc.wait, Runner: f})
 			rs := invalidDrop(tc.family)
-			if err := b.Apply(context.Background(), rs); err != nil {
+			if err := apply(context.Background(), b, rs); err != nil {
 				t.Fatal(err)
 			}
 			want := []call{
@@ -88,13 +88,20 @@ COMMIT
 			if diff := cmp.Diff(want, f.calls, cmp.AllowUnexported(call{})); diff != "" {
 				t.Errorf("calls (-want +got):\n%s", diff)
 			}
-			// Same rendering and same kernel: one iptables-save, nothing else.
+			// Same rendering, trusting the record: nothing runs.
 			f.calls = nil
-			if err := b.Apply(context.Background(), rs); err != nil {
+			if err := apply(context.Background(), b, rs); err != nil {
 				t.Fatal(err)
 			}
+			if len(f.calls) != 0 {
+				t.Errorf("no-op Trust reconcile ran %v, want nothing", f.calls)
+			}
+			// Verifying without a generation (this runner has none): one iptables-save, nothing else.
+			if ok, err := inSync(context.Background(), b, rs); !ok || err != nil {
+				t.Fatalf("Verify = %v, %v", ok, err)
+			}
 			if len(f.calls) != 1 || !strings.HasSuffix(f.calls[0].name, "-save") {
-				t.Errorf("no-op Apply ran %v, want one iptables-save", f.calls)
+				t.Errorf("no-op Verify ran %v, want one iptables-save", f.calls)
 			}
 		})
 	}
@@ -125,7 +132,7 @@ COMMIT
 func TestApplyRemovesStaleKeepsJumps(t *testing.T) {
 	f := &fakeRunner{dumps: map[string]string{"iptables-nft-save": staleDump}}
 	b := mustBackend(t, Options{Variant: NFT, Runner: f})
-	if err := b.Apply(context.Background(), invalidDrop(rules.IPv4)); err != nil {
+	if err := apply(context.Background(), b, invalidDrop(rules.IPv4)); err != nil {
 		t.Fatal(err)
 	}
 	r := f.restores()
@@ -154,7 +161,7 @@ func TestApplyRefusesAnotherFixsChain(t *testing.T) {
 	rs := invalidDrop(rules.IPv4)
 	rs.Fix = "thief"
 	rs.Chains[0].Name = "OTHER"
-	err := b.Apply(context.Background(), rs)
+	err := apply(context.Background(), b, rs)
 	if err == nil || !strings.Contains(err.Error(), "already used by fix other") {
 		t.Fatalf("Apply = %v, want a conflict with fix other", err)
 	}
@@ -168,14 +175,14 @@ func TestApplyErrorKeepsRecord(t *testing.T) {
 	b := mustBackend(t, Options{Variant: Legacy, Runner: f})
 	ctx := context.Background()
 	good := invalidDrop(rules.IPv4)
-	if err := b.Apply(ctx, good); err != nil {
+	if err := apply(ctx, b, good); err != nil {
 		t.Fatal(err)
 	}
 	f.restoreErr = errors.New("exit status 1")
 	f.restoreStderr = "iptables-restore: line 3 failed\n"
 	bad := invalidDrop(rules.IPv4)
 	bad.Chains[0].Rules[0].Verdict = rules.Verdict{Kind: rules.Accept}
-	err := b.Apply(ctx, bad)
+	err := apply(ctx, b, bad)
 	if err == nil {
 		t.Fatal("Apply succeeded although iptables-restore failed")
 	}
@@ -185,11 +192,11 @@ func TestApplyErrorKeepsRecord(t *testing.T) {
 		}
 	}
 	// The kernel still holds the good rules, and the backend still knows it.
-	if ok, err := b.InSync(ctx, "invalid-drop", rules.IPv4); !ok || err != nil {
-		t.Errorf("InSync = %v, %v after a failed Apply; want true", ok, err)
+	if ok, err := inSync(ctx, b, good); !ok || err != nil {
+		t.Errorf("in sync = %v, %v after a failed Apply; want true", ok, err)
 	}
 	f.calls = nil
-	if err := b.Apply(ctx, good); err != nil || len(f.restores()) != 0 {
+	if err := apply(ctx, b, good); err != nil || len(f.restores()) != 0 {
 		t.Errorf("re-Apply of the good ruleset = %v with %d restores; want a no-op", err, len(f.restores()))
 	}
 }
@@ -197,7 +204,7 @@ func TestApplyErrorKeepsRecord(t *testing.T) {
 func TestRemoveWithoutMemory(t *testing.T) {
 	f := &fakeRunner{dumps: map[string]string{"iptables-nft-save": staleDump}}
 	b := mustBackend(t, Options{Variant: NFT, Runner: f})
-	if err := b.Remove(context.Background(), "invalid-drop", rules.IPv4); err != nil {
+	if err := remove(context.Background(), b, "invalid-drop", rules.IPv4); err != nil {
 		t.Fatal(err)
 	}
 	want := `*filter
@@ -221,7 +228,7 @@ COMMIT
 	}
 	// Nothing of the fix there: no restore at all.
 	f.calls = nil
-	if err := b.Remove(context.Background(), "absent", rules.IPv4); err != nil || len(f.restores()) != 0 {
+	if err := remove(context.Background(), b, "absent", rules.IPv4); err != nil || len(f.restores()) != 0 {
 		t.Errorf("Remove of an absent fix = %v with %d restores", err, len(f.restores()))
 	}
 }
@@ -339,13 +346,13 @@ func TestApplyRewritesOnlyChangedBucket(t *testing.T) {
 		rs.Chains[2].Rules = rs.Chains[2].Rules[:2]
 		return rs
 	}
-	if err := b.Apply(ctx, oneRun()); err != nil {
+	if err := apply(ctx, b, oneRun()); err != nil {
 		t.Fatal(err)
 	}
 	f.calls = nil
 	changed := oneRun()
 	changed.Maps[0].Entries[1].To = netip.MustParseAddrPort("10.96.0.99:80") // 198.51.100.7
-	if err := b.Apply(ctx, changed); err != nil {
+	if err := apply(ctx, b, changed); err != nil {
 		t.Fatal(err)
 	}
 	want := []call{
@@ -369,13 +376,13 @@ func TestApplyRemovesEmptiedBucket(t *testing.T) {
 	ctx := context.Background()
 	f := &fakeRunner{dumps: map[string]string{"iptables-nft-save": emptyFilter}}
 	b := mustBackend(t, Options{Variant: NFT, Runner: f})
-	if err := b.Apply(ctx, externalIPSharded(rules.IPv4)); err != nil {
+	if err := apply(ctx, b, externalIPSharded(rules.IPv4)); err != nil {
 		t.Fatal(err)
 	}
 	f.calls = nil
 	changed := externalIPSharded(rules.IPv4)
 	changed.Maps[0].Entries = append(changed.Maps[0].Entries[:1], changed.Maps[0].Entries[2:]...) // 198.51.100.7
-	if err := b.Apply(ctx, changed); err != nil {
+	if err := apply(ctx, b, changed); err != nil {
 		t.Fatal(err)
 	}
 	r := f.restores()
@@ -404,7 +411,7 @@ func TestApplyChangedFallsBack(t *testing.T) {
 	ctx := context.Background()
 	f := &fakeRunner{dumps: map[string]string{"iptables-nft-save": emptyFilter}}
 	b := mustBackend(t, Options{Variant: NFT, Runner: f})
-	if err := b.Apply(ctx, externalIPSharded(rules.IPv4)); err != nil {
+	if err := apply(ctx, b, externalIPSharded(rules.IPv4)); err != nil {
 		t.Fatal(err)
 	}
 	f.calls = nil
@@ -412,7 +419,7 @@ func TestApplyChangedFallsBack(t *testing.T) {
 	b.run = failing
 	changed := externalIPSharded(rules.IPv4)
 	changed.Maps[0].Entries = changed.Maps[0].Entries[1:]
-	if err := b.Apply(ctx, changed); err != nil {
+	if err := apply(ctx, b, changed); err != nil {
 		t.Fatal(err)
 	}
 	var names []string

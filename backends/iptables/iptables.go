@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/network-node-manager/network-node-manager/backends/nfgen"
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
@@ -35,6 +36,10 @@ type Options struct {
 	Runner Runner
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
+	// Generation reads the nf_tables generation (package nfgen). Nil means nfgen.Get for the nft
+	// variant run by ExecRunner (the process's own namespace), and none otherwise: Verify then always
+	// runs iptables-save. Legacy iptables is not nf_tables and never uses it.
+	Generation nfgen.Func
 }
 
 // Backend implements backend.Backend with iptables-restore/iptables-save.
@@ -44,9 +49,18 @@ type Backend struct {
 	run      Runner
 	log      *slog.Logger
 
-	// mu serialises every kernel operation of this process and guards applied.
+	gen nfgen.Func
+
+	// mu serialises every kernel operation of this process and guards applied and absent.
 	mu      sync.Mutex
 	applied map[key]*record
+	// absent: (fix, family) known to hold nothing, with the generation of that knowledge.
+	absent map[key]genStamp
+}
+
+type genStamp struct {
+	gen uint32
+	ok  bool
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -65,6 +79,9 @@ type record struct {
 	chains   map[tchain]bool
 	counters []string
 	state    kstate
+	// gen is the nf_tables generation at which the record is known to match the kernel (if genOK).
+	gen   uint32
+	genOK bool
 }
 
 // rendering is what Apply compares with a record.
@@ -119,6 +136,12 @@ func New(opts Options) (*Backend, error) {
 	if opts.LockWait == 0 {
 		opts.LockWait = 5
 	}
+	if opts.Generation == nil && opts.Runner == nil && opts.Variant == NFT {
+		opts.Generation = nfgen.Get
+	}
+	if opts.Variant == Legacy {
+		opts.Generation = nil
+	}
 	if opts.Runner == nil {
 		opts.Runner = ExecRunner{}
 	}
@@ -130,7 +153,9 @@ func New(opts Options) (*Backend, error) {
 		lockWait: opts.LockWait,
 		run:      opts.Runner,
 		log:      opts.Logger.With("backend", "iptables", "variant", string(opts.Variant)),
+		gen:      opts.Generation,
 		applied:  map[key]*record{},
+		absent:   map[key]genStamp{},
 	}, nil
 }
 
@@ -163,18 +188,31 @@ func (b *Backend) Render(rs *rules.Ruleset) (string, error) {
 	return p.String(), nil
 }
 
-// Apply implements backend.Backend. When nothing changed it costs one iptables-save. When this process
-// applied the fix before and only the contents of chains changed (map entries: lookup buckets), it
-// runs one iptables-restore that rewrites just the changed chains, then lists those chains to record
-// them (no full iptables-save: drift elsewhere is InSync's job). Otherwise it runs iptables-save, one
-// iptables-restore and an iptables-save to record the result.
-func (b *Backend) Apply(ctx context.Context, rs *rules.Ruleset) error {
+// Reconcile implements backend.Backend.
+//
+// The record of (fix, family) holds what the last reconcile rendered and the fix's chains (and the
+// jumps to them) as iptables-save showed them right after. With the nft variant the record is stamped
+// with the nf_tables generation at which it matched the kernel: a Verify that finds the generation
+// unchanged runs nothing; otherwise (and always with the legacy variant, which has no generation) it
+// runs one iptables-save and compares. Trust, and Verify once the record is confirmed, run nothing
+// when nothing changed; when only the contents of chains changed (map entries: lookup buckets) one
+// iptables-restore rewrites just those chains, which are then listed for the record. Otherwise (no
+// record, drift, other chains or jumps): iptables-save, one iptables-restore and an iptables-save to
+// record the result.
+func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family, rs *rules.Ruleset, mode backend.Mode) (backend.Result, error) {
+	var res backend.Result
+	if rs == nil {
+		return b.remove(ctx, fix, family, mode)
+	}
+	if rs.Fix != fix || rs.Family != family {
+		return res, fmt.Errorf("iptables backend: ruleset of %s/%s reconciled as %s/%s", rs.Fix, rs.Family, fix, family)
+	}
 	if err := rs.Validate(); err != nil {
-		return err
+		return res, err
 	}
 	p, rchains, jumps, err := planRuleset(rs)
 	if err != nil {
-		return err
+		return res, err
 	}
 	r := newRendering(rchains, jumps)
 	chains := r.set
@@ -190,30 +228,57 @@ func (b *Backend) Apply(ctx context.Context, rs *rules.Ruleset) error {
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	prev := b.applied[k]
-	if prev != nil && !r.same(prev) {
-		done, err := b.applyChanged(ctx, rs, r, prev, counters)
+	delete(b.absent, k)
+	rec := b.applied[k]
+	trusted := rec
+	g0, genOK := b.generation()
+	var d *dump
+	if trusted != nil && mode == backend.Verify && !(genOK && trusted.at(g0)) {
+		res.ReadBack = true
+		if d, err = b.save(ctx, rs.Family); err != nil {
+			if ctx.Err() != nil {
+				return res, ctx.Err()
+			}
+			return res, err
+		}
+		if d.state(trusted.chains).equal(trusted.state) {
+			trusted.stamp(g0, genOK)
+		} else {
+			b.log.Warn("rules changed behind our back; restoring them", "fix", fix, "family", family)
+			res.Repaired = true
+			trusted = nil
+		}
+	}
+	if trusted != nil && r.same(trusted) {
+		b.log.Debug("rules unchanged", "fix", rs.Fix, "family", rs.Family, "mode", mode)
+		return res, nil
+	}
+	if trusted != nil {
+		done, err := b.applyChanged(ctx, rs, r, trusted, counters, g0, genOK)
 		if err != nil {
-			return err
+			return res, err
 		}
 		if done {
-			return nil
+			res.Applied = true
+			return res, nil
 		}
 	}
-	d, err := b.save(ctx, rs.Family)
-	if err != nil {
-		return err
+	if d == nil {
+		res.ReadBack = true
+		if d, err = b.save(ctx, rs.Family); err != nil {
+			if ctx.Err() != nil {
+				return res, ctx.Err()
+			}
+			return res, err
+		}
 	}
-	if prev != nil && r.same(prev) && d.state(prev.chains).equal(prev.state) {
-		b.log.Debug("rules unchanged", "fix", rs.Fix, "family", rs.Family)
-		return nil
-	}
+	ctx = context.WithoutCancel(ctx) // from here on the kernel is changed: finish what was started
 
 	// Chains of the fix now: what the kernel says, and what this process applied last.
 	owners := d.owners()
 	old := d.owned(rs.Fix)
-	if prev != nil {
-		for c := range prev.chains {
+	if rec != nil {
+		for c := range rec.chains {
 			if d.has(c) {
 				old[c] = true
 			}
@@ -221,7 +286,7 @@ func (b *Backend) Apply(ctx context.Context, rs *rules.Ruleset) error {
 	}
 	for c := range chains {
 		if o, ok := owners[c]; ok && o != rs.Fix {
-			return fmt.Errorf("fix %s: chain %s is already used by fix %s", rs.Fix, c, o)
+			return res, fmt.Errorf("fix %s: chain %s is already used by fix %s", rs.Fix, c, o)
 		}
 	}
 
@@ -274,27 +339,74 @@ func (b *Backend) Apply(ctx context.Context, rs *rules.Ruleset) error {
 	input := p.String()
 	if input != "" {
 		if err := b.restore(ctx, rs.Family, input); err != nil {
-			return fmt.Errorf("fix %s (%s): %w", rs.Fix, rs.Family, err)
+			// The restore is atomic: the kernel holds what it held, and the record stays true
+			// unless this call found it wrong.
+			if res.Repaired {
+				delete(b.applied, k)
+			}
+			return res, fmt.Errorf("fix %s (%s): %w", rs.Fix, rs.Family, err)
 		}
+		res.Applied = true
 	}
+	g1, ok1 := b.generation()
 	after, err := b.save(ctx, rs.Family)
 	if err != nil {
 		delete(b.applied, k)
-		return err
+		return res, err
 	}
-	b.applied[k] = &record{content: r.content, parent: r.parent, jumps: r.jumps, chains: chains, counters: counters, state: after.state(chains)}
-	b.log.Info("rules applied", "fix", rs.Fix, "family", rs.Family, "chains", len(chains), "removed_chains", len(stale), "rules", rs.RuleCount())
-	return nil
+	nrec := &record{content: r.content, parent: r.parent, jumps: r.jumps, chains: chains, counters: counters, state: after.state(chains)}
+	if g2, ok2 := b.generation(); ok1 && ok2 && g1 == g2 {
+		nrec.stamp(g2, true)
+	}
+	b.applied[k] = nrec
+	if res.Applied {
+		b.log.Info("rules applied", "fix", rs.Fix, "family", rs.Family, "chains", len(chains), "removed_chains", len(stale), "rules", rs.RuleCount())
+	}
+	return res, nil
 }
 
-// applyChanged is Apply's short way for a ruleset that differs from the record only in the contents
+// at reports whether the record is known to match the kernel at nf_tables generation g.
+func (rec *record) at(g uint32) bool { return rec.genOK && rec.gen == g }
+
+// stamp records that the record matched the kernel at generation g (ok false: unknown).
+func (rec *record) stamp(g uint32, ok bool) { rec.gen, rec.genOK = g, ok }
+
+// generation reads the nf_tables generation; false for the legacy variant or on error.
+func (b *Backend) generation() (uint32, bool) {
+	if b.gen == nil {
+		return 0, false
+	}
+	g, err := b.gen()
+	if err != nil {
+		b.log.Debug("cannot read the nf_tables generation; reading iptables-save instead", "err", err)
+		return 0, false
+	}
+	return g, true
+}
+
+// promote carries the records (and known absences) that matched the kernel at generation g0 over
+// to g1, after only our own commits moved the generation. Call with b.mu held.
+func (b *Backend) promote(g0, g1 uint32) {
+	for _, rec := range b.applied {
+		if rec.at(g0) {
+			rec.stamp(g1, true)
+		}
+	}
+	for k, st := range b.absent {
+		if st.ok && st.gen == g0 {
+			b.absent[k] = genStamp{g1, true}
+		}
+	}
+}
+
+// applyChanged is Reconcile's short way for a ruleset that differs from the record only in the contents
 // of chains (typically map entries, which live in lookup buckets): the same jumps, and the chains that
 // appear or disappear are buckets whose dispatching chain is rewritten too. It trusts the record
 // instead of reading the whole kernel first, rewrites only the changed chains, deletes the buckets
 // gone, and lists the rewritten chains to update the record. It returns false without having changed
 // anything when the change is not of that kind, or when the restore failed (Apply then takes the
 // long way, which reads the kernel and repairs whatever the record missed).
-func (b *Backend) applyChanged(ctx context.Context, rs *rules.Ruleset, r *rendering, prev *record, counters []string) (bool, error) {
+func (b *Backend) applyChanged(ctx context.Context, rs *rules.Ruleset, r *rendering, prev *record, counters []string, g0 uint32, genOK bool) (bool, error) {
 	if r.jumps != prev.jumps {
 		return false, nil
 	}
@@ -334,9 +446,18 @@ func (b *Backend) applyChanged(ctx context.Context, rs *rules.Ruleset, r *render
 		p.table(c.table).flushes = append(p.table(c.table).flushes, c.chain)
 		p.table(c.table).removes = append(p.table(c.table).removes, c.chain)
 	}
-	if err := b.restore(ctx, rs.Family, p.String()); err != nil {
+	ctx = context.WithoutCancel(ctx)
+	input := p.String()
+	if err := b.restore(ctx, rs.Family, input); err != nil {
 		b.log.Warn("rewriting changed chains failed; reading the kernel and applying in full", "fix", rs.Fix, "family", rs.Family, "error", err)
 		return false, nil
+	}
+	// iptables-nft-restore commits once per table section, each with a real change here: when the
+	// generation moved by exactly that much, nobody else committed in between.
+	g1, ok1 := b.generation()
+	ours := ok1 && genOK && g1 == g0+uint32(strings.Count("\n"+input, "\n*"))
+	if ours {
+		b.promote(g0, g1)
 	}
 	k := key{rs.Fix, rs.Family}
 	st := kstate{own: map[tchain]string{}, others: prev.state.others}
@@ -353,7 +474,11 @@ func (b *Backend) applyChanged(ctx context.Context, rs *rules.Ruleset, r *render
 		}
 		st.own[c.key()] = chainState(c.name, saved)
 	}
-	b.applied[k] = &record{content: r.content, parent: r.parent, jumps: r.jumps, chains: r.set, counters: counters, state: st}
+	nrec := &record{content: r.content, parent: r.parent, jumps: r.jumps, chains: r.set, counters: counters, state: st}
+	if g2, ok2 := b.generation(); ours && ok2 && g2 == g1 && prev.at(g1) {
+		nrec.stamp(g1, true)
+	}
+	b.applied[k] = nrec
 	b.log.Info("rules applied", "fix", rs.Fix, "family", rs.Family, "rewritten_chains", len(changed), "removed_chains", len(stale), "rules", rs.RuleCount())
 	return true, nil
 }
@@ -389,30 +514,26 @@ func removeChains(p plan, d *dump, gone, keep map[tchain]bool) {
 	}
 }
 
-// InSync implements backend.Backend.
-func (b *Backend) InSync(ctx context.Context, fix string, family rules.Family) (bool, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	prev := b.applied[key{fix, family}]
-	if prev == nil {
-		return false, nil
-	}
-	d, err := b.save(ctx, family)
-	if err != nil {
-		return false, err
-	}
-	return d.state(prev.chains).equal(prev.state), nil
-}
-
-// Remove implements backend.Backend. Without memory of an Apply it finds the fix's chains from its
-// jump comments in the kernel. One iptables-save, and one iptables-restore if anything is there.
-func (b *Backend) Remove(ctx context.Context, fix string, family rules.Family) error {
+// remove deletes the chains of fix in family. Without memory of a reconcile it finds the fix's chains
+// from its jump comments in the kernel. One iptables-save, and one iptables-restore if anything is
+// there; nothing at all when the fix is known to be gone (Trust, or Verify with an unchanged
+// generation).
+func (b *Backend) remove(ctx context.Context, fix string, family rules.Family, mode backend.Mode) (backend.Result, error) {
+	var res backend.Result
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	k := key{fix, family}
+	g0, genOK := b.generation()
+	if st, ok := b.absent[k]; ok && (mode == backend.Trust || (genOK && st.ok && st.gen == g0)) {
+		return res, nil
+	}
+	res.ReadBack = true
 	d, err := b.save(ctx, family)
 	if err != nil {
-		return err
+		if ctx.Err() != nil {
+			return res, ctx.Err()
+		}
+		return res, err
 	}
 	gone := d.owned(fix)
 	if prev := b.applied[k]; prev != nil {
@@ -425,13 +546,16 @@ func (b *Backend) Remove(ctx context.Context, fix string, family rules.Family) e
 	p := plan{}
 	removeChains(p, d, gone, nil)
 	if input := p.String(); input != "" {
-		if err := b.restore(ctx, family, input); err != nil {
-			return fmt.Errorf("remove fix %s (%s): %w", fix, family, err)
+		if err := b.restore(context.WithoutCancel(ctx), family, input); err != nil {
+			return res, fmt.Errorf("remove fix %s (%s): %w", fix, family, err)
 		}
+		res.Applied = true
 		b.log.Info("rules removed", "fix", fix, "family", family, "chains", len(gone))
 	}
 	delete(b.applied, k)
-	return nil
+	g1, ok1 := b.generation()
+	b.absent[k] = genStamp{g1, ok1}
+	return res, nil
 }
 
 // Counters implements backend.Backend: it sums the packets and bytes of the kernel rules whose comment
@@ -482,6 +606,7 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 	}
 	b.mu.Lock()
 	clear(b.applied)
+	clear(b.absent)
 	b.mu.Unlock()
 	return errors.Join(errs...)
 }

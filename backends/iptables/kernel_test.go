@@ -14,15 +14,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/backends/nfgen"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/internal/netnstest"
 )
 
 // nsRunner runs the binaries inside a test namespace and counts the calls per binary.
 type nsRunner struct {
-	ns    *netnstest.NS
-	mu    sync.Mutex
-	calls map[string]int
+	ns       *netnstest.NS
+	mu       sync.Mutex
+	calls    map[string]int
+	genReads int
 }
 
 func (r *nsRunner) Run(ctx context.Context, name string, args []string, stdin []byte) ([]byte, []byte, error) {
@@ -113,7 +115,17 @@ func newKernel(t *testing.T, variant Variant, family rules.Family) *kernel {
 }
 
 func (k *kernel) backend() *Backend {
-	return mustBackend(k.t, Options{Variant: k.variant, Runner: k.run})
+	return mustBackend(k.t, Options{Variant: k.variant, Runner: k.run, Generation: k.generation})
+}
+
+// generation reads the nf_tables generation of the test's namespace, counting the reads.
+func (k *kernel) generation() (uint32, error) {
+	var g uint32
+	err := k.ns.Do(func() (err error) { g, err = nfgen.Get(); return err })
+	k.run.mu.Lock()
+	k.run.genReads++
+	k.run.mu.Unlock()
+	return g, err
 }
 
 // addForeign creates what kube-proxy and the predecessor would have: chains and rules we must keep
@@ -205,7 +217,7 @@ func forEachKernel(t *testing.T, fn func(t *testing.T, k *kernel)) {
 func mustApply(t *testing.T, b *Backend, rs ...*rules.Ruleset) {
 	t.Helper()
 	for _, r := range rs {
-		if err := b.Apply(context.Background(), r); err != nil {
+		if err := apply(context.Background(), b, r); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -255,10 +267,27 @@ func TestKernelLifecycle(t *testing.T) {
 		}
 		foreign1 := foreign(s1)
 
-		// Re-apply: nothing runs but iptables-save, and the kernel is byte-identical.
+		// Re-apply trusting the record: nothing runs, and the kernel is byte-identical.
 		mustApply(t, b, all...)
-		if c := k.run.reset(); c[k.bin("restore")] != 0 || c[k.bin("save")] != 3 {
-			t.Errorf("no-op re-Apply ran %v, want only 3 saves", c)
+		if c := k.run.reset(); len(c) != 0 {
+			t.Errorf("no-op Trust reconcile ran %v, want nothing", c)
+		}
+		// Verify: iptables-nft proves "unchanged" by the nf_tables generation once each record
+		// is stamped with the current one (the first round stamps the fixes applied before the
+		// last commit); legacy iptables has no generation and runs iptables-save every time.
+		for round := range 2 {
+			for _, rs := range all {
+				if ok, err := inSync(ctx, b, rs); !ok || err != nil {
+					t.Fatalf("%s: in sync = %v, %v", rs.Fix, ok, err)
+				}
+			}
+			c := k.run.reset()
+			if c[k.bin("restore")] != 0 {
+				t.Errorf("Verify of an unchanged kernel ran %v", c)
+			}
+			if want := map[Variant]int{NFT: 0, Legacy: len(all)}[k.variant]; round == 1 && c[k.bin("save")] != want {
+				t.Errorf("second Verify round ran %d saves (%v), want %d", c[k.bin("save")], c, want)
+			}
 		}
 		if s2 := k.save(); s2 != s1 {
 			t.Errorf("re-Apply changed the kernel:\nbefore:\n%s\nafter:\n%s", s1, s2)
@@ -305,12 +334,11 @@ func TestKernelLifecycle(t *testing.T) {
 			{"-A", "NNM-INVALID-INPUT", "-j", "ACCEPT"},
 		} {
 			k.ipt(tamper...)
-			if ok, err := b.InSync(ctx, "invalid-drop", k.family); err != nil || ok {
-				t.Errorf("InSync after %v = %v, %v; want false", tamper, ok, err)
+			if ok, err := inSync(ctx, b, invalidDrop(k.family)); err != nil || ok {
+				t.Errorf("Verify after %v found it in sync (%v, %v); want a repair", tamper, ok, err)
 			}
-			mustApply(t, b, invalidDrop(k.family))
-			if ok, err := b.InSync(ctx, "invalid-drop", k.family); err != nil || !ok {
-				t.Errorf("InSync after re-Apply = %v, %v; want true", ok, err)
+			if ok, err := inSync(ctx, b, invalidDrop(k.family)); err != nil || !ok {
+				t.Errorf("in sync after the repair = %v, %v; want true", ok, err)
 			}
 			if s := k.save(); s != s3 {
 				t.Errorf("re-Apply after %v did not restore the rules:\nwant:\n%s\ngot:\n%s", tamper, s3, s)
@@ -319,10 +347,7 @@ func TestKernelLifecycle(t *testing.T) {
 
 		// A new process knows nothing: Remove finds the fix's chains from the kernel, and only them.
 		b2 := k.backend()
-		if ok, _ := b2.InSync(ctx, "invalid-drop", k.family); ok {
-			t.Error("a fresh backend reports InSync")
-		}
-		if err := b2.Remove(ctx, "ipvs-externalip-dnat", k.family); err != nil {
+		if err := remove(ctx, b2, "ipvs-externalip-dnat", k.family); err != nil {
 			t.Fatal(err)
 		}
 		s4 := k.save()
@@ -331,7 +356,7 @@ func TestKernelLifecycle(t *testing.T) {
 		if f := foreign(s4); f != foreign1 {
 			t.Errorf("Remove touched foreign rules:\nbefore:\n%s\nafter:\n%s", foreign1, f)
 		}
-		if err := b2.Remove(ctx, "ipvs-externalip-dnat", k.family); err != nil {
+		if err := remove(ctx, b2, "ipvs-externalip-dnat", k.family); err != nil {
 			t.Errorf("removing what is gone: %v", err)
 		}
 
@@ -351,9 +376,6 @@ func TestKernelLifecycle(t *testing.T) {
 		if s5 != wantForeign.String() {
 			t.Errorf("after Cleanup:\nwant:\n%s\ngot:\n%s", wantForeign.String(), s5)
 		}
-		if ok, _ := b.InSync(ctx, "invalid-drop", k.family); ok {
-			t.Error("InSync true after Cleanup")
-		}
 	})
 }
 
@@ -370,7 +392,7 @@ func TestKernelRejectKeepsPrevious(t *testing.T) {
 			Verdict: rules.Verdict{Kind: rules.DNAT, To: netip.AddrPortFrom(bad.Maps[0].Entries[0].To.Addr(), 2)},
 		})
 		bad.Chains = bad.Chains[2:] // also drop two chains, which must survive the failure
-		err := b.Apply(context.Background(), bad)
+		err := apply(context.Background(), b, bad)
 		if err == nil {
 			t.Fatalf("Apply of a DNAT in POSTROUTING succeeded:\n%s", k.save())
 		}
@@ -381,8 +403,8 @@ func TestKernelRejectKeepsPrevious(t *testing.T) {
 		if after := k.save(); after != before {
 			t.Errorf("failed Apply changed the kernel:\nbefore:\n%s\nafter:\n%s", before, after)
 		}
-		if ok, err := b.InSync(context.Background(), "ipvs-externalip-dnat", k.family); !ok || err != nil {
-			t.Errorf("InSync after a failed Apply = %v, %v; want the previous state still in sync", ok, err)
+		if ok, err := inSync(context.Background(), b, externalIP(k.family)); !ok || err != nil {
+			t.Errorf("in sync after a failed Apply = %v, %v; want the previous state still in sync", ok, err)
 		}
 	})
 }
@@ -393,8 +415,8 @@ func TestKernelAcceptsGoldens(t *testing.T) {
 		b := k.backend()
 		for _, rs := range []*rules.Ruleset{invalidDrop(k.family), externalIP(k.family), kitchenSink(k.family), mssClamp(k.family)} {
 			mustApply(t, b, rs)
-			if ok, err := b.InSync(context.Background(), rs.Fix, k.family); !ok || err != nil {
-				t.Errorf("%s: InSync = %v, %v", rs.Fix, ok, err)
+			if ok, err := inSync(context.Background(), b, rs); !ok || err != nil {
+				t.Errorf("%s: in sync = %v, %v", rs.Fix, ok, err)
 			}
 		}
 		// Comments with quotes and backslashes come back from iptables-save as they were.
@@ -414,7 +436,7 @@ func TestCleanupPredecessorOnly(t *testing.T) {
 		s := k.save()
 		mustLack(t, s, "NMANAGER_")
 		mustContain(t, s, ":NNM-INVALID-INPUT", "network-node-manager:invalid-drop")
-		if ok, _ := b.InSync(context.Background(), "invalid-drop", k.family); !ok {
+		if ok, _ := inSync(context.Background(), b, invalidDrop(k.family)); !ok {
 			t.Error("CleanupPredecessor disturbed our chains")
 		}
 	})
@@ -451,12 +473,12 @@ func TestKernelScale(t *testing.T) {
 			start = time.Now()
 			mustApply(t, b, rs)
 			change := time.Since(start)
-			// The no-op Apply checks the kernel with one save; the change rewrites one bucket and lists it.
-			if c := k.run.reset(); c[k.bin("restore")] != 1 || c[k.bin("save")] != 1 || c[k.bin("")] != 1 {
-				t.Errorf("no-op + change ran %v, want 1 restore, 1 save and 1 listing", c)
+			// The no-op (Trust) runs nothing; the change rewrites one bucket and lists it.
+			if c := k.run.reset(); c[k.bin("restore")] != 1 || c[k.bin("save")] != 0 || c[k.bin("")] != 1 {
+				t.Errorf("no-op + change ran %v, want 1 restore, no save and 1 listing", c)
 			}
-			if ok, err := b.InSync(context.Background(), rs.Fix, rules.IPv4); err != nil || !ok {
-				t.Errorf("InSync after the change = %v, %v; want true", ok, err)
+			if ok, err := inSync(context.Background(), b, rs); err != nil || !ok {
+				t.Errorf("in sync after the change = %v, %v; want true", ok, err)
 			}
 			if n := strings.Count(k.save(), "-j DNAT"); n != 999 {
 				t.Errorf("%d DNAT rules in the kernel, want 999", n)
@@ -478,10 +500,9 @@ func TestKernelJumpStaysFirst(t *testing.T) {
 		mustApply(t, b, rs)
 		k.ipt("-t", "nat", "-N", "KUBE-SERVICES")
 		k.ipt("-t", "nat", "-I", "PREROUTING", "1", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
-		if in, err := b.InSync(ctx, rs.Fix, k.family); err != nil || in {
-			t.Fatalf("InSync = %v, %v after a foreign rule was put ahead of our jump; want false", in, err)
+		if in, err := inSync(ctx, b, rs); err != nil || in {
+			t.Fatalf("Verify found it in sync (%v, %v) after a foreign rule was put ahead of our jump; want a repair", in, err)
 		}
-		mustApply(t, b, rs)
 		s := k.save()
 		ours := strings.Index(s, `-A PREROUTING -m comment --comment "network-node-manager:ipvs-externalip-dnat"`)
 		theirs := strings.Index(s, `-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES`)
@@ -491,8 +512,8 @@ func TestKernelJumpStaysFirst(t *testing.T) {
 		if n := strings.Count(s, `"network-node-manager:ipvs-externalip-dnat" -j NNM-EXTIP-PREROUTING`); n != 1 {
 			t.Fatalf("want exactly one PREROUTING jump, found %d:\n%s", n, s)
 		}
-		if in, err := b.InSync(ctx, rs.Fix, k.family); err != nil || !in {
-			t.Fatalf("InSync = %v, %v after the repair; want true", in, err)
+		if in, err := inSync(ctx, b, rs); err != nil || !in {
+			t.Fatalf("in sync = %v, %v after the repair; want true", in, err)
 		}
 	})
 }
@@ -564,8 +585,8 @@ func TestKernelBuckets(t *testing.T) {
 		if c := k.run.reset(); c[k.bin("restore")] != 1 || c[k.bin("save")] != 0 || c[k.bin("")] != 1 {
 			t.Errorf("a one-entry change ran %v, want 1 restore, 1 listing and no save", c)
 		}
-		if ok, err := b.InSync(ctx, "ipvs-externalip-dnat", k.family); err != nil || !ok {
-			t.Errorf("InSync after a bucket rewrite = %v, %v; want true", ok, err)
+		if ok, err := inSync(ctx, b, changed); err != nil || !ok {
+			t.Errorf("in sync after a bucket rewrite = %v, %v; want true", ok, err)
 		}
 		mustContain(t, k.save(), "ns/svc-1:renamed")
 
@@ -574,25 +595,24 @@ func TestKernelBuckets(t *testing.T) {
 		s := k.save()
 		mustLack(t, s, buckets[1])
 		mustContain(t, s, ":"+buckets[0])
-		if ok, err := b.InSync(ctx, "ipvs-externalip-dnat", k.family); err != nil || !ok {
-			t.Errorf("InSync after a bucket removal = %v, %v; want true", ok, err)
+		if ok, err := inSync(ctx, b, rs(0)); err != nil || !ok {
+			t.Errorf("in sync after a bucket removal = %v, %v; want true", ok, err)
 		}
 		if got := k.connect(ips[0], ports); got != ports[0] {
 			t.Errorf("after the removal, connection to %s:80 reached port %d, want %d", ips[0], got, ports[0])
 		}
 
-		// A rule deleted inside a bucket: InSync notices, Apply restores it.
+		// A rule deleted inside a bucket: Verify notices and restores it.
 		k.ipt("-t", "nat", "-D", buckets[0], "2")
-		if ok, err := b.InSync(ctx, "ipvs-externalip-dnat", k.family); err != nil || ok {
-			t.Errorf("InSync after deleting a rule in a bucket = %v, %v; want false", ok, err)
+		if ok, err := inSync(ctx, b, rs(0)); err != nil || ok {
+			t.Errorf("Verify after deleting a rule in a bucket found it in sync (%v, %v)", ok, err)
 		}
-		mustApply(t, b, rs(0))
 		if after := k.save(); after != s {
 			t.Errorf("Apply did not restore the bucket:\nwant:\n%s\ngot:\n%s", s, after)
 		}
 
 		// A fresh process's Remove finds the buckets through the dispatch rules.
-		if err := k.backend().Remove(ctx, "ipvs-externalip-dnat", k.family); err != nil {
+		if err := remove(ctx, k.backend(), "ipvs-externalip-dnat", k.family); err != nil {
 			t.Fatal(err)
 		}
 		mustLack(t, k.save(), "NNM-")

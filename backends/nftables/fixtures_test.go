@@ -22,6 +22,7 @@ import (
 
 	"sigs.k8s.io/knftables"
 
+	"github.com/network-node-manager/network-node-manager/backends/nfgen"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	tk "github.com/network-node-manager/network-node-manager/core/testkit"
 )
@@ -211,6 +212,8 @@ type kernel struct {
 	real   bool
 	tables map[tableKey]*recorder
 	fakes  map[tableKey]*knftables.Fake
+	// genReads counts the generation reads of a real kernel's backend.
+	genReads int
 }
 
 func newFakeKernel() *kernel {
@@ -272,7 +275,17 @@ func (k *kernel) rec(family knftables.Family, table string) *recorder {
 
 func (k *kernel) backend(t testing.TB) *Backend {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	b, err := New(Options{NewInterface: k.newInterface, ListTables: k.listTables, Logger: log})
+	opts := Options{NewInterface: k.newInterface, ListTables: k.listTables, Logger: log}
+	if k.real {
+		// The real kernel's generation, read by the caller's thread (inside the test's namespace).
+		opts.Generation = func() (uint32, error) {
+			k.mu.Lock()
+			k.genReads++
+			k.mu.Unlock()
+			return nfgen.Get()
+		}
+	}
+	b, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -97,7 +98,7 @@ func testKernel(t *testing.T, f rules.Family) {
 	// Every golden ruleset is accepted by the real nft and kernel.
 	inNS(t, ns, func() error {
 		for _, rs := range []*rules.Ruleset{ext, inv, misc, clampRuleset(f)} {
-			if err := b.Apply(ctx, rs); err != nil {
+			if err := apply(ctx, b, rs); err != nil {
 				return err
 			}
 		}
@@ -127,7 +128,7 @@ func testKernel(t *testing.T, f rules.Family) {
 	rec := k.rec(nftFamily(f), extTable)
 	ruleset := nftList(t, ns, "-a", "list", "ruleset")
 	n := rec.count()
-	inNS(t, ns, func() error { return b.Apply(ctx, externalIPRuleset(f, threeEntries(f))) })
+	inNS(t, ns, func() error { return apply(ctx, b, externalIPRuleset(f, threeEntries(f))) })
 	if sent := rec.sentSince(n); len(sent) != 0 {
 		t.Fatalf("re-apply sent %q", sent)
 	}
@@ -139,7 +140,7 @@ func testKernel(t *testing.T, f rules.Family) {
 	changed := threeEntries(f)[1:]
 	changed[1].To = netip.AddrPortFrom(changed[1].To.Addr().Next(), 5353)
 	changed = append(changed, entry(f, 9, rules.TCP, 8080, 80))
-	inNS(t, ns, func() error { return b.Apply(ctx, externalIPRuleset(f, changed)) })
+	inNS(t, ns, func() error { return apply(ctx, b, externalIPRuleset(f, changed)) })
 	sent := rec.sentSince(n)
 	if len(sent) != 1 {
 		t.Fatalf("map change sent %d transactions", len(sent))
@@ -160,8 +161,8 @@ func testKernel(t *testing.T, f rules.Family) {
 		t.Errorf("removed element still in the map:\n%s", m)
 	}
 	inNS(t, ns, func() error {
-		if ok, err := b.InSync(ctx, ext.Fix, f); !ok || err != nil {
-			return fmt.Errorf("InSync after element change = %v, %v", ok, err)
+		if ok, err := inSync(ctx, b, externalIPRuleset(f, changed)); !ok || err != nil {
+			return fmt.Errorf("in sync after element change = %v, %v", ok, err)
 		}
 		return nil
 	})
@@ -183,12 +184,12 @@ func testKernel(t *testing.T, f rules.Family) {
 	}
 	inv2 := invalidDropRuleset(f)
 	inv2.Chains[1].Rules = append(inv2.Chains[1].Rules, rules.Rule{Match: rules.Match{Protocol: rules.TCP, DstPort: 1}, Verdict: rules.Verdict{Kind: rules.Accept}})
-	inNS(t, ns, func() error { return b.Apply(ctx, inv2) })
+	inNS(t, ns, func() error { return apply(ctx, b, inv2) })
 	if got := readProbe(); got != probe {
 		t.Fatalf("after a rewrite the probe counter = %d packets, want %d (named counters must survive)", got, probe)
 	}
 
-	// Changes behind our back: InSync notices, Apply restores.
+	// Changes behind our back: a Verify reconcile notices and restores.
 	want := nftList(t, ns, "list", "table", nf, extTable)
 	for name, tamper := range map[string][]string{
 		"flush chain":    {"flush chain " + nf + " " + extTable + " extip-dnat"},
@@ -200,14 +201,11 @@ func testKernel(t *testing.T, f rules.Family) {
 			ns.MustExec("nft", cmd)
 		}
 		inNS(t, ns, func() error {
-			if ok, err := b.InSync(ctx, ext.Fix, f); ok || err != nil {
-				return fmt.Errorf("%s: InSync = %v, %v; want false", name, ok, err)
+			if ok, err := inSync(ctx, b, externalIPRuleset(f, changed)); ok || err != nil {
+				return fmt.Errorf("%s: Verify found the table in sync (%v, %v)", name, ok, err)
 			}
-			if err := b.Apply(ctx, externalIPRuleset(f, changed)); err != nil {
-				return fmt.Errorf("%s: %w", name, err)
-			}
-			if ok, err := b.InSync(ctx, ext.Fix, f); !ok || err != nil {
-				return fmt.Errorf("%s: InSync after repair = %v, %v", name, ok, err)
+			if ok, err := inSync(ctx, b, externalIPRuleset(f, changed)); !ok || err != nil {
+				return fmt.Errorf("%s: in sync after repair = %v, %v", name, ok, err)
 			}
 			return nil
 		})
@@ -224,7 +222,7 @@ func testKernel(t *testing.T, f rules.Family) {
 		return nil
 	}
 	inNS(t, ns, func() error {
-		err := b.Apply(ctx, externalIPRuleset(f, threeEntries(f)))
+		err := apply(ctx, b, externalIPRuleset(f, threeEntries(f)))
 		if err == nil || !strings.Contains(err.Error(), "frobnicate") || !strings.Contains(err.Error(), extTable) {
 			return fmt.Errorf("Apply of a rejected transaction returned %v", err)
 		}
@@ -236,7 +234,7 @@ func testKernel(t *testing.T, f rules.Family) {
 	}
 
 	// Remove deletes one table; Cleanup every nnm-* table; the foreign ones stay.
-	inNS(t, ns, func() error { return b.Remove(ctx, misc.Fix, f) })
+	inNS(t, ns, func() error { return remove(ctx, b, misc.Fix, f) })
 	if tables := nftList(t, ns, "list", "tables"); strings.Contains(tables, "nnm-misc") || !strings.Contains(tables, "nnm-invalid-drop") {
 		t.Fatalf("after Remove:\n%s", tables)
 	}
@@ -279,27 +277,34 @@ func TestKernelCost(t *testing.T) {
 		return nil
 	})
 	ns.MustExec("nft", "delete", "table", "ip", TableName(rs.Fix))
-	timed("cold Apply (new interface, tx, read-back)", func() error { return b.Apply(ctx, rs) })
-	timed("InSync", func() error {
-		if ok, err := b.InSync(ctx, rs.Fix, f); !ok || err != nil {
-			return fmt.Errorf("InSync = %v, %v", ok, err)
+	timed("cold Apply (new interface, tx, read-back)", func() error { return apply(ctx, b, rs) })
+	timed("Verify, generation unchanged", func() error {
+		if ok, err := inSync(ctx, b, rs); !ok || err != nil {
+			return fmt.Errorf("in sync = %v, %v", ok, err)
+		}
+		return nil
+	})
+	ns.MustExec("nft", "add table ip someone-else")
+	timed("Verify, generation changed (lists our table)", func() error {
+		if ok, err := inSync(ctx, b, rs); !ok || err != nil {
+			return fmt.Errorf("in sync = %v, %v", ok, err)
 		}
 		return nil
 	})
 	rec := k.rec(nftFamily(f), TableName(rs.Fix))
 	n := rec.count()
-	timed("no-op Apply", func() error { return b.Apply(ctx, externalIPRuleset(f, manyEntries(f, 10000))) })
+	timed("no-op Apply", func() error { return apply(ctx, b, externalIPRuleset(f, manyEntries(f, 10000))) })
 	if sent := rec.sentSince(n); len(sent) != 0 {
 		t.Fatalf("no-op Apply sent %d transactions", len(sent))
 	}
 	changed := append(manyEntries(f, 10000)[1:], entry(f, 20000, rules.UDP, 53, 53))
-	timed("one-element Apply", func() error { return b.Apply(ctx, externalIPRuleset(f, changed)) })
+	timed("one-element Apply", func() error { return apply(ctx, b, externalIPRuleset(f, changed)) })
 	if sent := rec.sentSince(n); len(sent) != 1 || onlyElementOps(sent[0]) != nil {
 		t.Fatalf("one-element Apply sent %q", sent)
 	}
 	rs2 := externalIPRuleset(f, changed)
 	rs2.Chains[0].Rules = rs2.Chains[0].Rules[:1]
-	timed("rule-change Apply (full rewrite)", func() error { return b.Apply(ctx, rs2) })
+	timed("rule-change Apply (full rewrite)", func() error { return apply(ctx, b, rs2) })
 }
 
 func manyEntries(f rules.Family, n int) []rules.MapEntry {
@@ -323,11 +328,11 @@ func BenchmarkApply10k(b *testing.B) {
 				rs := externalIPRuleset(f, entries)
 				for i := 0; i < b.N; i++ {
 					b.StopTimer()
-					if err := be.Remove(ctx, rs.Fix, f); err != nil {
+					if err := remove(ctx, be, rs.Fix, f); err != nil {
 						return err
 					}
 					b.StartTimer()
-					if err := be.Apply(ctx, rs); err != nil {
+					if err := apply(ctx, be, rs); err != nil {
 						return err
 					}
 				}
@@ -339,7 +344,7 @@ func BenchmarkApply10k(b *testing.B) {
 		b.Run("one-element-"+string(f), func(b *testing.B) {
 			be := newRealKernel().backend(b)
 			if err := ns.Do(func() error {
-				if err := be.Apply(ctx, externalIPRuleset(f, entries)); err != nil {
+				if err := apply(ctx, be, externalIPRuleset(f, entries)); err != nil {
 					return err
 				}
 				b.ResetTimer()
@@ -348,13 +353,88 @@ func BenchmarkApply10k(b *testing.B) {
 					if i%2 == 0 {
 						e = one
 					}
-					if err := be.Apply(ctx, externalIPRuleset(f, e)); err != nil {
+					if err := apply(ctx, be, externalIPRuleset(f, e)); err != nil {
 						return err
 					}
 				}
 				return nil
 			}); err != nil {
 				b.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestKernelGeneration: a Verify reconcile with the nf_tables generation unchanged since our last
+// commit lists nothing; a commit by someone else anywhere moves the generation, and the next Verify
+// lists our table alone; a foreign change inside our table is found that way and repaired.
+func TestKernelGeneration(t *testing.T) {
+	netnstest.Require(t, "nft")
+	for _, f := range rules.Families {
+		t.Run(string(f), func(t *testing.T) {
+			ctx := context.Background()
+			ns := netnstest.New(t, "nnm-nft")
+			nf := string(nftFamily(f))
+			k := newRealKernel()
+			b := k.backend(t)
+			ext := externalIPRuleset(f, threeEntries(f))
+			inv := invalidDropRuleset(f)
+			inNS(t, ns, func() error {
+				for _, rs := range []*rules.Ruleset{ext, inv} {
+					if err := apply(ctx, b, rs); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			recs := []*recorder{k.rec(nftFamily(f), TableName(ext.Fix)), k.rec(nftFamily(f), TableName(inv.Fix))}
+			lists := func() int { return recs[0].listCount() + recs[1].listCount() }
+			sent := func() int { return recs[0].count() + recs[1].count() }
+			round := func() (repaired []string, listed, sends int) {
+				t.Helper()
+				l0, s0 := lists(), sent()
+				inNS(t, ns, func() error {
+					for _, rs := range []*rules.Ruleset{ext, inv} {
+						res, err := verify(ctx, b, rs)
+						if err != nil {
+							return err
+						}
+						if res.Repaired {
+							repaired = append(repaired, rs.Fix)
+						}
+					}
+					return nil
+				})
+				return repaired, lists() - l0, sent() - s0
+			}
+			// ext was applied before inv's commit moved the generation: the first round lists ext
+			// once; from then on the generation proves both unchanged.
+			round()
+			for i := range 3 {
+				if rep, listed, sends := round(); len(rep) != 0 || listed != 0 || sends != 0 {
+					t.Fatalf("round %d with the generation unchanged: repaired %v, %d listings, %d transactions; want none", i, rep, listed, sends)
+				}
+			}
+			// Someone else commits elsewhere: the generation moves, our tables are listed, and
+			// found as they were.
+			ns.MustExec("nft", "add table "+nf+" someone-else")
+			if rep, listed, sends := round(); len(rep) != 0 || listed == 0 || sends != 0 {
+				t.Fatalf("after a foreign commit elsewhere: repaired %v, %d listings, %d transactions; want listings only", rep, listed, sends)
+			}
+			if rep, listed, _ := round(); len(rep) != 0 || listed != 0 {
+				t.Fatalf("after confirming: repaired %v, %d listings; want none", rep, listed)
+			}
+			// Someone empties our map: found and repaired, the other table untouched.
+			want := nftList(t, ns, "list", "table", nf, TableName(ext.Fix))
+			ns.MustExec("nft", "flush map "+nf+" "+TableName(ext.Fix)+" external-ips")
+			if rep, _, _ := round(); !slices.Equal(rep, []string{ext.Fix}) {
+				t.Fatalf("after flushing our map: repaired %v, want [%s]", rep, ext.Fix)
+			}
+			if got := nftList(t, ns, "list", "table", nf, TableName(ext.Fix)); counterValues.ReplaceAllString(got, "") != counterValues.ReplaceAllString(want, "") {
+				t.Fatalf("repair did not restore the table:\n%s\nwant:\n%s", got, want)
+			}
+			if rep, listed, sends := round(); len(rep) != 0 || listed != 0 || sends != 0 {
+				t.Fatalf("after the repair: repaired %v, %d listings, %d transactions; want none", rep, listed, sends)
 			}
 		})
 	}

@@ -5,7 +5,8 @@
 // changed. Chains hooked into the kernel are base chains of that table; lookup maps are nft maps, so
 // 10,000 Services cost one map lookup per packet and a change to one Service is one element
 // operation. All kernel access goes through sigs.k8s.io/knftables, one transaction (`nft -f`) per
-// Apply; the knftables.Interface factory is the seam tests replace with knftables.NewFake.
+// reconcile; the knftables.Interface factory is the seam tests replace with knftables.NewFake. The
+// nf_tables generation (package nfgen) tells a Verify whether anything changed at all.
 package nftables
 
 import (
@@ -23,6 +24,7 @@ import (
 
 	"sigs.k8s.io/knftables"
 
+	"github.com/network-node-manager/network-node-manager/backends/nfgen"
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
@@ -39,6 +41,10 @@ type Options struct {
 	// ListTables returns the names of all tables of one family (every owner's). Nil means
 	// `nft --json list tables <family>`. Only Cleanup uses it.
 	ListTables func(ctx context.Context, family knftables.Family) ([]string, error)
+	// Generation reads the nf_tables generation (see package nfgen). Nil means nfgen.Get when
+	// NewInterface is nil too (the real kernel), and no generation otherwise (a fake kernel has none:
+	// Verify then always lists).
+	Generation nfgen.Func
 }
 
 // Backend programs rulesets as nftables tables. It is safe for concurrent use.
@@ -46,10 +52,18 @@ type Backend struct {
 	log          *slog.Logger
 	newInterface func(family knftables.Family, table string) (knftables.Interface, error)
 	listTables   func(ctx context.Context, family knftables.Family) ([]string, error)
+	gen          nfgen.Func
 
 	mu     sync.Mutex
 	ifaces map[tableKey]knftables.Interface
 	state  map[tableKey]*applied
+	// absent: tables known to be gone (removed or never there), with the generation of that knowledge.
+	absent map[tableKey]genStamp
+}
+
+type genStamp struct {
+	gen uint32
+	ok  bool
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -59,11 +73,14 @@ type tableKey struct {
 	table  string
 }
 
-// applied is what the last successful Apply of one table put into the kernel.
+// applied is the record of what the last successful reconcile of one table put into the kernel.
 type applied struct {
 	model *model
-	// seen is the kernel's table as snapshot() saw it right after that Apply (nil if unreadable).
+	// seen is the kernel's table as snapshot() saw it right after that reconcile.
 	seen *tableState
+	// gen is the nf_tables generation at which the record is known to match the kernel (if genOK).
+	gen   uint32
+	genOK bool
 }
 
 // New returns a Backend. It does no I/O: nft is first run by the first call that needs the kernel.
@@ -72,8 +89,13 @@ func New(opts Options) (*Backend, error) {
 		log:          opts.Logger,
 		newInterface: opts.NewInterface,
 		listTables:   opts.ListTables,
+		gen:          opts.Generation,
 		ifaces:       map[tableKey]knftables.Interface{},
 		state:        map[tableKey]*applied{},
+		absent:       map[tableKey]genStamp{},
+	}
+	if b.gen == nil && b.newInterface == nil {
+		b.gen = nfgen.Get
 	}
 	if b.log == nil {
 		b.log = slog.Default()
@@ -129,98 +151,188 @@ func keyOf(fix string, family rules.Family) (tableKey, error) {
 	return tableKey{family: f.nft, table: TableName(fix)}, nil
 }
 
-// Apply is part of backend.Backend. When the kernel still holds what the last Apply left, it sends
-// nothing for an identical ruleset and only element operations when only map entries changed;
-// otherwise it sends one transaction that rewrites the table's chains and maps (named counters keep
-// their values).
-func (b *Backend) Apply(ctx context.Context, rs *rules.Ruleset) error {
-	m, err := build(rs)
+// Reconcile is part of backend.Backend.
+//
+// The record of the last reconcile of a table holds the model sent and the table as listed right
+// after (objects and rule handles; a rule added, deleted or replaced gets a new handle), stamped with
+// the nf_tables generation at which it was known to match the kernel. Verify reads the generation
+// (one netlink request, no nft process): unchanged since the stamp, nothing in nf_tables changed and
+// nothing is listed; otherwise our table alone is listed and compared. Trust, and Verify once the
+// record is confirmed, send only element operations when only map entries changed (what keeps a
+// one-Service change cheap at 10,000 Services), nothing when nothing changed, and otherwise one
+// transaction that rewrites the table's chains and maps (named counters keep their values), built
+// from the record without listing the table first. A transaction that the kernel refuses because the
+// record was wrong is retried once against a fresh listing.
+func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family, desired *rules.Ruleset, mode backend.Mode) (backend.Result, error) {
+	var res backend.Result
+	k, err := keyOf(fix, family)
 	if err != nil {
-		return err
+		return res, err
 	}
-	k := tableKey{family: m.family, table: m.table}
-	log := b.log.With("fix", rs.Fix, "family", string(rs.Family), "table", m.table)
+	if desired == nil {
+		return b.remove(ctx, k, mode)
+	}
+	if desired.Fix != fix || desired.Family != family {
+		return res, fmt.Errorf("nftables backend: ruleset of %s/%s reconciled as %s/%s", desired.Fix, desired.Family, fix, family)
+	}
+	m, err := build(desired)
+	if err != nil {
+		return res, err
+	}
+	log := b.log.With("fix", fix, "family", string(family), "table", m.table)
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	nft, err := b.iface(k)
 	if err != nil {
-		return err
+		return res, err
 	}
-
+	delete(b.absent, k)
+	g0, genOK := b.generation()
 	prev := b.state[k]
-	trusted := false
-	if prev != nil && prev.seen != nil && sameShape(prev.model, m) {
-		// Same chains and rules. When nothing changed, check the whole table (a no-op Apply must
-		// also repair a deleted element). When only elements changed, send the element operations
-		// without reading anything first: that is what keeps a one-Service change cheap at 10,000
-		// Services (listing even the rules alone, `nft --json --terse list table`, costs ~90 ms
-		// there, since nft 1.0.6 fetches the elements too, against ~5 ms for the transaction). A
-		// deleted table or map, or a drifted element, makes the transaction fail, which falls back
-		// to a rewrite below; a flushed chain or a changed rule is drift that InSync, called by the
-		// periodic resync, finds and the engine repairs (it compares rules and elements).
-		if writeElementDiff(knftables.NewFake(k.family, k.table).NewTransaction(), prev.model, m) {
-			tx := nft.NewTransaction()
-			writeElementDiff(tx, prev.model, m)
-			err := nft.Run(ctx, tx)
-			if err == nil {
-				b.state[k] = &applied{model: m, seen: prev.seen.withElements(m)}
-				log.Debug("applied map changes", "operations", tx.NumOperations())
-				return nil
+	if prev != nil && prev.seen == nil {
+		prev = nil // the last apply could not be read back: nothing to trust
+	}
+	if prev != nil && mode == backend.Verify && !(genOK && prev.at(g0)) {
+		res.ReadBack = true
+		now, err := snapshot(ctx, nft, true)
+		if err != nil {
+			if ctx.Err() != nil {
+				return res, ctx.Err()
 			}
-			log.Info("map update failed, rewriting the table", "err", err)
-		} else {
-			now, err := snapshot(ctx, nft, true)
-			switch {
-			case err != nil:
-				log.Warn("cannot read our table back; rewriting it", "err", err)
-			case now.equal(prev.seen):
-				log.Debug("kernel already holds the ruleset; nothing sent")
-				return nil
-			default:
-				log.Info("table changed behind our back; rewriting it")
-			}
+			return res, fmt.Errorf("nftables backend: list table %s %s: %w", k.family, k.table, explain(err))
 		}
-	} else if prev != nil && prev.seen != nil {
-		// The chains changed; our previous chain definitions can be reused if the kernel still has
-		// the objects and rules we left there (redefining a chain means deleting and re-creating it,
-		// which changes the rule handles; elements do not matter here since maps are rewritten).
-		now, err := snapshot(ctx, nft, false)
-		trusted = err == nil && now.objects == prev.seen.objects && now.rules == prev.seen.rules
+		if now.equal(prev.seen) {
+			prev.stamp(g0, genOK)
+		} else {
+			log.Warn("table changed behind our back; rewriting it")
+			res.Repaired = true
+			prev = nil
+		}
+	}
+	if prev != nil && sameShape(prev.model, m) {
+		if !writeElementDiff(knftables.NewFake(k.family, k.table).NewTransaction(), prev.model, m) {
+			log.Debug("kernel holds the ruleset; nothing sent", "mode", mode)
+			return res, nil
+		}
+		tx := nft.NewTransaction()
+		writeElementDiff(tx, prev.model, m)
+		if err := nft.Run(context.WithoutCancel(ctx), tx); err == nil {
+			rec := &applied{model: m, seen: prev.seen.withElements(m)}
+			// An element transaction is one commit with at least one real change: exactly one step
+			// of the generation when nobody else committed in between.
+			if g1, ok := b.generation(); ok && genOK && g1 == g0+1 {
+				if prev.at(g0) {
+					rec.stamp(g1, true)
+				}
+				b.promote(g0, g1)
+			}
+			b.state[k] = rec
+			res.Applied = true
+			log.Debug("applied map changes", "operations", tx.NumOperations())
+			return res, nil
+		} else {
+			log.Info("map update failed, rewriting the table", "err", err)
+			prev = nil
+		}
 	}
 
-	ex, err := listExisting(ctx, nft)
-	if err != nil {
-		return fmt.Errorf("nftables backend: list table %s %s: %w", k.family, k.table, explain(err))
-	}
-	if ex != nil {
-		ex.trusted = trusted
-		if prev != nil {
-			ex.known = prev.model
-		}
+	var ex *existing
+	if prev != nil {
+		ex = prev.model.existing()
+	} else if ex, err = b.listExisting(ctx, nft, k, &res); err != nil {
+		return res, err
 	}
 	tx := nft.NewTransaction()
 	writeFull(tx, m, ex)
-	if err := nft.Run(ctx, tx); err != nil {
+	err = nft.Run(context.WithoutCancel(ctx), tx)
+	if err != nil && prev != nil {
+		// The record was wrong about the kernel (an object deleted or redefined behind our back):
+		// list the table and rewrite it from what is really there.
+		log.Info("rewrite from our record failed; listing the table and rewriting it", "err", err)
+		if ex, err = b.listExisting(ctx, nft, k, &res); err != nil {
+			return res, err
+		}
+		if ex != nil {
+			ex.known = prev.model
+		}
+		tx = nft.NewTransaction()
+		writeFull(tx, m, ex)
+		err = nft.Run(context.WithoutCancel(ctx), tx)
+	}
+	if err != nil {
 		// The transaction is atomic: the kernel still holds what it held before.
 		delete(b.state, k)
-		return fmt.Errorf("nftables backend: apply table %s %s (%d operations): %w",
+		return res, fmt.Errorf("nftables backend: apply table %s %s (%d operations): %w",
 			k.family, k.table, tx.NumOperations(), explain(err))
 	}
+	res.Applied = true
 	// Record what the kernel now holds. The maps hold exactly m's elements (the transaction flushed
 	// and refilled them atomically), so only objects and rules, which get kernel-assigned handles, are
-	// read back; that halves the cost of an Apply at 10,000 elements. The kernel tests check that
-	// InSync, which lists the elements, agrees right after.
-	seen, err := snapshot(ctx, nft, false)
+	// read back. The stamp is the generation after our commit, if nobody committed before the
+	// listing ended.
+	g1, ok1 := b.generation()
+	res.ReadBack = true
+	seen, err := snapshot(context.WithoutCancel(ctx), nft, false)
 	if err != nil {
-		log.Warn("applied, but cannot read the table back; the next Apply rewrites it", "err", err)
-		seen = nil
-	} else {
-		seen = seen.withElements(m)
+		log.Warn("applied, but cannot read the table back; the next reconcile rewrites it", "err", err)
+		delete(b.state, k)
+		return res, nil
 	}
-	b.state[k] = &applied{model: m, seen: seen}
+	rec := &applied{model: m, seen: seen.withElements(m)}
+	if g2, ok2 := b.generation(); ok1 && ok2 && g1 == g2 {
+		rec.stamp(g2, true)
+	}
+	b.state[k] = rec
 	log.Debug("applied", "operations", tx.NumOperations())
-	return nil
+	return res, nil
+}
+
+// at reports whether the record is known to match the kernel at generation g.
+func (a *applied) at(g uint32) bool { return a.genOK && a.gen == g }
+
+// stamp records that the record matched the kernel at generation g (ok false: unknown).
+func (a *applied) stamp(g uint32, ok bool) { a.gen, a.genOK = g, ok }
+
+// promote carries every record that matched the kernel at generation g0 over to g1, after our own
+// commit (and nothing else) moved the generation from g0 to g1. Call with b.mu held.
+func (b *Backend) promote(g0, g1 uint32) {
+	for _, a := range b.state {
+		if a.at(g0) {
+			a.stamp(g1, true)
+		}
+	}
+	for k, st := range b.absent {
+		if st.ok && st.gen == g0 {
+			b.absent[k] = genStamp{g1, true}
+		}
+	}
+}
+
+// generation reads the nf_tables generation; false when it cannot be had (no seam, or an error).
+func (b *Backend) generation() (uint32, bool) {
+	if b.gen == nil {
+		return 0, false
+	}
+	g, err := b.gen()
+	if err != nil {
+		b.log.Debug("cannot read the nf_tables generation; listing our tables instead", "err", err)
+		return 0, false
+	}
+	return g, true
+}
+
+// listExisting lists our table for a rewrite (nil when absent), counting the listing in res.
+func (b *Backend) listExisting(ctx context.Context, nft knftables.Interface, k tableKey, res *backend.Result) (*existing, error) {
+	res.ReadBack = true
+	ex, err := listExisting(ctx, nft)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("nftables backend: list table %s %s: %w", k.family, k.table, explain(err))
+	}
+	return ex, nil
 }
 
 // listExisting lists the objects of our table in the kernel, or returns nil if the table is absent.
@@ -237,6 +349,22 @@ func listExisting(ctx context.Context, nft knftables.Interface) (*existing, erro
 	sort.Strings(ex.maps)
 	sort.Strings(ex.counters)
 	return ex, nil
+}
+
+// existing is what the kernel holds when it holds exactly m: the objects a rewrite from a trusted
+// record must flush and replace.
+func (m *model) existing() *existing {
+	ex := &existing{trusted: true, known: m, counters: slices.Clone(m.counters)}
+	for _, c := range m.chains {
+		ex.chains = append(ex.chains, c.chain.Name)
+	}
+	for _, mm := range m.maps {
+		ex.maps = append(ex.maps, mm.m.Name)
+	}
+	sort.Strings(ex.chains)
+	sort.Strings(ex.maps)
+	sort.Strings(ex.counters)
+	return ex
 }
 
 // tableState describes our table as the kernel holds it. Counter values are left out, so traffic
@@ -352,65 +480,57 @@ func snapshot(ctx context.Context, nft knftables.Interface, withElements bool) (
 	return st, nil
 }
 
-// InSync is part of backend.Backend: it lists our table and compares it with what the last
-// successful Apply left there.
-func (b *Backend) InSync(ctx context.Context, fix string, family rules.Family) (bool, error) {
-	k, err := keyOf(fix, family)
-	if err != nil {
-		return false, err
-	}
+// remove deletes the fix's table of that family. A table known to be gone is not looked at again in
+// Trust mode, nor in Verify mode while the generation has not moved.
+func (b *Backend) remove(ctx context.Context, k tableKey, mode backend.Mode) (backend.Result, error) {
+	var res backend.Result
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	prev := b.state[k]
-	if prev == nil {
-		return false, nil
+	g0, genOK := b.generation()
+	if st, ok := b.absent[k]; ok && (mode == backend.Trust || (genOK && st.ok && st.gen == g0)) {
+		return res, nil
 	}
-	nft, err := b.iface(k)
-	if err != nil {
-		return false, err
-	}
-	if prev.seen == nil {
-		return false, nil
-	}
-	now, err := snapshot(ctx, nft, true)
-	if err != nil {
-		return false, fmt.Errorf("nftables backend: list table %s %s: %w", k.family, k.table, explain(err))
-	}
-	return now.equal(prev.seen), nil
-}
-
-// Remove is part of backend.Backend: it deletes the fix's table of that family.
-func (b *Backend) Remove(ctx context.Context, fix string, family rules.Family) error {
-	k, err := keyOf(fix, family)
-	if err != nil {
-		return err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	if b.state[k] == nil && b.ifaces[k] == nil {
 		// A table this process never touched (the engine removes every disabled fix's tables at
 		// start): one listing says whether there is anything to delete, where creating the table's
 		// interface (nft --version, nft --check) and deleting would run nft three times. At start
 		// this is most of the fixed cost before the first rules reach the kernel.
-		if names, err := b.listTables(ctx, k.family); err == nil && !slices.Contains(names, k.table) {
-			return nil
+		res.ReadBack = true
+		names, err := b.listTables(ctx, k.family)
+		if err == nil && !slices.Contains(names, k.table) {
+			b.absent[k] = genStamp{g0, genOK}
+			return res, nil
+		}
+		if ctx.Err() != nil {
+			return res, ctx.Err()
 		}
 	}
-	return b.removeLocked(ctx, k)
+	deleted, err := b.removeLocked(context.WithoutCancel(ctx), k)
+	if err != nil {
+		return res, err
+	}
+	res.Applied = deleted
+	g1, ok1 := b.generation()
+	b.absent[k] = genStamp{g1, ok1}
+	return res, nil
 }
 
-func (b *Backend) removeLocked(ctx context.Context, k tableKey) error {
+// removeLocked deletes the table; it reports whether there was one.
+func (b *Backend) removeLocked(ctx context.Context, k tableKey) (bool, error) {
 	nft, err := b.iface(k)
 	if err != nil {
-		return err
+		return false, err
 	}
 	delete(b.state, k)
 	tx := nft.NewTransaction()
 	tx.Delete(&knftables.Table{})
-	if err := nft.Run(ctx, tx); err != nil && !knftables.IsNotFound(err) {
-		return fmt.Errorf("nftables backend: delete table %s %s: %w", k.family, k.table, explain(err))
+	if err := nft.Run(ctx, tx); err != nil {
+		if knftables.IsNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("nftables backend: delete table %s %s: %w", k.family, k.table, explain(err))
 	}
-	return nil
+	return true, nil
 }
 
 // Counters is part of backend.Backend: it reads the named counters of the fix's table.
@@ -470,11 +590,12 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 			if !strings.HasPrefix(name, TablePrefix) {
 				continue
 			}
-			if err := b.removeLocked(ctx, tableKey{family: family, table: name}); err != nil {
+			if _, err := b.removeLocked(ctx, tableKey{family: family, table: name}); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
+	clear(b.absent)
 	return errors.Join(errs...)
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"sigs.k8s.io/knftables"
 
+	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -56,7 +57,7 @@ func TestRenderIsWhatColdApplySends(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := b.Apply(ctx, rs); err != nil {
+			if err := apply(ctx, b, rs); err != nil {
 				t.Fatalf("%s %s: %v", rs.Fix, f, err)
 			}
 			sent := k.rec(nftFamily(f), TableName(rs.Fix)).sentSince(0)
@@ -90,7 +91,7 @@ func TestRenderRejects(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: got %v, want an error containing %q", name, err, tc.want)
 		}
-		if err := b.Apply(context.Background(), rs); err == nil {
+		if err := apply(context.Background(), b, rs); err == nil {
 			t.Errorf("%s: Apply accepted what Render rejects", name)
 		}
 	}
@@ -125,18 +126,18 @@ func TestApplyNoopAndElementOnlyChanges(t *testing.T) {
 		b := k.backend(t)
 		entries := threeEntries(f)
 		rs := externalIPRuleset(f, entries)
-		if err := b.Apply(ctx, rs); err != nil {
+		if err := apply(ctx, b, rs); err != nil {
 			t.Fatal(err)
 		}
 		rec := k.rec(nftFamily(f), TableName(rs.Fix))
-		if ok, err := b.InSync(ctx, rs.Fix, f); err != nil || !ok {
-			t.Fatalf("InSync after Apply = %v, %v", ok, err)
+		if res, err := verify(ctx, b, rs); err != nil || res.Repaired || res.Applied {
+			t.Fatalf("Verify after Apply = %+v, %v; want nothing to do", res, err)
 		}
 		dump := k.fakes[tableKey{nftFamily(f), TableName(rs.Fix)}].Dump()
 
 		// Same ruleset again: nothing is sent.
 		n := rec.count()
-		if err := b.Apply(ctx, externalIPRuleset(f, threeEntries(f))); err != nil {
+		if err := apply(ctx, b, externalIPRuleset(f, threeEntries(f))); err != nil {
 			t.Fatal(err)
 		}
 		if sent := rec.sentSince(n); len(sent) != 0 {
@@ -149,7 +150,7 @@ func TestApplyNoopAndElementOnlyChanges(t *testing.T) {
 		changed[0].To = netip.AddrPortFrom(changed[0].To.Addr(), 9443)
 		changed = append(changed, entry(f, 5, rules.TCP, 8080, 80))
 		lists := rec.listCount()
-		if err := b.Apply(ctx, externalIPRuleset(f, changed)); err != nil {
+		if err := apply(ctx, b, externalIPRuleset(f, changed)); err != nil {
 			t.Fatal(err)
 		}
 		// Nothing is read first: at 10,000 elements a listing costs far more than the change.
@@ -168,7 +169,7 @@ func TestApplyNoopAndElementOnlyChanges(t *testing.T) {
 		}
 		// The result equals a cold apply of the new ruleset.
 		k2 := newFakeKernel()
-		if err := k2.backend(t).Apply(ctx, externalIPRuleset(f, changed)); err != nil {
+		if err := apply(ctx, k2.backend(t), externalIPRuleset(f, changed)); err != nil {
 			t.Fatal(err)
 		}
 		key := tableKey{nftFamily(f), TableName(rs.Fix)}
@@ -178,7 +179,7 @@ func TestApplyNoopAndElementOnlyChanges(t *testing.T) {
 		if got := k.fakes[key].Dump(); got == dump {
 			t.Fatal("map change did not change the table")
 		}
-		if ok, _ := b.InSync(ctx, rs.Fix, f); !ok {
+		if ok, _ := inSync(ctx, b, externalIPRuleset(f, changed)); !ok {
 			t.Fatal("not in sync after an element-only apply")
 		}
 	}
@@ -189,7 +190,7 @@ func TestApplyRewritesChangedChainsAndDeletesStaleObjects(t *testing.T) {
 	k := newFakeKernel()
 	b := k.backend(t)
 	rs := miscRuleset(rules.IPv4)
-	if err := b.Apply(ctx, rs); err != nil {
+	if err := apply(ctx, b, rs); err != nil {
 		t.Fatal(err)
 	}
 	// Drop the SSH chain (and its counter), and move MISC-FORWARD to the input hook.
@@ -197,7 +198,7 @@ func TestApplyRewritesChangedChainsAndDeletesStaleObjects(t *testing.T) {
 	rs2.Chains = rs2.Chains[:2]
 	rs2.Chains[1].Hook = rules.Input
 	rs2.Chains[1].Rules = rs2.Chains[1].Rules[:1]
-	if err := b.Apply(ctx, rs2); err != nil {
+	if err := apply(ctx, b, rs2); err != nil {
 		t.Fatal(err)
 	}
 	sent := k.rec(knftables.IPv4Family, "nnm-misc").sentSince(1)
@@ -216,7 +217,7 @@ func TestApplyRewritesChangedChainsAndDeletesStaleObjects(t *testing.T) {
 		t.Errorf("an unchanged chain was re-created:\n%s", sent[0])
 	}
 	k2 := newFakeKernel()
-	if err := k2.backend(t).Apply(ctx, rs2); err != nil {
+	if err := apply(ctx, k2.backend(t), rs2); err != nil {
 		t.Fatal(err)
 	}
 	key := tableKey{knftables.IPv4Family, "nnm-misc"}
@@ -225,15 +226,12 @@ func TestApplyRewritesChangedChainsAndDeletesStaleObjects(t *testing.T) {
 	}
 }
 
-func TestInSyncNoticesTampering(t *testing.T) {
+func TestVerifyRepairsTampering(t *testing.T) {
 	ctx := context.Background()
 	k := newFakeKernel()
 	b := k.backend(t)
-	if ok, err := b.InSync(ctx, "invalid-drop", rules.IPv6); ok || err != nil {
-		t.Fatalf("InSync before any Apply = %v, %v; want false", ok, err)
-	}
 	rs := invalidDropRuleset(rules.IPv6)
-	if err := b.Apply(ctx, rs); err != nil {
+	if err := apply(ctx, b, rs); err != nil {
 		t.Fatal(err)
 	}
 	key := tableKey{knftables.IPv6Family, "nnm-invalid-drop"}
@@ -253,17 +251,17 @@ func TestInSyncNoticesTampering(t *testing.T) {
 		if err := fake.Run(ctx, tx); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		if ok, err := b.InSync(ctx, rs.Fix, rs.Family); ok || err != nil {
-			t.Fatalf("%s: InSync = %v, %v; want false", name, ok, err)
+		if res, err := b.Reconcile(ctx, rs.Fix, rs.Family, rs, backend.Trust); err != nil || res.Applied || res.ReadBack {
+			t.Fatalf("%s: Trust = %+v, %v; want the record trusted, nothing read or sent", name, res, err)
 		}
-		if err := b.Apply(ctx, rs); err != nil {
-			t.Fatalf("%s: %v", name, err)
+		if res, err := verify(ctx, b, rs); err != nil || !res.Repaired || !res.Applied {
+			t.Fatalf("%s: Verify = %+v, %v; want a repair", name, res, err)
 		}
 		if got := fake.Dump(); got != want {
-			t.Fatalf("%s: Apply did not restore the table:\n%s\nwant:\n%s", name, got, want)
+			t.Fatalf("%s: Verify did not restore the table:\n%s\nwant:\n%s", name, got, want)
 		}
-		if ok, err := b.InSync(ctx, rs.Fix, rs.Family); !ok || err != nil {
-			t.Fatalf("%s: InSync after repair = %v, %v", name, ok, err)
+		if ok, err := inSync(ctx, b, rs); !ok || err != nil {
+			t.Fatalf("%s: in sync after repair = %v, %v", name, ok, err)
 		}
 	}
 }
@@ -273,7 +271,7 @@ func TestFailedTransactionKeepsPreviousState(t *testing.T) {
 	k := newFakeKernel()
 	b := k.backend(t)
 	rs := externalIPRuleset(rules.IPv4, threeEntries(rules.IPv4))
-	if err := b.Apply(ctx, rs); err != nil {
+	if err := apply(ctx, b, rs); err != nil {
 		t.Fatal(err)
 	}
 	key := tableKey{knftables.IPv4Family, TableName(rs.Fix)}
@@ -284,7 +282,7 @@ func TestFailedTransactionKeepsPreviousState(t *testing.T) {
 		tx.Add(&knftables.Rule{Chain: "extip-dnat", Rule: "jump nowhere"})
 		return nil
 	}
-	err := b.Apply(ctx, externalIPRuleset(rules.IPv4, threeEntries(rules.IPv4)[:1]))
+	err := apply(ctx, b, externalIPRuleset(rules.IPv4, threeEntries(rules.IPv4)[:1]))
 	if err == nil || !strings.Contains(err.Error(), "nowhere") || !strings.Contains(err.Error(), "nnm-ipvs-externalip-dnat") {
 		t.Fatalf("Apply error = %v; want one naming the table and the cause", err)
 	}
@@ -292,10 +290,10 @@ func TestFailedTransactionKeepsPreviousState(t *testing.T) {
 		t.Fatalf("a failed transaction changed the table:\n%s\nwant:\n%s", got, before)
 	}
 	rec.inject = nil
-	if err := b.Apply(ctx, rs); err != nil {
+	if err := apply(ctx, b, rs); err != nil {
 		t.Fatal(err)
 	}
-	if ok, _ := b.InSync(ctx, rs.Fix, rs.Family); !ok {
+	if ok, _ := inSync(ctx, b, rs); !ok {
 		t.Fatal("not in sync after recovering")
 	}
 }
@@ -306,7 +304,7 @@ func TestMissingNFTIsAClearError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = b.Apply(context.Background(), invalidDropRuleset(rules.IPv4))
+	err = apply(context.Background(), b, invalidDropRuleset(rules.IPv4))
 	if err == nil || !strings.Contains(err.Error(), "nft binary not found; install nftables") {
 		t.Fatalf("Apply without nft = %v", err)
 	}
@@ -321,7 +319,7 @@ func TestRemoveCountersCleanup(t *testing.T) {
 	b := k.backend(t)
 	for _, f := range rules.Families {
 		for _, rs := range []*rules.Ruleset{invalidDropRuleset(f), miscRuleset(f)} {
-			if err := b.Apply(ctx, rs); err != nil {
+			if err := apply(ctx, b, rs); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -333,17 +331,14 @@ func TestRemoveCountersCleanup(t *testing.T) {
 	if _, ok := c["invalid-dropped"]; !ok || len(c) != 2 {
 		t.Fatalf("Counters = %v; want invalid-dropped and probe", c)
 	}
-	if err := b.Remove(ctx, "invalid-drop", rules.IPv4); err != nil {
+	if err := remove(ctx, b, "invalid-drop", rules.IPv4); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Remove(ctx, "invalid-drop", rules.IPv4); err != nil {
+	if err := remove(ctx, b, "invalid-drop", rules.IPv4); err != nil {
 		t.Fatalf("removing an absent table: %v", err)
 	}
 	if c, err := b.Counters(ctx, "invalid-drop", rules.IPv4); err != nil || len(c) != 0 {
 		t.Fatalf("Counters of a removed table = %v, %v", c, err)
-	}
-	if ok, _ := b.InSync(ctx, "invalid-drop", rules.IPv4); ok {
-		t.Fatal("InSync true after Remove")
 	}
 	if err := b.Cleanup(ctx); err != nil {
 		t.Fatal(err)
@@ -353,7 +348,7 @@ func TestRemoveCountersCleanup(t *testing.T) {
 			t.Errorf("Cleanup left table %s %s", key.family, key.table)
 		}
 	}
-	if err := b.Remove(ctx, "Not-A-Fix", rules.IPv4); err == nil {
+	if err := remove(ctx, b, "Not-A-Fix", rules.IPv4); err == nil {
 		t.Error("Remove accepted an invalid fix id")
 	}
 	if _, err := b.Counters(ctx, "x", rules.Family("ipx")); err == nil {
@@ -375,7 +370,7 @@ func TestElementDriftFallsBackToRewrite(t *testing.T) {
 	k := newFakeKernel()
 	b := k.backend(t)
 	f := rules.IPv4
-	if err := b.Apply(ctx, externalIPRuleset(f, threeEntries(f))); err != nil {
+	if err := apply(ctx, b, externalIPRuleset(f, threeEntries(f))); err != nil {
 		t.Fatal(err)
 	}
 	key := tableKey{knftables.IPv4Family, "nnm-ipvs-externalip-dnat"}
@@ -386,33 +381,30 @@ func TestElementDriftFallsBackToRewrite(t *testing.T) {
 	if err := fake.Run(ctx, tx); err != nil {
 		t.Fatal(err)
 	}
-	if ok, _ := b.InSync(ctx, "ipvs-externalip-dnat", f); ok {
-		t.Fatal("InSync missed a deleted element")
-	}
 	want := threeEntries(f)[1:] // removes the element that is already gone
-	if err := b.Apply(ctx, externalIPRuleset(f, want)); err != nil {
+	if err := apply(ctx, b, externalIPRuleset(f, want)); err != nil {
 		t.Fatal(err)
 	}
 	k2 := newFakeKernel()
-	if err := k2.backend(t).Apply(ctx, externalIPRuleset(f, want)); err != nil {
+	if err := apply(ctx, k2.backend(t), externalIPRuleset(f, want)); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := sortedDump(fake), sortedDump(k2.fakes[key]); got != want {
 		t.Fatalf("after fallback:\n%s\nwant:\n%s", got, want)
 	}
-	if ok, _ := b.InSync(ctx, "ipvs-externalip-dnat", f); !ok {
+	if ok, _ := inSync(ctx, b, externalIPRuleset(f, want)); !ok {
 		t.Fatal("not in sync after the fallback rewrite")
 	}
 }
 
 // An element-only change does not read the table first, so a chain flushed behind our back stays
-// flushed through it; InSync (the periodic resync) notices and Apply of the same ruleset repairs.
-func TestElementOnlyChangeLeavesRuleDriftToInSync(t *testing.T) {
+// flushed through it; a Verify reconcile (the periodic resync) notices and repairs.
+func TestElementOnlyChangeLeavesRuleDriftToVerify(t *testing.T) {
 	ctx := context.Background()
 	k := newFakeKernel()
 	b := k.backend(t)
 	f := rules.IPv4
-	if err := b.Apply(ctx, externalIPRuleset(f, threeEntries(f))); err != nil {
+	if err := apply(ctx, b, externalIPRuleset(f, threeEntries(f))); err != nil {
 		t.Fatal(err)
 	}
 	key := tableKey{knftables.IPv4Family, "nnm-ipvs-externalip-dnat"}
@@ -423,23 +415,20 @@ func TestElementOnlyChangeLeavesRuleDriftToInSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := threeEntries(f)[1:]
-	if err := b.Apply(ctx, externalIPRuleset(f, want)); err != nil {
+	if err := apply(ctx, b, externalIPRuleset(f, want)); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := b.InSync(ctx, "ipvs-externalip-dnat", f); ok || err != nil {
-		t.Fatalf("InSync after an element change over a flushed chain = %v, %v; want false", ok, err)
-	}
-	if err := b.Apply(ctx, externalIPRuleset(f, want)); err != nil {
-		t.Fatal(err)
+	if ok, err := inSync(ctx, b, externalIPRuleset(f, want)); ok || err != nil {
+		t.Fatalf("Verify after an element change over a flushed chain found it in sync (%v, %v)", ok, err)
 	}
 	k2 := newFakeKernel()
-	if err := k2.backend(t).Apply(ctx, externalIPRuleset(f, want)); err != nil {
+	if err := apply(ctx, k2.backend(t), externalIPRuleset(f, want)); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := sortedDump(fake), sortedDump(k2.fakes[key]); got != want {
 		t.Fatalf("after repair:\n%s\nwant:\n%s", got, want)
 	}
-	if ok, _ := b.InSync(ctx, "ipvs-externalip-dnat", f); !ok {
+	if ok, _ := inSync(ctx, b, externalIPRuleset(f, want)); !ok {
 		t.Fatal("not in sync after the repair")
 	}
 }
@@ -450,7 +439,7 @@ func TestRemoveOfUntouchedTable(t *testing.T) {
 	ctx := context.Background()
 	k := newFakeKernel()
 	b := k.backend(t)
-	if err := b.Remove(ctx, "invalid-drop", rules.IPv6); err != nil {
+	if err := remove(ctx, b, "invalid-drop", rules.IPv6); err != nil {
 		t.Fatal(err)
 	}
 	k.mu.Lock()
@@ -460,11 +449,11 @@ func TestRemoveOfUntouchedTable(t *testing.T) {
 		t.Fatalf("Remove of an absent, untouched table created %d nft interfaces; want none", n)
 	}
 
-	if err := b.Apply(ctx, invalidDropRuleset(rules.IPv4)); err != nil {
+	if err := apply(ctx, b, invalidDropRuleset(rules.IPv4)); err != nil {
 		t.Fatal(err)
 	}
 	b2 := k.backend(t) // a restarted agent: no memory of the table
-	if err := b2.Remove(ctx, "invalid-drop", rules.IPv4); err != nil {
+	if err := remove(ctx, b2, "invalid-drop", rules.IPv4); err != nil {
 		t.Fatal(err)
 	}
 	if f := k.fakes[tableKey{knftables.IPv4Family, "nnm-invalid-drop"}]; f.Table != nil {

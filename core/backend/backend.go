@@ -3,6 +3,10 @@
 // A backend owns a namespace of kernel objects (iptables chains named "NNM-…"; nftables tables named
 // "nnm-<fix>", one per fix and family) and never touches anything else, except the jump rules it adds
 // to built-in iptables chains. Each call is about one fix and one family, so fixes never disturb each other.
+//
+// A backend keeps a record of what its last reconcile of each (fix, family) left in the kernel.
+// Reconcile is the one place that decides how far that record is trusted and when the kernel is read
+// back and repaired: callers only say which Mode they want.
 package backend
 
 import (
@@ -17,21 +21,51 @@ type Counter struct {
 	Bytes   uint64
 }
 
-// Backend renders rulesets and applies them to the kernel.
+// Mode says how much of the kernel a Reconcile checks before it changes anything.
+type Mode int
+
+const (
+	// Trust takes the record of the last reconcile as the kernel's state and sends only the difference
+	// between it and the desired ruleset (nothing when they are equal). Without a record (nothing
+	// reconciled yet in this process, or the last attempt failed) the kernel is read first.
+	Trust Mode = iota
+	// Verify first makes sure the kernel still holds what the record says, and restores it when not
+	// (Result.Repaired). A backend may prove "unchanged" without listing anything (the nf_tables
+	// generation id); otherwise it reads back its own objects.
+	Verify
+)
+
+func (m Mode) String() string {
+	if m == Verify {
+		return "verify"
+	}
+	return "trust"
+}
+
+// Result says what one Reconcile did.
+type Result struct {
+	// Applied: a transaction changed the kernel.
+	Applied bool
+	// Repaired: Verify found our objects changed or deleted behind our back and restored them.
+	Repaired bool
+	// ReadBack: the kernel's state was listed (iptables-save, nft list …) during the call.
+	ReadBack bool
+}
+
+// Backend renders rulesets and reconciles the kernel with them.
 type Backend interface {
 	// Name is "iptables" or "nftables"; it labels metrics.
 	Name() string
 	// Render returns exactly the input the backend would feed its kernel tool to make the kernel hold rs
 	// (iptables-restore or nft -f text), touching nothing. Used by `plan` and golden tests.
 	Render(rs *rules.Ruleset) (string, error)
-	// Apply makes the kernel hold exactly rs for (rs.Fix, rs.Family) in one atomic step; objects of this
-	// fix that rs no longer has are removed. On error the previous state of the fix stays in place.
-	Apply(ctx context.Context, rs *rules.Ruleset) error
-	// InSync reports whether the kernel still holds what the last successful Apply of (fix, family) put
-	// there. False when nothing was applied yet in this process or someone changed or deleted our objects.
-	InSync(ctx context.Context, fix string, family rules.Family) (bool, error)
-	// Remove deletes everything of fix in family. Removing what is not there is not an error.
-	Remove(ctx context.Context, fix string, family rules.Family) error
+	// Reconcile makes the kernel hold exactly desired for (fix, family) in one atomic step: objects
+	// of the fix that desired no longer has are removed; a nil desired removes everything of the fix
+	// in family (removing what is not there is not an error). mode says whether the record of the last
+	// reconcile is trusted or checked against the kernel first. On error the previous state of the
+	// fix stays in place. If ctx ends while the kernel is being read, nothing is changed and ctx's
+	// error is returned, so a caller can cancel a Verify to let something more urgent through.
+	Reconcile(ctx context.Context, fix string, family rules.Family, desired *rules.Ruleset, mode Mode) (Result, error)
 	// Counters reads the named counters (Rule.Counter) of fix in family.
 	Counters(ctx context.Context, fix string, family rules.Family) (map[string]Counter, error)
 	// Cleanup removes everything the backend owns in every family, whatever fix put it there.

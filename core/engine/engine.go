@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -49,7 +48,6 @@ type fixState struct {
 	fix     fix.Fix
 	enabled bool
 	refusal error
-	applied map[rules.Family]*rules.Ruleset
 	skipSig map[rules.Family]string
 	lastOK  time.Time
 	lastErr error
@@ -108,7 +106,7 @@ func New(o Options) (*Engine, error) {
 			return nil, fmt.Errorf("engine: fix %s registered twice", id)
 		}
 		seen[id] = true
-		e.fixes = append(e.fixes, &fixState{fix: f, applied: map[rules.Family]*rules.Ruleset{}, skipSig: map[rules.Family]string{}})
+		e.fixes = append(e.fixes, &fixState{fix: f, skipSig: map[rules.Family]string{}})
 	}
 	// Value groups arrive in random order: sort so that logs, metrics and sync order are stable.
 	slices.SortFunc(e.fixes, func(a, b *fixState) int { return strings.Compare(a.fix.ID(), b.fix.ID()) })
@@ -437,14 +435,11 @@ func (e *Engine) removeDisabled(ctx context.Context) error {
 	}
 	for _, j := range jobs {
 		id := j.st.fix.ID()
-		if err := e.be.Remove(ctx, id, j.fam); err != nil {
+		if _, err := e.be.Reconcile(ctx, id, j.fam, nil, backend.Verify); err != nil {
 			e.log.Error("cannot remove rules of disabled fix", "fix", id, "family", j.fam, "err", err)
 			errs = append(errs, fmt.Errorf("fix %s (%s): remove: %w", id, j.fam, err))
 			continue
 		}
-		e.mu.Lock()
-		delete(j.st.applied, j.fam)
-		e.mu.Unlock()
 		e.m.Rules.WithLabelValues(id, e.be.Name(), string(j.fam)).Set(0)
 	}
 	err := errors.Join(errs...)
@@ -563,45 +558,21 @@ func (e *Engine) syncFix(ctx context.Context, st *fixState, fam rules.Family, sn
 		return fmt.Errorf("fix %s (%s): compute rules: %w", id, fam, err)
 	}
 	e.report(st, fam, report)
-	e.mu.Lock()
-	prev := st.applied[fam]
-	e.mu.Unlock()
-
-	switch {
-	case rs == nil:
-		if prev != nil || full {
-			if err := e.be.Remove(ctx, id, fam); err != nil {
-				return fmt.Errorf("fix %s (%s): %w", id, fam, err)
-			}
-		}
-	case prev != nil && reflect.DeepEqual(prev, rs):
-		// Unchanged: nothing to apply; a full pass still checks the kernel below.
-	default:
-		if err := e.be.Apply(ctx, rs); err != nil {
-			return fmt.Errorf("fix %s (%s): %w", id, fam, err)
-		}
+	mode := backend.Trust
+	if full {
+		mode = backend.Verify
+	}
+	res, err := e.be.Reconcile(ctx, id, fam, rs, mode)
+	if err != nil {
+		return fmt.Errorf("fix %s (%s): %w", id, fam, err)
+	}
+	if res.Repaired {
+		e.log.Warn("rules changed behind our back; restored them", "fix", id, "family", fam)
+		e.m.Repairs.WithLabelValues(id, bname, string(fam)).Inc()
+	}
+	if res.Applied && rs != nil {
 		e.log.Info("rules applied", "fix", id, "family", fam, "rules", rs.RuleCount())
 	}
-	// A full pass checks that the kernel still holds what was applied and restores it if not; also
-	// right after a change, because backends apply a change on top of what they applied last (an
-	// element or bucket update), so drift would otherwise never be repaired on a node whose
-	// Services change at least once per syncPeriod.
-	if full && rs != nil && prev != nil {
-		in, err := e.be.InSync(ctx, id, fam)
-		if err != nil {
-			return fmt.Errorf("fix %s (%s): check kernel state: %w", id, fam, err)
-		}
-		if !in {
-			e.log.Warn("rules changed behind our back; restoring them", "fix", id, "family", fam)
-			e.m.Repairs.WithLabelValues(id, bname, string(fam)).Inc()
-			if err := e.be.Apply(ctx, rs); err != nil {
-				return fmt.Errorf("fix %s (%s): %w", id, fam, err)
-			}
-		}
-	}
-	e.mu.Lock()
-	st.applied[fam] = rs
-	e.mu.Unlock()
 	n := 0
 	if rs != nil {
 		n = rs.RuleCount()

@@ -6,9 +6,9 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
-	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/config"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
@@ -230,7 +231,7 @@ func TestDisabledFixesAreRemovedAndReconfigured(t *testing.T) {
 	h.src.set(svc("a", "10.96.0.1"))
 	ctx := context.Background()
 	// Pretend "off" had rules from an earlier run.
-	if err := h.be.Apply(ctx, &rules.Ruleset{Fix: "off", Family: rules.IPv4, Chains: []rules.Chain{{Name: "T-OFF", Type: rules.Filter, Hook: rules.Input}}}); err != nil {
+	if err := testkit.Apply(ctx, h.be, &rules.Ruleset{Fix: "off", Family: rules.IPv4, Chains: []rules.Chain{{Name: "T-OFF", Type: rules.Filter, Hook: rules.Input}}}); err != nil {
 		t.Fatal(err)
 	}
 	h.e.removeDisabled(ctx)
@@ -480,76 +481,33 @@ func TestActuatorRevertedWhenDisabled(t *testing.T) {
 	}
 }
 
-// trustingBackend models the real backends' short path: a changed ruleset is applied on top of
-// what the backend remembers, so drift (someone flushing our rules) survives it; only an Apply of
-// the same ruleset reads the kernel and repairs.
-type trustingBackend struct {
-	*testkit.FakeBackend
-	drift     bool
-	last      *rules.Ruleset
-	removeErr error
-}
-
-func (b *trustingBackend) Apply(ctx context.Context, rs *rules.Ruleset) error {
-	if b.last == nil || reflect.DeepEqual(b.last, rs) {
-		b.drift = false
-	}
-	b.last = rs
-	return b.FakeBackend.Apply(ctx, rs)
-}
-
-func (b *trustingBackend) InSync(ctx context.Context, fix string, fam rules.Family) (bool, error) {
-	in, err := b.FakeBackend.InSync(ctx, fix, fam)
-	return in && !b.drift, err
-}
-
-func (b *trustingBackend) Remove(ctx context.Context, fix string, fam rules.Family) error {
-	if b.removeErr != nil {
-		return b.removeErr
-	}
-	return b.FakeBackend.Remove(ctx, fix, fam)
-}
-
-func newTrustingHarness(t *testing.T, cfg *config.Config, fixes ...fix.Fix) (*harness, *trustingBackend) {
+func newIPv4Harness(t *testing.T, fixes ...fix.Fix) *harness {
 	t.Helper()
-	tb := &trustingBackend{FakeBackend: testkit.NewFakeBackend()}
-	h := &harness{be: tb.FakeBackend, src: newMemSource(), m: metrics.NewSync(prometheus.NewRegistry()), now: time.Unix(1000, 0)}
-	if cfg == nil {
-		c := config.Defaults()
-		c.Families = []string{"ipv4"}
-		cfg = &c
-	}
-	e, err := New(Options{Fixes: fixes, Backend: tb, Source: h.src, Config: cfg, Metrics: h.m,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: func() time.Time { return h.now }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.e = e
-	return h, tb
+	c := config.Defaults()
+	c.Families = []string{"ipv4"}
+	return newHarness(t, &c, fixes...)
 }
 
 // Drift is repaired by a full pass even when the same pass also applies a change.
 func TestFullPassRepairsDriftWhileRulesChange(t *testing.T) {
-	h, tb := newTrustingHarness(t, nil, &countFix{id: "count", defaultOn: true})
+	h := newIPv4Harness(t, &countFix{id: "count", defaultOn: true})
 	ctx := context.Background()
 	h.src.set(svc("a", "10.96.0.1"))
 	h.e.SyncOnce(ctx, true)
-	tb.drift = true // someone flushed our chain
+	h.be.Tamper("count", rules.IPv4) // someone flushed our chain
 	h.src.set(svc("a", "10.96.0.1"), svc("b", "10.96.0.2"))
 	if h.e.SyncOnce(ctx, true) {
 		t.Fatal("full pass failed")
 	}
-	if tb.drift {
-		t.Fatal("drift survived a full pass that also applied a change")
-	}
 	if v := testutil.ToFloat64(h.m.Repairs.WithLabelValues("count", "fake", "ipv4")); v != 1 {
-		t.Fatalf("repairs metric = %v, want 1", v)
+		t.Fatalf("repairs metric = %v, want 1 (drift found by the full pass that also applied a change)", v)
 	}
 	// A normal (change-triggered) pass does not pay for the check.
-	tb.drift = true
+	reads := h.be.ReadBacks()
+	h.be.Tamper("count", rules.IPv4)
 	h.src.set(svc("a", "10.96.0.1"))
 	h.e.SyncOnce(ctx, false)
-	if !tb.drift {
+	if h.be.ReadBacks() != reads {
 		t.Fatal("a normal pass checked the kernel")
 	}
 }
@@ -588,20 +546,28 @@ func TestRejectedConfigRestoresEarlierFixes(t *testing.T) {
 // A disabled fix whose removal failed is removed by a later full pass, and the failure counts.
 func TestFailedRemovalIsRetried(t *testing.T) {
 	off := &countFix{id: "off", defaultOn: false}
-	h, tb := newTrustingHarness(t, nil, off)
+	h := newIPv4Harness(t, off)
 	ctx := context.Background()
 	rs := &rules.Ruleset{Fix: "off", Family: rules.IPv4, Chains: []rules.Chain{{Name: "T-OFF", Type: rules.Filter, Hook: rules.Input}}}
-	if err := tb.FakeBackend.Apply(ctx, rs); err != nil {
+	if err := testkit.Apply(ctx, h.be, rs); err != nil {
 		t.Fatal(err)
 	}
-	tb.removeErr = errors.New("xtables lock held")
+	var removeErr atomic.Pointer[error]
+	held := errors.New("xtables lock held")
+	removeErr.Store(&held)
+	h.be.OnReconcile(func(_ context.Context, fix string, _ rules.Family, _ backend.Mode) error {
+		if p := removeErr.Load(); fix == "off" && p != nil {
+			return *p
+		}
+		return nil
+	})
 	if err := h.e.removeDisabled(ctx); err == nil {
 		t.Fatal("removal error not reported")
 	}
 	if !h.e.SyncOnce(ctx, true) {
 		t.Fatal("a full pass must fail while the removal keeps failing")
 	}
-	tb.removeErr = nil
+	removeErr.Store(nil)
 	h.e.SyncOnce(ctx, false)
 	if h.be.Ruleset("off", rules.IPv4) == nil {
 		t.Fatal("a normal pass must not retry the removal")

@@ -46,7 +46,7 @@ func TestMonotonicAcrossRewrites(t *testing.T) {
 		}
 	}
 	want("", "") // nothing applied: nothing exported
-	if err := be.Apply(ctx, rs(rules.IPv4)); err != nil {
+	if err := testkit.Apply(ctx, be, rs(rules.IPv4)); err != nil {
 		t.Fatal(err)
 	}
 	set(rules.IPv4, "dropped-tcp", 5)
@@ -55,7 +55,7 @@ func TestMonotonicAcrossRewrites(t *testing.T) {
 	want("7", "")
 	set(rules.IPv4, "dropped-tcp", 8)
 	want("10", "")
-	if err := be.Apply(ctx, rs(rules.IPv4)); err != nil { // rewrite: kernel counters reset
+	if err := testkit.Apply(ctx, be, rs(rules.IPv4)); err != nil { // rewrite: kernel counters reset
 		t.Fatal(err)
 	}
 	want("10", "")
@@ -64,7 +64,7 @@ func TestMonotonicAcrossRewrites(t *testing.T) {
 	be.SetCountersError(context.DeadlineExceeded)
 	want("11", "")
 	be.SetCountersError(nil)
-	if err := be.Apply(ctx, rs(rules.IPv6)); err != nil {
+	if err := testkit.Apply(ctx, be, rs(rules.IPv6)); err != nil {
 		t.Fatal(err)
 	}
 	set(rules.IPv6, "dropped-udp", 3)
@@ -74,7 +74,7 @@ func TestMonotonicAcrossRewrites(t *testing.T) {
 func TestBytes(t *testing.T) {
 	be := testkit.NewFakeBackend()
 	c := New(Options{Reader: be, Fix: "demo-fix", Name: "nnm_demo_fix_bytes_total", Help: "Bytes.", Bytes: true})
-	if err := be.Apply(context.Background(), &rules.Ruleset{Fix: "demo-fix", Family: rules.IPv4, Chains: []rules.Chain{{Name: "X", Type: rules.Filter, Hook: rules.Input,
+	if err := testkit.Apply(context.Background(), be, &rules.Ruleset{Fix: "demo-fix", Family: rules.IPv4, Chains: []rules.Chain{{Name: "X", Type: rules.Filter, Hook: rules.Input,
 		Rules: []rules.Rule{{Verdict: rules.Verdict{Kind: rules.Drop}, Counter: "any"}}}}}); err != nil {
 		t.Fatal(err)
 	}

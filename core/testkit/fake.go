@@ -21,17 +21,24 @@ import (
 // DNAT reachable from a hook other than prerouting/output, masquerade reachable from a hook other
 // than postrouting, and a path-MTU MSS clamp reachable from a hook before the routing decision. A rejected Apply leaves the state unchanged.
 //
-// Counters behave like kernel rule counters: every successful Apply of (fix, family) resets them to
+// Like the real backends it keeps a record of its last reconcile of each (fix, family): Trust takes
+// the record for the state and applies nothing when the desired ruleset equals it; Verify first
+// "reads back" (counted by ReadBacks) and repairs what Tamper changed.
+//
+// Counters behave like kernel rule counters: every successful apply of (fix, family) resets them to
 // zero (the chains are rewritten); SetCounter stands in for traffic.
 type FakeBackend struct {
 	mu         sync.Mutex
 	state      map[fakeKey]*rules.Ruleset
+	record     map[fakeKey]string
 	counters   map[fakeKey]map[string]backend.Counter
 	tampered   map[fakeKey]bool
 	applyErr   error
 	counterErr error
+	hook       func(ctx context.Context, fix string, family rules.Family, mode backend.Mode) error
 	applies    int
 	failed     int
+	reads      int
 }
 
 type fakeKey struct {
@@ -45,6 +52,7 @@ var _ backend.Backend = (*FakeBackend)(nil)
 func NewFakeBackend() *FakeBackend {
 	return &FakeBackend{
 		state:    map[fakeKey]*rules.Ruleset{},
+		record:   map[fakeKey]string{},
 		counters: map[fakeKey]map[string]backend.Counter{},
 		tampered: map[fakeKey]bool{},
 	}
@@ -61,22 +69,65 @@ func (f *FakeBackend) Render(rs *rules.Ruleset) (string, error) {
 	return Format(rs), nil
 }
 
-// Apply validates rs and then replaces the state of (rs.Fix, rs.Family) with a copy of it.
-func (f *FakeBackend) Apply(ctx context.Context, rs *rules.Ruleset) error {
+// Reconcile validates desired and makes the fake hold it for (fix, family), following the record
+// rules of backend.Backend. A nil desired removes (fix, family).
+func (f *FakeBackend) Reconcile(ctx context.Context, fix string, family rules.Family, desired *rules.Ruleset, mode backend.Mode) (backend.Result, error) {
+	var res backend.Result
+	f.mu.Lock()
+	hook := f.hook
+	f.mu.Unlock()
+	if hook != nil {
+		if err := hook(ctx, fix, family, mode); err != nil {
+			return res, err
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.applies++
-	err := f.apply(ctx, rs)
-	if err != nil {
-		f.failed++
+	if err := ctx.Err(); err != nil {
+		return res, err
 	}
-	return err
+	k := fakeKey{fix, family}
+	if desired != nil && (desired.Fix != fix || desired.Family != family) {
+		return res, fmt.Errorf("fake: ruleset of %s/%s reconciled as %s/%s", desired.Fix, desired.Family, fix, family)
+	}
+	want := ""
+	if desired != nil {
+		want = Format(desired)
+	}
+	rec, known := f.record[k]
+	if known && mode == backend.Verify {
+		f.reads++
+		res.ReadBack = true
+		if f.tampered[k] {
+			res.Repaired = true
+			known = false
+		}
+	}
+	if known && rec == want {
+		return res, nil
+	}
+	if desired == nil {
+		if _, ok := f.state[k]; ok {
+			res.Applied = true
+		}
+		delete(f.state, k)
+		delete(f.counters, k)
+		delete(f.tampered, k)
+		f.record[k] = ""
+		return res, nil
+	}
+	f.applies++
+	if err := f.apply(desired); err != nil {
+		f.failed++
+		delete(f.record, k)
+		return res, err
+	}
+	f.record[k] = want
+	res.Applied = true
+	return res, nil
 }
 
-func (f *FakeBackend) apply(ctx context.Context, rs *rules.Ruleset) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
+func (f *FakeBackend) apply(rs *rules.Ruleset) error {
 	if f.applyErr != nil {
 		return f.applyErr
 	}
@@ -108,24 +159,20 @@ func (f *FakeBackend) apply(ctx context.Context, rs *rules.Ruleset) error {
 	return nil
 }
 
-// InSync is true when (fix, family) was applied and not tampered with since.
-func (f *FakeBackend) InSync(ctx context.Context, fix string, family rules.Family) (bool, error) {
+// OnReconcile installs a hook called (without the fake's lock) at the start of every Reconcile: a
+// test can block one fix, slow down a Verify or fail one (fix, family). A non-nil error fails that
+// Reconcile; nil hook removes it.
+func (f *FakeBackend) OnReconcile(hook func(ctx context.Context, fix string, family rules.Family, mode backend.Mode) error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	k := fakeKey{fix, family}
-	_, ok := f.state[k]
-	return ok && !f.tampered[k], nil
+	f.hook = hook
 }
 
-// Remove deletes (fix, family); removing what is not there is not an error.
-func (f *FakeBackend) Remove(ctx context.Context, fix string, family rules.Family) error {
+// ReadBacks counts the Verify reconciles that read the state back.
+func (f *FakeBackend) ReadBacks() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	k := fakeKey{fix, family}
-	delete(f.state, k)
-	delete(f.counters, k)
-	delete(f.tampered, k)
-	return nil
+	return f.reads
 }
 
 // ErrNotApplied is returned by Counters for a (fix, family) that holds nothing.
@@ -150,12 +197,13 @@ func (f *FakeBackend) Cleanup(ctx context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	clear(f.state)
+	clear(f.record)
 	clear(f.counters)
 	clear(f.tampered)
 	return nil
 }
 
-// SetApplyError makes every following Apply fail with err (nil restores normal behaviour).
+// SetApplyError makes every following apply fail with err (nil restores normal behaviour).
 func (f *FakeBackend) SetApplyError(err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -185,21 +233,22 @@ func (f *FakeBackend) SetCounter(fix string, family rules.Family, name string, c
 	return nil
 }
 
-// Tamper simulates someone flushing or changing the objects of (fix, family): InSync becomes false.
+// Tamper simulates someone flushing or changing the objects of (fix, family): the next Verify
+// reconcile finds it and repairs it.
 func (f *FakeBackend) Tamper(fix string, family rules.Family) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.tampered[fakeKey{fix, family}] = true
 }
 
-// ApplyCalls counts Apply calls, failed ones included.
+// ApplyCalls counts the applies that Reconcile attempted (rulesets written), failed ones included.
 func (f *FakeBackend) ApplyCalls() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.applies
 }
 
-// FailedApplies counts Apply calls that returned an error.
+// FailedApplies counts attempted applies that failed.
 func (f *FakeBackend) FailedApplies() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -50,32 +50,35 @@ func TestFormat(t *testing.T) {
 func TestFakeAcceptsAndDumps(t *testing.T) {
 	f := NewFakeBackend()
 	for _, fam := range rules.Families {
-		if err := f.Apply(ctx, goodRuleset("demo-fix", fam)); err != nil {
+		if err := Apply(ctx, f, goodRuleset("demo-fix", fam)); err != nil {
 			t.Fatalf("Apply %s: %v", fam, err)
 		}
 	}
-	if err := f.Apply(ctx, &rules.Ruleset{Fix: "another", Family: rules.IPv4}); err != nil {
+	if err := Apply(ctx, f, &rules.Ruleset{Fix: "another", Family: rules.IPv4}); err != nil {
 		t.Fatal(err)
 	}
 	Golden(t, "testdata/dump.golden", f.Dump())
-	if in, _ := f.InSync(ctx, "demo-fix", rules.IPv4); !in {
-		t.Error("InSync false after Apply")
+	rs := goodRuleset("demo-fix", rules.IPv4)
+	for _, mode := range []backend.Mode{backend.Trust, backend.Verify} {
+		if res, err := f.Reconcile(ctx, "demo-fix", rules.IPv4, rs, mode); err != nil || res.Applied || res.Repaired {
+			t.Errorf("%s of what the record holds = %+v, %v; want nothing done", mode, res, err)
+		}
 	}
 	f.Tamper("demo-fix", rules.IPv4)
-	if in, _ := f.InSync(ctx, "demo-fix", rules.IPv4); in {
-		t.Error("InSync true after Tamper")
+	if res, err := f.Reconcile(ctx, "demo-fix", rules.IPv4, rs, backend.Trust); err != nil || res.Applied || res.ReadBack {
+		t.Errorf("Trust after Tamper = %+v, %v; want the record trusted", res, err)
 	}
-	if in, _ := f.InSync(ctx, "never", rules.IPv4); in {
-		t.Error("InSync true for a fix never applied")
+	if res, err := f.Reconcile(ctx, "demo-fix", rules.IPv4, rs, backend.Verify); err != nil || !res.Applied || !res.Repaired || !res.ReadBack {
+		t.Errorf("Verify after Tamper = %+v, %v; want a repair", res, err)
 	}
-	if f.ApplyCalls() != 3 {
-		t.Errorf("ApplyCalls = %d, want 3", f.ApplyCalls())
+	if f.ApplyCalls() != 4 || f.ReadBacks() != 2 {
+		t.Errorf("ApplyCalls = %d, ReadBacks = %d; want 4 and 2", f.ApplyCalls(), f.ReadBacks())
 	}
-	if err := f.Remove(ctx, "demo-fix", rules.IPv6); err != nil {
+	if err := Remove(ctx, f, "demo-fix", rules.IPv6); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.Remove(ctx, "demo-fix", rules.IPv6); err != nil {
-		t.Fatalf("second Remove: %v", err)
+	if res, err := f.Reconcile(ctx, "demo-fix", rules.IPv6, nil, backend.Trust); err != nil || res.Applied {
+		t.Fatalf("second removal: %+v, %v", res, err)
 	}
 	if f.Ruleset("demo-fix", rules.IPv6) != nil || f.Ruleset("demo-fix", rules.IPv4) == nil {
 		t.Error("Remove removed the wrong family")
@@ -96,7 +99,6 @@ func TestFakeRejects(t *testing.T) {
 		rs   *rules.Ruleset
 		want string
 	}{
-		{"nil", nil, "nil ruleset"},
 		{"jump to missing chain", mod(func(rs *rules.Ruleset) { rs.Chains[2].Rules[0].Verdict.Chain = "NOPE" }), "missing chain"},
 		{"lookup missing map", mod(func(rs *rules.Ruleset) { rs.Maps = nil }), "missing map"},
 		{"wrong family", mod(func(rs *rules.Ruleset) { rs.Family = rules.IPv6 }), "is not ipv6"},
@@ -125,7 +127,7 @@ func TestFakeRejects(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			f := NewFakeBackend()
-			err := f.Apply(ctx, tc.rs)
+			err := Apply(ctx, f, tc.rs)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Apply error = %v, want one containing %q", err, tc.want)
 			}
@@ -141,18 +143,18 @@ func TestFakeRejects(t *testing.T) {
 
 func TestFakeChainNameClashBetweenFixes(t *testing.T) {
 	f := NewFakeBackend()
-	if err := f.Apply(ctx, goodRuleset("first-fix", rules.IPv4)); err != nil {
+	if err := Apply(ctx, f, goodRuleset("first-fix", rules.IPv4)); err != nil {
 		t.Fatal(err)
 	}
-	err := f.Apply(ctx, goodRuleset("second-fix", rules.IPv4))
+	err := Apply(ctx, f, goodRuleset("second-fix", rules.IPv4))
 	if err == nil || !strings.Contains(err.Error(), "owned by fix first-fix") {
 		t.Fatalf("clash not rejected: %v", err)
 	}
 	// Other family and the same fix again are fine.
-	if err := f.Apply(ctx, goodRuleset("second-fix", rules.IPv6)); err != nil {
+	if err := Apply(ctx, f, goodRuleset("second-fix", rules.IPv6)); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.Apply(ctx, goodRuleset("first-fix", rules.IPv4)); err != nil {
+	if err := Apply(ctx, f, goodRuleset("first-fix", rules.IPv4)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -160,13 +162,13 @@ func TestFakeChainNameClashBetweenFixes(t *testing.T) {
 func TestFakeAtomicity(t *testing.T) {
 	f := NewFakeBackend()
 	good := goodRuleset("demo-fix", rules.IPv4)
-	if err := f.Apply(ctx, good); err != nil {
+	if err := Apply(ctx, f, good); err != nil {
 		t.Fatal(err)
 	}
 	before := f.Dump()
 	bad := goodRuleset("demo-fix", rules.IPv4)
 	bad.Chains[2].Rules = append(bad.Chains[2].Rules, rules.Rule{Verdict: rules.Verdict{Kind: rules.Jump, Chain: "MISSING"}})
-	if err := f.Apply(ctx, bad); err == nil {
+	if err := Apply(ctx, f, bad); err == nil {
 		t.Fatal("bad ruleset accepted")
 	}
 	if got := f.Dump(); got != before {
@@ -175,7 +177,7 @@ func TestFakeAtomicity(t *testing.T) {
 	// Injected error: same guarantee.
 	injected := errors.New("iptables-restore: exit status 4")
 	f.SetApplyError(injected)
-	if err := f.Apply(ctx, &rules.Ruleset{Fix: "demo-fix", Family: rules.IPv4}); !errors.Is(err, injected) {
+	if err := Apply(ctx, f, &rules.Ruleset{Fix: "demo-fix", Family: rules.IPv4}); !errors.Is(err, injected) {
 		t.Fatalf("Apply = %v, want the injected error", err)
 	}
 	if f.Dump() != before {
@@ -198,7 +200,7 @@ func TestFakeCounters(t *testing.T) {
 	if _, err := f.Counters(ctx, "demo-fix", rules.IPv4); !errors.Is(err, ErrNotApplied) {
 		t.Fatalf("Counters before Apply: %v", err)
 	}
-	if err := f.Apply(ctx, goodRuleset("demo-fix", rules.IPv4)); err != nil {
+	if err := Apply(ctx, f, goodRuleset("demo-fix", rules.IPv4)); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.SetCounter("demo-fix", rules.IPv4, "nope", backend.Counter{}); err == nil {
@@ -211,8 +213,9 @@ func TestFakeCounters(t *testing.T) {
 	if err != nil || cs["pods"] != (backend.Counter{Packets: 3, Bytes: 180}) || len(cs) != 1 {
 		t.Fatalf("Counters = %v, %v", cs, err)
 	}
-	// Rewriting the chains resets the counters, as in the kernel.
-	if err := f.Apply(ctx, goodRuleset("demo-fix", rules.IPv4)); err != nil {
+	// Rewriting the chains (here a repair) resets the counters, as in the kernel.
+	f.Tamper("demo-fix", rules.IPv4)
+	if err := Apply(ctx, f, goodRuleset("demo-fix", rules.IPv4)); err != nil {
 		t.Fatal(err)
 	}
 	if cs, _ := f.Counters(ctx, "demo-fix", rules.IPv4); cs["pods"].Packets != 0 {

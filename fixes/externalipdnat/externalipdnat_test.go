@@ -68,7 +68,7 @@ func dump(t *testing.T, f *Fix, snap *fix.Snapshot) string {
 		if err != nil {
 			t.Fatalf("Rules(%s): %v", fam, err)
 		}
-		if err := be.Apply(context.Background(), rs); err != nil {
+		if err := tk.Apply(context.Background(), be, rs); err != nil {
 			t.Fatalf("fake backend rejected the %s rules: %v\n%s", fam, err, tk.Format(rs))
 		}
 		if i > 0 {
@@ -350,7 +350,7 @@ func TestManyServices(t *testing.T) {
 		if err != nil || report.Covered != 1000 || report.Items != 1000 || len(rs.Map(MapName).Entries) != 2000 {
 			t.Fatalf("%s: covered=%d items=%d err=%v", fam, report.Covered, report.Items, err)
 		}
-		if err := be.Apply(context.Background(), rs); err != nil {
+		if err := tk.Apply(context.Background(), be, rs); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -56,7 +56,7 @@ func (e *env) rulesAndApply(t *testing.T) string {
 		if err != nil {
 			t.Fatalf("Rules(%s): %v", fam, err)
 		}
-		if err := e.be.Apply(context.Background(), rs); err != nil {
+		if err := testkit.Apply(context.Background(), e.be, rs); err != nil {
 			t.Fatalf("fake backend rejected the %s rules: %v\n%s", fam, err, testkit.Format(rs))
 		}
 		out = append(out, testkit.Format(rs))
@@ -163,7 +163,7 @@ func TestDroppedMetric(t *testing.T) {
 	want("", "")
 
 	rs, _, _ := e.fix.Rules(testkit.Snapshot(), rules.IPv4)
-	if err := e.be.Apply(ctx, rs); err != nil {
+	if err := testkit.Apply(ctx, e.be, rs); err != nil {
 		t.Fatal(err)
 	}
 	set := func(name string, packets uint64) {
@@ -178,7 +178,7 @@ func TestDroppedMetric(t *testing.T) {
 	set("dropped-input-tcp", 8)
 	want("10", "")
 	// A rewrite of the chains resets the kernel counters: the export must not go down.
-	if err := e.be.Apply(ctx, rs); err != nil {
+	if err := testkit.Apply(ctx, e.be, rs); err != nil {
 		t.Fatal(err)
 	}
 	want("10", "")
@@ -191,7 +191,7 @@ func TestDroppedMetric(t *testing.T) {
 
 	// IPv6 joins once it is applied.
 	rs6, _, _ := e.fix.Rules(testkit.Snapshot(), rules.IPv6)
-	if err := e.be.Apply(ctx, rs6); err != nil {
+	if err := testkit.Apply(ctx, e.be, rs6); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.be.SetCounter(ID, rules.IPv6, "dropped-input-udp", backend.Counter{Packets: 3}); err != nil {
@@ -234,7 +234,7 @@ func TestRedundantMetricAndLog(t *testing.T) {
 func TestMetricsLint(t *testing.T) {
 	e := newEnv(t, nil)
 	rs, _, _ := e.fix.Rules(testkit.Snapshot(), rules.IPv4)
-	if err := e.be.Apply(context.Background(), rs); err != nil {
+	if err := testkit.Apply(context.Background(), e.be, rs); err != nil {
 		t.Fatal(err)
 	}
 	testkit.Promlint(t, e.reg)

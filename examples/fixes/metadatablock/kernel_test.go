@@ -88,7 +88,7 @@ func TestKernel(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx := context.Background()
-			if err := node.Do(func() error { return be.Apply(ctx, rs) }); err != nil {
+			if err := node.Do(func() error { return testkit.Apply(ctx, be, rs) }); err != nil {
 				t.Fatal(err)
 			}
 			if reach(pod) {
@@ -116,7 +116,7 @@ func TestKernel(t *testing.T) {
 				t.Errorf("%s: the drop counter is 0 after a blocked connection", name)
 			}
 			// Removing the fix gives the pod its access back.
-			if err := node.Do(func() error { return be.Remove(ctx, ID, rules.IPv4) }); err != nil {
+			if err := node.Do(func() error { return testkit.Remove(ctx, be, ID, rules.IPv4) }); err != nil {
 				t.Fatal(err)
 			}
 			if !reach(pod) {

@@ -64,7 +64,7 @@ func (e *env) dump(t *testing.T, snap *fix.Snapshot) string {
 			out = append(out, "# "+string(fam)+": no rules\n")
 			continue
 		}
-		if err := e.be.Apply(ctx, rs); err != nil {
+		if err := testkit.Apply(ctx, e.be, rs); err != nil {
 			t.Fatalf("fake backend rejected the %s rules: %v\n%s", fam, err, testkit.Format(rs))
 		}
 		out = append(out, testkit.Format(rs))
