@@ -55,12 +55,7 @@ type Backend struct {
 	mu      sync.Mutex
 	applied map[key]*record
 	// absent: (fix, family) known to hold nothing, with the generation of that knowledge.
-	absent map[key]genStamp
-}
-
-type genStamp struct {
-	gen uint32
-	ok  bool
+	absent map[key]nfgen.Stamp
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -79,9 +74,8 @@ type record struct {
 	chains   map[tchain]bool
 	counters []string
 	state    kstate
-	// gen is the nf_tables generation at which the record is known to match the kernel (if genOK).
-	gen   uint32
-	genOK bool
+	// gen is the nf_tables generation at which the record is known to match the kernel.
+	gen nfgen.Stamp
 }
 
 // rendering is what Apply compares with a record.
@@ -155,7 +149,7 @@ func New(opts Options) (*Backend, error) {
 		log:      opts.Logger.With("backend", "iptables", "variant", string(opts.Variant)),
 		gen:      opts.Generation,
 		applied:  map[key]*record{},
-		absent:   map[key]genStamp{},
+		absent:   map[key]nfgen.Stamp{},
 	}, nil
 }
 
@@ -233,7 +227,7 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 	trusted := rec
 	g0, genOK := b.generation()
 	var d *dump
-	if trusted != nil && mode == backend.Verify && !(genOK && trusted.at(g0)) {
+	if trusted != nil && mode == backend.Verify && !trusted.gen.Is(g0, genOK) {
 		res.ReadBack = true
 		if d, err = b.save(ctx, rs.Family); err != nil {
 			if ctx.Err() != nil {
@@ -242,7 +236,7 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 			return res, err
 		}
 		if d.state(trusted.chains).equal(trusted.state) {
-			trusted.stamp(g0, genOK)
+			trusted.gen = nfgen.At(g0, genOK)
 		} else {
 			b.log.Warn("rules changed behind our back; restoring them", "fix", fix, "family", family)
 			res.Repaired = true
@@ -356,7 +350,7 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 	}
 	nrec := &record{content: r.content, parent: r.parent, jumps: r.jumps, chains: chains, counters: counters, state: after.state(chains)}
 	if g2, ok2 := b.generation(); ok1 && ok2 && g1 == g2 {
-		nrec.stamp(g2, true)
+		nrec.gen = nfgen.At(g2, true)
 	}
 	b.applied[k] = nrec
 	if res.Applied {
@@ -365,37 +359,17 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 	return res, nil
 }
 
-// at reports whether the record is known to match the kernel at nf_tables generation g.
-func (rec *record) at(g uint32) bool { return rec.genOK && rec.gen == g }
-
-// stamp records that the record matched the kernel at generation g (ok false: unknown).
-func (rec *record) stamp(g uint32, ok bool) { rec.gen, rec.genOK = g, ok }
-
-// generation reads the nf_tables generation; false for the legacy variant or on error.
-func (b *Backend) generation() (uint32, bool) {
-	if b.gen == nil {
-		return 0, false
-	}
-	g, err := b.gen()
-	if err != nil {
-		b.log.Debug("cannot read the nf_tables generation; reading iptables-save instead", "err", err)
-		return 0, false
-	}
-	return g, true
-}
+// generation reads the nf_tables generation; false without one.
+func (b *Backend) generation() (uint32, bool) { return b.gen.Read(b.log) }
 
 // promote carries the records (and known absences) that matched the kernel at generation g0 over
 // to g1, after only our own commits moved the generation. Call with b.mu held.
 func (b *Backend) promote(g0, g1 uint32) {
 	for _, rec := range b.applied {
-		if rec.at(g0) {
-			rec.stamp(g1, true)
-		}
+		rec.gen = rec.gen.Promoted(g0, g1)
 	}
 	for k, st := range b.absent {
-		if st.ok && st.gen == g0 {
-			b.absent[k] = genStamp{g1, true}
-		}
+		b.absent[k] = st.Promoted(g0, g1)
 	}
 }
 
@@ -475,8 +449,8 @@ func (b *Backend) applyChanged(ctx context.Context, rs *rules.Ruleset, r *render
 		st.own[c.key()] = chainState(c.name, saved)
 	}
 	nrec := &record{content: r.content, parent: r.parent, jumps: r.jumps, chains: r.set, counters: counters, state: st}
-	if g2, ok2 := b.generation(); ours && ok2 && g2 == g1 && prev.at(g1) {
-		nrec.stamp(g1, true)
+	if g2, ok2 := b.generation(); ours && ok2 && g2 == g1 && prev.gen.Is(g1, true) {
+		nrec.gen = nfgen.At(g1, true)
 	}
 	b.applied[k] = nrec
 	b.log.Info("rules applied", "fix", rs.Fix, "family", rs.Family, "rewritten_chains", len(changed), "removed_chains", len(stale), "rules", rs.RuleCount())
@@ -524,7 +498,7 @@ func (b *Backend) remove(ctx context.Context, fix string, family rules.Family, m
 	defer b.mu.Unlock()
 	k := key{fix, family}
 	g0, genOK := b.generation()
-	if st, ok := b.absent[k]; ok && (mode == backend.Trust || (genOK && st.ok && st.gen == g0)) {
+	if st, ok := b.absent[k]; ok && (mode == backend.Trust || st.Is(g0, genOK)) {
 		return res, nil
 	}
 	res.ReadBack = true
@@ -554,7 +528,7 @@ func (b *Backend) remove(ctx context.Context, fix string, family rules.Family, m
 	}
 	delete(b.applied, k)
 	g1, ok1 := b.generation()
-	b.absent[k] = genStamp{g1, ok1}
+	b.absent[k] = nfgen.At(g1, ok1)
 	return res, nil
 }
 

@@ -58,12 +58,7 @@ type Backend struct {
 	ifaces map[tableKey]knftables.Interface
 	state  map[tableKey]*applied
 	// absent: tables known to be gone (removed or never there), with the generation of that knowledge.
-	absent map[tableKey]genStamp
-}
-
-type genStamp struct {
-	gen uint32
-	ok  bool
+	absent map[tableKey]nfgen.Stamp
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -78,9 +73,8 @@ type applied struct {
 	model *model
 	// seen is the kernel's table as snapshot() saw it right after that reconcile.
 	seen *tableState
-	// gen is the nf_tables generation at which the record is known to match the kernel (if genOK).
-	gen   uint32
-	genOK bool
+	// gen is the nf_tables generation at which the record is known to match the kernel.
+	gen nfgen.Stamp
 }
 
 // New returns a Backend. It does no I/O: nft is first run by the first call that needs the kernel.
@@ -92,7 +86,7 @@ func New(opts Options) (*Backend, error) {
 		gen:          opts.Generation,
 		ifaces:       map[tableKey]knftables.Interface{},
 		state:        map[tableKey]*applied{},
-		absent:       map[tableKey]genStamp{},
+		absent:       map[tableKey]nfgen.Stamp{},
 	}
 	if b.gen == nil && b.newInterface == nil {
 		b.gen = nfgen.Get
@@ -193,7 +187,7 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 	if prev != nil && prev.seen == nil {
 		prev = nil // the last apply could not be read back: nothing to trust
 	}
-	if prev != nil && mode == backend.Verify && !(genOK && prev.at(g0)) {
+	if prev != nil && mode == backend.Verify && !prev.gen.Is(g0, genOK) {
 		res.ReadBack = true
 		now, err := snapshot(ctx, nft, true)
 		if err != nil {
@@ -203,7 +197,7 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 			return res, fmt.Errorf("nftables backend: list table %s %s: %w", k.family, k.table, explain(err))
 		}
 		if now.equal(prev.seen) {
-			prev.stamp(g0, genOK)
+			prev.gen = nfgen.At(g0, genOK)
 		} else {
 			log.Warn("table changed behind our back; rewriting it")
 			res.Repaired = true
@@ -222,8 +216,8 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 			// An element transaction is one commit with at least one real change: exactly one step
 			// of the generation when nobody else committed in between.
 			if g1, ok := b.generation(); ok && genOK && g1 == g0+1 {
-				if prev.at(g0) {
-					rec.stamp(g1, true)
+				if prev.gen.Is(g0, true) {
+					rec.gen = nfgen.At(g1, true)
 				}
 				b.promote(g0, g1)
 			}
@@ -281,46 +275,26 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 	}
 	rec := &applied{model: m, seen: seen.withElements(m)}
 	if g2, ok2 := b.generation(); ok1 && ok2 && g1 == g2 {
-		rec.stamp(g2, true)
+		rec.gen = nfgen.At(g2, true)
 	}
 	b.state[k] = rec
 	log.Debug("applied", "operations", tx.NumOperations())
 	return res, nil
 }
 
-// at reports whether the record is known to match the kernel at generation g.
-func (a *applied) at(g uint32) bool { return a.genOK && a.gen == g }
-
-// stamp records that the record matched the kernel at generation g (ok false: unknown).
-func (a *applied) stamp(g uint32, ok bool) { a.gen, a.genOK = g, ok }
-
 // promote carries every record that matched the kernel at generation g0 over to g1, after our own
 // commit (and nothing else) moved the generation from g0 to g1. Call with b.mu held.
 func (b *Backend) promote(g0, g1 uint32) {
-	for _, a := range b.state {
-		if a.at(g0) {
-			a.stamp(g1, true)
-		}
+	for _, rec := range b.state {
+		rec.gen = rec.gen.Promoted(g0, g1)
 	}
 	for k, st := range b.absent {
-		if st.ok && st.gen == g0 {
-			b.absent[k] = genStamp{g1, true}
-		}
+		b.absent[k] = st.Promoted(g0, g1)
 	}
 }
 
-// generation reads the nf_tables generation; false when it cannot be had (no seam, or an error).
-func (b *Backend) generation() (uint32, bool) {
-	if b.gen == nil {
-		return 0, false
-	}
-	g, err := b.gen()
-	if err != nil {
-		b.log.Debug("cannot read the nf_tables generation; listing our tables instead", "err", err)
-		return 0, false
-	}
-	return g, true
-}
+// generation reads the nf_tables generation; false without one.
+func (b *Backend) generation() (uint32, bool) { return b.gen.Read(b.log) }
 
 // listExisting lists our table for a rewrite (nil when absent), counting the listing in res.
 func (b *Backend) listExisting(ctx context.Context, nft knftables.Interface, k tableKey, res *backend.Result) (*existing, error) {
@@ -487,7 +461,7 @@ func (b *Backend) remove(ctx context.Context, k tableKey, mode backend.Mode) (ba
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	g0, genOK := b.generation()
-	if st, ok := b.absent[k]; ok && (mode == backend.Trust || (genOK && st.ok && st.gen == g0)) {
+	if st, ok := b.absent[k]; ok && (mode == backend.Trust || st.Is(g0, genOK)) {
 		return res, nil
 	}
 	if b.state[k] == nil && b.ifaces[k] == nil {
@@ -498,7 +472,7 @@ func (b *Backend) remove(ctx context.Context, k tableKey, mode backend.Mode) (ba
 		res.ReadBack = true
 		names, err := b.listTables(ctx, k.family)
 		if err == nil && !slices.Contains(names, k.table) {
-			b.absent[k] = genStamp{g0, genOK}
+			b.absent[k] = nfgen.At(g0, genOK)
 			return res, nil
 		}
 		if ctx.Err() != nil {
@@ -511,7 +485,7 @@ func (b *Backend) remove(ctx context.Context, k tableKey, mode backend.Mode) (ba
 	}
 	res.Applied = deleted
 	g1, ok1 := b.generation()
-	b.absent[k] = genStamp{g1, ok1}
+	b.absent[k] = nfgen.At(g1, ok1)
 	return res, nil
 }
 

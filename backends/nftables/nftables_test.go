@@ -113,7 +113,7 @@ func TestRenderRejects(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: got %v, want an error containing %q", name, err, tc.want)
 		}
-		if err := b.Apply(context.Background(), rs); err == nil {
+		if err := apply(context.Background(), b, rs); err == nil {
 			t.Errorf("%s: Apply accepted what Render rejects", name)
 		}
 	}
