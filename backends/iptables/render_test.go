@@ -10,37 +10,20 @@ package iptables
 //	                     (two /24 buckets in IPv4, two /120 buckets in IPv6)
 
 import (
-	"flag"
 	"log/slog"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/core/testkit"
 )
 
-var update = flag.Bool("update", false, "rewrite testdata/*.golden")
-
-// golden compares got with testdata/<name>.golden, or rewrites it with -update.
+// golden compares got with testdata/<name>.golden (testkit.Golden; -update rewrites it).
 func golden(t *testing.T, name, got string) {
 	t.Helper()
-	path := filepath.Join("testdata", name+".golden")
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to create it)", err)
-	}
-	if diff := cmp.Diff(string(want), got); diff != "" {
-		t.Errorf("%s differs from golden (-want +got):\n%s", path, diff)
-	}
+	testkit.Golden(t, filepath.Join("testdata", name+".golden"), got)
 }
 
 func mustBackend(t *testing.T, opts Options) *Backend {

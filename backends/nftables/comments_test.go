@@ -54,10 +54,10 @@ func TestOddCommentsPerObject(t *testing.T) {
 		if strings.Count(text, "\n") != strings.Count(mustRender(t, b, externalIPRuleset(f, threeEntries(f))), "\n") {
 			t.Errorf("%s: a newline in a comment split a line:\n%s", f, text)
 		}
-		if err := b.Apply(ctx, rs); err != nil {
+		if err := apply(ctx, b, rs); err != nil {
 			t.Fatalf("%s: Apply: %v", f, err)
 		}
-		if ok, err := b.InSync(ctx, rs.Fix, f); err != nil || !ok {
+		if ok, err := inSync(ctx, b, rs); err != nil || !ok {
 			t.Errorf("%s: InSync after Apply = %v, %v", f, ok, err)
 		}
 	}
@@ -83,7 +83,7 @@ func TestKernelOddComments(t *testing.T) {
 		k := newRealKernel()
 		b := k.backend(t)
 		rs := oddRuleset(f)
-		inNS(t, ns, func() error { return b.Apply(ctx, rs) })
+		inNS(t, ns, func() error { return apply(ctx, b, rs) })
 		listing := nftList(t, ns, "list", "table", string(nftFamily(f)), TableName(rs.Fix))
 		for _, want := range []string{`comment "` + oddCommentText + `"`, `comment "say 'hi'"`} {
 			if !strings.Contains(listing, want) {
@@ -91,15 +91,20 @@ func TestKernelOddComments(t *testing.T) {
 			}
 		}
 		rec := k.rec(nftFamily(f), TableName(rs.Fix))
-		n := rec.count()
+		n, lists := rec.count(), rec.listCount()
+		// Someone else commits, so the check below must read our table back and compare.
+		ns.MustExec("nft", "add table "+string(nftFamily(f))+" someone-else")
 		inNS(t, ns, func() error {
-			if ok, err := b.InSync(ctx, rs.Fix, f); err != nil || !ok {
+			if ok, err := inSync(ctx, b, rs); err != nil || !ok {
 				t.Errorf("%s: InSync after Apply = %v, %v", f, ok, err)
 			}
-			return b.Apply(ctx, oddRuleset(f))
+			return apply(ctx, b, oddRuleset(f))
 		})
 		if sent := rec.sentSince(n); len(sent) != 0 {
 			t.Errorf("%s: re-apply sent %q", f, sent)
+		}
+		if rec.listCount() == lists {
+			t.Errorf("%s: the check after a foreign commit did not read the table back", f)
 		}
 	}
 }
