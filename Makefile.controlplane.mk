@@ -1,7 +1,7 @@
-# Local Kubernetes control plane (etcd + kube-apiserver) for tests and the demo.
+# Local Kubernetes control plane (etcd + kube-apiserver) and kube-proxy for tests and the demo.
 # Include from the main Makefile:   include Makefile.controlplane.mk
 #
-#   make controlplane       build bin/etcd and bin/kube-apiserver (no-op when the
+#   make controlplane       build bin/etcd, bin/kube-apiserver and bin/kube-proxy (no-op when the
 #                           pinned versions in tools/*/go.{mod,sum} are unchanged)
 #   make controlplane-test  run the internal/controlplane tests (needs root)
 

@@ -2,6 +2,8 @@
 # Builds the local Kubernetes control plane used by tests and `make demo`:
 #   bin/kube-apiserver  from tools/kube-apiserver (k8s.io/kubernetes, pinned in go.mod/go.sum)
 #   bin/etcd            from tools/etcd           (go.etcd.io/etcd/server/v3, pinned in go.mod/go.sum)
+#   bin/kube-proxy      from tools/kube-apiserver (the same k8s.io/kubernetes pin; the e2e
+#                       tests with a real kube-proxy and the VM lane run it)
 #
 # The binaries are rebuilt only when the pinned inputs change: a hash of the
 # tools modules' go.mod/go.sum/*.go files, this script and the Go version is
@@ -31,7 +33,7 @@ inputs_hash() {
 }
 
 up_to_date() {
-	[[ "${FORCE:-0}" != 1 && -x "$BIN/kube-apiserver" && -x "$BIN/etcd" && -f "$STAMP" ]] &&
+	[[ "${FORCE:-0}" != 1 && -x "$BIN/kube-apiserver" && -x "$BIN/kube-proxy" && -x "$BIN/etcd" && -f "$STAMP" ]] &&
 		[[ "$(cat "$STAMP")" == "$1" ]]
 }
 
@@ -68,8 +70,9 @@ main() {
 	rm -f "$STAMP"
 	build "$TOOLS/etcd" go.etcd.io/etcd/server/v3 ./cmd/etcd etcd
 	build "$TOOLS/kube-apiserver" k8s.io/kubernetes k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver "$(kube_version_ldflags)"
+	build "$TOOLS/kube-apiserver" k8s.io/kubernetes k8s.io/kubernetes/cmd/kube-proxy kube-proxy "$(kube_version_ldflags)"
 	echo "$want" >"$STAMP"
-	ls -lh "$BIN/etcd" "$BIN/kube-apiserver"
+	ls -lh "$BIN/etcd" "$BIN/kube-apiserver" "$BIN/kube-proxy"
 }
 
 main "$@"
