@@ -283,7 +283,7 @@ func testBlackHole(t *testing.T, p plan) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if err := l.node.Do(func() error { return be.Apply(ctx, rs) }); err != nil {
+				if err := l.node.Do(func() error { return testkit.Apply(ctx, be, rs) }); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -331,7 +331,7 @@ func testBlackHole(t *testing.T, p plan) {
 			}
 
 			// Removing the rules brings the black hole back.
-			if err := l.node.Do(func() error { return be.Remove(ctx, ID, p.family) }); err != nil {
+			if err := l.node.Do(func() error { return testkit.Remove(ctx, be, ID, p.family) }); err != nil {
 				t.Fatal(err)
 			}
 			r = l.transfer(t, true, download, stallWait)

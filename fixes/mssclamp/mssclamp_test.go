@@ -54,7 +54,7 @@ func (e *env) rulesAndApply(t *testing.T, snap *fix.Snapshot) string {
 			t.Fatalf("Rules(%s): %v", fam, err)
 		}
 		if rs != nil {
-			if err := e.be.Apply(context.Background(), rs); err != nil {
+			if err := testkit.Apply(context.Background(), e.be, rs); err != nil {
 				t.Fatalf("fake backend rejected the %s rules: %v\n%s", fam, err, testkit.Format(rs))
 			}
 		}
