@@ -205,8 +205,18 @@ func listen(ns *netns.NS, addr string) (ln net.Listener, err error) {
 }
 
 // handshakeMSS returns the MSS of the SYN and of the SYN-ACK of the connection with client port
-// port, as seen by a capture (0 when not captured).
+// port, as seen by a capture (0 when not captured). The capture reads in the background, so it
+// waits up to a second for both to show up.
 func handshakeMSS(c *rawtcp.Capture, port uint16) (syn, synAck uint16) {
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
+		syn, synAck = seenMSS(c, port)
+		if (syn != 0 && synAck != 0) || time.Now().After(deadline) {
+			return syn, synAck
+		}
+	}
+}
+
+func seenMSS(c *rawtcp.Capture, port uint16) (syn, synAck uint16) {
 	for _, p := range c.Packets() {
 		switch {
 		case p.Flags&(rawtcp.SYN|rawtcp.ACK) == rawtcp.SYN && p.Src.Port() == port:
