@@ -157,25 +157,30 @@ func NewServer(cfg *config.Config, reg *prometheus.Registry, e *engine.Engine, l
 	return server.New(cfg.MetricsAddress, reg, server.Checks{Healthy: e.Healthy, Ready: e.Ready}, log)
 }
 
-// KubeClient builds a client from the kubeconfig in cfg, or the in-cluster config.
+// KubeClient builds a client with client-go's loading rules, as kubectl and the kubelet's tools
+// do: the kubeconfig key (--kubeconfig), else the files in KUBECONFIG, else the in-cluster config.
 func KubeClient(cfg *config.Config) (kubernetes.Interface, error) {
-	var rc *rest.Config
-	var err error
-	if cfg.Kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
-		if err != nil {
-			err = fmt.Errorf("%w (outside a cluster, set kubeconfig / --kubeconfig / NNM_KUBECONFIG)", err)
-		}
-	}
+	rc, err := RestConfig(cfg)
 	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(rc)
+}
+
+// RestConfig is the REST configuration KubeClient uses.
+func RestConfig(cfg *config.Config) (*rest.Config, error) {
+	rules := &clientcmd.ClientConfigLoadingRules{ExplicitPath: cfg.Kubeconfig, Precedence: cfg.KubeconfigPaths}
+	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		if clientcmd.IsEmptyConfig(err) {
+			err = fmt.Errorf("no kubeconfig and not in a cluster (set kubeconfig / --kubeconfig / NNM_KUBECONFIG or KUBECONFIG): %w", err)
+		}
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
 	rc.UserAgent = "network-node-manager"
 	rc.QPS, rc.Burst = 20, 40
 	rc.ContentType = "application/vnd.kubernetes.protobuf"
-	return kubernetes.NewForConfig(rc)
+	return rc, nil
 }
 
 // InformerSource is the production watch.Source.

@@ -359,7 +359,7 @@ func (e *Engine) applyConfig(ctx context.Context, cfg *config.Config) bool {
 		return false
 	}
 	e.m.ConfigReloads.WithLabelValues("success").Inc()
-	for _, field := range restartOnly(old, cfg) {
+	for _, field := range config.RestartOnly(old, cfg) {
 		e.log.Warn("config change needs a restart to take effect", "key", field)
 	}
 	if needs != oldNeeds {
@@ -371,29 +371,6 @@ func (e *Engine) applyConfig(ctx context.Context, cfg *config.Config) bool {
 	e.log.Info("configuration reloaded", "file", cfg.File)
 	e.removeDisabled(ctx)
 	return true
-}
-
-func restartOnly(a, b *config.Config) []string {
-	var out []string
-	if a.Backend != b.Backend {
-		out = append(out, "backend")
-	}
-	if a.IptablesVariant != b.IptablesVariant {
-		out = append(out, "iptablesVariant")
-	}
-	if a.ProxyMode != b.ProxyMode {
-		out = append(out, "proxyMode")
-	}
-	if a.NodeName != b.NodeName {
-		out = append(out, "nodeName")
-	}
-	if a.Kubeconfig != b.Kubeconfig {
-		out = append(out, "kubeconfig")
-	}
-	if a.MetricsAddress != b.MetricsAddress {
-		out = append(out, "metricsAddress")
-	}
-	return out
 }
 
 // removeDisabled removes the rules of disabled fixes in every family, and of enabled fixes in the
