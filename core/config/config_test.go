@@ -144,19 +144,24 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "yaml syntax", file: "backend: [unclosed\n", want: "config file"},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			args := c.args
-			if c.file != "" {
-				args = append(args, "--config", writeFile(t, c.file))
-			}
-			_, err := Load(flags(t, args...), c.env, ids)
-			if err == nil {
-				t.Fatal("expected an error")
-			}
-			if !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("error %q does not name %q", err, c.want)
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { wantLoadError(t, c.file, c.env, c.args, c.want) })
+	}
+}
+
+// wantLoadError loads file (when not empty), env and args and wants an error containing every want.
+func wantLoadError(t *testing.T, file string, env, args []string, want ...string) {
+	t.Helper()
+	if file != "" {
+		args = append(args, "--config", writeFile(t, file))
+	}
+	_, err := Load(flags(t, args...), env, ids)
+	if err == nil {
+		t.Fatal("expected an error")
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not contain %q", err, w)
+		}
 	}
 }
 

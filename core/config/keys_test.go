@@ -151,21 +151,7 @@ func TestSilentAcceptanceIsRefused(t *testing.T) {
 		{name: "empty NNM_FAMILIES", env: []string{"NNM_FAMILIES="}, want: []string{"families", "empty"}},
 		{name: "empty --families", args: []string{"--families="}, want: []string{"families", "empty"}},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			args := c.args
-			if c.file != "" {
-				args = append(args, "--config", writeFile(t, c.file))
-			}
-			_, err := Load(flags(t, args...), c.env, ids)
-			if err == nil {
-				t.Fatal("accepted")
-			}
-			for _, w := range c.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not contain %q", err, w)
-				}
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { wantLoadError(t, c.file, c.env, c.args, c.want...) })
 	}
 }
 
