@@ -16,10 +16,14 @@ GOFLAGS_RUN := -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
 # Packages the project needs on a node or test machine, as "binary:debian-package".
 SYSTEM_DEPS := iptables:iptables nft:nftables ip:iproute2 conntrack:conntrack
 TEST_FLAGS  ?= -count=1 -timeout 30m
+# Every fuzz target runs this long in `make test` (after its seed corpus ran as a test) and
+# FUZZTIME long in `make fuzz`.
+FUZZTIME_TEST ?= 3s
+FUZZTIME      ?= 2m
 
 export NNM_BIN_DIR := $(BIN)
 
-.PHONY: all build deps controlplane test test-unit demo bench lint fmt vet clean image plan
+.PHONY: all build deps controlplane test test-unit fuzz demo bench lint fmt vet clean image plan
 
 all: build
 
@@ -46,13 +50,23 @@ build:
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_RUN) -o $(AGENT) ./cmd/network-node-manager
 
-## test: everything that proves the agent works. Kernel and end-to-end tests need root.
+## test: everything that proves the agent works. Kernel and end-to-end tests need root; with CI=true or
+## NNM_REQUIRE_KERNEL=1 (.ci/run) a missing namespace, kernel feature or control plane fails them
+## instead of skipping. Ends with the tests run/passed/failed/skipped per package, then fuzzes briefly.
 test: deps build controlplane
 	$(GO) vet ./...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
-	NNM_AGENT_BIN=$(AGENT) $(GO) test $(TEST_FLAGS) ./...
-	@if [ -f examples/go.mod ]; then cd examples && NNM_AGENT_BIN=$(AGENT) $(GO) test $(TEST_FLAGS) ./...; fi
+	@set -o pipefail; { rc=0; \
+		NNM_AGENT_BIN=$(AGENT) $(GO) test -json $(TEST_FLAGS) ./... || rc=1; \
+		if [ -f examples/go.mod ]; then (cd examples && NNM_AGENT_BIN=$(AGENT) $(GO) test -json $(TEST_FLAGS) ./...) || rc=1; fi; \
+		exit $$rc; } | $(GO) run ./hack/testsummary
+	./hack/fuzz.sh $(FUZZTIME_TEST)
+
+## fuzz: every fuzz target (func Fuzz* in *_test.go) for FUZZTIME each; a crasher is saved under the
+## package's testdata/fuzz/ and fails the run.
+fuzz:
+	./hack/fuzz.sh $(FUZZTIME)
 
 ## test-unit: the tests that need neither root nor the control plane.
 test-unit:

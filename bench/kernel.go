@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/netnstest"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 const (
@@ -45,18 +45,10 @@ func kernelFor(backend string) kernel {
 	return iptKernel{}
 }
 
-func inNetns(ctx context.Context, ns string, args ...string) (string, error) {
-	out, err := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns}, args...)...).CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("%s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return string(out), nil
-}
-
 type nftKernel struct{}
 
 func (nftKernel) entries(ctx context.Context, ns string) (int, error) {
-	out, err := inNetns(ctx, ns, "nft", "--json", "list", "map", "ip", nftTable, nftMap)
+	out, err := testenv.Exec(ctx, ns, "nft", "--json", "list", "map", "ip", nftTable, nftMap)
 	if err != nil {
 		if strings.Contains(out, "No such file or directory") {
 			return 0, nil
@@ -82,7 +74,7 @@ func (nftKernel) entries(ctx context.Context, ns string) (int, error) {
 }
 
 func (nftKernel) has(ctx context.Context, ns string, ip netip.Addr) (bool, error) {
-	out, err := inNetns(ctx, ns, "nft", "get", "element", "ip", nftTable, nftMap,
+	out, err := testenv.Exec(ctx, ns, "nft", "get", "element", "ip", nftTable, nftMap,
 		fmt.Sprintf("{ %s . tcp . %d }", ip, svcPort))
 	if err == nil {
 		return true, nil
@@ -94,7 +86,7 @@ func (nftKernel) has(ctx context.Context, ns string, ip netip.Addr) (bool, error
 }
 
 func (nftKernel) dump(ctx context.Context, ns string) (string, error) {
-	return inNetns(ctx, ns, "nft", "list", "table", "ip", nftTable)
+	return testenv.Exec(ctx, ns, "nft", "list", "table", "ip", nftTable)
 }
 
 func (nftKernel) restore(nsPath, file string) error {
@@ -109,7 +101,7 @@ func (nftKernel) addOne(nsPath string, ip netip.Addr) error {
 type iptKernel struct{}
 
 func (iptKernel) save(ctx context.Context, ns string) (string, error) {
-	return inNetns(ctx, ns, "iptables-nft-save", "-t", "nat")
+	return testenv.Exec(ctx, ns, "iptables-nft-save", "-t", "nat")
 }
 
 func (k iptKernel) entries(ctx context.Context, ns string) (int, error) {
@@ -149,7 +141,7 @@ func (iptKernel) restore(nsPath, file string) error {
 }
 
 func (iptKernel) addOne(nsPath string, ip netip.Addr) error {
-	return netnstest.Do(nsPath, func() error {
+	return testenv.Do(nsPath, func() error {
 		cmd := exec.Command("iptables-nft-restore", "-w", "5", "--noflush")
 		cmd.Stdin = strings.NewReader(fmt.Sprintf("*nat\n"+
 			"-A NNM-EXTIP-DNAT -d %[1]s/32 -p tcp -m tcp --dport %[2]d -j MARK --or-mark 0x1000\n"+
@@ -165,7 +157,7 @@ func (iptKernel) addOne(nsPath string, ip netip.Addr) error {
 // runIn runs a command in a namespace from a thread that entered it (no `ip netns exec` in the
 // timed path: the agent runs its tools directly too).
 func runIn(nsPath string, name string, args ...string) error {
-	return netnstest.Do(nsPath, func() error {
+	return testenv.Do(nsPath, func() error {
 		out, err := exec.Command(name, args...).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
@@ -190,20 +182,20 @@ func floor(k kernel, dump string, runs int) (full, one time.Duration, err error)
 	var times, ones []time.Duration
 	for i := 0; i < runs; i++ {
 		ns := fmt.Sprintf("nnmb-floor-%d", os.Getpid())
-		_ = exec.Command("ip", "netns", "del", ns).Run()
-		if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-			return 0, 0, fmt.Errorf("ip netns add %s: %w: %s", ns, err, out)
+		_ = testenv.Delete(context.Background(), ns)
+		if err := testenv.Create(context.Background(), ns); err != nil {
+			return 0, 0, err
 		}
 		start := time.Now()
-		err := k.restore("/run/netns/"+ns, file)
+		err := k.restore(testenv.Path(ns), file)
 		d := time.Since(start)
 		var d1 time.Duration
 		if err == nil {
 			start = time.Now()
-			err = k.addOne("/run/netns/"+ns, netip.MustParseAddr("198.51.100.1"))
+			err = k.addOne(testenv.Path(ns), netip.MustParseAddr("198.51.100.1"))
 			d1 = time.Since(start)
 		}
-		_ = exec.Command("ip", "netns", "del", ns).Run()
+		_ = testenv.Delete(context.Background(), ns)
 		if err != nil {
 			return 0, 0, err
 		}

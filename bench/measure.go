@@ -7,7 +7,6 @@ import (
 	"math"
 	"net/netip"
 	"os"
-	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // result holds one backend's figures at one N.
@@ -87,20 +87,17 @@ func measure(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o o
 	r := &result{backend: be, n: n, latency: map[string][]time.Duration{}}
 	k := kernelFor(be)
 	ns := fmt.Sprintf("nnmb-%s-%d", be[:3], n)
-	_ = exec.Command("ip", "netns", "del", ns).Run()
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("ip netns add: %w: %s", err, out)
+	_ = testenv.Delete(ctx, ns)
+	if err := testenv.Create(ctx, ns); err != nil {
+		return nil, err
 	}
-	defer exec.Command("ip", "netns", "del", ns).Run()
-	if out, err := exec.Command("ip", "-n", ns, "link", "set", "lo", "up").CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("lo up: %w: %s", err, out)
-	}
+	defer testenv.Delete(context.Background(), ns)
 	kc, err := cp.ConnectNamespace(ns)
 	if err != nil {
 		return nil, err
 	}
 	defer cp.DisconnectNamespace(ns)
-	w, err := newGenWatcher("/run/netns/" + ns)
+	w, err := newGenWatcher(testenv.Path(ns))
 	if err != nil {
 		return nil, err
 	}

@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/network-node-manager/network-node-manager/internal/netnstest"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // Netfilter netlink constants (linux/netfilter/nfnetlink.h, nf_tables.h).
@@ -45,7 +45,7 @@ type genWatcher struct {
 
 func newGenWatcher(netnsPath string) (*genWatcher, error) {
 	w := &genWatcher{events: make(chan genEvent, 4096), stop: make(chan struct{})}
-	err := netnstest.Do(netnsPath, func() error {
+	err := testenv.Do(netnsPath, func() error {
 		fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
 		if err != nil {
 			return fmt.Errorf("netlink socket: %w", err)

@@ -1,9 +1,6 @@
 package core_test
 
 import (
-	"bytes"
-	"context"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -18,22 +15,8 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/engine"
 	"github.com/network-node-manager/network-node-manager/core/watch"
 	"github.com/network-node-manager/network-node-manager/fixes/invaliddrop"
-	"github.com/network-node-manager/network-node-manager/internal/netnstest"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
-
-// nsRunner runs the iptables binaries inside the test namespace.
-type nsRunner struct{ ns *netnstest.NS }
-
-func (r nsRunner) Run(ctx context.Context, name string, args []string, stdin []byte) ([]byte, []byte, error) {
-	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", r.ns.Name, name}, args...)...)
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	return out.Bytes(), errb.Bytes(), err
-}
 
 // The predecessor's leftovers as a migrating node has them: NMANAGER_ chains in filter and nat with
 // jumps from the built-in chains, beside kube-proxy's chains that must stay untouched.
@@ -52,7 +35,7 @@ var predecessorSetup = [][]string{
 	{"-t", "nat", "-A", "PREROUTING", "-j", "KUBE-SERVICES"},
 }
 
-func save(t *testing.T, ns *netnstest.NS, bin string) string {
+func save(t *testing.T, ns *testenv.NS, bin string) string {
 	t.Helper()
 	out := ns.MustExec(bin + "-save")
 	var keep []string
@@ -77,10 +60,10 @@ func foreign(dump string) string {
 // When the agent takes over (its first fix synced), the predecessor's NMANAGER_ chains and the jumps
 // to them go, in both families; our chains and foreign chains stay.
 func TestPredecessorChainsRemovedOnTakeover(t *testing.T) {
-	netnstest.Require(t, "iptables-nft", "iptables-legacy", "ip6tables-nft", "ip6tables-legacy")
+	testenv.Require(t, "iptables-nft", "iptables-legacy", "ip6tables-nft", "ip6tables-legacy")
 	for _, variant := range []iptables.Variant{iptables.NFT, iptables.Legacy} {
 		t.Run(string(variant), func(t *testing.T) {
-			ns := netnstest.New(t, "nnm-pred")
+			ns := testenv.New(t, "nnm-pred")
 			bins := []string{"iptables-" + string(variant), "ip6tables-" + string(variant)}
 			for _, bin := range bins {
 				for _, args := range predecessorSetup {
@@ -109,7 +92,7 @@ func TestPredecessorChainsRemovedOnTakeover(t *testing.T) {
 				}}),
 				fx.Supply(&detect.Probes{}), // values are configured: no host probe
 				fx.Provide(func() (backend.Backend, error) {
-					return iptables.New(iptables.Options{Variant: variant, Runner: nsRunner{ns}})
+					return iptables.New(iptables.Options{Variant: variant, Runner: ns})
 				}),
 				fx.Provide(func() watch.Source { return src }),
 				fx.Invoke(core.CleanPredecessor),
@@ -148,8 +131,8 @@ func TestPredecessorChainsRemovedOnTakeover(t *testing.T) {
 
 // Without any enabled fix nothing is taken over, so nothing of the predecessor is removed.
 func TestPredecessorKeptWithoutEnabledFix(t *testing.T) {
-	netnstest.Require(t, "iptables-nft")
-	ns := netnstest.New(t, "nnm-pred")
+	testenv.Require(t, "iptables-nft")
+	ns := testenv.New(t, "nnm-pred")
 	for _, args := range predecessorSetup[:3] {
 		ns.MustExec(append([]string{"iptables-nft"}, args...)...)
 	}
@@ -164,7 +147,7 @@ func TestPredecessorKeptWithoutEnabledFix(t *testing.T) {
 			"NNM_METRICS_ADDRESS=", "NNM_LOG_LEVEL=error", "NNM_FIXES_INVALID_DROP_ENABLED=false", "NNM_FIXES_IPVS_EXTERNALIP_DNAT_ENABLED=false"}}),
 		fx.Supply(&detect.Probes{}),
 		fx.Provide(func() (backend.Backend, error) {
-			return iptables.New(iptables.Options{Variant: iptables.NFT, Runner: nsRunner{ns}})
+			return iptables.New(iptables.Options{Variant: iptables.NFT, Runner: ns})
 		}),
 		fx.Provide(func() watch.Source { return src }),
 		fx.Invoke(core.CleanPredecessor),

@@ -70,7 +70,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
-	"github.com/network-node-manager/network-node-manager/internal/netnstest"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // extipPlan is the address plan of one family.
@@ -162,7 +162,7 @@ func seedCluster(ctx context.Context, cp *controlplane.ControlPlane) error {
 	return nil
 }
 
-type extipTopo struct{ pod, node, backend *netnstest.NS }
+type extipTopo struct{ pod, node, backend *testenv.NS }
 
 func newExtIPTopo(t *testing.T) *extipTopo {
 	t.Helper()
@@ -197,10 +197,10 @@ func newExtIPTopo(t *testing.T) *extipTopo {
 }
 
 // backendBody is what the backend in ns answers.
-func backendBody(ns *netnstest.NS) string { return "hello from " + ns.Name + "\n" }
+func backendBody(ns *testenv.NS) string { return "hello from " + ns.Name + "\n" }
 
 // serveBackend answers every connection on :backendPort (both families) with backendBody and closes it.
-func serveBackend(t *testing.T, ns *netnstest.NS) {
+func serveBackend(t *testing.T, ns *testenv.NS) {
 	ln := listen(t, ns, fmt.Sprintf(":%d", backendPort))
 	body := backendBody(ns)
 	go func() {
@@ -218,7 +218,7 @@ func serveBackend(t *testing.T, ns *netnstest.NS) {
 
 // startForwarder listens on each key of routes inside node and relays every connection to the
 // route's target, dialing from node: the stand-in for an IPVS virtual server.
-func startForwarder(t *testing.T, node *netnstest.NS, routes map[netip.AddrPort]netip.AddrPort) {
+func startForwarder(t *testing.T, node *testenv.NS, routes map[netip.AddrPort]netip.AddrPort) {
 	t.Helper()
 	var (
 		wg    sync.WaitGroup
@@ -275,7 +275,7 @@ func startForwarder(t *testing.T, node *netnstest.NS, routes map[netip.AddrPort]
 // probe is one connection attempt and its expected outcome.
 type probe struct {
 	name  string
-	from  *netnstest.NS
+	from  *testenv.NS
 	to    netip.AddrPort
 	reach bool // the backend's answer is expected
 }

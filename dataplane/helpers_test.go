@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/netnstest"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // backends are the agent's rule backends; every "with agent" case runs once per backend, each time in
@@ -28,21 +28,21 @@ var backends = []string{"iptables", "nftables"}
 // require skips the test unless it runs as root with the agent binary and the given tools.
 func require(t *testing.T, tools ...string) {
 	t.Helper()
-	netnstest.Require(t, tools...)
+	testenv.Require(t, tools...)
 	agenttest.Require(t)
 }
 
 // newNS creates a namespace with IPv6 duplicate address detection off, so addresses are usable at
 // once (links created into it inherit the "default" setting).
-func newNS(t *testing.T, prefix string) *netnstest.NS {
+func newNS(t *testing.T, prefix string) *testenv.NS {
 	t.Helper()
-	ns := netnstest.New(t, prefix)
+	ns := testenv.New(t, prefix)
 	ns.MustExec("sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0")
 	return ns
 }
 
 // veth links a (interface aIf) with b (interface bIf); both ends are up.
-func veth(a *netnstest.NS, aIf string, b *netnstest.NS, bIf string) {
+func veth(a *testenv.NS, aIf string, b *testenv.NS, bIf string) {
 	if a == b {
 		a.MustExec("ip", "link", "add", aIf, "type", "veth", "peer", "name", bIf)
 	} else {
@@ -53,7 +53,7 @@ func veth(a *netnstest.NS, aIf string, b *netnstest.NS, bIf string) {
 }
 
 // addAddrs adds addresses (CIDR notation) to dev; IPv6 ones without DAD.
-func addAddrs(ns *netnstest.NS, dev string, cidrs ...string) {
+func addAddrs(ns *testenv.NS, dev string, cidrs ...string) {
 	for _, c := range cidrs {
 		args := []string{"ip", "addr", "add", c, "dev", dev}
 		if strings.Contains(c, ":") {
@@ -64,7 +64,7 @@ func addAddrs(ns *netnstest.NS, dev string, cidrs ...string) {
 }
 
 // nftLoad loads an nft ruleset file into the namespace.
-func nftLoad(t *testing.T, ns *netnstest.NS, name, ruleset string) {
+func nftLoad(t *testing.T, ns *testenv.NS, name, ruleset string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), name+".nft")
 	if err := os.WriteFile(path, []byte(ruleset), 0o644); err != nil {
@@ -76,7 +76,7 @@ func nftLoad(t *testing.T, ns *netnstest.NS, name, ruleset string) {
 var packetsRE = regexp.MustCompile(`packets (\d+)`)
 
 // nftCounter reads a named counter of an nft table.
-func nftCounter(t *testing.T, ns *netnstest.NS, family, table, name string) uint64 {
+func nftCounter(t *testing.T, ns *testenv.NS, family, table, name string) uint64 {
 	t.Helper()
 	out := ns.MustExec("nft", "list", "counter", family, table, name)
 	m := packetsRE.FindStringSubmatch(out)
@@ -90,7 +90,7 @@ func nftCounter(t *testing.T, ns *netnstest.NS, family, table, name string) uint
 var invalidRE = regexp.MustCompile(`\binvalid=(\d+)`)
 
 // conntrackInvalid sums conntrack's per-CPU "invalid" statistic of the namespace (`conntrack -S`).
-func conntrackInvalid(t *testing.T, ns *netnstest.NS) uint64 {
+func conntrackInvalid(t *testing.T, ns *testenv.NS) uint64 {
 	t.Helper()
 	out := ns.MustExec("conntrack", "-S")
 	var total uint64
@@ -107,7 +107,7 @@ func conntrackInvalid(t *testing.T, ns *netnstest.NS) uint64 {
 }
 
 // listen opens a TCP listener inside ns.
-func listen(t *testing.T, ns *netnstest.NS, addr string) net.Listener {
+func listen(t *testing.T, ns *testenv.NS, addr string) net.Listener {
 	t.Helper()
 	var ln net.Listener
 	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp", addr); return }); err != nil {
@@ -120,7 +120,7 @@ func listen(t *testing.T, ns *netnstest.NS, addr string) net.Listener {
 // dial opens a TCP connection from inside the namespace at nsPath.
 func dial(ctx context.Context, nsPath string, addr netip.AddrPort, timeout time.Duration) (net.Conn, error) {
 	var c net.Conn
-	err := netnstest.Do(nsPath, func() (err error) {
+	err := testenv.Do(nsPath, func() (err error) {
 		c, err = (&net.Dialer{Timeout: timeout}).DialContext(ctx, "tcp", addr.String())
 		return
 	})
@@ -129,7 +129,7 @@ func dial(ctx context.Context, nsPath string, addr netip.AddrPort, timeout time.
 
 // fetch connects from ns to addr and reads everything the server sends until it closes. Any failure
 // within timeout (connect or read) is an error.
-func fetch(ctx context.Context, ns *netnstest.NS, addr netip.AddrPort, timeout time.Duration) (string, error) {
+func fetch(ctx context.Context, ns *testenv.NS, addr netip.AddrPort, timeout time.Duration) (string, error) {
 	deadline := time.Now().Add(timeout)
 	c, err := dial(ctx, ns.Path(), addr, timeout)
 	if err != nil {

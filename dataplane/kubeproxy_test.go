@@ -23,9 +23,7 @@ import (
 // InternalIP the masquerade address) and waits until it serves and has synced.
 func withKubeProxy(t *testing.T, tp *resetTopo, mode, name string) *kubeproxytest.Proxy {
 	t.Helper()
-	if _, err := kubeproxytest.Binary(); err != nil {
-		t.Skipf("skipping: %v", err)
-	}
+	kubeproxytest.Require(t)
 	cp := controlPlane(t)
 	kc, err := cp.ConnectNamespace(tp.node.Name)
 	if err != nil {

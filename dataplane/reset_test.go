@@ -42,8 +42,8 @@ import (
 	"time"
 
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/netnstest"
 	"github.com/network-node-manager/network-node-manager/internal/rawtcp"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // resetPlan is the address plan of one family.
@@ -83,7 +83,7 @@ table inet nnmtest-observe {
 }
 `
 
-type resetTopo struct{ pod, node, ext *netnstest.NS }
+type resetTopo struct{ pod, node, ext *testenv.NS }
 
 func newResetTopo(t *testing.T) *resetTopo {
 	t.Helper()

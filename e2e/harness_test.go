@@ -25,7 +25,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
-	"github.com/network-node-manager/network-node-manager/internal/netnstest"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // Agent settings shared by every scenario: short periods keep the suite fast.
@@ -49,19 +49,20 @@ var backendNames = []string{"iptables", "nftables"}
 
 // ---- prerequisites and the shared control planes ----
 
-// require skips the test unless the whole end-to-end setup can run here.
+// require ends the test unless the whole end-to-end setup can run here (testenv.Unavailable: a skip,
+// or a failure under CI).
 func require(t *testing.T) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("end-to-end scenario: skipped with -short")
 	}
 	if err := controlplane.CheckPrerequisites(""); err != nil {
-		t.Skipf("skipping end-to-end scenario: %v", err)
+		testenv.Unavailable(t, "end-to-end scenario: %v", err)
 	}
 	if err := agenttest.CheckPrerequisites(); err != nil {
-		t.Skipf("skipping end-to-end scenario: %v", err)
+		testenv.Unavailable(t, "end-to-end scenario: %v", err)
 	}
-	netnstest.Require(t, "iptables-save", "ip6tables-save", "nft")
+	testenv.Require(t, "iptables-save", "ip6tables-save", "nft")
 }
 
 // cluster is a control plane with the project's RBAC applied.
@@ -164,7 +165,7 @@ fixes:
 type node struct {
 	t       *testing.T
 	c       *cluster
-	ns      *netnstest.NS
+	ns      *testenv.NS
 	name    string // Node name given to the agent
 	backend string
 	config  string // config file path
@@ -176,7 +177,7 @@ type node struct {
 // ServiceAccount identity, then waits for /readyz.
 func startNode(t *testing.T, c *cluster, backend string, o nodeOptions) *node {
 	t.Helper()
-	ns := netnstest.New(t, "nnm-e2e")
+	ns := testenv.New(t, "nnm-e2e")
 	n := &node{t: t, c: c, ns: ns, name: "node-" + ns.Name[len(ns.Name)-8:], backend: backend}
 	if o.sa == "" {
 		o.sa = saName
@@ -305,7 +306,7 @@ func (n *node) dnatEntries(family string) ([]string, error) {
 		}
 	} else {
 		fam := map[string]string{"ipv4": "ip", "ipv6": "ip6"}[family]
-		raw, err := agenttest.InNetns(ctx, n.ns.Name, "nft", "-j", "list", "table", fam, "nnm-"+fixExtIP)
+		raw, err := testenv.Exec(ctx, n.ns.Name, "nft", "-j", "list", "table", fam, "nnm-"+fixExtIP)
 		if err != nil {
 			if strings.Contains(raw, "No such file or directory") {
 				return nil, nil

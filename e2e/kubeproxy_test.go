@@ -32,7 +32,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/kubeproxytest"
-	"github.com/network-node-manager/network-node-manager/internal/netnstest"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 const (
@@ -53,8 +53,8 @@ type kpNode struct {
 	c         *cluster
 	mode      string
 	name      string
-	ns        *netnstest.NS
-	pod       *netnstest.NS
+	ns        *testenv.NS
+	pod       *testenv.NS
 	kp        *kubeproxytest.Proxy
 	svc       *corev1.Service
 	saKubecfg string
@@ -64,11 +64,11 @@ func startKubeProxyNode(t *testing.T, c *cluster, mode string) *kpNode {
 	t.Helper()
 	ctx := t.Context()
 	n := &kpNode{t: t, c: c, mode: mode, name: "kp-" + mode}
-	n.ns = netnstest.New(t, "nnm-kp")
-	n.pod = netnstest.New(t, "nnm-kp-pod")
-	ep := netnstest.New(t, "nnm-kp-ep")
+	n.ns = testenv.New(t, "nnm-kp")
+	n.pod = testenv.New(t, "nnm-kp-pod")
+	ep := testenv.New(t, "nnm-kp-ep")
 	for _, l := range []struct {
-		peer                   *netnstest.NS
+		peer                   *testenv.NS
 		nodeIf, nodeIP, peerIP string
 	}{{n.pod, "pod0", kpNodeIP + "/24", kpPodIP + "/24"}, {ep, "rem0", kpNodeEPSide + "/24", kpEndpointIP + "/24"}} {
 		n.ns.MustExec("ip", "link", "add", l.nodeIf, "type", "veth", "peer", "name", "eth0", "netns", l.peer.Name)
@@ -106,7 +106,7 @@ func startKubeProxyNode(t *testing.T, c *cluster, mode string) *kpNode {
 }
 
 // serveEndpoint answers TCP :8080 with a greeting and echoes UDP :8053, in the ep namespace.
-func serveEndpoint(t *testing.T, ep *netnstest.NS) {
+func serveEndpoint(t *testing.T, ep *testenv.NS) {
 	t.Helper()
 	var ln net.Listener
 	var pc net.PacketConn
@@ -359,9 +359,7 @@ func (rs ruleset) theirs() string {
 // TestKubeProxy runs the agent beside kube-proxy in iptables and in nftables mode.
 func TestKubeProxy(t *testing.T) {
 	require(t)
-	if _, err := kubeproxytest.Binary(); err != nil {
-		t.Skipf("skipping: %v", err)
-	}
+	kubeproxytest.Require(t)
 	c := sharedCluster(t, "kube-proxy")
 	for _, mode := range []string{"iptables", "nftables"} {
 		t.Run(mode, func(t *testing.T) {

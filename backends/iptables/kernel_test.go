@@ -1,13 +1,11 @@
 package iptables
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
-	"os/exec"
 	"regexp"
 	"strings"
 	"sync"
@@ -16,12 +14,12 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/backends/nfgen"
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/internal/netnstest"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // nsRunner runs the binaries inside a test namespace and counts the calls per binary.
 type nsRunner struct {
-	ns       *netnstest.NS
+	ns       *testenv.NS
 	mu       sync.Mutex
 	calls    map[string]int
 	genReads int
@@ -34,14 +32,7 @@ func (r *nsRunner) Run(ctx context.Context, name string, args []string, stdin []
 	}
 	r.calls[name]++
 	r.mu.Unlock()
-	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", r.ns.Name, name}, args...)...)
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	return out.Bytes(), errb.Bytes(), err
+	return r.ns.Run(ctx, name, args, stdin)
 }
 
 func (r *nsRunner) reset() map[string]int {
@@ -55,7 +46,7 @@ func (r *nsRunner) reset() map[string]int {
 // kernel is one namespace, one variant, one family.
 type kernel struct {
 	t       *testing.T
-	ns      *netnstest.NS
+	ns      *testenv.NS
 	variant Variant
 	family  rules.Family
 	run     *nsRunner
@@ -108,8 +99,8 @@ func foreign(save string) string {
 
 func newKernel(t *testing.T, variant Variant, family rules.Family) *kernel {
 	k := &kernel{t: t, variant: variant, family: family}
-	netnstest.Require(t, k.bin(""), k.bin("save"), k.bin("restore"))
-	k.ns = netnstest.New(t, "nnm-ipt")
+	testenv.Require(t, k.bin(""), k.bin("save"), k.bin("restore"))
+	k.ns = testenv.New(t, "nnm-ipt")
 	k.run = &nsRunner{ns: k.ns}
 	return k
 }

@@ -15,27 +15,27 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/internal/netnstest"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // These tests program a real kernel inside a network namespace of their own and assert on what
 // `nft list` prints there. They skip without root.
 
-func inNS(t *testing.T, ns *netnstest.NS, fn func() error) {
+func inNS(t *testing.T, ns *testenv.NS, fn func() error) {
 	t.Helper()
 	if err := ns.Do(fn); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func nftList(t *testing.T, ns *netnstest.NS, args ...string) string {
+func nftList(t *testing.T, ns *testenv.NS, args ...string) string {
 	t.Helper()
 	return ns.MustExec(append([]string{"nft"}, args...)...)
 }
 
 // foreign creates tables that belong to someone else: a kube-proxy-like nft table and an
 // iptables-nft rule (which lives in nft table ip/ip6 filter).
-func foreign(t *testing.T, ns *netnstest.NS, f rules.Family) (snapshot func() string) {
+func foreign(t *testing.T, ns *testenv.NS, f rules.Family) (snapshot func() string) {
 	t.Helper()
 	nf, ipt, addr := "ip", "iptables", "10.96.0.1"
 	if f == rules.IPv6 {
@@ -75,7 +75,7 @@ func sendUDP(addr string, n int) error {
 var counterValues = regexp.MustCompile(`packets \d+ bytes \d+`)
 
 func TestKernel(t *testing.T) {
-	netnstest.Require(t, "nft", "iptables", "ip6tables")
+	testenv.Require(t, "nft", "iptables", "ip6tables")
 	for _, f := range rules.Families {
 		t.Run(string(f), func(t *testing.T) { testKernel(t, f) })
 	}
@@ -83,7 +83,7 @@ func TestKernel(t *testing.T) {
 
 func testKernel(t *testing.T, f rules.Family) {
 	ctx := context.Background()
-	ns := netnstest.New(t, "nnm-nft")
+	ns := testenv.New(t, "nnm-nft")
 	foreignState := foreign(t, ns, f)
 	before := foreignState()
 	nf := string(nftFamily(f))
@@ -250,8 +250,8 @@ func testKernel(t *testing.T, f rules.Family) {
 // TestKernelCost logs what the parts of an Apply cost with a map of 10,000 elements (run with -v;
 // BenchmarkApply10k gives averaged numbers) and checks the no-op and element paths are taken.
 func TestKernelCost(t *testing.T) {
-	netnstest.Require(t, "nft")
-	ns := netnstest.New(t, "nnm-nft")
+	testenv.Require(t, "nft")
+	ns := testenv.New(t, "nnm-nft")
 	k := newRealKernel()
 	b := k.backend(t)
 	ctx := context.Background()
@@ -316,8 +316,8 @@ func manyEntries(f rules.Family, n int) []rules.MapEntry {
 }
 
 func BenchmarkApply10k(b *testing.B) {
-	netnstest.Require(b, "nft")
-	ns := netnstest.New(b, "nnm-nft")
+	testenv.Require(b, "nft")
+	ns := testenv.New(b, "nnm-nft")
 	ctx := context.Background()
 	for _, f := range rules.Families {
 		entries := manyEntries(f, 10000)
@@ -369,11 +369,11 @@ func BenchmarkApply10k(b *testing.B) {
 // commit lists nothing; a commit by someone else anywhere moves the generation, and the next Verify
 // lists our table alone; a foreign change inside our table is found that way and repaired.
 func TestKernelGeneration(t *testing.T) {
-	netnstest.Require(t, "nft")
+	testenv.Require(t, "nft")
 	for _, f := range rules.Families {
 		t.Run(string(f), func(t *testing.T) {
 			ctx := context.Background()
-			ns := netnstest.New(t, "nnm-nft")
+			ns := testenv.New(t, "nnm-nft")
 			nf := string(nftFamily(f))
 			k := newRealKernel()
 			b := k.backend(t)

@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/network-node-manager/network-node-manager/core/config"
-	"github.com/network-node-manager/network-node-manager/internal/netnstest"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // Real-kernel detection: each case builds a node's signals in a fresh network namespace (a dummy
@@ -47,13 +47,13 @@ func TestHelperProcess(t *testing.T) {
 	os.Exit(0)
 }
 
-func detectIn(t *testing.T, ns *netnstest.NS, env ...string) Result {
+func detectIn(t *testing.T, ns *testenv.NS, env ...string) Result {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("ip", "netns", "exec", ns.Name, self, "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd := ns.Command(self, "-test.run=^TestHelperProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), append([]string{helperEnv + "=1"}, env...)...)
 	out, err := cmd.Output()
 	if err != nil {
@@ -78,7 +78,7 @@ func detectIn(t *testing.T, ns *netnstest.NS, env ...string) Result {
 }
 
 func TestRealDetection(t *testing.T) {
-	netnstest.Require(t, "nft", "iptables-nft", "iptables-legacy")
+	testenv.Require(t, "nft", "iptables-nft", "iptables-legacy")
 	type want struct{ mode, modeSrc, backend, variant, variantSrc string }
 	tests := []struct {
 		name  string
@@ -115,7 +115,7 @@ func TestRealDetection(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ns := netnstest.New(t, "nnm-detect")
+			ns := testenv.New(t, "nnm-detect")
 			for _, c := range tt.setup {
 				ns.MustExec(c...)
 			}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/sysctl"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
-	"github.com/network-node-manager/network-node-manager/internal/netnstest"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // TestKernel runs the fix against the real /proc/sys inside a throwaway network namespace. The sysctl
@@ -23,11 +23,11 @@ func TestKernel(t *testing.T) {
 	if testing.Short() {
 		t.Skip("kernel test")
 	}
-	ns := netnstest.New(t, "nnm-ctliberal")
+	ns := testenv.New(t, "nnm-ctliberal")
 	proc := "/proc/sys/" + strings.ReplaceAll(sysctl.ConntrackTCPBeLiberal, ".", "/")
 	host, err := os.ReadFile(proc)
 	if err != nil {
-		t.Skipf("the host has no %s (nf_conntrack not loaded): %v", sysctl.ConntrackTCPBeLiberal, err)
+		testenv.Unavailable(t, "the host has no %s (nf_conntrack not loaded): %v", sysctl.ConntrackTCPBeLiberal, err)
 	}
 	defer func() {
 		if after, _ := os.ReadFile(proc); string(after) != string(host) {
@@ -36,7 +36,7 @@ func TestKernel(t *testing.T) {
 	}()
 	inNS := func() string { return strings.TrimSpace(ns.MustExec("cat", proc)) }
 	if _, err := ns.Exec("cat", proc); err != nil {
-		t.Skipf("the namespace has no %s: %v", sysctl.ConntrackTCPBeLiberal, err)
+		testenv.Unavailable(t, "the namespace has no %s: %v", sysctl.ConntrackTCPBeLiberal, err)
 	}
 	ns.MustExec("sh", "-c", "echo 0 > "+proc)
 	stateDir := t.TempDir()

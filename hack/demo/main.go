@@ -29,6 +29,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 const metricsPort = 9484
@@ -101,8 +102,8 @@ func run() (err error) {
 		return err
 	}
 	undo = append(undo, func() {
-		if out, err := exec.Command("ip", "netns", "del", nodeNS).CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "demo: delete netns %s: %v: %s\n", nodeNS, err, out)
+		if err := testenv.Delete(context.Background(), nodeNS); err != nil {
+			fmt.Fprintf(os.Stderr, "demo: %v\n", err)
 		}
 	})
 
@@ -191,21 +192,17 @@ func waitExit(a *agenttest.Agent) <-chan struct{} {
 // createNetns creates the node namespace; a leftover of an earlier demo with nothing running in it is
 // removed first.
 func createNetns(name string) error {
-	if _, err := os.Stat(filepath.Join("/run/netns", name)); err == nil {
+	ctx := context.Background()
+	if testenv.Exists(name) {
 		out, _ := exec.Command("ip", "netns", "pids", name).Output()
 		if strings.TrimSpace(string(out)) != "" {
 			return fmt.Errorf("network namespace %s exists and processes run in it (another demo?); set DEMO_NETNS", name)
 		}
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			return fmt.Errorf("remove leftover netns %s: %v: %s", name, err, out)
+		if err := testenv.Delete(ctx, name); err != nil {
+			return fmt.Errorf("remove leftover netns: %w", err)
 		}
 	}
-	for _, args := range [][]string{{"netns", "add", name}, {"-n", name, "link", "set", "lo", "up"}} {
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-		}
-	}
-	return nil
+	return testenv.Create(ctx, name)
 }
 
 // createExamples creates the Nodes and Services of the file; a Service's status is written afterwards
@@ -303,7 +300,7 @@ func settle(ctx context.Context, a *agenttest.Agent) {
 func show(ctx context.Context, a *agenttest.Agent, backend, nodeNS string) error {
 	if backend == "nftables" {
 		step("the agent's nftables tables in %s (nft list table …)", nodeNS)
-		out, err := agenttest.InNetns(ctx, nodeNS, "nft", "list", "tables")
+		out, err := testenv.Exec(ctx, nodeNS, "nft", "list", "tables")
 		if err != nil {
 			return err
 		}
@@ -312,7 +309,7 @@ func show(ctx context.Context, a *agenttest.Agent, backend, nodeNS string) error
 			if len(f) != 3 || !strings.HasPrefix(f[2], "nnm-") {
 				continue
 			}
-			t, err := agenttest.InNetns(ctx, nodeNS, "nft", "list", "table", f[1], f[2])
+			t, err := testenv.Exec(ctx, nodeNS, "nft", "list", "table", f[1], f[2])
 			if err != nil {
 				return err
 			}

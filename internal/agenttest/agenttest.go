@@ -30,7 +30,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/netnstest"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // BinEnv overrides the path of the agent binary.
@@ -161,20 +161,11 @@ func Start(opts Options) (*Agent, error) {
 		opts.LogFile = filepath.Join(dir, "agent.log")
 	}
 	a := &Agent{opts: opts, addr: addr, logPath: opts.LogFile}
-	nsPath := filepath.Join("/run/netns", opts.Netns)
 	a.client = &http.Client{
 		Timeout: 3 * time.Second,
 		Transport: &http.Transport{
 			DisableKeepAlives: true,
-			DialContext: func(ctx context.Context, network, address string) (net.Conn, error) {
-				var conn net.Conn
-				err := netnstest.Do(nsPath, func() error {
-					var err error
-					conn, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, network, address)
-					return err
-				})
-				return conn, err
-			},
+			DialContext:       testenv.DialContext(testenv.Path(opts.Netns), &net.Dialer{Timeout: 2 * time.Second}),
 		},
 	}
 	if err := a.start(); err != nil {
@@ -195,8 +186,7 @@ func (a *Agent) start() error {
 		return err
 	}
 	fmt.Fprintf(logf, "==== %s: ip netns exec %s %s run %s\n", time.Now().Format(time.RFC3339Nano), a.opts.Netns, a.opts.Bin, strings.Join(a.opts.Args, " "))
-	argv := append([]string{"netns", "exec", a.opts.Netns, a.opts.Bin, "run"}, a.opts.Args...)
-	cmd := exec.Command("ip", argv...)
+	cmd := testenv.Command(context.Background(), a.opts.Netns, append([]string{a.opts.Bin, "run"}, a.opts.Args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(cleanEnv(), a.opts.Env...)
 	// Own process group: a ^C to the test does not reach the agent before cleanup stops it.

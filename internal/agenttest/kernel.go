@@ -3,9 +3,9 @@ package agenttest
 import (
 	"bufio"
 	"context"
-	"fmt"
-	"os/exec"
 	"strings"
+
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // IptablesSave returns `iptables-save -t table` (family "ipv4") or `ip6tables-save -t table` ("ipv6")
@@ -20,7 +20,7 @@ func IptablesSave(ctx context.Context, netns, variant, family, table string) (st
 	if variant == "legacy" || variant == "nft" {
 		bin += "-" + variant
 	}
-	out, err := InNetns(ctx, netns, bin+"-save", "-t", table)
+	out, err := testenv.Exec(ctx, netns, bin+"-save", "-t", table)
 	if err != nil {
 		return "", err
 	}
@@ -45,27 +45,16 @@ func IptablesSave(ctx context.Context, netns, variant, family, table string) (st
 
 // NftList returns `nft list ruleset` run inside netns (all families).
 func NftList(ctx context.Context, netns string) (string, error) {
-	return InNetns(ctx, netns, "nft", "list", "ruleset")
+	return testenv.Exec(ctx, netns, "nft", "list", "ruleset")
 }
 
 // NftListTable returns `nft list table <family> <name>` inside netns; a missing table gives ("", nil).
 func NftListTable(ctx context.Context, netns, family, name string) (string, error) {
-	out, err := InNetns(ctx, netns, "nft", "list", "table", family, name)
+	out, err := testenv.Exec(ctx, netns, "nft", "list", "table", family, name)
 	if err != nil && (strings.Contains(out, "No such file or directory") || strings.Contains(err.Error(), "No such file or directory")) {
 		return "", nil
 	}
 	return out, err
-}
-
-// InNetns runs a command inside netns with `ip netns exec` and returns its combined output; an error
-// names the command and carries the output.
-func InNetns(ctx context.Context, netns string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", netns}, args...)...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("%s (netns %s): %w: %s", strings.Join(args, " "), netns, err, strings.TrimSpace(string(out)))
-	}
-	return string(out), nil
 }
 
 // Lines returns the lines of text that contain every one of the given substrings.

@@ -4,17 +4,21 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // StopGrace is how long Stop waits after SIGTERM in the test helpers.
 const StopGrace = 15 * time.Second
 
-// Require skips the test when the agent cannot run here (see CheckPrerequisites).
+// Require ends the test when the agent cannot run here (see CheckPrerequisites): a skip, or a failure
+// under CI (testenv.Unavailable).
 func Require(tb testing.TB) {
 	tb.Helper()
 	if err := CheckPrerequisites(); err != nil {
 		if errors.Is(err, ErrUnavailable) {
-			tb.Skipf("skipping: %v", err)
+			testenv.Unavailable(tb, "%v", err)
+			return
 		}
 		tb.Fatal(err)
 	}

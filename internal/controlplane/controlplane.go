@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
@@ -147,10 +148,10 @@ func (c *ControlPlane) prepare(ctx context.Context) error {
 	if c.creds, err = writeCredentials(c.dataDir); err != nil {
 		return err
 	}
-	if netnsExists(c.netns) {
+	if testenv.Exists(c.netns) {
 		return fmt.Errorf("network namespace %q already exists", c.netns)
 	}
-	if err := c.bins.createNetns(ctx, c.netns); err != nil {
+	if err := testenv.Create(ctx, c.netns); err != nil {
 		return fmt.Errorf("create control-plane netns: %w", err)
 	}
 	c.ownNetns = true
@@ -188,14 +189,14 @@ func (c *ControlPlane) makeDataDir() error {
 }
 
 func (c *ControlPlane) startEtcd(ctx context.Context) error {
-	p, err := startProcess(c.bins.ip, c.netns, "etcd", c.logPath("etcd"), c.etcdArgs())
+	p, err := startProcess(c.netns, "etcd", c.logPath("etcd"), c.etcdArgs())
 	if err != nil {
 		return err
 	}
 	c.mu.Lock()
 	c.etcd = p
 	c.mu.Unlock()
-	client := &http.Client{Transport: &http.Transport{DialContext: netnsDialer(netnsPath(c.netns))}, Timeout: 2 * time.Second}
+	client := &http.Client{Transport: &http.Transport{DialContext: testenv.DialContext(testenv.Path(c.netns), nil)}, Timeout: 2 * time.Second}
 	return c.waitReady(ctx, p, client, etcdURL+"/health", nil)
 }
 
@@ -254,7 +255,7 @@ func (c *ControlPlane) StartAPIServer(ctx context.Context) error {
 		c.mu.Unlock()
 		return errors.New("kube-apiserver is already running")
 	}
-	p, err := startProcess(c.bins.ip, c.netns, "kube-apiserver", c.logPath("kube-apiserver"), c.apiserverArgs())
+	p, err := startProcess(c.netns, "kube-apiserver", c.logPath("kube-apiserver"), c.apiserverArgs())
 	if err == nil {
 		c.apiserver = p
 	}
@@ -364,7 +365,7 @@ func (c *ControlPlane) connect(nodeNS string) (*nodeConn, error) {
 	if conn, ok := c.nodes[nodeNS]; ok {
 		return conn, nil
 	}
-	if nodeNS == "" || nodeNS == c.netns || !netnsExists(nodeNS) {
+	if nodeNS == "" || nodeNS == c.netns || !testenv.Exists(nodeNS) {
 		return nil, fmt.Errorf("connect node: network namespace %q not found in /run/netns", nodeNS)
 	}
 	ctx := context.Background()
@@ -463,7 +464,7 @@ func (c *ControlPlane) Close() error {
 		errs = append(errs, c.bins.deleteVeth(ctx, c.hostLink))
 	}
 	if c.ownNetns {
-		errs = append(errs, c.bins.deleteNetns(ctx, c.netns))
+		errs = append(errs, testenv.Delete(ctx, c.netns))
 	}
 	if c.ownDataDir {
 		errs = append(errs, os.RemoveAll(c.dataDir))

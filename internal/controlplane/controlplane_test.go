@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -93,7 +94,7 @@ func TestCloseRemovesEverything(t *testing.T) {
 			t.Fatalf("Close #%d: %v", i+1, err)
 		}
 	}
-	if netnsExists(cp.Netns()) {
+	if testenv.Exists(cp.Netns()) {
 		t.Errorf("netns %s still exists", cp.Netns())
 	}
 	if err := exec.Command("ip", "link", "show", cp.hostLink.local).Run(); err == nil {
@@ -189,7 +190,7 @@ func clientFromKubeconfig(t *testing.T, path, nodeNS string) kubernetes.Interfac
 		t.Fatal(err)
 	}
 	if nodeNS != "" {
-		cfg.Dial = netnsDialer(netnsPath(nodeNS))
+		cfg.Dial = testenv.DialContext(testenv.Path(nodeNS), nil)
 	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -201,20 +202,7 @@ func clientFromKubeconfig(t *testing.T, path, nodeNS string) kubernetes.Interfac
 // newNodeNetns creates a netns standing in for a node; removed at cleanup.
 func newNodeNetns(t *testing.T) string {
 	t.Helper()
-	id, err := randomHex(3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := "nnm-cptest-node-" + id
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v: %s", name, err, out)
-		}
-	})
-	return name
+	return testenv.New(t, "nnm-cptest-node").Name
 }
 
 func waitFor(t *testing.T, timeout time.Duration, f func() error) {

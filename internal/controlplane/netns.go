@@ -6,17 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 
-	"golang.org/x/sys/unix"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 var (
@@ -54,37 +52,6 @@ func (b binaries) ipCmd(ctx context.Context, ns string, args ...string) ([]byte,
 	return out, nil
 }
 
-func (b binaries) createNetns(ctx context.Context, name string) error {
-	if _, err := b.ipCmd(ctx, "", "netns", "add", name); err != nil {
-		return err
-	}
-	_, err := b.ipCmd(ctx, name, "link", "set", "lo", "up")
-	return err
-}
-
-// deleteNetns kills whatever still runs in the namespace, then deletes it.
-func (b binaries) deleteNetns(ctx context.Context, name string) error {
-	if !netnsExists(name) {
-		return nil
-	}
-	if out, err := b.ipCmd(ctx, "", "netns", "pids", name); err == nil {
-		for _, f := range strings.Fields(string(out)) {
-			if pid, err := strconv.Atoi(f); err == nil {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-	}
-	_, err := b.ipCmd(ctx, "", "netns", "del", name)
-	return err
-}
-
-func netnsExists(name string) bool {
-	_, err := os.Stat(netnsPath(name))
-	return err == nil
-}
-
-func netnsPath(name string) string { return filepath.Join("/run/netns", name) }
-
 // createVeth creates the pair with both ends up and addressed.
 func (b binaries) createVeth(ctx context.Context, l vethLink) error {
 	args := []string{"link", "add", l.local, "type", "veth", "peer", "name", l.peer}
@@ -114,7 +81,7 @@ func (b binaries) createVeth(ctx context.Context, l vethLink) error {
 // deleteVeth deletes the pair (deleting one end removes both); a pair that is
 // already gone is not an error.
 func (b binaries) deleteVeth(ctx context.Context, l vethLink) error {
-	if l.localNS != "" && !netnsExists(l.localNS) {
+	if l.localNS != "" && !testenv.Exists(l.localNS) {
 		return nil
 	}
 	out, err := b.ipCmd(ctx, l.localNS, "link", "del", l.local)
@@ -210,57 +177,6 @@ func (b binaries) pickNodeLinkPrefix(ctx context.Context, cpNS, nodeNS string, n
 	}
 }
 
-// netnsDialer returns a DialContext that creates its sockets inside the
-// network namespace at nsPath: used to reach services that listen on the
-// control plane's loopback (etcd) from the test process.
-func netnsDialer(nsPath string) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		type result struct {
-			conn net.Conn
-			err  error
-		}
-		ch := make(chan result, 1)
-		go func() {
-			conn, err := dialInNetns(ctx, nsPath, network, addr)
-			ch <- result{conn, err}
-		}()
-		r := <-ch
-		return r.conn, r.err
-	}
-}
-
-// dialInNetns switches the calling OS thread into the namespace, dials, and
-// switches back. If switching back fails the thread stays locked, so the Go
-// runtime discards it when the goroutine ends.
-func dialInNetns(ctx context.Context, nsPath, network, addr string) (net.Conn, error) {
-	runtime.LockOSThread()
-	orig, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
-	if err != nil {
-		runtime.UnlockOSThread()
-		return nil, err
-	}
-	defer orig.Close()
-	target, err := os.Open(nsPath)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return nil, err
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return nil, fmt.Errorf("setns %s: %w", nsPath, err)
-	}
-	conn, dialErr := (&net.Dialer{}).DialContext(ctx, network, addr)
-	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-		if conn != nil {
-			conn.Close()
-		}
-		return nil, errors.Join(dialErr, fmt.Errorf("setns back to the original netns: %w", err))
-	}
-	runtime.UnlockOSThread()
-	return conn, dialErr
-}
-
 // removeStale deletes control-plane namespaces (and their host veth and temp
 // dirs) left behind by test processes that no longer exist, e.g. after a
 // `go test` timeout killed the binary before its cleanups ran.
@@ -281,7 +197,7 @@ func (b binaries) removeStale(ctx context.Context) error {
 			continue
 		}
 		errs = append(errs, b.deleteVeth(ctx, vethLink{local: hostVethName(id)}))
-		errs = append(errs, b.deleteNetns(ctx, name))
+		errs = append(errs, testenv.Delete(ctx, name))
 		dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), name+"-*"))
 		for _, d := range dirs {
 			errs = append(errs, os.RemoveAll(d))

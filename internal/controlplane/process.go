@@ -2,12 +2,15 @@ package controlplane
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // process is one component running inside the control-plane netns through
@@ -23,7 +26,7 @@ type process struct {
 // startProcess starts argv in netns ns in a process group of its own, with
 // stdout and stderr appended to logPath. The child gets SIGKILL if the test
 // process dies first, so a crashed test leaves no component running.
-func startProcess(ipBin, ns, name, logPath string, argv []string) (*process, error) {
+func startProcess(ns, name, logPath string, argv []string) (*process, error) {
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("%s log: %w", name, err)
@@ -31,7 +34,7 @@ func startProcess(ipBin, ns, name, logPath string, argv []string) (*process, err
 	defer logFile.Close() // the child holds its own copy
 	fmt.Fprintf(logFile, "==== %s starting: %s\n", time.Now().Format(time.RFC3339), strings.Join(argv, " "))
 
-	cmd := exec.Command(ipBin, append([]string{"netns", "exec", ns}, argv...)...)
+	cmd := testenv.Command(context.Background(), ns, argv...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

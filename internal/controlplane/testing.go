@@ -3,17 +3,20 @@ package controlplane
 import (
 	"errors"
 	"testing"
+
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
-// StartT starts a control plane for a test: it skips the test when the
-// machine cannot run one (see CheckPrerequisites), fails it when Start fails,
+// StartT starts a control plane for a test: it ends the test when the
+// machine cannot run one (testenv.Unavailable: a skip, or a failure under CI) (see CheckPrerequisites), fails it when Start fails,
 // and registers Close with tb.Cleanup. If the test failed, the tails of the
 // component logs are logged before teardown.
 func StartT(tb testing.TB, opts Options) *ControlPlane {
 	tb.Helper()
 	if err := CheckPrerequisites(opts.BinDir); err != nil {
 		if errors.Is(err, ErrUnavailable) {
-			tb.Skipf("skipping: %v", err)
+			testenv.Unavailable(tb, "%v", err)
+			return nil
 		}
 		tb.Fatal(err)
 	}

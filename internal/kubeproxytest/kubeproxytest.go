@@ -35,7 +35,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
-	"github.com/network-node-manager/network-node-manager/internal/netnstest"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // MetricsAddr is where kube-proxy serves /proxyMode and /metrics (its default, inside its namespace).
@@ -113,19 +113,11 @@ func Start(opts Options) (*Proxy, error) {
 		}
 		opts.LogFile = filepath.Join(dir, "kube-proxy.log")
 	}
-	nsPath := filepath.Join("/run/netns", opts.Netns)
 	p := &Proxy{opts: opts, bin: bin, client: &http.Client{
 		Timeout: 3 * time.Second,
 		Transport: &http.Transport{
 			DisableKeepAlives: true,
-			DialContext: func(ctx context.Context, network, address string) (net.Conn, error) {
-				var conn net.Conn
-				err := netnstest.Do(nsPath, func() (err error) {
-					conn, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, network, address)
-					return err
-				})
-				return conn, err
-			},
+			DialContext:       testenv.DialContext(testenv.Path(opts.Netns), &net.Dialer{Timeout: 2 * time.Second}),
 		},
 	}}
 	return p, p.start()
@@ -157,7 +149,7 @@ func (p *Proxy) start() error {
 	}
 	args := p.Args()
 	fmt.Fprintf(logf, "==== %s: ip netns exec %s %s %s\n", time.Now().Format(time.RFC3339Nano), p.opts.Netns, p.bin, strings.Join(args, " "))
-	cmd := exec.Command("ip", append([]string{"netns", "exec", p.opts.Netns, p.bin}, args...)...)
+	cmd := testenv.Command(context.Background(), p.opts.Netns, append([]string{p.bin}, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -302,13 +294,20 @@ func (p *Proxy) LogTail(n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// StartT starts kube-proxy for a test: it skips when kube-proxy is not built (agenttest-style),
+// Require ends the test when kube-proxy is not built (testenv.Unavailable: a skip, or a failure under
+// CI, where `make controlplane` builds it).
+func Require(tb testing.TB) {
+	tb.Helper()
+	if _, err := Binary(); err != nil {
+		testenv.Unavailable(tb, "%v", err)
+	}
+}
+
+// StartT starts kube-proxy for a test: it ends the test when kube-proxy is not built (testenv.Unavailable),
 // fails when it cannot start, and stops it when the test ends, printing the log tail on failure.
 func StartT(tb testing.TB, opts Options) *Proxy {
 	tb.Helper()
-	if _, err := Binary(); err != nil {
-		tb.Skipf("skipping: %v", err)
-	}
+	Require(tb)
 	if opts.LogFile == "" {
 		opts.LogFile = filepath.Join(tb.TempDir(), "kube-proxy.log")
 	}

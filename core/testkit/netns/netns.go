@@ -1,27 +1,38 @@
 // Package netns gives fix tests a throwaway network namespace, so that kernel tests can program real
-// rules and sysctls without touching the host. It is the public face of the project's own helper,
-// usable from fix modules that live in other Go modules.
+// rules and sysctls without touching the host. It is the public face of the project's one test
+// environment (internal/testenv), usable from fix modules that live in other Go modules.
 //
-//	ns := netns.New(t, "nnm-myfix")            // skips without root; deleted when the test ends
+//	ns := netns.New(t, "nnm-myfix")            // deleted when the test ends
 //	ns.MustExec("iptables-save")               // a command inside the namespace
 //	err := ns.Do(func() error { ... })         // Go code on a thread inside the namespace
+//
+// Without root (or `ip`) the test skips; under CI (CI=true or NNM_REQUIRE_KERNEL=1) it fails instead,
+// so that a green CI run means the kernel tests ran. Use Unavailable for any other missing kernel
+// feature, so it follows the same rule.
 package netns
 
 import (
 	"testing"
 
-	"github.com/network-node-manager/network-node-manager/internal/netnstest"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // NS is a network namespace created for one test (see New).
-type NS = netnstest.NS
+type NS = testenv.NS
 
-// New creates a namespace named prefix-<random> with loopback up, deleted when the test ends. It
-// skips the test with a clear message when not root.
-func New(t testing.TB, prefix string) *NS { t.Helper(); return netnstest.New(t, prefix) }
+// New creates a namespace named prefix-<random> with loopback up, deleted when the test ends.
+func New(t testing.TB, prefix string) *NS { t.Helper(); return testenv.New(t, prefix) }
 
-// Require skips the test unless it runs as root with `ip netns` and the named binaries available.
-func Require(t testing.TB, binaries ...string) { t.Helper(); netnstest.Require(t, binaries...) }
+// Require ends the test unless it runs as root with `ip netns` and the named binaries available:
+// a skip, or a failure under CI.
+func Require(t testing.TB, binaries ...string) { t.Helper(); testenv.Require(t, binaries...) }
+
+// Unavailable ends the test because something it needs (a kernel feature, a module) is missing: a
+// skip with the message, or a failure under CI.
+func Unavailable(t testing.TB, format string, args ...any) {
+	t.Helper()
+	testenv.Unavailable(t, format, args...)
+}
 
 // Do runs fn on an OS thread locked inside the namespace at path (processes it starts live there).
-func Do(path string, fn func() error) error { return netnstest.Do(path, fn) }
+func Do(path string, fn func() error) error { return testenv.Do(path, fn) }

@@ -8,7 +8,7 @@ import (
 
 func TestNamespaceIsIsolated(t *testing.T) {
 	if testing.Short() {
-		t.Skip("needs root")
+		t.Skip("kernel test")
 	}
 	ns := New(t, "nnm-netns")
 	ns.MustExec("ip", "link", "add", "nnmprobe0", "type", "veth", "peer", "name", "nnmprobe1")

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestSummaryCountsPerPackageAndPrintsFailuresAndSkips(t *testing.T) {
+	in := []string{
+		`{"Action":"start","Package":"a"}`,
+		`{"Action":"run","Package":"a","Test":"TestOK"}`,
+		`{"Action":"output","Package":"a","Test":"TestOK","Output":"=== RUN   TestOK\n"}`,
+		`{"Action":"output","Package":"a","Test":"TestOK","Output":"noise of a passing test\n"}`,
+		`{"Action":"pass","Package":"a","Test":"TestOK"}`,
+		`{"Action":"run","Package":"a","Test":"TestKernel"}`,
+		`{"Action":"run","Package":"a","Test":"TestKernel/nft"}`,
+		`{"Action":"output","Package":"a","Test":"TestKernel/nft","Output":"    --- SKIP: TestKernel/nft (0.00s)\n"}`,
+		`{"Action":"output","Package":"a","Test":"TestKernel/nft","Output":"        x_test.go:3: skipping: no nft\n"}`,
+		`{"Action":"skip","Package":"a","Test":"TestKernel/nft"}`,
+		`{"Action":"pass","Package":"a","Test":"TestKernel"}`,
+		`{"Action":"output","Package":"a","Output":"PASS\n"}`,
+		`{"Action":"output","Package":"a","Output":"ok  \ta\t0.1s\n"}`,
+		`{"Action":"pass","Package":"a"}`,
+		`{"Action":"run","Package":"b","Test":"TestBad"}`,
+		`{"Action":"output","Package":"b","Test":"TestBad","Output":"    b_test.go:9: want 1, got 2\n"}`,
+		`{"Action":"fail","Package":"b","Test":"TestBad"}`,
+		`{"Action":"output","Package":"b","Output":"FAIL\tb\t0.2s\n"}`,
+		`{"Action":"fail","Package":"b"}`,
+		`not json: a message of the tool itself`,
+	}
+	var out strings.Builder
+	s := newSummary(&out)
+	for _, l := range in {
+		s.line(l)
+	}
+	if s.report() {
+		t.Error("report() = true with a failed test")
+	}
+	got := out.String()
+	for _, want := range []string{
+		"ok  \ta\t0.1s", "FAIL\tb\t0.2s", // package result lines
+		"want 1, got 2",                 // a failed test's output
+		"skipping: no nft",              // a skip's reason
+		"not json: a message",           // passed through
+		"2 passed, 1 failed, 1 skipped", // TestOK and TestKernel pass, its subtest skips, TestBad fails
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "noise of a passing test") {
+		t.Errorf("a passing test's output was printed:\n%s", got)
+	}
+	if a := s.pkgs["a"]; *a != (counts{run: 3, pass: 2, skip: 1}) {
+		t.Errorf("package a: %+v", *a)
+	}
+	if !strings.HasSuffix(got, "2 passed, 1 failed, 1 skipped\n") {
+		t.Errorf("the closing line is not the plain count:\n%s", got)
+	}
+}
+
+func TestSummaryFailsOnBuildFailureWithoutTests(t *testing.T) {
+	var out strings.Builder
+	s := newSummary(&out)
+	s.line(`{"ImportPath":"c [c.test]","Action":"build-output","Output":"c/x.go:1: syntax error\n"}`)
+	s.line(`{"ImportPath":"c [c.test]","Action":"build-fail"}`)
+	if s.report() {
+		t.Error("report() = true after a build failure")
+	}
+	if !strings.Contains(out.String(), "syntax error") {
+		t.Errorf("build output not printed:\n%s", out.String())
+	}
+}

@@ -1,0 +1,206 @@
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/vishvananda/netns"
+)
+
+// RunDir is where iproute2 keeps named network namespaces.
+const RunDir = "/run/netns"
+
+// Path is the file of the named namespace under RunDir.
+func Path(name string) string { return filepath.Join(RunDir, name) }
+
+// Exists reports whether the named namespace exists.
+func Exists(name string) bool {
+	_, err := os.Stat(Path(name))
+	return err == nil
+}
+
+// Create makes the named network namespace (`ip netns add`) and brings its loopback up.
+func Create(ctx context.Context, name string) error {
+	if _, err := run(ctx, "ip", "netns", "add", name); err != nil {
+		return err
+	}
+	if _, err := run(ctx, "ip", "-n", name, "link", "set", "lo", "up"); err != nil {
+		_ = Delete(ctx, name)
+		return err
+	}
+	return nil
+}
+
+// Delete kills whatever still runs in the named namespace, then deletes it. A namespace that does not
+// exist is not an error.
+func Delete(ctx context.Context, name string) error {
+	if !Exists(name) {
+		return nil
+	}
+	if out, err := run(ctx, "ip", "netns", "pids", name); err == nil {
+		for _, f := range strings.Fields(out) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+	_, err := run(ctx, "ip", "netns", "del", name)
+	return err
+}
+
+// Command is `ip netns exec <name> args...`: the process lives in the namespace (with /sys
+// remounted to match it, as iproute2 does).
+func Command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", name}, args...)...)
+}
+
+// Exec runs args in the named namespace (Command) and returns the combined output; an error names
+// the command and the namespace and carries the output.
+func Exec(ctx context.Context, name string, args ...string) (string, error) {
+	out, err := Command(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s (in netns %s): %w: %s", strings.Join(args, " "), name, err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// run runs a host command (iproute2 managing namespaces), with the same error form as Exec.
+func run(ctx context.Context, name string, args ...string) (string, error) {
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// Do runs fn on an OS thread that has entered the network namespace at path; processes fn starts
+// and sockets it opens live there. The caller's own thread never changes namespace. If the thread
+// cannot move back it stays locked, and the Go runtime discards it when fn's goroutine ends.
+func Do(path string, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("open own netns: %w", err)
+			return
+		}
+		defer orig.Close()
+		target, err := netns.GetFromPath(path)
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("open netns %s: %w", path, err)
+			return
+		}
+		defer target.Close()
+		if err := netns.Set(target); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("enter netns %s: %w", path, err)
+			return
+		}
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			errc <- errors.Join(ferr, fmt.Errorf("return from netns %s: %w", path, err))
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}
+
+// DialContext returns a dialer whose sockets are created inside the network namespace at path: for
+// HTTP clients that reach servers listening on a namespace's loopback.
+func DialContext(path string, d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	if d == nil {
+		d = &net.Dialer{}
+	}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var conn net.Conn
+		err := Do(path, func() error {
+			var err error
+			conn, err = d.DialContext(ctx, network, addr)
+			return err
+		})
+		return conn, err
+	}
+}
+
+// NS is a named network namespace created for one test (New).
+type NS struct {
+	Name string
+	t    testing.TB
+}
+
+// New creates a namespace named prefix-<random> with loopback up, deleted when the test ends. It ends
+// the test (Unavailable: skip, or fail under CI) when namespaces cannot be made here.
+func New(t testing.TB, prefix string) *NS {
+	t.Helper()
+	Require(t)
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := prefix + "-" + hex.EncodeToString(b)
+	if err := Create(context.Background(), name); err != nil {
+		Unavailable(t, "cannot create network namespace %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		if err := Delete(context.Background(), name); err != nil {
+			t.Errorf("delete network namespace %s: %v", name, err)
+		}
+	})
+	return &NS{Name: name, t: t}
+}
+
+// Path is the namespace's file under RunDir.
+func (ns *NS) Path() string { return Path(ns.Name) }
+
+// Command is a command to run inside the namespace (Command).
+func (ns *NS) Command(args ...string) *exec.Cmd {
+	return Command(context.Background(), ns.Name, args...)
+}
+
+// Exec runs a command inside the namespace and returns its combined output.
+func (ns *NS) Exec(args ...string) (string, error) {
+	return Exec(context.Background(), ns.Name, args...)
+}
+
+// MustExec is Exec that fails the test on error.
+func (ns *NS) MustExec(args ...string) string {
+	ns.t.Helper()
+	out, err := ns.Exec(args...)
+	if err != nil {
+		ns.t.Fatal(err)
+	}
+	return out
+}
+
+// Do runs fn on an OS thread inside the namespace (see the package function Do).
+func (ns *NS) Do(fn func() error) error { return Do(ns.Path(), fn) }
+
+// Run runs name with args inside the namespace, stdin fed from stdin when not nil, and returns its
+// stdout and stderr apart: the command-runner seam of the iptables backend (iptables.Runner), so a
+// real backend can be pointed at the namespace.
+func (ns *NS) Run(ctx context.Context, name string, args []string, stdin []byte) ([]byte, []byte, error) {
+	cmd := Command(ctx, ns.Name, append([]string{name}, args...)...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	return out.Bytes(), errb.Bytes(), err
+}
