@@ -74,7 +74,8 @@ func stripPorts(ports []corev1.ServicePort) []corev1.ServicePort {
 	return out
 }
 
-// StripNode keeps identity and pod CIDRs.
+// StripNode keeps identity, pod CIDRs and the node's addresses (status.addresses: a DNAT fix must
+// never take them over).
 func StripNode(n *corev1.Node) *corev1.Node {
 	out := &corev1.Node{}
 	out.Name = n.Name
@@ -82,5 +83,6 @@ func StripNode(n *corev1.Node) *corev1.Node {
 	out.ResourceVersion = n.ResourceVersion
 	out.Spec.PodCIDR = n.Spec.PodCIDR
 	out.Spec.PodCIDRs = n.Spec.PodCIDRs
+	out.Status.Addresses = n.Status.Addresses
 	return out
 }

@@ -106,6 +106,24 @@ func TestStripServiceKeepsWhatFixesRead(t *testing.T) {
 	}
 }
 
+func TestStripNodeKeepsWhatFixesRead(t *testing.T) {
+	in := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"l": "v"}, ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}},
+		Spec:       corev1.NodeSpec{PodCIDR: "10.244.1.0/24", PodCIDRs: []string{"10.244.1.0/24", "fd00:10:244:1::/64"}},
+		Status: corev1.NodeStatus{
+			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.1.5"}, {Type: corev1.NodeExternalIP, Address: "2001:db8::5"}},
+			Images:    []corev1.ContainerImage{{Names: []string{strings.Repeat("x", 1000)}}},
+		},
+	}
+	out := StripNode(in)
+	if out.Labels != nil || out.ManagedFields != nil || out.Status.Images != nil {
+		t.Fatalf("not stripped: %+v", out)
+	}
+	if len(out.Spec.PodCIDRs) != 2 || len(out.Status.Addresses) != 2 || out.Status.Addresses[1].Address != "2001:db8::5" {
+		t.Fatalf("lost what fixes read: %+v", out)
+	}
+}
+
 func TestInformersWatchOnlyWhatIsNeeded(t *testing.T) {
 	called := false
 	s := NewInformers(func() (kubernetes.Interface, error) { called = true; return fake.NewClientset(), nil }, "n1",

@@ -1,0 +1,193 @@
+package e2e
+
+// Address plan of this test (see scenarios_test.go for the shared ones):
+//
+//	External-IPs    203.0.15.<n>, 2001:db8:15::<n>     ordinary, must be programmed
+//	node addresses  192.168.15.5, 2001:db8:15:a::5     Node.status.addresses of the test's Node
+//	hostile         loopback, metadata, unspecified, broadcast, multicast, pod CIDR, node address
+//
+// Namespace "special-<backend>".
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+)
+
+// hostileIngress are LoadBalancer ingress IPs that kube-apiserver accepts (the status subresource
+// does not check for special addresses) and that ipvs-externalip-dnat must never DNAT, with the skip
+// reason and family each must be counted under.
+var hostileIngress = []struct{ ip, reason, family string }{
+	{"127.0.0.1", "special-address", "ipv4"},
+	{"169.254.169.254", "special-address", "ipv4"},
+	{"0.0.0.0", "special-address", "ipv4"},
+	{"255.255.255.255", "special-address", "ipv4"},
+	{"224.0.0.1", "special-address", "ipv4"},
+	{"10.244.1.7", "pod-cidr", "ipv4"}, // inside podCIDRv4
+	{"192.168.15.5", "node-address", "ipv4"},
+	{"::1", "special-address", "ipv6"},
+	{"fe80::1", "special-address", "ipv6"},
+	{"ff02::1", "special-address", "ipv6"},
+	{"fd00:10:244:1::7", "pod-cidr", "ipv6"}, // inside podCIDRv6
+	{"2001:db8:15:a::5", "node-address", "ipv6"},
+}
+
+const metadataIP = "169.254.169.254"
+
+// TestSpecialAddresses (issue #15 item 1): a Service whose status names loopback, the cloud metadata
+// address, unspecified, broadcast, multicast, a pod-CIDR or a node address gets no DNAT entry for
+// them, each is counted as skipped with its reason, its ordinary addresses and another Service are
+// programmed, and host traffic to 169.254.169.254 in the node's netns is not redirected to the
+// Service, while traffic to its ordinary External-IP is.
+func TestSpecialAddresses(t *testing.T) {
+	require(t)
+	for _, be := range backendNames {
+		t.Run(be, func(t *testing.T) {
+			t.Parallel()
+			testSpecialAddresses(t, sharedCluster(t, be), be)
+		})
+	}
+}
+
+func testSpecialAddresses(t *testing.T, c *cluster, backend string) {
+	n := startNode(t, c, backend, nodeOptions{})
+	svcs := newServices(t, c, "special-"+backend)
+	n.createNode(corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: "192.168.15.5"},
+		corev1.NodeAddress{Type: corev1.NodeExternalIP, Address: "2001:db8:15:a::5"},
+		corev1.NodeAddress{Type: corev1.NodeHostName, Address: n.name})
+
+	// kube-apiserver checks spec.externalIPs for special addresses, but not the ingress status.
+	if _, err := c.admin.CoreV1().Services(svcs.ns).Create(t.Context(), lbService(svcs.ns, "loopback-external-ip", withExternalIPs("127.0.0.1")), metav1.CreateOptions{}); err == nil {
+		t.Error("kube-apiserver accepted spec.externalIPs 127.0.0.1; the threat model in fixes/externalipdnat/README.md is stale")
+	}
+
+	hostile := svcs.create(lbService("", "hostile", dualStack))
+	ips := []string{"203.0.15.10", "2001:db8:15::10"}
+	for _, h := range hostileIngress {
+		ips = append(ips, h.ip)
+	}
+	svcs.setIngress("hostile", ips...) // fails the test if kube-apiserver refuses one of them
+	normal := svcs.create(lbService("", "normal"))
+	svcs.setIngress("normal", "203.0.15.20")
+
+	n.expectEntries(converge,
+		want(hostile, "203.0.15.10", "tcp", 80), want(hostile, "2001:db8:15::10", "tcp", 80),
+		want(normal, "203.0.15.20", "tcp", 80))
+	n.checkCounts(2, 1, 2, 1)
+	// The Node is seen asynchronously: wait until every address is counted under its reason.
+	wantSkips := map[[2]string]int{}
+	for _, h := range hostileIngress {
+		wantSkips[[2]string{h.family, h.reason}]++
+	}
+	agenttest.Eventually(t, converge, func() error {
+		m := n.metrics()
+		var errs []error
+		for k, w := range wantSkips {
+			if v, _ := m.Value("nnm_fix_objects_skipped", "fix", fixExtIP, "family", k[0], "reason", k[1]); int(v) != w {
+				errs = append(errs, fmt.Errorf("nnm_fix_objects_skipped{family=%s,reason=%s} = %v, want %d", k[0], k[1], v, w))
+			}
+		}
+		if len(errs) > 0 {
+			errs = append(errs, errors.New(strings.Join(m.Lines("nnm_fix_objects_skipped"), "\n")))
+		}
+		return errors.Join(errs...)
+	})
+	dump := n.dump()
+	for _, h := range hostileIngress {
+		if strings.Contains(dump, " "+h.ip+" ") || strings.Contains(dump, " "+h.ip+"/") || strings.Contains(dump, " "+h.ip+" .") {
+			t.Errorf("%s: %s appears in the ruleset:\n%s", backend, h.ip, dump)
+		}
+	}
+	if logs := n.agent.Logs(); !strings.Contains(logs, metadataIP) || !strings.Contains(logs, "special-address") {
+		t.Errorf("the agent's log does not name the refused metadata address and its reason")
+	}
+
+	n.checkNotRedirected(clusterIP(hostile, "ipv4"), "203.0.15.10")
+	n.checkSyncHealthy()
+}
+
+// createNode creates this node's Node object with status.addresses, deleted at test end.
+func (n *node) createNode(addrs ...corev1.NodeAddress) {
+	n.t.Helper()
+	nodes := n.c.admin.CoreV1().Nodes()
+	obj, err := nodes.Create(n.t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}, metav1.CreateOptions{})
+	if err != nil {
+		n.t.Fatalf("create node %s: %v", n.name, err)
+	}
+	n.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = nodes.Delete(ctx, n.name, metav1.DeleteOptions{})
+	})
+	obj.Status.Addresses = addrs
+	if _, err := nodes.UpdateStatus(n.t.Context(), obj, metav1.UpdateOptions{}); err != nil {
+		n.t.Fatalf("set addresses of node %s: %v", n.name, err)
+	}
+}
+
+// checkNotRedirected proves in the node's netns that host traffic to the metadata address stays
+// away from the Service while traffic to its ordinary External-IP reaches it. The Cluster-IP is
+// served by a listener on the node itself (there is no IPVS here), and both destinations get a
+// route, so that a connection fails only because nothing DNATs it.
+func (n *node) checkNotRedirected(clusterIP, external string) {
+	n.t.Helper()
+	n.ns.MustExec("ip", "addr", "add", clusterIP+"/32", "dev", "lo")
+	for _, dst := range []string{metadataIP, external} {
+		n.ns.MustExec("ip", "route", "add", dst+"/32", "dev", "lo")
+	}
+	var l net.Listener
+	if err := n.ns.Do(func() (err error) {
+		l, err = net.Listen("tcp", net.JoinHostPort(clusterIP, "80"))
+		return err
+	}); err != nil {
+		n.t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan string, 8)
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- conn.RemoteAddr().String()
+			conn.Close()
+		}
+	}()
+	dial := func(dst string, timeout time.Duration) error {
+		return n.ns.Do(func() error {
+			conn, err := net.DialTimeout("tcp", net.JoinHostPort(dst, "80"), timeout)
+			if err == nil {
+				conn.Close()
+			}
+			return err
+		})
+	}
+	// The control: the ordinary External-IP is DNATed to the Cluster-IP and reaches the listener.
+	if err := dial(external, 5*time.Second); err != nil {
+		n.t.Fatalf("%s: host connection to the External-IP %s was not redirected to the Service (%v):\n%s", n.backend, external, err, n.dump())
+	}
+	select {
+	case <-accepted:
+	case <-time.After(5 * time.Second):
+		n.t.Fatalf("%s: the listener on the Cluster-IP %s never saw the connection to %s", n.backend, clusterIP, external)
+	}
+	// The metadata address is not: the connection does not reach the Service.
+	if err := dial(metadataIP, 2*time.Second); err == nil {
+		n.t.Errorf("%s: host connection to %s:80 succeeded: redirected to the Service's Cluster-IP", n.backend, metadataIP)
+	}
+	select {
+	case from := <-accepted:
+		n.t.Errorf("%s: the Service's listener accepted a connection from %s that was addressed to %s", n.backend, from, metadataIP)
+	case <-time.After(500 * time.Millisecond):
+	}
+}
