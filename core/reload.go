@@ -22,14 +22,26 @@ import (
 // enabling, disabling or tuning a fix in a ConfigMap needs no redeploy. The directory is watched, not
 // the file, because a mounted ConfigMap is updated by swapping a symlink. A file that no longer loads
 // is logged and counted; the running configuration stays.
+//
+// viper.WatchConfig is not used: it re-reads into one viper instance (our Load merges the file with
+// the environment and flags each time and must be able to refuse the result as a whole), it has no
+// debounce, and its goroutine cannot be stopped, which an fx Stop hook and goleak need.
 func WatchConfig(lc fx.Lifecycle, cfg *config.Config, in Inputs, ids fix.IDs, e *engine.Engine, m *metrics.Sync, log *slog.Logger) {
 	if cfg.File == "" {
 		return
 	}
 	w := &configWatcher{file: cfg.File, load: func() (*config.Config, error) { return config.Load(in.Flags, in.Environ, ids.IDs) },
-		apply: e.Reconfigure, m: m, log: log}
+		apply: e.Reconfigure, m: m, log: log, quiet: reloadQuiet, maxWait: reloadMaxWait}
 	lc.Append(fx.Hook{OnStart: w.start, OnStop: w.stop})
 }
+
+// A burst of writes (the kubelet's symlink swap is several events) is reloaded once it has been
+// quiet for reloadQuiet, and at the latest reloadMaxWait after its first event, so a file written
+// continuously is still reloaded.
+const (
+	reloadQuiet   = 200 * time.Millisecond
+	reloadMaxWait = 2 * time.Second
+)
 
 type configWatcher struct {
 	file  string
@@ -37,6 +49,8 @@ type configWatcher struct {
 	apply func(*config.Config)
 	m     *metrics.Sync
 	log   *slog.Logger
+
+	quiet, maxWait time.Duration
 
 	last   []byte
 	fsw    *fsnotify.Watcher
@@ -67,15 +81,21 @@ func (w *configWatcher) start(context.Context) error {
 
 func (w *configWatcher) loop(ctx context.Context) {
 	var debounce <-chan time.Time
+	var first time.Time // first event of the burst not yet reloaded
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-w.fsw.Events:
-			debounce = time.After(200 * time.Millisecond)
+			now := time.Now()
+			if first.IsZero() {
+				first = now
+			}
+			debounce = time.After(min(w.quiet, max(0, first.Add(w.maxWait).Sub(now))))
 		case err := <-w.fsw.Errors:
 			w.log.Warn("config watch error", "err", err)
 		case <-debounce:
+			debounce, first = nil, time.Time{}
 			w.reload()
 		}
 	}

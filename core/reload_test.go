@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -85,7 +86,7 @@ func TestConfigReloadOnConfigMapSymlinkSwap(t *testing.T) {
 	m := metrics.NewSync(prometheus.NewRegistry())
 	applied := make(chan *config.Config, 10)
 	w := &configWatcher{file: cfg.File, load: func() (*config.Config, error) { return config.Load(nil, env, ids) },
-		apply: func(c *config.Config) { applied <- c }, m: m, log: slog.New(slog.DiscardHandler)}
+		apply: func(c *config.Config) { applied <- c }, m: m, log: slog.New(slog.DiscardHandler), quiet: reloadQuiet, maxWait: reloadMaxWait}
 	if err := w.start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +169,7 @@ func TestConfigReloadRejectsWhatBackendsCannotRender(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = e.Stop(context.Background()) })
 	w := &configWatcher{file: cfg.File, load: func() (*config.Config, error) { return config.Load(nil, env, ids) },
-		apply: e.Reconfigure, m: m, log: slog.New(slog.DiscardHandler)}
+		apply: e.Reconfigure, m: m, log: slog.New(slog.DiscardHandler), quiet: reloadQuiet, maxWait: reloadMaxWait}
 	if err := w.start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -204,5 +205,47 @@ func TestConfigReloadRejectsWhatBackendsCannotRender(t *testing.T) {
 	}
 	if !prefixes["cali"] || len(prefixes) != 1 {
 		t.Errorf("interface prefixes in the running rules = %v, want only the previous cali", prefixes)
+	}
+}
+
+// A file written continuously (every 50 ms, more often than the quiet time) is still reloaded, at the
+// latest maxWait after the first write (#15 item 8: the debounce used to restart on every event, so
+// the reload waited until the writes stopped).
+func TestConfigReloadUnderContinuousWrites(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(file, []byte("minSyncPeriod: 1s\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	applied := make(chan *config.Config, 100)
+	env := []string{"NNM_CONFIG=" + file}
+	w := &configWatcher{file: file, load: func() (*config.Config, error) { return config.Load(nil, env, nil) },
+		apply: func(c *config.Config) { applied <- c }, m: metrics.NewSync(prometheus.NewRegistry()),
+		log: slog.New(slog.DiscardHandler), quiet: reloadQuiet, maxWait: time.Second}
+	if err := w.start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.stop(context.Background()) })
+
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 2; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			_ = os.WriteFile(file, []byte(fmt.Sprintf("minSyncPeriod: %dms\n", i)), 0o644)
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	start := time.Now()
+	select {
+	case <-applied:
+		t.Logf("reloaded %v after the writes began, while they went on", time.Since(start).Round(time.Millisecond))
+	case <-time.After(4 * time.Second):
+		t.Fatal("no reload within 4s of continuous writes (maxWait is 1s)")
 	}
 }

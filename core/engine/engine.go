@@ -65,17 +65,19 @@ type Engine struct {
 
 	reconfig chan *config.Config
 
-	mu        sync.Mutex // guards everything below
-	cfg       *config.Config
-	env       fix.Env
-	families  []rules.Family
-	podCIDRs  []netip.Prefix
-	fixes     []*fixState
-	started   time.Time
-	ready     bool
-	synced    bool
-	lastPass  time.Time
-	lastPassE error
+	mu       sync.Mutex // guards everything below
+	cfg      *config.Config
+	env      fix.Env
+	families []rules.Family
+	podCIDRs []netip.Prefix
+	// podCIDRSource is where the last snapshot's pod CIDRs came from ("node", "config"), for logging.
+	podCIDRSource string
+	fixes         []*fixState
+	started       time.Time
+	ready         bool
+	synced        bool
+	lastPass      time.Time
+	lastPassE     error
 	// removalPending is set while removing a disabled fix's rules keeps failing.
 	removalPending bool
 
@@ -438,8 +440,33 @@ func (e *Engine) Snapshot() *fix.Snapshot {
 		snap.Services = e.source.Services()
 	}
 	snap.Node = e.source.Node()
-	snap.PodCIDRs = PodCIDRs(snap.Node, cfgCIDRs)
+	snap.PodCIDRs = PodCIDRs(snap.Node, nil)
+	from := "node"
+	if len(snap.PodCIDRs) == 0 {
+		snap.PodCIDRs, from = cfgCIDRs, "config"
+	}
+	e.notePodCIDRSource(from, snap.Node != nil, snap.PodCIDRs)
 	return snap
+}
+
+// notePodCIDRSource logs once when the pod CIDRs change between the Node's and the configured ones
+// (e.g. the Node object was deleted under the agent), not on every sync.
+func (e *Engine) notePodCIDRSource(from string, haveNode bool, cidrs []netip.Prefix) {
+	e.mu.Lock()
+	prev := e.podCIDRSource
+	e.podCIDRSource = from
+	e.mu.Unlock()
+	switch {
+	case from == prev:
+	case from == "node":
+		e.log.Info("pod CIDRs from the Node object", "podCIDRs", cidrs)
+	case prev == "node" && !haveNode:
+		e.log.Warn("the Node object is gone; falling back to the configured podCIDRs", "podCIDRs", cidrs)
+	case prev == "node":
+		e.log.Warn("the Node object has no spec.podCIDRs any more; falling back to the configured podCIDRs", "podCIDRs", cidrs)
+	default:
+		e.log.Info("the Node object has no pod CIDRs (yet); using the configured podCIDRs", "podCIDRs", cidrs, "nodeSeen", haveNode)
+	}
 }
 
 // PodCIDRs returns the node's spec.podCIDRs when it has any, else the configured ones.

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -599,5 +600,35 @@ func TestHealthCountsFromEnabling(t *testing.T) {
 	h.now = h.now.Add(61 * time.Second)
 	if err := h.e.Healthy(); err == nil {
 		t.Fatal("still healthy after 2 x syncPeriod without success")
+	}
+}
+
+// A Node deleted under the agent makes the snapshot fall back to the configured pod CIDRs, and that
+// is logged once, not silently and not on every sync (#15 item 8).
+func TestNodeGoneFallbackIsLoggedOnce(t *testing.T) {
+	c := config.Defaults()
+	c.PodCIDRs = []string{"10.0.0.0/24"}
+	var logs bytes.Buffer
+	src := newMemSource()
+	src.node = testkit.Node("n1", testkit.PodCIDRs("10.244.1.0/24"))
+	e, err := New(Options{Backend: testkit.NewFakeBackend(), Source: src, Config: &c, Metrics: metrics.NewSync(prometheus.NewRegistry()),
+		Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.Snapshot().PodCIDRs; len(got) != 1 || got[0].String() != "10.244.1.0/24" {
+		t.Fatalf("with the Node: %v", got)
+	}
+	src.node = nil
+	for range 3 {
+		if got := e.Snapshot().PodCIDRs; len(got) != 1 || got[0].String() != "10.0.0.0/24" {
+			t.Fatalf("without the Node: %v", got)
+		}
+	}
+	if n := strings.Count(logs.String(), "the Node object is gone"); n != 1 {
+		t.Errorf("the fallback was logged %d times, want once:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "10.0.0.0/24") {
+		t.Errorf("the log does not name the configured pod CIDRs:\n%s", logs.String())
 	}
 }
