@@ -370,8 +370,8 @@ func TestExternalIPFromInside(t *testing.T) {
 			runProbes(t, "with agent ("+be+")", want, probes)
 			m := agent.MetricsT(t)
 			for _, p := range extipPlans {
-				v, ok := m.Value("nnm_externalip_dnat_ips", "family", p.family)
-				t.Logf("with agent (%s): nnm_externalip_dnat_ips{family=%q} = %v (present %v)", be, p.family, v, ok)
+				v, ok := m.Value("nnm_ipvs_externalip_dnat_ips", "family", p.family)
+				t.Logf("with agent (%s): nnm_ipvs_externalip_dnat_ips{family=%q} = %v (present %v)", be, p.family, v, ok)
 			}
 		})
 	}

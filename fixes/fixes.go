@@ -10,10 +10,13 @@ import (
 	"github.com/network-node-manager/network-node-manager/fixes/mssclamp"
 )
 
-// Standard is every in-tree fix.
-var Standard = fx.Options(
+// Modules are the in-tree fixes' modules, one per fix.
+var Modules = []fx.Option{
 	invaliddrop.Module,
 	externalipdnat.Module,
 	conntrackliberal.Module,
 	mssclamp.Module,
-)
+}
+
+// Standard is every in-tree fix.
+var Standard = fx.Options(Modules...)

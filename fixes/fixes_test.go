@@ -1,15 +1,15 @@
 package fixes
 
 import (
-	"os"
 	"slices"
 	"testing"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/core/testkit"
 )
 
-// TestStandard builds every in-tree fix through fx with the core's dependencies faked, and checks that
-// every fix directory is registered, ids are unique and valid, and metrics do not collide.
+// TestStandard builds every in-tree fix together through fx with the core's dependencies faked, and
+// checks that ids are unique and valid and metrics do not collide.
 func TestStandard(t *testing.T) {
 	got, ids := standardFixes(t)
 
@@ -25,17 +25,11 @@ func TestStandard(t *testing.T) {
 	if !slices.Equal(fixIDs, ids) || len(slices.Compact(slices.Clone(fixIDs))) != len(fixIDs) {
 		t.Errorf("fixes %v and registered ids %v differ or repeat", fixIDs, ids)
 	}
-	entries, err := os.ReadDir(".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dirs := 0
-	for _, e := range entries {
-		if e.IsDir() {
-			dirs++
-		}
-	}
-	if dirs != len(got) {
-		t.Errorf("%d fix directories but %d fixes registered in Standard", dirs, len(got))
-	}
+}
+
+// TestFixes is the central test of every fix folder: files, README sections and example, option
+// decoding, metric names and documentation, promlint (testkit.FixTree). A new fix added to Modules is
+// checked without writing a line; a folder missing from Modules fails.
+func TestFixes(t *testing.T) {
+	testkit.FixTree{Dir: ".", Modules: Modules}.Check(t)
 }

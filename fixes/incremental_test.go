@@ -3,13 +3,10 @@ package fixes
 import (
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxtest"
 
-	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/sysctl"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 )
 
@@ -19,14 +16,7 @@ func standardFixes(t *testing.T) ([]fix.Fix, []string) {
 	t.Helper()
 	var got fix.In
 	var ids fix.IDs
-	app := fxtest.New(t, Standard,
-		fx.Provide(
-			func() backend.Backend { return testkit.NewFakeBackend() },
-			func() sysctl.Interface { return sysctl.NewFake(nil) },
-			prometheus.NewRegistry,
-		),
-		fx.Populate(&got, &ids),
-	)
+	app := fxtest.New(t, Standard, testkit.Fakes(), fx.Populate(&got, &ids))
 	app.RequireStart().RequireStop()
 	return got.Fixes, ids.IDs
 }

@@ -3,12 +3,30 @@
 package metrics
 
 import (
+	"fmt"
+	"strings"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // Namespace prefixes every metric name of the agent.
 const Namespace = "nnm"
+
+// Subsystem is the metric subsystem of a fix: its id with underscores, so that the fix's metrics are
+// nnm_<id with underscores>_<name> (CONTRIBUTING.md). Fixes set it, with Namespace, in their
+// prometheus Opts instead of writing full names.
+func Subsystem(fixID string) string { return strings.ReplaceAll(fixID, "-", "_") }
+
+// Register registers every collector on reg and returns the first error, naming the metric.
+func Register(reg prometheus.Registerer, collectors ...prometheus.Collector) error {
+	for _, c := range collectors {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("register metrics: %w", err)
+		}
+	}
+	return nil
+}
 
 // NewRegistry returns a registry with the Go and process collectors.
 func NewRegistry() *prometheus.Registry {

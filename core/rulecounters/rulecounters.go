@@ -7,7 +7,8 @@
 //
 //	reg.MustRegister(rulecounters.New(rulecounters.Options{
 //		Reader: p.Backend, Fix: ID,
-//		Name:   "nnm_metadata_block_dropped_packets_total",
+//		Namespace: metrics.Namespace, Subsystem: metrics.Subsystem(ID), // nnm_metadata_block_
+//		Name:   "dropped_packets_total",
 //		Help:   "Packets from local pods to a blocked metadata address, dropped.",
 //		Match:  rulecounters.Prefix("dropped"),
 //	}))
@@ -35,8 +36,9 @@ type Options struct {
 	Reader Reader
 	// Fix is the fix id whose counters are read.
 	Fix string
-	// Name is the metric name (nnm_<fix>_…_total) and Help its help text.
-	Name, Help string
+	// Namespace, Subsystem and Name make the metric name as in prometheus.Opts
+	// (nnm_<fix>_…_total: metrics.Namespace, metrics.Subsystem(fix), "…_total"); Help is its help text.
+	Namespace, Subsystem, Name, Help string
 	// Match selects the rule counters summed into the metric (nil: all of them).
 	Match func(counter string) bool
 	// Bytes exports bytes instead of packets.
@@ -66,7 +68,7 @@ func New(o Options) *Collector {
 		o.Timeout = 5 * time.Second
 	}
 	return &Collector{o: o,
-		desc:  prometheus.NewDesc(o.Name, o.Help, []string{"family"}, nil),
+		desc:  prometheus.NewDesc(prometheus.BuildFQName(o.Namespace, o.Subsystem, o.Name), o.Help, []string{"family"}, nil),
 		last:  map[rules.Family]map[string]uint64{},
 		total: map[rules.Family]uint64{},
 	}

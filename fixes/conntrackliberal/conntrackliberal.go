@@ -15,6 +15,7 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/sysctl"
 )
@@ -30,7 +31,7 @@ const StateFile = ID + ".json"
 type Params struct {
 	fx.In
 	Sysctl   sysctl.Interface
-	Registry *prometheus.Registry
+	Registry prometheus.Registerer
 	Logger   *slog.Logger `optional:"true"`
 }
 
@@ -69,8 +70,8 @@ func New(p Params) (*Fix, error) {
 	}
 	f := &Fix{sys: p.Sysctl, log: log.With("fix", ID), cfg: DefaultConfig()}
 	if p.Registry != nil {
-		if err := p.Registry.Register(newCollector(f)); err != nil {
-			return nil, fmt.Errorf("%s: register metrics: %w", ID, err)
+		if err := metrics.Register(p.Registry, newMetrics(f).collectors()...); err != nil {
+			return nil, fmt.Errorf("%s: %w", ID, err)
 		}
 	}
 	return f, nil

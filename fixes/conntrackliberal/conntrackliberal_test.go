@@ -14,8 +14,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"go.uber.org/fx"
-	"go.uber.org/fx/fxtest"
 
 	"github.com/network-node-manager/network-node-manager/core/config"
 	"github.com/network-node-manager/network-node-manager/core/engine"
@@ -356,30 +354,14 @@ func TestWithInvalidDropThroughTheEngine(t *testing.T) {
 	}
 }
 
-func TestModule(t *testing.T) {
-	var got fix.In
-	app := fxtest.New(t, Module,
-		fx.Provide(func() sysctl.Interface { return sysctl.NewFake(nil) }, prometheus.NewRegistry),
-		fx.Populate(&got))
-	app.RequireStart().RequireStop()
-	if len(got.Fixes) != 1 || got.Fixes[0].ID() != ID {
-		t.Fatalf("fixes group = %v", got.Fixes)
-	}
-	if _, ok := got.Fixes[0].(fix.Actuator); !ok {
-		t.Error("the registered fix is not an Actuator")
-	}
-}
-
-func TestREADME(t *testing.T) {
+// TestREADMEFacts checks what the README says about this fix beyond what the central
+// fixes.TestFixes checks: it is enabled in the example, and the names it cites are current.
+func TestREADMEFacts(t *testing.T) {
 	r := testkit.ReadREADME(t, "README.md", ID)
-	e := newEnv(t, "0", nil)
-	if err := e.fix.Configure(r.Options); err != nil {
-		t.Fatalf("the README example does not configure: %v", err)
-	}
 	if r.Enabled == nil || !*r.Enabled {
 		t.Error("the README example should enable the fix (it is off by default)")
 	}
-	r.DocumentsMetrics(t, "nnm_conntrack_liberal_value", "nnm_conntrack_liberal_previous_value", "nnm_sync_repairs_total", "nnm_invalid_drop_redundant")
+	r.DocumentsMetrics(t, "nnm_sync_repairs_total", "nnm_invalid_drop_redundant") // the engine's and invalid-drop's, cited
 	r.Contains(t, "the state file name", StateFile)
 	r.Contains(t, "the default state directory", DefaultStateDir)
 	r.Contains(t, "the sysctl", sysctl.ConntrackTCPBeLiberal)

@@ -5,40 +5,47 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/sysctl"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/network-node-manager/network-node-manager/core/metrics"
 )
 
-// collector reads the sysctl on every scrape, so the value is current even while the fix is
+// subsystem puts the fix's metrics under nnm_conntrack_liberal_.
+var subsystem = metrics.Subsystem(ID)
+
+// fixMetrics reads the sysctl on every scrape, so the value is current even while the fix is
 // disabled (e.g. to see that kube-proxy's --conntrack-tcp-be-liberal set it).
-type collector struct {
+type fixMetrics struct {
 	f        *Fix
 	value    *prometheus.Desc
 	previous *prometheus.Desc
 }
 
-func newCollector(f *Fix) *collector {
-	return &collector{
+func newMetrics(f *Fix) *fixMetrics {
+	return &fixMetrics{
 		f: f,
-		value: prometheus.NewDesc("nnm_conntrack_liberal_value",
+		value: prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, subsystem, "value"),
 			"Current value of net.netfilter.nf_conntrack_tcp_be_liberal (absent when it cannot be read).", nil, nil),
-		previous: prometheus.NewDesc("nnm_conntrack_liberal_previous_value",
+		previous: prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, subsystem, "previous_value"),
 			"Value the fix restores when it is disabled (absent when nothing is owed).", nil, nil),
 	}
 }
 
-func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.value
-	ch <- c.previous
+func (m *fixMetrics) collectors() []prometheus.Collector { return []prometheus.Collector{m} }
+
+func (m *fixMetrics) Describe(ch chan<- *prometheus.Desc) {
+	ch <- m.value
+	ch <- m.previous
 }
 
-func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	if v, err := c.f.sys.Get(sysctl.ConntrackTCPBeLiberal); err == nil {
+func (m *fixMetrics) Collect(ch chan<- prometheus.Metric) {
+	if v, err := m.f.sys.Get(sysctl.ConntrackTCPBeLiberal); err == nil {
 		if n, err := strconv.ParseFloat(v, 64); err == nil {
-			ch <- prometheus.MustNewConstMetric(c.value, prometheus.GaugeValue, n)
+			ch <- prometheus.MustNewConstMetric(m.value, prometheus.GaugeValue, n)
 		}
 	}
-	if p, ok := c.f.previous(); ok {
+	if p, ok := m.f.previous(); ok {
 		if n, err := strconv.ParseFloat(p, 64); err == nil {
-			ch <- prometheus.MustNewConstMetric(c.previous, prometheus.GaugeValue, n)
+			ch <- prometheus.MustNewConstMetric(m.previous, prometheus.GaugeValue, n)
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -43,14 +44,14 @@ const (
 // Params is what the core provides.
 type Params struct {
 	fx.In
-	Registry *prometheus.Registry
+	Registry prometheus.Registerer
 	Logger   *slog.Logger `optional:"true"`
 }
 
 // Fix is the ipvs-externalip-dnat fix.
 type Fix struct {
 	log *slog.Logger
-	m   *metrics
+	m   *fixMetrics
 
 	opts    *fix.Settings[Config, Config]
 	entries *fix.ServiceMap[*guard]
@@ -78,8 +79,8 @@ func New(p Params) (*Fix, error) {
 	}
 	f := &Fix{log: log.With("fix", ID), opts: opts, m: newMetrics(), entries: fix.NewServiceMap(serviceEntries)}
 	if p.Registry != nil {
-		if err := f.m.register(p.Registry); err != nil {
-			return nil, fmt.Errorf("%s: register metrics: %w", ID, err)
+		if err := metrics.Register(p.Registry, f.m.collectors()...); err != nil {
+			return nil, fmt.Errorf("%s: %w", ID, err)
 		}
 	}
 	return f, nil

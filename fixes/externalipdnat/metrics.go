@@ -1,30 +1,32 @@
 package externalipdnat
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
 
-type metrics struct {
+	"github.com/network-node-manager/network-node-manager/core/metrics"
+)
+
+// subsystem puts the fix's metrics under nnm_ipvs_externalip_dnat_.
+var subsystem = metrics.Subsystem(ID)
+
+type fixMetrics struct {
 	services *prometheus.GaugeVec
 	ips      *prometheus.GaugeVec
 }
 
-func newMetrics() *metrics {
-	return &metrics{
+func newMetrics() *fixMetrics {
+	return &fixMetrics{
 		services: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "nnm_externalip_dnat_services",
+			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "services",
 			Help: "Services with External-IPs of the family: covered = got at least one DNAT entry, skipped = had at least one address or port left out (see logs for the reason).",
 		}, []string{"family", "state"}),
 		ips: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "nnm_externalip_dnat_ips",
+			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "ips",
 			Help: "Distinct External-IPs of the family that are DNATed to a Cluster-IP.",
 		}, []string{"family"}),
 	}
 }
 
-func (m *metrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.services, m.ips} {
-		if err := reg.Register(c); err != nil {
-			return err
-		}
-	}
-	return nil
+func (m *fixMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.services, m.ips}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/sysctl"
 )
@@ -25,7 +26,7 @@ const Comment = "drop conntrack INVALID (kubernetes#74839)"
 type Params struct {
 	fx.In
 	Backend  backend.Backend
-	Registry *prometheus.Registry
+	Registry prometheus.Registerer
 	Sysctl   sysctl.Interface
 	Logger   *slog.Logger `optional:"true"`
 }
@@ -43,7 +44,7 @@ type settings struct {
 type Fix struct {
 	sysctl sysctl.Interface
 	log    *slog.Logger
-	m      *metrics
+	m      *fixMetrics
 
 	opts *fix.Settings[Config, settings]
 	// redundant is the last be_liberal state seen by Observe, so the log line is written once.
@@ -68,8 +69,8 @@ func New(p Params) (*Fix, error) {
 	f := &Fix{sysctl: p.Sysctl, log: log.With("fix", ID), opts: opts}
 	f.m = newMetrics(p.Backend)
 	if p.Registry != nil {
-		if err := f.m.register(p.Registry); err != nil {
-			return nil, fmt.Errorf("%s: register metrics: %w", ID, err)
+		if err := metrics.Register(p.Registry, f.m.collectors()...); err != nil {
+			return nil, fmt.Errorf("%s: %w", ID, err)
 		}
 	}
 	return f, nil

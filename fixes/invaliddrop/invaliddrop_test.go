@@ -9,8 +9,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"go.uber.org/fx"
-	"go.uber.org/fx/fxtest"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
@@ -243,39 +241,11 @@ func TestMetricsLint(t *testing.T) {
 	}
 }
 
-func TestModule(t *testing.T) {
-	var got fix.In
-	var ids fix.IDs
-	app := fxtest.New(t,
-		Module,
-		fx.Provide(
-			func() backend.Backend { return testkit.NewFakeBackend() },
-			func() sysctl.Interface { return sysctl.NewFake(nil) },
-			prometheus.NewRegistry,
-		),
-		fx.Populate(&got, &ids),
-	)
-	app.RequireStart().RequireStop()
-	if len(got.Fixes) != 1 || got.Fixes[0].ID() != ID {
-		t.Fatalf("fixes group = %v", got.Fixes)
-	}
-	if len(ids.IDs) != 1 || ids.IDs[0] != ID {
-		t.Fatalf("fix-ids group = %v", ids.IDs)
-	}
-	if _, ok := got.Fixes[0].(fix.Observer); !ok {
-		t.Error("the registered fix is not an Observer")
-	}
-}
-
-// TestREADME checks that the README's example is valid configuration and that its rule dump is
-// what the fix produces for the configuration it describes.
-func TestREADME(t *testing.T) {
+// TestREADMEDump checks that the README's rule dump is what the fix produces for the configuration
+// it describes (the central fixes.TestFixes checks sections, example, options and metrics).
+func TestREADMEDump(t *testing.T) {
 	r := testkit.ReadREADME(t, "README.md", ID)
-	e := newEnv(t, r.Options)
-	e.rulesAndApply(t)
-
-	e = newEnv(t, map[string]any{"hooks": "input,forward", "protocols": "tcp", "exemptSourceCIDRs": "192.0.2.0/24"})
+	e := newEnv(t, map[string]any{"hooks": "input,forward", "protocols": "tcp", "exemptSourceCIDRs": "192.0.2.0/24"})
 	rs, _, _ := e.fix.Rules(testkit.Snapshot(), rules.IPv4)
 	r.Contains(t, "the rule dump", strings.SplitN(testkit.Format(rs), "\n", 2)[1])
-	r.DocumentsMetrics(t, "nnm_invalid_drop_dropped_packets_total", "nnm_invalid_drop_redundant")
 }

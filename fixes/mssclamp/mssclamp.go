@@ -8,6 +8,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -31,13 +32,13 @@ const (
 type Params struct {
 	fx.In
 	Backend  backend.Backend
-	Registry *prometheus.Registry
+	Registry prometheus.Registerer
 }
 
 // Fix is the mss-clamp fix.
 type Fix struct {
 	opts *fix.Settings[Config, Config]
-	m    *metrics
+	m    *fixMetrics
 }
 
 var _ fix.Fix = (*Fix)(nil)
@@ -50,8 +51,8 @@ func New(p Params) (*Fix, error) {
 	}
 	f := &Fix{opts: opts, m: newMetrics(p.Backend)}
 	if p.Registry != nil {
-		if err := f.m.register(p.Registry); err != nil {
-			return nil, fmt.Errorf("%s: register metrics: %w", ID, err)
+		if err := metrics.Register(p.Registry, f.m.collectors()...); err != nil {
+			return nil, fmt.Errorf("%s: %w", ID, err)
 		}
 	}
 	return f, nil

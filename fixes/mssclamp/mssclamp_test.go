@@ -10,8 +10,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"go.uber.org/fx"
-	"go.uber.org/fx/fxtest"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
@@ -174,29 +172,11 @@ func TestSynMetric(t *testing.T) {
 	testkit.Promlint(t, e.reg)
 }
 
-func TestModule(t *testing.T) {
-	var got fix.In
-	var ids fix.IDs
-	app := fxtest.New(t,
-		Module,
-		fx.Provide(func() backend.Backend { return testkit.NewFakeBackend() }, prometheus.NewRegistry),
-		fx.Populate(&got, &ids),
-	)
-	app.RequireStart().RequireStop()
-	if len(got.Fixes) != 1 || got.Fixes[0].ID() != ID || len(ids.IDs) != 1 || ids.IDs[0] != ID {
-		t.Fatalf("fixes group = %v, fix-ids = %v", got.Fixes, ids.IDs)
-	}
-}
-
-// TestREADME checks that the README's example is valid configuration, that its rule dump is what
-// the fix produces and that its metrics are documented.
-func TestREADME(t *testing.T) {
+// TestREADMEDump checks that the README's rule dump is what the fix produces (the central
+// fixes.TestFixes checks sections, example, options and metrics).
+func TestREADMEDump(t *testing.T) {
 	r := testkit.ReadREADME(t, "README.md", ID)
-	e := newEnv(t, r.Options)
-	e.rulesAndApply(t, dualStack)
-
-	e = newEnv(t, nil)
+	e := newEnv(t, nil)
 	rs, _, _ := e.fix.Rules(dualStack, rules.IPv4)
 	r.Contains(t, "the rule dump", strings.SplitN(testkit.Format(rs), "\n", 2)[1])
-	r.DocumentsMetrics(t, "nnm_mss_clamp_syn_packets_total")
 }

@@ -337,7 +337,7 @@ func show(ctx context.Context, a *agenttest.Agent, backend, nodeNS string) error
 	}
 	step("metrics (curl 127.0.0.1:%d/metrics inside %s), a few lines", metricsPort, nodeNS)
 	lines := m.Lines("nnm_fix_enabled", "nnm_rules_programmed", "nnm_fix_objects_covered", "nnm_fix_objects_skipped",
-		"nnm_externalip_dnat_", "nnm_sync_errors_total", "nnm_agent_info")
+		"nnm_ipvs_externalip_dnat_", "nnm_sync_errors_total", "nnm_agent_info")
 	if len(lines) == 0 {
 		return errors.New("the agent exports no nnm_ metrics")
 	}

@@ -58,7 +58,7 @@ func TestMetricsPassPromlint(t *testing.T) {
 	}
 	for _, want := range []string{"nnm_syncs_total", "nnm_sync_duration_seconds", "nnm_rules_programmed",
 		"nnm_last_successful_sync_timestamp_seconds", "nnm_fix_enabled", "nnm_agent_info",
-		"nnm_externalip_dnat_services", "nnm_fix_objects_skipped"} {
+		"nnm_ipvs_externalip_dnat_services", "nnm_fix_objects_skipped"} {
 		if !names[want] {
 			t.Errorf("metric %s missing after a sync", want)
 		}

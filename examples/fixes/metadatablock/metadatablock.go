@@ -11,6 +11,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -22,7 +23,7 @@ const ChainName = "METADATA-BLOCK"
 type Params struct {
 	fx.In
 	Backend  backend.Backend
-	Registry *prometheus.Registry
+	Registry prometheus.Registerer
 }
 
 type settings struct {
@@ -45,8 +46,8 @@ func New(p Params) (*Fix, error) {
 		return nil, err
 	}
 	if p.Registry != nil {
-		if err := p.Registry.Register(newDropped(p.Backend)); err != nil {
-			return nil, fmt.Errorf("%s: register metrics: %w", ID, err)
+		if err := metrics.Register(p.Registry, newMetrics(p.Backend).collectors()...); err != nil {
+			return nil, fmt.Errorf("%s: %w", ID, err)
 		}
 	}
 	return &Fix{opts: opts}, nil

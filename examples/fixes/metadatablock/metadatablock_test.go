@@ -7,8 +7,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"go.uber.org/fx"
-	"go.uber.org/fx/fxtest"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
@@ -133,23 +131,10 @@ func TestDroppedMetric(t *testing.T) {
 	testkit.Promlint(t, e.reg)
 }
 
-func TestModule(t *testing.T) {
-	var got fix.In
-	var ids fix.IDs
-	app := fxtest.New(t, Module,
-		fx.Provide(func() backend.Backend { return testkit.NewFakeBackend() }, prometheus.NewRegistry),
-		fx.Populate(&got, &ids))
-	app.RequireStart().RequireStop()
-	if len(got.Fixes) != 1 || got.Fixes[0].ID() != ID || len(ids.IDs) != 1 || ids.IDs[0] != ID {
-		t.Fatalf("fixes %v, ids %v", got.Fixes, ids.IDs)
-	}
-}
-
-func TestREADME(t *testing.T) {
+// TestREADMEDump checks the README's rule dump (the central examples/fixes test checks sections,
+// example, options and metrics).
+func TestREADMEDump(t *testing.T) {
 	r := testkit.ReadREADME(t, "README.md", ID)
-	e := newEnv(t, r.Options)
-	e.dump(t, dualStackNode())
 	rs, _, _ := newEnv(t, map[string]any{"exemptSourceCIDRs": "10.244.1.128/25"}).fix.Rules(dualStackNode(), rules.IPv4)
 	r.Contains(t, "the rule dump", testkit.Format(rs))
-	r.DocumentsMetrics(t, "nnm_metadata_block_dropped_packets_total")
 }
