@@ -185,7 +185,8 @@ func TestBaseObjects(t *testing.T) {
 	}
 }
 
-// The ClusterRole grants exactly Services list/watch and Nodes get/list/watch; the only namespaced
+// The ClusterRole grants exactly Services list/watch, Nodes get/list/watch and Pods list/watch (for
+// stale-udp-conntrack, which lists this node's Pods); the only namespaced
 // grant is get on the one ConfigMap kube-system/kube-proxy; both bind the agent's ServiceAccount.
 func TestLeastPrivilege(t *testing.T) {
 	objs := render(t, "base")
@@ -193,6 +194,7 @@ func TestLeastPrivilege(t *testing.T) {
 	wantCR := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"services"}, Verbs: []string{"list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
 	}
 	if fmt.Sprint(cr.Rules) != fmt.Sprint(wantCR) || cr.AggregationRule != nil {
 		t.Errorf("ClusterRole rules = %+v, want exactly %+v", cr.Rules, wantCR)

@@ -439,6 +439,9 @@ func (e *Engine) Snapshot() *fix.Snapshot {
 	if needs.Services {
 		snap.Services = e.source.Services()
 	}
+	if needs.Pods {
+		snap.Pods = e.source.Pods()
+	}
 	snap.Node = e.source.Node()
 	snap.PodCIDRs = PodCIDRs(snap.Node, nil)
 	from := "node"

@@ -48,6 +48,7 @@ func (s *memSource) Services() []*corev1.Service {
 	return s.svcs
 }
 func (s *memSource) Node() *corev1.Node       { return s.node }
+func (s *memSource) Pods() []*corev1.Pod      { return nil }
 func (s *memSource) Changes() <-chan struct{} { return s.changes }
 func (s *memSource) Stop()                    { s.stopped = true }
 func (s *memSource) set(svcs ...*corev1.Service) {

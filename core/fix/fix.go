@@ -28,6 +28,10 @@ type Snapshot struct {
 	Services []*corev1.Service
 	// Node is this node's Node object, nil when unknown (no node name, or not yet seen).
 	Node *corev1.Node
+	// Pods are the Pods scheduled to this node (spec.nodeName), sorted by namespace/name and
+	// stripped to identity, phase and addresses (watch.StripPod). Only set when a running fix Needs
+	// Pods.
+	Pods []*corev1.Pod
 	// PodCIDRs are the pod address ranges of this node: node.spec.podCIDRs, else the configured ones.
 	PodCIDRs []netip.Prefix
 	// Env is what the core knows about the node.
@@ -57,6 +61,8 @@ type Env struct {
 type Needs struct {
 	Services bool
 	Node     bool
+	// Pods: the Pods of this node (a watch with field selector spec.nodeName).
+	Pods bool
 }
 
 // Skip is an object a fix left out, with the reason (a short kebab-case word, used as metric label).

@@ -17,11 +17,13 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/fix"
 )
 
-// File is a Source that reads Services (and optionally a Node) from a YAML file once, for offline
-// use such as `plan`. Documents may be Services, Nodes, or v1 Lists of them, separated by "---".
+// File is a Source that reads Services (and optionally a Node and Pods) from a YAML file once, for
+// offline use such as `plan`. Documents may be Services, Nodes, Pods, or v1 Lists of them, separated
+// by "---".
 type File struct {
 	services []*corev1.Service
 	node     *corev1.Node
+	pods     []*corev1.Pod
 	changes  chan struct{}
 }
 
@@ -54,6 +56,7 @@ func ParseFile(name string, data []byte) (*File, error) {
 		}
 	}
 	SortServices(f.services)
+	SortPods(f.pods)
 	return f, nil
 }
 
@@ -86,7 +89,19 @@ func (f *File) add(name string, i int, doc []byte) error {
 			return fmt.Errorf("%s: document %d (Node): %w", name, i, err)
 		}
 		f.node = StripNode(&n)
-	case "List", "ServiceList", "NodeList":
+	case "Pod":
+		var p corev1.Pod
+		if err := sigsyaml.UnmarshalStrict(doc, &p); err != nil {
+			return fmt.Errorf("%s: document %d (Pod): %w", name, i, err)
+		}
+		if p.Name == "" {
+			return fmt.Errorf("%s: document %d: Pod without metadata.name", name, i)
+		}
+		if p.Namespace == "" {
+			p.Namespace = "default"
+		}
+		f.pods = append(f.pods, StripPod(&p))
+	case "List", "ServiceList", "NodeList", "PodList":
 		for j, item := range tm.Items {
 			b, err := sigsyaml.Marshal(item)
 			if err != nil {
@@ -97,7 +112,7 @@ func (f *File) add(name string, i int, doc []byte) error {
 			}
 		}
 	default:
-		return fmt.Errorf("%s: document %d: kind %q is not Service, Node or List", name, i, tm.Kind)
+		return fmt.Errorf("%s: document %d: kind %q is not Service, Node, Pod or List", name, i, tm.Kind)
 	}
 	return nil
 }
@@ -123,6 +138,9 @@ func (f *File) Services() []*corev1.Service { return f.services }
 
 // Node returns the file's Node, if it had one.
 func (f *File) Node() *corev1.Node { return f.node }
+
+// Pods returns the file's Pods.
+func (f *File) Pods() []*corev1.Pod { return f.pods }
 
 // Changes never fires.
 func (f *File) Changes() <-chan struct{} { return f.changes }

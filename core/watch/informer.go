@@ -34,6 +34,8 @@ type Informers struct {
 	services  sortedServices // the Services of svcStore's events, sorted
 	nodeStore cache.Store
 	nodeSync  cache.InformerSynced
+	podStore  cache.Store
+	podSync   cache.InformerSynced
 	started   time.Time // when Start began, for the "watches synced" log line
 	synced    bool      // that line was logged
 }
@@ -52,7 +54,7 @@ func (s *Informers) Start(ctx context.Context, needs fix.Needs) error {
 		return fmt.Errorf("watch: already started")
 	}
 	s.started = time.Now()
-	if !needs.Services && !needs.Node {
+	if !needs.Services && !needs.Node && !needs.Pods {
 		s.cancel = func() {}
 		return nil
 	}
@@ -88,6 +90,18 @@ func (s *Informers) Start(ctx context.Context, needs fix.Needs) error {
 	} else if needs.Node {
 		s.log.Warn("no node name configured: pod CIDRs come from the configuration only (set nodeName / NNM_NODE_NAME)")
 	}
+	if needs.Pods && s.nodeName != "" {
+		// Only this node's Pods: the API server filters by spec.nodeName, as the kubelet's watch does.
+		f := informers.NewSharedInformerFactoryWithOptions(client, 0,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", s.nodeName).String()
+			}))
+		if err := s.start(ctx, f.Core().V1().Pods().Informer(), handler, &s.podStore, &s.podSync); err != nil {
+			return err
+		}
+	} else if needs.Pods {
+		s.log.Warn("no node name configured: this node's Pods cannot be watched (set nodeName / NNM_NODE_NAME)")
+	}
 	return nil
 }
 
@@ -118,6 +132,8 @@ func transform(obj any) (any, error) {
 		return StripService(o), nil
 	case *corev1.Node:
 		return StripNode(o), nil
+	case *corev1.Pod:
+		return StripPod(o), nil
 	}
 	return obj, nil
 }
@@ -133,7 +149,7 @@ func (s *Informers) notify() {
 func (s *Informers) WaitForSync(ctx context.Context) error {
 	s.mu.Lock()
 	var synced []cache.InformerSynced
-	for _, f := range []cache.InformerSynced{s.svcSync, s.nodeSync} {
+	for _, f := range []cache.InformerSynced{s.svcSync, s.nodeSync, s.podSync} {
 		if f != nil {
 			synced = append(synced, f)
 		}
@@ -190,6 +206,24 @@ func (s *Informers) Node() *corev1.Node {
 		return nil
 	}
 	return o.(*corev1.Node)
+}
+
+// Pods returns this node's Pods from the cache, sorted. The objects are shared: do not modify.
+func (s *Informers) Pods() []*corev1.Pod {
+	s.mu.Lock()
+	store := s.podStore
+	s.mu.Unlock()
+	if store == nil {
+		return nil
+	}
+	var out []*corev1.Pod
+	for _, o := range store.List() {
+		if p, ok := o.(*corev1.Pod); ok {
+			out = append(out, p)
+		}
+	}
+	SortPods(out)
+	return out
 }
 
 // Changes signals changes.

@@ -24,6 +24,9 @@ type Source interface {
 	Services() []*corev1.Service
 	// Node returns this node's Node object, nil if unknown.
 	Node() *corev1.Node
+	// Pods returns the Pods scheduled to this node, sorted by namespace/name (stripped by StripPod).
+	// Callers must not modify them.
+	Pods() []*corev1.Pod
 	// Changes receives a value (coalesced) after anything the source holds changed.
 	Changes() <-chan struct{}
 	// Stop ends the watches and waits for them.
@@ -71,6 +74,34 @@ func stripPorts(ports []corev1.ServicePort) []corev1.ServicePort {
 	for i, p := range ports {
 		out[i] = corev1.ServicePort{Name: p.Name, Protocol: p.Protocol, Port: p.Port}
 	}
+	return out
+}
+
+// SortPods orders Pods by namespace/name.
+func SortPods(pods []*corev1.Pod) {
+	sort.Slice(pods, func(i, j int) bool {
+		if pods[i].Namespace != pods[j].Namespace {
+			return pods[i].Namespace < pods[j].Namespace
+		}
+		return pods[i].Name < pods[j].Name
+	})
+}
+
+// StripPod keeps identity, the node, host networking, the phase and the pod's addresses: what tells
+// which pod addresses are in use on this node. Containers, volumes, conditions and managed fields
+// (most of a Pod's size) are dropped by the informer's transform.
+func StripPod(p *corev1.Pod) *corev1.Pod {
+	out := &corev1.Pod{}
+	out.Namespace = p.Namespace
+	out.Name = p.Name
+	out.UID = p.UID
+	out.ResourceVersion = p.ResourceVersion
+	out.DeletionTimestamp = p.DeletionTimestamp
+	out.Spec.NodeName = p.Spec.NodeName
+	out.Spec.HostNetwork = p.Spec.HostNetwork
+	out.Status.Phase = p.Status.Phase
+	out.Status.PodIP = p.Status.PodIP
+	out.Status.PodIPs = p.Status.PodIPs
 	return out
 }
 

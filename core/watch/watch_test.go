@@ -42,7 +42,8 @@ func TestFileSourceReadsExample(t *testing.T) {
 
 func TestFileSourceErrorsNameTheDocument(t *testing.T) {
 	for name, c := range map[string]struct{ doc, want string }{
-		"unknown kind":  {"apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n", `document 1: kind "Pod"`},
+		"unknown kind":  {"apiVersion: v1\nkind: Endpoints\nmetadata: {name: p}\n", `document 1: kind "Endpoints"`},
+		"pod no name":   {"apiVersion: v1\nkind: Pod\nspec: {}\n", "Pod without metadata.name"},
 		"unknown field": {"apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec: {portz: []}\n", "portz"},
 		"no name":       {"apiVersion: v1\nkind: Service\nspec: {}\n", "without metadata.name"},
 		"bad yaml":      {"kind: Service\n  - [\n", "document 1"},
@@ -251,5 +252,36 @@ func drainChanges(s *Informers) {
 		default:
 			return
 		}
+	}
+}
+
+func TestInformersPodsStrippedAndSorted(t *testing.T) {
+	pod := func(ns, name, ip string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": "x"}},
+			Spec:       corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "c", Image: "img"}}},
+			Status:     corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}},
+		}
+	}
+	cs := fake.NewClientset(pod("b", "p2", "10.244.1.3"), pod("a", "p1", "10.244.1.2"))
+	s := NewInformers(func() (kubernetes.Interface, error) { return cs, nil }, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Start(ctx, fix.Needs{Pods: true}); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	if err := s.WaitForSync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pods := s.Pods()
+	if len(pods) != 2 || pods[0].Name != "p1" || pods[1].Name != "p2" {
+		t.Fatalf("want p1, p2 sorted, got %+v", pods)
+	}
+	if p := pods[0]; p.Labels != nil || p.Spec.Containers != nil || p.Status.PodIPs[0].IP != "10.244.1.2" || p.Status.Phase != corev1.PodRunning || p.Spec.NodeName != "n1" {
+		t.Fatalf("pod not stripped to identity, phase and addresses: %+v", p)
+	}
+	if s.Services() != nil || s.Node() != nil {
+		t.Fatal("only the Pods watch was asked for")
 	}
 }
