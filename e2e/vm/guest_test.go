@@ -25,7 +25,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/kubeproxytest"
-	"github.com/network-node-manager/network-node-manager/internal/netnstest"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // nodeNetns names the guest's initial namespace, so that the netns-based helpers address it.
@@ -54,15 +54,15 @@ func sh(t *testing.T, args ...string) string {
 }
 
 // guestTopology builds the pod and endpoint namespaces around the node and starts the endpoint.
-func guestTopology(t *testing.T) (pod *netnstest.NS) {
+func guestTopology(t *testing.T) (pod *testenv.NS) {
 	t.Helper()
 	sh(t, "ip", "netns", "attach", nodeNetns, "1")
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", nodeNetns).Run() })
 	sh(t, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-	pod = netnstest.New(t, "pod")
-	ep := netnstest.New(t, "ep")
+	pod = testenv.New(t, "pod")
+	ep := testenv.New(t, "ep")
 	for _, l := range []struct {
-		ns             *netnstest.NS
+		ns             *testenv.NS
 		nodeIf, nodeIP string
 		nsIP, gw       string
 		route          string
@@ -102,7 +102,7 @@ func guestTopology(t *testing.T) (pod *netnstest.NS) {
 
 // fetch connects to addr from the pod namespace (pod != nil) or from the node itself (a host-network
 // process) and returns the endpoint's greeting.
-func fetch(ctx context.Context, pod *netnstest.NS, addr string) (string, error) {
+func fetch(ctx context.Context, pod *testenv.NS, addr string) (string, error) {
 	var c net.Conn
 	dial := func() (err error) {
 		c, err = (&net.Dialer{Timeout: dialWait}).DialContext(ctx, "tcp", addr)
@@ -243,7 +243,7 @@ func TestGuestIPVSExternalIP(t *testing.T) {
 	}
 
 	// The Service itself works by its ClusterIP: the failure below is the External-IP path only.
-	for _, from := range []*netnstest.NS{pod, nil} {
+	for _, from := range []*testenv.NS{pod, nil} {
 		got, err := fetch(ctx, from, clusterAddr)
 		if err != nil {
 			t.Fatalf("ClusterIP %s from %s: %v", clusterAddr, who(from), err)
@@ -282,7 +282,7 @@ func TestGuestIPVSExternalIP(t *testing.T) {
 			if info := m.Find("nnm_agent_info", "proxy_mode", "ipvs", "proxy_mode_source", "metrics-endpoint", "backend", backend); len(info) != 1 {
 				t.Fatalf("nnm_agent_info should say ipvs from kube-proxy's /proxyMode with backend %s: %v", backend, m.Find("nnm_agent_info"))
 			}
-			for _, from := range []*netnstest.NS{pod, nil} {
+			for _, from := range []*testenv.NS{pod, nil} {
 				var got string
 				took := agenttest.Eventually(t, 30*time.Second, func() (err error) {
 					got, err = fetch(ctx, from, lbAddr)
@@ -309,7 +309,7 @@ func TestGuestIPVSExternalIP(t *testing.T) {
 	}
 }
 
-func who(pod *netnstest.NS) string {
+func who(pod *testenv.NS) string {
 	if pod == nil {
 		return "the node (host network)"
 	}
@@ -318,9 +318,9 @@ func who(pod *netnstest.NS) string {
 
 // assertUnreachable fails unless addr is unreachable from each of the given places (a pod
 // namespace, or nil for the node itself).
-func assertUnreachable(t *testing.T, pod *netnstest.NS, addr, when string) {
+func assertUnreachable(t *testing.T, pod *testenv.NS, addr, when string) {
 	t.Helper()
-	froms := []*netnstest.NS{nil}
+	froms := []*testenv.NS{nil}
 	if pod != nil {
 		froms = append(froms, pod)
 	}
