@@ -3,6 +3,7 @@ module github.com/network-node-manager/network-node-manager
 go 1.26.0
 
 require (
+	github.com/coreos/go-iptables v0.8.0
 	github.com/fsnotify/fsnotify v1.9.0
 	github.com/go-viper/mapstructure/v2 v2.4.0
 	github.com/google/go-cmp v0.7.0

@@ -107,6 +107,11 @@ func Detect(p DetectParams) detect.Result {
 		if !f.NFTables {
 			p.Log.Warn("nftables is not usable on this node; the nftables backend would fail", "err", f.NFTablesErr)
 		}
+		if f.IptablesErr != "" {
+			p.Log.Warn("the iptables binary does not run; the iptables backend would fail", "variant", r.IptablesVariant, "err", f.IptablesErr)
+		} else {
+			p.Log.Info("iptables", "variant", r.IptablesVariant, "version", f.IptablesVersion, "randomFully", f.RandomFully)
+		}
 		if !f.ConntrackMatch {
 			p.Log.Warn("the iptables conntrack match is not available; fixes matching conntrack state will fail", "variant", r.IptablesVariant, "err", f.ConntrackMatchErr)
 		}

@@ -61,6 +61,17 @@ type Features struct {
 	// ConntrackMatch: the selected iptables variant knows the conntrack match (-m conntrack).
 	ConntrackMatch    bool
 	ConntrackMatchErr string
+	// IptablesVersion is the selected variant's version ("1.8.9"), "" when its binary does not run
+	// (IptablesErr says why). RandomFully: it has MASQUERADE --random-fully (1.6.2+).
+	IptablesVersion string
+	IptablesErr     string
+	RandomFully     bool
+}
+
+// IptablesTool is what detection reads from an iptables binary; go-iptables' *IPTables is one.
+type IptablesTool interface {
+	GetIptablesVersion() (int, int, int)
+	HasRandomFully() bool
 }
 
 // Probes are the signals detection reads. A nil func means "signal not available" and is skipped.
@@ -79,6 +90,8 @@ type Probes struct {
 	IptablesSave func(ctx context.Context, variant, family, table string) (string, error)
 	// ConntrackMatch checks that the variant's iptables knows -m conntrack.
 	ConntrackMatch func(ctx context.Context, variant string) error
+	// Iptables returns the variant's iptables binary for the family (go-iptables in RealProbes).
+	Iptables func(variant, family string) (IptablesTool, error)
 }
 
 // Resolve turns "auto" settings into concrete values using p. Without any probe (Probes{}), an
@@ -231,7 +244,7 @@ func countLines(ctx context.Context, p Probes, r *Result, variant, table string,
 }
 
 func features(ctx context.Context, p Probes, r Result) *Features {
-	if p.NFTTables == nil && p.ConntrackMatch == nil {
+	if p.NFTTables == nil && p.ConntrackMatch == nil && p.Iptables == nil {
 		return nil
 	}
 	f := &Features{}
@@ -240,6 +253,15 @@ func features(ctx context.Context, p Probes, r Result) *Features {
 			f.NFTablesErr = err.Error()
 		} else {
 			f.NFTables = true
+		}
+	}
+	if p.Iptables != nil {
+		if ipt, err := p.Iptables(r.IptablesVariant, "ipv4"); err != nil {
+			f.IptablesErr = err.Error()
+		} else {
+			v1, v2, v3 := ipt.GetIptablesVersion()
+			f.IptablesVersion = fmt.Sprintf("%d.%d.%d", v1, v2, v3)
+			f.RandomFully = ipt.HasRandomFully()
 		}
 	}
 	if p.ConntrackMatch != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -280,5 +281,55 @@ func TestKubeProxyConfigMapProbe(t *testing.T) {
 	r := Resolve(ctx, auto(), Probes{KubeProxyConfigMap: KubeProxyConfigMap(client)}, nil)
 	if r.ProxyMode != "ipvs" || r.ProxyModeSource != SourceConfigMap {
 		t.Errorf("Resolve with ConfigMap = %q (%s)", r.ProxyMode, r.ProxyModeSource)
+	}
+}
+
+type fakeIptables struct {
+	v           [3]int
+	randomFully bool
+}
+
+func (f fakeIptables) GetIptablesVersion() (int, int, int) { return f.v[0], f.v[1], f.v[2] }
+func (f fakeIptables) HasRandomFully() bool                { return f.randomFully }
+
+// The selected variant's iptables version and --random-fully come from the Iptables probe.
+func TestIptablesFeatures(t *testing.T) {
+	cfg := auto()
+	cfg.ProxyMode, cfg.IptablesVariant = "ipvs", "legacy"
+	var asked []string
+	p := Probes{Iptables: func(variant, family string) (IptablesTool, error) {
+		asked = append(asked, variant+"/"+family)
+		return fakeIptables{[3]int{1, 8, 9}, true}, nil
+	}}
+	f := Resolve(context.Background(), cfg, p, nil).Features
+	if f == nil || f.IptablesVersion != "1.8.9" || !f.RandomFully || f.IptablesErr != "" {
+		t.Errorf("Features = %+v, want version 1.8.9 with random-fully", f)
+	}
+	if len(asked) != 1 || asked[0] != "legacy/ipv4" {
+		t.Errorf("probed %v, want the configured variant legacy/ipv4", asked)
+	}
+	p.Iptables = func(string, string) (IptablesTool, error) { return nil, errors.New("exec: iptables-legacy: not found") }
+	if f := Resolve(context.Background(), cfg, p, nil).Features; f.IptablesVersion != "" || !strings.Contains(f.IptablesErr, "not found") {
+		t.Errorf("a missing binary: %+v", f)
+	}
+}
+
+// RealProbes' Iptables (go-iptables) reads the same version as `iptables-<variant> --version`.
+// Only --version runs: nothing is listed or changed.
+func TestIptablesProbeReadsTheBinary(t *testing.T) {
+	for _, variant := range []string{"nft", "legacy"} {
+		out, err := exec.Command(iptablesBinary(variant, "ipv4", ""), "--version").Output()
+		if err != nil {
+			t.Logf("%s: %v (not installed)", variant, err)
+			continue
+		}
+		ipt, err := Iptables(variant, "ipv4")
+		if err != nil {
+			t.Fatal(err)
+		}
+		v1, v2, v3 := ipt.GetIptablesVersion()
+		if want := fmt.Sprintf("v%d.%d.%d", v1, v2, v3); !strings.Contains(string(out), want) {
+			t.Errorf("%s: go-iptables read %s, the binary says %q", variant, want, out)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	goiptables "github.com/coreos/go-iptables/iptables"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -35,6 +36,7 @@ func RealProbes(client kubernetes.Interface) Probes {
 		NFTTables:         NFTTables,
 		IptablesSave:      IptablesSave,
 		ConntrackMatch:    ConntrackMatch,
+		Iptables:          Iptables,
 	}
 	if client != nil {
 		p.KubeProxyConfigMap = KubeProxyConfigMap(client)
@@ -115,6 +117,20 @@ func iptablesBinary(variant, family, tool string) string {
 		return base + "-" + variant
 	}
 	return base + "-" + variant + "-" + tool
+}
+
+// Iptables opens iptables-<variant> (ip6tables-… for ipv6) with go-iptables, which runs its
+// --version once and derives the features from it; nothing is listed or changed.
+func Iptables(variant, family string) (IptablesTool, error) {
+	proto := goiptables.ProtocolIPv4
+	if family == "ipv6" {
+		proto = goiptables.ProtocolIPv6
+	}
+	ipt, err := goiptables.New(goiptables.IPFamily(proto), goiptables.Path(iptablesBinary(variant, family, "")), goiptables.Timeout(5))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", iptablesBinary(variant, family, ""), err)
+	}
+	return ipt, nil
 }
 
 // ConntrackMatch checks that iptables-<variant> has the conntrack match extension. It only loads
