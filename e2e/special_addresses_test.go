@@ -113,6 +113,18 @@ func testSpecialAddresses(t *testing.T, c *cluster, backend string) {
 
 	n.checkNotRedirected(clusterIP(hostile, "ipv4"), "203.0.15.10")
 	n.checkSyncHealthy()
+
+	t.Log("narrow the External-IPs with allowedCIDRs (hot reload): only addresses inside are kept")
+	n.writeConfig(defaultConfig + "    allowedCIDRs: [203.0.15.16/28, \"2001:db8:15::/64\"]\n")
+	n.expectEntries(converge, want(hostile, "2001:db8:15::10", "tcp", 80), want(normal, "203.0.15.20", "tcp", 80))
+	agenttest.Eventually(t, converge, func() error {
+		m := n.metrics()
+		if v, _ := m.Value("nnm_fix_objects_skipped", "fix", fixExtIP, "family", "ipv4", "reason", "not-allowed"); v != 1 {
+			return fmt.Errorf("nnm_fix_objects_skipped{family=ipv4,reason=not-allowed} = %v, want 1 (203.0.15.10)\n%s", v, strings.Join(m.Lines("nnm_fix_objects_skipped"), "\n"))
+		}
+		return nil
+	})
+	n.checkSyncHealthy()
 }
 
 // createNode creates this node's Node object with status.addresses, deleted at test end.
