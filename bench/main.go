@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -35,6 +36,9 @@ type options struct {
 	out           string
 	floorRuns     int
 	agentEnv      []string
+	profileDir    string    // heap profiles of a -tags profile agent go here ("" = stock agent)
+	agentBin      string    // the agent binary ("" = agenttest's default, bin/network-node-manager)
+	manifest      *manifest // the DaemonSet's environment and memory limit, with -manifest
 }
 
 func main() {
@@ -48,9 +52,32 @@ func main() {
 	flag.StringVar(&o.out, "out", "", "also write the result table (markdown) to this file")
 	flag.IntVar(&o.floorRuns, "floor-runs", 3, "floor measurements per figure (median)")
 	agentEnv := flag.String("agent-env", "", "comma-separated KEY=VALUE added to the agent's environment (e.g. GOMEMLIMIT=48MiB)")
+	useManifest := flag.Bool("manifest", false, "run the agent with the DaemonSet's environment (deploy/base/daemonset.yaml, e.g. GOMEMLIMIT) and compare its peak RSS with the DaemonSet's memory limit")
+	flag.StringVar(&o.profileDir, "profile", "", "build the agent with -tags profile and write heap profiles (after the cold start, the changes and the idle window) to this directory")
 	flag.Parse()
 	if *agentEnv != "" {
 		o.agentEnv = strings.Split(*agentEnv, ",")
+	}
+	if *useManifest {
+		m, err := readManifest()
+		if err != nil {
+			log.Fatal(err)
+		}
+		o.manifest = m
+		o.agentEnv = append(o.agentEnv, m.env...)
+	}
+	if o.profileDir != "" {
+		dir, err := filepath.Abs(o.profileDir)
+		if err != nil {
+			log.Fatal(err)
+		}
+		o.profileDir = dir
+		bin, err := buildProfiling(o.profileDir)
+		if err != nil {
+			log.Fatal(err)
+		}
+		o.agentBin = bin
+		o.agentEnv = append(o.agentEnv, profileEnv+"="+o.profileDir)
 	}
 	for _, s := range strings.Split(*sizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))

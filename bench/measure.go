@@ -111,7 +111,7 @@ func measure(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o o
 		"--disable-fix", "invalid-drop", "--min-sync-period", o.minSyncPeriod.String(), "--log-level", "info",
 	}
 	t0 := time.Now()
-	a, err := agenttest.Start(agenttest.Options{Netns: ns, Args: args, Env: o.agentEnv, LogFile: logFile})
+	a, err := agenttest.Start(agenttest.Options{Netns: ns, Bin: o.agentBin, Args: args, Env: o.agentEnv, LogFile: logFile})
 	if err != nil {
 		return nil, err
 	}
@@ -136,6 +136,15 @@ func measure(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o o
 		return nil, err
 	}
 	r.list, r.program = list, at.Sub(synced)
+	profile := func(phase string) error {
+		if o.profileDir == "" {
+			return nil
+		}
+		return snapProfile(o.profileDir, a.PID(), fmt.Sprintf("heap-%s-%d-%s", be, n, phase))
+	}
+	if err := profile("cold"); err != nil {
+		return nil, err
+	}
 
 	dump, err := k.dump(ctx, ns)
 	if err != nil {
@@ -147,6 +156,9 @@ func measure(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o o
 
 	if full {
 		if err := changes(ctx, c, k, w, a, ns, o.changes, r); err != nil {
+			return nil, err
+		}
+		if err := profile("changes"); err != nil {
 			return nil, err
 		}
 		// Idle: no API changes; only the periodic resync (default --sync-period 30s) runs.
@@ -166,6 +178,9 @@ func measure(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o o
 			return nil, err
 		}
 		r.idleCPU, r.idleWin = after-before, o.idle
+		if err := profile("idle"); err != nil {
+			return nil, err
+		}
 	}
 	r.hwmKB, r.rssKB, err = memory(a.PID())
 	if err != nil {
