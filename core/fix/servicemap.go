@@ -88,11 +88,12 @@ func (s *svcState) name() string { return s.obj.Namespace + "/" + s.obj.Name }
 type serviceMapState[In comparable] struct {
 	in   In
 	svcs []*svcState // sorted by namespace/name
-	// claims holds, per key, the Services wanting it sorted by namespace/name; the first has it.
-	claims map[entryKey][]*svcState
-	// ips counts the map's entries per address (Report.Items is its size).
-	ips    map[netip.Addr]int
-	result ServiceMapResult
+	// owner is, per key, the Service that has it: the first in namespace/name order of those that
+	// want it. contested lists, for the rare keys more than one Service wants, all of them in that
+	// order (owner[k] == contested[k][0]).
+	owner     map[entryKey]*svcState
+	contested map[entryKey][]*svcState
+	result    ServiceMapResult
 }
 
 // Update returns the map and report for services (sorted by namespace/name, as Snapshot.Services
@@ -106,7 +107,7 @@ func (m *ServiceMap[In]) Update(services []*corev1.Service, family rules.Family,
 	}
 	st := m.fams[family]
 	if st == nil || st.in != in {
-		st = &serviceMapState[In]{in: in, claims: map[entryKey][]*svcState{}, ips: map[netip.Addr]int{}}
+		st = &serviceMapState[In]{in: in, owner: map[entryKey]*svcState{}, contested: map[entryKey][]*svcState{}}
 		m.fams[family] = st
 	} else if unchanged(st.svcs, services) {
 		return st.result
@@ -141,36 +142,24 @@ func (m *ServiceMap[In]) Update(services []*corev1.Service, family rules.Family,
 	removed = append(removed, st.svcs[i:]...)
 	st.svcs = next
 
-	// Update the claims, remembering who had each touched key before.
+	// Update the owners, remembering who had each touched key before.
 	before := map[entryKey]*svcState{}
-	touch := func(k entryKey) {
-		if _, ok := before[k]; !ok {
-			var w *svcState
-			if c := st.claims[k]; len(c) > 0 {
-				w = c[0]
-			}
-			before[k] = w
-		}
-	}
 	for _, s := range removed {
 		for e := range s.entries {
 			k := keyOf(&s.entries[e])
-			touch(k)
-			c := slices.DeleteFunc(st.claims[k], func(o *svcState) bool { return o == s })
-			if len(c) == 0 {
-				delete(st.claims, k)
-			} else {
-				st.claims[k] = c
+			if _, ok := before[k]; !ok {
+				before[k] = st.owner[k]
 			}
+			st.release(k, s)
 		}
 	}
 	for _, s := range added {
 		for e := range s.entries {
 			k := keyOf(&s.entries[e])
-			touch(k)
-			c := st.claims[k]
-			at, _ := slices.BinarySearchFunc(c, s, func(a, b *svcState) int { return compareServices(a.obj, b.obj) })
-			st.claims[k] = slices.Insert(c, at, s)
+			if _, ok := before[k]; !ok {
+				before[k] = st.owner[k]
+			}
+			st.claim(k, s)
 		}
 	}
 
@@ -181,23 +170,16 @@ func (m *ServiceMap[In]) Update(services []*corev1.Service, family rules.Family,
 	}
 	var changes []change
 	for k, old := range before {
-		var now *svcState
-		if c := st.claims[k]; len(c) > 0 {
-			now = c[0]
-		}
+		now := st.owner[k]
 		if now == old {
 			continue
 		}
 		if old != nil {
 			old.wins--
-			if st.ips[k.addr]--; st.ips[k.addr] == 0 {
-				delete(st.ips, k.addr)
-			}
 		}
 		ch := change{key: k}
 		if now != nil {
 			now.wins++
-			st.ips[k.addr]++
 			ch.entry = now.entry(k)
 		}
 		changes = append(changes, ch)
@@ -223,6 +205,40 @@ func (m *ServiceMap[In]) Update(services []*corev1.Service, family rules.Family,
 	}
 	st.result.Report = st.report()
 	return st.result
+}
+
+// claim adds s to the Services that want k.
+func (st *serviceMapState[In]) claim(k entryKey, s *svcState) {
+	o := st.owner[k]
+	if o == nil {
+		st.owner[k] = s
+		return
+	}
+	c := st.contested[k]
+	if c == nil {
+		c = []*svcState{o}
+	}
+	at, _ := slices.BinarySearchFunc(c, s, func(a, b *svcState) int { return compareServices(a.obj, b.obj) })
+	c = slices.Insert(c, at, s)
+	st.contested[k], st.owner[k] = c, c[0]
+}
+
+// release removes s from the Services that want k.
+func (st *serviceMapState[In]) release(k entryKey, s *svcState) {
+	c, ok := st.contested[k]
+	if !ok {
+		if st.owner[k] == s {
+			delete(st.owner, k)
+		}
+		return
+	}
+	c = slices.DeleteFunc(c, func(o *svcState) bool { return o == s })
+	st.owner[k] = c[0]
+	if len(c) == 1 {
+		delete(st.contested, k)
+	} else {
+		st.contested[k] = c
+	}
 }
 
 // unchanged says whether services are the same objects as last time.
@@ -266,7 +282,12 @@ func (s *svcState) entry(k entryKey) *rules.MapEntry {
 
 // report walks the Services once; it allocates only for skips.
 func (st *serviceMapState[In]) report() Report {
-	r := Report{Items: len(st.ips)}
+	var r Report
+	for i := range st.result.Entries { // sorted by address first
+		if i == 0 || st.result.Entries[i].Addr != st.result.Entries[i-1].Addr {
+			r.Items++
+		}
+	}
 	for _, s := range st.svcs {
 		if s.wins > 0 {
 			r.Covered++
@@ -277,7 +298,7 @@ func (st *serviceMapState[In]) report() Report {
 		}
 		for i := range s.entries {
 			e := &s.entries[i]
-			if w := st.claims[keyOf(e)][0]; w != s {
+			if w := st.owner[keyOf(e)]; w != s {
 				r.Skipped = append(r.Skipped, Skip{Object: s.name(), Reason: ReasonConflict,
 					Detail: fmt.Sprintf("%s %s/%d is already used by %s", e.Addr, e.Protocol, e.Port, w.name())})
 			}

@@ -75,6 +75,6 @@ func (s *sortedServices) list() []*corev1.Service {
 		}
 	}
 	s.sorted = slices.Clip(append(out, old[i:]...))
-	clear(s.pending)
+	s.pending = nil // a cleared map would keep the buckets of the first list (10,000 Services) forever
 	return s.sorted
 }

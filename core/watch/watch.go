@@ -5,7 +5,9 @@ package watch
 
 import (
 	"context"
+	"slices"
 	"sort"
+	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -45,22 +47,27 @@ func SortServices(svcs []*corev1.Service) {
 
 // StripService keeps only what fixes read: identity, spec and load-balancer status. It is the
 // informer's transform, so the cache holds the small form (managed fields and annotations of
-// thousands of Services are most of their size).
+// thousands of Services are most of their size). Values that thousands of Services share (type,
+// protocols, port names, families) point to one copy each, and the Cluster-IP to its entry in
+// ClusterIPs: at 10,000 Services the cache holds about 1 KB per Service, most of it the
+// corev1.Service struct itself (BENCHMARKS.md, Memory).
 func StripService(svc *corev1.Service) *corev1.Service {
 	out := &corev1.Service{}
 	out.Namespace = svc.Namespace
 	out.Name = svc.Name
-	out.UID = svc.UID
 	out.ResourceVersion = svc.ResourceVersion
 	out.Spec = corev1.ServiceSpec{
-		Type:                  svc.Spec.Type,
+		Type:                  intern(svc.Spec.Type),
 		ClusterIP:             svc.Spec.ClusterIP,
 		ClusterIPs:            svc.Spec.ClusterIPs,
 		ExternalIPs:           svc.Spec.ExternalIPs,
 		ExternalName:          svc.Spec.ExternalName,
-		ExternalTrafficPolicy: svc.Spec.ExternalTrafficPolicy,
-		IPFamilies:            svc.Spec.IPFamilies,
+		ExternalTrafficPolicy: intern(svc.Spec.ExternalTrafficPolicy),
+		IPFamilies:            internFamilies(svc.Spec.IPFamilies),
 		Ports:                 stripPorts(svc.Spec.Ports),
+	}
+	if len(out.Spec.ClusterIPs) > 0 && out.Spec.ClusterIPs[0] == out.Spec.ClusterIP {
+		out.Spec.ClusterIP = out.Spec.ClusterIPs[0]
 	}
 	out.Status.LoadBalancer = svc.Status.LoadBalancer
 	return out
@@ -72,9 +79,32 @@ func stripPorts(ports []corev1.ServicePort) []corev1.ServicePort {
 	}
 	out := make([]corev1.ServicePort, len(ports))
 	for i, p := range ports {
-		out[i] = corev1.ServicePort{Name: p.Name, Protocol: p.Protocol, Port: p.Port}
+		out[i] = corev1.ServicePort{Name: intern(p.Name), Protocol: intern(p.Protocol), Port: p.Port}
 	}
 	return out
+}
+
+// intern returns the one shared copy of a short value many objects repeat.
+func intern[S ~string](s S) S {
+	if s == "" || len(s) > 32 {
+		return s
+	}
+	return S(unique.Make(string(s)).Value())
+}
+
+// The IP families of nearly every Service are one of these.
+var familyLists = [][]corev1.IPFamily{
+	{corev1.IPv4Protocol}, {corev1.IPv6Protocol},
+	{corev1.IPv4Protocol, corev1.IPv6Protocol}, {corev1.IPv6Protocol, corev1.IPv4Protocol},
+}
+
+func internFamilies(fams []corev1.IPFamily) []corev1.IPFamily {
+	for _, l := range familyLists {
+		if slices.Equal(l, fams) {
+			return slices.Clip(l)
+		}
+	}
+	return fams
 }
 
 // SortPods orders Pods by namespace/name.
