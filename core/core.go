@@ -19,6 +19,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/detect"
 	"github.com/network-node-manager/network-node-manager/core/engine"
 	"github.com/network-node-manager/network-node-manager/core/fix"
@@ -48,6 +49,7 @@ var Module = fx.Module("core",
 		func(r *prometheus.Registry) prometheus.Registerer { return r },
 		metrics.NewSync,
 		sysctl.New,
+		func() conntrack.Interface { return conntrack.New() },
 		Detect,
 		Env,
 		NewEngine,

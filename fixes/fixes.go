@@ -8,6 +8,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/fixes/externalipdnat"
 	"github.com/network-node-manager/network-node-manager/fixes/invaliddrop"
 	"github.com/network-node-manager/network-node-manager/fixes/mssclamp"
+	"github.com/network-node-manager/network-node-manager/fixes/staleudpconntrack"
 )
 
 // Modules are the in-tree fixes' modules, one per fix.
@@ -16,6 +17,7 @@ var Modules = []fx.Option{
 	externalipdnat.Module,
 	conntrackliberal.Module,
 	mssclamp.Module,
+	staleudpconntrack.Module,
 }
 
 // Standard is every in-tree fix.

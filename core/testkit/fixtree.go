@@ -17,6 +17,7 @@ import (
 	"go.uber.org/fx/fxtest"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
@@ -35,7 +36,8 @@ type FixTree struct {
 	// Modules register the fixes, one module per fix (e.g. invaliddrop.Module).
 	Modules []fx.Option
 	// Provide adds constructors for what the fixes need beyond the core's faked dependencies
-	// (backend.Backend, sysctl.Interface, *prometheus.Registry and prometheus.Registerer).
+	// (backend.Backend, sysctl.Interface, conntrack.Interface, *prometheus.Registry and
+	// prometheus.Registerer).
 	Provide []any
 }
 
@@ -62,6 +64,7 @@ func (ft FixTree) Check(t *testing.T) {
 			fx.Provide(
 				func() backend.Backend { return be },
 				func() sysctl.Interface { return sysctl.NewFake(nil) },
+				func() conntrack.Interface { return conntrack.NewFake() },
 				func() *prometheus.Registry { return rec.reg },
 				func() prometheus.Registerer { return rec },
 			),
@@ -173,12 +176,14 @@ func checkFix(t *testing.T, f fix.Fix, folder string, be *FakeBackend, rec *reco
 }
 
 // Fakes provides what the core gives fix modules, faked: backend.Backend (a FakeBackend),
-// sysctl.Interface (a Fake without values), and one *prometheus.Registry also provided as
+// sysctl.Interface (a Fake without values), conntrack.Interface (an empty Fake), and one
+// *prometheus.Registry also provided as
 // prometheus.Registerer. For tests that build fix modules with fxtest.
 func Fakes() fx.Option {
 	return fx.Provide(
 		func() backend.Backend { return NewFakeBackend() },
 		func() sysctl.Interface { return sysctl.NewFake(nil) },
+		func() conntrack.Interface { return conntrack.NewFake() },
 		prometheus.NewRegistry,
 		func(r *prometheus.Registry) prometheus.Registerer { return r },
 	)

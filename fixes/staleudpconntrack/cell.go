@@ -1,0 +1,36 @@
+// Package staleudpconntrack deletes UDP conntrack entries that still send a client's packets to a pod
+// address no running Pod on this node holds any more: a hostPort/portmap (or NodePort) DNAT entry
+// outlives its target and every packet of a fixed-source-port client refreshes it
+// (kubernetes#58336, containernetworking/plugins#1190).
+package staleudpconntrack
+
+import (
+	"time"
+
+	"go.uber.org/fx"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
+)
+
+// ID is the fix id: config key fixes.stale-udp-conntrack, metric label, log field.
+const ID = "stale-udp-conntrack"
+
+// Description is the one-line summary.
+const Description = "delete UDP conntrack entries DNATed to a pod address of this node that no running Pod holds, so fixed-port UDP clients reach the new pod (kubernetes#58336)"
+
+// Module registers the fix.
+var Module = fx.Module(ID, fix.Provide(ID, New))
+
+// Config is the fix's configuration (keys under fixes.stale-udp-conntrack).
+type Config struct {
+	// MaxDeletesPerPass bounds the entries deleted in one pass, per family; what is left is deleted
+	// in the next passes (which then follow without waiting for a change).
+	MaxDeletesPerPass int `mapstructure:"maxDeletesPerPass"`
+	// MinDumpInterval is the shortest time between two dumps of the conntrack table of a family.
+	MinDumpInterval time.Duration `mapstructure:"minDumpInterval"`
+}
+
+// DefaultConfig is the configuration used when nothing is set.
+func DefaultConfig() Config {
+	return Config{MaxDeletesPerPass: 1000, MinDumpInterval: 200 * time.Millisecond}
+}

@@ -1,0 +1,271 @@
+package staleudpconntrack
+
+// Test address plan: this node's pod CIDRs are 10.244.1.0/24 and fd00:10:244:1::/64; pods A
+// (10.244.1.10, fd00:10:244:1::a) and B (10.244.1.11, fd00:10:244:1::b); clients 192.0.2.7 and
+// 2001:db8::7 send to the node's hostPort 8125 on 198.51.100.1 / 2001:db8:1::1. 10.96.0.10 is a
+// Cluster-IP target outside the pod CIDRs.
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/fx"
+	"go.uber.org/fx/fxtest"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/network-node-manager/network-node-manager/core/conntrack"
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/core/testkit"
+)
+
+func pod(name string, phase corev1.PodPhase, ips ...string) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}, Status: corev1.PodStatus{Phase: phase}}
+	for _, ip := range ips {
+		p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip})
+	}
+	return p
+}
+
+func entry(proto rules.Protocol, client, nodePort, target string) conntrack.Entry {
+	c, n, tg := netip.MustParseAddrPort(client), netip.MustParseAddrPort(nodePort), netip.MustParseAddrPort(target)
+	fam := rules.IPv4
+	if c.Addr().Is6() {
+		fam = rules.IPv6
+	}
+	return conntrack.Entry{Family: fam, Protocol: proto, Orig: conntrack.Tuple{Src: c, Dst: n}, Reply: conntrack.Tuple{Src: tg, Dst: c}}
+}
+
+var (
+	podA     = pod("a", corev1.PodRunning, "10.244.1.10", "fd00:10:244:1::a")
+	podB     = pod("b", corev1.PodRunning, "10.244.1.11", "fd00:10:244:1::b")
+	toA4     = entry(rules.UDP, "192.0.2.7:40000", "198.51.100.1:8125", "10.244.1.10:8125")
+	toA6     = entry(rules.UDP, "[2001:db8::7]:40000", "[2001:db8:1::1]:8125", "[fd00:10:244:1::a]:8125")
+	toB4     = entry(rules.UDP, "192.0.2.7:40001", "198.51.100.1:8125", "10.244.1.11:8125")
+	tcpToA4  = entry(rules.TCP, "192.0.2.7:40002", "198.51.100.1:8125", "10.244.1.10:8125")
+	toSvc4   = entry(rules.UDP, "192.0.2.7:40003", "198.51.100.1:53", "10.96.0.10:53")
+	direct4  = entry(rules.UDP, "192.0.2.7:40004", "10.244.1.10:8125", "10.244.1.10:8125") // no DNAT
+	dualNode = testkit.WithNode(testkit.Node("node-a", testkit.PodCIDRs("10.244.1.0/24", "fd00:10:244:1::/64")))
+)
+
+type env struct {
+	fix *Fix
+	ct  *conntrack.Fake
+	reg *prometheus.Registry
+}
+
+func newEnv(t *testing.T, options map[string]any, entries ...conntrack.Entry) *env {
+	t.Helper()
+	e := &env{ct: conntrack.NewFake(entries...), reg: prometheus.NewRegistry()}
+	f, err := New(Params{Conntrack: e.ct, Registry: e.reg, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if options != nil {
+		if err := f.Configure(options); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.sleep = func(context.Context, time.Duration) error { return nil }
+	e.fix = f
+	return e
+}
+
+func (e *env) ensure(t *testing.T, full bool, pods ...*corev1.Pod) fix.Result {
+	t.Helper()
+	snap := testkit.Snapshot(dualNode)
+	snap.Pods = pods
+	res, err := e.fix.Ensure(context.Background(), snap, full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func TestDeletesOnlyStaleUDPToGonePods(t *testing.T) {
+	e := newEnv(t, nil, toA4, toA6, toB4, tcpToA4, toSvc4, direct4)
+	// First pass, both pods live: nothing to delete.
+	if res := e.ensure(t, true, podA, podB); res.Items != 0 || len(e.ct.Entries()) != 6 {
+		t.Fatalf("with both pods live: deleted %d, table %v", res.Items, e.ct.Entries())
+	}
+	// Pod A is gone: its UDP entries of both families go; TCP, Service, non-DNAT and B's stay.
+	res := e.ensure(t, false, podB)
+	if res.Items != 2 || !res.Changed {
+		t.Fatalf("deleted %d entries, want 2 (A's UDP, both families)", res.Items)
+	}
+	want := []conntrack.Entry{toB4, tcpToA4, toSvc4, direct4}
+	if got := e.ct.Entries(); len(got) != len(want) {
+		t.Fatalf("table after A is gone: %v, want %v", got, want)
+	}
+	for _, w := range want {
+		found := false
+		for _, g := range e.ct.Entries() {
+			found = found || g == w
+		}
+		if !found {
+			t.Errorf("%s was deleted", w)
+		}
+	}
+	// A pass without a change does not dump again.
+	dumps := e.ct.Dumps[rules.IPv4]
+	e.ensure(t, false, podB)
+	if e.ct.Dumps[rules.IPv4] != dumps {
+		t.Error("a pass without a pod going away dumped the table")
+	}
+	// An entry left behind (agent down) is caught by the next full pass.
+	e.ct.Add(toA4)
+	if res := e.ensure(t, true, podB); res.Items != 1 {
+		t.Fatalf("full pass deleted %d, want the left-behind entry", res.Items)
+	}
+}
+
+func TestFinishedAndTerminatingPods(t *testing.T) {
+	done := pod("a", corev1.PodSucceeded, "10.244.1.10")
+	terminating := pod("a", corev1.PodRunning, "10.244.1.10")
+	terminating.DeletionTimestamp = &metav1.Time{}
+	host := pod("h", corev1.PodRunning, "10.244.1.10")
+	host.Spec.HostNetwork = true
+	for _, tc := range []struct {
+		name string
+		pod  *corev1.Pod
+		gone bool
+	}{{"succeeded", done, true}, {"terminating", terminating, false}, {"host-network", host, true}} {
+		e := newEnv(t, nil, toA4)
+		e.ensure(t, true, tc.pod)
+		if gone := len(e.ct.Entries()) == 0; gone != tc.gone {
+			t.Errorf("%s pod: entry deleted = %v, want %v", tc.name, gone, tc.gone)
+		}
+	}
+}
+
+func TestBoundedPasses(t *testing.T) {
+	var entries []conntrack.Entry
+	for i := range 5 {
+		entries = append(entries, entry(rules.UDP, "192.0.2.7:"+string(rune('1'+i))+"0000", "198.51.100.1:8125", "10.244.1.10:8125"))
+	}
+	e := newEnv(t, map[string]any{"maxDeletesPerPass": 2}, entries...)
+	e.ensure(t, true, podA)
+	for pass, left := range []int{3, 1, 0, 0} {
+		e.ensure(t, false) // A is gone; then the pending passes continue without a change
+		if n := len(e.ct.Entries()); n != left {
+			t.Fatalf("after pass %d: %d entries left, want %d", pass+1, n, left)
+		}
+	}
+}
+
+func TestNoPodCIDRJudgesNothing(t *testing.T) {
+	e := newEnv(t, nil, toA4)
+	snap := testkit.Snapshot()
+	res, err := e.fix.Ensure(context.Background(), snap, true)
+	if err != nil || len(e.ct.Entries()) != 1 || len(res.Skipped) != 2 || res.Skipped[0].Reason != "no-pod-cidr" {
+		t.Fatalf("without pod CIDRs: %v, %+v, table %v", err, res, e.ct.Entries())
+	}
+}
+
+func TestErrorsKeepTrying(t *testing.T) {
+	e := newEnv(t, nil, toA4)
+	e.ensure(t, true, podA)
+	e.ct.ListErr = errors.New("netlink: operation not permitted")
+	if _, err := e.fix.Ensure(context.Background(), testkit.Snapshot(dualNode), false); err == nil {
+		t.Fatal("a failed dump is not an error")
+	}
+	e.ct.ListErr = nil
+	// The failed pass did not forget that A went away: the next, unchanged, pass dumps again.
+	e.ensure(t, false)
+	if len(e.ct.Entries()) != 0 {
+		t.Fatal("the entry survived the retry")
+	}
+	if err := testutil.GatherAndCompare(e.reg, strings.NewReader(`
+# HELP nnm_stale_udp_conntrack_deleted_entries_total UDP conntrack entries deleted because their DNAT target was a pod address no running Pod holds.
+# TYPE nnm_stale_udp_conntrack_deleted_entries_total counter
+nnm_stale_udp_conntrack_deleted_entries_total{family="ipv4"} 1
+nnm_stale_udp_conntrack_deleted_entries_total{family="ipv6"} 0
+# HELP nnm_stale_udp_conntrack_errors_total Failed conntrack dumps or deletions.
+# TYPE nnm_stale_udp_conntrack_errors_total counter
+nnm_stale_udp_conntrack_errors_total{family="ipv4",operation="dump"} 1
+nnm_stale_udp_conntrack_errors_total{family="ipv6",operation="dump"} 1
+`), "nnm_stale_udp_conntrack_deleted_entries_total", "nnm_stale_udp_conntrack_errors_total"); err != nil {
+		t.Error(err)
+	}
+	testkit.Promlint(t, e.reg)
+}
+
+func TestRateLimit(t *testing.T) {
+	e := newEnv(t, map[string]any{"minDumpInterval": "1s"}, toA4)
+	now := time.Unix(1000, 0)
+	var slept []time.Duration
+	e.fix.now = func() time.Time { return now }
+	e.fix.sleep = func(_ context.Context, d time.Duration) error { slept = append(slept, d); now = now.Add(d); return nil }
+	e.ensure(t, true, podA)
+	now = now.Add(300 * time.Millisecond)
+	e.ensure(t, true, podA)
+	// IPv4 waits out the rest of its second; IPv6's second has passed meanwhile.
+	if len(slept) != 1 || slept[0] != 700*time.Millisecond {
+		t.Fatalf("slept %v, want 700ms once before the second dumps", slept)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		options map[string]any
+		want    string
+	}{
+		{map[string]any{"maxDeletesPerPass": 0}, "fixes.stale-udp-conntrack.maxDeletesPerPass"},
+		{map[string]any{"maxDeletesPerPass": 1000000}, "fixes.stale-udp-conntrack.maxDeletesPerPass"},
+		{map[string]any{"minDumpInterval": "2h"}, "fixes.stale-udp-conntrack.minDumpInterval"},
+		{map[string]any{"minDumpInterval": "soon"}, "minDumpInterval"},
+		{map[string]any{"protocols": "udp"}, "protocols"},
+	} {
+		e := newEnv(t, map[string]any{"maxDeletesPerPass": 7})
+		err := e.fix.Configure(tc.options)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Configure(%v) = %v, want an error naming %s", tc.options, err, tc.want)
+		}
+		if e.fix.opts.Get().MaxDeletesPerPass != 7 {
+			t.Errorf("a rejected Configure(%v) changed the settings", tc.options)
+		}
+	}
+}
+
+func TestStatic(t *testing.T) {
+	e := newEnv(t, nil)
+	if e.fix.DefaultEnabled(fix.Env{ProxyMode: "iptables"}) {
+		t.Error("on by default")
+	}
+	if e.fix.Needs() != (fix.Needs{Pods: true, Node: true}) {
+		t.Errorf("Needs = %+v", e.fix.Needs())
+	}
+	if e.fix.Check(fix.Env{}) == nil || e.fix.Check(fix.Env{NodeName: "n1"}) != nil {
+		t.Error("Check must refuse exactly a missing node name")
+	}
+	if rs, _, _ := e.fix.Rules(testkit.Snapshot(dualNode), rules.IPv4); rs != nil {
+		t.Error("an Actuator with rules")
+	}
+}
+
+func TestModule(t *testing.T) {
+	var got fix.In
+	app := fxtest.New(t, Module, testkit.Fakes(), fx.Populate(&got))
+	app.RequireStart().RequireStop()
+	if len(got.Fixes) != 1 || got.Fixes[0].ID() != ID {
+		t.Fatalf("fixes group = %v", got.Fixes)
+	}
+	if _, ok := got.Fixes[0].(fix.Actuator); !ok {
+		t.Error("not an Actuator")
+	}
+}
+
+func TestREADME(t *testing.T) {
+	r := testkit.ReadREADME(t, "README.md", ID)
+	e := newEnv(t, r.Options)
+	e.ensure(t, true, podA)
+	r.DocumentsMetrics(t, "nnm_stale_udp_conntrack_deleted_entries_total", "nnm_stale_udp_conntrack_dumps_total", "nnm_stale_udp_conntrack_errors_total")
+}
