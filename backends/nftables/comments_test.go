@@ -108,3 +108,35 @@ func TestKernelOddComments(t *testing.T) {
 		}
 	}
 }
+
+// FuzzCommentText: any comment (up to the 128-byte limit) renders, as printable ASCII without quotes
+// or backslashes and of the same length, into exactly the element it belongs to.
+func FuzzCommentText(f *testing.F) {
+	for _, s := range []string{oddComment, "default/web:http", "", "\"", "\\\"", "\n\r\t", "\xff\xfe", "comment \"x\" ; flush ruleset"} {
+		f.Add(s)
+	}
+	b := newFakeKernel().backend(f)
+	f.Fuzz(func(t *testing.T, s string) {
+		if len(s) > rules.MaxComment {
+			s = s[:rules.MaxComment]
+		}
+		got := commentText(s)
+		if len(got) != len(s) {
+			t.Fatalf("commentText(%q) = %q: length changed", s, got)
+		}
+		for i := 0; i < len(got); i++ {
+			if c := got[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
+				t.Fatalf("commentText(%q) = %q: byte %q left", s, got, c)
+			}
+		}
+		entries := threeEntries(rules.IPv4)
+		entries[1].Comment = s
+		text, err := b.Render(externalIPRuleset(rules.IPv4, entries))
+		if err != nil {
+			t.Fatalf("Render with comment %q: %v", s, err)
+		}
+		if s != "" && !strings.Contains(text, `comment "`+got+`" : `) {
+			t.Fatalf("rendered text lacks the element comment %q:\n%s", got, text)
+		}
+	})
+}
