@@ -46,8 +46,8 @@ const (
 	svcNamespace   = "default"
 )
 
-// vmTimeout bounds one boot-run-poweroff cycle.
-const vmTimeout = 5 * time.Minute
+// vmTimeout bounds one boot-run-poweroff cycle (about 2.5-4 minutes on 2 busy cores).
+const vmTimeout = 8 * time.Minute
 
 // vmEnv is what hack/vm/prepare.sh produced (vm.env).
 type vmEnv map[string]string
