@@ -17,8 +17,8 @@
 //     (kubernetes#97081), and the test asserts both. With the agent (iptables backend) both reach it,
 //     on the Service's port only, and an ipMode: Proxy Service is left alone. The nftables backend
 //     is skipped with the reason (knownBroken in guest_test.go): its rules do not load on 6.1.
-//     IPv4 only: the guest network (qemu user mode) and the Services are single-stack; an IPv6 run
-//     needs a dual-stack Node and Services and an IPv6 address plan in the guest, not done yet.
+//     Both families in one run: a dual-stack Node, dual-stack Services and one address plan per
+//     family (plans in host_test.go); the guest's IPv6 addresses exist only inside it.
 //   - e2e/kubeproxy_test.go (host kernel): the agent beside a real kube-proxy in iptables and
 //     nftables mode.
 //

@@ -2,13 +2,14 @@ package vm
 
 // The guest half of the VM lane: runs inside the VM (kernel 6.1 with IP_VS) that
 // TestIPVSExternalIPInVM boots, as root in the guest's initial network namespace, which is the node.
+// Both families, addresses in plans (host_test.go):
 //
 //	node (guest root netns)                      kube-proxy --proxy-mode=ipvs, the agent
-//	  eth0  10.0.2.15/24 (InternalIP; qemu user network, restricted; no default route)
-//	  kube-ipvs0 (dummy, made by kube-proxy)      203.0.113.10 (lb-local), ClusterIPs
-//	  pod0  10.244.1.1/24  <->  netns pod  eth0 10.244.1.2/24, default via 10.244.1.1
-//	  rem0  10.244.2.1/24  <->  netns ep   eth0 10.244.2.2/24, TCP server :8080 (the Service's only
-//	                                        endpoint, on another node as far as the API says)
+//	  eth0  10.0.2.15/24, fd00:10:0:2::15/64 (InternalIPs; qemu user network, restricted; no default route)
+//	  kube-ipvs0 (dummy, made by kube-proxy)      203.0.113.10, 2001:db8:113::10 (lb-local), ClusterIPs
+//	  pod0  10.244.1.1/24 fd00:10:244:1::1/64 <-> netns pod  eth0 10.244.1.2, fd00:10:244:1::2 (default via node)
+//	  rem0  10.244.2.1/24 fd00:10:244:2::1/64 <-> netns ep   eth0 10.244.2.2, fd00:10:244:2::2: TCP :8080,
+//	                                        the Service's only endpoint, on another node as far as the API says
 
 import (
 	"bufio"
@@ -16,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strconv"
@@ -31,10 +33,7 @@ import (
 // nodeNetns names the guest's initial namespace, so that the netns-based helpers address it.
 const nodeNetns = "node"
 
-const (
-	podCIDR  = "10.244.1.0/24"
-	dialWait = 2 * time.Second
-)
+const dialWait = 2 * time.Second
 
 func requireGuest(t *testing.T) {
 	t.Helper()
@@ -58,45 +57,51 @@ func guestTopology(t *testing.T) (pod *testenv.NS) {
 	t.Helper()
 	sh(t, "ip", "netns", "attach", nodeNetns, "1")
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", nodeNetns).Run() })
-	sh(t, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	sh(t, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
+	sh(t, "ip", "addr", "add", plans[1].nodeIP+"/64", "dev", "eth0", "nodad")
 	pod = testenv.New(t, "pod")
 	ep := testenv.New(t, "ep")
 	for _, l := range []struct {
-		ns             *testenv.NS
-		nodeIf, nodeIP string
-		nsIP, gw       string
-		route          string
+		ns     *testenv.NS
+		nodeIf string
+		nodeIP func(plan) string
+		nsIP   func(plan) string
+		route  func(plan) string
 	}{
-		{pod, "pod0", "10.244.1.1/24", "10.244.1.2/24", "10.244.1.1", "default"},
+		{pod, "pod0", func(p plan) string { return p.podGW }, func(p plan) string { return p.podIP }, func(plan) string { return "default" }},
 		// The endpoint's node routes this node's pod CIDR back here, as a CNI does, but not the
 		// External-IP: in a cluster that address leads to the load balancer, not to this node.
-		{ep, "rem0", "10.244.2.1/24", endpointIP + "/24", "10.244.2.1", podCIDR},
+		{ep, "rem0", func(p plan) string { return p.epGW }, func(p plan) string { return p.endpoint }, func(p plan) string { return p.podCIDR }},
 	} {
 		sh(t, "ip", "link", "add", l.nodeIf, "type", "veth", "peer", "name", "eth0", "netns", l.ns.Name)
-		sh(t, "ip", "addr", "add", l.nodeIP, "dev", l.nodeIf)
 		sh(t, "ip", "link", "set", l.nodeIf, "up")
-		l.ns.MustExec("ip", "addr", "add", l.nsIP, "dev", "eth0")
 		l.ns.MustExec("ip", "link", "set", "eth0", "up")
-		l.ns.MustExec("ip", "route", "add", l.route, "via", l.gw)
-	}
-	var ln net.Listener
-	if err := ep.Do(func() (err error) {
-		ln, err = net.Listen("tcp", net.JoinHostPort(endpointIP, strconv.Itoa(endpointPort)))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintf(c, "endpoint %s saw %s\n", c.LocalAddr(), c.RemoteAddr())
-			c.Close()
+		for _, p := range plans {
+			sh(t, "ip", "addr", "add", l.nodeIP(p)+p.prefix, "dev", l.nodeIf, "nodad")
+			l.ns.MustExec("ip", "addr", "add", l.nsIP(p)+p.prefix, "dev", "eth0", "nodad")
+			l.ns.MustExec("ip", "route", "add", l.route(p), "via", l.nodeIP(p))
 		}
-	}()
+	}
+	for _, p := range plans {
+		var ln net.Listener
+		if err := ep.Do(func() (err error) {
+			ln, err = net.Listen("tcp", net.JoinHostPort(p.endpoint, strconv.Itoa(endpointPort)))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				fmt.Fprintf(c, "endpoint %s saw %s\n", c.LocalAddr(), c.RemoteAddr())
+				c.Close()
+			}
+		}()
+	}
 	return pod
 }
 
@@ -150,18 +155,31 @@ func ipvsServices(t *testing.T) map[string][]string {
 	return out
 }
 
-// hexAddrPort turns /proc/net/ip_vs's "CB00710A:0050" into "203.0.113.10:80" (IPv4 only).
+// hexAddrPort turns /proc/net/ip_vs's "CB00710A:0050" or "[2001:0db8:…:0010]:0050" into
+// "203.0.113.10:80" or "[2001:db8:113::10]:80".
 func hexAddrPort(s string) string {
-	h, p, ok := strings.Cut(s, ":")
-	if !ok || len(h) != 8 {
+	i := strings.LastIndex(s, ":")
+	if i < 0 {
 		return s
 	}
-	v, err1 := strconv.ParseUint(h, 16, 32)
-	port, err2 := strconv.ParseUint(p, 16, 16)
-	if err1 != nil || err2 != nil {
+	h, p := s[:i], s[i+1:]
+	port, err := strconv.ParseUint(p, 16, 16)
+	if err != nil {
 		return s
 	}
-	return fmt.Sprintf("%d.%d.%d.%d:%d", v>>24, v>>16&0xff, v>>8&0xff, v&0xff, port)
+	var addr netip.Addr
+	if v6, ok := strings.CutPrefix(h, "["); ok {
+		addr, err = netip.ParseAddr(strings.TrimSuffix(v6, "]"))
+	} else {
+		var v uint64
+		if v, err = strconv.ParseUint(h, 16, 32); err == nil {
+			addr = netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+		}
+	}
+	if err != nil {
+		return s
+	}
+	return netip.AddrPortFrom(addr, uint16(port)).String()
 }
 
 // ourRules returns what the agent's backend holds in the kernel: the iptables lines that name an NNM
@@ -182,8 +200,8 @@ func ourRules(t *testing.T, backend string) string {
 		return b.String()
 	}
 	var b strings.Builder
-	for _, table := range []string{"filter", "nat", "mangle"} {
-		for _, line := range strings.Split(sh(t, "iptables-save", "-t", table), "\n") {
+	for _, save := range []string{"iptables-save", "ip6tables-save"} {
+		for _, line := range strings.Split(sh(t, save), "\n") {
 			if strings.Contains(line, "NNM-") {
 				b.WriteString(line + "\n")
 			}
@@ -200,70 +218,81 @@ var knownBroken = map[string]string{
 		"beside it works on 6.1 (measured in this VM)",
 }
 
-// TestGuestIPVSExternalIP reproduces kubernetes#75262 with real IPVS and shows the fix, per backend.
+// TestGuestIPVSExternalIP reproduces kubernetes#75262 with real IPVS and shows the fix, per backend,
+// for both families.
 func TestGuestIPVSExternalIP(t *testing.T) {
 	requireGuest(t)
 	ctx := t.Context()
-	clusterIP := os.Getenv("NNM_VM_CLUSTER_IP")
+	clusterIPs := strings.Split(os.Getenv("NNM_VM_CLUSTER_IPS"), ",")
+	if len(clusterIPs) != len(plans) {
+		t.Fatalf("NNM_VM_CLUSTER_IPS = %q, want one per family", os.Getenv("NNM_VM_CLUSTER_IPS"))
+	}
 	kubeconfig := os.Getenv("KUBECONFIG")
-	lbAddr := net.JoinHostPort(lbLocalIP, strconv.Itoa(servicePort))
-	wrongPort := net.JoinHostPort(lbLocalIP, strconv.Itoa(servicePort+1))
-	clusterAddr := net.JoinHostPort(clusterIP, strconv.Itoa(servicePort))
+	addr := func(ip string, port int) string { return net.JoinHostPort(ip, strconv.Itoa(port)) }
 	t.Logf("guest kernel %s", strings.TrimSpace(sh(t, "uname", "-r")))
 
 	pod := guestTopology(t)
 	start := time.Now()
 	kp := kubeproxytest.StartT(t, kubeproxytest.Options{
 		Netns: nodeNetns, Kubeconfig: kubeconfig, Mode: "ipvs", NodeName: nodeName,
-		ClusterCIDR: "10.244.0.0/16", InitialNetns: true,
+		ClusterCIDR: "10.244.0.0/16,fd00:10:244::/48", InitialNetns: true,
 	})
-	kp.WaitModeT(t, 3*time.Minute)
+	kp.WaitModeT(t, 4*time.Minute)
 	t.Logf("kube-proxy serves /proxyMode=ipvs and synced after %v", time.Since(start).Round(100*time.Millisecond))
 
-	// kube-proxy's IPVS state: the LoadBalancer IP is bound to kube-ipvs0 and has a virtual server
-	// without real servers (no local endpoint), the ClusterIP one has the remote endpoint.
-	addrs := sh(t, "ip", "-br", "addr", "show", "kube-ipvs0")
-	t.Logf("kube-ipvs0: %s", strings.TrimSpace(addrs))
-	if !strings.Contains(addrs, lbLocalIP) || strings.Contains(addrs, lbProxyIP) {
-		t.Fatalf("kube-ipvs0 should hold %s and not the ipMode: Proxy IP %s: %s", lbLocalIP, lbProxyIP, addrs)
-	}
+	// kube-proxy's IPVS state: the LoadBalancer IPs are bound to kube-ipvs0 (not the ipMode: Proxy
+	// ones), listed in its LoadBalancer-local ipsets and have virtual servers.
+	// kube-proxy's /proxyMode and sync metric answer once one family synced; wait for both.
+	var addrs string
+	took := agenttest.Eventually(t, 2*time.Minute, func() error {
+		addrs = sh(t, "ip", "addr", "show", "kube-ipvs0")
+		for _, p := range plans {
+			if !strings.Contains(addrs, p.lbLocal+"/") {
+				return fmt.Errorf("kube-ipvs0 lacks %s:\n%s", p.lbLocal, addrs)
+			}
+			set := lbLocalSet(p)
+			if out := sh(t, "ipset", "list", set); !strings.Contains(out, p.lbLocal+",tcp:80") {
+				return fmt.Errorf("ipset %s lacks %s,tcp:80:\n%s", set, p.lbLocal, out)
+			}
+		}
+		return nil
+	})
+	t.Logf("kube-proxy's IPVS state for both families after another %v", took.Round(100*time.Millisecond))
 	vs := ipvsServices(t)
 	t.Logf("IPVS virtual servers: %v", vs)
-	rs, ok := vs["TCP "+lbAddr]
-	if !ok {
-		t.Fatalf("no IPVS virtual server for %s", lbAddr)
-	}
-	t.Logf("IPVS virtual server %s → %v", lbAddr, rs)
-	if rs := vs["TCP "+clusterAddr]; len(rs) != 1 || rs[0] != net.JoinHostPort(endpointIP, strconv.Itoa(endpointPort)) {
-		t.Fatalf("want the ClusterIP virtual server %s → %s:%d, got %v", clusterAddr, endpointIP, endpointPort, rs)
-	}
-	lbLocalSet := sh(t, "ipset", "list", "KUBE-LOAD-BALANCER-LOCAL")
-	if !strings.Contains(lbLocalSet, lbLocalIP+",tcp:80") {
-		t.Fatalf("ipset KUBE-LOAD-BALANCER-LOCAL lacks %s,tcp:80:\n%s", lbLocalIP, lbLocalSet)
-	}
-
-	// The Service itself works by its ClusterIP: the failure below is the External-IP path only.
-	for _, from := range []*testenv.NS{pod, nil} {
-		got, err := fetch(ctx, from, clusterAddr)
-		if err != nil {
-			t.Fatalf("ClusterIP %s from %s: %v", clusterAddr, who(from), err)
+	for i, p := range plans {
+		if !strings.Contains(addrs, p.lbLocal+"/") || strings.Contains(addrs, p.lbProxy+"/") {
+			t.Fatalf("kube-ipvs0 should hold %s and not the ipMode: Proxy IP %s:\n%s", p.lbLocal, p.lbProxy, addrs)
 		}
-		t.Logf("ClusterIP %s from %s: %q", clusterAddr, who(from), got)
+		lb, cluster := addr(p.lbLocal, servicePort), addr(clusterIPs[i], servicePort)
+		if rs := vs["TCP "+cluster]; len(rs) != 1 || rs[0] != addr(p.endpoint, endpointPort) {
+			t.Fatalf("want the ClusterIP virtual server %s → %s, got %v", cluster, addr(p.endpoint, endpointPort), rs)
+		}
+		// kubernetes#75262 as it stands in v1.36: kube-proxy gives the External-IP's virtual server
+		// the cluster-wide endpoints when the node has no local one (kubernetes#97081), so a pod,
+		// whose source address the endpoint routes back here, gets through; a host-network process
+		// does not: its packets leave with the External-IP as source (the address is local, on
+		// kube-ipvs0), and the endpoint's answer goes to the load balancer, not back to this node.
+		if rs := vs["TCP "+lb]; len(rs) != 1 {
+			t.Fatalf("want kube-proxy to give %s the remote endpoint (kubernetes#97081), got %v", lb, rs)
+		}
+		// The Service works by its ClusterIP (once kube-proxy has synced the family's ipsets and
+		// masquerade rules too): the failure below is the External-IP path only.
+		for _, from := range []*testenv.NS{pod, nil} {
+			var got string
+			took := agenttest.Eventually(t, time.Minute, func() (err error) {
+				got, err = fetch(ctx, from, cluster)
+				return err
+			})
+			t.Logf("%s: ClusterIP %s from %s after %v: %q", p.family, cluster, who(from), took.Round(10*time.Millisecond), got)
+		}
+		got, err := fetch(ctx, pod, lb)
+		if err != nil {
+			t.Fatalf("without the agent, a pod should reach %s through IPVS (kubernetes#97081): %v", lb, err)
+		}
+		t.Logf("%s: without the agent: External-IP %s from a pod: %q", p.family, lb, got)
+		assertUnreachable(t, nil, lb, p.family+" without the agent (kubernetes#75262)")
 	}
-	// kubernetes#75262 as it stands in v1.36: kube-proxy gives the External-IP's virtual server the
-	// cluster-wide endpoints when the node has no local one (kubernetes#97081), so a pod, whose
-	// source address the endpoint routes back here, gets through; a host-network process does not:
-	// its packets leave with the External-IP as source (the address is local, on kube-ipvs0), and
-	// the endpoint's answer goes to the load balancer instead of back to this node.
-	if rs := vs["TCP "+lbAddr]; len(rs) != 1 {
-		t.Fatalf("want kube-proxy to give %s the remote endpoint (kubernetes#97081), got %v", lbAddr, rs)
-	}
-	got, err := fetch(ctx, pod, lbAddr)
-	if err != nil {
-		t.Fatalf("without the agent, a pod should reach %s through IPVS (kubernetes#97081): %v", lbAddr, err)
-	}
-	t.Logf("without the agent: External-IP %s from a pod: %q", lbAddr, got)
-	assertUnreachable(t, nil, lbAddr, "without the agent (kubernetes#75262)")
 
 	for _, backend := range []string{"iptables", "nftables"} {
 		t.Run(backend, func(t *testing.T) {
@@ -272,30 +301,33 @@ func TestGuestIPVSExternalIP(t *testing.T) {
 			}
 			agent := agenttest.StartT(t, agenttest.Options{Netns: nodeNetns, Args: []string{
 				"--kubeconfig", kubeconfig, "--node-name", nodeName, "--backend", backend,
-				"--proxy-mode", "auto", "--pod-cidrs", podCIDR, "--families", "ipv4",
-				"--min-sync-period", "100ms", "--log-level", "debug",
+				"--proxy-mode", "auto", "--pod-cidrs", plans[0].podCIDR + "," + plans[1].podCIDR,
+				"--families", "ipv4,ipv6", "--min-sync-period", "100ms", "--log-level", "debug",
 			}})
 			start := time.Now()
-			agent.WaitReadyT(t, 2*time.Minute)
+			agent.WaitReadyT(t, 4*time.Minute)
 			t.Logf("%s: agent ready after %v", backend, time.Since(start).Round(100*time.Millisecond))
-			m := metrics(t, agent)
+			m := agent.MetricsT(t)
 			if info := m.Find("nnm_agent_info", "proxy_mode", "ipvs", "proxy_mode_source", "metrics-endpoint", "backend", backend); len(info) != 1 {
 				t.Fatalf("nnm_agent_info should say ipvs from kube-proxy's /proxyMode with backend %s: %v", backend, m.Find("nnm_agent_info"))
 			}
-			for _, from := range []*testenv.NS{pod, nil} {
-				var got string
-				took := agenttest.Eventually(t, 30*time.Second, func() (err error) {
-					got, err = fetch(ctx, from, lbAddr)
-					return err
-				})
-				t.Logf("%s: External-IP %s from %s answered after %v: %q", backend, lbAddr, who(from), took.Round(10*time.Millisecond), got)
-			}
-			assertUnreachable(t, pod, wrongPort, backend+": another port of the External-IP")
 			ours := ourRules(t, backend)
-			if !strings.Contains(ours, lbLocalIP) || strings.Contains(ours, lbProxyIP) {
-				t.Fatalf("%s: our rules should name %s and not the ipMode: Proxy %s:\n%s", backend, lbLocalIP, lbProxyIP, ours)
+			for _, p := range plans {
+				lb := addr(p.lbLocal, servicePort)
+				for _, from := range []*testenv.NS{pod, nil} {
+					var got string
+					took := agenttest.Eventually(t, 30*time.Second, func() (err error) {
+						got, err = fetch(ctx, from, lb)
+						return err
+					})
+					t.Logf("%s %s: External-IP %s from %s answered after %v: %q", backend, p.family, lb, who(from), took.Round(10*time.Millisecond), got)
+				}
+				assertUnreachable(t, pod, addr(p.lbLocal, servicePort+1), backend+" "+p.family+": another port of the External-IP")
+				if !strings.Contains(ours, p.lbLocal) || strings.Contains(ours, p.lbProxy) {
+					t.Fatalf("%s: our rules should name %s and not the ipMode: Proxy %s:\n%s", backend, p.lbLocal, p.lbProxy, ours)
+				}
 			}
-			m = metrics(t, agent)
+			m = agent.MetricsT(t)
 			t.Logf("%s: %v %v", backend, m.Find("nnm_fix_objects_covered", "fix", "ipvs-externalip-dnat"), m.Find("nnm_fix_objects_skipped", "fix", "ipvs-externalip-dnat"))
 
 			// Stop and clean up, and the problem is back: the next backend starts from scratch.
@@ -304,9 +336,16 @@ func TestGuestIPVSExternalIP(t *testing.T) {
 			}
 			bin, _ := agenttest.Binary()
 			sh(t, bin, "cleanup")
-			assertUnreachable(t, nil, lbAddr, backend+": after `network-node-manager cleanup`")
+			for _, p := range plans {
+				assertUnreachable(t, nil, addr(p.lbLocal, servicePort), backend+" "+p.family+": after `network-node-manager cleanup`")
+			}
 		})
 	}
+}
+
+// lbLocalSet is kube-proxy's ipset of a family's externalTrafficPolicy: Local LoadBalancer IPs.
+func lbLocalSet(p plan) string {
+	return map[string]string{"ipv4": "KUBE-LOAD-BALANCER-LOCAL", "ipv6": "KUBE-6-LOAD-BALANCER-LOCAL"}[p.family]
 }
 
 func who(pod *testenv.NS) string {
@@ -331,15 +370,4 @@ func assertUnreachable(t *testing.T, pod *testenv.NS, addr, when string) {
 		}
 		t.Logf("%s: %s cannot reach %s: %v", when, who(from), addr, err)
 	}
-}
-
-// metrics scrapes the agent, retrying: under emulation one scrape may exceed the client's timeout.
-func metrics(t *testing.T, a *agenttest.Agent) agenttest.Metrics {
-	t.Helper()
-	var m agenttest.Metrics
-	agenttest.Eventually(t, 30*time.Second, func() (err error) {
-		m, err = a.Metrics(t.Context())
-		return err
-	})
-	return m
 }

@@ -35,19 +35,35 @@ const guestEnv = "NNM_VM_GUEST"
 // The guest's view of the network (qemu user-mode defaults) and of the cluster.
 const (
 	guestAPIServer = "10.0.2.100:6443" // guestfwd to the host-side apiserver
-	guestNodeIP    = "10.0.2.15"       // eth0, the Node's InternalIP
 	nodeName       = "vm-node"
 	remoteNodeName = "other-node" // where the endpoints live: the VM node has none
-	endpointIP     = "10.244.2.2" // a pod on the other node, reached through the VM (netns "ep")
 	endpointPort   = 8080
 	servicePort    = 80
-	lbLocalIP      = "203.0.113.10" // externalTrafficPolicy: Local, ipMode VIP (default)
-	lbProxyIP      = "203.0.113.11" // ipMode: Proxy, must be left alone
 	svcNamespace   = "default"
 )
 
-// vmTimeout bounds one boot-run-poweroff cycle (about 2.5-4 minutes on 2 busy cores).
-const vmTimeout = 8 * time.Minute
+// plan is the address plan of one family; IPv4 and IPv6 differ only here.
+type plan struct {
+	family   string // ipv4, ipv6
+	nodeIP   string // on eth0 (IPv6: added by the test), the Node's InternalIP
+	podCIDR  string // this node's pods
+	podGW    string // the node's address towards the pod (pod0)
+	podIP    string
+	epGW     string // the node's address towards the endpoint (rem0)
+	endpoint string // a pod on the other node, reached through the VM (netns "ep")
+	prefix   string // of the two links
+	lbLocal  string // externalTrafficPolicy: Local, ipMode VIP (default)
+	lbProxy  string // ipMode: Proxy, must be left alone
+}
+
+var plans = []plan{
+	{"ipv4", "10.0.2.15", "10.244.1.0/24", "10.244.1.1", "10.244.1.2", "10.244.2.1", "10.244.2.2", "/24", "203.0.113.10", "203.0.113.11"},
+	{"ipv6", "fd00:10:0:2::15", "fd00:10:244:1::/64", "fd00:10:244:1::1", "fd00:10:244:1::2", "fd00:10:244:2::1", "fd00:10:244:2::2", "/64", "2001:db8:113::10", "2001:db8:113::11"},
+}
+
+// vmTimeout bounds one boot-run-poweroff cycle: 2.5-4 minutes were measured on 2 cores shared with
+// other builds; the guest's own waits (kube-proxy, agent readiness) allow for twice as slow.
+const vmTimeout = 12 * time.Minute
 
 // vmEnv is what hack/vm/prepare.sh produced (vm.env).
 type vmEnv map[string]string
@@ -214,14 +230,14 @@ func TestIPVSExternalIPInVM(t *testing.T) {
 	cp := controlplane.StartT(t, controlplane.Options{})
 	ctx := t.Context()
 	c := cp.AdminClient()
-	if err := kubeproxytest.CreateNode(ctx, c, nodeName, guestNodeIP); err != nil {
+	if err := kubeproxytest.CreateNode(ctx, c, nodeName, plans[0].nodeIP, plans[1].nodeIP); err != nil {
 		t.Fatal(err)
 	}
-	local := createLB(t, c, "lb-local", lbLocalIP, nil)
-	createLB(t, c, "lb-proxy", lbProxyIP, ptr.To(corev1.LoadBalancerIPModeProxy))
+	local := createLB(t, c, "lb-local", func(p plan) string { return p.lbLocal }, nil)
+	createLB(t, c, "lb-proxy", func(p plan) string { return p.lbProxy }, ptr.To(corev1.LoadBalancerIPModeProxy))
 	console, rc := runGuest(t, vm, cp.Server(), "^TestGuestIPVSExternalIP$", []string{
 		"KUBECONFIG=" + guestKubeconfig(t, cp),
-		"NNM_VM_CLUSTER_IP=" + local.Spec.ClusterIP,
+		"NNM_VM_CLUSTER_IPS=" + strings.Join(local.Spec.ClusterIPs, ","),
 	})
 	t.Logf("guest console:\n%s", guestLog(console))
 	if rc != 0 {
@@ -245,10 +261,10 @@ func guestLog(console string) string {
 	return b.String()
 }
 
-// createLB creates a LoadBalancer Service (externalTrafficPolicy: Local, TCP servicePort →
-// endpointPort) with the ingress IP in its status, and an EndpointSlice with one ready endpoint on
-// the other node.
-func createLB(t *testing.T, c kubernetes.Interface, name, ingressIP string, ipMode *corev1.LoadBalancerIPMode) *corev1.Service {
+// createLB creates a dual-stack LoadBalancer Service (externalTrafficPolicy: Local, TCP servicePort →
+// endpointPort) with one ingress IP per family in its status, and per family an EndpointSlice with
+// one ready endpoint on the other node.
+func createLB(t *testing.T, c kubernetes.Interface, name string, ingressIP func(plan) string, ipMode *corev1.LoadBalancerIPMode) *corev1.Service {
 	t.Helper()
 	ctx := t.Context()
 	svc := &corev1.Service{
@@ -256,6 +272,8 @@ func createLB(t *testing.T, c kubernetes.Interface, name, ingressIP string, ipMo
 		Spec: corev1.ServiceSpec{
 			Type:                  corev1.ServiceTypeLoadBalancer,
 			ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
+			IPFamilyPolicy:        ptr.To(corev1.IPFamilyPolicyRequireDualStack),
+			IPFamilies:            []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol},
 			Selector:              map[string]string{"app": name},
 			Ports: []corev1.ServicePort{{
 				Name: "http", Protocol: corev1.ProtocolTCP, Port: servicePort, TargetPort: intstr.FromInt32(endpointPort),
@@ -266,25 +284,29 @@ func createLB(t *testing.T, c kubernetes.Interface, name, ingressIP string, ipMo
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: ingressIP, IPMode: ipMode}}
+	for _, p := range plans {
+		svc.Status.LoadBalancer.Ingress = append(svc.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ingressIP(p), IPMode: ipMode})
+	}
 	if svc, err = c.CoreV1().Services(svcNamespace).UpdateStatus(ctx, svc, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: name + "-1", Namespace: svcNamespace,
-			Labels: map[string]string{discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: "nnm-vm-test"},
-		},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints: []discoveryv1.Endpoint{{
-			Addresses:  []string{endpointIP},
-			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
-			NodeName:   ptr.To(remoteNodeName),
-		}},
-		Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To[int32](endpointPort)}},
-	}
-	if _, err := c.DiscoveryV1().EndpointSlices(svcNamespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	for _, p := range plans {
+		slice := &discoveryv1.EndpointSlice{
+			ObjectMeta: metav1.ObjectMeta{
+				Name: name + "-" + p.family, Namespace: svcNamespace,
+				Labels: map[string]string{discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: "nnm-vm-test"},
+			},
+			AddressType: map[string]discoveryv1.AddressType{"ipv4": discoveryv1.AddressTypeIPv4, "ipv6": discoveryv1.AddressTypeIPv6}[p.family],
+			Endpoints: []discoveryv1.Endpoint{{
+				Addresses:  []string{p.endpoint},
+				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
+				NodeName:   ptr.To(remoteNodeName),
+			}},
+			Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To[int32](endpointPort)}},
+		}
+		if _, err := c.DiscoveryV1().EndpointSlices(svcNamespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return svc
 }

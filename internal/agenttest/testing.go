@@ -2,6 +2,7 @@ package agenttest
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -57,10 +58,22 @@ func (a *Agent) WaitReadyT(tb testing.TB, timeout time.Duration) {
 	}
 }
 
-// MetricsT is Metrics that fails the test on error.
+// MetricsScrapeTimeout bounds MetricsT's retries: on a busy machine (CI's two cores shared by parallel
+// packages, or a VM under emulation) one scrape can outlast the client's timeout.
+const MetricsScrapeTimeout = 20 * time.Second
+
+// MetricsT is Metrics that retries failed scrapes for up to MetricsScrapeTimeout (unless the agent
+// exited) and then fails the test with the last error.
 func (a *Agent) MetricsT(tb testing.TB) Metrics {
 	tb.Helper()
-	m, err := a.Metrics(tb.Context())
+	var m Metrics
+	err := Poll(tb.Context(), MetricsScrapeTimeout, 200*time.Millisecond, func() (err error) {
+		if exited := a.Exited(); exited != nil {
+			return Permanent(fmt.Errorf("agent exited: %w", exited))
+		}
+		m, err = a.Metrics(tb.Context())
+		return err
+	})
 	if err != nil {
 		tb.Fatalf("scrape agent metrics in %s: %v", a.Netns(), err)
 	}
