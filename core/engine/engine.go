@@ -198,6 +198,7 @@ func (e *Engine) needsLocked() fix.Needs {
 			need := st.fix.Needs()
 			n.Services = n.Services || need.Services
 			n.Node = n.Node || need.Node
+			n.Pods = n.Pods || need.Pods
 		}
 	}
 	// The Node gives pod CIDRs, which the snapshot offers to every fix that reads Services.

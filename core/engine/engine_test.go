@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/config"
@@ -33,6 +34,7 @@ type memSource struct {
 	mu      sync.Mutex
 	svcs    []*corev1.Service
 	node    *corev1.Node
+	pods    []*corev1.Pod
 	changes chan struct{}
 	needs   fix.Needs
 	stopped bool
@@ -48,7 +50,7 @@ func (s *memSource) Services() []*corev1.Service {
 	return s.svcs
 }
 func (s *memSource) Node() *corev1.Node       { return s.node }
-func (s *memSource) Pods() []*corev1.Pod      { return nil }
+func (s *memSource) Pods() []*corev1.Pod      { return s.pods }
 func (s *memSource) Changes() <-chan struct{} { return s.changes }
 func (s *memSource) Stop()                    { s.stopped = true }
 func (s *memSource) set(svcs ...*corev1.Service) {
@@ -339,6 +341,7 @@ type nodeFix struct {
 	defaultOn bool
 	fail      error
 
+	needs    fix.Needs
 	value    string // the pretend node state
 	ensures  []bool // the full flag of every Ensure
 	reverts  int
@@ -348,7 +351,7 @@ type nodeFix struct {
 func (f *nodeFix) ID() string                       { return f.id }
 func (f *nodeFix) Description() string              { return "test actuator" }
 func (f *nodeFix) DefaultEnabled(fix.Env) bool      { return f.defaultOn }
-func (f *nodeFix) Needs() fix.Needs                 { return fix.Needs{} }
+func (f *nodeFix) Needs() fix.Needs                 { return f.needs }
 func (f *nodeFix) Configure(o map[string]any) error { return nil }
 func (f *nodeFix) Rules(*fix.Snapshot, rules.Family) (*rules.Ruleset, fix.Report, error) {
 	panic("the engine must not ask an Actuator for rules")
@@ -631,5 +634,24 @@ func TestNodeGoneFallbackIsLoggedOnce(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "10.0.0.0/24") {
 		t.Errorf("the log does not name the configured pod CIDRs:\n%s", logs.String())
+	}
+}
+
+// A fix that needs this node's Pods gets the Pods watch started and the Pods in its snapshot; a
+// snapshot for fixes that do not need them carries none.
+func TestPodsOnlyWhenNeeded(t *testing.T) {
+	pods := &nodeFix{id: "pod-reader", defaultOn: true, needs: fix.Needs{Pods: true}}
+	h := newHarness(t, nil, pods)
+	h.src.pods = []*corev1.Pod{{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "p"}}}
+	if n := h.e.Needs(); !n.Pods || n.Services {
+		t.Fatalf("Needs = %+v, want Pods", n)
+	}
+	if snap := h.e.Snapshot(); len(snap.Pods) != 1 {
+		t.Fatalf("snapshot Pods = %v", snap.Pods)
+	}
+	other := newHarness(t, nil, &nodeFix{id: "other", defaultOn: true})
+	other.src.pods = h.src.pods
+	if n, snap := other.e.Needs(), other.e.Snapshot(); n.Pods || snap.Pods != nil {
+		t.Fatalf("Needs = %+v, Pods %v; want none", n, snap.Pods)
 	}
 }

@@ -178,6 +178,12 @@ func inAny(a netip.Addr, prefixes []netip.Prefix) bool {
 // and while a bounded pass left entries over.
 func (f *Fix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Result, error) {
 	cfg := f.opts.Get()
+	if snap.Node == nil {
+		// The Node and Pods watches start together; without the Node the Pods may be unknown too,
+		// and every pod address would look unused.
+		return fix.Result{Report: fix.Report{Skipped: []fix.Skip{{Object: "node", Reason: "no-node",
+			Detail: "this node's Node object is not known yet: no entry is judged"}}}}, nil
+	}
 	live := LiveAddrs(snap.Pods)
 	f.mu.Lock()
 	defer f.mu.Unlock()

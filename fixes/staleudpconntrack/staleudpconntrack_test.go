@@ -161,9 +161,18 @@ func TestBoundedPasses(t *testing.T) {
 	}
 }
 
+func TestNoNodeJudgesNothing(t *testing.T) {
+	e := newEnv(t, nil, toA4)
+	snap := testkit.Snapshot(testkit.WithPodCIDRs("10.244.1.0/24"))
+	res, err := e.fix.Ensure(context.Background(), snap, true)
+	if err != nil || len(e.ct.Entries()) != 1 || e.ct.Dumps[rules.IPv4] != 0 || len(res.Skipped) != 1 || res.Skipped[0].Reason != "no-node" {
+		t.Fatalf("without the Node: %v, %+v, table %v", err, res, e.ct.Entries())
+	}
+}
+
 func TestNoPodCIDRJudgesNothing(t *testing.T) {
 	e := newEnv(t, nil, toA4)
-	snap := testkit.Snapshot()
+	snap := testkit.Snapshot(testkit.WithNode(testkit.Node("node-a")))
 	res, err := e.fix.Ensure(context.Background(), snap, true)
 	if err != nil || len(e.ct.Entries()) != 1 || len(res.Skipped) != 2 || res.Skipped[0].Reason != "no-pod-cidr" {
 		t.Fatalf("without pod CIDRs: %v, %+v, table %v", err, res, e.ct.Entries())
