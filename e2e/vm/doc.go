@@ -18,7 +18,11 @@
 //     on the Service's port only, and an ipMode: Proxy Service is left alone. The nftables backend
 //     is skipped with the reason (knownBroken in guest_test.go): its rules do not load on 6.1.
 //     Both families in one run: a dual-stack Node, dual-stack Services and one address plan per
-//     family (plans in host_test.go); the guest's IPv6 addresses exist only inside it.
+//     family (plans in host_test.go); the guest's IPv6 addresses exist only inside it. It also
+//     checks that kube-proxy's IPVS mode installs no INVALID drop and that the agent's is in INPUT
+//     for both families; the connection-reset traffic reproduction itself runs on the host kernel
+//     (dataplane/reset_test.go, and dataplane/kubeproxy_test.go beside kube-proxy's iptables and
+//     nftables modes), not in the guest yet.
 //   - e2e/kubeproxy_test.go (host kernel): the agent beside a real kube-proxy in iptables and
 //     nftables mode.
 //

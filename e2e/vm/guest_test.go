@@ -294,6 +294,15 @@ func TestGuestIPVSExternalIP(t *testing.T) {
 		assertUnreachable(t, nil, lb, p.family+" without the agent (kubernetes#75262)")
 	}
 
+	// kube-proxy in IPVS mode installs no INVALID drop (its iptables mode has one, in FORWARD only),
+	// which is why invalid-drop is on by default here. The connection-reset reproduction itself runs
+	// on the host kernel (dataplane/reset_test.go, dataplane/kubeproxy_test.go), not in this guest.
+	kpInvalidDrops := invalidDrops(t)
+	if len(kpInvalidDrops) != 0 {
+		t.Fatalf("kube-proxy IPVS mode has INVALID drop rules: %q", kpInvalidDrops)
+	}
+	t.Logf("kube-proxy IPVS mode: no INVALID drop in iptables-save or ip6tables-save")
+
 	for _, backend := range []string{"iptables", "nftables"} {
 		t.Run(backend, func(t *testing.T) {
 			if why, broken := knownBroken[backend]; broken && os.Getenv("NNM_VM_RUN_BROKEN") == "" {
@@ -312,6 +321,13 @@ func TestGuestIPVSExternalIP(t *testing.T) {
 				t.Fatalf("nnm_agent_info should say ipvs from kube-proxy's /proxyMode with backend %s: %v", backend, m.Find("nnm_agent_info"))
 			}
 			ours := ourRules(t, backend)
+			if backend == "iptables" {
+				drops := invalidDrops(t)
+				t.Logf("%s: INVALID drops with the agent: %q", backend, drops)
+				if len(drops) != 2 || !strings.Contains(drops[0], "NNM-INVALID-INPUT") || !strings.Contains(drops[1], "NNM-INVALID-INPUT") {
+					t.Fatalf("want our INVALID drop in INPUT for both families (and none of kube-proxy's), got %q", drops)
+				}
+			}
 			for _, p := range plans {
 				lb := addr(p.lbLocal, servicePort)
 				for _, from := range []*testenv.NS{pod, nil} {
@@ -341,6 +357,16 @@ func TestGuestIPVSExternalIP(t *testing.T) {
 			}
 		})
 	}
+}
+
+// invalidDrops lists the rules of both families that drop conntrack-INVALID packets.
+func invalidDrops(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	for _, save := range []string{"iptables-save", "ip6tables-save"} {
+		out = append(out, agenttest.Lines(sh(t, save, "-t", "filter"), "INVALID", "-j DROP")...)
+	}
+	return out
 }
 
 // lbLocalSet is kube-proxy's ipset of a family's externalTrafficPolicy: Local LoadBalancer IPs.
