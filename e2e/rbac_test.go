@@ -3,6 +3,7 @@ package e2e
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -35,9 +36,9 @@ func scenarioLeastPrivilege(t *testing.T, c *cluster, backend string) {
 			t.Errorf("the agent's ServiceAccount cannot list Services: %v", err)
 		}
 		for what, list := range map[string]func() error{
-			"pods":       func() error { _, err := cs.CoreV1().Pods("").List(t.Context(), metav1.ListOptions{}); return err },
-			"secrets":    func() error { _, err := cs.CoreV1().Secrets("").List(t.Context(), metav1.ListOptions{}); return err },
-			"configmaps": func() error { _, err := cs.CoreV1().ConfigMaps("").List(t.Context(), metav1.ListOptions{}); return err },
+			"delete pods": func() error { return cs.CoreV1().Pods("default").Delete(t.Context(), "any", metav1.DeleteOptions{}) },
+			"secrets":     func() error { _, err := cs.CoreV1().Secrets("").List(t.Context(), metav1.ListOptions{}); return err },
+			"configmaps":  func() error { _, err := cs.CoreV1().ConfigMaps("").List(t.Context(), metav1.ListOptions{}); return err },
 			"update services": func() error {
 				_, err := cs.CoreV1().Services("default").Update(t.Context(), &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "kubernetes", Namespace: "default"}}, metav1.UpdateOptions{})
 				return err
@@ -87,7 +88,13 @@ func scenarioLeastPrivilege(t *testing.T, c *cluster, backend string) {
 				}
 			}
 			grant(false)
-			n := startNode(t, c, backend, nodeOptions{sa: name, noWait: true})
+			// Pods are read only by stale-udp-conntrack, which is off by default: enable it so that
+			// the rule is needed.
+			var args []string
+			if slices.Contains(rule.Resources, "pods") {
+				args = []string{"--enable-fix", "stale-udp-conntrack"}
+			}
+			n := startNode(t, c, backend, nodeOptions{sa: name, noWait: true, args: args})
 			agenttest.Eventually(t, readyTimeout, func() error {
 				if err := n.agent.Exited(); err != nil {
 					return agenttest.Permanent(fmt.Errorf("agent exited: %w", err))
