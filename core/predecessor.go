@@ -17,6 +17,12 @@ import (
 // PredecessorCleaner is implemented by backends that can remove the rules of the agent this one
 // replaces (Kakao's network-node-manager: NMANAGER_* chains and the jumps to them) in one family,
 // leaving everything else alone. The iptables backend implements it.
+//
+// The takeover does not use go-iptables (which core/detect uses to read the iptables version and
+// features): the backend already removes chains and every jump to them in one iptables-save and one
+// iptables-restore per family, the same code as `cleanup`, through its command runner (which the
+// tests point into a network namespace). go-iptables would list each built-in chain and delete each
+// jump and chain with its own process, and add a second removal path beside the one `cleanup` needs.
 type PredecessorCleaner interface {
 	CleanupPredecessor(ctx context.Context, family rules.Family) error
 }
