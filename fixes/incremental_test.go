@@ -12,7 +12,7 @@ import (
 
 // standardFixes builds a fresh set of the in-tree fixes through fx with the core's dependencies
 // faked, and returns them with the registered ids.
-func standardFixes(t *testing.T) ([]fix.Fix, []string) {
+func standardFixes(t testing.TB) ([]fix.Fix, []string) {
 	t.Helper()
 	var got fix.In
 	var ids fix.IDs

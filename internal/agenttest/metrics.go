@@ -5,6 +5,10 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // Sample is one line of the Prometheus text exposition format.
@@ -14,85 +18,67 @@ type Sample struct {
 	Value  float64
 }
 
-// Metrics are the samples of one scrape, in exposition order.
+// Metrics are the samples of one scrape, by metric name.
 type Metrics []Sample
 
-// ParseMetrics parses the Prometheus text format (comments are skipped).
+// ParseMetrics parses the Prometheus text format with prometheus/common's expfmt. Histograms and
+// summaries become their _bucket/_sum/_count (quantile) samples, as they appear in the text.
 func ParseMetrics(text string) (Metrics, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		return nil, fmt.Errorf("parse metrics: %w", err)
+	}
+	names := make([]string, 0, len(families))
+	for n := range families {
+		names = append(names, n)
+	}
+	sort.Strings(names)
 	var out Metrics
-	for n, line := range strings.Split(text, "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
+	for _, n := range names {
+		for _, m := range families[n].GetMetric() {
+			out = append(out, samples(n, m)...)
 		}
-		s, err := parseSample(line)
-		if err != nil {
-			return nil, fmt.Errorf("metrics line %d %q: %w", n+1, line, err)
-		}
-		out = append(out, s)
 	}
 	return out, nil
 }
 
-func parseSample(line string) (Sample, error) {
-	s := Sample{Labels: map[string]string{}}
-	i := strings.IndexAny(line, "{ ")
-	if i < 0 {
-		return s, fmt.Errorf("no value")
-	}
-	s.Name = line[:i]
-	rest := line[i:]
-	if rest[0] == '{' {
-		rest = rest[1:]
-		for {
-			rest = strings.TrimLeft(rest, " ,")
-			if strings.HasPrefix(rest, "}") {
-				rest = rest[1:]
-				break
-			}
-			eq := strings.Index(rest, "=\"")
-			if eq < 0 {
-				return s, fmt.Errorf("bad label")
-			}
-			key := rest[:eq]
-			rest = rest[eq+2:]
-			var val strings.Builder
-			closed := false
-			for j := 0; j < len(rest); j++ {
-				c := rest[j]
-				if c == '\\' && j+1 < len(rest) {
-					j++
-					switch rest[j] {
-					case 'n':
-						val.WriteByte('\n')
-					default:
-						val.WriteByte(rest[j])
-					}
-					continue
-				}
-				if c == '"' {
-					rest = rest[j+1:]
-					closed = true
-					break
-				}
-				val.WriteByte(c)
-			}
-			if !closed {
-				return s, fmt.Errorf("unterminated label value")
-			}
-			s.Labels[key] = val.String()
+// samples flattens one metric of family name into the samples of its text form.
+func samples(name string, m *dto.Metric) []Sample {
+	labels := func(extra ...string) map[string]string {
+		l := map[string]string{}
+		for _, p := range m.GetLabel() {
+			l[p.GetName()] = p.GetValue()
 		}
+		for i := 0; i+1 < len(extra); i += 2 {
+			l[extra[i]] = extra[i+1]
+		}
+		return l
 	}
-	fields := strings.Fields(rest)
-	if len(fields) == 0 {
-		return s, fmt.Errorf("no value")
+	switch {
+	case m.Counter != nil:
+		return []Sample{{name, labels(), m.GetCounter().GetValue()}}
+	case m.Gauge != nil:
+		return []Sample{{name, labels(), m.GetGauge().GetValue()}}
+	case m.Untyped != nil:
+		return []Sample{{name, labels(), m.GetUntyped().GetValue()}}
+	case m.Summary != nil:
+		var out []Sample
+		for _, q := range m.GetSummary().GetQuantile() {
+			out = append(out, Sample{name, labels("quantile", strconv.FormatFloat(q.GetQuantile(), 'g', -1, 64)), q.GetValue()})
+		}
+		return append(out, Sample{name + "_sum", labels(), m.GetSummary().GetSampleSum()},
+			Sample{name + "_count", labels(), float64(m.GetSummary().GetSampleCount())})
+	case m.Histogram != nil:
+		var out []Sample
+		for _, b := range m.GetHistogram().GetBucket() {
+			out = append(out, Sample{name + "_bucket", labels("le", strconv.FormatFloat(b.GetUpperBound(), 'g', -1, 64)), float64(b.GetCumulativeCount())})
+		}
+		out = append(out, Sample{name + "_bucket", labels("le", "+Inf"), float64(m.GetHistogram().GetSampleCount())})
+		return append(out, Sample{name + "_sum", labels(), m.GetHistogram().GetSampleSum()},
+			Sample{name + "_count", labels(), float64(m.GetHistogram().GetSampleCount())})
 	}
-	v, err := strconv.ParseFloat(fields[0], 64)
-	if err != nil {
-		return s, err
-	}
-	s.Value = v
-	return s, nil
+	return nil
 }
 
 // match reports whether the sample has every label of kv (pairs: name, value).

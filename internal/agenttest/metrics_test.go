@@ -36,6 +36,21 @@ nnm_up 1.5e+09
 	if got, want := m.Find("nnm_fix_objects_skipped")[0].String(), `nnm_fix_objects_skipped{family="ipv4",fix="x",reason="a \"quoted\", comma"} 3`; got != want {
 		t.Errorf("String() = %s, want %s", got, want)
 	}
+	h, err := ParseMetrics(`# TYPE nnm_sync_duration_seconds histogram
+nnm_sync_duration_seconds_bucket{fix="a",le="0.1"} 2
+nnm_sync_duration_seconds_bucket{fix="a",le="+Inf"} 3
+nnm_sync_duration_seconds_sum{fix="a"} 0.5
+nnm_sync_duration_seconds_count{fix="a"} 3
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := h.Value("nnm_sync_duration_seconds_bucket", "fix", "a", "le", "0.1"); !ok || v != 2 {
+		t.Errorf("histogram bucket = %v, %v; want 2", v, ok)
+	}
+	if v, _ := h.Value("nnm_sync_duration_seconds_count", "fix", "a"); v != 3 {
+		t.Errorf("histogram count = %v, want 3", v)
+	}
 	if _, err := ParseMetrics("nnm_bad{x=\"1\" 1\n"); err == nil {
 		t.Error("unterminated label set parsed without error")
 	}

@@ -232,7 +232,7 @@ func (c *ControlPlane) apiserverArgs() []string {
 		"--token-auth-file=" + cr.tokenFile,
 		"--authorization-mode=RBAC",
 		"--service-account-issuer=" + ServiceAccountIssuer,
-		"--service-account-key-file=" + cr.saPub,
+		"--service-account-key-file=" + cr.saKey,
 		"--service-account-signing-key-file=" + cr.saKey,
 		// No token controller runs, so pods must not require one.
 		"--disable-admission-plugins=ServiceAccount",
