@@ -5,7 +5,6 @@
 package deploy
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -23,16 +22,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/discovery/cached/memory"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 
@@ -45,6 +38,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/watch"
 	"github.com/network-node-manager/network-node-manager/fixes"
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 )
 
@@ -447,53 +441,13 @@ func TestPodMonitorMatchesDaemonSet(t *testing.T) {
 
 // ---- against a real kube-apiserver ----
 
-type applier struct {
-	dyn    dynamic.Interface
-	mapper meta.RESTMapper
-}
-
-func newApplier(t *testing.T, cfg *rest.Config) *applier {
-	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &applier{dyn: dynamic.NewForConfigOrDie(cfg), mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))}
-}
-
-var errNoKind = errors.New("kind not served")
-
-// apply server-side applies o (dryRun: All → validated and admitted, not stored).
-func (a *applier) apply(ctx context.Context, o object, dryRun bool) error {
-	gvk := o.u.GroupVersionKind()
-	mapping, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-	if meta.IsNoMatchError(err) {
-		return fmt.Errorf("%s: %w", gvk, errNoKind)
-	}
-	if err != nil {
-		return err
-	}
-	var ri dynamic.ResourceInterface = a.dyn.Resource(mapping.Resource)
-	if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
-		ns := o.u.GetNamespace()
-		if ns == "" {
-			return fmt.Errorf("%s: namespaced object without namespace (the base sets no namespace transformer)", o)
-		}
-		ri = a.dyn.Resource(mapping.Resource).Namespace(ns)
-	} else if o.u.GetNamespace() != "" {
-		return fmt.Errorf("%s: cluster-scoped object with a namespace", o)
-	}
-	opts := metav1.ApplyOptions{FieldManager: "kubectl", Force: true}
-	if dryRun {
-		opts.DryRun = []string{metav1.DryRunAll}
-	}
-	_, err = ri.Apply(ctx, o.u.GetName(), o.u, opts)
-	return err
-}
-
 func TestManifestsAgainstAPIServer(t *testing.T) {
 	cp := controlplane.StartT(t, controlplane.Options{})
 	ctx := t.Context()
-	a := newApplier(t, cp.AdminRESTConfig())
+	a, err := agenttest.NewApplier(cp.AdminRESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	names := make([]string, 0, len(manifestSets))
 	for n := range manifestSets {
@@ -503,8 +457,8 @@ func TestManifestsAgainstAPIServer(t *testing.T) {
 	for _, set := range names {
 		t.Run("dry-run/"+set, func(t *testing.T) {
 			for _, o := range manifestSets[set](t) {
-				err := a.apply(ctx, o, true)
-				if errors.Is(err, errNoKind) && o.u.GetKind() == "PodMonitor" {
+				err := a.Apply(ctx, o.u, true)
+				if errors.Is(err, agenttest.ErrKindNotServed) && o.u.GetKind() == "PodMonitor" {
 					t.Logf("%s: CRD not installed here; checked structurally (TestPodMonitorMatchesDaemonSet)", o)
 					continue
 				}
@@ -521,7 +475,7 @@ func TestManifestsAgainstAPIServer(t *testing.T) {
 		bad := object{file: o.file, u: o.u.DeepCopy()}
 		spec := bad.u.Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
 		spec["hostNetwrok"] = true
-		if err := a.apply(ctx, bad, true); err == nil || !strings.Contains(err.Error(), "hostNetwrok") {
+		if err := a.Apply(ctx, bad.u, true); err == nil || !strings.Contains(err.Error(), "hostNetwrok") {
 			t.Errorf("applying a DaemonSet with spec.template.spec.hostNetwrok: err = %v, want a schema error naming the field", err)
 		}
 	})
@@ -530,7 +484,7 @@ func TestManifestsAgainstAPIServer(t *testing.T) {
 	// ServiceAccount may do with it.
 	t.Run("apply base and check the agent's access", func(t *testing.T) {
 		for _, o := range render(t, "base") {
-			if err := a.apply(ctx, o, false); err != nil {
+			if err := a.Apply(ctx, o.u, false); err != nil {
 				t.Fatalf("apply %s: %v", o, err)
 			}
 		}

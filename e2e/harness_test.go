@@ -102,7 +102,7 @@ func sharedCluster(t *testing.T, key string) *cluster {
 		t.Fatalf("start control plane: %v", err)
 	}
 	c := &cluster{cp: cp, admin: cp.AdminClient(), key: key}
-	if err := agenttest.ApplyManifests(t.Context(), c.admin, manifestFiles(t), nil); err != nil {
+	if err := agenttest.ApplyManifests(t.Context(), c.cp.AdminRESTConfig(), manifestFiles(t), nil); err != nil {
 		_ = cp.Close()
 		t.Fatalf("apply deploy/base: %v", err)
 	}

@@ -60,7 +60,7 @@ func scenarioLeastPrivilege(t *testing.T, c *cluster, backend string) {
 				t.Helper()
 				// Every object is renamed (prefix name), so this agent's identity is its own.
 				rename := func(orig string) string { return name + "." + orig }
-				err := agenttest.ApplyManifests(t.Context(), c.admin, manifestFiles(t), func(obj any) {
+				err := agenttest.ApplyManifests(t.Context(), c.cp.AdminRESTConfig(), manifestFiles(t), func(obj any) {
 					switch o := obj.(type) {
 					case *corev1.ServiceAccount:
 						o.Name = name

@@ -112,7 +112,7 @@ func run() (err error) {
 	if err != nil {
 		return err
 	}
-	if err := agenttest.ApplyManifests(ctx, admin, files, nil); err != nil {
+	if err := agenttest.ApplyManifests(ctx, cp.AdminRESTConfig(), files, nil); err != nil {
 		return err
 	}
 	kubeconfig, err := cp.ServiceAccountKubeconfig(ctx, "kube-system", "network-node-manager", nodeNS)

@@ -162,7 +162,7 @@ func Start(opts Options) (*Agent, error) {
 	}
 	a := &Agent{opts: opts, addr: addr, logPath: opts.LogFile}
 	a.client = &http.Client{
-		Timeout: 3 * time.Second,
+		Timeout: 10 * time.Second, // a loaded CI machine answers slowly; readiness polls retry anyway
 		Transport: &http.Transport{
 			DisableKeepAlives: true,
 			DialContext:       testenv.DialContext(testenv.Path(opts.Netns), &net.Dialer{Timeout: 2 * time.Second}),

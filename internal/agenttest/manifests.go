@@ -2,6 +2,7 @@ package agenttest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,8 +12,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/discovery"
+	memory "k8s.io/client-go/discovery/cached"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 )
 
@@ -41,8 +50,9 @@ func DeployBaseFiles() ([]string, error) {
 	return files, nil
 }
 
-// ReadManifests decodes the ServiceAccounts, roles and role bindings in the files; other kinds
-// (ConfigMap, DaemonSet) are not needed to give the agent under test its identity and are skipped.
+// ReadManifests decodes the ServiceAccounts, roles and role bindings in the files strictly; other
+// kinds (ConfigMap, DaemonSet) are not needed to give the agent under test its identity and are
+// skipped.
 func ReadManifests(files []string) ([]any, error) {
 	var objs []any
 	for _, f := range files {
@@ -89,10 +99,14 @@ func splitYAML(data []byte) [][]byte {
 	return docs
 }
 
-// ApplyManifests creates (or updates) the objects of the files. mutate, if set, may change each object
-// before it is applied (rename it, drop a rule).
-func ApplyManifests(ctx context.Context, cs kubernetes.Interface, files []string, mutate func(obj any)) error {
+// ApplyManifests server-side applies the objects of the files (ReadManifests), each namespace they
+// live in first. mutate, if set, may change each object before it is applied (rename it, drop a rule).
+func ApplyManifests(ctx context.Context, cfg *rest.Config, files []string, mutate func(obj any)) error {
 	objs, err := ReadManifests(files)
+	if err != nil {
+		return err
+	}
+	a, err := NewApplier(cfg)
 	if err != nil {
 		return err
 	}
@@ -100,55 +114,79 @@ func ApplyManifests(ctx context.Context, cs kubernetes.Interface, files []string
 		if mutate != nil {
 			mutate(obj)
 		}
-		if err := applyObject(ctx, cs, obj); err != nil {
+		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+		if err != nil {
+			return fmt.Errorf("%T: %w", obj, err)
+		}
+		u := &unstructured.Unstructured{Object: m}
+		unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
+		if ns := u.GetNamespace(); ns != "" {
+			nsObj := &unstructured.Unstructured{}
+			nsObj.SetAPIVersion("v1")
+			nsObj.SetKind("Namespace")
+			nsObj.SetName(ns)
+			if err := a.Apply(ctx, nsObj, false); err != nil {
+				return err
+			}
+		}
+		if err := a.Apply(ctx, u, false); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func applyObject(ctx context.Context, cs kubernetes.Interface, obj any) error {
-	var err error
-	switch o := obj.(type) {
-	case *corev1.ServiceAccount:
-		if err = EnsureNamespace(ctx, cs, o.Namespace); err != nil {
-			return err
-		}
-		_, err = cs.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) {
-			err = nil
-		}
-	case *rbacv1.ClusterRole:
-		_, err = cs.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) {
-			_, err = cs.RbacV1().ClusterRoles().Update(ctx, o, metav1.UpdateOptions{})
-		}
-	case *rbacv1.ClusterRoleBinding:
-		_, err = cs.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) {
-			_, err = cs.RbacV1().ClusterRoleBindings().Update(ctx, o, metav1.UpdateOptions{})
-		}
-	case *rbacv1.Role:
-		if err = EnsureNamespace(ctx, cs, o.Namespace); err != nil {
-			return err
-		}
-		_, err = cs.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) {
-			_, err = cs.RbacV1().Roles(o.Namespace).Update(ctx, o, metav1.UpdateOptions{})
-		}
-	case *rbacv1.RoleBinding:
-		if err = EnsureNamespace(ctx, cs, o.Namespace); err != nil {
-			return err
-		}
-		_, err = cs.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) {
-			_, err = cs.RbacV1().RoleBindings(o.Namespace).Update(ctx, o, metav1.UpdateOptions{})
-		}
-	default:
-		return fmt.Errorf("cannot apply %T", obj)
+// Applier applies objects of any kind the API server serves, as `kubectl apply --server-side`
+// does: the one way tests, the demo and the manifest checks put manifests into a cluster.
+type Applier struct {
+	dyn    dynamic.Interface
+	mapper meta.RESTMapper
+}
+
+// NewApplier returns an Applier for the cluster of cfg; kinds are resolved by discovery.
+func NewApplier(cfg *rest.Config) (*Applier, error) {
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Applier{dyn: dyn, mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))}, nil
+}
+
+// ErrKindNotServed is wrapped by Apply when the API server does not serve the object's kind (a CRD
+// that is not installed).
+var ErrKindNotServed = errors.New("kind not served")
+
+// Apply server-side applies u (field manager "kubectl", forced). With dryRun the server validates
+// and admits it without storing it.
+func (a *Applier) Apply(ctx context.Context, u *unstructured.Unstructured, dryRun bool) error {
+	gvk := u.GroupVersionKind()
+	what := fmt.Sprintf("%s %s/%s", gvk.Kind, u.GetNamespace(), u.GetName())
+	mapping, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if meta.IsNoMatchError(err) {
+		return fmt.Errorf("%s: %w", gvk, ErrKindNotServed)
 	}
 	if err != nil {
-		return fmt.Errorf("apply %T: %w", obj, err)
+		return err
+	}
+	var ri dynamic.ResourceInterface = a.dyn.Resource(mapping.Resource)
+	if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
+		if u.GetNamespace() == "" {
+			return fmt.Errorf("%s: namespaced object without namespace", what)
+		}
+		ri = a.dyn.Resource(mapping.Resource).Namespace(u.GetNamespace())
+	} else if u.GetNamespace() != "" {
+		return fmt.Errorf("%s: cluster-scoped object with a namespace", what)
+	}
+	opts := metav1.ApplyOptions{FieldManager: "kubectl", Force: true}
+	if dryRun {
+		opts.DryRun = []string{metav1.DryRunAll}
+	}
+	if _, err := ri.Apply(ctx, u.GetName(), u, opts); err != nil {
+		return fmt.Errorf("apply %s: %w", what, err)
 	}
 	return nil
 }
