@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -107,14 +108,8 @@ func (c *cluster) ensureServices(ctx context.Context, n int) error {
 				if i >= n || ctx.Err() != nil {
 					return
 				}
-				name := fmt.Sprintf("svc-%05d", i)
-				svc, err := c.client.CoreV1().Services(namespace).Create(ctx, lbService(name), metav1.CreateOptions{})
-				if err != nil {
-					errs <- fmt.Errorf("create %s: %w", name, err)
-					return
-				}
-				if _, err := c.client.CoreV1().Services(namespace).UpdateStatus(ctx, withIngress(svc, nthAddr(scaleBase, i)), metav1.UpdateOptions{}); err != nil {
-					errs <- fmt.Errorf("status of %s: %w", name, err)
+				if err := c.createScale(ctx, i); err != nil {
+					errs <- err
 					return
 				}
 			}
@@ -130,4 +125,53 @@ func (c *cluster) ensureServices(ctx context.Context, n int) error {
 	}
 	c.have = n
 	return nil
+}
+
+// createScale creates the i-th scale Service with its ingress IP. A loaded machine makes the
+// apiserver time out now and then (a write that timed out may still have happened): such errors are
+// retried, and a Service that already exists is taken as it is.
+func (c *cluster) createScale(ctx context.Context, i int) error {
+	name := fmt.Sprintf("svc-%05d", i)
+	svcs := c.client.CoreV1().Services(namespace)
+	var svc *corev1.Service
+	err := retry(ctx, func() error {
+		var err error
+		svc, err = svcs.Create(ctx, lbService(name), metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			svc, err = svcs.Get(ctx, name, metav1.GetOptions{})
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("create %s: %w", name, err)
+	}
+	err = retry(ctx, func() error {
+		_, err := svcs.UpdateStatus(ctx, withIngress(svc, nthAddr(scaleBase, i)), metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			if cur, gerr := svcs.Get(ctx, name, metav1.GetOptions{}); gerr == nil {
+				svc = cur
+			}
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("status of %s: %w", name, err)
+	}
+	return nil
+}
+
+// retry runs f until it succeeds, fails with an error that a retry cannot help, or 10 attempts.
+func retry(ctx context.Context, f func() error) error {
+	var err error
+	for attempt := 0; attempt < 10; attempt++ {
+		if err = f(); err == nil || ctx.Err() != nil {
+			return err
+		}
+		if !apierrors.IsTimeout(err) && !apierrors.IsServerTimeout(err) && !apierrors.IsTooManyRequests(err) &&
+			!apierrors.IsConflict(err) && !apierrors.IsInternalError(err) && !apierrors.IsServiceUnavailable(err) {
+			return err
+		}
+		time.Sleep(time.Duration(attempt+1) * 200 * time.Millisecond)
+	}
+	return err
 }

@@ -35,6 +35,7 @@ type options struct {
 	workers       int
 	out           string
 	floorRuns     int
+	runs          int
 	agentEnv      []string
 	profileDir    string    // heap profiles of a -tags profile agent go here ("" = stock agent)
 	agentBin      string    // the agent binary ("" = agenttest's default, bin/network-node-manager)
@@ -51,6 +52,7 @@ func main() {
 	flag.IntVar(&o.workers, "workers", 16, "parallel API writers when creating Services")
 	flag.StringVar(&o.out, "out", "", "also write the result table (markdown) to this file")
 	flag.IntVar(&o.floorRuns, "floor-runs", 3, "floor measurements per figure (median)")
+	flag.IntVar(&o.runs, "runs", 1, "measure every backend at every N this many times, each with a fresh agent and node namespace (the Services are created once)")
 	agentEnv := flag.String("agent-env", "", "comma-separated KEY=VALUE added to the agent's environment (e.g. GOMEMLIMIT=48MiB)")
 	useManifest := flag.Bool("manifest", false, "run the agent with the DaemonSet's environment (deploy/base/daemonset.yaml, e.g. GOMEMLIMIT) and compare its peak RSS with the DaemonSet's memory limit")
 	flag.StringVar(&o.profileDir, "profile", "", "build the agent with -tags profile and write heap profiles (after the cold start, the changes and the idle window) to this directory")
@@ -125,13 +127,17 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 		logf("%d LoadBalancer Services exist (created the missing ones in %v)", n, time.Since(t0).Round(time.Millisecond))
-		for _, be := range o.backends {
-			r, err := measure(ctx, cp, c, o, be, n, n == largest)
-			if err != nil {
-				return fmt.Errorf("%s at %d: %w", be, n, err)
+		for run := 1; run <= o.runs; run++ {
+			for _, be := range o.backends {
+				before := loadAvg()
+				r, err := measure(ctx, cp, c, o, be, n, run, n == largest)
+				if err != nil {
+					return fmt.Errorf("%s at %d: %w", be, n, err)
+				}
+				r.loadBefore, r.loadAfter = before, loadAvg()
+				results = append(results, r)
+				logf("run %d: %s", run, r.summary())
 			}
-			results = append(results, r)
-			logf("%s", r.summary())
 		}
 	}
 	machine.loadAfter = loadAvg()

@@ -24,6 +24,9 @@ import (
 type result struct {
 	backend string
 	n       int
+	run     int // 1.. (-runs)
+
+	loadBefore, loadAfter string // load average around the measurement
 
 	e2e       time.Duration // agent process start → the commit after which all N entries are in the kernel
 	list      time.Duration // the agent's informer list/sync ("watches synced after")
@@ -83,8 +86,8 @@ func pct(ds []time.Duration, p float64) time.Duration {
 }
 
 // measure runs one agent with backend be against n Services in a fresh node namespace.
-func measure(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o options, be string, n int, full bool) (*result, error) {
-	r := &result{backend: be, n: n, latency: map[string][]time.Duration{}}
+func measure(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o options, be string, n, run int, full bool) (*result, error) {
+	r := &result{backend: be, n: n, run: run, latency: map[string][]time.Duration{}}
 	k := kernelFor(be)
 	ns := fmt.Sprintf("nnmb-%s-%d", be[:3], n)
 	_ = testenv.Delete(ctx, ns)
@@ -140,7 +143,7 @@ func measure(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o o
 		if o.profileDir == "" {
 			return nil
 		}
-		return snapProfile(o.profileDir, a.PID(), fmt.Sprintf("heap-%s-%d-%s", be, n, phase))
+		return snapProfile(o.profileDir, a.PID(), fmt.Sprintf("heap-%s-%d-run%d-%s", be, n, run, phase))
 	}
 	if err := profile("cold"); err != nil {
 		return nil, err

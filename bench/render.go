@@ -34,15 +34,15 @@ func render(m machine, o options, rs []*result) string {
 		strings.Join(os.Args[1:], " "), o.minSyncPeriod, envText(o.agentEnv))
 
 	b.WriteString("Cold start (IPv4 single-stack LoadBalancer Services, eTP Local, one TCP port each; a fresh node namespace per row):\n\n")
-	b.WriteString("| backend | N | end to end | informer list/sync | rule programming | floor (one restore / nft -f) | programming / floor | targets (≤1.3× floor, ≤3 s e2e at 10k) |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---|\n")
+	b.WriteString("| run | backend | N | load (1/5/15 min) before → after | end to end | informer list/sync | rule programming | floor (one restore / nft -f) | programming / floor | targets (≤1.3× floor, ≤3 s e2e at 10k) |\n")
+	b.WriteString("|---:|---|---:|---|---:|---:|---:|---:|---:|---|\n")
 	for _, r := range rs {
 		rt := ratio(r.program, r.floor)
 		target := mark(rt <= targetRatio)
 		if r.n >= largestTarget {
 			target += " / " + mark(r.e2e <= targetE2E)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %v | %v | %v | %v | %.2f× | %s |\n", r.backend, r.n, ms(r.e2e), ms(r.list), ms(r.program), ms(r.floor), rt, target)
+		fmt.Fprintf(&b, "| %d | %s | %d | %s → %s | %v | %v | %v | %v | %.2f× | %s |\n", r.run, r.backend, r.n, r.loadBefore, r.loadAfter, ms(r.e2e), ms(r.list), ms(r.program), ms(r.floor), rt, target)
 	}
 
 	var full []*result
@@ -54,8 +54,8 @@ func render(m machine, o options, rs []*result) string {
 	if len(full) > 0 {
 		fmt.Fprintf(&b, "\nChange latency at N = %d, API write returned → nf_tables commit after which the kernel shows the change (%d changes of each kind, one at a time):\n\n", full[0].n, o.changes)
 		b.WriteString("Floors: \"one-entry floor\" is one process adding one entry to the full ruleset (`nft add element`, or `iptables-restore --noflush` appending 2 rules); \"full floor\" is the cold-start floor above.\n\n")
-		b.WriteString("| backend | change | p50 | p99 | max | one-entry floor | p99 / one-entry floor | p99 / full floor | target p99 ≤ 50 ms |\n")
-		b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---|\n")
+		b.WriteString("| run | backend | change | p50 | p99 | max | one-entry floor | p99 / one-entry floor | p99 / full floor | target p99 ≤ 50 ms |\n")
+		b.WriteString("|---:|---|---|---:|---:|---:|---:|---:|---:|---|\n")
 		for _, r := range full {
 			for _, kind := range []string{"create", "update", "delete"} {
 				l := r.latency[kind]
@@ -63,7 +63,7 @@ func render(m machine, o options, rs []*result) string {
 					continue
 				}
 				p99 := pct(l, 99)
-				fmt.Fprintf(&b, "| %s | %s | %v | %v | %v | %v | %.1f× | %.2f× | %s |\n", r.backend, map[string]string{
+				fmt.Fprintf(&b, "| %d | %s | %s | %v | %v | %v | %v | %.1f× | %.2f× | %s |\n", r.run, r.backend, map[string]string{
 					"create": "create (ingress IP set on a new Service)", "update": "update (ingress IP changed)", "delete": "delete (Service deleted)",
 				}[kind], ms(pct(l, 50)), ms(p99), ms(pct(l, 100)), ms(r.floorOne), ratio(p99, r.floorOne), ratio(p99, r.floor), mark(p99 <= targetP99))
 			}
@@ -74,8 +74,8 @@ func render(m machine, o options, rs []*result) string {
 	if o.manifest != nil {
 		limit = o.manifest.limit.String()
 	}
-	fmt.Fprintf(&b, "| backend | N | peak RSS (VmHWM) | RSS at end | target RSS ≤ %.0f MB | DaemonSet memory limit | idle CPU | idle window | target idle CPU ≤ %v per 60 s |\n", targetRSSMB, targetIdleCPU)
-	b.WriteString("|---|---:|---:|---:|---|---:|---:|---:|---|\n")
+	fmt.Fprintf(&b, "| run | backend | N | peak RSS (VmHWM) | RSS at end | target RSS ≤ %.0f MB | DaemonSet memory limit | idle CPU | idle window | target idle CPU ≤ %v per 60 s |\n", targetRSSMB, targetIdleCPU)
+	b.WriteString("|---:|---|---:|---:|---:|---|---:|---:|---:|---|\n")
 	for _, r := range rs {
 		hwm := float64(r.hwmKB) / 1024
 		lim := limit
@@ -87,7 +87,7 @@ func render(m machine, o options, rs []*result) string {
 			idle, win = ms(r.idleCPU).String(), r.idleWin.String()
 			idleMark = mark(float64(r.idleCPU) <= float64(targetIdleCPU)*float64(r.idleWin)/float64(time.Minute))
 		}
-		fmt.Fprintf(&b, "| %s | %d | %.1f MB | %.1f MB | %s | %s | %s | %s | %s |\n", r.backend, r.n, hwm, float64(r.rssKB)/1024,
+		fmt.Fprintf(&b, "| %d | %s | %d | %.1f MB | %.1f MB | %s | %s | %s | %s | %s |\n", r.run, r.backend, r.n, hwm, float64(r.rssKB)/1024,
 			mark(hwm <= targetRSSMB), lim, idle, win, idleMark)
 	}
 	var lost []string
