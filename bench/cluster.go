@@ -108,6 +108,9 @@ func (c *cluster) ensureServices(ctx context.Context, n int) error {
 				if i >= n || ctx.Err() != nil {
 					return
 				}
+				if i > 0 && i%2000 == 0 {
+					logf("creating Service %d of %d", i, n)
+				}
 				if err := c.createScale(ctx, i); err != nil {
 					errs <- err
 					return

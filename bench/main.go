@@ -44,7 +44,7 @@ type options struct {
 
 func main() {
 	var o options
-	sizes := flag.String("n", "1000,10000", "numbers of LoadBalancer Services, ascending")
+	sizes := flag.String("n", "10000", "numbers of LoadBalancer Services, ascending (e.g. 1000,10000)")
 	backends := flag.String("backends", "iptables,nftables", "backends to measure")
 	flag.IntVar(&o.changes, "changes", 100, "changes of each kind (create, update, delete) at the largest N")
 	flag.DurationVar(&o.idle, "idle", 60*time.Second, "window for idle CPU at the largest N")
@@ -52,7 +52,7 @@ func main() {
 	flag.IntVar(&o.workers, "workers", 16, "parallel API writers when creating Services")
 	flag.StringVar(&o.out, "out", "", "also write the result table (markdown) to this file")
 	flag.IntVar(&o.floorRuns, "floor-runs", 3, "floor measurements per figure (median)")
-	flag.IntVar(&o.runs, "runs", 1, "measure every backend at every N this many times, each with a fresh agent and node namespace (the Services are created once)")
+	flag.IntVar(&o.runs, "runs", 3, "measure every backend at every N this many times, each with a fresh agent and node namespace (the Services are created once)")
 	agentEnv := flag.String("agent-env", "", "comma-separated KEY=VALUE added to the agent's environment (e.g. GOMEMLIMIT=48MiB)")
 	useManifest := flag.Bool("manifest", false, "run the agent with the DaemonSet's environment (deploy/base/daemonset.yaml, e.g. GOMEMLIMIT) and compare its peak RSS with the DaemonSet's memory limit")
 	flag.StringVar(&o.profileDir, "profile", "", "build the agent with -tags profile and write heap profiles (after the cold start, the changes and the idle window) to this directory")
