@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -316,7 +317,7 @@ func TestGuestIPVSExternalIP(t *testing.T) {
 			start := time.Now()
 			agent.WaitReadyT(t, 4*time.Minute)
 			t.Logf("%s: agent ready after %v", backend, time.Since(start).Round(100*time.Millisecond))
-			m := agent.MetricsT(t)
+			m := scrape(t, agent)
 			if info := m.Find("nnm_agent_info", "proxy_mode", "ipvs", "proxy_mode_source", "metrics-endpoint", "backend", backend); len(info) != 1 {
 				t.Fatalf("nnm_agent_info should say ipvs from kube-proxy's /proxyMode with backend %s: %v", backend, m.Find("nnm_agent_info"))
 			}
@@ -343,7 +344,7 @@ func TestGuestIPVSExternalIP(t *testing.T) {
 					t.Fatalf("%s: our rules should name %s and not the ipMode: Proxy %s:\n%s", backend, p.lbLocal, p.lbProxy, ours)
 				}
 			}
-			m = agent.MetricsT(t)
+			m = scrape(t, agent)
 			t.Logf("%s: %v %v", backend, m.Find("nnm_fix_objects_covered", "fix", "ipvs-externalip-dnat"), m.Find("nnm_fix_objects_skipped", "fix", "ipvs-externalip-dnat"))
 
 			// Stop and clean up, and the problem is back: the next backend starts from scratch.
@@ -357,6 +358,29 @@ func TestGuestIPVSExternalIP(t *testing.T) {
 			}
 		})
 	}
+}
+
+// scrape reads the agent's /metrics with a one-minute client timeout: under emulation a scrape
+// (which reads rule counters from the kernel) can take longer than agenttest's 3-second client
+// allows, again and again while a resync runs. The test runs in the node's namespace, so it dials
+// the metrics address directly.
+func scrape(t *testing.T, a *agenttest.Agent) agenttest.Metrics {
+	t.Helper()
+	client := &http.Client{Timeout: time.Minute}
+	resp, err := client.Get("http://" + a.MetricsAddr() + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape the agent: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("scrape the agent: %s, %v", resp.Status, err)
+	}
+	m, err := agenttest.ParseMetrics(string(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
 
 // invalidDrops lists the rules of both families that drop conntrack-INVALID packets.
