@@ -154,6 +154,9 @@ func find(t *testing.T, objs []object, kind, name string) object {
 var manifestSets = map[string]func(t *testing.T) []object{
 	"base":                func(t *testing.T) []object { return render(t, "base") },
 	"overlays/podmonitor": func(t *testing.T) []object { return render(t, "overlays/podmonitor") },
+	"overlays/stale-udp-conntrack": func(t *testing.T) []object {
+		return render(t, "overlays/stale-udp-conntrack")
+	},
 	"uninstall/daemonset": func(t *testing.T) []object { return loadFile(t, "uninstall/daemonset.yaml") },
 	"uninstall/job":       func(t *testing.T) []object { return loadFile(t, "uninstall/job.yaml") },
 }
@@ -179,8 +182,7 @@ func TestBaseObjects(t *testing.T) {
 	}
 }
 
-// The ClusterRole grants exactly Services list/watch, Nodes get/list/watch and Pods list/watch (for
-// stale-udp-conntrack, which lists this node's Pods); the only namespaced
+// The ClusterRole grants exactly Services list/watch and Nodes get/list/watch; the only namespaced
 // grant is get on the one ConfigMap kube-system/kube-proxy; both bind the agent's ServiceAccount.
 func TestLeastPrivilege(t *testing.T) {
 	objs := render(t, "base")
@@ -188,7 +190,6 @@ func TestLeastPrivilege(t *testing.T) {
 	wantCR := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"services"}, Verbs: []string{"list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
-		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
 	}
 	if fmt.Sprint(cr.Rules) != fmt.Sprint(wantCR) || cr.AggregationRule != nil {
 		t.Errorf("ClusterRole rules = %+v, want exactly %+v", cr.Rules, wantCR)
@@ -552,4 +553,19 @@ func TestManifestsAgainstAPIServer(t *testing.T) {
 			}
 		}
 	})
+}
+
+// The stale-udp-conntrack component adds exactly list/watch on Pods for the agent's ServiceAccount,
+// in a ClusterRole of its own, so that the base grants no Pod access to agents without the fix.
+func TestStaleUDPConntrackComponent(t *testing.T) {
+	objs := render(t, "overlays/stale-udp-conntrack")
+	cr := typed[rbacv1.ClusterRole](t, find(t, objs, "ClusterRole", "network-node-manager-pods"))
+	want := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}}}
+	if fmt.Sprint(cr.Rules) != fmt.Sprint(want) {
+		t.Errorf("ClusterRole rules = %+v, want exactly %+v", cr.Rules, want)
+	}
+	crb := typed[rbacv1.ClusterRoleBinding](t, find(t, objs, "ClusterRoleBinding", "network-node-manager-pods"))
+	if crb.RoleRef.Name != cr.Name || len(crb.Subjects) != 1 || crb.Subjects[0].Name != "network-node-manager" || crb.Subjects[0].Namespace != "kube-system" {
+		t.Errorf("binding %+v does not bind the agent's ServiceAccount to %s", crb, cr.Name)
+	}
 }
