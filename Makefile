@@ -23,7 +23,7 @@ FUZZTIME      ?= 2m
 
 export NNM_BIN_DIR := $(BIN)
 
-.PHONY: all build deps controlplane vm test test-vm test-unit fuzz demo bench lint fmt vet clean image plan
+.PHONY: all build deps controlplane promtool vm test test-vm test-unit fuzz demo bench lint fmt vet clean image plan
 
 all: build
 
@@ -50,6 +50,10 @@ build:
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_RUN) -o $(AGENT) ./cmd/network-node-manager
 
+## promtool: bin/promtool from tools/promtool (pinned), for the alerting rule tests in deploy/.
+promtool:
+	./hack/build-promtool.sh
+
 ## vm: prepare the VM lane (qemu, busybox, the pinned Debian 6.1 kernel; see hack/vm/prepare.sh). Exit
 ## status 3 means "cannot here" (not root / no apt-get): the VM tests then skip, or fail under CI.
 vm:
@@ -63,7 +67,7 @@ test-vm: build controlplane vm
 ## NNM_REQUIRE_KERNEL=1 (.ci/run) a missing namespace, kernel feature or control plane fails them
 ## instead of skipping. Ends with the tests run/passed/failed/skipped per package, then fuzzes briefly.
 ## The VM lane (e2e/vm) is part of it: `vm` prepares it first.
-test: deps build controlplane vm
+test: deps build controlplane promtool vm
 	$(GO) vet ./...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi

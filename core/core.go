@@ -150,13 +150,19 @@ type EngineParams struct {
 	Config  *config.Config
 	Env     fix.Env
 	Metrics *metrics.Sync
+	Reg     prometheus.Registerer
 	Log     *slog.Logger
 }
 
-// NewEngine builds the engine; it validates and configures every fix.
+// NewEngine builds the engine; it validates and configures every fix. Its readiness is exported as
+// nnm_agent_ready.
 func NewEngine(p EngineParams) (*engine.Engine, error) {
-	return engine.New(engine.Options{Fixes: p.Fixes, Backend: p.Backend, Source: p.Source,
+	e, err := engine.New(engine.Options{Fixes: p.Fixes, Backend: p.Backend, Source: p.Source,
 		Config: p.Config, Env: p.Env, Metrics: p.Metrics, Log: p.Log})
+	if err != nil {
+		return nil, err
+	}
+	return e, metrics.NewReady(p.Reg, e.Ready)
 }
 
 // NewServer builds the /metrics, /healthz, /readyz server.

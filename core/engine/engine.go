@@ -169,6 +169,11 @@ func (e *Engine) configure(cfg *config.Config) error {
 			v = 1
 		}
 		e.m.Enabled.WithLabelValues(id).Set(v)
+		refused := 0.0
+		if st.refusal != nil {
+			refused = 1
+		}
+		e.m.Refused.WithLabelValues(id).Set(refused)
 	}
 	return nil
 }

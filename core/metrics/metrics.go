@@ -44,6 +44,7 @@ type Sync struct {
 	Rules         *prometheus.GaugeVec
 	LastSuccess   *prometheus.GaugeVec
 	Enabled       *prometheus.GaugeVec
+	Refused       *prometheus.GaugeVec
 	Covered       *prometheus.GaugeVec
 	Skipped       *prometheus.GaugeVec
 	Info          *prometheus.GaugeVec
@@ -82,6 +83,10 @@ func NewSync(reg prometheus.Registerer) *Sync {
 			Namespace: Namespace, Name: "fix_enabled",
 			Help: "1 if the fix runs, 0 if it is disabled or refused.",
 		}, []string{"fix"}),
+		Refused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "fix_refused",
+			Help: "1 if the config enabled the fix but it refused to run in this environment (e.g. the DNAT fix outside IPVS mode).",
+		}, []string{"fix"}),
 		Covered: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: Namespace, Name: "fix_objects_covered",
 			Help: "Objects (e.g. Services) the fix programmed rules for.",
@@ -100,6 +105,20 @@ func NewSync(reg prometheus.Registerer) *Sync {
 		}, []string{"result"}),
 	}
 	reg.MustRegister(m.Duration, m.Syncs, m.Errors, m.Repairs, m.Rules, m.LastSuccess, m.Enabled,
-		m.Covered, m.Skipped, m.Info, m.ConfigReloads)
+		m.Refused, m.Covered, m.Skipped, m.Info, m.ConfigReloads)
 	return m
+}
+
+// NewReady registers nnm_agent_ready, the /readyz check as a gauge (evaluated at scrape time), so that
+// alerts see a node whose agent runs but is not ready without kube-state-metrics.
+func NewReady(reg prometheus.Registerer, ready func() error) error {
+	return reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "agent_ready",
+		Help: "1 when /readyz succeeds (the watches synced and one pass applied every enabled fix), else 0.",
+	}, func() float64 {
+		if ready() != nil {
+			return 0
+		}
+		return 1
+	}))
 }
