@@ -165,9 +165,25 @@ func NewEngine(p EngineParams) (*engine.Engine, error) {
 	return e, metrics.NewReady(p.Reg, e.Ready)
 }
 
-// NewServer builds the /metrics, /healthz, /readyz server.
-func NewServer(cfg *config.Config, reg *prometheus.Registry, e *engine.Engine, log *slog.Logger) *server.Server {
-	return server.New(cfg.MetricsAddress, reg, server.Checks{Healthy: e.Healthy, Ready: e.Ready}, log)
+// NewServer builds the /metrics, /healthz, /readyz server. With metricsSecure, /metrics is HTTPS and
+// every scrape is authenticated and authorized by the API server through the agent's client.
+func NewServer(cfg *config.Config, reg *prometheus.Registry, e *engine.Engine, log *slog.Logger) (*server.Server, error) {
+	opts := server.Options{MetricsAddress: cfg.MetricsAddress, HealthzAddress: cfg.HealthzAddress}
+	if cfg.MetricsSecure {
+		client, err := KubeClient(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("metricsSecure: %w", err)
+		}
+		host := cfg.NodeName
+		if host == "" {
+			host, _ = os.Hostname()
+		}
+		if opts.TLS, err = server.TLSConfig(cfg.MetricsCertDir, host); err != nil {
+			return nil, err
+		}
+		opts.Auth = server.NewDelegated(client, log).Wrap
+	}
+	return server.New(opts, reg, server.Checks{Healthy: e.Healthy, Ready: e.Ready}, log), nil
 }
 
 // KubeClient builds a client with client-go's loading rules, as kubectl and the kubelet's tools

@@ -216,6 +216,7 @@ func TestBaseObjects(t *testing.T) {
 		"ClusterRoleBinding /network-node-manager",
 		"Role kube-system/network-node-manager-kube-proxy-config",
 		"RoleBinding kube-system/network-node-manager-kube-proxy-config",
+		"ClusterRole /network-node-manager-metrics-reader",
 		"ConfigMap kube-system/network-node-manager",
 		"DaemonSet kube-system/network-node-manager",
 	}
@@ -224,17 +225,25 @@ func TestBaseObjects(t *testing.T) {
 	}
 }
 
-// The ClusterRole grants exactly Services list/watch and Nodes get/list/watch; the only namespaced
-// grant is get on the one ConfigMap kube-system/kube-proxy; both bind the agent's ServiceAccount.
+// The ClusterRole grants exactly Services list/watch, Nodes get/list/watch and the two reviews behind
+// the protected /metrics; the only namespaced grant is get on the one ConfigMap kube-system/kube-proxy;
+// both bind the agent's ServiceAccount. The metrics reader role allows get /metrics and nothing else.
 func TestLeastPrivilege(t *testing.T) {
 	objs := render(t, "base")
 	cr := typed[rbacv1.ClusterRole](t, find(t, objs, "ClusterRole", "network-node-manager"))
 	wantCR := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"services"}, Verbs: []string{"list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"authorization.k8s.io"}, Resources: []string{"subjectaccessreviews"}, Verbs: []string{"create"}},
 	}
 	if fmt.Sprint(cr.Rules) != fmt.Sprint(wantCR) || cr.AggregationRule != nil {
 		t.Errorf("ClusterRole rules = %+v, want exactly %+v", cr.Rules, wantCR)
+	}
+	reader := typed[rbacv1.ClusterRole](t, find(t, objs, "ClusterRole", "network-node-manager-metrics-reader"))
+	wantReader := []rbacv1.PolicyRule{{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}}
+	if fmt.Sprint(reader.Rules) != fmt.Sprint(wantReader) {
+		t.Errorf("metrics reader rules = %+v, want exactly %+v", reader.Rules, wantReader)
 	}
 	role := typed[rbacv1.Role](t, find(t, objs, "Role", "network-node-manager-kube-proxy-config"))
 	wantRole := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{"kube-proxy"}, Verbs: []string{"get"}}}
@@ -341,22 +350,23 @@ func TestDaemonSet(t *testing.T) {
 	check(ok && state.HostPath != nil && state.HostPath.Path == "/run/network-node-manager", "state volume = %+v", state)
 	check(mounts["state"].MountPath == "/run/network-node-manager" && !mounts["state"].ReadOnly, "state mount = %+v", mounts["state"])
 
-	// Probes and metrics on the port metricsAddress names.
+	// Protected metrics on the port metricsAddress names, plain probes on the port of healthzAddress.
 	cfg := loadConfigMap(t, cm)
-	_, port, err := net.SplitHostPort(cfg.MetricsAddress)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var metricsPort int32
+	check(cfg.MetricsSecure, "deploy/base must serve /metrics protected (metricsSecure: true)")
+	ports := map[string]string{}
 	for _, p := range c.Ports {
-		if p.Name == "metrics" {
-			metricsPort = p.ContainerPort
-		}
+		ports[p.Name] = fmt.Sprint(p.ContainerPort)
 	}
-	check(fmt.Sprint(metricsPort) == port, "containerPort metrics = %d, config metricsAddress %s", metricsPort, cfg.MetricsAddress)
-	check(ds.Spec.Template.Annotations["prometheus.io/port"] == port, "prometheus.io/port annotation %q, want %s", ds.Spec.Template.Annotations["prometheus.io/port"], port)
+	for name, addr := range map[string]string{"metrics": cfg.MetricsAddress, "healthz": cfg.HealthzAddress} {
+		_, port, err := net.SplitHostPort(addr)
+		check(err == nil && ports[name] == port, "containerPort %s = %s, config address %q", name, ports[name], addr)
+	}
+	ann := ds.Spec.Template.Annotations
+	check(ann["prometheus.io/port"] == ports["metrics"] && ann["prometheus.io/scheme"] == "https",
+		"prometheus.io annotations %v, want port %s and scheme https", ann, ports["metrics"])
 	for name, p := range map[string]*corev1.Probe{"/healthz": c.LivenessProbe, "/readyz": c.ReadinessProbe} {
-		check(p != nil && p.HTTPGet != nil && p.HTTPGet.Path == name && p.HTTPGet.Port.String() == "metrics", "probe %s = %+v", name, p)
+		check(p != nil && p.HTTPGet != nil && p.HTTPGet.Path == name && p.HTTPGet.Port.String() == "healthz" &&
+			p.HTTPGet.Scheme != corev1.URISchemeHTTPS, "probe %s = %+v, want plain HTTP on the healthz port", name, p)
 	}
 
 	// Resources and privileges.
@@ -477,8 +487,25 @@ func TestPodMonitorMatchesDaemonSet(t *testing.T) {
 		t.Errorf("PodMonitor namespaceSelector %v misses %s", ns, ds.Namespace)
 	}
 	eps, _, _ := unstructured.NestedSlice(pm.u.Object, "spec", "podMetricsEndpoints")
-	if len(eps) != 1 || eps[0].(map[string]any)["port"] != "metrics" {
-		t.Errorf("podMetricsEndpoints = %v, want port metrics", eps)
+	if len(eps) != 1 {
+		t.Fatalf("podMetricsEndpoints = %v, want one", eps)
+	}
+	ep := eps[0].(map[string]any)
+	secret, _, _ := unstructured.NestedString(ep, "authorization", "credentials", "name")
+	if ep["port"] != "metrics" || ep["scheme"] != "https" || secret == "" {
+		t.Errorf("podMetricsEndpoint = %v, want port metrics, scheme https and a bearer token Secret", ep)
+	}
+	// The token Secret belongs to a ServiceAccount bound to the metrics reader role.
+	s := typed[corev1.Secret](t, find(t, objs, "Secret", secret))
+	sa := s.Annotations[corev1.ServiceAccountNameKey]
+	if s.Type != corev1.SecretTypeServiceAccountToken || s.Namespace != pm.u.GetNamespace() || sa == "" {
+		t.Errorf("Secret %s/%s: type %s, service account %q; want a token Secret in the PodMonitor's namespace", s.Namespace, s.Name, s.Type, sa)
+	}
+	find(t, objs, "ServiceAccount", sa)
+	crb := typed[rbacv1.ClusterRoleBinding](t, find(t, objs, "ClusterRoleBinding", sa))
+	if crb.RoleRef.Name != "network-node-manager-metrics-reader" || len(crb.Subjects) != 1 ||
+		crb.Subjects[0].Name != sa || crb.Subjects[0].Namespace != s.Namespace {
+		t.Errorf("ClusterRoleBinding %s = %+v, want %s bound to network-node-manager-metrics-reader", crb.Name, crb, sa)
 	}
 }
 
@@ -595,6 +622,8 @@ func TestManifestsAgainstAPIServer(t *testing.T) {
 			}
 		}
 	})
+
+	t.Run("protected metrics with the base's RBAC", func(t *testing.T) { checkProtectedMetrics(t, cp, a) })
 }
 
 // The stale-udp-conntrack component adds exactly list/watch on Pods for the agent's ServiceAccount,

@@ -47,8 +47,20 @@ type Config struct {
 	MinSyncPeriod time.Duration `mapstructure:"minSyncPeriod"`
 	// SyncPeriod is the time between full resyncs that repair rules changed behind our back.
 	SyncPeriod time.Duration `mapstructure:"syncPeriod"`
-	// MetricsAddress serves /metrics, /healthz and /readyz; empty disables the server.
+	// MetricsAddress serves /metrics (and the probes when HealthzAddress is empty); empty disables it.
 	MetricsAddress string `mapstructure:"metricsAddress"`
+	// MetricsSecure serves /metrics over HTTPS to clients whose bearer token the API server
+	// authenticates (TokenReview) and authorizes for get on the non-resource URL /metrics
+	// (SubjectAccessReview).
+	MetricsSecure bool `mapstructure:"metricsSecure"`
+	// MetricsCertDir holds tls.crt and tls.key for the HTTPS metrics; empty means a self-signed
+	// certificate generated at start.
+	MetricsCertDir string `mapstructure:"metricsCertDir"`
+	// HealthzAddress serves /healthz and /readyz over plain HTTP; empty serves them on MetricsAddress.
+	HealthzAddress string `mapstructure:"healthzAddress"`
+	// ProcSysPath is where the agent reads and writes sysctls (/proc/sys). A container's /proc/sys is
+	// read-only, so deploy/base mounts the node's /proc/sys/net at /host/proc/sys/net and sets this.
+	ProcSysPath string `mapstructure:"procSysPath"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `mapstructure:"logLevel"`
 	// Fixes holds one section per fix id: "enabled" plus the fix's own options.
@@ -101,7 +113,15 @@ var Keys = []Key{
 	{Key: "podCIDRs", Flag: "pod-cidrs", Default: []string{}, Help: "used when the Node has no `spec.podCIDRs`"},
 	{Key: "minSyncPeriod", Flag: "min-sync-period", Default: time.Second, Help: "coalescing of changes; at most `syncPeriod`"},
 	{Key: "syncPeriod", Flag: "sync-period", Default: 30 * time.Second, Help: "full resync that repairs drift"},
-	{Key: "metricsAddress", Flag: "metrics-address", Default: "0.0.0.0:9484", Restart: true, Help: "`/metrics`, `/healthz`, `/readyz`; empty: off"},
+	{Key: "metricsAddress", Flag: "metrics-address", Default: "0.0.0.0:9484", Restart: true, Help: "`/metrics`, and the probes when `healthzAddress` is empty; empty: off"},
+	{Key: "metricsSecure", Flag: "metrics-secure", Default: false, Restart: true,
+		Help: "`/metrics` over HTTPS for bearer tokens the API server authenticates (TokenReview) and authorizes for get `/metrics` (SubjectAccessReview); `true` in deploy/base"},
+	{Key: "metricsCertDir", Flag: "metrics-cert-dir", Default: "", Doc: "self-signed", Restart: true,
+		Help: "directory with `tls.crt` and `tls.key` for the HTTPS metrics (re-read when they change)"},
+	{Key: "healthzAddress", Flag: "healthz-address", Default: "", Doc: "on `metricsAddress`", Restart: true,
+		Help: "`/healthz`, `/readyz` over plain HTTP (`0.0.0.0:9485` in deploy/base)"},
+	{Key: "procSysPath", Flag: "proc-sys-path", Default: "/proc/sys", Restart: true,
+		Help: "the sysctl tree the agent writes; a container's `/proc/sys` is read-only, so deploy/base mounts the node's `/proc/sys/net` at `/host/proc/sys/net`"},
 	{Key: "logLevel", Flag: "log-level", Default: "info", Restart: true, Help: "`debug`, `info`, `warn`, `error`"},
 }
 
@@ -224,6 +244,8 @@ func AddFlags(fs *pflag.FlagSet) {
 			fs.StringSlice(k.Flag, d, help)
 		case time.Duration:
 			fs.Duration(k.Flag, d, help)
+		case bool:
+			fs.Bool(k.Flag, d, help)
 		default:
 			panic(fmt.Sprintf("config: key %s has a default of unsupported type %T", k.Key, d))
 		}
@@ -593,6 +615,15 @@ func (c *Config) Validate() error {
 	}
 	if c.SyncPeriod <= 0 {
 		return fmt.Errorf("config: syncPeriod: %s must be positive", c.SyncPeriod)
+	}
+	if !filepath.IsAbs(c.ProcSysPath) {
+		return fmt.Errorf("config: procSysPath: %q is not an absolute path", c.ProcSysPath)
+	}
+	if c.MetricsCertDir != "" && !c.MetricsSecure {
+		return fmt.Errorf("config: metricsCertDir is set but metricsSecure is false: the certificate would not be used")
+	}
+	if c.MetricsSecure && c.MetricsAddress == "" {
+		return fmt.Errorf("config: metricsSecure: metricsAddress is empty, there is no metrics listener to protect")
 	}
 	if c.MinSyncPeriod > c.SyncPeriod {
 		return fmt.Errorf("config: minSyncPeriod: %s is longer than syncPeriod %s (changes would wait longer than a full resync)", c.MinSyncPeriod, c.SyncPeriod)

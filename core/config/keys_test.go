@@ -23,6 +23,8 @@ func readmeRow(k Key) string {
 		}
 	case time.Duration:
 		def = "`" + d.String() + "`"
+	case bool:
+		def = fmt.Sprintf("`%t`", d)
 	}
 	change := "reload"
 	if k.Restart {

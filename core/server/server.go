@@ -1,8 +1,11 @@
-// Package server serves /metrics, /healthz and /readyz.
+// Package server serves /metrics, /healthz and /readyz: the metrics on their own listener, plain or
+// HTTPS with delegated authentication and authorization (Delegated), the probes plain HTTP on theirs
+// (or next to plain metrics when no probe address is set).
 package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,22 +23,92 @@ type Checks struct {
 	Ready   func() error
 }
 
-// Server is the HTTP endpoint of the agent.
-type Server struct {
-	addr string
-	srv  *http.Server
-	log  *slog.Logger
-	ln   net.Listener
-	done chan struct{}
+// Limits bound what one client can hold on every listener: slow or idle clients are cut off instead of
+// piling up goroutines and sockets.
+type Limits struct {
+	ReadHeaderTimeout time.Duration // request line and headers (and, on HTTPS, the TLS handshake)
+	ReadTimeout       time.Duration // the whole request
+	WriteTimeout      time.Duration // the response (a /metrics scrape)
+	IdleTimeout       time.Duration // a keep-alive connection between requests
+	MaxHeaderBytes    int
 }
 
-// New builds the handler; Start listens. An empty addr disables the server.
-func New(addr string, reg *prometheus.Registry, checks Checks, log *slog.Logger) *Server {
+// DefaultLimits fit a scrape every few seconds and kubelet probes; 16 KiB of headers leaves room for a
+// service account token.
+var DefaultLimits = Limits{
+	ReadHeaderTimeout: 5 * time.Second,
+	ReadTimeout:       10 * time.Second,
+	WriteTimeout:      30 * time.Second,
+	IdleTimeout:       90 * time.Second,
+	MaxHeaderBytes:    16 << 10,
+}
+
+// Options say where and how to serve.
+type Options struct {
+	// MetricsAddress serves /metrics; empty disables it.
+	MetricsAddress string
+	// HealthzAddress serves /healthz and /readyz over plain HTTP; empty serves them on MetricsAddress
+	// (without authentication, also when the metrics are protected).
+	HealthzAddress string
+	// TLS, when set, serves the metrics listener over HTTPS.
+	TLS *tls.Config
+	// Auth, when set, wraps /metrics (see Delegated.Wrap).
+	Auth func(http.Handler) http.Handler
+	// Limits apply to every listener; zero means DefaultLimits.
+	Limits Limits
+}
+
+type listener struct {
+	name, addr string
+	tls        *tls.Config
+	srv        *http.Server
+	ln         net.Listener
+	done       chan struct{}
+}
+
+// Server is the HTTP endpoint of the agent.
+type Server struct {
+	metrics, healthz *listener
+	log              *slog.Logger
+}
+
+// New builds the handlers; Start listens.
+func New(opts Options, reg *prometheus.Registry, checks Checks, log *slog.Logger) *Server {
+	if opts.Limits == (Limits{}) {
+		opts.Limits = DefaultLimits
+	}
+	var metricsH http.Handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
+	if opts.Auth != nil {
+		metricsH = opts.Auth(metricsH)
+	}
+	probes := http.NewServeMux()
+	probes.HandleFunc("/healthz", probe(checks.Healthy))
+	probes.HandleFunc("/readyz", probe(checks.Ready))
+
+	s := &Server{log: log}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", probe(checks.Healthy))
-	mux.HandleFunc("/readyz", probe(checks.Ready))
-	return &Server{addr: addr, log: log, srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}}
+	mux.Handle("/metrics", metricsH)
+	if opts.HealthzAddress == "" {
+		mux.Handle("/", probes)
+	} else {
+		s.healthz = newListener("healthz", opts.HealthzAddress, nil, probes, opts.Limits)
+	}
+	if opts.MetricsAddress != "" {
+		s.metrics = newListener("metrics", opts.MetricsAddress, opts.TLS, mux, opts.Limits)
+	}
+	return s
+}
+
+func newListener(name, addr string, tlsCfg *tls.Config, h http.Handler, l Limits) *listener {
+	return &listener{name: name, addr: addr, tls: tlsCfg, srv: &http.Server{
+		Handler:           h,
+		TLSConfig:         tlsCfg,
+		ReadHeaderTimeout: l.ReadHeaderTimeout,
+		ReadTimeout:       l.ReadTimeout,
+		WriteTimeout:      l.WriteTimeout,
+		IdleTimeout:       l.IdleTimeout,
+		MaxHeaderBytes:    l.MaxHeaderBytes,
+	}}
 }
 
 func probe(check func() error) http.HandlerFunc {
@@ -52,41 +125,66 @@ func probe(check func() error) http.HandlerFunc {
 	}
 }
 
-// Addr is the address the server listens on (useful with port 0), "" before Start or when disabled.
-func (s *Server) Addr() string {
-	if s.ln == nil {
+// Addr is the address the metrics listener listens on (useful with port 0), "" before Start or when
+// disabled.
+func (s *Server) Addr() string { return s.metrics.address() }
+
+// HealthzAddr is the probe listener's address, "" when the probes share the metrics listener.
+func (s *Server) HealthzAddr() string { return s.healthz.address() }
+
+func (l *listener) address() string {
+	if l == nil || l.ln == nil {
 		return ""
 	}
-	return s.ln.Addr().String()
+	return l.ln.Addr().String()
 }
 
-// Start listens (so a busy port fails start-up) and serves in the background.
+// Start listens on every address (so a busy port fails start-up) and serves in the background.
 func (s *Server) Start(context.Context) error {
-	if s.addr == "" {
-		return nil
-	}
-	ln, err := net.Listen("tcp", s.addr)
-	if err != nil {
-		return fmt.Errorf("metrics server: %w", err)
-	}
-	s.ln = ln
-	s.done = make(chan struct{})
-	go func() {
-		defer close(s.done)
-		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			s.log.Error("metrics server stopped", "err", err)
+	for _, l := range []*listener{s.metrics, s.healthz} {
+		if l == nil {
+			continue
 		}
-	}()
-	s.log.Info("serving /metrics, /healthz, /readyz", "address", ln.Addr().String())
+		if err := l.start(s.log); err != nil {
+			_ = s.Stop(context.Background())
+			return err
+		}
+	}
 	return nil
 }
 
-// Stop shuts the server down and waits for it.
-func (s *Server) Stop(ctx context.Context) error {
-	if s.ln == nil {
-		return nil
+func (l *listener) start(log *slog.Logger) error {
+	ln, err := net.Listen("tcp", l.addr)
+	if err != nil {
+		return fmt.Errorf("%s server: %w", l.name, err)
 	}
-	err := s.srv.Shutdown(ctx)
-	<-s.done
-	return err
+	scheme := "http"
+	if l.tls != nil {
+		ln = tls.NewListener(ln, l.tls)
+		scheme = "https"
+	}
+	l.ln = ln
+	l.done = make(chan struct{})
+	go func() {
+		defer close(l.done)
+		if err := l.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error(l.name+" server stopped", "err", err)
+		}
+	}()
+	log.Info("serving "+l.name, "address", ln.Addr().String(), "scheme", scheme)
+	return nil
+}
+
+// Stop shuts the listeners down and waits for them.
+func (s *Server) Stop(ctx context.Context) error {
+	var errs []error
+	for _, l := range []*listener{s.metrics, s.healthz} {
+		if l == nil || l.ln == nil {
+			continue
+		}
+		errs = append(errs, l.srv.Shutdown(ctx))
+		<-l.done
+		l.ln = nil
+	}
+	return errors.Join(errs...)
 }

@@ -29,7 +29,7 @@ func TestProbesAndMetrics(t *testing.T) {
 	reg.MustRegister(c)
 	c.Add(3)
 	var health, ready error = nil, errors.New("watches have not synced yet")
-	s := New("127.0.0.1:0", reg, Checks{Healthy: func() error { return health }, Ready: func() error { return ready }},
+	s := New(Options{MetricsAddress: "127.0.0.1:0"}, reg, Checks{Healthy: func() error { return health }, Ready: func() error { return ready }},
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := s.Start(context.Background()); err != nil {
 		t.Fatal(err)
@@ -54,19 +54,19 @@ func TestProbesAndMetrics(t *testing.T) {
 
 func TestBusyPortFailsStart(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	a := New("127.0.0.1:0", prometheus.NewRegistry(), Checks{}, log)
+	a := New(Options{MetricsAddress: "127.0.0.1:0"}, prometheus.NewRegistry(), Checks{}, log)
 	if err := a.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	defer a.Stop(context.Background())
-	b := New(a.Addr(), prometheus.NewRegistry(), Checks{}, log)
+	b := New(Options{MetricsAddress: a.Addr()}, prometheus.NewRegistry(), Checks{}, log)
 	if err := b.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "metrics server") {
 		t.Fatalf("want an error naming the metrics server, got %v", err)
 	}
 }
 
 func TestDisabled(t *testing.T) {
-	s := New("", prometheus.NewRegistry(), Checks{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s := New(Options{}, prometheus.NewRegistry(), Checks{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := s.Start(context.Background()); err != nil || s.Addr() != "" {
 		t.Fatalf("an empty address must disable the server: %v %q", err, s.Addr())
 	}

@@ -1,0 +1,152 @@
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	authnv1 "k8s.io/api/authentication/v1"
+	authzv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/cache"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Delegated protects a handler the way kube-rbac-proxy and kubebuilder's metrics filter do: the bearer
+// token is authenticated with a TokenReview and the user authorized with a SubjectAccessReview for the
+// request's non-resource URL and verb (get /metrics), both answered by the API server. No token or an
+// invalid one is 401, a user without the RBAC 403.
+//
+// It calls client-go's authentication/v1 and authorization/v1 clients directly instead of
+// k8s.io/apiserver's delegating authenticator/authorizer (which controller-runtime's filters wrap):
+// those bring k8s.io/apiserver and k8s.io/component-base into a node agent that otherwise needs only
+// client-go, for two API calls and a cache.
+//
+// Results are cached (by a hash of the token, and by user) for CacheTTL, so that a scrape every 30s
+// costs the API server two calls per node and TTL at most.
+type Delegated struct {
+	client kubernetes.Interface
+	log    *slog.Logger
+	ttl    time.Duration
+	cache  *cache.LRUExpireCache
+}
+
+// CacheTTL is how long a review's answer is reused; a revoked token or binding takes effect after it.
+const CacheTTL = time.Minute
+
+// cacheSize bounds the number of remembered tokens and users.
+const cacheSize = 1024
+
+// NewDelegated returns the filter using client (the agent's own identity, which needs tokenreviews
+// create and subjectaccessreviews create).
+func NewDelegated(client kubernetes.Interface, log *slog.Logger) *Delegated {
+	return &Delegated{client: client, log: log, ttl: CacheTTL, cache: cache.NewLRUExpireCache(cacheSize)}
+}
+
+type authnResult struct {
+	ok   bool
+	user authnv1.UserInfo
+}
+
+// Wrap returns h behind authentication and authorization.
+func (d *Delegated) Wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, ok := bearer(r)
+		if !ok {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="network-node-manager"`)
+			http.Error(w, "Unauthorized: a bearer token is required", http.StatusUnauthorized)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		defer cancel()
+		user, ok, err := d.authenticate(ctx, token)
+		if err != nil {
+			d.log.Warn("metrics: TokenReview failed", "err", err)
+			http.Error(w, "Unauthorized: the token could not be reviewed", http.StatusUnauthorized)
+			return
+		}
+		if !ok {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="network-node-manager"`)
+			http.Error(w, "Unauthorized", http.StatusUnauthorized)
+			return
+		}
+		verb := strings.ToLower(r.Method)
+		if r.Method == http.MethodHead {
+			verb = "get"
+		}
+		allowed, reason, err := d.authorize(ctx, user, r.URL.Path, verb)
+		if err != nil {
+			d.log.Warn("metrics: SubjectAccessReview failed", "err", err)
+			http.Error(w, "Forbidden: the request could not be authorized", http.StatusForbidden)
+			return
+		}
+		if !allowed {
+			msg := fmt.Sprintf("Forbidden: user %q may not %s %s", user.Username, verb, r.URL.Path)
+			if reason != "" {
+				msg += ": " + reason
+			}
+			http.Error(w, msg, http.StatusForbidden)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func bearer(r *http.Request) (string, bool) {
+	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	token = strings.TrimSpace(token)
+	return token, ok && strings.EqualFold(scheme, "Bearer") && token != ""
+}
+
+func (d *Delegated) authenticate(ctx context.Context, token string) (authnv1.UserInfo, bool, error) {
+	sum := sha256.Sum256([]byte(token))
+	key := "authn/" + hex.EncodeToString(sum[:])
+	if v, ok := d.cache.Get(key); ok {
+		res := v.(authnResult)
+		return res.user, res.ok, nil
+	}
+	tr, err := d.client.AuthenticationV1().TokenReviews().Create(ctx,
+		&authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
+	if err != nil {
+		return authnv1.UserInfo{}, false, err
+	}
+	res := authnResult{ok: tr.Status.Authenticated, user: tr.Status.User}
+	d.cache.Add(key, res, d.ttl)
+	return res.user, res.ok, nil
+}
+
+func (d *Delegated) authorize(ctx context.Context, u authnv1.UserInfo, path, verb string) (bool, string, error) {
+	groups := slices.Clone(u.Groups)
+	slices.Sort(groups)
+	key := fmt.Sprintf("authz/%s/%s/%q/%s/%s", u.Username, u.UID, groups, verb, path)
+	type result struct {
+		allowed bool
+		reason  string
+	}
+	if v, ok := d.cache.Get(key); ok {
+		res := v.(result)
+		return res.allowed, res.reason, nil
+	}
+	extra := map[string]authzv1.ExtraValue{}
+	for k, v := range u.Extra {
+		extra[k] = authzv1.ExtraValue(v)
+	}
+	sar, err := d.client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{
+		Spec: authzv1.SubjectAccessReviewSpec{
+			User: u.Username, UID: u.UID, Groups: u.Groups, Extra: extra,
+			NonResourceAttributes: &authzv1.NonResourceAttributes{Path: path, Verb: verb},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return false, "", err
+	}
+	res := result{allowed: sar.Status.Allowed && !sar.Status.Denied, reason: sar.Status.Reason}
+	d.cache.Add(key, res, d.ttl)
+	return res.allowed, res.reason, nil
+}
