@@ -91,17 +91,19 @@ func New(opts Options, reg *prometheus.Registry, checks Checks, log *slog.Logger
 	if opts.HealthzAddress == "" {
 		mux.Handle("/", probes)
 	} else {
-		s.healthz = newListener("healthz", opts.HealthzAddress, nil, probes, opts.Limits)
+		s.healthz = newListener("healthz", opts.HealthzAddress, nil, probes, opts.Limits, log)
 	}
 	if opts.MetricsAddress != "" {
-		s.metrics = newListener("metrics", opts.MetricsAddress, opts.TLS, mux, opts.Limits)
+		s.metrics = newListener("metrics", opts.MetricsAddress, opts.TLS, mux, opts.Limits, log)
 	}
 	return s
 }
 
-func newListener(name, addr string, tlsCfg *tls.Config, h http.Handler, l Limits) *listener {
+func newListener(name, addr string, tlsCfg *tls.Config, h http.Handler, l Limits, log *slog.Logger) *listener {
 	return &listener{name: name, addr: addr, tls: tlsCfg, srv: &http.Server{
-		Handler:           h,
+		Handler: h,
+		// Handshake errors of scanners and plain-HTTP clients are not the agent's problem.
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 		TLSConfig:         tlsCfg,
 		ReadHeaderTimeout: l.ReadHeaderTimeout,
 		ReadTimeout:       l.ReadTimeout,
