@@ -15,6 +15,8 @@ AGENT       := $(BIN)/network-node-manager
 GOFLAGS_RUN := -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
 # Packages the project needs on a node or test machine, as "binary:debian-package".
 SYSTEM_DEPS := iptables:iptables nft:nftables ip:iproute2 conntrack:conntrack
+# What `make image` needs to build the image without a Docker engine.
+IMAGE_DEPS  := buildah:buildah debootstrap:debootstrap
 TEST_FLAGS  ?= -count=1 -timeout 30m
 # Every fuzz target runs this long in `make test` (after its seed corpus ran as a test) and
 # FUZZTIME long in `make fuzz`.
@@ -23,7 +25,7 @@ FUZZTIME      ?= 2m
 
 export NNM_BIN_DIR := $(BIN)
 
-.PHONY: all build deps controlplane promtool vm test test-vm test-unit fuzz demo bench lint fmt vet clean image plan
+.PHONY: all build deps controlplane promtool image-deps test-image vm test test-vm test-unit fuzz demo bench lint fmt vet clean image plan
 
 all: build
 
@@ -105,9 +107,19 @@ vet:
 fmt:
 	gofmt -l -w $$(git ls-files '*.go')
 
-## image: the container image (needs a Docker engine).
-image:
-	docker build --build-arg VERSION=$(VERSION) -t network-node-manager:$(VERSION) .
+## image: the container image network-node-manager:$(VERSION) and :latest in buildah's local storage,
+## without a Docker engine (hack/image.sh: debootstrap bookworm + iptables + nftables, as the
+## Dockerfile). With Docker: docker build --build-arg VERSION=$(VERSION) -t network-node-manager:$(VERSION) .
+image: image-deps
+	VERSION=$(VERSION) ./hack/image.sh
+
+## test-image: build the image and run it as deploy/base's DaemonSet would (read-only root, the
+## manifest's capabilities and mounts, in a node network namespace, against the local API server).
+test-image: image controlplane
+	NNM_TEST_IMAGE=1 $(GO) test -count=1 -run TestImageRunsAsTheDaemonSet -v ./deploy/
+
+image-deps:
+	@$(MAKE) --no-print-directory deps SYSTEM_DEPS="$(IMAGE_DEPS)"
 
 clean:
 	rm -rf $(BIN)

@@ -252,3 +252,66 @@ func TestDockerignoreKeepsBuildInputs(t *testing.T) {
 		}
 	}
 }
+
+// hack/image.sh (make image, no Docker engine) builds what the Dockerfile builds: the same Debian
+// release and packages, the agent built with the same flags at the same path, the same entrypoint,
+// command, user and port.
+func TestImageScriptMatchesDockerfile(t *testing.T) {
+	root, _ := filepath.Abs("..")
+	df := parseDockerfile(t, filepath.Join(root, "Dockerfile"))
+	build, runtime := df.stages[0], df.stages[1]
+	script, err := os.ReadFile(filepath.Join(root, "hack", "image.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh := string(script)
+	field := func(re string) string {
+		m := regexp.MustCompile(re).FindStringSubmatch(sh)
+		if m == nil {
+			t.Fatalf("hack/image.sh: no match for %s", re)
+		}
+		return m[1]
+	}
+	if suite := field(`(?m)^SUITE=(\S+)`); !strings.Contains(runtime.from, suite) {
+		t.Errorf("image.sh debootstraps %s, the Dockerfile runs on %s", suite, runtime.from)
+	}
+	var install string
+	for _, r := range runtime.find("RUN") {
+		if strings.Contains(r, "apt-get install") {
+			install = r
+		}
+	}
+	for _, p := range strings.Split(field(`(?m)^PACKAGES=(\S+)`), ",") {
+		if !regexp.MustCompile(`\s` + p + `(\s|$)`).MatchString(install) {
+			t.Errorf("image.sh includes %s, the Dockerfile does not install it: %q", p, install)
+		}
+	}
+	var goBuild string
+	for _, r := range build.find("RUN") {
+		if strings.Contains(r, "go build") {
+			goBuild = r
+		}
+	}
+	for _, flag := range []string{"CGO_ENABLED=0", "-trimpath", `-s -w -X main.version=`, "./cmd/network-node-manager"} {
+		if !strings.Contains(goBuild, flag) || !strings.Contains(sh, flag) {
+			t.Errorf("go build flag %q: Dockerfile %v, image.sh %v", flag, strings.Contains(goBuild, flag), strings.Contains(sh, flag))
+		}
+	}
+	cf := strings.Fields(runtime.find("COPY")[0])
+	if !strings.Contains(sh, `"$mnt`+cf[2]+`"`) {
+		t.Errorf("image.sh does not install the agent at the Dockerfile's %s", cf[2])
+	}
+	if e := runtime.find("ENTRYPOINT")[0]; !strings.Contains(sh, "--entrypoint '"+e+"'") {
+		t.Errorf("image.sh entrypoint differs from the Dockerfile's %s", e)
+	}
+	cmd := strings.Trim(runtime.find("CMD")[0], `[]"`)
+	if !strings.Contains(sh, "--cmd "+cmd+" ") {
+		t.Errorf("image.sh cmd differs from the Dockerfile's %s", cmd)
+	}
+	if u := runtime.find("USER")[0]; !strings.Contains(sh, "--user "+u+" ") {
+		t.Errorf("image.sh user differs from the Dockerfile's %s", u)
+	}
+	if p := runtime.find("EXPOSE")[0]; !strings.Contains(sh, "--port "+p+" ") {
+		t.Errorf("image.sh port differs from the Dockerfile's %s", p)
+	}
+}

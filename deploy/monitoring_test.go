@@ -21,6 +21,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/fixes"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // The alerts (components/prometheusrule) and the dashboard (components/grafana-dashboard) are checked
@@ -32,16 +33,6 @@ const (
 	dashboardFile = "components/grafana-dashboard/network-node-manager.json"
 )
 
-// required skips a test whose tool is missing, except under CI (CI=true or NNM_REQUIRE_KERNEL=1),
-// where a skipped check would pass silently: there it fails.
-func required(t *testing.T, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") == "true" || os.Getenv("NNM_REQUIRE_KERNEL") == "1" {
-		t.Fatalf(format, args...)
-	}
-	t.Skipf(format, args...)
-}
-
 func promtool(t *testing.T) string {
 	t.Helper()
 	dir := os.Getenv(controlplane.BinDirEnv)
@@ -50,7 +41,7 @@ func promtool(t *testing.T) string {
 	}
 	p := filepath.Join(dir, "promtool")
 	if _, err := os.Stat(p); err != nil {
-		required(t, "%s missing: run `make promtool` (hack/build-promtool.sh)", p)
+		testenv.Unavailable(t, "%s missing: run `make promtool` (hack/build-promtool.sh)", p)
 	}
 	return p
 }
