@@ -25,6 +25,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/backends/iptables"
 	"github.com/network-node-manager/network-node-manager/backends/nftables"
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
@@ -60,13 +61,16 @@ func TestImageRunsAsTheDaemonSet(t *testing.T) {
 	testenv.Require(t, "iptables-save", "nft", "setpriv", "unshare", "chroot")
 	cp := controlplane.StartT(t, controlplane.Options{})
 	ctx := t.Context()
-	a := newApplier(t, cp.AdminRESTConfig())
+	a, err := agenttest.NewApplier(cp.AdminRESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
 	objs := render(t, "overlays/podmonitor")
 	for _, o := range objs {
 		if o.u.GetKind() == "PodMonitor" || o.u.GetKind() == "DaemonSet" {
 			continue
 		}
-		if err := a.apply(ctx, o, false); err != nil {
+		if err := a.Apply(ctx, o.u, false); err != nil {
 			t.Fatalf("apply %s: %v", o, err)
 		}
 	}

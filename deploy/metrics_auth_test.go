@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/network-node-manager/network-node-manager/core/server"
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 )
 
@@ -26,13 +27,13 @@ import (
 // against the real API server, and scrapes it the way components/podmonitor does: no token 401, a bad
 // token 401, a token without the metrics reader role 403, the scraper's token 200. The plain probes
 // need no token.
-func checkProtectedMetrics(t *testing.T, cp *controlplane.ControlPlane, a *applier) {
+func checkProtectedMetrics(t *testing.T, cp *controlplane.ControlPlane, a *agenttest.Applier) {
 	ctx := t.Context()
 	for _, o := range render(t, "overlays/podmonitor") {
 		if o.u.GetKind() == "PodMonitor" {
 			continue // no CRD here; the scraper identity around it is applied for real
 		}
-		if err := a.apply(ctx, o, false); err != nil {
+		if err := a.Apply(ctx, o.u, false); err != nil {
 			t.Fatalf("apply %s: %v", o, err)
 		}
 	}
