@@ -608,6 +608,7 @@ func TestManifestsAgainstAPIServer(t *testing.T) {
 			},
 			"list secrets": func() error { _, err := cs.CoreV1().Secrets("").List(ctx, metav1.ListOptions{}); return err },
 			"delete pods":  func() error { return cs.CoreV1().Pods("default").Delete(ctx, "any", metav1.DeleteOptions{}) },
+			"list pods":    func() error { _, err := cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); return err },
 			"update node": func() error {
 				_, err := cs.CoreV1().Nodes().Update(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}, metav1.UpdateOptions{})
 				return err

@@ -37,8 +37,10 @@ func scenarioLeastPrivilege(t *testing.T, c *cluster, backend string) {
 		}
 		for what, list := range map[string]func() error{
 			"delete pods": func() error { return cs.CoreV1().Pods("default").Delete(t.Context(), "any", metav1.DeleteOptions{}) },
-			"secrets":     func() error { _, err := cs.CoreV1().Secrets("").List(t.Context(), metav1.ListOptions{}); return err },
-			"configmaps":  func() error { _, err := cs.CoreV1().ConfigMaps("").List(t.Context(), metav1.ListOptions{}); return err },
+			// Pods access comes only with deploy/components/stale-udp-conntrack.
+			"list pods":  func() error { _, err := cs.CoreV1().Pods("").List(t.Context(), metav1.ListOptions{}); return err },
+			"secrets":    func() error { _, err := cs.CoreV1().Secrets("").List(t.Context(), metav1.ListOptions{}); return err },
+			"configmaps": func() error { _, err := cs.CoreV1().ConfigMaps("").List(t.Context(), metav1.ListOptions{}); return err },
 			"update services": func() error {
 				_, err := cs.CoreV1().Services("default").Update(t.Context(), &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "kubernetes", Namespace: "default"}}, metav1.UpdateOptions{})
 				return err
