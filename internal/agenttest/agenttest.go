@@ -161,13 +161,7 @@ func Start(opts Options) (*Agent, error) {
 		opts.LogFile = filepath.Join(dir, "agent.log")
 	}
 	a := &Agent{opts: opts, addr: addr, logPath: opts.LogFile}
-	a.client = &http.Client{
-		Timeout: 10 * time.Second, // a loaded CI machine answers slowly; readiness polls retry anyway
-		Transport: &http.Transport{
-			DisableKeepAlives: true,
-			DialContext:       testenv.DialContext(testenv.Path(opts.Netns), &net.Dialer{Timeout: 2 * time.Second}),
-		},
-	}
+	a.client = testenv.HTTPClient(opts.Netns)
 	if err := a.start(); err != nil {
 		return nil, err
 	}

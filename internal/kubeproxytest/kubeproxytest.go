@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -113,13 +112,7 @@ func Start(opts Options) (*Proxy, error) {
 		}
 		opts.LogFile = filepath.Join(dir, "kube-proxy.log")
 	}
-	p := &Proxy{opts: opts, bin: bin, client: &http.Client{
-		Timeout: 3 * time.Second,
-		Transport: &http.Transport{
-			DisableKeepAlives: true,
-			DialContext:       testenv.DialContext(testenv.Path(opts.Netns), &net.Dialer{Timeout: 2 * time.Second}),
-		},
-	}}
+	p := &Proxy{opts: opts, bin: bin, client: testenv.HTTPClient(opts.Netns)}
 	return p, p.start()
 }
 

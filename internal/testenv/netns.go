@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netns"
 )
@@ -137,6 +139,19 @@ func DialContext(path string, d *net.Dialer) func(ctx context.Context, network, 
 			return err
 		})
 		return conn, err
+	}
+}
+
+// HTTPClient returns a client whose connections are made inside the named namespace (DialContext),
+// without keep-alives, for probing servers that listen on a namespace's loopback (the agent's
+// /metrics, kube-proxy's /proxyMode). Its timeout is generous: a loaded CI machine answers slowly.
+func HTTPClient(name string) *http.Client {
+	return &http.Client{
+		Timeout: 10 * time.Second,
+		Transport: &http.Transport{
+			DisableKeepAlives: true,
+			DialContext:       DialContext(Path(name), &net.Dialer{Timeout: 2 * time.Second}),
+		},
 	}
 }
 
