@@ -210,7 +210,6 @@ func TestHealthAndReadiness(t *testing.T) {
 	if h.e.Ready() == nil {
 		t.Fatal("ready before any sync")
 	}
-	h.e.synced = true
 	h.e.SyncOnce(context.Background(), true)
 	if err := h.e.Ready(); err != nil {
 		t.Fatal(err)
@@ -238,7 +237,7 @@ func TestDisabledFixesAreRemovedAndReconfigured(t *testing.T) {
 	if err := testkit.Apply(ctx, h.be, &rules.Ruleset{Fix: "off", Family: rules.IPv4, Chains: []rules.Chain{{Name: "T-OFF", Type: rules.Filter, Hook: rules.Input}}}); err != nil {
 		t.Fatal(err)
 	}
-	h.e.removeDisabled(ctx)
+	h.e.SyncOnce(ctx, true)
 	h.e.SyncOnce(ctx, true)
 	if h.be.Ruleset("off", rules.IPv4) != nil {
 		t.Fatal("disabled fix's rules survived start-up")
@@ -249,16 +248,17 @@ func TestDisabledFixesAreRemovedAndReconfigured(t *testing.T) {
 	// A config that disables "on" removes it and keeps nothing else.
 	c := config.Defaults()
 	c.Fixes = map[string]map[string]any{"on": {"enabled": false}}
-	if !h.e.applyConfig(ctx, &c) {
+	if !h.e.applyConfig(&c) {
 		t.Fatal("config rejected")
 	}
+	h.e.SyncOnce(ctx, true) // what the workers do on a reload: a full pass
 	if h.be.Ruleset("on", rules.IPv4) != nil {
 		t.Fatal("rules of a fix disabled by reload survived")
 	}
 	// A config that a fix rejects changes nothing.
 	on.optErr = errors.New("bad option")
 	c2 := config.Defaults()
-	if h.e.applyConfig(ctx, &c2) {
+	if h.e.applyConfig(&c2) {
 		t.Fatal("config with a rejected option was taken")
 	}
 	if st := h.e.Statuses(); st[0].Enabled || st[1].Enabled {
@@ -454,7 +454,7 @@ func TestActuatorRevertedWhenDisabled(t *testing.T) {
 	a := &nodeFix{id: "node-setting", defaultOn: false, value: "on"} // "on" from an earlier run
 	h := newHarness(t, nil, a)
 	ctx := context.Background()
-	h.e.removeDisabled(ctx)
+	h.e.SyncOnce(ctx, true)
 	if a.reverts != 1 || a.value != "off" {
 		t.Fatalf("disabled at start: want one Revert, got %d (value %q)", a.reverts, a.value)
 	}
@@ -465,7 +465,7 @@ func TestActuatorRevertedWhenDisabled(t *testing.T) {
 	// Enabled by a reload: ensured, not reverted.
 	c := config.Defaults()
 	c.Fixes = map[string]map[string]any{"node-setting": {"enabled": true}}
-	if !h.e.applyConfig(ctx, &c) {
+	if !h.e.applyConfig(&c) {
 		t.Fatal("config rejected")
 	}
 	h.e.SyncOnce(ctx, true)
@@ -475,9 +475,10 @@ func TestActuatorRevertedWhenDisabled(t *testing.T) {
 	// Disabled by a reload: reverted once, whatever the number of families.
 	c2 := config.Defaults()
 	c2.Fixes = map[string]map[string]any{"node-setting": {"enabled": false}}
-	if !h.e.applyConfig(ctx, &c2) {
+	if !h.e.applyConfig(&c2) {
 		t.Fatal("config rejected")
 	}
+	h.e.SyncOnce(ctx, true)
 	if a.reverts != 2 || a.value != "off" {
 		t.Fatalf("disabled by reload: reverts=%d value=%q", a.reverts, a.value)
 	}
@@ -540,7 +541,7 @@ func TestRejectedConfigRestoresEarlierFixes(t *testing.T) {
 	h := newHarness(t, &c, a, b)
 	next := config.Defaults()
 	next.Fixes = map[string]map[string]any{"a-first": {"mode": "new"}, "b-second": {"bad": true}}
-	if h.e.applyConfig(context.Background(), &next) {
+	if h.e.applyConfig(&next) {
 		t.Fatal("a configuration with a rejected option was taken")
 	}
 	if a.opts["mode"] != "old" {
@@ -566,9 +567,6 @@ func TestFailedRemovalIsRetried(t *testing.T) {
 		}
 		return nil
 	})
-	if err := h.e.removeDisabled(ctx); err == nil {
-		t.Fatal("removal error not reported")
-	}
 	if !h.e.SyncOnce(ctx, true) {
 		t.Fatal("a full pass must fail while the removal keeps failing")
 	}
@@ -593,7 +591,7 @@ func TestHealthCountsFromEnabling(t *testing.T) {
 	h.now = h.now.Add(10 * time.Minute)
 	c := config.Defaults()
 	c.Fixes = map[string]map[string]any{"late": {"enabled": true}}
-	if !h.e.applyConfig(context.Background(), &c) {
+	if !h.e.applyConfig(&c) {
 		t.Fatal("config rejected")
 	}
 	f.fail = errors.New("not yet")

@@ -111,6 +111,9 @@ func (s *Informers) start(ctx context.Context, inf cache.SharedIndexInformer, h 
 	if err := inf.SetTransform(transform); err != nil {
 		return err
 	}
+	if err := inf.SetWatchErrorHandlerWithContext(s.watchError()); err != nil {
+		return err
+	}
 	reg, err := inf.AddEventHandler(h)
 	if err != nil {
 		return err
@@ -124,6 +127,28 @@ func (s *Informers) start(ctx context.Context, inf cache.SharedIndexInformer, h 
 		inf.Run(ctx.Done())
 	}()
 	return nil
+}
+
+// watchErrorEvery bounds how often a failing list or watch is logged per informer.
+const watchErrorEvery = 30 * time.Second
+
+// watchError logs list and watch failures with their cause (API server unreachable, unauthorized,
+// ...), the first at once and then at most once per watchErrorEvery, counting those left out.
+// client-go retries with its own backoff.
+func (s *Informers) watchError() cache.WatchErrorHandlerWithContext {
+	var mu sync.Mutex
+	var last time.Time
+	suppressed := 0
+	return func(_ context.Context, r *cache.Reflector, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if now := time.Now(); last.IsZero() || now.Sub(last) >= watchErrorEvery {
+			s.log.Error("cannot list or watch the API; retrying", "watch", r.TypeDescription(), "err", err, "suppressed", suppressed)
+			last, suppressed = now, 0
+			return
+		}
+		suppressed++
+	}
 }
 
 func transform(obj any) (any, error) {
@@ -147,12 +172,22 @@ func (s *Informers) notify() {
 
 // WaitForSync waits for the started informers' first list.
 func (s *Informers) WaitForSync(ctx context.Context) error {
+	return s.WaitForNeeds(ctx, fix.Needs{Services: true, Node: true, Pods: true})
+}
+
+// WaitForNeeds waits for the first list of the started informers that needs asks for, so a fix
+// that reads only the Node does not wait for the Services.
+func (s *Informers) WaitForNeeds(ctx context.Context, needs fix.Needs) error {
 	s.mu.Lock()
 	var synced []cache.InformerSynced
-	for _, f := range []cache.InformerSynced{s.svcSync, s.nodeSync, s.podSync} {
-		if f != nil {
-			synced = append(synced, f)
-		}
+	if needs.Services && s.svcSync != nil {
+		synced = append(synced, s.svcSync)
+	}
+	if needs.Node && s.nodeSync != nil {
+		synced = append(synced, s.nodeSync)
+	}
+	if needs.Pods && s.podSync != nil {
+		synced = append(synced, s.podSync)
 	}
 	s.mu.Unlock()
 	tick := time.NewTicker(50 * time.Millisecond)

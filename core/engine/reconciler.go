@@ -1,0 +1,272 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/fix"
+)
+
+// SyncOnce runs one pass of every unit in turn, in the caller's goroutine (tests, `plan`). A full
+// pass verifies the kernel and retries pending removals. It reports whether any unit failed.
+func (e *Engine) SyncOnce(ctx context.Context, full bool) (failed bool) {
+	for _, u := range e.units {
+		e.mu.Lock()
+		run := e.wantedLocked(u) || (full && !u.removed)
+		e.mu.Unlock()
+		if run && e.pass(ctx, u, full) != nil {
+			failed = true
+		}
+	}
+	return failed
+}
+
+// pass runs one pass of u: a sync when the unit is wanted, its removal otherwise. When ctx ends
+// during the pass it returns ctx's error and records nothing (a preempted Verify is not a failure).
+func (e *Engine) pass(ctx context.Context, u *unit, full bool) error {
+	u.run.Lock()
+	defer u.run.Unlock()
+	e.mu.Lock()
+	wanted, removed := e.wantedLocked(u), u.removed
+	e.mu.Unlock()
+	if !wanted {
+		if removed {
+			return nil
+		}
+		return e.remove(ctx, u)
+	}
+	if a, ok := u.st.fix.(fix.Actuator); ok {
+		return e.ensure(ctx, u, a, full)
+	}
+	return e.sync(ctx, u, full)
+}
+
+// sync computes the unit's rules and reconciles the backend with them.
+func (e *Engine) sync(ctx context.Context, u *unit, full bool) (err error) {
+	id, fam, bname := u.st.fix.ID(), u.family, e.be.Name()
+	start := e.now()
+	defer func() { err = e.account(ctx, u, bname, start, err) }()
+	snap := e.snapshot(needsOf(u.st.fix))
+	rs, report, err := u.st.fix.Rules(snap, fam)
+	if err != nil {
+		return fmt.Errorf("fix %s (%s): compute rules: %w", id, fam, err)
+	}
+	e.report(u, report)
+	mode := backend.Trust
+	if full {
+		mode = backend.Verify
+	}
+	res, err := e.be.Reconcile(ctx, id, fam, rs, mode)
+	if err != nil {
+		return fmt.Errorf("fix %s (%s): %w", id, fam, err)
+	}
+	if res.Repaired {
+		e.log.Warn("rules changed behind our back; restored them", "fix", id, "family", fam)
+		e.m.Repairs.WithLabelValues(id, bname, string(fam)).Inc()
+	}
+	n := 0
+	if rs != nil {
+		n = rs.RuleCount()
+	}
+	if res.Applied {
+		e.log.Info("rules applied", "fix", id, "family", fam, "rules", n)
+	}
+	e.m.Rules.WithLabelValues(id, bname, string(fam)).Set(float64(n))
+	if o, ok := u.st.fix.(fix.Observer); ok {
+		o.Observe(ctx, fam, report)
+	}
+	return nil
+}
+
+// ensure runs one Ensure of an Actuator, with the same metrics and logs as sync.
+func (e *Engine) ensure(ctx context.Context, u *unit, a fix.Actuator, full bool) (err error) {
+	id := u.st.fix.ID()
+	start := e.now()
+	defer func() { err = e.account(ctx, u, fix.NodeBackend, start, err) }()
+	res, err := a.Ensure(ctx, e.snapshot(needsOf(u.st.fix)), full)
+	if err != nil {
+		return fmt.Errorf("fix %s: ensure: %w", id, err)
+	}
+	e.report(u, res.Report)
+	switch {
+	case res.Repaired:
+		e.log.Warn("node state changed behind our back; restored it", "fix", id)
+		e.m.Repairs.WithLabelValues(id, fix.NodeBackend, "").Inc()
+	case res.Changed:
+		e.log.Info("node state changed", "fix", id)
+	}
+	if o, ok := u.st.fix.(fix.Observer); ok {
+		o.Observe(ctx, "", res.Report)
+	}
+	return nil
+}
+
+// account records the outcome of a sync or ensure in the metrics and the unit's status. An error
+// caused by ctx ending is returned as ctx's error and not recorded.
+func (e *Engine) account(ctx context.Context, u *unit, bname string, start time.Time, err error) error {
+	if err != nil && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	id := u.st.fix.ID()
+	now := e.now()
+	e.m.Duration.WithLabelValues(id, bname).Observe(now.Sub(start).Seconds())
+	e.m.Syncs.WithLabelValues(id, bname).Inc()
+	if err != nil {
+		e.m.Errors.WithLabelValues(id, bname).Inc()
+		if u.family != "" {
+			e.log.Error("sync failed; previous rules stay in place", "fix", id, "family", u.family, "err", err)
+		} else {
+			e.log.Error("sync failed", "fix", id, "err", err)
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err != nil {
+		u.lastErr = err
+		return err
+	}
+	u.lastOK, u.lastErr, u.everOK = now, nil, true
+	// The fix's last success is its least recent unit's, once every wanted unit has one.
+	oldest := now
+	for _, o := range u.st.units {
+		if !e.wantedLocked(o) {
+			continue
+		}
+		if !o.everOK {
+			return nil
+		}
+		if o.lastOK.Before(oldest) {
+			oldest = o.lastOK
+		}
+	}
+	e.m.LastSuccess.WithLabelValues(id, bname).Set(float64(oldest.UnixNano()) / 1e9)
+	return nil
+}
+
+// remove takes away what an unwanted unit left: the fix's rules in the family, or an Actuator's
+// node state (Revert).
+func (e *Engine) remove(ctx context.Context, u *unit) error {
+	id := u.st.fix.ID()
+	var err error
+	if a, ok := u.st.fix.(fix.Actuator); ok {
+		if err = a.Revert(ctx); err != nil {
+			err = fmt.Errorf("fix %s: revert: %w", id, err)
+		}
+	} else if _, err = e.be.Reconcile(ctx, id, u.family, nil, backend.Verify); err != nil {
+		err = fmt.Errorf("fix %s (%s): remove: %w", id, u.family, err)
+	} else {
+		e.m.Rules.WithLabelValues(id, e.be.Name(), string(u.family)).Set(0)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		e.log.Error("cannot remove what a disabled fix left; retrying", "fix", id, "family", u.family, "err", err)
+		return err
+	}
+	e.mu.Lock()
+	u.removed = true
+	e.mu.Unlock()
+	return nil
+}
+
+// report exports a fix's report and logs its skips when they change.
+func (e *Engine) report(u *unit, r fix.Report) {
+	id, fam := u.st.fix.ID(), string(u.family)
+	e.m.Covered.WithLabelValues(id, fam).Set(float64(r.Covered))
+	byReason := map[string]int{}
+	var sig strings.Builder
+	for _, s := range r.Skipped {
+		byReason[s.Reason]++
+		fmt.Fprintf(&sig, "%s|%s|%s\n", s.Object, s.Reason, s.Detail)
+	}
+	e.mu.Lock()
+	changed := u.skipSig != sig.String()
+	u.skipSig = sig.String()
+	e.mu.Unlock()
+	if changed {
+		e.m.Skipped.DeletePartialMatch(map[string]string{"fix": id, "family": fam})
+		for _, s := range r.Skipped {
+			e.log.Warn("skipped", "fix", id, "family", fam, "object", s.Object, "reason", s.Reason, "detail", s.Detail)
+		}
+	}
+	for reason, n := range byReason {
+		e.m.Skipped.WithLabelValues(id, fam, reason).Set(float64(n))
+	}
+}
+
+// Snapshot builds the view that the enabled fixes see now.
+func (e *Engine) Snapshot() *fix.Snapshot {
+	return e.snapshot(e.Needs())
+}
+
+// snapshot builds the view of what needs asks for.
+func (e *Engine) snapshot(needs fix.Needs) *fix.Snapshot {
+	e.mu.Lock()
+	env := e.env
+	cfgCIDRs := e.podCIDRs
+	e.mu.Unlock()
+	snap := &fix.Snapshot{Env: env}
+	if needs.Services {
+		snap.Services = e.source.Services()
+	}
+	if needs.Pods {
+		snap.Pods = e.source.Pods()
+	}
+	// The Node (nil unless some fix watches it) is always offered: pod CIDRs come from it.
+	snap.Node = e.source.Node()
+	snap.PodCIDRs = PodCIDRs(snap.Node, nil)
+	from := "node"
+	if len(snap.PodCIDRs) == 0 {
+		snap.PodCIDRs, from = cfgCIDRs, "config"
+	}
+	e.notePodCIDRSource(from, snap.Node != nil, snap.PodCIDRs)
+	return snap
+}
+
+// notePodCIDRSource logs once when the pod CIDRs change between the Node's and the configured ones
+// (e.g. the Node object was deleted under the agent), not on every sync.
+func (e *Engine) notePodCIDRSource(from string, haveNode bool, cidrs []netip.Prefix) {
+	e.mu.Lock()
+	prev := e.podCIDRSource
+	e.podCIDRSource = from
+	e.mu.Unlock()
+	switch {
+	case from == prev:
+	case from == "node":
+		e.log.Info("pod CIDRs from the Node object", "podCIDRs", cidrs)
+	case prev == "node" && !haveNode:
+		e.log.Warn("the Node object is gone; falling back to the configured podCIDRs", "podCIDRs", cidrs)
+	case prev == "node":
+		e.log.Warn("the Node object has no spec.podCIDRs any more; falling back to the configured podCIDRs", "podCIDRs", cidrs)
+	default:
+		e.log.Info("the Node object has no pod CIDRs (yet); using the configured podCIDRs", "podCIDRs", cidrs, "nodeSeen", haveNode)
+	}
+}
+
+// PodCIDRs returns the node's spec.podCIDRs when it has any, else the configured ones.
+func PodCIDRs(node *corev1.Node, configured []netip.Prefix) []netip.Prefix {
+	if node != nil {
+		var out []netip.Prefix
+		for _, s := range node.Spec.PodCIDRs {
+			if p, err := netip.ParsePrefix(s); err == nil {
+				out = append(out, p.Masked())
+			}
+		}
+		if len(out) == 0 && node.Spec.PodCIDR != "" {
+			if p, err := netip.ParsePrefix(node.Spec.PodCIDR); err == nil {
+				out = append(out, p.Masked())
+			}
+		}
+		if len(out) > 0 {
+			return out
+		}
+	}
+	return configured
+}

@@ -1,0 +1,227 @@
+package engine
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+)
+
+// fixState is one registered fix and what the config says about it.
+type fixState struct {
+	fix     fix.Fix
+	enabled bool
+	refusal error
+	// enabledAt is when the fix last went from disabled to enabled (health counts from there).
+	enabledAt time.Time
+	units     []*unit
+}
+
+// unit is what one worker keeps in the kernel: the rules of one fix in one family, or the node
+// state of an Actuator (family "").
+type unit struct {
+	st     *fixState
+	family rules.Family
+	// kick: something the fix reads changed. reconf: the config changed (a full pass).
+	kick, reconf chan struct{}
+	// run serialises the passes of this unit (its worker, SyncOnce, removals after a reload).
+	run sync.Mutex
+
+	// Guarded by Engine.mu.
+	lastOK  time.Time
+	lastErr error
+	everOK  bool // synced successfully since it became wanted
+	removed bool // an unwanted unit whose rules are known to be gone
+	skipSig string
+	beat    time.Time // the worker's last heartbeat
+	busy    time.Time // when the pass in progress started (zero: none)
+}
+
+func newUnit(st *fixState, fam rules.Family) *unit {
+	return &unit{st: st, family: fam, kick: make(chan struct{}, 1), reconf: make(chan struct{}, 1)}
+}
+
+func (u *unit) String() string {
+	if u.family == "" {
+		return u.st.fix.ID()
+	}
+	return u.st.fix.ID() + " (" + string(u.family) + ")"
+}
+
+// wantedLocked says whether the unit's fix runs in its family now. Call with e.mu held.
+func (e *Engine) wantedLocked(u *unit) bool {
+	if !u.st.enabled {
+		return false
+	}
+	return u.family == "" || containsFamily(e.families, u.family)
+}
+
+func containsFamily(fams []rules.Family, f rules.Family) bool {
+	for _, x := range fams {
+		if x == f {
+			return true
+		}
+	}
+	return false
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// configure takes a configuration: validates every fix's options and works out which fixes run.
+// Nothing changes unless every fix accepted its options. Call with e.mu held (or before Start).
+func (e *Engine) configure(cfg *config.Config) error {
+	pods, err := cfg.ParsedPodCIDRs()
+	if err != nil {
+		return err
+	}
+	for i, st := range e.fixes {
+		if err := st.fix.Configure(cfg.FixOptions(st.fix.ID())); err != nil {
+			// Fixes configured before this one took the new options: give them the running ones
+			// back, so that a rejected configuration changes nothing.
+			if e.cfg != nil {
+				for _, done := range e.fixes[:i] {
+					if rerr := done.fix.Configure(e.cfg.FixOptions(done.fix.ID())); rerr != nil {
+						e.log.Error("cannot restore the running options of a fix", "fix", done.fix.ID(), "err", rerr)
+					}
+				}
+			}
+			if strings.HasPrefix(err.Error(), "fixes."+st.fix.ID()) {
+				return fmt.Errorf("config: %w", err)
+			}
+			return fmt.Errorf("config: fixes.%s: %w", st.fix.ID(), err)
+		}
+	}
+	e.cfg = cfg
+	e.families = cfg.ParsedFamilies()
+	e.podCIDRs = pods
+	for _, st := range e.fixes {
+		id := st.fix.ID()
+		enabled, explicit := cfg.FixEnabled(id)
+		if !explicit {
+			enabled = st.fix.DefaultEnabled(e.env)
+		}
+		st.refusal = nil
+		if c, ok := st.fix.(fix.Checker); ok && enabled {
+			if err := c.Check(e.env); err != nil {
+				if explicit {
+					st.refusal = fmt.Errorf("fix %s refused: %w", id, err)
+				}
+				enabled = false
+			}
+		}
+		if enabled && !st.enabled {
+			st.enabledAt = e.now()
+		}
+		st.enabled = enabled
+		for _, u := range st.units {
+			if e.wantedLocked(u) {
+				u.removed = false
+			} else {
+				u.everOK = false
+			}
+		}
+		v := 0.0
+		if enabled {
+			v = 1
+		}
+		e.m.Enabled.WithLabelValues(id).Set(v)
+		refused := 0.0
+		if st.refusal != nil {
+			refused = 1
+		}
+		e.m.Refused.WithLabelValues(id).Set(refused)
+	}
+	return nil
+}
+
+// Refusals returns the errors of fixes that the config enabled but that refused to run here.
+func (e *Engine) Refusals() []error {
+	var out []error
+	for _, st := range e.Statuses() {
+		if st.Refusal != nil {
+			out = append(out, st.Refusal)
+		}
+	}
+	return out
+}
+
+// Needs is what the enabled fixes read.
+func (e *Engine) Needs() fix.Needs {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.needsLocked()
+}
+
+func (e *Engine) needsLocked() fix.Needs {
+	var n fix.Needs
+	for _, st := range e.fixes {
+		if st.enabled {
+			n = merge(n, needsOf(st.fix))
+		}
+	}
+	return n
+}
+
+// needsOf is what a fix's snapshot is built from: the Node gives pod CIDRs, which the snapshot
+// offers to every fix that reads Services.
+func needsOf(f fix.Fix) fix.Needs {
+	n := f.Needs()
+	n.Node = n.Node || n.Services
+	return n
+}
+
+func merge(a, b fix.Needs) fix.Needs {
+	return fix.Needs{Services: a.Services || b.Services, Node: a.Node || b.Node, Pods: a.Pods || b.Pods}
+}
+
+func (e *Engine) minSyncPeriod() time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.cfg.MinSyncPeriod
+}
+
+func (e *Engine) syncPeriod() time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.cfg.SyncPeriod
+}
+
+// applyConfig switches to cfg if every fix accepts it and asks every worker for a full pass (which
+// removes what the new config no longer wants); reports whether anything was taken.
+func (e *Engine) applyConfig(cfg *config.Config) bool {
+	e.mu.Lock()
+	old := e.cfg
+	oldNeeds := e.needsLocked()
+	err := e.configure(cfg)
+	needs := e.needsLocked()
+	e.mu.Unlock()
+	if err != nil {
+		e.log.Error("new configuration rejected; keeping the running one", "err", err)
+		e.m.ConfigReloads.WithLabelValues("error").Inc()
+		return false
+	}
+	e.m.ConfigReloads.WithLabelValues("success").Inc()
+	for _, field := range config.RestartOnly(old, cfg) {
+		e.log.Warn("config change needs a restart to take effect", "key", field)
+	}
+	if needs != oldNeeds {
+		e.log.Warn("the new set of fixes needs other watches; restart the agent to start them", "needs", needs)
+	}
+	for _, err := range e.Refusals() {
+		e.log.Error("fix not started", "err", err)
+	}
+	e.log.Info("configuration reloaded", "file", cfg.File)
+	for _, u := range e.units {
+		signal(u.reconf)
+	}
+	return true
+}

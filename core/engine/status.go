@@ -1,0 +1,142 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+)
+
+// Healthy fails when a unit of an enabled fix has not synced successfully for 2 × syncPeriod,
+// naming the fix, the family and the last error. Each unit counts on its own: one blocked fix or
+// family does not make another look unhealthy. For monitoring (/healthz).
+func (e *Engine) Healthy() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	limit := 2 * e.cfg.SyncPeriod
+	now := e.now()
+	var errs []error
+	for _, u := range e.units {
+		if !e.wantedLocked(u) {
+			continue
+		}
+		// Count from the latest of: the last success, the agent's start, the fix being enabled.
+		last := u.lastOK
+		for _, t := range []time.Time{e.started, u.st.enabledAt} {
+			if t.After(last) {
+				last = t
+			}
+		}
+		if age := now.Sub(last); age > limit {
+			errs = append(errs, fmt.Errorf("fix %s: no successful sync for %s (limit %s); last error: %v", u, age.Round(time.Second), limit, u.lastErr))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Ready succeeds once every unit of every enabled fix has synced successfully (/readyz).
+func (e *Engine) Ready() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var errs []error
+	for _, u := range e.units {
+		if e.wantedLocked(u) && !u.everOK {
+			errs = append(errs, fmt.Errorf("fix %s: no successful sync yet: %v", u, u.lastErr))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Alive fails when a worker has not come round its loop for 2 × syncPeriod (at least a minute):
+// it is stuck, whatever the result of its syncs. A worker whose syncs fail, or that waits for the
+// API server, is alive. For the liveness probe (/livez).
+func (e *Engine) Alive() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.started.IsZero() {
+		return nil
+	}
+	limit := max(2*e.cfg.SyncPeriod, time.Minute)
+	now := e.now()
+	var errs []error
+	for _, u := range e.units {
+		if age := now.Sub(u.beat); age > limit {
+			errs = append(errs, fmt.Errorf("worker of fix %s stuck for %s (limit %s)", u, age.Round(time.Second), limit))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Status describes each fix for logs and the `plan`/status output.
+type Status struct {
+	Fix     string
+	Enabled bool
+	Refusal error
+	// LastOK is the least recent last success of the fix's units (zero until each has one).
+	LastOK time.Time
+	// LastErr joins its units' last errors.
+	LastErr error
+}
+
+// Statuses returns the status of every registered fix, sorted by id.
+func (e *Engine) Statuses() []Status {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []Status
+	for _, st := range e.fixes {
+		s := Status{Fix: st.fix.ID(), Enabled: st.enabled, Refusal: st.refusal}
+		var errs []error
+		first := true
+		for _, u := range st.units {
+			if !e.wantedLocked(u) {
+				continue
+			}
+			if first || u.lastOK.Before(s.LastOK) {
+				s.LastOK = u.lastOK
+			}
+			first = false
+			if u.lastErr != nil {
+				errs = append(errs, u.lastErr)
+			}
+		}
+		s.LastErr = errors.Join(errs...)
+		out = append(out, s)
+	}
+	return out
+}
+
+// Plan computes every enabled fix's rules for every configured family from the current snapshot,
+// touching nothing.
+func (e *Engine) Plan() ([]*rules.Ruleset, []fix.Report, error) {
+	snap := e.Snapshot()
+	e.mu.Lock()
+	fams := slices.Clone(e.families)
+	var fixes []fix.Fix
+	for _, st := range e.fixes {
+		if st.enabled {
+			fixes = append(fixes, st.fix)
+		}
+	}
+	e.mu.Unlock()
+	var out []*rules.Ruleset
+	var reports []fix.Report
+	for _, f := range fixes {
+		if _, ok := f.(fix.Actuator); ok {
+			continue // no rules: it changes node state (see Statuses)
+		}
+		for _, fam := range fams {
+			rs, rep, err := f.Rules(snap, fam)
+			if err != nil {
+				return nil, nil, fmt.Errorf("fix %s (%s): %w", f.ID(), fam, err)
+			}
+			if rs != nil {
+				out = append(out, rs)
+				reports = append(reports, rep)
+			}
+		}
+	}
+	return out, reports, nil
+}
