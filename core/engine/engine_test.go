@@ -315,10 +315,10 @@ func TestLoopCoalescesAndStops(t *testing.T) {
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 5s")
+			t.Fatal("condition not met within 20s")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -58,12 +58,17 @@ func (e *Engine) work(ctx context.Context, u *unit) {
 				case <-time.After(wait):
 				}
 			}
-			drain(u.kick)
+			kicked := drain(u.kick)
 			var err error
 			again := false
-			if full {
+			switch {
+			case full && kicked:
+				// A change is waiting: it goes first, trusting the record; the verify follows.
+				err = e.pass(ctx, u, false)
+				again = ctx.Err() == nil
+			case full:
 				err, again = e.verify(ctx, u)
-			} else {
+			default:
 				err = e.pass(ctx, u, false)
 			}
 			if ctx.Err() != nil {
@@ -175,12 +180,14 @@ func (e *Engine) heartbeat(u *unit) {
 	e.mu.Unlock()
 }
 
-func drain(c <-chan struct{}) {
+// drain empties c and reports whether anything was in it.
+func drain(c <-chan struct{}) (any bool) {
 	for {
 		select {
 		case <-c:
+			any = true
 		default:
-			return
+			return any
 		}
 	}
 }
