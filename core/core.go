@@ -183,7 +183,7 @@ func NewServer(cfg *config.Config, reg *prometheus.Registry, e *engine.Engine, l
 		}
 		opts.Auth = server.NewDelegated(client, log).Wrap
 	}
-	return server.New(opts, reg, server.Checks{Healthy: e.Healthy, Ready: e.Ready}, log), nil
+	return server.New(opts, reg, server.Checks{Healthy: e.Healthy, Ready: e.Ready, Alive: e.Alive}, log), nil
 }
 
 // KubeClient builds a client with client-go's loading rules, as kubectl and the kubelet's tools

@@ -364,7 +364,7 @@ func TestDaemonSet(t *testing.T) {
 	ann := ds.Spec.Template.Annotations
 	check(ann["prometheus.io/port"] == ports["metrics"] && ann["prometheus.io/scheme"] == "https",
 		"prometheus.io annotations %v, want port %s and scheme https", ann, ports["metrics"])
-	for name, p := range map[string]*corev1.Probe{"/healthz": c.LivenessProbe, "/readyz": c.ReadinessProbe} {
+	for name, p := range map[string]*corev1.Probe{"/livez": c.LivenessProbe, "/readyz": c.ReadinessProbe} {
 		check(p != nil && p.HTTPGet != nil && p.HTTPGet.Path == name && p.HTTPGet.Port.String() == "healthz" &&
 			p.HTTPGet.Scheme != corev1.URISchemeHTTPS, "probe %s = %+v, want plain HTTP on the healthz port", name, p)
 	}

@@ -17,8 +17,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// Checks are the probes behind /healthz and /readyz; a nil error is healthy/ready.
+// Checks are the probes behind /healthz, /readyz and /livez; a nil error is healthy/ready/alive.
+// /livez (liveness) says the sync workers are alive, not that syncs succeed.
 type Checks struct {
+	Alive   func() error
 	Healthy func() error
 	Ready   func() error
 }
@@ -84,6 +86,7 @@ func New(opts Options, reg *prometheus.Registry, checks Checks, log *slog.Logger
 	probes := http.NewServeMux()
 	probes.HandleFunc("/healthz", probe(checks.Healthy))
 	probes.HandleFunc("/readyz", probe(checks.Ready))
+	probes.HandleFunc("/livez", probe(checks.Alive))
 
 	s := &Server{log: log}
 	mux := http.NewServeMux()
