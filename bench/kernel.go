@@ -18,7 +18,7 @@ import (
 
 const (
 	nftTable   = "nnm-ipvs-externalip-dnat" // nftables backend: table ip nnm-<fix>
-	nftMap     = "svc"                      // externalipdnat.MapName
+	nftMap     = "svc"                      // ipvsexternalipdnat.MapName
 	iptDNATPfx = "-A NNM-EXTIP-DNAT"        // iptables backend: chain NNM-<Chain.Name> and its lookup buckets NNM-EXTIP-DNAT-<prefix>
 )
 

@@ -19,7 +19,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/watch"
-	"github.com/network-node-manager/network-node-manager/fixes/externalipdnat"
+	"github.com/network-node-manager/network-node-manager/fixes/ipvsexternalipdnat"
 )
 
 // configMapDir lays out a directory the way the kubelet projects a ConfigMap volume:
@@ -143,13 +143,13 @@ func TestConfigReloadOnConfigMapSymlinkSwap(t *testing.T) {
 func TestConfigReloadRejectsWhatBackendsCannotRender(t *testing.T) {
 	const good = "proxyMode: ipvs\nfixes:\n  ipvs-externalip-dnat:\n    enabled: true\n    podInterfacePrefix: cali\n"
 	d := newConfigMapDir(t, good)
-	ids := []string{externalipdnat.ID}
+	ids := []string{ipvsexternalipdnat.ID}
 	env := []string{"NNM_CONFIG=" + d.file()}
 	cfg, err := config.Load(nil, env, ids)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := externalipdnat.New(externalipdnat.Params{})
+	f, err := ipvsexternalipdnat.New(ipvsexternalipdnat.Params{})
 	if err != nil {
 		t.Fatal(err)
 	}

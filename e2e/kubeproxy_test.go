@@ -43,7 +43,7 @@ const (
 	kpTCPPort    = 8080
 	kpUDPPort    = 8053
 	// refusalMsg is the documented refusal of ipvs-externalip-dnat outside IPVS mode
-	// (fixes/externalipdnat: Check).
+	// (fixes/ipvsexternalipdnat: Check).
 	refusalMsg = "refusing to run in kube-proxy %s mode"
 )
 

@@ -67,7 +67,7 @@ func testSpecialAddresses(t *testing.T, c *cluster, backend string) {
 
 	// kube-apiserver checks spec.externalIPs for special addresses, but not the ingress status.
 	if _, err := c.admin.CoreV1().Services(svcs.ns).Create(t.Context(), lbService(svcs.ns, "loopback-external-ip", withExternalIPs("127.0.0.1")), metav1.CreateOptions{}); err == nil {
-		t.Error("kube-apiserver accepted spec.externalIPs 127.0.0.1; the threat model in fixes/externalipdnat/README.md is stale")
+		t.Error("kube-apiserver accepted spec.externalIPs 127.0.0.1; the threat model in fixes/ipvsexternalipdnat/README.md is stale")
 	}
 
 	hostile := svcs.create(lbService("", "hostile", dualStack))

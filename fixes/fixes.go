@@ -5,8 +5,8 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/network-node-manager/network-node-manager/fixes/conntrackliberal"
-	"github.com/network-node-manager/network-node-manager/fixes/externalipdnat"
 	"github.com/network-node-manager/network-node-manager/fixes/invaliddrop"
+	"github.com/network-node-manager/network-node-manager/fixes/ipvsexternalipdnat"
 	"github.com/network-node-manager/network-node-manager/fixes/mssclamp"
 	"github.com/network-node-manager/network-node-manager/fixes/staleudpconntrack"
 )
@@ -14,7 +14,7 @@ import (
 // Modules are the in-tree fixes' modules, one per fix.
 var Modules = []fx.Option{
 	invaliddrop.Module,
-	externalipdnat.Module,
+	ipvsexternalipdnat.Module,
 	conntrackliberal.Module,
 	mssclamp.Module,
 	staleudpconntrack.Module,

@@ -13,7 +13,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/watch"
-	"github.com/network-node-manager/network-node-manager/fixes/externalipdnat"
+	"github.com/network-node-manager/network-node-manager/fixes/ipvsexternalipdnat"
 )
 
 // BenchmarkMemoryPerService prints what 10,000 Services cost in memory on the data path: the
@@ -41,7 +41,7 @@ func BenchmarkMemoryPerService(b *testing.B) {
 			svcs[i] = watch.StripService(&s)
 		}
 		h1 := liveHeap()
-		f, err := externalipdnat.New(externalipdnat.Params{Registry: prometheus.NewRegistry()})
+		f, err := ipvsexternalipdnat.New(ipvsexternalipdnat.Params{Registry: prometheus.NewRegistry()})
 		if err != nil {
 			b.Fatal(err)
 		}

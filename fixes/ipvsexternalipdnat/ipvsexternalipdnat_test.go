@@ -1,4 +1,4 @@
-package externalipdnat
+package ipvsexternalipdnat
 
 // Test address plan (all tests in this file):
 //

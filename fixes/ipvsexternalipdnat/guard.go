@@ -1,4 +1,4 @@
-package externalipdnat
+package ipvsexternalipdnat
 
 import (
 	"fmt"

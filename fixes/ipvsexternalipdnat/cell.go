@@ -1,7 +1,7 @@
-// Package externalipdnat makes a Service's External-IPs reachable from the node itself in kube-proxy
+// Package ipvsexternalipdnat makes a Service's External-IPs reachable from the node itself in kube-proxy
 // IPVS mode: traffic that starts on this node (pods or host network) and is addressed to an External-IP
 // is DNATed to the Service's Cluster-IP, which IPVS serves on every node (kubernetes#75262).
-package externalipdnat
+package ipvsexternalipdnat
 
 import (
 	"net/netip"
