@@ -55,6 +55,11 @@ func scenarioLeastPrivilege(t *testing.T, c *cluster, backend string) {
 	role := manifestRole(t)
 	for i, rule := range role.Rules {
 		what := strings.Join(rule.Resources, ",")
+		if slices.Contains(rule.Verbs, "create") {
+			// The TokenReview/SubjectAccessReview rules serve authenticated /metrics scrapes, not
+			// syncing: deploy's TestManifestsAgainstAPIServer proves them (401/403/200 per scrape).
+			continue
+		}
 		t.Run("without-"+what, func(t *testing.T) {
 			t.Parallel()
 			name := fmt.Sprintf("nnm-e2e-%s-no-%s", backend, strings.Join(rule.Resources, "-"))
