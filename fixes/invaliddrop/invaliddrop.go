@@ -2,6 +2,7 @@ package invaliddrop
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -67,7 +68,7 @@ func New(p Params) (*Fix, error) {
 		return nil, err
 	}
 	f := &Fix{sysctl: p.Sysctl, log: log.With("fix", ID), opts: opts}
-	f.m = newMetrics(p.Backend)
+	f.m = newMetrics(p.Backend, func() bool { r, _ := f.beLiberal(); return r })
 	if p.Registry != nil {
 		if err := metrics.Register(p.Registry, f.m.collectors()...); err != nil {
 			return nil, fmt.Errorf("%s: %w", ID, err)
@@ -175,21 +176,23 @@ func CounterName(h rules.Hook, p rules.Protocol) string {
 	return "dropped-" + string(h) + "-" + string(p)
 }
 
-// Observe checks whether conntrack's be_liberal mode makes the drop redundant and says so once.
-func (f *Fix) Observe(_ context.Context, family rules.Family, _ fix.Report) {
+// beLiberal reports whether conntrack's be_liberal mode is on, which makes the drop redundant.
+func (f *Fix) beLiberal() (bool, error) {
+	if f.sysctl == nil {
+		return false, errors.New("no sysctl access")
+	}
 	v, err := f.sysctl.Get(sysctl.ConntrackTCPBeLiberal)
-	redundant := false
+	return err == nil && v == "1", err
+}
+
+// Observe says once, in the log, when conntrack's be_liberal mode makes the drop redundant (the
+// nnm_invalid_drop_redundant gauge reads the sysctl itself at scrape time).
+func (f *Fix) Observe(_ context.Context, family rules.Family, _ fix.Report) {
+	redundant, err := f.beLiberal()
 	if err != nil {
 		f.log.Debug("cannot read sysctl; assuming the drop is needed", "sysctl", sysctl.ConntrackTCPBeLiberal, "err", err)
-	} else {
-		redundant = v == "1"
 	}
 	changed := f.redundant.Swap(redundant) != redundant
-	if redundant {
-		f.m.redundant.Set(1)
-	} else {
-		f.m.redundant.Set(0)
-	}
 	if changed && redundant {
 		f.log.Info("the INVALID drop is redundant: conntrack accepts out-of-window TCP segments because "+sysctl.ConntrackTCPBeLiberal+"=1; disable this fix or keep it as a safety net",
 			"sysctl", sysctl.ConntrackTCPBeLiberal)

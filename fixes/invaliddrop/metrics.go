@@ -11,15 +11,23 @@ import (
 var subsystem = metrics.Subsystem(ID)
 
 type fixMetrics struct {
-	redundant prometheus.Gauge
+	redundant prometheus.GaugeFunc
 	dropped   *rulecounters.Collector
 }
 
-func newMetrics(r rulecounters.Reader) *fixMetrics {
+// newMetrics takes the counters' reader and a function that reports whether the drop is redundant
+// now. The gauge is read at scrape time: it describes the sysctl, which another fix (conntrack-liberal)
+// or the operator may change at any moment, so a value stored at the last sync could be stale.
+func newMetrics(r rulecounters.Reader, redundant func() bool) *fixMetrics {
 	return &fixMetrics{
-		redundant: prometheus.NewGauge(prometheus.GaugeOpts{
+		redundant: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "redundant",
 			Help: "1 when net.netfilter.nf_conntrack_tcp_be_liberal=1 makes the INVALID drop redundant, else 0.",
+		}, func() float64 {
+			if redundant() {
+				return 1
+			}
+			return 0
 		}),
 		// The kernel counters reset when the chains are rewritten; the collector keeps the exported
 		// counter monotonic.
