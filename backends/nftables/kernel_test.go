@@ -196,6 +196,7 @@ func testKernel(t *testing.T, f rules.Family) {
 		"flush table":    {"flush table " + nf + " " + extTable},
 		"delete element": {"delete element " + nf + " " + extTable + " external-ips { " + addrs(f, "203.0.113.10", "2001:db8:113::a") + " . tcp . 8080 }"},
 		"delete table":   {"delete table " + nf + " " + extTable},
+		"delete key":     {"delete element " + nf + " " + extTable + " " + keySetName("external-ips") + " { " + addrs(f, "203.0.113.10", "2001:db8:113::a") + " . tcp . 8080 }"},
 	} {
 		for _, cmd := range tamper {
 			ns.MustExec("nft", cmd)

@@ -2,9 +2,9 @@
 //
 // Every fix owns one table per family, `table ip nnm-<fix>` and `table ip6 nnm-<fix>`, and nothing
 // else: other owners' tables (kube-proxy, iptables-nft's ip filter/nat) are never listed, flushed or
-// changed. Chains hooked into the kernel are base chains of that table; lookup maps are nft maps, so
-// 10,000 Services cost one map lookup per packet and a change to one Service is one element
-// operation. All kernel access goes through sigs.k8s.io/knftables, one transaction (`nft -f`) per
+// changed. Chains hooked into the kernel are base chains of that table; lookup maps are nft maps
+// with a companion set of their keys for membership tests (see mapModel), so 10,000 Services cost a
+// lookup or two per packet and a change to one Service is an element operation in each. All kernel access goes through sigs.k8s.io/knftables, one transaction (`nft -f`) per
 // reconcile; the knftables.Interface factory is the seam tests replace with knftables.NewFake. The
 // nf_tables generation (package nfgen) tells a Verify whether anything changed at all.
 package nftables
@@ -318,9 +318,10 @@ func listExisting(ctx context.Context, nft knftables.Interface) (*existing, erro
 	if err != nil {
 		return nil, err
 	}
-	ex := &existing{chains: objs["chain"], maps: objs["map"], counters: objs["counter"]}
+	ex := &existing{chains: objs["chain"], maps: objs["map"], sets: objs["set"], counters: objs["counter"]}
 	sort.Strings(ex.chains)
 	sort.Strings(ex.maps)
+	sort.Strings(ex.sets)
 	sort.Strings(ex.counters)
 	return ex, nil
 }
@@ -334,9 +335,11 @@ func (m *model) existing() *existing {
 	}
 	for _, mm := range m.maps {
 		ex.maps = append(ex.maps, mm.m.Name)
+		ex.sets = append(ex.sets, mm.keys.Name)
 	}
 	sort.Strings(ex.chains)
 	sort.Strings(ex.maps)
+	sort.Strings(ex.sets)
 	sort.Strings(ex.counters)
 	return ex
 }
@@ -348,7 +351,7 @@ type tableState struct {
 	objects string
 	// rules: see listRules.
 	rules string
-	// elements: per map, its sorted elements with values and comments (nil: not listed).
+	// elements: per map and set, its sorted elements with values and comments (nil: not listed).
 	elements map[string]string
 }
 
@@ -368,15 +371,19 @@ func (s *tableState) equal(o *tableState) bool {
 	return s.objects == o.objects && s.rules == o.rules && s.sameElements(o)
 }
 
-// withElements is s after an element-only transaction that made the maps hold m's elements.
+// withElements is s after an element-only transaction that made the maps and sets hold m's elements.
 func (s *tableState) withElements(m *model) *tableState {
 	out := &tableState{objects: s.objects, rules: s.rules, elements: map[string]string{}}
-	for _, mm := range m.maps {
-		els := make([]*knftables.Element, len(mm.elems))
-		for i := range mm.elems {
-			els[i] = &mm.elems[i]
+	lines := func(elems []knftables.Element) string {
+		els := make([]*knftables.Element, len(elems))
+		for i := range elems {
+			els[i] = &elems[i]
 		}
-		out.elements[mm.m.Name] = elementLines(els)
+		return elementLines(els)
+	}
+	for _, mm := range m.maps {
+		out.elements[mm.m.Name] = lines(mm.elems)
+		out.elements[mm.keys.Name] = lines(mm.keyElems)
 	}
 	return out
 }
@@ -444,12 +451,14 @@ func snapshot(ctx context.Context, nft knftables.Interface, withElements bool) (
 		return st, nil
 	}
 	st.elements = map[string]string{}
-	for _, name := range objs["map"] {
-		els, err := nft.ListElements(ctx, "map", name)
-		if err != nil {
-			return nil, err
+	for _, typ := range []string{"map", "set"} {
+		for _, name := range objs[typ] {
+			els, err := nft.ListElements(ctx, typ, name)
+			if err != nil {
+				return nil, err
+			}
+			st.elements[name] = elementLines(els)
 		}
-		st.elements[name] = elementLines(els)
 	}
 	return st, nil
 }

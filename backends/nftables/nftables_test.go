@@ -164,8 +164,13 @@ func TestApplyNoopAndElementOnlyChanges(t *testing.T) {
 		if err := onlyElementOps(sent[0]); err != nil {
 			t.Fatalf("%v\nin:\n%s", err, sent[0])
 		}
-		if got := strings.Count(sent[0], "\n"); got != 4 { // delete removed, delete+add changed, add new
-			t.Fatalf("map change sent %d operations, want 4:\n%s", got, sent[0])
+		// Map: delete removed, delete+add changed, add new. Companion set of keys: delete removed,
+		// add new (the changed entry keeps its key, so its set element is left alone).
+		if got := strings.Count(sent[0], "\n"); got != 6 {
+			t.Fatalf("map change sent %d operations, want 6:\n%s", got, sent[0])
+		}
+		if got := strings.Count(sent[0], keySetName("external-ips")+" {"); got != 2 {
+			t.Fatalf("map change sent %d operations on the companion set, want 2:\n%s", got, sent[0])
 		}
 		// The result equals a cold apply of the new ruleset.
 		k2 := newFakeKernel()

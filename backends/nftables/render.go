@@ -34,9 +34,16 @@ const (
 	PriorityNATSrc = 110
 	PriorityFilter = -10
 	// PriorityMangle is just before the mangle priority (-150), for chains of type rules.Mangle.
-	PriorityMangle  = -160
-	mapKeyFieldsFmt = "%s . inet_proto . inet_service : %s . inet_service"
+	PriorityMangle = -160
+	keyFieldsFmt   = "%s . inet_proto . inet_service"
+	mapValueFmt    = " : %s . inet_service"
+	// keySetSuffix ends the name of a map's companion set (see mapModel.keys). Map names are
+	// [a-z0-9-] (rules.Map), so no map can be named like a companion.
+	keySetSuffix = "_keys"
 )
+
+// keySetName is the name of the companion set of map name.
+func keySetName(mapName string) string { return mapName + keySetSuffix }
 
 // fam holds everything that differs between IPv4 and IPv6; everything else is one code path.
 type fam struct {
@@ -69,9 +76,17 @@ type chainModel struct {
 	rules []knftables.Rule
 }
 
+// mapModel is a rules.Map: the kernel map that DNATLookup reads, and its companion set of the same
+// keys that Match.Lookup tests. Using a map as a set (a lookup with no destination register) is
+// refused by kernels before 6.3 ("Invalid argument"; Debian 12's 6.1 among them), so membership is
+// tested against the set. Both are written in the same transaction, so they never disagree in the
+// kernel.
 type mapModel struct {
 	m     knftables.Map
 	elems []knftables.Element
+	// keys is the companion set; keyElems are the keys of elems, in the same order.
+	keys     knftables.Set
+	keyElems []knftables.Element
 }
 
 // sameDefinition reports whether two chains are the same kernel object apart from their rules.
@@ -156,9 +171,15 @@ func build(rs *rules.Ruleset) (*model, error) {
 	}
 	for i := range rs.Maps {
 		rm := &rs.Maps[i]
-		mm := mapModel{m: knftables.Map{Name: rm.Name, Type: fmt.Sprintf(mapKeyFieldsFmt, f.addrType, f.addrType)}}
+		keyType := fmt.Sprintf(keyFieldsFmt, f.addrType)
+		mm := mapModel{
+			m:    knftables.Map{Name: rm.Name, Type: keyType + fmt.Sprintf(mapValueFmt, f.addrType)},
+			keys: knftables.Set{Name: keySetName(rm.Name), Type: keyType},
+		}
 		for _, e := range rm.Sorted() {
-			mm.elems = append(mm.elems, element(rm.Name, e))
+			el := element(rm.Name, e)
+			mm.elems = append(mm.elems, el)
+			mm.keyElems = append(mm.keyElems, knftables.Element{Set: mm.keys.Name, Key: el.Key})
 		}
 		m.maps = append(m.maps, mm)
 	}
@@ -181,7 +202,7 @@ func element(mapName string, e rules.MapEntry) knftables.Element {
 	return el
 }
 
-// elementKey identifies an element within its map, as nft does.
+// elementKey identifies an element within its map or set, as nft does.
 func elementKey(e *knftables.Element) string { return strings.Join(e.Key, " . ") }
 
 // sameElement reports whether a and b are the same element including value and comment.
@@ -252,7 +273,7 @@ func ruleText(f fam, c rules.Chain, r rules.Rule) (string, error) {
 	}
 	lookupKey := f.addr + " daddr . meta l4proto . th dport"
 	if m.Lookup != "" {
-		p = append(p, lookupKey+" @"+m.Lookup)
+		p = append(p, lookupKey+" @"+keySetName(m.Lookup))
 	}
 	if r.Counter != "" {
 		if !counterNamePattern.MatchString(r.Counter) {
@@ -336,7 +357,7 @@ func setOf(vals []string) string {
 
 // existing describes what the kernel holds in our table before a full rewrite.
 type existing struct {
-	chains, maps, counters []string
+	chains, maps, sets, counters []string
 	// trusted: the chains and maps have the definitions of known (our last successful apply, and the
 	// kernel still matches it). Otherwise every existing chain and map is deleted and re-created, since
 	// a base chain's hook or priority cannot be changed in place.
@@ -353,8 +374,10 @@ func writeFull(tx *knftables.Transaction, m *model, ex *existing) {
 		desiredChains[m.chains[i].chain.Name] = &m.chains[i].chain
 	}
 	desiredMaps := map[string]bool{}
+	desiredSets := map[string]bool{}
 	for _, mm := range m.maps {
 		desiredMaps[mm.m.Name] = true
+		desiredSets[mm.keys.Name] = true
 	}
 	desiredCounters := map[string]bool{}
 	for _, c := range m.counters {
@@ -383,6 +406,11 @@ func writeFull(tx *knftables.Transaction, m *model, ex *existing) {
 				tx.Delete(&knftables.Map{Name: name})
 			}
 		}
+		for _, name := range ex.sets {
+			if !desiredSets[name] || !ex.trusted {
+				tx.Delete(&knftables.Set{Name: name})
+			}
+		}
 	}
 	for i := range m.chains {
 		c := m.chains[i].chain
@@ -393,11 +421,17 @@ func writeFull(tx *knftables.Transaction, m *model, ex *existing) {
 		tx.Add(&knftables.Counter{Name: name})
 	}
 	for i := range m.maps {
-		mm := m.maps[i].m
+		mm, ks := m.maps[i].m, m.maps[i].keys
 		tx.Add(&mm)
 		tx.Flush(&knftables.Map{Name: mm.Name, Type: mm.Type})
 		for j := range m.maps[i].elems {
 			e := m.maps[i].elems[j]
+			tx.Add(&e)
+		}
+		tx.Add(&ks)
+		tx.Flush(&knftables.Set{Name: ks.Name, Type: ks.Type})
+		for j := range m.maps[i].keyElems {
+			e := m.maps[i].keyElems[j]
 			tx.Add(&e)
 		}
 	}
@@ -435,47 +469,57 @@ func sameShape(a, b *model) bool {
 		}
 	}
 	for i := range a.maps {
-		if a.maps[i].m.Name != b.maps[i].m.Name || a.maps[i].m.Type != b.maps[i].m.Type {
+		if a.maps[i].m.Name != b.maps[i].m.Name || a.maps[i].m.Type != b.maps[i].m.Type ||
+			a.maps[i].keys.Name != b.maps[i].keys.Name || a.maps[i].keys.Type != b.maps[i].keys.Type {
 			return false
 		}
 	}
 	return true
 }
 
-// writeElementDiff queues only the element operations that turn old's maps into m's (same shape).
-// A changed element is deleted and re-added: nft refuses to add a key that exists with other data.
-// It reports whether anything was queued.
+// writeElementDiff queues only the element operations that turn old's maps and their companion sets
+// into m's (same shape). It reports whether anything was queued.
 func writeElementDiff(tx *knftables.Transaction, old, m *model) bool {
 	changed := false
 	for i := range m.maps {
-		was := map[string]*knftables.Element{}
-		for j := range old.maps[i].elems {
-			e := &old.maps[i].elems[j]
-			was[elementKey(e)] = e
-		}
-		now := map[string]bool{}
-		for j := range m.maps[i].elems {
-			now[elementKey(&m.maps[i].elems[j])] = true
-		}
-		for j := range old.maps[i].elems {
-			e := old.maps[i].elems[j]
-			if !now[elementKey(&e)] {
-				tx.Delete(&knftables.Element{Map: e.Map, Key: e.Key})
-				changed = true
-			}
-		}
-		for j := range m.maps[i].elems {
-			e := m.maps[i].elems[j]
-			prev := was[elementKey(&e)]
-			if prev != nil && sameElement(prev, &e) {
-				continue
-			}
-			if prev != nil {
-				tx.Delete(&knftables.Element{Map: e.Map, Key: e.Key})
-			}
-			tx.Add(&e)
+		// Each call runs for its operations; neither may be skipped once the other changed something.
+		mc := writeElementsDiff(tx, old.maps[i].elems, m.maps[i].elems)
+		sc := writeElementsDiff(tx, old.maps[i].keyElems, m.maps[i].keyElems)
+		changed = changed || mc || sc
+	}
+	return changed
+}
+
+// writeElementsDiff queues the operations that turn one map's or set's elements was into now.
+// A changed element is deleted and re-added: nft refuses to add a key that exists with other data.
+func writeElementsDiff(tx *knftables.Transaction, was, now []knftables.Element) bool {
+	changed := false
+	prev := map[string]*knftables.Element{}
+	for j := range was {
+		prev[elementKey(&was[j])] = &was[j]
+	}
+	keep := map[string]bool{}
+	for j := range now {
+		keep[elementKey(&now[j])] = true
+	}
+	for j := range was {
+		e := was[j]
+		if !keep[elementKey(&e)] {
+			tx.Delete(&knftables.Element{Map: e.Map, Set: e.Set, Key: e.Key})
 			changed = true
 		}
+	}
+	for j := range now {
+		e := now[j]
+		p := prev[elementKey(&e)]
+		if p != nil && sameElement(p, &e) {
+			continue
+		}
+		if p != nil {
+			tx.Delete(&knftables.Element{Map: e.Map, Set: e.Set, Key: e.Key})
+		}
+		tx.Add(&e)
+		changed = true
 	}
 	return changed
 }
