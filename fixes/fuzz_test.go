@@ -48,11 +48,12 @@ func FuzzServiceRules(f *testing.F) {
 			testkit.WithProxyMode("ipvs"),
 			testkit.WithServices(append(base.Services, svc)...))
 		for _, fi := range all {
-			if _, actuator := fi.(fix.Actuator); actuator {
-				continue
+			rf, ok := fi.(fix.RuleFix)
+			if !ok {
+				continue // an Actuator: no rules
 			}
 			for _, fam := range rules.Families {
-				rs, _, err := fi.Rules(snap, fam)
+				rs, _, err := rf.Rules(snap, fam)
 				if err != nil || rs == nil {
 					continue // an error names the cause; the engine keeps what was programmed
 				}

@@ -28,17 +28,17 @@ func TestIncrementalEqualsScratch(t *testing.T) {
 	tested := 0
 	all, _ := standardFixes(t)
 	for _, f := range all {
-		if _, actuator := f.(fix.Actuator); actuator || !f.Needs().Services {
+		if _, ok := f.(fix.RuleFix); !ok || !f.Needs().Services {
 			continue
 		}
 		tested++
 		id := f.ID()
 		t.Run(id, func(t *testing.T) {
-			testkit.CheckIncremental(t, func() fix.Fix {
+			testkit.CheckIncremental(t, func() fix.RuleFix {
 				fresh, _ := standardFixes(t)
 				for _, g := range fresh {
 					if g.ID() == id {
-						return g
+						return g.(fix.RuleFix)
 					}
 				}
 				t.Fatalf("fix %s vanished", id)

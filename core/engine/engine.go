@@ -86,23 +86,10 @@ func New(o Options) (*Engine, error) {
 	}
 	e := &Engine{be: o.Backend, source: o.Source, m: o.Metrics, log: o.Log, now: o.Now,
 		reconfig: make(chan *config.Config, 1), env: o.Env}
-	seen := map[string]bool{}
 	for _, f := range o.Fixes {
-		id := f.ID()
-		if !rules.ValidFixID(id) {
-			return nil, fmt.Errorf("engine: fix id %q is not kebab-case", id)
-		}
-		if seen[id] {
-			return nil, fmt.Errorf("engine: fix %s registered twice", id)
-		}
-		seen[id] = true
-		st := &fixState{fix: f}
-		if _, ok := f.(fix.Actuator); ok {
-			st.units = []*unit{newUnit(st, "")}
-		} else {
-			for _, fam := range rules.Families {
-				st.units = append(st.units, newUnit(st, fam))
-			}
+		st, err := register(f, e.fixes)
+		if err != nil {
+			return nil, err
 		}
 		e.fixes = append(e.fixes, st)
 	}

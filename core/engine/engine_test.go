@@ -353,9 +353,6 @@ func (f *nodeFix) Description() string              { return "test actuator" }
 func (f *nodeFix) DefaultEnabled(fix.Env) bool      { return f.defaultOn }
 func (f *nodeFix) Needs() fix.Needs                 { return f.needs }
 func (f *nodeFix) Configure(o map[string]any) error { return nil }
-func (f *nodeFix) Rules(*fix.Snapshot, rules.Family) (*rules.Ruleset, fix.Report, error) {
-	panic("the engine must not ask an Actuator for rules")
-}
 func (f *nodeFix) Ensure(_ context.Context, _ *fix.Snapshot, full bool) (fix.Result, error) {
 	f.ensures = append(f.ensures, full)
 	if f.fail != nil {
@@ -419,10 +416,62 @@ func TestActuatorEnsuredOncePerPassWithMetrics(t *testing.T) {
 			t.Errorf("%s = %v, want %v", name, got, want)
 		}
 	}
-	// Plan lists rules only, and never asks the Actuator (its Rules panics).
+	// Plan lists the rule fix's rules only; Statuses says which fix changes node state.
 	sets, _, err := h.e.Plan()
 	if err != nil || len(sets) != 2 || sets[0].Fix != "count" {
 		t.Fatalf("Plan = %v, %v", sets, err)
+	}
+	for _, st := range h.e.Statuses() {
+		if st.NodeState != (st.Fix == "node-setting") {
+			t.Errorf("status of %s: NodeState %v", st.Fix, st.NodeState)
+		}
+	}
+}
+
+// bothFix implements fix.RuleFix and fix.Actuator at once.
+type bothFix struct{ countFix }
+
+func (f *bothFix) Ensure(context.Context, *fix.Snapshot, bool) (fix.Result, error) {
+	return fix.Result{}, nil
+}
+func (f *bothFix) Revert(context.Context) error { return nil }
+
+// neitherFix implements only the common fix.Fix.
+type neitherFix struct{ id string }
+
+func (f *neitherFix) ID() string                       { return f.id }
+func (f *neitherFix) Description() string              { return "no repair" }
+func (f *neitherFix) DefaultEnabled(fix.Env) bool      { return true }
+func (f *neitherFix) Needs() fix.Needs                 { return fix.Needs{} }
+func (f *neitherFix) Configure(o map[string]any) error { return nil }
+
+// TestRegistryRefusesAFixThatIsNeitherOrBoth: a fix is a RuleFix or an Actuator; the engine refuses
+// one that is neither or both, naming it (id and Go type) and what it implements.
+func TestRegistryRefusesAFixThatIsNeitherOrBoth(t *testing.T) {
+	c := config.Defaults()
+	for _, tc := range []struct {
+		f    fix.Fix
+		want []string
+	}{
+		{&bothFix{countFix{id: "two-faced"}}, []string{"fix two-faced", "*engine.bothFix", "both fix.RuleFix", "fix.Actuator"}},
+		{&neitherFix{id: "idle"}, []string{"fix idle", "*engine.neitherFix", "neither fix.RuleFix", "nor fix.Actuator"}},
+	} {
+		_, err := New(Options{Fixes: []fix.Fix{&countFix{id: "count"}, tc.f}, Backend: testkit.NewFakeBackend(), Source: newMemSource(),
+			Config: &c, Metrics: metrics.NewSync(prometheus.NewRegistry())})
+		if err == nil {
+			t.Errorf("%s: registered", tc.f.ID())
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: error %q does not say %q", tc.f.ID(), err, w)
+			}
+		}
+	}
+	// One of each registers, with a unit per family for the RuleFix and one for the Actuator.
+	h := newHarness(t, nil, &countFix{id: "count"}, &nodeFix{id: "node-setting"})
+	if len(h.e.units) != len(rules.Families)+1 {
+		t.Errorf("units = %v", h.e.units)
 	}
 }
 

@@ -41,8 +41,8 @@ func (e *Engine) pass(ctx context.Context, u *unit, full bool) error {
 		}
 		return e.remove(ctx, u)
 	}
-	if a, ok := u.st.fix.(fix.Actuator); ok {
-		return e.ensure(ctx, u, a, full)
+	if u.st.act != nil {
+		return e.ensure(ctx, u, u.st.act, full)
 	}
 	return e.sync(ctx, u, full)
 }
@@ -53,7 +53,7 @@ func (e *Engine) sync(ctx context.Context, u *unit, full bool) (err error) {
 	start := e.now()
 	defer func() { err = e.account(ctx, u, bname, start, err) }()
 	snap := e.snapshot(needsOf(u.st.fix))
-	rs, report, err := u.st.fix.Rules(snap, fam)
+	rs, report, err := u.st.rules.Rules(snap, fam)
 	if err != nil {
 		return fmt.Errorf("fix %s (%s): compute rules: %w", id, fam, err)
 	}
@@ -154,8 +154,8 @@ func (e *Engine) account(ctx context.Context, u *unit, bname string, start time.
 func (e *Engine) remove(ctx context.Context, u *unit) error {
 	id := u.st.fix.ID()
 	var err error
-	if a, ok := u.st.fix.(fix.Actuator); ok {
-		if err = a.Revert(ctx); err != nil {
+	if u.st.act != nil {
+		if err = u.st.act.Revert(ctx); err != nil {
 			err = fmt.Errorf("fix %s: revert: %w", id, err)
 		}
 	} else if _, err = e.be.Reconcile(ctx, id, u.family, nil, backend.Verify); err != nil {

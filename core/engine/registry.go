@@ -13,7 +13,10 @@ import (
 
 // fixState is one registered fix and what the config says about it.
 type fixState struct {
-	fix     fix.Fix
+	fix fix.Fix
+	// Exactly one of rules and act is set: the contract the fix implements (fix.As).
+	rules   fix.RuleFix
+	act     fix.Actuator
 	enabled bool
 	refusal error
 	// enabledAt is when the fix last went from disabled to enabled (health counts from there).
@@ -50,6 +53,34 @@ func (u *unit) String() string {
 		return u.st.fix.ID()
 	}
 	return u.st.fix.ID() + " (" + string(u.family) + ")"
+}
+
+// register checks f against the fixes registered before it and makes its state: a RuleFix gets a
+// unit per family, an Actuator one unit without a family. A fix whose id is not kebab-case or taken,
+// or that is neither or both a RuleFix and an Actuator, is refused with an error naming it.
+func register(f fix.Fix, registered []*fixState) (*fixState, error) {
+	id := f.ID()
+	if !rules.ValidFixID(id) {
+		return nil, fmt.Errorf("engine: fix id %q (%T) is not kebab-case", id, f)
+	}
+	for _, o := range registered {
+		if o.fix.ID() == id {
+			return nil, fmt.Errorf("engine: fix %s registered twice (%T and %T)", id, o.fix, f)
+		}
+	}
+	r, a, err := fix.As(f)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	st := &fixState{fix: f, rules: r, act: a}
+	if a != nil {
+		st.units = []*unit{newUnit(st, "")}
+	} else {
+		for _, fam := range rules.Families {
+			st.units = append(st.units, newUnit(st, fam))
+		}
+	}
+	return st, nil
 }
 
 // wantedLocked says whether the unit's fix runs in its family now. Call with e.mu held.

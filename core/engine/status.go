@@ -74,7 +74,9 @@ func (e *Engine) Alive() error {
 type Status struct {
 	Fix     string
 	Enabled bool
-	Refusal error
+	// NodeState says the fix is a fix.Actuator: it changes node state, not rules (Plan has none).
+	NodeState bool
+	Refusal   error
 	// LastOK is the least recent last success of the fix's units (zero until each has one).
 	LastOK time.Time
 	// LastErr joins its units' last errors.
@@ -87,7 +89,7 @@ func (e *Engine) Statuses() []Status {
 	defer e.mu.Unlock()
 	var out []Status
 	for _, st := range e.fixes {
-		s := Status{Fix: st.fix.ID(), Enabled: st.enabled, Refusal: st.refusal}
+		s := Status{Fix: st.fix.ID(), Enabled: st.enabled, NodeState: st.act != nil, Refusal: st.refusal}
 		var errs []error
 		first := true
 		for _, u := range st.units {
@@ -108,25 +110,22 @@ func (e *Engine) Statuses() []Status {
 	return out
 }
 
-// Plan computes every enabled fix's rules for every configured family from the current snapshot,
+// Plan computes every enabled RuleFix's rules for every configured family from the current snapshot,
 // touching nothing.
 func (e *Engine) Plan() ([]*rules.Ruleset, []fix.Report, error) {
 	snap := e.Snapshot()
 	e.mu.Lock()
 	fams := slices.Clone(e.families)
-	var fixes []fix.Fix
+	var fixes []fix.RuleFix
 	for _, st := range e.fixes {
-		if st.enabled {
-			fixes = append(fixes, st.fix)
+		if st.enabled && st.rules != nil { // an Actuator has no rules (see Statuses)
+			fixes = append(fixes, st.rules)
 		}
 	}
 	e.mu.Unlock()
 	var out []*rules.Ruleset
 	var reports []fix.Report
 	for _, f := range fixes {
-		if _, ok := f.(fix.Actuator); ok {
-			continue // no rules: it changes node state (see Statuses)
-		}
 		for _, fam := range fams {
 			rs, rep, err := f.Rules(snap, fam)
 			if err != nil {

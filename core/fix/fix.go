@@ -1,10 +1,12 @@
 // Package fix is the contract between the core and fix modules.
 //
-// A fix is a pure function from a Snapshot of the cluster (and an IP family) to the rules it wants.
-// It never talks to the Kubernetes API or the kernel itself: the core watches the API, calls Rules
-// when something changed and hands the result to the rule backend. A fix whose repair is not a
-// netfilter rule (a sysctl) implements Actuator instead and changes the node through a seam the core
-// injects (sysctl.Interface), so that unit tests can fake it.
+// Every fix implements Fix (id, description, options, the watches it reads) and exactly one of:
+//   - RuleFix: a pure function from a Snapshot of the cluster (and an IP family) to the rules it
+//     wants. It never talks to the Kubernetes API or the kernel itself: the core watches the API,
+//     calls Rules when something changed and hands the result to the rule backend.
+//   - Actuator: a repair that is not a netfilter rule (a sysctl, conntrack entries). It changes the
+//     node in Ensure and undoes it in Revert, through a seam the core injects (sysctl.Interface,
+//     conntrack.Interface), so that unit tests can fake it.
 package fix
 
 import (
@@ -81,7 +83,9 @@ type Report struct {
 	Skipped []Skip
 }
 
-// Fix is one independently registered repair.
+// Fix is what every independently registered repair has: its identity, its options and what it
+// reads. A fix is also exactly one of RuleFix (it wants netfilter rules) or Actuator (it changes other
+// node state); the engine refuses a fix that is neither or both (see As).
 type Fix interface {
 	// ID is the fix's kebab-case id: its config key (fixes.<id>), metric label and log field.
 	ID() string
@@ -94,7 +98,14 @@ type Fix interface {
 	Configure(options map[string]any) error
 	// Needs lists the watches the fix reads.
 	Needs() Needs
+}
+
+// RuleFix is a fix whose repair is netfilter rules. The engine asks it for its rules in every
+// configured family and hands them to the rule backend, one unit (worker) per family.
+type RuleFix interface {
+	Fix
 	// Rules returns the rules the fix wants in family for snap. It must be pure and deterministic.
+	// A nil ruleset means no rules: the backend then removes what the fix had in that family.
 	Rules(snap *Snapshot, family rules.Family) (*rules.Ruleset, Report, error)
 }
 
@@ -111,14 +122,15 @@ type Observer interface {
 	Observe(ctx context.Context, family rules.Family, report Report)
 }
 
-// Actuator is implemented by fixes that change node state other than netfilter rules (a sysctl, a
-// file, a route). For such a fix the engine does not ask for rules per family nor touch the rule
-// backend: it calls Ensure once per sync pass and Revert when the fix is disabled. Rules is then never
-// called by the engine and may return nil. The engine's sync metrics (nnm_syncs_total,
+// Actuator is a fix whose repair is node state other than netfilter rules (a sysctl, the conntrack
+// table, a file, a route). The engine does not ask it for rules nor touch the rule backend for it: it
+// runs one unit (worker) per Actuator, with no family, that calls Ensure once per sync pass and
+// Revert when the fix is disabled. The engine's sync metrics (nnm_syncs_total,
 // nnm_sync_errors_total, nnm_last_successful_sync_timestamp_seconds, nnm_sync_repairs_total) carry
 // backend="node" and no family for an Actuator; a failed Ensure is retried with backoff like a
-// failed Apply, and counts against /healthz.
+// failed reconcile, and counts against /healthz.
 type Actuator interface {
+	Fix
 	// Ensure makes the node hold what the fix wants for snap. It must be idempotent. full is true on
 	// the first pass, on periodic resyncs and on retries: the fix must then re-read the node's state
 	// and restore what someone changed behind its back (saying so in Result.Repaired); when full is
@@ -129,6 +141,21 @@ type Actuator interface {
 	// there is nothing to undo. It is never called because the process exits: a restart must not
 	// change the node.
 	Revert(ctx context.Context) error
+}
+
+// As returns f as the one contract it implements: a RuleFix or an Actuator (the other is nil). A fix
+// that implements neither or both is an error naming its id and Go type: the engine refuses to
+// register it, and testkit's FixTree check fails on it.
+func As(f Fix) (RuleFix, Actuator, error) {
+	r, isRules := f.(RuleFix)
+	a, isActuator := f.(Actuator)
+	switch {
+	case isRules && isActuator:
+		return nil, nil, fmt.Errorf("fix %s (%T) implements both fix.RuleFix (Rules) and fix.Actuator (Ensure, Revert); a fix is one or the other", f.ID(), f)
+	case !isRules && !isActuator:
+		return nil, nil, fmt.Errorf("fix %s (%T) implements neither fix.RuleFix (Rules) nor fix.Actuator (Ensure, Revert)", f.ID(), f)
+	}
+	return r, a, nil
 }
 
 // Result is what one Ensure call did.

@@ -42,14 +42,15 @@ type FixTree struct {
 }
 
 // Check builds every module with fxtest and checks each fix:
-//   - it registers exactly one fix whose id is kebab-case and registered as a fix id;
+//   - it registers exactly one fix whose id is kebab-case and registered as a fix id, and the fix is
+//     exactly one of fix.RuleFix and fix.Actuator (fix.As);
 //   - its folder (the fix's Go package) holds FixFiles, and every folder of Dir is one of the modules;
 //   - its README has ReadmeSections and a yaml example whose fixes.<id> options Configure takes;
 //     Configure takes no options (the defaults) and refuses an unknown key, naming it;
 //   - every metric it registers on the injected prometheus.Registerer is named
 //     nnm_<id with underscores>_… (metrics.Namespace, metrics.Subsystem) and documented in the README,
 //     and nothing it exports bypasses the Registerer;
-//   - with the README's options, the rules it wants for a dual-stack snapshot of every kind of
+//   - for a RuleFix, with the README's options, the rules it wants for a dual-stack snapshot of every kind of
 //     Service (ExampleSnapshot) pass rules.Validate and the fake backend, and what its metrics then
 //     export passes promlint.
 func (ft FixTree) Check(t *testing.T) {
@@ -106,6 +107,10 @@ func checkFix(t *testing.T, f fix.Fix, folder string, be *FakeBackend, rec *reco
 	if !rules.ValidFixID(id) {
 		t.Errorf("fix id %q is not kebab-case", id)
 	}
+	rf, _, err := fix.As(f) // rf is nil for an Actuator (and for a fix that is neither or both)
+	if err != nil {
+		t.Error(err)
+	}
 	pkg := filepath.Base(folder)
 	for _, name := range FixFiles {
 		name = strings.ReplaceAll(name, "<pkg>", pkg)
@@ -142,12 +147,11 @@ func checkFix(t *testing.T, f fix.Fix, folder string, be *FakeBackend, rec *reco
 	// Exercise the fix with the README's options, then lint what its metrics export.
 	ctx := context.Background()
 	snap := ExampleSnapshot()
-	_, actuator := f.(fix.Actuator)
 	for _, fam := range rules.Families {
-		if actuator {
-			break
+		if rf == nil {
+			break // an Actuator: no rules
 		}
-		rs, report, err := f.Rules(snap, fam)
+		rs, report, err := rf.Rules(snap, fam)
 		if err != nil {
 			t.Fatalf("Rules(%s) with the README's options: %v", fam, err)
 		}

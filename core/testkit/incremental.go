@@ -27,7 +27,7 @@ type IncrementalOptions struct {
 // for that snapshot alone: the rules as Format prints them and the report, byte for byte. newFix
 // returns a new, configured fix each time. A small pool of names, addresses and ports makes
 // conflicts between Services frequent.
-func CheckIncremental(t *testing.T, newFix func() fix.Fix, o IncrementalOptions) {
+func CheckIncremental(t *testing.T, newFix func() fix.RuleFix, o IncrementalOptions) {
 	t.Helper()
 	if o.Seeds == 0 {
 		o.Seeds = 10
@@ -71,7 +71,7 @@ func CheckIncremental(t *testing.T, newFix func() fix.Fix, o IncrementalOptions)
 	}
 }
 
-func rulesDump(t *testing.T, f fix.Fix, snap *fix.Snapshot) string {
+func rulesDump(t *testing.T, f fix.RuleFix, snap *fix.Snapshot) string {
 	t.Helper()
 	var b strings.Builder
 	for _, fam := range rules.Families {

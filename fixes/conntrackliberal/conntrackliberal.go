@@ -16,7 +16,6 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
-	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/sysctl"
 )
 
@@ -55,7 +54,6 @@ type Fix struct {
 }
 
 var (
-	_ fix.Fix      = (*Fix)(nil)
 	_ fix.Actuator = (*Fix)(nil)
 )
 
@@ -103,11 +101,6 @@ func (f *Fix) Configure(options map[string]any) error {
 	f.cfg = cfg
 	f.mu.Unlock()
 	return nil
-}
-
-// Rules is nil: the fix is an Actuator and has no netfilter rules.
-func (f *Fix) Rules(*fix.Snapshot, rules.Family) (*rules.Ruleset, fix.Report, error) {
-	return nil, fix.Report{}, nil
 }
 
 // Ensure sets the sysctl to 1. The first time it remembers the value it found (in the state file

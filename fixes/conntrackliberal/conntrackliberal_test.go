@@ -246,10 +246,8 @@ func TestStatic(t *testing.T) {
 	if e.fix.Needs() != (fix.Needs{}) || e.fix.ID() != ID || !rules.ValidFixID(ID) || e.fix.Description() == "" {
 		t.Error("bad needs, id or description")
 	}
-	for _, fam := range rules.Families {
-		if rs, _, err := e.fix.Rules(testkit.Snapshot(), fam); rs != nil || err != nil {
-			t.Errorf("Rules(%s) = %v, %v; an Actuator has no rules", fam, rs, err)
-		}
+	if _, a, err := fix.As(e.fix); a == nil || err != nil {
+		t.Errorf("fix.As: actuator %v, error %v; want an Actuator and nothing else (no Rules)", a, err)
 	}
 }
 

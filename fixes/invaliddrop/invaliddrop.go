@@ -53,7 +53,7 @@ type Fix struct {
 }
 
 var (
-	_ fix.Fix      = (*Fix)(nil)
+	_ fix.RuleFix  = (*Fix)(nil)
 	_ fix.Observer = (*Fix)(nil)
 )
 

@@ -62,7 +62,7 @@ type Fix struct {
 }
 
 var (
-	_ fix.Fix      = (*Fix)(nil)
+	_ fix.RuleFix  = (*Fix)(nil)
 	_ fix.Checker  = (*Fix)(nil)
 	_ fix.Observer = (*Fix)(nil)
 )

@@ -368,7 +368,7 @@ func TestREADMEDump(t *testing.T) {
 // Services that changed; see fix.ServiceMap). fixes.TestIncrementalEqualsScratch runs a shorter
 // version for every in-tree fix that reads Services.
 func TestIncrementalEqualsScratch(t *testing.T) {
-	tk.CheckIncremental(t, func() fix.Fix {
+	tk.CheckIncremental(t, func() fix.RuleFix {
 		f, _, _ := newFix(t, nil)
 		return f
 	}, tk.IncrementalOptions{})

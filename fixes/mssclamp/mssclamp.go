@@ -41,7 +41,7 @@ type Fix struct {
 	m    *fixMetrics
 }
 
-var _ fix.Fix = (*Fix)(nil)
+var _ fix.RuleFix = (*Fix)(nil)
 
 // New builds the fix with its default configuration and registers its metrics.
 func New(p Params) (*Fix, error) {

@@ -52,7 +52,6 @@ type Fix struct {
 }
 
 var (
-	_ fix.Fix      = (*Fix)(nil)
 	_ fix.Actuator = (*Fix)(nil)
 	_ fix.Checker  = (*Fix)(nil)
 )
@@ -121,11 +120,6 @@ func (f *Fix) Check(env fix.Env) error {
 
 // Configure decodes and validates options; on error the previous configuration stays.
 func (f *Fix) Configure(options map[string]any) error { return f.opts.Configure(options) }
-
-// Rules is nil: the fix changes the conntrack table, not netfilter rules.
-func (f *Fix) Rules(*fix.Snapshot, rules.Family) (*rules.Ruleset, fix.Report, error) {
-	return nil, fix.Report{}, nil
-}
 
 // LiveAddrs returns the pod addresses held by Pods that are not finished (Succeeded or Failed):
 // pending, running and terminating Pods keep theirs. Host-network Pods hold node addresses, not pod

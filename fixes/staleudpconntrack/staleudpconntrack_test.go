@@ -255,8 +255,8 @@ func TestStatic(t *testing.T) {
 	if e.fix.Check(fix.Env{}) == nil || e.fix.Check(fix.Env{NodeName: "n1"}) != nil {
 		t.Error("Check must refuse exactly a missing node name")
 	}
-	if rs, _, _ := e.fix.Rules(testkit.Snapshot(dualNode), rules.IPv4); rs != nil {
-		t.Error("an Actuator with rules")
+	if _, a, err := fix.As(e.fix); a == nil || err != nil {
+		t.Errorf("fix.As: actuator %v, error %v; want an Actuator and nothing else (no Rules)", a, err)
 	}
 }
 

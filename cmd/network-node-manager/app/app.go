@@ -122,6 +122,8 @@ func printPlan(w io.Writer, e *engine.Engine, cfg *config.Config, names []string
 			fmt.Fprintf(w, "# fix %s: refused: %v\n", st.Fix, st.Refusal)
 		case !st.Enabled:
 			fmt.Fprintf(w, "# fix %s: disabled\n", st.Fix)
+		case st.NodeState:
+			fmt.Fprintf(w, "# fix %s: enabled; it changes node state, not rules: nothing to print\n", st.Fix)
 		default:
 			fmt.Fprintf(w, "# fix %s: enabled\n", st.Fix)
 		}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/config"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
 type nodeFix struct {
@@ -29,9 +28,6 @@ func (f *nodeFix) Ensure(context.Context, *fix.Snapshot, bool) (fix.Result, erro
 	return fix.Result{}, nil
 }
 func (f *nodeFix) Revert(context.Context) error { f.reverted = true; return f.fail }
-func (f *nodeFix) Rules(*fix.Snapshot, rules.Family) (*rules.Ruleset, fix.Report, error) {
-	return nil, fix.Report{}, nil
-}
 
 func TestRevertNodeState(t *testing.T) {
 	a := &nodeFix{id: "node-a"}

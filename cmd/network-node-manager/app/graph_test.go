@@ -114,6 +114,14 @@ func TestPlanOneBackendAndErrors(t *testing.T) {
 	if strings.Contains(out, "backend iptables") || !strings.Contains(out, "backend nftables") {
 		t.Fatalf("--backend nftables must print only nftables:\n%s", out)
 	}
+	// A node-state fix (fix.Actuator) is listed as such and has no rules to print.
+	out, err = runCmd(t, "plan", "--services", examples+"services.yaml", "--backend", "nftables", "--set", "fixes.conntrack-liberal.enabled=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "# fix conntrack-liberal: enabled; it changes node state, not rules") || strings.Contains(out, "fix conntrack-liberal, family") {
+		t.Fatalf("plan must list conntrack-liberal as a node-state fix without rules:\n%s", out)
+	}
 	if _, err := runCmd(t, "plan"); err == nil || !strings.Contains(err.Error(), "--services") {
 		t.Fatalf("plan without --services: %v", err)
 	}

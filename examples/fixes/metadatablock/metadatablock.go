@@ -36,7 +36,7 @@ type Fix struct {
 	opts *fix.Settings[Config, settings]
 }
 
-var _ fix.Fix = (*Fix)(nil)
+var _ fix.RuleFix = (*Fix)(nil)
 
 // New validates the defaults and registers the metrics. Constructors allocate only: no I/O, no
 // goroutines.
