@@ -71,7 +71,9 @@ type tableKey struct {
 // applied is the record of what the last successful reconcile of one table put into the kernel.
 type applied struct {
 	model *model
-	// seen is the kernel's table as snapshot() saw it right after that reconcile.
+	// seen is the kernel's table as snapshot() saw it right after that reconcile, without the
+	// elements of maps and sets: those are model's entries (withElements renders them when a Verify
+	// must compare).
 	seen *tableState
 	// gen is the nf_tables generation at which the record is known to match the kernel.
 	gen nfgen.Stamp
@@ -196,7 +198,7 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 			}
 			return res, fmt.Errorf("nftables backend: list table %s %s: %w", k.family, k.table, explain(err))
 		}
-		if now.equal(prev.seen) {
+		if now.equal(prev.seen.withElements(prev.model)) {
 			prev.gen = nfgen.At(g0, genOK)
 		} else {
 			log.Warn("table changed behind our back; rewriting it")
@@ -205,14 +207,14 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 		}
 	}
 	if prev != nil && sameShape(prev.model, m) {
-		if !writeElementDiff(knftables.NewFake(k.family, k.table).NewTransaction(), prev.model, m) {
+		if sameEntries(prev.model, m) {
 			log.Debug("kernel holds the ruleset; nothing sent", "mode", mode)
 			return res, nil
 		}
 		tx := nft.NewTransaction()
 		writeElementDiff(tx, prev.model, m)
 		if err := nft.Run(context.WithoutCancel(ctx), tx); err == nil {
-			rec := &applied{model: m, seen: prev.seen.withElements(m)}
+			rec := &applied{model: m, seen: prev.seen}
 			// An element transaction is one commit with at least one real change: exactly one step
 			// of the generation when nobody else committed in between.
 			if g1, ok := b.generation(); ok && genOK && g1 == g0+1 {
@@ -273,7 +275,7 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 		delete(b.state, k)
 		return res, nil
 	}
-	rec := &applied{model: m, seen: seen.withElements(m)}
+	rec := &applied{model: m, seen: seen}
 	if g2, ok2 := b.generation(); ok1 && ok2 && g1 == g2 {
 		rec.gen = nfgen.At(g2, true)
 	}
@@ -374,16 +376,17 @@ func (s *tableState) equal(o *tableState) bool {
 // withElements is s after an element-only transaction that made the maps and sets hold m's elements.
 func (s *tableState) withElements(m *model) *tableState {
 	out := &tableState{objects: s.objects, rules: s.rules, elements: map[string]string{}}
-	lines := func(elems []knftables.Element) string {
-		els := make([]*knftables.Element, len(elems))
-		for i := range elems {
-			els[i] = &elems[i]
+	lines := func(elem func(rules.MapEntry) knftables.Element, entries []rules.MapEntry) string {
+		els := make([]*knftables.Element, len(entries))
+		for i, e := range entries {
+			el := elem(e)
+			els[i] = &el
 		}
 		return elementLines(els)
 	}
 	for _, mm := range m.maps {
-		out.elements[mm.m.Name] = lines(mm.elems)
-		out.elements[mm.keys.Name] = lines(mm.keyElems)
+		out.elements[mm.m.Name] = lines(func(e rules.MapEntry) knftables.Element { return element(mm.m.Name, e) }, mm.entries)
+		out.elements[mm.keys.Name] = lines(func(e rules.MapEntry) knftables.Element { return keyElement(mm.keys.Name, e) }, mm.entries)
 	}
 	return out
 }

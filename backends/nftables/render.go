@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strings"
 
 	"sigs.k8s.io/knftables"
@@ -82,11 +83,12 @@ type chainModel struct {
 // tested against the set. Both are written in the same transaction, so they never disagree in the
 // kernel.
 type mapModel struct {
-	m     knftables.Map
-	elems []knftables.Element
-	// keys is the companion set; keyElems are the keys of elems, in the same order.
-	keys     knftables.Set
-	keyElems []knftables.Element
+	m    knftables.Map
+	keys knftables.Set
+	// entries are the map's entries, sorted by rules.CompareEntries: the ruleset's own slice (shared,
+	// never modified), so a model costs no memory per entry, and the elements of the map and the set
+	// are rendered only when a transaction carries them.
+	entries []rules.MapEntry
 }
 
 // sameDefinition reports whether two chains are the same kernel object apart from their rules.
@@ -176,11 +178,7 @@ func build(rs *rules.Ruleset) (*model, error) {
 			m:    knftables.Map{Name: rm.Name, Type: keyType + fmt.Sprintf(mapValueFmt, f.addrType)},
 			keys: knftables.Set{Name: keySetName(rm.Name), Type: keyType},
 		}
-		for _, e := range rm.Sorted() {
-			el := element(rm.Name, e)
-			mm.elems = append(mm.elems, el)
-			mm.keyElems = append(mm.keyElems, knftables.Element{Set: mm.keys.Name, Key: el.Key})
-		}
+		mm.entries = rm.Sorted()
 		m.maps = append(m.maps, mm)
 	}
 	return m, nil
@@ -202,20 +200,14 @@ func element(mapName string, e rules.MapEntry) knftables.Element {
 	return el
 }
 
+// keyElement is the element of e's key in the companion set named set.
+func keyElement(set string, e rules.MapEntry) knftables.Element {
+	return knftables.Element{Set: set, Key: element("", e).Key}
+}
+
 // elementKey identifies an element within its map or set, as nft does.
 func elementKey(e *knftables.Element) string { return strings.Join(e.Key, " . ") }
 
-// sameElement reports whether a and b are the same element including value and comment.
-func sameElement(a, b *knftables.Element) bool {
-	ac, bc := "", ""
-	if a.Comment != nil {
-		ac = *a.Comment
-	}
-	if b.Comment != nil {
-		bc = *b.Comment
-	}
-	return elementKey(a) == elementKey(b) && strings.Join(a.Value, " . ") == strings.Join(b.Value, " . ") && ac == bc
-}
 
 func addrString(a netip.Addr) string { return a.Unmap().String() }
 
@@ -424,15 +416,15 @@ func writeFull(tx *knftables.Transaction, m *model, ex *existing) {
 		mm, ks := m.maps[i].m, m.maps[i].keys
 		tx.Add(&mm)
 		tx.Flush(&knftables.Map{Name: mm.Name, Type: mm.Type})
-		for j := range m.maps[i].elems {
-			e := m.maps[i].elems[j]
-			tx.Add(&e)
+		for _, e := range m.maps[i].entries {
+			el := element(mm.Name, e)
+			tx.Add(&el)
 		}
 		tx.Add(&ks)
 		tx.Flush(&knftables.Set{Name: ks.Name, Type: ks.Type})
-		for j := range m.maps[i].keyElems {
-			e := m.maps[i].keyElems[j]
-			tx.Add(&e)
+		for _, e := range m.maps[i].entries {
+			el := keyElement(ks.Name, e)
+			tx.Add(&el)
 		}
 	}
 	for i := range m.chains {
@@ -477,49 +469,75 @@ func sameShape(a, b *model) bool {
 	return true
 }
 
+// sameEntries reports whether a and b (same shape) have the same map entries. Entries that come
+// from one fix.ServiceMap result are the same slice, and the check costs nothing.
+func sameEntries(a, b *model) bool {
+	for i := range a.maps {
+		ea, eb := a.maps[i].entries, b.maps[i].entries
+		if len(ea) != len(eb) {
+			return false
+		}
+		if len(ea) > 0 && &ea[0] == &eb[0] {
+			continue
+		}
+		if !slices.Equal(ea, eb) {
+			return false
+		}
+	}
+	return true
+}
+
 // writeElementDiff queues only the element operations that turn old's maps and their companion sets
-// into m's (same shape). It reports whether anything was queued.
+// into m's (same shape), walking both sorted entry lists side by side: the cost is one comparison
+// per entry, and elements are rendered only for the entries that differ. A changed entry (same key,
+// other value or comment) is deleted from the map and re-added, since nft refuses to add a key that
+// exists with other data; its key stays in the set. It reports whether anything was queued.
 func writeElementDiff(tx *knftables.Transaction, old, m *model) bool {
 	changed := false
 	for i := range m.maps {
-		// Each call runs for its operations; neither may be skipped once the other changed something.
-		mc := writeElementsDiff(tx, old.maps[i].elems, m.maps[i].elems)
-		sc := writeElementsDiff(tx, old.maps[i].keyElems, m.maps[i].keyElems)
-		changed = changed || mc || sc
-	}
-	return changed
-}
-
-// writeElementsDiff queues the operations that turn one map's or set's elements was into now.
-// A changed element is deleted and re-added: nft refuses to add a key that exists with other data.
-func writeElementsDiff(tx *knftables.Transaction, was, now []knftables.Element) bool {
-	changed := false
-	prev := map[string]*knftables.Element{}
-	for j := range was {
-		prev[elementKey(&was[j])] = &was[j]
-	}
-	keep := map[string]bool{}
-	for j := range now {
-		keep[elementKey(&now[j])] = true
-	}
-	for j := range was {
-		e := was[j]
-		if !keep[elementKey(&e)] {
-			tx.Delete(&knftables.Element{Map: e.Map, Set: e.Set, Key: e.Key})
+		name, set := m.maps[i].m.Name, m.maps[i].keys.Name
+		del := func(e rules.MapEntry, withKey bool) {
+			el := element(name, e)
+			tx.Delete(&knftables.Element{Map: name, Key: el.Key})
+			if withKey {
+				tx.Delete(&knftables.Element{Set: set, Key: el.Key})
+			}
 			changed = true
 		}
-	}
-	for j := range now {
-		e := now[j]
-		p := prev[elementKey(&e)]
-		if p != nil && sameElement(p, &e) {
-			continue
+		add := func(e rules.MapEntry, withKey bool) {
+			el := element(name, e)
+			tx.Add(&el)
+			if withKey {
+				tx.Add(&knftables.Element{Set: set, Key: el.Key})
+			}
+			changed = true
 		}
-		if p != nil {
-			tx.Delete(&knftables.Element{Map: e.Map, Set: e.Set, Key: e.Key})
+		was, now := old.maps[i].entries, m.maps[i].entries
+		for len(was) > 0 || len(now) > 0 {
+			var c int
+			switch {
+			case len(was) == 0:
+				c = 1
+			case len(now) == 0:
+				c = -1
+			default:
+				c = rules.CompareEntries(&was[0], &now[0])
+			}
+			switch {
+			case c < 0:
+				del(was[0], true)
+				was = was[1:]
+			case c > 0:
+				add(now[0], true)
+				now = now[1:]
+			default:
+				if was[0] != now[0] {
+					del(was[0], false)
+					add(now[0], false)
+				}
+				was, now = was[1:], now[1:]
+			}
 		}
-		tx.Add(&e)
-		changed = true
 	}
 	return changed
 }

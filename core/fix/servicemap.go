@@ -66,9 +66,9 @@ type entryKey struct {
 
 func keyOf(e *rules.MapEntry) entryKey { return entryKey{e.Addr, e.Protocol, e.Port} }
 
-// compareEntries is rules.Map.Sorted's order.
+// compareEntries is rules.CompareEntries' order.
 func compareEntries(a, b entryKey) int {
-	return cmp.Or(a.addr.Compare(b.addr), strings.Compare(string(a.proto), string(b.proto)), cmp.Compare(a.port, b.port))
+	return rules.CompareEntries(&rules.MapEntry{Addr: a.addr, Protocol: a.proto, Port: a.port}, &rules.MapEntry{Addr: b.addr, Protocol: b.proto, Port: b.port})
 }
 
 func compareServices(a, b *corev1.Service) int {
