@@ -22,6 +22,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/detect"
 	"github.com/network-node-manager/network-node-manager/core/engine"
+	"github.com/network-node-manager/network-node-manager/core/events"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/server"
@@ -56,10 +57,11 @@ var Module = fx.Module("core",
 	),
 )
 
-// Agent adds what `run` needs on top of Module: the engine and HTTP server started by the lifecycle.
+// Agent adds what `run` needs on top of Module: the engine and HTTP server started by the lifecycle,
+// and the Events posted on the Node.
 var Agent = fx.Options(
 	Module,
-	fx.Provide(NewServer, RunProbes),
+	fx.Provide(NewServer, RunProbes, NewEvents),
 	fx.Invoke(CleanPredecessor),
 	fx.Invoke(func(lc fx.Lifecycle, e *engine.Engine, s *server.Server) {
 		lc.Append(fx.Hook{OnStart: s.Start, OnStop: s.Stop})
@@ -152,13 +154,26 @@ type EngineParams struct {
 	Metrics *metrics.Sync
 	Reg     prometheus.Registerer
 	Log     *slog.Logger
+	Events  EventsIn
+}
+
+// EventsIn is the recorder of the Events on the Node where the graph has one (Agent provides it);
+// without it (`plan`, embedders that leave it out) nothing is posted: a nil *events.Recorder is a
+// no-op.
+type EventsIn struct {
+	fx.In
+	Recorder *events.Recorder `optional:"true"`
 }
 
 // NewEngine builds the engine; it validates and configures every fix. Its readiness is exported as
 // nnm_agent_ready.
 func NewEngine(p EngineParams) (*engine.Engine, error) {
-	e, err := engine.New(engine.Options{Fixes: p.Fixes, Backend: p.Backend, Source: p.Source,
-		Config: p.Config, Env: p.Env, Metrics: p.Metrics, Log: p.Log})
+	o := engine.Options{Fixes: p.Fixes, Backend: p.Backend, Source: p.Source,
+		Config: p.Config, Env: p.Env, Metrics: p.Metrics, Log: p.Log}
+	if p.Events.Recorder != nil {
+		o.Notify = p.Events.Recorder
+	}
+	e, err := engine.New(o)
 	if err != nil {
 		return nil, err
 	}
@@ -174,16 +189,35 @@ func NewServer(cfg *config.Config, reg *prometheus.Registry, e *engine.Engine, l
 		if err != nil {
 			return nil, fmt.Errorf("metricsSecure: %w", err)
 		}
-		host := cfg.NodeName
-		if host == "" {
-			host, _ = os.Hostname()
-		}
-		if opts.TLS, err = server.TLSConfig(cfg.MetricsCertDir, host); err != nil {
+		if opts.TLS, err = server.TLSConfig(cfg.MetricsCertDir, NodeName(cfg)); err != nil {
 			return nil, err
 		}
 		opts.Auth = server.NewDelegated(client, log).Wrap
 	}
 	return server.New(opts, reg, server.Checks{Healthy: e.Healthy, Ready: e.Ready, Alive: e.Alive}, log), nil
+}
+
+// NodeName is this node's name: the configured one, else the host name (as the kubelet defaults it).
+func NodeName(cfg *config.Config) string {
+	if cfg.NodeName != "" {
+		return cfg.NodeName
+	}
+	host, _ := os.Hostname()
+	return host
+}
+
+// NewEvents returns the recorder of the Events posted on this node's Node, started and stopped with
+// the agent. Without an API client (no kubeconfig, not in a cluster) it is events.Nop: the agent
+// runs and posts nothing.
+func NewEvents(lc fx.Lifecycle, cfg *config.Config, log *slog.Logger) *events.Recorder {
+	client, err := KubeClient(cfg)
+	if err != nil {
+		log.Info("no Events on the Node: no API client", "err", err)
+		return events.Nop()
+	}
+	r := events.New(client, NodeName(cfg), log)
+	lc.Append(fx.Hook{OnStart: r.Start, OnStop: r.Stop})
+	return r
 }
 
 // KubeClient builds a client with client-go's loading rules, as kubectl and the kubelet's tools

@@ -16,7 +16,8 @@ import (
 
 // PredecessorCleaner is implemented by backends that can remove the rules of the agent this one
 // replaces (Kakao's network-node-manager: NMANAGER_* chains and the jumps to them) in one family,
-// leaving everything else alone. The iptables backend implements it.
+// leaving everything else alone, and returns how many chains it removed. The iptables backend
+// implements it.
 //
 // The takeover does not use go-iptables (which core/detect uses to read the iptables version and
 // features): the backend already removes chains and every jump to them in one iptables-save and one
@@ -24,7 +25,7 @@ import (
 // tests point into a network namespace). go-iptables would list each built-in chain and delete each
 // jump and chain with its own process, and add a second removal path beside the one `cleanup` needs.
 type PredecessorCleaner interface {
-	CleanupPredecessor(ctx context.Context, family rules.Family) error
+	CleanupPredecessor(ctx context.Context, family rules.Family) (removed int, err error)
 }
 
 // predecessorPoll is how often the takeover waits for the first successful sync.
@@ -34,8 +35,9 @@ var predecessorPoll = 500 * time.Millisecond
 // fix synced successfully, in every configured family, once per process. Our rules go in before the
 // predecessor's go out, so the node is never without either. With no fix enabled nothing is taken
 // over and nothing is removed; a backend that is not a PredecessorCleaner (nftables) leaves the
-// predecessor's iptables chains to `network-node-manager cleanup`.
-func CleanPredecessor(lc fx.Lifecycle, be backend.Backend, e *engine.Engine, cfg *config.Config, log *slog.Logger) {
+// predecessor's iptables chains to `network-node-manager cleanup`. When chains were removed, a
+// PredecessorTakenOver Event is posted on the Node.
+func CleanPredecessor(lc fx.Lifecycle, be backend.Backend, e *engine.Engine, cfg *config.Config, ev EventsIn, log *slog.Logger) {
 	pc, ok := be.(PredecessorCleaner)
 	if !ok {
 		return
@@ -47,7 +49,7 @@ func CleanPredecessor(lc fx.Lifecycle, be backend.Backend, e *engine.Engine, cfg
 			}
 		}
 		return false
-	}, log: log}
+	}, takenOver: ev.Recorder.PredecessorTakenOver, log: log}
 	lc.Append(fx.Hook{OnStart: t.start, OnStop: t.stop})
 }
 
@@ -55,7 +57,9 @@ type takeover struct {
 	pc       PredecessorCleaner
 	families []rules.Family
 	synced   func() bool
-	log      *slog.Logger
+	// takenOver hears how many chains were removed, when any were.
+	takenOver func(chains int, families []rules.Family)
+	log       *slog.Logger
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -82,11 +86,21 @@ func (t *takeover) start(context.Context) error {
 }
 
 func (t *takeover) clean(ctx context.Context) {
+	total := 0
+	var from []rules.Family
 	for _, f := range t.families {
-		if err := t.pc.CleanupPredecessor(ctx, f); err != nil {
+		n, err := t.pc.CleanupPredecessor(ctx, f)
+		if err != nil {
 			// Not fatal: the predecessor's leftovers do not stop our fixes; `cleanup` removes them too.
 			t.log.Warn("could not remove the predecessor's NMANAGER_ chains", "family", f, "err", err)
 		}
+		if n > 0 {
+			total += n
+			from = append(from, f)
+		}
+	}
+	if total > 0 && t.takenOver != nil {
+		t.takenOver(total, from)
 	}
 }
 

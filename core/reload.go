@@ -21,17 +21,17 @@ import (
 // WatchConfig reloads the config file when it changes and hands the result to the engine, so that
 // enabling, disabling or tuning a fix in a ConfigMap needs no redeploy. The directory is watched, not
 // the file, because a mounted ConfigMap is updated by swapping a symlink. A file that no longer loads
-// is logged and counted; the running configuration stays.
+// is logged, counted and posted on the Node (ConfigReloadRejected); the running configuration stays.
 //
 // viper.WatchConfig is not used: it re-reads into one viper instance (our Load merges the file with
 // the environment and flags each time and must be able to refuse the result as a whole), it has no
 // debounce, and its goroutine cannot be stopped, which an fx Stop hook and goleak need.
-func WatchConfig(lc fx.Lifecycle, cfg *config.Config, in Inputs, ids fix.IDs, e *engine.Engine, m *metrics.Sync, log *slog.Logger) {
+func WatchConfig(lc fx.Lifecycle, cfg *config.Config, in Inputs, ids fix.IDs, e *engine.Engine, m *metrics.Sync, ev EventsIn, log *slog.Logger) {
 	if cfg.File == "" {
 		return
 	}
 	w := &configWatcher{file: cfg.File, load: func() (*config.Config, error) { return config.Load(in.Flags, in.Environ, ids.IDs) },
-		apply: e.Reconfigure, m: m, log: log, quiet: reloadQuiet, maxWait: reloadMaxWait}
+		apply: e.Reconfigure, rejected: ev.Recorder.ConfigRejected, m: m, log: log, quiet: reloadQuiet, maxWait: reloadMaxWait}
 	lc.Append(fx.Hook{OnStart: w.start, OnStop: w.stop})
 }
 
@@ -47,8 +47,10 @@ type configWatcher struct {
 	file  string
 	load  func() (*config.Config, error)
 	apply func(*config.Config)
-	m     *metrics.Sync
-	log   *slog.Logger
+	// rejected hears why a changed file was not taken.
+	rejected func(error)
+	m        *metrics.Sync
+	log      *slog.Logger
 
 	quiet, maxWait time.Duration
 
@@ -111,6 +113,9 @@ func (w *configWatcher) reload() {
 	if err != nil {
 		w.log.Error("config file changed but does not load; keeping the running configuration", "file", w.file, "err", err)
 		w.m.ConfigReloads.WithLabelValues("error").Inc()
+		if w.rejected != nil {
+			w.rejected(err)
+		}
 		return
 	}
 	w.apply(cfg)

@@ -20,11 +20,13 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
@@ -216,6 +218,8 @@ func TestBaseObjects(t *testing.T) {
 		"ClusterRoleBinding /network-node-manager",
 		"Role kube-system/network-node-manager-kube-proxy-config",
 		"RoleBinding kube-system/network-node-manager-kube-proxy-config",
+		"Role default/network-node-manager-events",
+		"RoleBinding default/network-node-manager-events",
 		"ClusterRole /network-node-manager-metrics-reader",
 		"ConfigMap kube-system/network-node-manager",
 		"DaemonSet kube-system/network-node-manager",
@@ -226,8 +230,9 @@ func TestBaseObjects(t *testing.T) {
 }
 
 // The ClusterRole grants exactly Services list/watch, Nodes get/list/watch and the two reviews behind
-// the protected /metrics; the only namespaced grant is get on the one ConfigMap kube-system/kube-proxy;
-// both bind the agent's ServiceAccount. The metrics reader role allows get /metrics and nothing else.
+// the protected /metrics; the namespaced grants are get on the one ConfigMap kube-system/kube-proxy and
+// create/patch of events.k8s.io Events in default (a Node's Events live there); all bind the agent's
+// ServiceAccount. The metrics reader role allows get /metrics and nothing else.
 func TestLeastPrivilege(t *testing.T) {
 	objs := render(t, "base")
 	cr := typed[rbacv1.ClusterRole](t, find(t, objs, "ClusterRole", "network-node-manager"))
@@ -250,10 +255,16 @@ func TestLeastPrivilege(t *testing.T) {
 	if fmt.Sprint(role.Rules) != fmt.Sprint(wantRole) || role.Namespace != "kube-system" {
 		t.Errorf("Role %s rules = %+v, want exactly %+v", role.Namespace, role.Rules, wantRole)
 	}
+	evRole := typed[rbacv1.Role](t, find(t, objs, "Role", "network-node-manager-events"))
+	wantEv := []rbacv1.PolicyRule{{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}}}
+	if fmt.Sprint(evRole.Rules) != fmt.Sprint(wantEv) || evRole.Namespace != "default" {
+		t.Errorf("Role %s/%s rules = %+v, want exactly %+v in default", evRole.Namespace, evRole.Name, evRole.Rules, wantEv)
+	}
 	sa := typed[corev1.ServiceAccount](t, find(t, objs, "ServiceAccount", "network-node-manager"))
 	subject := rbacv1.Subject{Kind: "ServiceAccount", Name: sa.Name, Namespace: sa.Namespace}
 	crb := typed[rbacv1.ClusterRoleBinding](t, find(t, objs, "ClusterRoleBinding", "network-node-manager"))
 	rb := typed[rbacv1.RoleBinding](t, find(t, objs, "RoleBinding", "network-node-manager-kube-proxy-config"))
+	evRB := typed[rbacv1.RoleBinding](t, find(t, objs, "RoleBinding", "network-node-manager-events"))
 	for _, b := range []struct {
 		name     string
 		ref      rbacv1.RoleRef
@@ -262,6 +273,7 @@ func TestLeastPrivilege(t *testing.T) {
 	}{
 		{"ClusterRoleBinding", crb.RoleRef, crb.Subjects, rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: cr.Name}},
 		{"RoleBinding", rb.RoleRef, rb.Subjects, rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: role.Name}},
+		{"events RoleBinding", evRB.RoleRef, evRB.Subjects, rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: evRole.Name}},
 	} {
 		if b.ref != b.want || len(b.subjects) != 1 || b.subjects[0] != subject {
 			t.Errorf("%s: roleRef %+v subjects %+v, want %+v and only %+v", b.name, b.ref, b.subjects, b.want, subject)
@@ -583,6 +595,19 @@ func TestManifestsAgainstAPIServer(t *testing.T) {
 				}
 				return err
 			},
+			// The Events on the Node: created in default, then their series patched.
+			"create and patch an event on a node": func() error {
+				ev := &eventsv1.Event{ObjectMeta: metav1.ObjectMeta{Name: "node-1.rbac", Namespace: "default"},
+					EventTime: metav1.NowMicro(), Reason: "FixEnabled", Action: "invalid-drop", Type: corev1.EventTypeNormal,
+					ReportingController: "network-node-manager", ReportingInstance: "network-node-manager-node-1",
+					Regarding: corev1.ObjectReference{Kind: "Node", Name: "node-1", UID: "node-1"}, Note: "fix invalid-drop enabled"}
+				if _, err := cs.EventsV1().Events("default").Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+					return err
+				}
+				_, err := cs.EventsV1().Events("default").Patch(ctx, ev.Name, types.StrategicMergePatchType,
+					[]byte(`{"series":{"count":2,"lastObservedTime":"2026-12-01T00:00:00.000000Z"}}`), metav1.PatchOptions{})
+				return err
+			},
 			// The detect probe as the agent runs it: NotFound here (no kube-proxy), not Forbidden.
 			"get kube-proxy configmap": func() error {
 				_, found, err := detect.KubeProxyConfigMap(cs)(ctx)
@@ -604,6 +629,18 @@ func TestManifestsAgainstAPIServer(t *testing.T) {
 			},
 			"get another configmap": func() error {
 				_, err := cs.CoreV1().ConfigMaps("kube-system").Get(ctx, "network-node-manager", metav1.GetOptions{})
+				return err
+			},
+			"create an event in kube-system": func() error {
+				_, err := cs.EventsV1().Events("kube-system").Create(ctx, &eventsv1.Event{ObjectMeta: metav1.ObjectMeta{Name: "x", Namespace: "kube-system"}}, metav1.CreateOptions{})
+				return err
+			},
+			"list events": func() error { _, err := cs.EventsV1().Events("default").List(ctx, metav1.ListOptions{}); return err },
+			"delete an event": func() error {
+				return cs.EventsV1().Events("default").Delete(ctx, "node-1.rbac", metav1.DeleteOptions{})
+			},
+			"create a core v1 event": func() error {
+				_, err := cs.CoreV1().Events("default").Create(ctx, &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "x", Namespace: "default"}}, metav1.CreateOptions{})
 				return err
 			},
 			"list secrets": func() error { _, err := cs.CoreV1().Secrets("").List(ctx, metav1.ListOptions{}); return err },

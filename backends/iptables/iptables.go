@@ -574,9 +574,10 @@ func (b *Backend) Counters(ctx context.Context, fix string, family rules.Family)
 func (b *Backend) Cleanup(ctx context.Context) error {
 	var errs []error
 	for _, f := range rules.Families {
-		errs = append(errs, b.cleanup(ctx, f, func(c string) bool {
+		_, err := b.cleanup(ctx, f, func(c string) bool {
 			return isOurs(c) || strings.HasPrefix(c, PredecessorChainPrefix)
-		}))
+		})
+		errs = append(errs, err)
 	}
 	b.mu.Lock()
 	clear(b.applied)
@@ -586,17 +587,17 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 }
 
 // CleanupPredecessor removes the chains of Kakao's network-node-manager (NMANAGER_*, any table) and
-// the rules jumping to them in family, leaving ours alone.
-func (b *Backend) CleanupPredecessor(ctx context.Context, family rules.Family) error {
+// the rules jumping to them in family, leaving ours alone. It returns how many chains it removed.
+func (b *Backend) CleanupPredecessor(ctx context.Context, family rules.Family) (int, error) {
 	return b.cleanup(ctx, family, func(c string) bool { return strings.HasPrefix(c, PredecessorChainPrefix) })
 }
 
-func (b *Backend) cleanup(ctx context.Context, family rules.Family, match func(string) bool) error {
+func (b *Backend) cleanup(ctx context.Context, family rules.Family, match func(string) bool) (removed int, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	d, err := b.save(ctx, family)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	gone := map[tchain]bool{}
 	for _, t := range d.tables {
@@ -610,11 +611,11 @@ func (b *Backend) cleanup(ctx context.Context, family rules.Family, match func(s
 	removeChains(p, d, gone, nil)
 	if input := p.String(); input != "" {
 		if err := b.restore(ctx, family, input); err != nil {
-			return fmt.Errorf("cleanup (%s): %w", family, err)
+			return 0, fmt.Errorf("cleanup (%s): %w", family, err)
 		}
 		b.log.Info("chains cleaned up", "family", family, "chains", len(gone))
 	}
-	return nil
+	return len(gone), nil
 }
 
 // save runs iptables-save -c for all tables of family.

@@ -421,8 +421,12 @@ func TestCleanupPredecessorOnly(t *testing.T) {
 		k.addPredecessor()
 		b := k.backend()
 		mustApply(t, b, invalidDrop(k.family))
-		if err := b.CleanupPredecessor(context.Background(), k.family); err != nil {
+		n, err := b.CleanupPredecessor(context.Background(), k.family)
+		if err != nil {
 			t.Fatal(err)
+		}
+		if n == 0 {
+			t.Error("CleanupPredecessor reported no chain removed")
 		}
 		s := k.save()
 		mustLack(t, s, "NMANAGER_")

@@ -42,6 +42,8 @@ type Options struct {
 	Env     fix.Env
 	Metrics *metrics.Sync
 	Log     *slog.Logger
+	// Notify hears about fixes enabled, refused, synced or failing (nil: nobody).
+	Notify Notifier
 	// Now is time.Now unless a test replaces it.
 	Now func() time.Time
 }
@@ -52,6 +54,7 @@ type Engine struct {
 	source watch.Source
 	m      *metrics.Sync
 	log    *slog.Logger
+	notify Notifier
 	now    func() time.Time
 
 	reconfig chan *config.Config
@@ -84,7 +87,10 @@ func New(o Options) (*Engine, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	e := &Engine{be: o.Backend, source: o.Source, m: o.Metrics, log: o.Log, now: o.Now,
+	if o.Notify == nil {
+		o.Notify = nopNotifier{}
+	}
+	e := &Engine{be: o.Backend, source: o.Source, m: o.Metrics, log: o.Log, now: o.Now, notify: o.Notify,
 		reconfig: make(chan *config.Config, 1), env: o.Env}
 	for _, f := range o.Fixes {
 		st, err := register(f, e.fixes)
@@ -110,6 +116,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	for _, err := range e.Refusals() {
 		e.log.Error("fix not started", "err", err)
 	}
+	e.announce(nil)
 	e.mu.Lock()
 	e.started = e.now()
 	for _, u := range e.units {

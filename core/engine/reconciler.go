@@ -119,18 +119,27 @@ func (e *Engine) account(ctx context.Context, u *unit, bname string, start time.
 	e.m.Syncs.WithLabelValues(id, bname).Inc()
 	if err != nil {
 		e.m.Errors.WithLabelValues(id, bname).Inc()
+		e.notify.FixSyncFailed(id, err)
 		if u.family != "" {
 			e.log.Error("sync failed; previous rules stay in place", "fix", id, "family", u.family, "err", err)
 		} else {
 			e.log.Error("sync failed", "fix", id, "err", err)
 		}
 	}
+	// Told after e.mu is released (deferred calls run last in, first out).
+	firstSync := false
+	defer func() {
+		if firstSync {
+			e.notify.FixSynced(id)
+		}
+	}()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err != nil {
 		u.lastErr = err
 		return err
 	}
+	first := !u.everOK
 	u.lastOK, u.lastErr, u.everOK = now, nil, true
 	// The fix's last success is its least recent unit's, once every wanted unit has one.
 	oldest := now
@@ -146,6 +155,8 @@ func (e *Engine) account(ctx context.Context, u *unit, bname string, start time.
 		}
 	}
 	e.m.LastSuccess.WithLabelValues(id, bname).Set(float64(oldest.UnixNano()) / 1e9)
+	// This unit was the fix's last to sync since the fix became wanted.
+	firstSync = first
 	return nil
 }
 

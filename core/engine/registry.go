@@ -229,6 +229,7 @@ func (e *Engine) syncPeriod() time.Duration {
 // applyConfig switches to cfg if every fix accepts it and asks every worker for a full pass (which
 // removes what the new config no longer wants); reports whether anything was taken.
 func (e *Engine) applyConfig(cfg *config.Config) bool {
+	before := e.Statuses()
 	e.mu.Lock()
 	old := e.cfg
 	oldNeeds := e.needsLocked()
@@ -238,6 +239,7 @@ func (e *Engine) applyConfig(cfg *config.Config) bool {
 	if err != nil {
 		e.log.Error("new configuration rejected; keeping the running one", "err", err)
 		e.m.ConfigReloads.WithLabelValues("error").Inc()
+		e.notify.ConfigRejected(err)
 		return false
 	}
 	e.m.ConfigReloads.WithLabelValues("success").Inc()
@@ -251,6 +253,7 @@ func (e *Engine) applyConfig(cfg *config.Config) bool {
 		e.log.Error("fix not started", "err", err)
 	}
 	e.log.Info("configuration reloaded", "file", cfg.File)
+	e.announce(before)
 	for _, u := range e.units {
 		signal(u.reconf)
 	}
