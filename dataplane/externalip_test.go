@@ -166,23 +166,23 @@ type extipTopo struct{ pod, node, backend *testenv.NS }
 
 func newExtIPTopo(t *testing.T) *extipTopo {
 	t.Helper()
-	tp := &extipTopo{pod: newNS(t, "nnmdp-pod"), node: newNS(t, "nnmdp-node"), backend: newNS(t, "nnmdp-bk")}
-	veth(tp.node, "pod0", tp.pod, "eth0")
-	veth(tp.node, "bk0", tp.backend, "eth0")
-	veth(tp.node, "kube-ipvs0", tp.node, "ipvs0-peer")
-	addAddrs(tp.pod, "eth0", "10.244.1.2/24", "fd00:10:244:1::2/64")
-	addAddrs(tp.node, "pod0", "10.244.1.1/24", "fd00:10:244:1::1/64")
-	addAddrs(tp.node, "bk0", "198.51.100.1/24", "2001:db8:2::1/64")
-	addAddrs(tp.backend, "eth0", "198.51.100.2/24", "2001:db8:2::2/64")
+	tp := &extipTopo{pod: testenv.NewNoDAD(t, "nnmdp-pod"), node: testenv.NewNoDAD(t, "nnmdp-node"), backend: testenv.NewNoDAD(t, "nnmdp-bk")}
+	tp.node.Veth("pod0", tp.pod, "eth0")
+	tp.node.Veth("bk0", tp.backend, "eth0")
+	tp.node.Veth("kube-ipvs0", tp.node, "ipvs0-peer")
+	tp.pod.AddAddrs("eth0", "10.244.1.2/24", "fd00:10:244:1::2/64")
+	tp.node.AddAddrs("pod0", "10.244.1.1/24", "fd00:10:244:1::1/64")
+	tp.node.AddAddrs("bk0", "198.51.100.1/24", "2001:db8:2::1/64")
+	tp.backend.AddAddrs("eth0", "198.51.100.2/24", "2001:db8:2::2/64")
 	for _, p := range extipPlans {
 		for _, a := range []netip.Addr{p.clusterIP, p.proxyCluster, p.extIP, p.proxyExtIP} {
-			addAddrs(tp.node, "kube-ipvs0", netip.PrefixFrom(a, a.BitLen()).String())
+			tp.node.AddAddrs("kube-ipvs0", netip.PrefixFrom(a, a.BitLen()).String())
 		}
 	}
 	tp.pod.MustExec("ip", "route", "add", "default", "via", "10.244.1.1")
 	tp.pod.MustExec("ip", "-6", "route", "add", "default", "via", "fd00:10:244:1::1")
 	tp.node.MustExec("sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
-	nftLoad(t, tp.node, "ipvs-emu", ipvsEmuRuleset)
+	tp.node.NftLoad(ipvsEmuRuleset)
 
 	serveBackend(t, tp.backend)
 	routes := map[netip.AddrPort]netip.AddrPort{}
@@ -201,7 +201,7 @@ func backendBody(ns *testenv.NS) string { return "hello from " + ns.Name + "\n" 
 
 // serveBackend answers every connection on :backendPort (both families) with backendBody and closes it.
 func serveBackend(t *testing.T, ns *testenv.NS) {
-	ln := listen(t, ns, fmt.Sprintf(":%d", backendPort))
+	ln := ns.Listen(t, fmt.Sprintf(":%d", backendPort))
 	body := backendBody(ns)
 	go func() {
 		for {
@@ -232,7 +232,7 @@ func startForwarder(t *testing.T, node *testenv.NS, routes map[netip.AddrPort]ne
 		mu.Unlock()
 	}
 	for from, to := range routes {
-		ln := listen(t, node, from.String())
+		ln := node.Listen(t, from.String())
 		lns = append(lns, ln)
 		wg.Add(1)
 		go func() {

@@ -219,3 +219,65 @@ func (ns *NS) Run(ctx context.Context, name string, args []string, stdin []byte)
 	err := cmd.Run()
 	return out.Bytes(), errb.Bytes(), err
 }
+
+// Existing wraps a namespace that the test did not create (a VM's initial one, attached by
+// `ip netns attach`); it is not deleted when the test ends.
+func Existing(t testing.TB, name string) *NS {
+	t.Helper()
+	if !Exists(name) {
+		t.Fatalf("network namespace %s does not exist", name)
+	}
+	return &NS{Name: name, t: t}
+}
+
+// NewNoDAD is New with IPv6 duplicate address detection off, so addresses are usable at once (links
+// created into the namespace inherit the "default" setting).
+func NewNoDAD(t testing.TB, prefix string) *NS {
+	t.Helper()
+	ns := New(t, prefix)
+	ns.MustExec("sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0")
+	return ns
+}
+
+// Veth links ns (interface aIf) with b (interface bIf, which may be ns itself); both ends are up.
+func (ns *NS) Veth(aIf string, b *NS, bIf string) {
+	ns.t.Helper()
+	if b == ns {
+		ns.MustExec("ip", "link", "add", aIf, "type", "veth", "peer", "name", bIf)
+	} else {
+		ns.MustExec("ip", "link", "add", aIf, "type", "veth", "peer", "name", bIf, "netns", b.Name)
+	}
+	ns.MustExec("ip", "link", "set", aIf, "up")
+	b.MustExec("ip", "link", "set", bIf, "up")
+}
+
+// AddAddrs adds addresses (CIDR notation) to dev; IPv6 ones without duplicate address detection.
+func (ns *NS) AddAddrs(dev string, cidrs ...string) {
+	ns.t.Helper()
+	for _, c := range cidrs {
+		args := []string{"ip", "addr", "add", c, "dev", dev}
+		if strings.Contains(c, ":") {
+			args = append(args, "nodad")
+		}
+		ns.MustExec(args...)
+	}
+}
+
+// NftLoad loads an nft ruleset (`nft -f -`) in the namespace and fails the test on error.
+func (ns *NS) NftLoad(ruleset string) {
+	ns.t.Helper()
+	if _, stderr, err := ns.Run(context.Background(), "nft", []string{"-f", "-"}, []byte(ruleset)); err != nil {
+		ns.t.Fatalf("nft -f in %s: %v: %s", ns.Name, err, stderr)
+	}
+}
+
+// Listen opens a TCP listener inside the namespace, closed when t ends.
+func (ns *NS) Listen(t testing.TB, addr string) net.Listener {
+	t.Helper()
+	var ln net.Listener
+	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp", addr); return }); err != nil {
+		t.Fatalf("listen on %s in %s: %v", addr, ns.Name, err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
