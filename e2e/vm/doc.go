@@ -9,20 +9,23 @@
 //   - dataplane/externalip_test.go (fast lane, host kernel, no VM): the fix's DNAT and masquerade
 //     with an emulated IPVS (a veth named kube-ipvs0 and a Go forwarder in place of the IPVS
 //     virtual server), both families, both backends, in about a second per case.
-//   - e2e/vm (this package, the VM lane): the problem and the fix with the real thing: kube-proxy
+//   - e2e/vm (this package, the VM lane): the problems and the fixes with the real thing: kube-proxy
 //     v1.36 in IPVS mode (kube-ipvs0 dummy, ipsets, IPVS virtual servers) on kernel 6.1, a node with
-//     no local endpoint of an externalTrafficPolicy: Local LoadBalancer. Without the agent a
-//     host-network process cannot reach the External-IP (kubernetes#75262); a pod can, since
-//     kube-proxy gives the virtual server the cluster's endpoints when none is local
-//     (kubernetes#97081), and the test asserts both. With the agent (iptables backend) both reach it,
-//     on the Service's port only, and an ipMode: Proxy Service is left alone. The nftables backend
-//     is skipped with the reason (knownBroken in guest_test.go): its rules do not load on 6.1.
+//     no local endpoint of an externalTrafficPolicy: Local LoadBalancer (TestGuestKubeProxyIPVS, run
+//     in the guest by TestKubeProxyIPVSInVM):
+//     external-ip: without the agent a host-network process cannot reach the External-IP
+//     (kubernetes#75262); a pod can, since kube-proxy gives the virtual server the cluster's
+//     endpoints when none is local (kubernetes#97081), and the test asserts both. With the agent
+//     (iptables backend, then nftables) both reach it, on the Service's port only, and an
+//     ipMode: Proxy Service is left alone.
+//     connection-reset: kube-proxy's IPVS mode installs no INVALID drop, so the reset reproduction
+//     of internal/resettest (an out-of-window segment answered by the node's RST) happens beside
+//     kube-proxy alone, and with the agent (each backend) the segment is dropped and the connection
+//     lives on, counted by nnm_invalid_drop_dropped_packets_total.
 //     Both families in one run: a dual-stack Node, dual-stack Services and one address plan per
-//     family (plans in host_test.go); the guest's IPv6 addresses exist only inside it. It also
-//     checks that kube-proxy's IPVS mode installs no INVALID drop and that the agent's is in INPUT
-//     for both families; the connection-reset traffic reproduction itself runs on the host kernel
-//     (dataplane/reset_test.go, and dataplane/kubeproxy_test.go beside kube-proxy's iptables and
-//     nftables modes), not in the guest yet.
+//     family (plans in host_test.go); the guest's IPv6 addresses exist only inside it.
+//   - dataplane/reset_test.go and dataplane/kubeproxy_test.go (host kernel): the same reset
+//     reproduction on a bare node and beside kube-proxy's iptables and nftables modes.
 //   - e2e/kubeproxy_test.go (host kernel): the agent beside a real kube-proxy in iptables and
 //     nftables mode.
 //

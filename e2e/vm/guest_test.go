@@ -1,7 +1,10 @@
 package vm
 
 // The guest half of the VM lane: runs inside the VM (kernel 6.1 with IP_VS) that
-// TestIPVSExternalIPInVM boots, as root in the guest's initial network namespace, which is the node.
+// TestKubeProxyIPVSInVM boots, as root in the guest's initial network namespace, which is the node.
+// What it proves that no host lane can (the host kernel has no IP_VS; dataplane/externalip_test.go
+// emulates IPVS): kubernetes#75262 and the connection reset beside a real kube-proxy in IPVS mode,
+// and both fixes with each backend on kernel 6.1 (see doc.go for every lane).
 // Both families, addresses in plans (host_test.go):
 //
 //	node (guest root netns)                      kube-proxy --proxy-mode=ipvs, the agent
@@ -10,6 +13,8 @@ package vm
 //	  pod0  10.244.1.1/24 fd00:10:244:1::1/64 <-> netns pod  eth0 10.244.1.2, fd00:10:244:1::2 (default via node)
 //	  rem0  10.244.2.1/24 fd00:10:244:2::1/64 <-> netns ep   eth0 10.244.2.2, fd00:10:244:2::2: TCP :8080,
 //	                                        the Service's only endpoint, on another node as far as the API says
+//	  ext0  192.0.2.1/24 2001:db8:1::1/64    <-> netns nnmdp-ext eth0 192.0.2.2, 2001:db8:1::2: the
+//	                                        connection-reset reproduction's external server (internal/resettest)
 
 import (
 	"bufio"
@@ -28,6 +33,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/kubeproxytest"
+	"github.com/network-node-manager/network-node-manager/internal/resettest"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
@@ -211,17 +217,13 @@ func ourRules(t *testing.T, backend string) string {
 	return b.String()
 }
 
-// knownBroken names the backends that fail in this guest for a reason outside the test, with it.
-var knownBroken = map[string]string{
-	"nftables": "the nftables backend's External-IP rules match with `ip daddr . meta l4proto . th dport @svc`, " +
-		"an existence lookup on a map, which kernel 6.1 rejects (`nft -f`: \"Could not process rule: Invalid " +
-		"argument\"; the host's 6.18 accepts it), so the agent never gets ready; a set of the map's keys " +
-		"beside it works on 6.1 (measured in this VM)",
-}
-
-// TestGuestIPVSExternalIP reproduces kubernetes#75262 with real IPVS and shows the fix, per backend,
-// for both families.
-func TestGuestIPVSExternalIP(t *testing.T) {
+// TestGuestKubeProxyIPVS reproduces, beside kube-proxy v1.36 in IPVS mode on kernel 6.1, the two
+// problems our IPVS-mode fixes exist for, without the agent, and shows each fixed, per backend, for
+// both families:
+//   - external-ip: kubernetes#75262 with real IPVS (ipvs-externalip-dnat);
+//   - connection-reset: kubernetes#74839, the INVALID segment answered by an RST
+//     (internal/resettest; invalid-drop), since IPVS mode installs no INVALID drop of its own.
+func TestGuestKubeProxyIPVS(t *testing.T) {
 	requireGuest(t)
 	ctx := t.Context()
 	clusterIPs := strings.Split(os.Getenv("NNM_VM_CLUSTER_IPS"), ",")
@@ -233,6 +235,7 @@ func TestGuestIPVSExternalIP(t *testing.T) {
 	t.Logf("guest kernel %s", strings.TrimSpace(sh(t, "uname", "-r")))
 
 	pod := guestTopology(t)
+	reset := resettest.Extend(t, testenv.Existing(t, nodeNetns), pod)
 	start := time.Now()
 	kp := kubeproxytest.StartT(t, kubeproxytest.Options{
 		Netns: nodeNetns, Kubeconfig: kubeconfig, Mode: "ipvs", NodeName: nodeName,
@@ -259,56 +262,65 @@ func TestGuestIPVSExternalIP(t *testing.T) {
 		return nil
 	})
 	t.Logf("kube-proxy's IPVS state for both families after another %v", took.Round(100*time.Millisecond))
-	vs := ipvsServices(t)
-	t.Logf("IPVS virtual servers: %v", vs)
-	for i, p := range plans {
-		if !strings.Contains(addrs, p.lbLocal+"/") || strings.Contains(addrs, p.lbProxy+"/") {
-			t.Fatalf("kube-ipvs0 should hold %s and not the ipMode: Proxy IP %s:\n%s", p.lbLocal, p.lbProxy, addrs)
-		}
-		lb, cluster := addr(p.lbLocal, servicePort), addr(clusterIPs[i], servicePort)
-		if rs := vs["TCP "+cluster]; len(rs) != 1 || rs[0] != addr(p.endpoint, endpointPort) {
-			t.Fatalf("want the ClusterIP virtual server %s → %s, got %v", cluster, addr(p.endpoint, endpointPort), rs)
-		}
-		// kubernetes#75262 as it stands in v1.36: kube-proxy gives the External-IP's virtual server
-		// the cluster-wide endpoints when the node has no local one (kubernetes#97081), so a pod,
-		// whose source address the endpoint routes back here, gets through; a host-network process
-		// does not: its packets leave with the External-IP as source (the address is local, on
-		// kube-ipvs0), and the endpoint's answer goes to the load balancer, not back to this node.
-		if rs := vs["TCP "+lb]; len(rs) != 1 {
-			t.Fatalf("want kube-proxy to give %s the remote endpoint (kubernetes#97081), got %v", lb, rs)
-		}
-		// The Service works by its ClusterIP (once kube-proxy has synced the family's ipsets and
-		// masquerade rules too): the failure below is the External-IP path only.
-		for _, from := range []*testenv.NS{pod, nil} {
-			var got string
-			took := agenttest.Eventually(t, time.Minute, func() (err error) {
-				got, err = fetch(ctx, from, cluster)
-				return err
-			})
-			t.Logf("%s: ClusterIP %s from %s after %v: %q", p.family, cluster, who(from), took.Round(10*time.Millisecond), got)
-		}
-		got, err := fetch(ctx, pod, lb)
-		if err != nil {
-			t.Fatalf("without the agent, a pod should reach %s through IPVS (kubernetes#97081): %v", lb, err)
-		}
-		t.Logf("%s: without the agent: External-IP %s from a pod: %q", p.family, lb, got)
-		assertUnreachable(t, nil, lb, p.family+" without the agent (kubernetes#75262)")
-	}
 
+	reproduced := t.Run("without-agent/external-ip", func(t *testing.T) {
+		vs := ipvsServices(t)
+		t.Logf("IPVS virtual servers: %v", vs)
+		for i, p := range plans {
+			if !strings.Contains(addrs, p.lbLocal+"/") || strings.Contains(addrs, p.lbProxy+"/") {
+				t.Fatalf("kube-ipvs0 should hold %s and not the ipMode: Proxy IP %s:\n%s", p.lbLocal, p.lbProxy, addrs)
+			}
+			lb, cluster := addr(p.lbLocal, servicePort), addr(clusterIPs[i], servicePort)
+			if rs := vs["TCP "+cluster]; len(rs) != 1 || rs[0] != addr(p.endpoint, endpointPort) {
+				t.Fatalf("want the ClusterIP virtual server %s → %s, got %v", cluster, addr(p.endpoint, endpointPort), rs)
+			}
+			// kubernetes#75262 as it stands in v1.36: kube-proxy gives the External-IP's virtual server
+			// the cluster-wide endpoints when the node has no local one (kubernetes#97081), so a pod,
+			// whose source address the endpoint routes back here, gets through; a host-network process
+			// does not: its packets leave with the External-IP as source (the address is local, on
+			// kube-ipvs0), and the endpoint's answer goes to the load balancer, not back to this node.
+			if rs := vs["TCP "+lb]; len(rs) != 1 {
+				t.Fatalf("want kube-proxy to give %s the remote endpoint (kubernetes#97081), got %v", lb, rs)
+			}
+			// The Service works by its ClusterIP (once kube-proxy has synced the family's ipsets and
+			// masquerade rules too): the failure below is the External-IP path only.
+			for _, from := range []*testenv.NS{pod, nil} {
+				var got string
+				took := agenttest.Eventually(t, time.Minute, func() (err error) {
+					got, err = fetch(ctx, from, cluster)
+					return err
+				})
+				t.Logf("%s: ClusterIP %s from %s after %v: %q", p.family, cluster, who(from), took.Round(10*time.Millisecond), got)
+			}
+			got, err := fetch(ctx, pod, lb)
+			if err != nil {
+				t.Fatalf("without the agent, a pod should reach %s through IPVS (kubernetes#97081): %v", lb, err)
+			}
+			t.Logf("%s: without the agent: External-IP %s from a pod: %q", p.family, lb, got)
+			assertUnreachable(t, nil, lb, p.family+" without the agent (kubernetes#75262)")
+		}
+	})
 	// kube-proxy in IPVS mode installs no INVALID drop (its iptables mode has one, in FORWARD only),
-	// which is why invalid-drop is on by default here. The connection-reset reproduction itself runs
-	// on the host kernel (dataplane/reset_test.go, dataplane/kubeproxy_test.go), not in this guest.
-	kpInvalidDrops := invalidDrops(t)
-	if len(kpInvalidDrops) != 0 {
-		t.Fatalf("kube-proxy IPVS mode has INVALID drop rules: %q", kpInvalidDrops)
+	// which is why invalid-drop is on by default here: the reset happens beside kube-proxy alone.
+	reproduced = t.Run("without-agent/connection-reset", func(t *testing.T) {
+		if drops := invalidDrops(t); len(drops) != 0 {
+			t.Fatalf("kube-proxy IPVS mode has INVALID drop rules: %q", drops)
+		}
+		t.Logf("kube-proxy IPVS mode: no INVALID drop in iptables-save or ip6tables-save")
+		for _, p := range resettest.Plans {
+			in := resettest.Inject(t, reset, p, true)
+			t.Logf("kube-proxy IPVS mode alone: %s", in)
+			if err := in.Reproduced(); err != nil {
+				t.Errorf("want the reset reproduced beside kube-proxy IPVS mode: %v", err)
+			}
+		}
+	}) && reproduced
+	if !reproduced {
+		t.Fatal("a problem did not reproduce without the agent, so the runs with the agent would prove nothing")
 	}
-	t.Logf("kube-proxy IPVS mode: no INVALID drop in iptables-save or ip6tables-save")
 
 	for _, backend := range []string{"iptables", "nftables"} {
 		t.Run(backend, func(t *testing.T) {
-			if why, broken := knownBroken[backend]; broken && os.Getenv("NNM_VM_RUN_BROKEN") == "" {
-				t.Skipf("known failure on kernel 6.1, reported, not yet fixed (NNM_VM_RUN_BROKEN=1 runs it): %s", why)
-			}
 			agent := agenttest.StartT(t, agenttest.Options{Netns: nodeNetns, Args: []string{
 				"--kubeconfig", kubeconfig, "--node-name", nodeName, "--backend", backend,
 				"--proxy-mode", "auto", "--pod-cidrs", plans[0].podCIDR + "," + plans[1].podCIDR,
@@ -322,30 +334,52 @@ func TestGuestIPVSExternalIP(t *testing.T) {
 				t.Fatalf("nnm_agent_info should say ipvs from kube-proxy's /proxyMode with backend %s: %v", backend, m.Find("nnm_agent_info"))
 			}
 			ours := ourRules(t, backend)
-			if backend == "iptables" {
+			t.Run("external-ip", func(t *testing.T) {
+				for _, p := range plans {
+					lb := addr(p.lbLocal, servicePort)
+					for _, from := range []*testenv.NS{pod, nil} {
+						var got string
+						took := agenttest.Eventually(t, 30*time.Second, func() (err error) {
+							got, err = fetch(ctx, from, lb)
+							return err
+						})
+						t.Logf("%s %s: External-IP %s from %s answered after %v: %q", backend, p.family, lb, who(from), took.Round(10*time.Millisecond), got)
+					}
+					assertUnreachable(t, pod, addr(p.lbLocal, servicePort+1), backend+" "+p.family+": another port of the External-IP")
+					if !strings.Contains(ours, p.lbLocal) || strings.Contains(ours, p.lbProxy) {
+						t.Fatalf("%s: our rules should name %s and not the ipMode: Proxy %s:\n%s", backend, p.lbLocal, p.lbProxy, ours)
+					}
+				}
+				m := scrape(t, agent)
+				t.Logf("%s: %v %v %v", backend, m.Find("nnm_fix_objects_covered", "fix", "ipvs-externalip-dnat"),
+					m.Find("nnm_fix_objects_skipped", "fix", "ipvs-externalip-dnat"), m.Find("nnm_ipvs_externalip_dnat_ips"))
+			})
+			t.Run("connection-reset", func(t *testing.T) {
+				// Our INVALID drop is in INPUT for both families: iptables chains, or nft tables (then
+				// iptables holds none, as kube-proxy's IPVS mode adds none).
 				drops := invalidDrops(t)
-				t.Logf("%s: INVALID drops with the agent: %q", backend, drops)
-				if len(drops) != 2 || !strings.Contains(drops[0], "NNM-INVALID-INPUT") || !strings.Contains(drops[1], "NNM-INVALID-INPUT") {
-					t.Fatalf("want our INVALID drop in INPUT for both families (and none of kube-proxy's), got %q", drops)
+				t.Logf("%s: INVALID drops in iptables-save with the agent: %q", backend, drops)
+				if want := map[string]int{"iptables": 2, "nftables": 0}[backend]; len(drops) != want {
+					t.Fatalf("want %d INVALID drops in iptables-save with the %s backend, got %q", want, backend, drops)
 				}
-			}
-			for _, p := range plans {
-				lb := addr(p.lbLocal, servicePort)
-				for _, from := range []*testenv.NS{pod, nil} {
-					var got string
-					took := agenttest.Eventually(t, 30*time.Second, func() (err error) {
-						got, err = fetch(ctx, from, lb)
-						return err
-					})
-					t.Logf("%s %s: External-IP %s from %s answered after %v: %q", backend, p.family, lb, who(from), took.Round(10*time.Millisecond), got)
+				for _, d := range drops {
+					if !strings.Contains(d, "NNM-INVALID-INPUT") {
+						t.Fatalf("an INVALID drop that is not ours: %q", d)
+					}
 				}
-				assertUnreachable(t, pod, addr(p.lbLocal, servicePort+1), backend+" "+p.family+": another port of the External-IP")
-				if !strings.Contains(ours, p.lbLocal) || strings.Contains(ours, p.lbProxy) {
-					t.Fatalf("%s: our rules should name %s and not the ipMode: Proxy %s:\n%s", backend, p.lbLocal, p.lbProxy, ours)
+				for _, p := range resettest.Plans {
+					in := resettest.Inject(t, reset, p, false)
+					t.Logf("kube-proxy IPVS mode + agent (%s): %s", backend, in)
+					if err := in.Prevented(); err != nil {
+						t.Fatalf("beside kube-proxy IPVS mode with the agent (%s): %v", backend, err)
+					}
+					v, err := in.DropMetric(scrape(t, agent))
+					t.Logf("kube-proxy IPVS mode + agent (%s), %s: data flows both ways; nnm_invalid_drop_dropped_packets_total = %v", backend, p.Family, v)
+					if err != nil {
+						t.Error(err)
+					}
 				}
-			}
-			m = scrape(t, agent)
-			t.Logf("%s: %v %v", backend, m.Find("nnm_fix_objects_covered", "fix", "ipvs-externalip-dnat"), m.Find("nnm_fix_objects_skipped", "fix", "ipvs-externalip-dnat"))
+			})
 
 			// Stop and clean up, and the problem is back: the next backend starts from scratch.
 			if err := agent.Stop(agenttest.StopGrace); err != nil {
@@ -355,6 +389,9 @@ func TestGuestIPVSExternalIP(t *testing.T) {
 			sh(t, bin, "cleanup")
 			for _, p := range plans {
 				assertUnreachable(t, nil, addr(p.lbLocal, servicePort), backend+" "+p.family+": after `network-node-manager cleanup`")
+			}
+			if drops := invalidDrops(t); len(drops) != 0 {
+				t.Fatalf("INVALID drops left after `network-node-manager cleanup`: %q", drops)
 			}
 		})
 	}

@@ -1,5 +1,12 @@
 package vm
 
+// The host half of the VM lane: control plane, cluster objects, and the qemu boot that runs the guest
+// half (guest_test.go). This lane proves with real IPVS on kernel 6.1 what the fast lane
+// (dataplane/externalip_test.go, host kernel) can only emulate: kubernetes#75262 and its fix beside
+// kube-proxy's IPVS mode; and it runs the connection-reset reproduction that the host lanes
+// (dataplane/reset_test.go, dataplane/kubeproxy_test.go) run beside no, iptables- and nftables-mode
+// kube-proxy, beside the IPVS mode. See doc.go.
+
 import (
 	"bufio"
 	"bytes"
@@ -25,6 +32,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 	"github.com/network-node-manager/network-node-manager/internal/kubeproxytest"
+	"github.com/network-node-manager/network-node-manager/internal/resettest"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
@@ -57,8 +65,9 @@ type plan struct {
 }
 
 var plans = []plan{
-	{"ipv4", "10.0.2.15", "10.244.1.0/24", "10.244.1.1", "10.244.1.2", "10.244.2.1", "10.244.2.2", "/24", "203.0.113.10", "203.0.113.11"},
-	{"ipv6", "fd00:10:0:2::15", "fd00:10:244:1::/64", "fd00:10:244:1::1", "fd00:10:244:1::2", "fd00:10:244:2::1", "fd00:10:244:2::2", "/64", "2001:db8:113::10", "2001:db8:113::11"},
+	// The pod side is the connection-reset reproduction's (internal/resettest), which the guest extends.
+	{"ipv4", "10.0.2.15", resettest.V4.PodCIDR.String(), resettest.V4.PodGW().String(), resettest.V4.PodIP().String(), "10.244.2.1", "10.244.2.2", "/24", "203.0.113.10", "203.0.113.11"},
+	{"ipv6", "fd00:10:0:2::15", resettest.V6.PodCIDR.String(), resettest.V6.PodGW().String(), resettest.V6.PodIP().String(), "fd00:10:244:2::1", "fd00:10:244:2::2", "/64", "2001:db8:113::10", "2001:db8:113::11"},
 }
 
 // vmTimeout bounds one boot-run-poweroff cycle: 2.5-4 minutes were measured on 2 cores shared with
@@ -222,10 +231,10 @@ func requireHost(t *testing.T) vmEnv {
 	return vm
 }
 
-// TestIPVSExternalIPInVM (host half) starts the control plane, creates the Node and the two
-// LoadBalancer Services with their EndpointSlices, boots the VM and runs TestGuestIPVSExternalIP
+// TestKubeProxyIPVSInVM (host half) starts the control plane, creates the Node and the two
+// LoadBalancer Services with their EndpointSlices, boots the VM and runs TestGuestKubeProxyIPVS
 // there; the guest's verdict and log are this test's.
-func TestIPVSExternalIPInVM(t *testing.T) {
+func TestKubeProxyIPVSInVM(t *testing.T) {
 	vm := requireHost(t)
 	cp := controlplane.StartT(t, controlplane.Options{})
 	ctx := t.Context()
@@ -235,7 +244,7 @@ func TestIPVSExternalIPInVM(t *testing.T) {
 	}
 	local := createLB(t, c, "lb-local", func(p plan) string { return p.lbLocal }, nil)
 	createLB(t, c, "lb-proxy", func(p plan) string { return p.lbProxy }, ptr.To(corev1.LoadBalancerIPModeProxy))
-	console, rc := runGuest(t, vm, cp.Server(), "^TestGuestIPVSExternalIP$", []string{
+	console, rc := runGuest(t, vm, cp.Server(), "^TestGuestKubeProxyIPVS$", []string{
 		"KUBECONFIG=" + guestKubeconfig(t, cp),
 		"NNM_VM_CLUSTER_IPS=" + strings.Join(local.Spec.ClusterIPs, ","),
 	})
@@ -243,7 +252,7 @@ func TestIPVSExternalIPInVM(t *testing.T) {
 	if rc != 0 {
 		t.Fatalf("the guest test failed (exit %d)", rc)
 	}
-	if !strings.Contains(console, "--- PASS: TestGuestIPVSExternalIP") {
+	if !strings.Contains(console, "--- PASS: TestGuestKubeProxyIPVS") {
 		t.Fatal("the guest test did not report PASS")
 	}
 }
