@@ -152,6 +152,8 @@ type nodeOptions struct {
 	args []string
 	// noWait skips waiting for /readyz.
 	noWait bool
+	// setup prepares the node's netns before the agent starts (e.g. a predecessor's chains).
+	setup func(t *testing.T, ns *testenv.NS)
 }
 
 const defaultConfig = `# written by the e2e test
@@ -192,6 +194,9 @@ func startNode(t *testing.T, c *cluster, backend string, o nodeOptions) *node {
 	t.Cleanup(func() { _ = c.cp.DisconnectNamespace(ns.Name) })
 	n.config = filepath.Join(t.TempDir(), "config.yaml")
 	n.writeConfig(o.config)
+	if o.setup != nil {
+		o.setup(t, ns)
+	}
 	args := []string{
 		"--kubeconfig", kc,
 		"--node-name", n.name,
