@@ -65,10 +65,15 @@ type key struct {
 	family rules.Family
 }
 
-// record is what the last successful Apply of (fix, family) rendered and found in the kernel after.
+// record is what the last successful reconcile of (fix, family) rendered and found in the kernel
+// after. It holds digests, not texts: at 10,000 map entries the texts were 20,000 rules twice.
 type record struct {
-	// content is each chain's rendered rules, parent its dispatching chain if it is a lookup bucket.
-	content  map[tchain]string
+	// rs is the ruleset reconciled (shared with the caller, never modified): a reconcile of an equal
+	// ruleset renders nothing, and one that differs only in map entries renders only their buckets.
+	rs *rules.Ruleset
+	// content is each chain's rendered rules (digest), parent its dispatching chain if it is a lookup
+	// bucket.
+	content  map[tchain]uint64
 	parent   map[tchain]string
 	jumps    string
 	chains   map[tchain]bool
@@ -82,16 +87,16 @@ type record struct {
 type rendering struct {
 	chains  []*rchain
 	set     map[tchain]bool
-	content map[tchain]string
+	content map[tchain]uint64
 	parent  map[tchain]string
 	jumps   string
 }
 
 func newRendering(chains []*rchain, jumps []hookJump) *rendering {
-	r := &rendering{chains: chains, set: map[tchain]bool{}, content: map[tchain]string{}, parent: map[tchain]string{}}
+	r := &rendering{chains: chains, set: map[tchain]bool{}, content: map[tchain]uint64{}, parent: map[tchain]string{}}
 	for _, c := range chains {
 		r.set[c.key()] = true
-		r.content[c.key()] = c.content()
+		r.content[c.key()] = c.digest()
 		if c.parent != "" {
 			r.parent[c.key()] = c.parent
 		}
@@ -204,21 +209,7 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 	if err := rs.Validate(); err != nil {
 		return res, err
 	}
-	p, rchains, jumps, err := planRuleset(rs)
-	if err != nil {
-		return res, err
-	}
-	r := newRendering(rchains, jumps)
-	chains := r.set
 	k := key{rs.Fix, rs.Family}
-	var counters []string
-	for _, c := range rs.Chains {
-		for _, r := range c.Rules {
-			if r.Counter != "" {
-				counters = append(counters, r.Counter)
-			}
-		}
-	}
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -227,6 +218,7 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 	trusted := rec
 	g0, genOK := b.generation()
 	var d *dump
+	var err error
 	if trusted != nil && mode == backend.Verify && !trusted.gen.Is(g0, genOK) {
 		res.ReadBack = true
 		if d, err = b.save(ctx, rs.Family); err != nil {
@@ -243,16 +235,49 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 			trusted = nil
 		}
 	}
+	if trusted != nil && trusted.rs.Equal(rs) {
+		b.log.Debug("rules unchanged", "fix", rs.Fix, "family", rs.Family, "mode", mode)
+		return res, nil
+	}
+	if trusted != nil && trusted.rs.SameExceptEntries(rs) {
+		done, err := b.applyEntries(ctx, rs, trusted, g0, genOK)
+		switch {
+		case errors.Is(err, errShortWay):
+			trusted = nil
+		case err != nil:
+			return res, err
+		case done:
+			res.Applied = true
+			return res, nil
+		}
+	}
+	p, rchains, jumps, err := planRuleset(rs)
+	if err != nil {
+		return res, err
+	}
+	r := newRendering(rchains, jumps)
+	chains := r.set
+	var counters []string
+	for _, c := range rs.Chains {
+		for _, r := range c.Rules {
+			if r.Counter != "" {
+				counters = append(counters, r.Counter)
+			}
+		}
+	}
 	if trusted != nil && r.same(trusted) {
+		trusted.rs = rs.Clone()
 		b.log.Debug("rules unchanged", "fix", rs.Fix, "family", rs.Family, "mode", mode)
 		return res, nil
 	}
 	if trusted != nil {
 		done, err := b.applyChanged(ctx, rs, r, trusted, counters, g0, genOK)
-		if err != nil {
+		switch {
+		case errors.Is(err, errShortWay):
+			trusted = nil
+		case err != nil:
 			return res, err
-		}
-		if done {
+		case done:
 			res.Applied = true
 			return res, nil
 		}
@@ -348,7 +373,7 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 		delete(b.applied, k)
 		return res, err
 	}
-	nrec := &record{content: r.content, parent: r.parent, jumps: r.jumps, chains: chains, counters: counters, state: after.state(chains)}
+	nrec := &record{rs: rs.Clone(), content: r.content, parent: r.parent, jumps: r.jumps, chains: chains, counters: counters, state: after.state(chains)}
 	if g2, ok2 := b.generation(); ok1 && ok2 && g1 == g2 {
 		nrec.gen = nfgen.At(g2, true)
 	}
@@ -378,8 +403,8 @@ func (b *Backend) promote(g0, g1 uint32) {
 // appear or disappear are buckets whose dispatching chain is rewritten too. It trusts the record
 // instead of reading the whole kernel first, rewrites only the changed chains, deletes the buckets
 // gone, and lists the rewritten chains to update the record. It returns false without having changed
-// anything when the change is not of that kind, or when the restore failed (Apply then takes the
-// long way, which reads the kernel and repairs whatever the record missed).
+// anything when the change is not of that kind, and errShortWay when the restore failed (Reconcile
+// then takes the long way, which reads the kernel and repairs whatever the record missed).
 func (b *Backend) applyChanged(ctx context.Context, rs *rules.Ruleset, r *rendering, prev *record, counters []string, g0 uint32, genOK bool) (bool, error) {
 	if r.jumps != prev.jumps {
 		return false, nil
@@ -392,7 +417,7 @@ func (b *Backend) applyChanged(ctx context.Context, rs *rules.Ruleset, r *render
 	var changed []*rchain
 	rewritten := map[tchain]bool{}
 	for _, c := range r.chains {
-		if w, ok := prev.content[c.key()]; !ok || w != c.content() {
+		if w, ok := prev.content[c.key()]; !ok || w != r.content[c.key()] {
 			changed = append(changed, c)
 			rewritten[c.key()] = true
 		}
@@ -410,6 +435,22 @@ func (b *Backend) applyChanged(ctx context.Context, rs *rules.Ruleset, r *render
 	}
 	sort.Slice(stale, func(i, j int) bool { return stale[i].String() < stale[j].String() })
 
+	nrec := &record{rs: rs.Clone(), content: r.content, parent: r.parent, jumps: r.jumps, chains: r.set, counters: counters}
+	return b.rewriteChains(ctx, rs, changed, stale, prev, nrec, g0, genOK)
+}
+
+// errShortWay: a restore built from the record failed, so the record is not to be trusted. The
+// kernel is unchanged (the restore is atomic); Reconcile then reads it and applies in full.
+var errShortWay = errors.New("rewrite from the record failed")
+
+// rewriteChains rewrites the changed chains and deletes the stale ones with one iptables-restore,
+// lists the rewritten chains, and records the result as nrec (whose rendering the caller filled in).
+// It returns errShortWay, having changed nothing, when the restore failed.
+func (b *Backend) rewriteChains(ctx context.Context, rs *rules.Ruleset, changed []*rchain, stale []tchain, prev, nrec *record, g0 uint32, genOK bool) (bool, error) {
+	rewritten := map[tchain]bool{}
+	for _, c := range changed {
+		rewritten[c.key()] = true
+	}
 	p := plan{}
 	for _, c := range changed {
 		ops := p.table(c.table)
@@ -424,7 +465,7 @@ func (b *Backend) applyChanged(ctx context.Context, rs *rules.Ruleset, r *render
 	input := p.String()
 	if err := b.restore(ctx, rs.Family, input); err != nil {
 		b.log.Warn("rewriting changed chains failed; reading the kernel and applying in full", "fix", rs.Fix, "family", rs.Family, "error", err)
-		return false, nil
+		return false, errShortWay
 	}
 	// iptables-nft-restore commits once per table section, each with a real change here: when the
 	// generation moved by exactly that much, nobody else committed in between.
@@ -434,9 +475,9 @@ func (b *Backend) applyChanged(ctx context.Context, rs *rules.Ruleset, r *render
 		b.promote(g0, g1)
 	}
 	k := key{rs.Fix, rs.Family}
-	st := kstate{own: map[tchain]string{}, others: prev.state.others}
+	st := kstate{own: map[tchain]uint64{}, others: prev.state.others}
 	for c, v := range prev.state.own {
-		if r.set[c] && !rewritten[c] {
+		if nrec.chains[c] && !rewritten[c] {
 			st.own[c] = v
 		}
 	}
@@ -448,7 +489,7 @@ func (b *Backend) applyChanged(ctx context.Context, rs *rules.Ruleset, r *render
 		}
 		st.own[c.key()] = chainState(c.name, saved)
 	}
-	nrec := &record{content: r.content, parent: r.parent, jumps: r.jumps, chains: r.set, counters: counters, state: st}
+	nrec.state = st
 	if g2, ok2 := b.generation(); ours && ok2 && g2 == g1 && prev.gen.Is(g1, true) {
 		nrec.gen = nfgen.At(g1, true)
 	}

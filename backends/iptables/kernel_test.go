@@ -45,7 +45,7 @@ func (r *nsRunner) reset() map[string]int {
 
 // kernel is one namespace, one variant, one family.
 type kernel struct {
-	t       *testing.T
+	t       testing.TB
 	ns      *testenv.NS
 	variant Variant
 	family  rules.Family
@@ -97,7 +97,7 @@ func foreign(save string) string {
 	return b.String()
 }
 
-func newKernel(t *testing.T, variant Variant, family rules.Family) *kernel {
+func newKernel(t testing.TB, variant Variant, family rules.Family) *kernel {
 	k := &kernel{t: t, variant: variant, family: family}
 	testenv.Require(t, k.bin(""), k.bin("save"), k.bin("restore"))
 	k.ns = testenv.New(t, "nnm-ipt")

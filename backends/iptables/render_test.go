@@ -26,7 +26,7 @@ func golden(t *testing.T, name, got string) {
 	testkit.Golden(t, filepath.Join("testdata", name+".golden"), got)
 }
 
-func mustBackend(t *testing.T, opts Options) *Backend {
+func mustBackend(t testing.TB, opts Options) *Backend {
 	t.Helper()
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)

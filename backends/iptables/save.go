@@ -226,7 +226,7 @@ func (d *dump) has(k tchain) bool {
 // rules, and per table every rule elsewhere that jumps to one of them. It is kept per chain so that an
 // Apply that rewrites a few chains can update its record from a listing of those chains alone.
 type kstate struct {
-	own    map[tchain]string
+	own    map[tchain]uint64
 	others map[string]string
 }
 
@@ -251,7 +251,7 @@ func (s kstate) equal(o kstate) bool {
 
 // state is the kernel's view of the given chains (see kstate).
 func (d *dump) state(chains map[tchain]bool) kstate {
-	st := kstate{own: map[tchain]string{}, others: map[string]string{}}
+	st := kstate{own: map[tchain]uint64{}, others: map[string]string{}}
 	for _, t := range d.tables {
 		var others strings.Builder
 		for _, c := range t.chains {
@@ -278,14 +278,18 @@ func (d *dump) state(chains map[tchain]bool) kstate {
 	return st
 }
 
-// chainState is the state of one of our chains: its name and its rules in order.
-func chainState(name string, rs []*savedRule) string {
-	var b strings.Builder
-	b.WriteString(":" + name + "\n")
+// chainState is the state of one of our chains: a digest of its name and its rules in order.
+func chainState(name string, rs []*savedRule) uint64 {
+	h := newDigest()
+	h.WriteString(":" + name + "\n")
 	for _, r := range rs {
-		b.WriteString(r.line() + "\n")
+		h.WriteString("-A ")
+		h.WriteString(r.chain)
+		h.WriteByte(' ')
+		h.WriteString(r.spec)
+		h.WriteByte('\n')
 	}
-	return b.String()
+	return h.Sum64()
 }
 
 // parseList parses `iptables -S CHAIN` output (a "-N CHAIN" line, then the "-A CHAIN" lines in

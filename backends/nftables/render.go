@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
-	"slices"
 	"strings"
 
 	"sigs.k8s.io/knftables"
@@ -207,7 +206,6 @@ func keyElement(set string, e rules.MapEntry) knftables.Element {
 
 // elementKey identifies an element within its map or set, as nft does.
 func elementKey(e *knftables.Element) string { return strings.Join(e.Key, " . ") }
-
 
 func addrString(a netip.Addr) string { return a.Unmap().String() }
 
@@ -473,14 +471,7 @@ func sameShape(a, b *model) bool {
 // from one fix.ServiceMap result are the same slice, and the check costs nothing.
 func sameEntries(a, b *model) bool {
 	for i := range a.maps {
-		ea, eb := a.maps[i].entries, b.maps[i].entries
-		if len(ea) != len(eb) {
-			return false
-		}
-		if len(ea) > 0 && &ea[0] == &eb[0] {
-			continue
-		}
-		if !slices.Equal(ea, eb) {
+		if !rules.EntriesEqual(a.maps[i].entries, b.maps[i].entries) {
 			return false
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"cmp"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -497,6 +498,66 @@ func (rs *Ruleset) validateRule(c Chain, r Rule, chains map[string]bool, maps ma
 // which is checked where it is jumped to): only hooks that run after the routing decision.
 func ClampsToPMTUFrom(h Hook) bool {
 	return h == "" || h == Forward || h == Output || h == Postrouting
+}
+
+// EntriesEqual reports whether a and b hold the same entries in the same order. One slice (a
+// fix.ServiceMap result that did not change) is recognised without looking at the entries.
+func EntriesEqual(a, b []MapEntry) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	if len(a) == 0 || &a[0] == &b[0] {
+		return true
+	}
+	return slices.Equal(a, b)
+}
+
+// SameExceptEntries reports whether rs and o differ at most in the entries of their maps.
+func (rs *Ruleset) SameExceptEntries(o *Ruleset) bool {
+	if rs.Fix != o.Fix || rs.Family != o.Family || len(rs.Maps) != len(o.Maps) || !reflect.DeepEqual(rs.Chains, o.Chains) {
+		return false
+	}
+	for i := range rs.Maps {
+		if rs.Maps[i].Name != o.Maps[i].Name {
+			return false
+		}
+	}
+	return true
+}
+
+// Clone returns a copy of rs that shares nothing with it that a caller could change, except the
+// backing arrays of map entries: a caller may set a map's Entries to another slice, but never
+// modifies the entries of a slice it has handed over (fix.ServiceMap never does). Backends keep
+// the clone of what they reconciled, which costs the chains and no entry.
+func (rs *Ruleset) Clone() *Ruleset {
+	out := *rs
+	out.Chains = slices.Clone(rs.Chains)
+	for i := range out.Chains {
+		c := &out.Chains[i]
+		c.Rules = slices.Clone(c.Rules)
+		for j := range c.Rules {
+			m := &c.Rules[j].Match
+			m.SrcPrefixes = slices.Clone(m.SrcPrefixes)
+			m.DstPrefixes = slices.Clone(m.DstPrefixes)
+			m.CTStates = slices.Clone(m.CTStates)
+		}
+	}
+	out.Maps = slices.Clone(rs.Maps)
+	return &out
+}
+
+// Equal reports whether rs and o are the same ruleset. It costs no more than a walk of the entries,
+// and nothing for entries that are one slice.
+func (rs *Ruleset) Equal(o *Ruleset) bool {
+	if !rs.SameExceptEntries(o) {
+		return false
+	}
+	for i := range rs.Maps {
+		if !EntriesEqual(rs.Maps[i].Entries, o.Maps[i].Entries) {
+			return false
+		}
+	}
+	return true
 }
 
 // CompareEntries orders map entries by their key (address, protocol, port): the order in which
