@@ -52,6 +52,9 @@ const (
 	ConfigReloadRejected = "ConfigReloadRejected"
 )
 
+// Reasons are all of the above, in the order README.md's table lists them.
+var Reasons = []string{FixEnabled, FixDisabled, FixRefused, FixSynced, FixSyncFailed, PredecessorTakenOver, ConfigReloadRejected}
+
 // Actions of the events that are not about one fix. An event about a fix has the fix id as its
 // action: the broadcaster keys its series on the action, so two fixes' events never merge.
 const (

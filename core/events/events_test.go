@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -211,5 +213,27 @@ func TestRecorderThroughBroadcaster(t *testing.T) {
 	}
 	if c, p := calls.get("create "+FixSyncFailed), calls.get("patch patch"); c != 1 || p != 1 {
 		t.Errorf("a storm of 201 failures wrote %d creates and %d patches, want 1 and 1", c, p)
+	}
+}
+
+// README.md's table of Events lists every reason, in order, and no other.
+func TestReadmeListsReasons(t *testing.T) {
+	data, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(data), "\n## Events on the Node\n")
+	if !ok {
+		t.Fatal("README.md has no section \"Events on the Node\"")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	var got []string
+	for _, line := range strings.Split(section, "\n") {
+		if cells := strings.Split(line, "|"); len(cells) > 2 && strings.HasPrefix(strings.TrimSpace(cells[1]), "`") {
+			got = append(got, strings.Trim(strings.TrimSpace(cells[1]), "`"))
+		}
+	}
+	if !slices.Equal(got, Reasons) {
+		t.Errorf("README's Events table lists %q, want %q", got, Reasons)
 	}
 }
