@@ -31,6 +31,8 @@ RUN apt-get update \
 COPY --from=build /out/network-node-manager /usr/local/bin/network-node-manager
 # Netfilter needs uid 0 in the node's network namespace; capabilities are limited by the pod spec.
 USER 0:0
-EXPOSE 9484
+# The container ports of deploy/base: 9484 /metrics (metricsAddress), 9485 the plain-HTTP probes
+# /livez, /readyz, /healthz (healthzAddress). deploy/dockerfile_test.go keeps the three in step.
+EXPOSE 9484 9485
 ENTRYPOINT ["/usr/local/bin/network-node-manager"]
 CMD ["run"]

@@ -2,13 +2,20 @@ package deploy
 
 import (
 	"bufio"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+
+	"github.com/network-node-manager/network-node-manager/core/config"
 )
 
 // No Docker engine runs in CI, so the image cannot be built there. This test checks the Dockerfile
@@ -143,6 +150,20 @@ func TestDockerfile(t *testing.T) {
 	}
 	if path.Base(cf[2]) != "network-node-manager" {
 		t.Errorf("binary name %s", cf[2])
+	}
+
+	// EXPOSE lists the container ports of deploy/base's DaemonSet (TestDaemonSet checks those against
+	// the ConfigMap's addresses), and the metrics port is the one of the built-in default.
+	ds := typed[appsv1.DaemonSet](t, find(t, render(t, "base"), "DaemonSet", "network-node-manager"))
+	var ports []string
+	for _, p := range ds.Spec.Template.Spec.Containers[0].Ports {
+		ports = append(ports, fmt.Sprint(p.ContainerPort))
+	}
+	if expose := runtime.find("EXPOSE"); len(expose) != 1 || !slices.Equal(strings.Fields(expose[0]), ports) {
+		t.Errorf("EXPOSE %v, want the DaemonSet's container ports %v", expose, ports)
+	}
+	if _, port, _ := net.SplitHostPort(config.Defaults().MetricsAddress); len(ports) == 0 || port != ports[0] {
+		t.Errorf("the default metricsAddress port %s is not the image's first port %v", port, ports)
 	}
 
 	// The runtime packages provide every tool the agent executes (checked against this Debian host).
@@ -311,7 +332,9 @@ func TestImageScriptMatchesDockerfile(t *testing.T) {
 	if u := runtime.find("USER")[0]; !strings.Contains(sh, "--user "+u+" ") {
 		t.Errorf("image.sh user differs from the Dockerfile's %s", u)
 	}
-	if p := runtime.find("EXPOSE")[0]; !strings.Contains(sh, "--port "+p+" ") {
-		t.Errorf("image.sh port differs from the Dockerfile's %s", p)
+	for _, p := range strings.Fields(runtime.find("EXPOSE")[0]) {
+		if !strings.Contains(sh, "--port "+p+" ") {
+			t.Errorf("image.sh does not expose the Dockerfile's port %s", p)
+		}
 	}
 }

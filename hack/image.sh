@@ -82,7 +82,7 @@ main() {
 		rm -rf "$IMAGE_EXPORT" && mkdir -p "$IMAGE_EXPORT" && cp -a "$mnt/." "$IMAGE_EXPORT/"
 	fi
 	buildah umount "$ctr" >/dev/null
-	buildah config --user 0:0 --port 9484 --entrypoint '["/usr/local/bin/network-node-manager"]' --cmd run \
+	buildah config --user 0:0 --port 9484 --port 9485 --entrypoint '["/usr/local/bin/network-node-manager"]' --cmd run \
 		--label org.opencontainers.image.version="$VERSION" --label org.opencontainers.image.source=network-node-manager \
 		--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$ctr"
 	buildah commit --quiet --rm "$ctr" "$IMAGE:$VERSION" >/dev/null
