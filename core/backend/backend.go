@@ -65,6 +65,9 @@ type Backend interface {
 	// reconcile is trusted or checked against the kernel first. On error the previous state of the
 	// fix stays in place. If ctx ends while the kernel is being read, nothing is changed and ctx's
 	// error is returned, so a caller can cancel a Verify to let something more urgent through.
+	// A backend may keep desired's map entries (not a copy) in its record, so the caller never
+	// modifies the entries of a slice it has passed (fix.ServiceMap never does); that is what makes
+	// reconciling an unchanged ruleset of 10,000 entries cost no rendering at all.
 	Reconcile(ctx context.Context, fix string, family rules.Family, desired *rules.Ruleset, mode Mode) (Result, error)
 	// Counters reads the named counters (Rule.Counter) of fix in family.
 	Counters(ctx context.Context, fix string, family rules.Family) (map[string]Counter, error)
