@@ -43,7 +43,7 @@ type Options struct {
 	Match func(counter string) bool
 	// Bytes exports bytes instead of packets.
 	Bytes bool
-	// Timeout bounds the read done on each scrape (default 5s).
+	// Timeout bounds the read of each family on each scrape (default 5s).
 	Timeout time.Duration
 }
 
@@ -80,13 +80,16 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 // Collect reads the kernel counters of every family. A family is exported from its first successful
 // read on; a failed read keeps the last total rather than making the series vanish.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.o.Timeout)
-	defer cancel()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, fam := range rules.Families {
 		if c.o.Reader != nil {
-			if cs, err := c.o.Reader.Counters(ctx, c.o.Fix, fam); err == nil && len(cs) > 0 {
+			// A timeout per family: with one for the scrape, a slow read of the first family (nft
+			// under load) used up the second's time, and its series froze.
+			ctx, cancel := context.WithTimeout(context.Background(), c.o.Timeout)
+			cs, err := c.o.Reader.Counters(ctx, c.o.Fix, fam)
+			cancel()
+			if err == nil && len(cs) > 0 {
 				raw := map[string]uint64{}
 				for name, v := range cs {
 					if c.o.Match == nil || c.o.Match(name) {

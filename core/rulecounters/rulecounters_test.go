@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -81,5 +82,31 @@ func TestBytes(t *testing.T) {
 	_ = be.SetCounter("demo-fix", rules.IPv4, "any", backend.Counter{Packets: 2, Bytes: 120})
 	if v := testutil.ToFloat64(c); v != 120 {
 		t.Fatalf("bytes = %v", v)
+	}
+}
+
+// slowReader answers every family after delay, or fails when its context ends first.
+type slowReader struct{ delay time.Duration }
+
+func (r slowReader) Counters(ctx context.Context, fix string, family rules.Family) (map[string]backend.Counter, error) {
+	select {
+	case <-time.After(r.delay):
+		return map[string]backend.Counter{"dropped": {Packets: 1}}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Each family has the whole Timeout: reads that fit it one by one are all exported, even when
+// together they take longer (under load a slow first family once froze the second's series).
+func TestTimeoutPerFamily(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(New(Options{Reader: slowReader{delay: 60 * time.Millisecond}, Fix: "demo-fix",
+		Name: "nnm_demo_fix_dropped_packets_total", Help: "Dropped.", Timeout: 100 * time.Millisecond}))
+	exp := "# HELP nnm_demo_fix_dropped_packets_total Dropped.\n# TYPE nnm_demo_fix_dropped_packets_total counter\n" +
+		`nnm_demo_fix_dropped_packets_total{family="ipv4"} 1` + "\n" +
+		`nnm_demo_fix_dropped_packets_total{family="ipv6"} 1` + "\n"
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(exp)); err != nil {
+		t.Error(err)
 	}
 }
