@@ -40,6 +40,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/watch"
 	"github.com/network-node-manager/network-node-manager/fixes"
+	"github.com/network-node-manager/network-node-manager/fixes/conntrackliberal"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 )
@@ -677,4 +678,70 @@ func TestStaleUDPConntrackComponent(t *testing.T) {
 	if crb.RoleRef.Name != cr.Name || len(crb.Subjects) != 1 || crb.Subjects[0].Name != "network-node-manager" || crb.Subjects[0].Namespace != "kube-system" {
 		t.Errorf("binding %+v does not bind the agent's ServiceAccount to %s", crb, cr.Name)
 	}
+}
+
+// The uninstall pods revert conntrack-liberal as deploy/base runs it: they mount the base's state
+// volume (where the fix keeps the value it replaced, at the fix's default stateDir) and the node's
+// /proc/sys/net at the same paths, and pass the ConfigMap's procSysPath to `cleanup`.
+func TestUninstallRevertsNodeState(t *testing.T) {
+	objs := render(t, "base")
+	ds := typed[appsv1.DaemonSet](t, find(t, objs, "DaemonSet", "network-node-manager"))
+	cfg := loadConfigMap(t, typed[corev1.ConfigMap](t, find(t, objs, "ConfigMap", "network-node-manager")))
+	if dir, ok := cfg.FixOptions(conntrackliberal.ID)["stateDir"]; ok && dir != conntrackliberal.DefaultStateDir {
+		t.Errorf("the ConfigMap sets %s.stateDir %v; cleanup (no ConfigMap) reads %s", conntrackliberal.ID, dir, conntrackliberal.DefaultStateDir)
+	}
+	base := podMounts(ds.Spec.Template.Spec, ds.Spec.Template.Spec.Containers[0])
+	if m, ok := base["state"]; !ok || m.mountPath != conntrackliberal.DefaultStateDir {
+		t.Errorf("deploy/base mounts the state volume at %q, want the fix's default stateDir %s", m.mountPath, conntrackliberal.DefaultStateDir)
+	}
+	for _, set := range []string{"uninstall/daemonset", "uninstall/job"} {
+		var pod corev1.PodSpec
+		for _, o := range manifestSets[set](t) {
+			switch o.u.GetKind() {
+			case "DaemonSet":
+				pod = typed[appsv1.DaemonSet](t, o).Spec.Template.Spec
+			case "Job":
+				pod = typed[batchv1.Job](t, o).Spec.Template.Spec
+			}
+		}
+		var cleanup *corev1.Container
+		for _, c := range append(slices.Clone(pod.InitContainers), pod.Containers...) {
+			if len(c.Args) > 0 && c.Args[0] == "cleanup" {
+				cleanup = &c
+			}
+		}
+		if cleanup == nil {
+			t.Errorf("%s: no container runs cleanup", set)
+			continue
+		}
+		if !slices.Contains(cleanup.Args, "--proc-sys-path="+cfg.ProcSysPath) {
+			t.Errorf("%s: args %v, want --proc-sys-path=%s (deploy/base's procSysPath)", set, cleanup.Args, cfg.ProcSysPath)
+		}
+		got := podMounts(pod, *cleanup)
+		for _, name := range []string{"state", "proc-sys-net"} {
+			if got[name] != base[name] || base[name].hostPath == "" || got[name].readOnly {
+				t.Errorf("%s: volume %s mounted as %+v, want deploy/base's %+v, writable", set, name, got[name], base[name])
+			}
+		}
+	}
+}
+
+type podMount struct {
+	mountPath, hostPath string
+	readOnly            bool
+}
+
+// podMounts maps c's volume mounts by volume name to where they come from on the node.
+func podMounts(pod corev1.PodSpec, c corev1.Container) map[string]podMount {
+	out := map[string]podMount{}
+	for _, m := range c.VolumeMounts {
+		pm := podMount{mountPath: m.MountPath, readOnly: m.ReadOnly}
+		for _, v := range pod.Volumes {
+			if v.Name == m.Name && v.HostPath != nil {
+				pm.hostPath = v.HostPath.Path
+			}
+		}
+		out[m.Name] = pm
+	}
+	return out
 }

@@ -1,0 +1,89 @@
+package deploy
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/network-node-manager/network-node-manager/core/sysctl"
+	"github.com/network-node-manager/network-node-manager/fixes/conntrackliberal"
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
+)
+
+// The uninstall path restores what conntrack-liberal changed: the agent (the real binary, in a node
+// network namespace, no API server: the fix reads nothing from it) sets
+// nf_conntrack_tcp_be_liberal to 1 and records the value it found; after the agent stops, the value
+// stays (a restart must not flip it); `network-node-manager cleanup`, which the uninstall pods run
+// (TestUninstallRevertsNodeState checks they see the same state directory and /proc/sys/net), writes
+// the recorded value back and forgets it, and removes the rules.
+func TestUninstallRestoresConntrackLiberal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kernel test")
+	}
+	agenttest.Require(t)
+	testenv.Require(t, "nft")
+	ns := testenv.New(t, "nnm-uninst")
+	proc := "/proc/sys/" + strings.ReplaceAll(sysctl.ConntrackTCPBeLiberal, ".", "/")
+	read := func() string {
+		t.Helper()
+		out, err := ns.Exec("cat", proc)
+		if err != nil {
+			testenv.Unavailable(t, "the namespace has no %s (nf_conntrack not loaded): %v", sysctl.ConntrackTCPBeLiberal, err)
+		}
+		return strings.TrimSpace(out)
+	}
+	before := read()
+	if before == conntrackliberal.Liberal {
+		t.Fatalf("a new namespace starts with %s=%s; the test needs another value", sysctl.ConntrackTCPBeLiberal, before)
+	}
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, []byte(`fixes:
+  conntrack-liberal:
+    enabled: true
+    stateDir: `+state+`
+  invalid-drop:
+    enabled: true
+  ipvs-externalip-dnat:
+    enabled: false
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	common := []string{"--config", cfg, "--proc-sys-path", "/proc/sys", "--backend", "nftables", "--proxy-mode", "ipvs"}
+	a := agenttest.StartT(t, agenttest.Options{Netns: ns.Name, Args: append([]string{"--node-name", "uninstall"}, common...)})
+	a.WaitReadyT(t, 30*time.Second)
+	if v := read(); v != conntrackliberal.Liberal {
+		t.Fatalf("the agent is ready but %s = %s", sysctl.ConntrackTCPBeLiberal, v)
+	}
+	if _, err := os.Stat(filepath.Join(state, conntrackliberal.StateFile)); err != nil {
+		t.Fatalf("the value to restore is not recorded: %v", err)
+	}
+	if err := a.Stop(agenttest.StopGrace); err != nil {
+		t.Fatal(err)
+	}
+	if v := read(); v != conntrackliberal.Liberal {
+		t.Fatalf("stopping the agent changed %s to %s; it must stay until uninstall", sysctl.ConntrackTCPBeLiberal, v)
+	}
+
+	bin, err := agenttest.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := ns.Exec(append([]string{bin, "cleanup"}, common...)...)
+	if err != nil {
+		t.Fatalf("cleanup: %v\n%s", err, out)
+	}
+	if v := read(); v != before {
+		t.Errorf("after cleanup %s = %s, want the value before the agent, %s\n%s", sysctl.ConntrackTCPBeLiberal, v, before, out)
+	}
+	if _, err := os.Stat(filepath.Join(state, conntrackliberal.StateFile)); !os.IsNotExist(err) {
+		t.Errorf("cleanup left the state file (%v)", err)
+	}
+	if tables := ns.MustExec("nft", "list", "tables"); strings.Contains(tables, "nnm") {
+		t.Errorf("cleanup left nftables tables:\n%s", tables)
+	}
+}
