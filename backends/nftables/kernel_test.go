@@ -440,3 +440,43 @@ func TestKernelGeneration(t *testing.T) {
 		})
 	}
 }
+
+// A table left by an agent from before the companion sets (its rules test membership on the map
+// itself, which kernels from 6.3 accept) is rewritten by a fresh agent into exactly what a cold
+// apply makes.
+func TestKernelUpgradeFromMapLookup(t *testing.T) {
+	testenv.Require(t, "nft")
+	ctx := context.Background()
+	for _, f := range rules.Families {
+		t.Run(string(f), func(t *testing.T) {
+			rs := externalIPRuleset(f, threeEntries(f))
+			table, nf := TableName(rs.Fix), string(nftFamily(f))
+			text, err := (&Backend{}).Render(rs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			set := keySetName("external-ips")
+			var old []string
+			for _, line := range strings.Split(text, "\n") {
+				if !strings.Contains(line, " "+set) {
+					old = append(old, strings.ReplaceAll(line, "@"+set, "@external-ips"))
+				}
+			}
+			ns := testenv.New(t, "nnm-nft")
+			ns.NftLoad(strings.Join(old, "\n"))
+			was := nftList(t, ns, "list", "table", nf, table)
+			if strings.Contains(was, set) || !strings.Contains(was, "@external-ips jump") {
+				t.Fatalf("the old layout did not load as such:\n%s", was)
+			}
+
+			inNS(t, ns, func() error { return apply(ctx, newRealKernel().backend(t), rs) })
+			got := counterValues.ReplaceAllString(nftList(t, ns, "list", "table", nf, table), "")
+			ns.MustExec("nft", "delete", "table", nf, table)
+			inNS(t, ns, func() error { return apply(ctx, newRealKernel().backend(t), rs) })
+			if want := counterValues.ReplaceAllString(nftList(t, ns, "list", "table", nf, table), ""); got != want {
+				t.Fatalf("after the upgrade:\n%s\nwant (cold apply):\n%s", got, want)
+			}
+			t.Logf("%s: old layout rewritten; the table now tests membership on %s", f, set)
+		})
+	}
+}
