@@ -17,6 +17,8 @@ import (
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
+const fixLiberal = "conntrack-liberal"
+
 // eventsTimeout bounds how long an Event takes to reach the API server: client-go's broadcaster
 // writes asynchronously and, when a series patch races the create, retries after ~10s.
 const eventsTimeout = 30 * time.Second
@@ -68,6 +70,8 @@ func withReason(evs []eventsv1.Event, reason string) []eventsv1.Event {
 //     then a storm of 20 config files that do not load within 8s → one ConfigReloadRejected Event
 //     whose series counts at most events.Burst occurrences (the API server saw a create and a
 //     patch), 17 suppressed by the agent's limit, while the agent logged and counted all 20.
+//   - failing: conntrack-liberal failing every sync (its sysctl missing) → one FixSyncFailed Event
+//     (series of at most events.Burst) for many failed syncs, the rest suppressed by the agent.
 //   - refused: kube-proxy in iptables mode with the DNAT fix enabled → FixRefused (Warning).
 func TestNodeEvents(t *testing.T) {
 	c := sharedCluster(t, "iptables")
@@ -141,6 +145,40 @@ func TestNodeEvents(t *testing.T) {
 			t.Errorf("a request was forbidden with deploy/base's RBAC:\n%s", n.agent.LogTail(30))
 		}
 		t.Logf("storm of %d rejected reloads: Events on the node %q", storm, summary(nodeEvents(t, c, n.name)))
+	})
+	t.Run("failing", func(t *testing.T) {
+		t.Parallel()
+		// conntrack-liberal cannot read its sysctl under an empty procSysPath: every sync fails and is
+		// retried with backoff (minSyncPeriod doubling up to syncPeriod).
+		cfg := defaultConfig + "  conntrack-liberal:\n    enabled: true\n"
+		n := startNode(t, c, "iptables", nodeOptions{config: cfg, noWait: true, args: []string{"--proc-sys-path", t.TempDir()}})
+		const failures = 8
+		agenttest.Eventually(t, 2*readyTimeout, func() error {
+			if v := n.metrics().Sum("nnm_sync_errors_total", "fix", fixLiberal); v < failures {
+				return fmt.Errorf("nnm_sync_errors_total{fix=%s} = %v, want ≥ %d", fixLiberal, v, failures)
+			}
+			return nil
+		})
+		agenttest.Eventually(t, eventsTimeout, func() error {
+			got := withReason(nodeEvents(t, c, n.name), events.FixSyncFailed)
+			if len(got) != 1 || got[0].Series == nil {
+				return fmt.Errorf("want one FixSyncFailed Event with a series, got %q", summary(got))
+			}
+			return nil
+		})
+		failed := withReason(nodeEvents(t, c, n.name), events.FixSyncFailed)
+		if f := failed[0]; f.Action != fixLiberal || f.Type != "Warning" || f.Series.Count > events.Burst || !strings.Contains(f.Note, "nf_conntrack_tcp_be_liberal") {
+			t.Errorf("FixSyncFailed: action %s type %s series %+v note %q", f.Action, f.Type, f.Series, f.Note)
+		}
+		errs := n.metrics().Sum("nnm_sync_errors_total", "fix", fixLiberal)
+		suppressed := strings.Count(n.agent.Logs(), `msg="node event suppressed (rate limit)" reason=`+events.FixSyncFailed)
+		if suppressed < failures-events.Burst {
+			t.Errorf("%v failed syncs, %d FixSyncFailed suppressed; want at least %d suppressed", errs, suppressed, failures-events.Burst)
+		}
+		if synced := withReason(nodeEvents(t, c, n.name), events.FixSynced); len(synced) != 2 {
+			t.Errorf("want FixSynced for the two fixes that work, got %q", summary(synced))
+		}
+		t.Logf("%v failed syncs of %s: Events %q; %d suppressed by the agent", errs, fixLiberal, summary(failed), suppressed)
 	})
 	t.Run("refused", func(t *testing.T) {
 		t.Parallel()
