@@ -75,7 +75,7 @@ func guestTopology(t *testing.T) (pod *testenv.NS) {
 		nsIP   func(plan) string
 		route  func(plan) string
 	}{
-		{pod, "pod0", func(p plan) string { return p.podGW }, func(p plan) string { return p.podIP }, func(plan) string { return "default" }},
+		{pod, resettest.PodLink, func(p plan) string { return p.podGW }, func(p plan) string { return p.podIP }, func(plan) string { return "default" }},
 		// The endpoint's node routes this node's pod CIDR back here, as a CNI does, but not the
 		// External-IP: in a cluster that address leads to the load balancer, not to this node.
 		{ep, "rem0", func(p plan) string { return p.epGW }, func(p plan) string { return p.endpoint }, func(p plan) string { return p.podCIDR }},
