@@ -3,6 +3,7 @@
 package iptables
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -636,7 +637,16 @@ func (b *Backend) CleanupPredecessor(ctx context.Context, family rules.Family) (
 func (b *Backend) cleanup(ctx context.Context, family rules.Family, match func(string) bool) (removed int, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	d, err := b.save(ctx, family)
+	out, err := b.saveRaw(ctx, family)
+	if err != nil {
+		return 0, err
+	}
+	if !declares(out, match) {
+		// The common case (the predecessor's takeover once at start, next to 20,000 rules of
+		// ours): the chain declarations say there is nothing to do, and no rule is parsed.
+		return 0, nil
+	}
+	d, err := parseDump(b.Binary(family, "save"), out)
 	if err != nil {
 		return 0, err
 	}
@@ -661,16 +671,44 @@ func (b *Backend) cleanup(ctx context.Context, family rules.Family, match func(s
 
 // save runs iptables-save -c for all tables of family.
 func (b *Backend) save(ctx context.Context, family rules.Family) (*dump, error) {
+	out, err := b.saveRaw(ctx, family)
+	if err != nil {
+		return nil, err
+	}
+	return parseDump(b.Binary(family, "save"), out)
+}
+
+// saveRaw runs iptables-save -c of family.
+func (b *Backend) saveRaw(ctx context.Context, family rules.Family) ([]byte, error) {
 	bin := b.Binary(family, "save")
 	out, stderr, err := b.run.Run(ctx, bin, []string{"-c"}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("%s -c: %w: %s", bin, err, strings.TrimSpace(string(stderr)))
 	}
+	return out, nil
+}
+
+func parseDump(bin string, out []byte) (*dump, error) {
 	d, err := parseSave(string(out))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", bin, err)
 	}
 	return d, nil
+}
+
+// declares reports whether an iptables-save output declares a chain (":NAME POLICY [p:b]") whose
+// name matches, without parsing any rule.
+func declares(out []byte, match func(string) bool) bool {
+	for line := range bytes.Lines(out) {
+		if len(line) < 2 || line[0] != ':' {
+			continue
+		}
+		name, _, _ := bytes.Cut(line[1:], []byte(" "))
+		if match(string(bytes.TrimSpace(name))) {
+			return true
+		}
+	}
+	return false
 }
 
 // list runs iptables -S CHAIN: the chain's rules in iptables-save's format, without reading the

@@ -102,17 +102,17 @@ func parseSave(out string) (*dump, error) {
 				return nil, bad("rule in undeclared chain")
 			}
 			r.chain, r.spec = name, spec
-			args, err := splitArgs(spec)
-			if err != nil {
-				return nil, bad(err.Error())
-			}
-			for i := 0; i+1 < len(args); i++ {
-				switch args[i] {
+			var prev string
+			if err := eachArg(spec, func(arg string) {
+				switch prev {
 				case "-j", "-g", "--jump", "--goto":
-					r.target = args[i+1]
+					r.target = arg
 				case "--comment":
-					r.comment = args[i+1]
+					r.comment = arg
 				}
+				prev = arg
+			}); err != nil {
+				return nil, bad(err.Error())
 			}
 			c.rules = append(c.rules, r)
 		}
@@ -124,8 +124,37 @@ func parseSave(out string) (*dump, error) {
 // quotes group them, and inside quotes a backslash escapes the next character.
 func splitArgs(s string) ([]string, error) {
 	var args []string
+	err := eachArg(s, func(arg string) { args = append(args, arg) })
+	if err != nil {
+		return nil, err
+	}
+	return args, nil
+}
+
+// eachArg calls fn with each argument of s, split as splitArgs says. An argument without quotes is
+// a substring of s: parsing 20,000 saved rules allocates only for quoted ones.
+func eachArg(s string, fn func(arg string)) error {
 	var cur strings.Builder
-	inArg, quoted, escaped := false, false, false
+	start := -1 // start of the current argument while it is a plain substring
+	inArg, quoted, escaped, built := false, false, false, false
+	flush := func(end int) {
+		if built {
+			fn(cur.String())
+			cur.Reset()
+		} else {
+			fn(s[start:end])
+		}
+		inArg, built, start = false, false, -1
+	}
+	// toBuilder switches the current argument to the builder (it has quotes or escapes).
+	toBuilder := func(i int) {
+		if !built {
+			if start >= 0 {
+				cur.WriteString(s[start:i])
+			}
+			built = true
+		}
+	}
 	for i := 0; i < len(s); i++ {
 		ch := s[i]
 		switch {
@@ -139,25 +168,32 @@ func splitArgs(s string) ([]string, error) {
 		case quoted:
 			cur.WriteByte(ch)
 		case ch == '"':
+			if !inArg {
+				start = i
+			}
+			toBuilder(i)
 			quoted, inArg = true, true
 		case ch == ' ' || ch == '\t':
 			if inArg {
-				args = append(args, cur.String())
-				cur.Reset()
-				inArg = false
+				flush(i)
 			}
 		default:
-			cur.WriteByte(ch)
+			if !inArg {
+				start = i
+			}
+			if built {
+				cur.WriteByte(ch)
+			}
 			inArg = true
 		}
 	}
 	if quoted {
-		return nil, fmt.Errorf("unterminated quote")
+		return fmt.Errorf("unterminated quote")
 	}
 	if inArg {
-		args = append(args, cur.String())
+		flush(len(s))
 	}
-	return args, nil
+	return nil
 }
 
 // tchain names a chain in a table.
