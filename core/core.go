@@ -247,8 +247,18 @@ func RestConfig(cfg *config.Config) (*rest.Config, error) {
 }
 
 // InformerSource is the production watch.Source.
+// Its client's transport logs the requests that got no answer (watch.Informers.WrapTransport).
 func InformerSource(cfg *config.Config, log *slog.Logger) watch.Source {
-	return watch.NewInformers(func() (kubernetes.Interface, error) { return KubeClient(cfg) }, cfg.NodeName, log)
+	var s *watch.Informers
+	s = watch.NewInformers(func() (kubernetes.Interface, error) {
+		rc, err := RestConfig(cfg)
+		if err != nil {
+			return nil, err
+		}
+		rc.Wrap(s.WrapTransport)
+		return kubernetes.NewForConfig(rc)
+	}, cfg.NodeName, log)
+	return s
 }
 
 // FileSource reads Services from a YAML file (for `plan`).

@@ -2,9 +2,13 @@ package watch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -38,12 +42,16 @@ type Informers struct {
 	podSync   cache.InformerSynced
 	started   time.Time // when Start began, for the "watches synced" log line
 	synced    bool      // that line was logged
+
+	apiErrors        *apiErrorLog
+	transportWrapped atomic.Bool // WrapTransport is in the client's transport
 }
 
 // NewInformers returns an informer Source. It does no I/O until Start, and creates the client only
 // if some running fix needs a watch, so an agent whose fixes read nothing needs no API server.
 func NewInformers(newClient func() (kubernetes.Interface, error), nodeName string, log *slog.Logger) *Informers {
-	return &Informers{newClient: newClient, nodeName: nodeName, log: log, changes: make(chan struct{}, 1)}
+	return &Informers{newClient: newClient, nodeName: nodeName, log: log, changes: make(chan struct{}, 1),
+		apiErrors: newAPIErrorLog(log)}
 }
 
 // Start starts the informers that needs asks for.
@@ -129,27 +137,67 @@ func (s *Informers) start(ctx context.Context, inf cache.SharedIndexInformer, h 
 	return nil
 }
 
-// watchErrorEvery bounds how often a failing list or watch is logged per informer.
-const watchErrorEvery = 30 * time.Second
+// APIErrorLogEvery bounds how often API errors are logged: per cause (the connection to the API
+// server, or one watch's list and watch), the first at once, then at most once per APIErrorLogEvery,
+// counting those left out. client-go retries with its own backoff.
+const APIErrorLogEvery = 30 * time.Second
 
-// watchError logs list and watch failures with their cause (API server unreachable, unauthorized,
-// ...), the first at once and then at most once per watchErrorEvery, counting those left out.
-// client-go retries with its own backoff.
+// apiErrorLog logs API errors, rate-limited per key (see APIErrorLogEvery).
+type apiErrorLog struct {
+	log   *slog.Logger
+	every time.Duration
+
+	mu         sync.Mutex
+	last       map[string]time.Time
+	suppressed map[string]int
+}
+
+func newAPIErrorLog(log *slog.Logger) *apiErrorLog {
+	return &apiErrorLog{log: log, every: APIErrorLogEvery, last: map[string]time.Time{}, suppressed: map[string]int{}}
+}
+
+func (l *apiErrorLog) report(key, msg string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	if last, ok := l.last[key]; ok && now.Sub(last) < l.every {
+		l.suppressed[key]++
+		return
+	}
+	l.log.Error(msg, append(args, "suppressed", l.suppressed[key])...)
+	l.last[key], l.suppressed[key] = now, 0
+}
+
+// watchError logs list and watch failures with their cause (unauthorized, forbidden, ...). Requests
+// that got no answer at all are logged by WrapTransport when the client uses it, not twice here.
 func (s *Informers) watchError() cache.WatchErrorHandlerWithContext {
-	var mu sync.Mutex
-	var last time.Time
-	suppressed := 0
 	return func(_ context.Context, r *cache.Reflector, err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if now := time.Now(); last.IsZero() || now.Sub(last) >= watchErrorEvery {
-			s.log.Error("cannot list or watch the API; retrying", "watch", r.TypeDescription(), "err", err, "suppressed", suppressed)
-			last, suppressed = now, 0
+		var uerr *url.Error
+		if s.transportWrapped.Load() && errors.As(err, &uerr) {
 			return
 		}
-		suppressed++
+		s.apiErrors.report(r.TypeDescription(), "cannot list or watch the API; retrying", "watch", r.TypeDescription(), "err", err)
 	}
 }
+
+// WrapTransport (for rest.Config.Wrap) logs the API requests that got no answer (API server
+// unreachable, connection refused, TLS failure) with their cause, rate-limited under one key.
+// client-go's streaming list (WatchListClient) retries a refused connection without handing the
+// error to the watch error handler, so an API server that is down at start shows only here.
+func (s *Informers) WrapTransport(rt http.RoundTripper) http.RoundTripper {
+	s.transportWrapped.Store(true)
+	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		resp, err := rt.RoundTrip(req)
+		if err != nil && req.Context().Err() == nil {
+			s.apiErrors.report("connection", "cannot reach the API server; retrying", "request", req.Method+" "+req.URL.Path, "err", err)
+		}
+		return resp, err
+	})
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
 
 func transform(obj any) (any, error) {
 	switch o := obj.(type) {
@@ -264,7 +312,7 @@ func (s *Informers) Pods() []*corev1.Pod {
 // Changes signals changes.
 func (s *Informers) Changes() <-chan struct{} { return s.changes }
 
-// Stop stops the informers and waits for them.
+// Stop stops the informers and waits for them, at most stopWait.
 func (s *Informers) Stop() {
 	s.mu.Lock()
 	cancel := s.cancel
@@ -272,5 +320,19 @@ func (s *Informers) Stop() {
 	if cancel != nil {
 		cancel()
 	}
-	s.wg.Wait()
+	done := make(chan struct{})
+	go func() {
+		s.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(stopWait):
+		// client-go's streaming list sleeps out its retry backoff (up to 30 s) without watching the
+		// stop channel when the API server refuses connections; the process is ending anyway.
+		s.log.Warn("watches still retrying the API server; not waiting for them", "after", stopWait)
+	}
 }
+
+// stopWait bounds how long Stop waits for the informers to end.
+const stopWait = 2 * time.Second

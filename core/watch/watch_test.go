@@ -6,8 +6,12 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
@@ -283,5 +288,79 @@ func TestInformersPodsStrippedAndSorted(t *testing.T) {
 	}
 	if s.Services() != nil || s.Node() != nil {
 		t.Fatal("only the Pods watch was asked for")
+	}
+}
+
+// syncBuffer is a log sink that running informers may write to.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// TestUnreachableAPIServerIsLoggedOnce guards issue #15 item 2: with the API server down (a closed
+// loopback port), client-go's streaming list retries "connection refused" without calling the watch
+// error handler, so nothing was logged. Through WrapTransport the cause is logged at once, and
+// repeated failures within APIErrorLogEvery add no line.
+func TestUnreachableAPIServerIsLoggedOnce(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now: connection refused
+	var failures atomic.Int64
+	var logs syncBuffer
+	var s *Informers
+	s = NewInformers(func() (kubernetes.Interface, error) {
+		rc := &rest.Config{Host: "http://" + addr}
+		rc.Wrap(s.WrapTransport)
+		rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { // around WrapTransport: counts every failure
+			return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+				resp, err := rt.RoundTrip(req)
+				if err != nil {
+					failures.Add(1)
+				}
+				return resp, err
+			})
+		})
+		return kubernetes.NewForConfig(rc)
+	}, "n1", slog.New(slog.NewTextHandler(&logs, nil)))
+	if err := s.Start(context.Background(), fix.Needs{Services: true, Node: true}); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	deadline := time.Now().Add(20 * time.Second)
+	for failures.Load() < 4 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := failures.Load(); n < 4 {
+		t.Fatalf("only %d failed requests in 20s; the informers did not retry", n)
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	var api []string
+	for _, l := range lines {
+		if strings.Contains(l, "API server") {
+			api = append(api, l)
+		}
+	}
+	if len(api) != 1 {
+		t.Fatalf("%d failed requests logged %d lines, want 1:\n%s", failures.Load(), len(api), logs.String())
+	}
+	for _, want := range []string{"connection refused", addr, "level=ERROR"} {
+		if !strings.Contains(api[0], want) {
+			t.Errorf("the API error line does not name %q: %s", want, api[0])
+		}
 	}
 }
