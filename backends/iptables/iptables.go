@@ -53,7 +53,10 @@ type Backend struct {
 	gen nfgen.Func
 
 	// mu serialises every kernel operation of this process and guards applied and absent.
-	mu      sync.Mutex
+	mu sync.Mutex
+	// amu also guards applied: it is written with mu and amu held and read with either, so that
+	// Counters (a scrape) never waits for an iptables-restore that waits for the xtables lock.
+	amu     sync.Mutex
 	applied map[key]*record
 	// absent: (fix, family) known to hold nothing, with the generation of that knowledge.
 	absent map[key]nfgen.Stamp
@@ -362,7 +365,7 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 			// The restore is atomic: the kernel holds what it held, and the record stays true
 			// unless this call found it wrong.
 			if res.Repaired {
-				delete(b.applied, k)
+				b.setApplied(k, nil)
 			}
 			return res, fmt.Errorf("fix %s (%s): %w", rs.Fix, rs.Family, err)
 		}
@@ -371,18 +374,29 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 	g1, ok1 := b.generation()
 	after, err := b.save(ctx, rs.Family)
 	if err != nil {
-		delete(b.applied, k)
+		b.setApplied(k, nil)
 		return res, err
 	}
 	nrec := &record{rs: rs.Clone(), content: r.content, parent: r.parent, jumps: r.jumps, chains: chains, counters: counters, state: after.state(chains)}
 	if g2, ok2 := b.generation(); ok1 && ok2 && g1 == g2 {
 		nrec.gen = nfgen.At(g2, true)
 	}
-	b.applied[k] = nrec
+	b.setApplied(k, nrec)
 	if res.Applied {
 		b.log.Info("rules applied", "fix", rs.Fix, "family", rs.Family, "chains", len(chains), "removed_chains", len(stale), "rules", rs.RuleCount())
 	}
 	return res, nil
+}
+
+// setApplied records (rec) or forgets (nil) what the kernel holds for k. Call with b.mu held.
+func (b *Backend) setApplied(k key, rec *record) {
+	b.amu.Lock()
+	defer b.amu.Unlock()
+	if rec == nil {
+		delete(b.applied, k)
+	} else {
+		b.applied[k] = rec
+	}
 }
 
 // generation reads the nf_tables generation; false without one.
@@ -485,7 +499,7 @@ func (b *Backend) rewriteChains(ctx context.Context, rs *rules.Ruleset, changed 
 	for _, c := range changed {
 		saved, err := b.list(ctx, rs.Family, c.table, c.name)
 		if err != nil {
-			delete(b.applied, k)
+			b.setApplied(k, nil)
 			return false, err
 		}
 		st.own[c.key()] = chainState(c.name, saved)
@@ -494,7 +508,7 @@ func (b *Backend) rewriteChains(ctx context.Context, rs *rules.Ruleset, changed 
 	if g2, ok2 := b.generation(); ours && ok2 && g2 == g1 && prev.gen.Is(g1, true) {
 		nrec.gen = nfgen.At(g1, true)
 	}
-	b.applied[k] = nrec
+	b.setApplied(k, nrec)
 	b.log.Info("rules applied", "fix", rs.Fix, "family", rs.Family, "rewritten_chains", len(changed), "removed_chains", len(stale), "rules", rs.RuleCount())
 	return true, nil
 }
@@ -568,7 +582,7 @@ func (b *Backend) remove(ctx context.Context, fix string, family rules.Family, m
 		res.Applied = true
 		b.log.Info("rules removed", "fix", fix, "family", family, "chains", len(gone))
 	}
-	delete(b.applied, k)
+	b.setApplied(k, nil)
 	g1, ok1 := b.generation()
 	b.absent[k] = nfgen.At(g1, ok1)
 	return res, nil
@@ -576,16 +590,20 @@ func (b *Backend) remove(ctx context.Context, fix string, family rules.Family, m
 
 // Counters implements backend.Backend: it sums the packets and bytes of the kernel rules whose comment
 // names the counter ("<fix>/<counter>: …"), over every rule a map or prefix list expanded into.
+//
+// It does not wait for b.mu: iptables-save reads without the xtables lock, and a scrape must not
+// queue behind an iptables-restore that waits for a lock another process holds (#15 item 3).
 func (b *Backend) Counters(ctx context.Context, fix string, family rules.Family) (map[string]backend.Counter, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.amu.Lock()
+	prev := b.applied[key{fix, family}] // its chains and counters never change once stored
+	b.amu.Unlock()
 	d, err := b.save(ctx, family)
 	if err != nil {
 		return nil, err
 	}
 	chains := d.owned(fix)
 	out := map[string]backend.Counter{}
-	if prev := b.applied[key{fix, family}]; prev != nil {
+	if prev != nil {
 		for c := range prev.chains {
 			chains[c] = true
 		}
@@ -622,7 +640,9 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	b.mu.Lock()
+	b.amu.Lock()
 	clear(b.applied)
+	b.amu.Unlock()
 	clear(b.absent)
 	b.mu.Unlock()
 	return errors.Join(errs...)
