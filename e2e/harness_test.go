@@ -53,11 +53,17 @@ var backendNames = []string{"iptables", "nftables"}
 // or a failure under CI).
 func require(t *testing.T) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("end-to-end scenario: skipped with -short")
-	}
+	requireAgent(t)
 	if err := controlplane.CheckPrerequisites(""); err != nil {
 		testenv.Unavailable(t, "end-to-end scenario: %v", err)
+	}
+}
+
+// requireAgent is require without the control plane, for scenarios whose agent has no API server.
+func requireAgent(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("end-to-end scenario: skipped with -short")
 	}
 	if err := agenttest.CheckPrerequisites(); err != nil {
 		testenv.Unavailable(t, "end-to-end scenario: %v", err)
@@ -154,6 +160,11 @@ type nodeOptions struct {
 	noWait bool
 	// setup prepares the node's netns before the agent starts (e.g. a predecessor's chains).
 	setup func(t *testing.T, ns *testenv.NS)
+	// kubeconfig replaces the ServiceAccount kubeconfig of the cluster; with no cluster and no
+	// kubeconfig the agent gets no --kubeconfig.
+	kubeconfig string
+	// env is added to the agent's environment.
+	env []string
 }
 
 const defaultConfig = `# written by the e2e test
@@ -175,8 +186,8 @@ type node struct {
 	variant string // iptables variant the agent chose (from agent_info)
 }
 
-// startNode creates a node netns wired to the control plane and starts the agent in it with the
-// ServiceAccount identity, then waits for /readyz.
+// startNode creates a node netns wired to the control plane (c may be nil: no control plane) and
+// starts the agent in it with the ServiceAccount identity, then waits for /readyz.
 func startNode(t *testing.T, c *cluster, backend string, o nodeOptions) *node {
 	t.Helper()
 	ns := testenv.New(t, "nnm-e2e")
@@ -187,28 +198,36 @@ func startNode(t *testing.T, c *cluster, backend string, o nodeOptions) *node {
 	if o.config == "" {
 		o.config = defaultConfig
 	}
-	kc, err := c.cp.ServiceAccountKubeconfig(t.Context(), saNamespace, o.sa, ns.Name)
-	if err != nil {
-		t.Fatal(err)
+	var args []string
+	if c != nil {
+		kc, err := c.cp.ServiceAccountKubeconfig(t.Context(), saNamespace, o.sa, ns.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.cp.DisconnectNamespace(ns.Name) })
+		if o.kubeconfig == "" {
+			o.kubeconfig = kc
+		}
 	}
-	t.Cleanup(func() { _ = c.cp.DisconnectNamespace(ns.Name) })
+	if o.kubeconfig != "" {
+		args = append(args, "--kubeconfig", o.kubeconfig)
+	}
 	n.config = filepath.Join(t.TempDir(), "config.yaml")
 	n.writeConfig(o.config)
 	if o.setup != nil {
 		o.setup(t, ns)
 	}
-	args := []string{
-		"--kubeconfig", kc,
+	args = append(args,
 		"--node-name", n.name,
 		"--backend", backend,
 		"--proxy-mode", "ipvs",
 		"--config", n.config,
 		"--min-sync-period", minSyncPeriod.String(),
 		"--sync-period", syncPeriod.String(),
-		"--pod-cidrs", podCIDRv4 + "," + podCIDRv6,
+		"--pod-cidrs", podCIDRv4+","+podCIDRv6,
 		"--log-level", "debug",
-	}
-	n.agent = agenttest.StartT(t, agenttest.Options{Netns: ns.Name, Args: append(args, o.args...)})
+	)
+	n.agent = agenttest.StartT(t, agenttest.Options{Netns: ns.Name, Args: append(args, o.args...), Env: o.env})
 	if !o.noWait {
 		n.waitReady()
 	}
