@@ -24,7 +24,6 @@ import (
 )
 
 const (
-	fixLiberal = "conntrack-liberal"
 	// apiDownLog starts the line watch.Informers.WrapTransport logs for a request without an answer.
 	apiDownLog = "cannot reach the API server"
 	// waitingForAPI is what a fix that reads the API says while its watches have not synced.
