@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/backends/iptables"
 	"github.com/network-node-manager/network-node-manager/backends/nftables"
+	"github.com/network-node-manager/network-node-manager/fixes/conntrackliberal"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
@@ -40,7 +42,8 @@ import (
 // emulated: the seccomp RuntimeDefault profile, cgroup limits, a PID namespace.
 //
 // The agent must become ready, program both backends (one run each) and conntrack-liberal's sysctl,
-// and serve its protected metrics.
+// and serve its protected metrics. Then deploy/uninstall's cleanup container, run the same way on the
+// same node, must remove the rules and write the sysctl's previous value back.
 
 const imageRef = "network-node-manager:latest"
 
@@ -165,69 +168,10 @@ func runImage(t *testing.T, cp *controlplane.ControlPlane, ds *appsv1.DaemonSet,
 		filepath.Join(saDir, "namespace"): []byte(ds.Namespace),
 	}
 	c := ds.Spec.Template.Spec.Containers[0]
-	var mounts []string // "source target ro|rw"
-	for _, m := range c.VolumeMounts {
-		var vol *corev1.Volume
-		for i := range ds.Spec.Template.Spec.Volumes {
-			if ds.Spec.Template.Spec.Volumes[i].Name == m.Name {
-				vol = &ds.Spec.Template.Spec.Volumes[i]
-			}
-		}
-		if vol == nil {
-			t.Fatalf("mount %s has no volume", m.Name)
-		}
-		var src string
-		switch {
-		case vol.ConfigMap != nil:
-			src = filepath.Join(dir, "configmap-"+vol.Name)
-			for k, v := range cm.Data {
-				files[filepath.Join(src, k)] = []byte(v)
-			}
-		case vol.HostPath != nil && (strings.HasPrefix(vol.HostPath.Path, "/proc/") || strings.HasPrefix(vol.HostPath.Path, "/sys/")):
-			src = vol.HostPath.Path // the node netns's own view, as on a node
-		case vol.HostPath != nil:
-			src = filepath.Join(hostRoot, vol.HostPath.Path)
-			typ := corev1.HostPathUnset
-			if vol.HostPath.Type != nil {
-				typ = *vol.HostPath.Type
-			}
-			switch typ {
-			case corev1.HostPathFileOrCreate:
-				files[src] = nil
-			case corev1.HostPathDirectoryOrCreate:
-				if err := os.MkdirAll(src, 0o755); err != nil {
-					t.Fatal(err)
-				}
-			default:
-				t.Fatalf("hostPath %s type %s: teach this test", vol.HostPath.Path, typ)
-			}
-		default:
-			t.Fatalf("volume %s: teach this test its type", vol.Name)
-		}
-		mode := "rw"
-		if m.ReadOnly {
-			mode = "ro"
-		}
-		mounts = append(mounts, fmt.Sprintf("%s %s %s", src, m.MountPath, mode))
-	}
-	mounts = append(mounts, saDir+" /var/run/secrets/kubernetes.io/serviceaccount ro")
-	// The kubelet mounts /etc/hosts into every container (for hostNetwork pods, the node's).
-	hosts := filepath.Join(dir, "etc-hosts")
-	files[hosts] = []byte("127.0.0.1\tlocalhost\n")
-	mounts = append(mounts, hosts+" /etc/hosts rw")
-	for f, data := range files {
-		if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(f, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 
 	// Environment: the manifest's (downward API resolved as the kubelet would), the in-cluster
 	// variables, and what an overlay sets for this run.
-	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root",
-		"KUBERNETES_SERVICE_HOST=" + u.Hostname(), "KUBERNETES_SERVICE_PORT=" + u.Port()}
+	env := []string{"KUBERNETES_SERVICE_HOST=" + u.Hostname(), "KUBERNETES_SERVICE_PORT=" + u.Port()}
 	for _, e := range c.Env {
 		switch {
 		case e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName":
@@ -239,53 +183,17 @@ func runImage(t *testing.T, cp *controlplane.ControlPlane, ds *appsv1.DaemonSet,
 		}
 	}
 	env = append(env, "NNM_BACKEND="+backend, "NNM_PROXY_MODE=ipvs", "NNM_FIXES_CONNTRACK_LIBERAL_ENABLED=true")
-
-	// Capabilities: what the manifest adds after dropping ALL.
-	sc := c.SecurityContext
-	if sc == nil || sc.Capabilities == nil || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" {
-		t.Fatalf("securityContext %+v: the test expects drop [ALL]", sc)
-	}
-	var caps []string
-	for _, cp := range sc.Capabilities.Add {
-		caps = append(caps, "+"+strings.ToLower(string(cp)))
-	}
-	capSet := "-all," + strings.Join(caps, ",")
-	setpriv := []string{"/usr/bin/setpriv", "--reuid=0", "--regid=0", "--clear-groups",
-		"--inh-caps=" + capSet, "--ambient-caps=" + capSet, "--bounding-set=" + capSet}
-	if sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation {
-		setpriv = append(setpriv, "--no-new-privs")
-	}
-	if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
-		t.Fatal("the manifest no longer asks for a read-only root filesystem: adjust this test")
-	}
-	argv := append(append(append(setpriv, "--", "/usr/bin/env", "-i"), env...), entrypoint...)
-	argv = append(argv, c.Args...)
-
-	// The container: a mount namespace with the image's root read-only and the mounts above.
-	var sh strings.Builder
-	root, upper, work := filepath.Join(dir, "root"), filepath.Join(dir, "upper"), filepath.Join(dir, "work")
-	fmt.Fprintf(&sh, "set -e\nmkdir -p %s %s %s\n", root, upper, work)
-	fmt.Fprintf(&sh, "mount -t overlay overlay -o lowerdir=%s,upperdir=%s,workdir=%s %s\n", rootfs, upper, work, root)
-	fmt.Fprintf(&sh, "mount -t proc proc %[1]s/proc\nmount --bind %[1]s/proc/sys %[1]s/proc/sys\nmount -o remount,bind,ro %[1]s/proc/sys\n", root)
-	fmt.Fprintf(&sh, "mount -t sysfs -o ro sysfs %s/sys\n", root)
-	fmt.Fprintf(&sh, "mount -t tmpfs -o nosuid,mode=755 tmpfs %[1]s/dev\nfor d in null zero random urandom; do touch %[1]s/dev/$d; mount --bind /dev/$d %[1]s/dev/$d; done\n", root)
-	for _, m := range mounts {
-		f := strings.Fields(m)
-		src, dst := f[0], root+resolveIn(t, rootfs, f[1])
-		fmt.Fprintf(&sh, "if [ -d %[1]s ]; then mkdir -p %[2]s; else mkdir -p $(dirname %[2]s); touch %[2]s; fi\n", src, dst)
-		fmt.Fprintf(&sh, "mount --bind %s %s\n", src, dst)
-		if f[2] == "ro" {
-			fmt.Fprintf(&sh, "mount -o remount,bind,ro %s\n", dst)
-		}
-	}
-	fmt.Fprintf(&sh, "mount -o remount,ro %s\n", root)
-	fmt.Fprintf(&sh, "exec chroot %s %s\n", root, shellJoin(argv))
+	script := containerScript(t, containerRun{dir: filepath.Join(dir, "agent"), hostRoot: hostRoot, rootfs: rootfs,
+		pod: ds.Spec.Template.Spec, c: c, cm: cm, files: files, env: env, entrypoint: entrypoint,
+		mounts: []string{saDir + " /var/run/secrets/kubernetes.io/serviceaccount ro"}})
+	// The value conntrack-liberal will replace, and the uninstall must write back.
+	liberalBefore := strings.TrimSpace(ns.MustExec("cat", "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"))
 	logPath := filepath.Join(dir, "agent.log")
 	logf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := ns.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", sh.String())
+	cmd := ns.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -312,7 +220,7 @@ func runImage(t *testing.T, cp *controlplane.ControlPlane, ds *appsv1.DaemonSet,
 		_ = stop()
 		if t.Failed() {
 			b, _ := os.ReadFile(logPath)
-			t.Logf("agent log:\n%s\nmount script:\n%s", b, sh.String())
+			t.Logf("agent log:\n%s\nmount script:\n%s", b, script)
 		}
 	})
 
@@ -415,6 +323,166 @@ func runImage(t *testing.T, cp *controlplane.ControlPlane, ds *appsv1.DaemonSet,
 	if err := stop(); err != nil {
 		t.Errorf("agent stop: %v", err)
 	}
+
+	// Uninstall: deploy/uninstall's cleanup container, run the same way on the same node (its
+	// hostPath volumes are the agent's), removes the rules and writes back the sysctl's value.
+	var un *appsv1.DaemonSet
+	for _, o := range loadFile(t, "uninstall/daemonset.yaml") {
+		un = typed[appsv1.DaemonSet](t, o)
+	}
+	cleanup := un.Spec.Template.Spec.InitContainers[0]
+	cleanScript := containerScript(t, containerRun{dir: filepath.Join(dir, "cleanup"), hostRoot: hostRoot, rootfs: rootfs,
+		pod: un.Spec.Template.Spec, c: cleanup, entrypoint: entrypoint})
+	out, err := ns.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", cleanScript).CombinedOutput()
+	if err != nil {
+		t.Fatalf("uninstall cleanup container: %v\n%s\nscript:\n%s", err, out, cleanScript)
+	}
+	if v := strings.TrimSpace(ns.MustExec("cat", "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal")); v != liberalBefore {
+		t.Errorf("after the uninstall cleanup nf_conntrack_tcp_be_liberal = %s, want %s as before the agent\n%s", v, liberalBefore, out)
+	}
+	if _, err := os.Stat(filepath.Join(hostRoot, conntrackliberal.DefaultStateDir, conntrackliberal.StateFile)); !os.IsNotExist(err) {
+		t.Errorf("the uninstall cleanup left conntrack-liberal's state file (%v)", err)
+	}
+	switch backend {
+	case "iptables":
+		if out := ns.MustExec("iptables-nft-save"); strings.Contains(out, iptables.ChainPrefix) {
+			t.Errorf("the uninstall cleanup left %s chains:\n%s", iptables.ChainPrefix, out)
+		}
+	case "nftables":
+		if out := ns.MustExec("nft", "list", "tables"); strings.Contains(out, nftables.TableName("invalid-drop")) {
+			t.Errorf("the uninstall cleanup left %s:\n%s", nftables.TableName("invalid-drop"), out)
+		}
+	}
+	if !t.Failed() {
+		t.Logf("%s: uninstall cleanup container: nf_conntrack_tcp_be_liberal back to %s, rules gone", backend, liberalBefore)
+	}
+}
+
+// containerRun is one container of a pod spec, run from the image's root filesystem the way a
+// container runtime would (see TestImageRunsAsTheDaemonSet).
+type containerRun struct {
+	dir        string // its overlay and files
+	hostRoot   string // where hostPath volumes live
+	rootfs     string
+	pod        corev1.PodSpec
+	c          corev1.Container
+	cm         *corev1.ConfigMap // for ConfigMap volumes
+	files      map[string][]byte // extra files to write first
+	env        []string          // beyond PATH and HOME
+	mounts     []string          // extra mounts, "source target ro|rw"
+	entrypoint []string
+}
+
+// containerScript returns the shell script that runs r.c: a mount namespace with the image's root
+// read-only, /proc/sys and /sys read-only, the container's volumes at its mount paths, uid 0 with
+// only the capabilities it adds, and finally exec of the entrypoint with its args.
+func containerScript(t *testing.T, r containerRun) string {
+	t.Helper()
+	files := map[string][]byte{}
+	for f, data := range r.files {
+		files[f] = data
+	}
+	mounts := slices.Clone(r.mounts)
+	for _, m := range r.c.VolumeMounts {
+		var vol *corev1.Volume
+		for i := range r.pod.Volumes {
+			if r.pod.Volumes[i].Name == m.Name {
+				vol = &r.pod.Volumes[i]
+			}
+		}
+		if vol == nil {
+			t.Fatalf("mount %s has no volume", m.Name)
+		}
+		var src string
+		switch {
+		case vol.ConfigMap != nil:
+			src = filepath.Join(r.dir, "configmap-"+vol.Name)
+			for k, v := range r.cm.Data {
+				files[filepath.Join(src, k)] = []byte(v)
+			}
+		case vol.HostPath != nil && (strings.HasPrefix(vol.HostPath.Path, "/proc/") || strings.HasPrefix(vol.HostPath.Path, "/sys/")):
+			src = vol.HostPath.Path // the node netns's own view, as on a node
+		case vol.HostPath != nil:
+			src = filepath.Join(r.hostRoot, vol.HostPath.Path)
+			typ := corev1.HostPathUnset
+			if vol.HostPath.Type != nil {
+				typ = *vol.HostPath.Type
+			}
+			switch typ {
+			case corev1.HostPathFileOrCreate:
+				if _, err := os.Stat(src); err != nil {
+					files[src] = nil
+				}
+			case corev1.HostPathDirectoryOrCreate:
+				if err := os.MkdirAll(src, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			default:
+				t.Fatalf("hostPath %s type %s: teach this test", vol.HostPath.Path, typ)
+			}
+		default:
+			t.Fatalf("volume %s: teach this test its type", vol.Name)
+		}
+		mode := "rw"
+		if m.ReadOnly {
+			mode = "ro"
+		}
+		mounts = append(mounts, fmt.Sprintf("%s %s %s", src, m.MountPath, mode))
+	}
+	// The kubelet mounts /etc/hosts into every container (for hostNetwork pods, the node's).
+	hosts := filepath.Join(r.dir, "etc-hosts")
+	files[hosts] = []byte("127.0.0.1\tlocalhost\n")
+	mounts = append(mounts, hosts+" /etc/hosts rw")
+	for f, data := range files {
+		if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}, r.env...)
+
+	// Capabilities: what the manifest adds after dropping ALL.
+	sc := r.c.SecurityContext
+	if sc == nil || sc.Capabilities == nil || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" {
+		t.Fatalf("securityContext %+v: the test expects drop [ALL]", sc)
+	}
+	var caps []string
+	for _, cp := range sc.Capabilities.Add {
+		caps = append(caps, "+"+strings.ToLower(string(cp)))
+	}
+	capSet := "-all," + strings.Join(caps, ",")
+	setpriv := []string{"/usr/bin/setpriv", "--reuid=0", "--regid=0", "--clear-groups",
+		"--inh-caps=" + capSet, "--ambient-caps=" + capSet, "--bounding-set=" + capSet}
+	if sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation {
+		setpriv = append(setpriv, "--no-new-privs")
+	}
+	if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Fatal("the manifest no longer asks for a read-only root filesystem: adjust this test")
+	}
+	argv := append(append(append(setpriv, "--", "/usr/bin/env", "-i"), env...), r.entrypoint...)
+	argv = append(argv, r.c.Args...)
+
+	var sh strings.Builder
+	root, upper, work := filepath.Join(r.dir, "root"), filepath.Join(r.dir, "upper"), filepath.Join(r.dir, "work")
+	fmt.Fprintf(&sh, "set -e\nmkdir -p %s %s %s\n", root, upper, work)
+	fmt.Fprintf(&sh, "mount -t overlay overlay -o lowerdir=%s,upperdir=%s,workdir=%s %s\n", r.rootfs, upper, work, root)
+	fmt.Fprintf(&sh, "mount -t proc proc %[1]s/proc\nmount --bind %[1]s/proc/sys %[1]s/proc/sys\nmount -o remount,bind,ro %[1]s/proc/sys\n", root)
+	fmt.Fprintf(&sh, "mount -t sysfs -o ro sysfs %s/sys\n", root)
+	fmt.Fprintf(&sh, "mount -t tmpfs -o nosuid,mode=755 tmpfs %[1]s/dev\nfor d in null zero random urandom; do touch %[1]s/dev/$d; mount --bind /dev/$d %[1]s/dev/$d; done\n", root)
+	for _, m := range mounts {
+		f := strings.Fields(m)
+		src, dst := f[0], root+resolveIn(t, r.rootfs, f[1])
+		fmt.Fprintf(&sh, "if [ -d %[1]s ]; then mkdir -p %[2]s; else mkdir -p $(dirname %[2]s); touch %[2]s; fi\n", src, dst)
+		fmt.Fprintf(&sh, "mount --bind %s %s\n", src, dst)
+		if f[2] == "ro" {
+			fmt.Fprintf(&sh, "mount -o remount,bind,ro %s\n", dst)
+		}
+	}
+	fmt.Fprintf(&sh, "mount -o remount,ro %s\n", root)
+	fmt.Fprintf(&sh, "exec chroot %s %s\n", root, shellJoin(argv))
+	return sh.String()
 }
 
 // forwardInNetns listens on addr inside the network namespace at nsPath and forwards each connection
