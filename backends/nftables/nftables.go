@@ -585,13 +585,21 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// realOptions are the knftables options of the real kernel. NoObjectCommentEmulation: we put
+// comments only on rules and elements, so the `nft --check` that knftables.New runs to probe
+// comments on tables, chains, sets and maps is not needed (one nft process less before a table's
+// first transaction). knftables' experimental UseNetlink (List and ListAll over netlink) was tried
+// and is not used: in v0.0.22 a missing table comes back as a bare ENOENT that IsNotFound does not
+// recognise, and the listing includes nft's anonymous sets (__set0), which we would then delete.
+var realOptions = []knftables.Option{knftables.NoObjectCommentEmulation}
+
 // newRealInterface is the default Options.NewInterface. It turns the causes users hit into errors
 // that name them.
 func newRealInterface(family knftables.Family, table string) (knftables.Interface, error) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		return nil, fmt.Errorf("nftables backend: nft binary not found; install nftables (%w)", err)
 	}
-	nft, err := knftables.New(family, table)
+	nft, err := knftables.New(family, table, realOptions...)
 	if err != nil {
 		return nil, fmt.Errorf("nftables backend: nftables is not usable here (kernel without nf_tables, "+
 			"nft older than 1.0.1, or missing CAP_NET_ADMIN): %w", err)
