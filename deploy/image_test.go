@@ -26,6 +26,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/backends/iptables"
 	"github.com/network-node-manager/network-node-manager/backends/nftables"
+	"github.com/network-node-manager/network-node-manager/core/events"
 	"github.com/network-node-manager/network-node-manager/fixes/conntrackliberal"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
@@ -318,6 +319,24 @@ func runImage(t *testing.T, cp *controlplane.ControlPlane, ds *appsv1.DaemonSet,
 			t.Errorf("sync errors: %s", line)
 		}
 	}
+
+	// Events on the Node, through the in-cluster config and deploy/base's events Role.
+	agenttest.Eventually(t, 30*time.Second, func() error {
+		l, err := admin.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		synced := map[string]bool{}
+		for _, e := range l.Items {
+			if e.Regarding.Kind == "Node" && e.Regarding.Name == nodeName && e.Reason == events.FixSynced {
+				synced[e.Action] = true
+			}
+		}
+		if !synced["conntrack-liberal"] || !synced["invalid-drop"] {
+			return fmt.Errorf("FixSynced Events on node %s for %v, want conntrack-liberal and invalid-drop", nodeName, synced)
+		}
+		return nil
+	})
 
 	// SIGTERM, as the kubelet stops the pod: a clean exit.
 	if err := stop(); err != nil {
