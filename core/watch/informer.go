@@ -181,15 +181,21 @@ func (s *Informers) watchError() cache.WatchErrorHandlerWithContext {
 }
 
 // WrapTransport (for rest.Config.Wrap) logs the API requests that got no answer (API server
-// unreachable, connection refused, TLS failure) with their cause, rate-limited under one key.
-// client-go's streaming list (WatchListClient) retries a refused connection without handing the
-// error to the watch error handler, so an API server that is down at start shows only here.
+// unreachable, connection refused, TLS failure) with their cause, and those the API server
+// throttled (429), each rate-limited under a key of its own. client-go's streaming list
+// (WatchListClient) retries both without handing the error to the watch error handler, so an API
+// server that is down at start, or throttles the agent, shows only here.
 func (s *Informers) WrapTransport(rt http.RoundTripper) http.RoundTripper {
 	s.transportWrapped.Store(true)
 	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
 		resp, err := rt.RoundTrip(req)
-		if err != nil && req.Context().Err() == nil {
-			s.apiErrors.report("connection", "cannot reach the API server; retrying", "request", req.Method+" "+req.URL.Path, "err", err)
+		request := req.Method + " " + req.URL.Path
+		switch {
+		case err != nil && req.Context().Err() == nil:
+			s.apiErrors.report("connection", "cannot reach the API server; retrying", "request", request, "err", err)
+		case err == nil && resp.StatusCode == http.StatusTooManyRequests:
+			s.apiErrors.report("throttled", "the API server throttles the agent (429 Too Many Requests); retrying",
+				"request", request, "retryAfter", resp.Header.Get("Retry-After"))
 		}
 		return resp, err
 	})

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -362,5 +363,45 @@ func TestUnreachableAPIServerIsLoggedOnce(t *testing.T) {
 		if !strings.Contains(api[0], want) {
 			t.Errorf("the API error line does not name %q: %s", want, api[0])
 		}
+	}
+}
+
+// TestThrottlingIsLogged: an API server answering 429 to every request is retried by client-go's
+// streaming list without a call to the watch error handler; WrapTransport logs it once per
+// APIErrorLogEvery.
+func TestThrottlingIsLogged(t *testing.T) {
+	var requests atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		requests.Add(1)
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusTooManyRequests)
+	}))
+	defer srv.Close()
+	var logs syncBuffer
+	var s *Informers
+	s = NewInformers(func() (kubernetes.Interface, error) {
+		rc := &rest.Config{Host: srv.URL}
+		rc.Wrap(s.WrapTransport)
+		return kubernetes.NewForConfig(rc)
+	}, "n1", slog.New(slog.NewTextHandler(&logs, nil)))
+	if err := s.Start(context.Background(), fix.Needs{Services: true}); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	deadline := time.Now().Add(20 * time.Second)
+	for requests.Load() < 3 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := requests.Load(); n < 3 {
+		t.Fatalf("only %d requests in 20s; the informer did not retry", n)
+	}
+	var lines []string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "throttles") {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) != 1 || !strings.Contains(lines[0], "429") || !strings.Contains(lines[0], "/api/v1/services") {
+		t.Fatalf("%d throttled requests logged %d lines, want 1 naming 429 and the request:\n%s", requests.Load(), len(lines), logs.String())
 	}
 }
