@@ -1,6 +1,6 @@
 // Package engine keeps the kernel in the state the enabled fixes ask for.
 //
-// The work is cut into units: the rules of one fix in one family, or the node state of one
+// The work is cut into units: the rules of one fix.RuleFix in one family, or the node state of one
 // fix.Actuator. Each unit has a worker of its own (scheduler.go), so a unit blocked by the kernel
 // (the xtables lock held) or waiting for the API server never delays another: a fix that reads no
 // watch is programmed at once, without an API server. A worker coalesces changes, applies them at
