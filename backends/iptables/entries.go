@@ -4,6 +4,7 @@ import (
 	"context"
 	"hash/maphash"
 	"net/netip"
+	"slices"
 	"sort"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
@@ -30,73 +31,101 @@ func (c *rchain) digest() uint64 {
 	return h.Sum64()
 }
 
-// applyEntries is Reconcile's way for a ruleset that differs from the record only in map entries,
-// when every entry added, removed or changed falls into a lookup bucket that exists before and after
-// (the common case: one Service changes among thousands). It renders only the buckets of the changed
-// entries, from the old and the new ruleset, and rewrites those whose rules differ, with one
-// iptables-restore; nothing else is rendered, so the cost follows the change, not the number of
-// entries. It returns false without having changed anything when a bucket appears or disappears
-// (the dispatching chain changes too: applyChanged's way) or when the record does not match the old
-// rendering; errShortWay when the restore failed.
+// applyEntries is Reconcile's way for a ruleset that differs from the record only in map entries
+// (the common case: one Service changes among thousands). It renders a narrowed ruleset: every
+// entry of the buckets where the old and the new ruleset differ, and of every other bucket only the
+// entries that keep it in existence. That gives the dispatching chains in full (their rules depend
+// only on which buckets exist) and the touched buckets in full, so the cost follows the change, not
+// the number of entries. With one iptables-restore it rewrites what differs from the record, adds
+// buckets that appear and deletes buckets that disappear. It returns false without having changed
+// anything when the record does not match the old rendering, and errShortWay when the restore
+// failed.
 func (b *Backend) applyEntries(ctx context.Context, rs *rules.Ruleset, prev *record, g0 uint32, genOK bool) (bool, error) {
-	was, now := changedBuckets(prev.rs, rs)
-	if was == nil {
+	touched := changedBuckets(prev.rs, rs)
+	if touched == nil {
 		prev.rs = rs.Clone()
 		return false, nil
 	}
-	oldChains, _, err := renderChains(was)
+	oldChains, _, err := renderChains(narrowed(prev.rs, touched))
 	if err != nil {
 		return false, nil
 	}
-	newChains, _, err := renderChains(now)
+	newChains, _, err := renderChains(narrowed(rs, touched))
 	if err != nil {
 		return false, nil // the full rendering reports it
 	}
-	oldBuckets, newBuckets := buckets(oldChains), buckets(newChains)
-	if len(oldBuckets) != len(newBuckets) {
-		return false, nil
-	}
-	var changed []*rchain
-	for k, c := range newBuckets {
-		o := oldBuckets[k]
-		if o == nil || prev.content[k] != o.digest() {
-			return false, nil
-		}
-		if d := c.digest(); d != prev.content[k] {
-			changed = append(changed, c)
+	// complete: a chain whose rules the narrowed rendering gives in full.
+	complete := func(c *rchain) bool { return c.parent == "" || touched[c.lookup][c.prefix] }
+	was := map[tchain]bool{}
+	for _, c := range oldChains {
+		k := c.key()
+		was[k] = true
+		d, ok := prev.content[k]
+		if !ok || (complete(c) && d != c.digest()) {
+			return false, nil // the record is not what the old ruleset renders
 		}
 	}
-	if len(changed) == 0 {
-		return false, nil
-	}
-	sort.Slice(changed, func(i, j int) bool { return changed[i].name < changed[j].name })
 	content := make(map[tchain]uint64, len(prev.content))
 	for k, v := range prev.content {
 		content[k] = v
 	}
-	for _, c := range changed {
-		content[c.key()] = c.digest()
+	chains := make(map[tchain]bool, len(prev.chains))
+	for k := range prev.chains {
+		chains[k] = true
 	}
-	nrec := &record{rs: rs.Clone(), content: content, parent: prev.parent, jumps: prev.jumps, chains: prev.chains, counters: prev.counters}
-	return b.rewriteChains(ctx, rs, changed, nil, prev, nrec, g0, genOK)
-}
-
-// buckets are the lookup buckets among chains.
-func buckets(chains []*rchain) map[tchain]*rchain {
-	out := map[tchain]*rchain{}
-	for _, c := range chains {
+	parent := make(map[tchain]string, len(prev.parent))
+	for k, v := range prev.parent {
+		parent[k] = v
+	}
+	var changed []*rchain
+	now := map[tchain]bool{}
+	for _, c := range newChains {
+		k := c.key()
+		now[k] = true
+		if !complete(c) {
+			if !was[k] {
+				return false, nil // an untouched bucket cannot appear
+			}
+			continue
+		}
+		if d, ok := prev.content[k]; ok && d == c.digest() {
+			continue
+		}
+		if !prev.chains[k] && c.parent == "" {
+			return false, nil // a new chain that is not a bucket: applyChanged checks ownership
+		}
+		changed = append(changed, c)
+		content[k], chains[k] = c.digest(), true
 		if c.parent != "" {
-			out[c.key()] = c
+			parent[k] = c.parent
 		}
 	}
-	return out
+	var stale []tchain
+	for _, c := range oldChains {
+		if k := c.key(); !now[k] {
+			if c.parent == "" {
+				return false, nil
+			}
+			stale = append(stale, k)
+			delete(content, k)
+			delete(chains, k)
+			delete(parent, k)
+		}
+	}
+	if len(changed) == 0 && len(stale) == 0 {
+		prev.rs = rs.Clone()
+		return false, nil
+	}
+	sort.Slice(changed, func(i, j int) bool { return changed[i].name < changed[j].name })
+	sort.Slice(stale, func(i, j int) bool { return stale[i].String() < stale[j].String() })
+	nrec := &record{rs: rs.Clone(), content: content, parent: parent, jumps: prev.jumps, chains: chains, counters: prev.counters}
+	return b.rewriteChains(ctx, rs, changed, stale, prev, nrec, g0, genOK)
 }
 
-// changedBuckets returns old and now (same chains, different map entries) with every map narrowed
-// to the entries in the buckets where the two differ, or nil, nil when no entry differs.
-func changedBuckets(old, now *rules.Ruleset) (*rules.Ruleset, *rules.Ruleset) {
-	touched := make([]map[netip.Prefix]bool, len(now.Maps))
-	any := false
+// changedBuckets returns, per map name, the bucket prefixes where old and now (same chains) differ
+// in entries, or nil when no entry differs.
+func changedBuckets(old, now *rules.Ruleset) map[string]map[netip.Prefix]bool {
+	var touched map[string]map[netip.Prefix]bool
 	for i := range now.Maps {
 		a, z := old.Maps[i].Sorted(), now.Maps[i].Sorted()
 		for len(a) > 0 || len(z) > 0 {
@@ -122,28 +151,66 @@ func changedBuckets(old, now *rules.Ruleset) (*rules.Ruleset, *rules.Ruleset) {
 					continue
 				}
 			}
-			if touched[i] == nil {
-				touched[i] = map[netip.Prefix]bool{}
+			if touched == nil {
+				touched = map[string]map[netip.Prefix]bool{}
 			}
-			touched[i][p] = true
-			any = true
+			name := now.Maps[i].Name
+			if touched[name] == nil {
+				touched[name] = map[netip.Prefix]bool{}
+			}
+			touched[name][p] = true
 		}
 	}
-	if !any {
-		return nil, nil
-	}
-	narrow := func(rs *rules.Ruleset) *rules.Ruleset {
-		out := *rs
-		out.Maps = make([]rules.Map, len(rs.Maps))
-		for i := range rs.Maps {
-			out.Maps[i].Name = rs.Maps[i].Name
-			for _, e := range rs.Maps[i].Sorted() {
-				if touched[i][bucketPrefix(e.Addr)] {
-					out.Maps[i].Entries = append(out.Maps[i].Entries, e)
+	return touched
+}
+
+// narrowed is rs with every map narrowed to all entries of its touched buckets and, of each other
+// bucket, for every lookup rule on the map the first entry that the rule expands: the same buckets
+// exist as with all entries (so dispatching chains render the same), and touched buckets render the
+// same. Entries sorted by address keep each bucket's entries together.
+func narrowed(rs *rules.Ruleset, touched map[string]map[netip.Prefix]bool) *rules.Ruleset {
+	out := *rs
+	out.Maps = make([]rules.Map, len(rs.Maps))
+	for i := range rs.Maps {
+		name := rs.Maps[i].Name
+		out.Maps[i].Name = name
+		var lookups []rules.Match
+		for _, c := range rs.Chains {
+			for _, r := range c.Rules {
+				if r.Match.Lookup == name {
+					lookups = append(lookups, r.Match)
 				}
 			}
 		}
-		return &out
+		entries := rs.Maps[i].Sorted()
+		for start := 0; start < len(entries); {
+			p := bucketPrefix(entries[start].Addr)
+			end := start + 1
+			for end < len(entries) && bucketPrefix(entries[end].Addr) == p {
+				end++
+			}
+			group := entries[start:end]
+			if touched[name][p] {
+				out.Maps[i].Entries = append(out.Maps[i].Entries, group...)
+			} else {
+				var picked []int
+				for _, m := range lookups {
+					for j := range group {
+						if expands(m, &group[j]) {
+							if !slices.Contains(picked, j) {
+								picked = append(picked, j)
+							}
+							break
+						}
+					}
+				}
+				slices.Sort(picked)
+				for _, j := range picked {
+					out.Maps[i].Entries = append(out.Maps[i].Entries, group[j])
+				}
+			}
+			start = end
+		}
 	}
-	return narrow(old), narrow(now)
+	return &out
 }

@@ -133,6 +133,8 @@ type rchain struct {
 	table, name string
 	lines       []string
 	parent      string
+	prefix      netip.Prefix // a bucket's destination prefix
+	lookup      string       // a bucket's map
 }
 
 func (c *rchain) key() tchain { return tchain{c.table, c.name} }
@@ -228,7 +230,7 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 					p := bucketPrefix(l.dst)
 					bc := buckets[p]
 					if bc == nil {
-						bc = &rchain{table: t, name: bucketName(c.Name, run, p), parent: name}
+						bc = &rchain{table: t, name: bucketName(c.Name, run, p), parent: name, prefix: p, lookup: lookup}
 						buckets[p] = bc
 					}
 					bc.lines = append(bc.lines, "-A "+bc.name+" "+l.spec)
@@ -285,6 +287,12 @@ func addInserts(p plan, fix string, jumps []hookJump) {
 	}
 }
 
+// expands reports whether a lookup rule with match m expands map entry e into kernel rules: the
+// rule's own destination match narrows the map.
+func expands(m rules.Match, e *rules.MapEntry) bool {
+	return (!m.DstAddr.IsValid() || m.DstAddr == e.Addr) && (m.Protocol == "" || m.Protocol == e.Protocol) && (m.DstPort == 0 || m.DstPort == e.Port)
+}
+
 // ruleLine is one kernel rule (after "-A CHAIN") and the destination address it matches, if any.
 type ruleLine struct {
 	spec string
@@ -316,8 +324,7 @@ func renderRule(rs *rules.Ruleset, c rules.Chain, r rules.Rule) ([]ruleLine, err
 	if m.Lookup != "" {
 		mp := rs.Map(m.Lookup)
 		for _, e := range mp.Sorted() {
-			// The rule's own destination match narrows the map.
-			if (m.DstAddr.IsValid() && m.DstAddr != e.Addr) || (m.Protocol != "" && m.Protocol != e.Protocol) || (m.DstPort != 0 && m.DstPort != e.Port) {
+			if !expands(m, &e) {
 				continue
 			}
 			cm := e.Comment
