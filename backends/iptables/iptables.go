@@ -244,15 +244,11 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 		return res, nil
 	}
 	if trusted != nil && trusted.rs.SameExceptEntries(rs) {
-		done, err := b.applyEntries(ctx, rs, trusted, g0, genOK)
-		switch {
-		case errors.Is(err, errShortWay):
-			trusted = nil
-		case err != nil:
+		if done, err := b.applyEntries(ctx, rs, trusted, g0, genOK); errors.Is(err, errShortWay) {
+			trusted = nil // the record proved wrong: take the full way
+		} else if done || err != nil {
+			res.Applied = done
 			return res, err
-		case done:
-			res.Applied = true
-			return res, nil
 		}
 	}
 	p, rchains, jumps, err := planRuleset(rs)
@@ -275,15 +271,11 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 		return res, nil
 	}
 	if trusted != nil {
-		done, err := b.applyChanged(ctx, rs, r, trusted, counters, g0, genOK)
-		switch {
-		case errors.Is(err, errShortWay):
-			trusted = nil
-		case err != nil:
+		if done, err := b.applyChanged(ctx, rs, r, trusted, counters, g0, genOK); errors.Is(err, errShortWay) {
+			trusted = nil // the record proved wrong: take the full way
+		} else if done || err != nil {
+			res.Applied = done
 			return res, err
-		case done:
-			res.Applied = true
-			return res, nil
 		}
 	}
 	if d == nil {
