@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"sigs.k8s.io/knftables"
@@ -190,8 +191,8 @@ func element(mapName string, e rules.MapEntry) knftables.Element {
 	}
 	el := knftables.Element{
 		Map:   mapName,
-		Key:   []string{e.Addr.Unmap().String(), string(e.Protocol), fmt.Sprint(e.Port)},
-		Value: []string{e.To.Addr().Unmap().String(), fmt.Sprint(to)},
+		Key:   elementKeyFields(e),
+		Value: []string{e.To.Addr().Unmap().String(), strconv.Itoa(int(to))},
 	}
 	if e.Comment != "" {
 		el.Comment = knftables.PtrTo(commentText(e.Comment))
@@ -199,9 +200,14 @@ func element(mapName string, e rules.MapEntry) knftables.Element {
 	return el
 }
 
+// elementKeyFields is the key of e as nft writes it: address . protocol . port.
+func elementKeyFields(e rules.MapEntry) []string {
+	return []string{e.Addr.Unmap().String(), string(e.Protocol), strconv.Itoa(int(e.Port))}
+}
+
 // keyElement is the element of e's key in the companion set named set.
 func keyElement(set string, e rules.MapEntry) knftables.Element {
-	return knftables.Element{Set: set, Key: element("", e).Key}
+	return knftables.Element{Set: set, Key: elementKeyFields(e)}
 }
 
 // elementKey identifies an element within its map or set, as nft does.
