@@ -53,6 +53,8 @@ type Backend struct {
 	newInterface func(family knftables.Family, table string) (knftables.Interface, error)
 	listTables   func(ctx context.Context, family knftables.Family) ([]string, error)
 	gen          nfgen.Func
+	// loadMaps loads a new table's maps over netlink (the real kernel only; see netlink.go).
+	loadMaps func(m *model) error
 
 	mu     sync.Mutex
 	ifaces map[tableKey]knftables.Interface
@@ -99,6 +101,7 @@ func New(opts Options) (*Backend, error) {
 	b.log = b.log.With("backend", Name)
 	if b.newInterface == nil {
 		b.newInterface = newRealInterface
+		b.loadMaps = loadMaps
 	}
 	if b.listTables == nil {
 		b.listTables = listRealTables
@@ -119,7 +122,7 @@ func (b *Backend) Render(rs *rules.Ruleset) (string, error) {
 		return "", err
 	}
 	tx := knftables.NewFake(m.family, m.table).NewTransaction()
-	writeFull(tx, m, nil)
+	writeFull(tx, m, nil, false)
 	return tx.String(), nil
 }
 
@@ -239,9 +242,26 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 	} else if ex, err = b.listExisting(ctx, nft, k, &res); err != nil {
 		return res, err
 	}
+	loaded := false
+	if ex == nil && b.loadMaps != nil && len(m.maps) > 0 {
+		// A new table: its maps go over netlink first (see loadMaps).
+		if err := b.loadMaps(m); err != nil {
+			log.Info("cannot load the maps over netlink; nft -f sends them with the rest", "err", err)
+		} else {
+			loaded = true
+		}
+	}
 	tx := nft.NewTransaction()
-	writeFull(tx, m, ex)
+	writeFull(tx, m, ex, loaded)
 	err = nft.Run(context.WithoutCancel(ctx), tx)
+	if err != nil && loaded {
+		// Take the half-made table away again, so that nothing of this attempt stays.
+		del := nft.NewTransaction()
+		del.Delete(&knftables.Table{})
+		if derr := nft.Run(context.WithoutCancel(ctx), del); derr != nil {
+			log.Warn("cannot delete the table whose maps were loaded", "err", derr)
+		}
+	}
 	if err != nil && prev != nil {
 		// The record was wrong about the kernel (an object deleted or redefined behind our back):
 		// list the table and rewrite it from what is really there.
@@ -253,7 +273,7 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 			ex.known = prev.model
 		}
 		tx = nft.NewTransaction()
-		writeFull(tx, m, ex)
+		writeFull(tx, m, ex, false)
 		err = nft.Run(context.WithoutCancel(ctx), tx)
 	}
 	if err != nil {

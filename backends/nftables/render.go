@@ -362,8 +362,9 @@ type existing struct {
 }
 
 // writeFull queues the transaction that makes the table hold exactly m. With ex == nil (nothing of
-// ours in the kernel) it is exactly what Render shows.
-func writeFull(tx *knftables.Transaction, m *model, ex *existing) {
+// ours in the kernel) and !loaded it is exactly what Render shows; loaded says that loadMaps has
+// just created the (new) table's maps and sets with their elements.
+func writeFull(tx *knftables.Transaction, m *model, ex *existing, loaded bool) {
 	tx.Add(&knftables.Table{})
 	desiredChains := map[string]*knftables.Chain{}
 	for i := range m.chains {
@@ -418,17 +419,23 @@ func writeFull(tx *knftables.Transaction, m *model, ex *existing) {
 	}
 	for i := range m.maps {
 		mm, ks := m.maps[i].m, m.maps[i].keys
+		// With loaded, loadMaps has created and filled them (a new table): adding them again
+		// is a no-op.
 		tx.Add(&mm)
-		tx.Flush(&knftables.Map{Name: mm.Name, Type: mm.Type})
-		for _, e := range m.maps[i].entries {
-			el := element(mm.Name, e)
-			tx.Add(&el)
+		if !loaded {
+			tx.Flush(&knftables.Map{Name: mm.Name, Type: mm.Type})
+			for _, e := range m.maps[i].entries {
+				el := element(mm.Name, e)
+				tx.Add(&el)
+			}
 		}
 		tx.Add(&ks)
-		tx.Flush(&knftables.Set{Name: ks.Name, Type: ks.Type})
-		for _, e := range m.maps[i].entries {
-			el := keyElement(ks.Name, e)
-			tx.Add(&el)
+		if !loaded {
+			tx.Flush(&knftables.Set{Name: ks.Name, Type: ks.Type})
+			for _, e := range m.maps[i].entries {
+				el := keyElement(ks.Name, e)
+				tx.Add(&el)
+			}
 		}
 	}
 	for i := range m.chains {

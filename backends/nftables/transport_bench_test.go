@@ -2,11 +2,8 @@ package nftables
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
-	"net/netip"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
@@ -114,16 +111,16 @@ func BenchmarkElementTransport(b *testing.B) {
 		},
 		{
 			name:   "netlink",
-			cold:   func() error { return nl.load(elems, keyElems) },
-			add:    func() error { return nl.elements(true, oneElems, oneKeys) },
-			delete: func() error { return nl.elements(false, oneElems, oneKeys) },
+			cold:   func() error { return nl.load(mm.entries) },
+			add:    func() error { return nl.elements(true, one.entries) },
+			delete: func() error { return nl.elements(false, one.entries) },
 			list:   func() error { return allListed(nl.conn.GetSetElements(nl.dmap)) },
 		},
 		{
 			name:   "netlink-socket-per-tx",
-			cold:   func() error { return nlOnce.load(elems, keyElems) },
-			add:    func() error { return nlOnce.elements(true, oneElems, oneKeys) },
-			delete: func() error { return nlOnce.elements(false, oneElems, oneKeys) },
+			cold:   func() error { return nlOnce.load(mm.entries) },
+			add:    func() error { return nlOnce.elements(true, one.entries) },
+			delete: func() error { return nlOnce.elements(false, one.entries) },
 			list:   func() error { return allListed(nlOnce.conn.GetSetElements(nlOnce.dmap)) },
 		},
 	}
@@ -307,11 +304,11 @@ func (t *netlinkTx) close() {
 }
 
 // load creates the table, the map and the set with their elements in one transaction.
-func (t *netlinkTx) load(elems, keys []knftables.Element) error {
+func (t *netlinkTx) load(entries []rules.MapEntry) error {
 	dmap, set := *t.dmap, *t.set // AddSet assigns batch-local ids: fresh copies per batch
 	dmap.ID, set.ID = 0, 0
 	t.conn.AddTable(t.table)
-	me, ke, err := t.encode(elems, keys)
+	me, ke, err := t.encode(entries)
 	if err != nil {
 		return err
 	}
@@ -332,27 +329,9 @@ func (t *netlinkTx) load(elems, keys []knftables.Element) error {
 	return t.conn.Flush()
 }
 
-// pages cuts elements into runs whose element list fits one netlink attribute: its length field
-// has 16 bits, and github.com/google/nftables silently truncates a longer list (the kernel then
-// adds only the first elements, without an error), so the caller must split it, as libnftnl does.
-func pages(elems []gnft.SetElement) [][2]int {
-	const limit = 60000 // bytes, below the 65,535 of an attribute, with room for the headers
-	var out [][2]int
-	start, size := 0, 0
-	for i, e := range elems {
-		n := 48 + len(e.Key) + len(e.Val) + len(e.Comment) // attribute headers included
-		if size+n > limit {
-			out = append(out, [2]int{start, i})
-			start, size = i, 0
-		}
-		size += n
-	}
-	return append(out, [2]int{start, len(elems)})
-}
-
 // elements adds (or deletes) elements of the existing map and their keys in one transaction.
-func (t *netlinkTx) elements(add bool, elems, keys []knftables.Element) error {
-	me, ke, err := t.encode(elems, keys)
+func (t *netlinkTx) elements(add bool, entries []rules.MapEntry) error {
+	me, ke, err := t.encode(entries)
 	if err != nil {
 		return err
 	}
@@ -369,56 +348,20 @@ func (t *netlinkTx) elements(add bool, elems, keys []knftables.Element) error {
 	return t.conn.Flush()
 }
 
-// encode turns knftables elements (the strings nft parses) into the kernel's binary form:
-// concatenated fields each padded to a 4-byte register, addresses and ports in network order.
-func (t *netlinkTx) encode(elems, keys []knftables.Element) ([]gnft.SetElement, []gnft.SetElement, error) {
-	me := make([]gnft.SetElement, len(elems))
-	ke := make([]gnft.SetElement, len(keys))
-	for i := range elems {
-		k, err := t.fields(elems[i].Key, true)
-		if err != nil {
-			return nil, nil, err
-		}
-		v, err := t.fields(elems[i].Value, false)
+// encode is the netlink form of entries (encodeEntry, as loadMaps sends them) and of their keys.
+func (t *netlinkTx) encode(entries []rules.MapEntry) ([]gnft.SetElement, []gnft.SetElement, error) {
+	me := make([]gnft.SetElement, len(entries))
+	ke := make([]gnft.SetElement, len(entries))
+	for i, e := range entries {
+		k, v, err := encodeEntry(e)
 		if err != nil {
 			return nil, nil, err
 		}
 		me[i] = gnft.SetElement{Key: k, Val: v}
-		if c := elems[i].Comment; c != nil {
-			me[i].Comment = *c
+		if e.Comment != "" {
+			me[i].Comment = commentText(e.Comment)
 		}
 		ke[i] = gnft.SetElement{Key: k}
 	}
 	return me, ke, nil
-}
-
-var protoNumbers = map[string]byte{"tcp": unix.IPPROTO_TCP, "udp": unix.IPPROTO_UDP, "sctp": unix.IPPROTO_SCTP}
-
-// fields encodes addr . proto . port (withProto) or addr . port.
-func (t *netlinkTx) fields(f []string, withProto bool) ([]byte, error) {
-	want := 2
-	if withProto {
-		want = 3
-	}
-	if len(f) != want {
-		return nil, fmt.Errorf("element %v: want %d fields", f, want)
-	}
-	a, err := netip.ParseAddr(f[0])
-	if err != nil || a.BitLen()/8 != t.addrLen {
-		return nil, fmt.Errorf("element %v: bad address", f)
-	}
-	out := slices.Clone(a.AsSlice())
-	if withProto {
-		p, ok := protoNumbers[f[1]]
-		if !ok {
-			return nil, fmt.Errorf("element %v: unknown protocol", f)
-		}
-		out = append(out, p, 0, 0, 0)
-	}
-	port, err := strconv.ParseUint(f[want-1], 10, 16)
-	if err != nil {
-		return nil, fmt.Errorf("element %v: %w", f, err)
-	}
-	out = binary.BigEndian.AppendUint16(out, uint16(port))
-	return append(out, 0, 0), nil // the 2-byte port padded to its register
 }

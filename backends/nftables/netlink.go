@@ -1,0 +1,133 @@
+package nftables
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	gnft "github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+	"sigs.k8s.io/knftables"
+
+	"github.com/network-node-manager/network-node-manager/core/rules"
+)
+
+// A new table's maps are loaded over netlink (github.com/google/nftables) before the one `nft -f`
+// transaction that adds its chains and rules: BenchmarkElementTransport measured a cold load of
+// 10,000 map elements and their keys at 36-48 ms over netlink against 268-628 ms for `nft -f`
+// (BENCHMARKS.md, "nftables transport"), and at the cold start this is most of the time before the
+// rules are in the kernel. It is two transactions, which is harmless only because the table is new:
+// the maps are complete before any rule that reads them exists, so no packet ever sees a partial
+// map. A table that exists is always rewritten in one `nft -f` transaction, and element changes go
+// as element operations in one `nft -f` as well (a few ms each, within the change-latency target).
+
+// loadMaps creates m's table with its maps and their companion key sets, filled, in one netlink
+// transaction in the calling thread's network namespace. The objects are exactly those nft creates
+// from writeFull's `add map`/`add set` (so that transaction may add them again), which
+// BenchmarkElementTransport and TestKernelColdLoadOverNetlink check.
+func loadMaps(m *model) error {
+	conn, err := gnft.New(gnft.WithSockOptions(forceSendBuffer))
+	if err != nil {
+		return err
+	}
+	t := &gnft.Table{Name: m.table, Family: gnft.TableFamilyIPv4}
+	addr := gnft.TypeIPAddr
+	if m.family == knftables.IPv6Family {
+		t.Family, addr = gnft.TableFamilyIPv6, gnft.TypeIP6Addr
+	}
+	conn.AddTable(t)
+	for _, mm := range m.maps {
+		key := gnft.MustConcatSetType(addr, gnft.TypeInetProto, gnft.TypeInetService)
+		// Concatenation stays false: with it google/nftables sets NFT_SET_CONCAT, which nft sets
+		// only for interval sets, and a later `nft -f` "add map" of the same map then fails with
+		// EEXIST (the definitions differ).
+		dmap := &gnft.Set{Table: t, Name: mm.m.Name, IsMap: true, KeyType: key, DataType: gnft.MustConcatSetType(addr, gnft.TypeInetService)}
+		set := &gnft.Set{Table: t, Name: mm.keys.Name, KeyType: key}
+		if err := conn.AddSet(dmap, nil); err != nil {
+			return err
+		}
+		if err := conn.AddSet(set, nil); err != nil {
+			return err
+		}
+		elems := make([]gnft.SetElement, len(mm.entries))
+		keys := make([]gnft.SetElement, len(mm.entries))
+		for i, e := range mm.entries {
+			k, v, err := encodeEntry(e)
+			if err != nil {
+				return err
+			}
+			elems[i] = gnft.SetElement{Key: k, Val: v}
+			if e.Comment != "" {
+				elems[i].Comment = commentText(e.Comment)
+			}
+			keys[i] = gnft.SetElement{Key: k}
+		}
+		for _, p := range pages(elems) {
+			if err := conn.SetAddElements(dmap, elems[p[0]:p[1]]); err != nil {
+				return err
+			}
+			if err := conn.SetAddElements(set, keys[p[0]:p[1]]); err != nil {
+				return err
+			}
+		}
+	}
+	if err := conn.Flush(); err != nil {
+		return fmt.Errorf("load the maps of table %s %s over netlink: %w", m.family, m.table, err)
+	}
+	return nil
+}
+
+// forceSendBuffer raises the socket's send buffer past net.core.wmem_max, as nft does for its
+// batches: a netlink message larger than the buffer is refused (EMSGSIZE), and 10,000 elements
+// with their keys are about 1.6 MB. SO_SNDBUFFORCE needs CAP_NET_ADMIN, which the agent has.
+func forceSendBuffer(c *netlink.Conn) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 64<<20)
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
+// pages cuts elements into runs whose element list fits one netlink attribute: its length field
+// has 16 bits, and google/nftables silently truncates a longer list (the kernel then adds only the
+// first elements, without an error), so the caller must split it, as libnftnl does.
+func pages(elems []gnft.SetElement) [][2]int {
+	const limit = 60000 // bytes, below the 65,535 of an attribute, with room for the headers
+	var out [][2]int
+	start, size := 0, 0
+	for i, e := range elems {
+		n := 48 + len(e.Key) + len(e.Val) + len(e.Comment) // attribute headers included
+		if size+n > limit {
+			out = append(out, [2]int{start, i})
+			start, size = i, 0
+		}
+		size += n
+	}
+	return append(out, [2]int{start, len(elems)})
+}
+
+var protoNumbers = map[rules.Protocol]byte{rules.TCP: unix.IPPROTO_TCP, rules.UDP: unix.IPPROTO_UDP, rules.SCTP: unix.IPPROTO_SCTP}
+
+// encodeEntry is e's key (address . protocol . port) and value (address . port) in the kernel's
+// binary form: concatenated fields each padded to a 4-byte register, ports in network order. The
+// value's port follows element's rule (zero keeps the original port).
+func encodeEntry(e rules.MapEntry) (key, val []byte, err error) {
+	p, ok := protoNumbers[e.Protocol]
+	if !ok {
+		return nil, nil, fmt.Errorf("map entry %s: unknown protocol", e.Key())
+	}
+	to := e.To.Port()
+	if to == 0 {
+		to = e.Port
+	}
+	key = append(e.Addr.Unmap().AsSlice(), p, 0, 0, 0)
+	key = append(binary.BigEndian.AppendUint16(key, e.Port), 0, 0)
+	val = append(binary.BigEndian.AppendUint16(e.To.Addr().Unmap().AsSlice(), to), 0, 0)
+	return key, val, nil
+}
