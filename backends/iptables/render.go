@@ -93,6 +93,13 @@ func (p plan) String() string {
 		return names[i] < names[j]
 	})
 	var b strings.Builder
+	size := 0
+	for _, o := range p {
+		for _, l := range o.appends {
+			size += len(l) + 1
+		}
+	}
+	b.Grow(size + 4096) // the appends are nearly all of it (20,000 rules at 10,000 entries)
 	for _, n := range names {
 		o := p[n]
 		if o.empty() {
@@ -103,10 +110,12 @@ func (p plan) String() string {
 			fmt.Fprintf(&b, ":%s - [0:0]\n", c)
 		}
 		for _, l := range o.appends {
-			b.WriteString(l + "\n")
+			b.WriteString(l)
+			b.WriteByte('\n')
 		}
 		for _, l := range o.deletes {
-			b.WriteString(l + "\n")
+			b.WriteString(l)
+			b.WriteByte('\n')
 		}
 		for _, c := range o.flushes {
 			fmt.Fprintf(&b, "-F %s\n", c)
@@ -359,61 +368,69 @@ func renderRule(rs *rules.Ruleset, c rules.Chain, r rules.Rule) ([]ruleLine, err
 		}
 		for _, pd := range cross(prefixes, dsts) {
 			p, d := pd[0], pd[1]
-			var b strings.Builder
+			// One append buffer per line: at 10,000 map entries this runs 20,000 times per full
+			// rendering, where fmt and string concatenation cost ~58 MB and ~70 ms.
+			b := make([]byte, 0, 192)
 			if p.IsValid() {
-				fmt.Fprintf(&b, " -s %s", unmapPrefix(p))
+				b = unmapPrefix(p).AppendTo(append(b, " -s "...))
 			}
 			if d.IsValid() {
-				fmt.Fprintf(&b, " -d %s", unmapPrefix(d))
+				b = unmapPrefix(d).AppendTo(append(b, " -d "...))
 			}
 			if m.InInterfacePrefix != "" {
-				fmt.Fprintf(&b, " -i %s+", m.InInterfacePrefix)
+				b = append(append(append(b, " -i "...), m.InInterfacePrefix...), '+')
 			}
 			if m.OutInterfacePrefix != "" {
-				fmt.Fprintf(&b, " -o %s+", m.OutInterfacePrefix)
+				b = append(append(append(b, " -o "...), m.OutInterfacePrefix...), '+')
 			}
 			if tg.proto != "" {
-				fmt.Fprintf(&b, " -p %s", tg.proto)
+				b = append(append(b, " -p "...), tg.proto...)
 				if tg.port != 0 || m.TCPFlags.Mask != 0 {
-					fmt.Fprintf(&b, " -m %s", tg.proto)
+					b = append(append(b, " -m "...), tg.proto...)
 				}
 				if tg.port != 0 {
-					fmt.Fprintf(&b, " --dport %d", tg.port)
+					b = strconv.AppendUint(append(b, " --dport "...), uint64(tg.port), 10)
 				}
 				if m.TCPFlags.Mask != 0 {
-					fmt.Fprintf(&b, " --tcp-flags %s %s", iptFlags(m.TCPFlags.Mask), iptFlags(m.TCPFlags.Set))
+					b = fmt.Appendf(b, " --tcp-flags %s %s", iptFlags(m.TCPFlags.Mask), iptFlags(m.TCPFlags.Set))
 				}
 			}
 			if m.SrcAddrType != "" {
-				fmt.Fprintf(&b, " -m addrtype --src-type %s", strings.ToUpper(string(m.SrcAddrType)))
+				b = append(append(b, " -m addrtype --src-type "...), strings.ToUpper(string(m.SrcAddrType))...)
 			}
 			if len(m.CTStates) > 0 {
-				states := make([]string, len(m.CTStates))
+				b = append(b, " -m conntrack --ctstate "...)
 				for i, s := range m.CTStates {
-					states[i] = strings.ToUpper(string(s))
+					if i > 0 {
+						b = append(b, ',')
+					}
+					b = append(b, strings.ToUpper(string(s))...)
 				}
-				fmt.Fprintf(&b, " -m conntrack --ctstate %s", strings.Join(states, ","))
 			}
 			if m.Mark != 0 {
-				fmt.Fprintf(&b, " -m mark --mark 0x%x/0x%x", m.Mark, m.Mark)
+				b = fmt.Appendf(b, " -m mark --mark 0x%x/0x%x", m.Mark, m.Mark)
 			}
-			match := b.String()
-			counted := " -m comment --comment " + quote(ruleComment(rs.Fix, r.Counter, tg.comment))
+			matchLen := len(b)
+			withComment := func(counter string) []byte {
+				return appendQuoted(append(b[:matchLen:matchLen], " -m comment --comment "...), ruleComment(rs.Fix, counter, tg.comment))
+			}
 			if r.SetMark != 0 {
-				markComment := counted
+				counter := r.Counter
 				if r.Verdict.Kind != rules.Continue {
-					markComment = " -m comment --comment " + quote(ruleComment(rs.Fix, "", tg.comment))
+					counter = ""
 				}
-				out = append(out, ruleLine{strings.TrimSpace(fmt.Sprintf("%s%s -j MARK --or-mark 0x%x", match, markComment, r.SetMark)), tg.dst})
+				line := strconv.AppendUint(append(withComment(counter), " -j MARK --or-mark 0x"...), uint64(r.SetMark), 16)
+				out = append(out, ruleLine{strings.TrimSpace(string(line)), tg.dst})
 				if r.Verdict.Kind == rules.Continue {
 					continue
 				}
 			}
+			counted := withComment(r.Counter)
 			v := verdict
 			if r.Verdict.Kind == rules.DNAT || r.Verdict.Kind == rules.DNATLookup {
 				v = " -j DNAT --to-destination " + dnatTo(tg.to)
 			}
-			out = append(out, ruleLine{strings.TrimSpace(match + counted + v), tg.dst})
+			out = append(out, ruleLine{strings.TrimSpace(string(append(counted, v...))), tg.dst})
 		}
 	}
 	return out, nil
@@ -529,16 +546,17 @@ func sanitizeComment(s string) string {
 }
 
 // quote double-quotes s for iptables-restore, escaping what iptables-save escapes.
-func quote(s string) string {
-	var b strings.Builder
-	b.WriteByte('"')
+func quote(s string) string { return string(appendQuoted(nil, s)) }
+
+// appendQuoted appends s quoted for iptables-restore (see quote).
+func appendQuoted(b []byte, s string) []byte {
+	b = append(b, '"')
 	for i := 0; i < len(s); i++ {
 		switch s[i] {
 		case '"', '\\', '\'':
-			b.WriteByte('\\')
+			b = append(b, '\\')
 		}
-		b.WriteByte(s[i])
+		b = append(b, s[i])
 	}
-	b.WriteByte('"')
-	return b.String()
+	return append(b, '"')
 }
