@@ -88,14 +88,15 @@ func (b *Backend) applyEntries(ctx context.Context, rs *rules.Ruleset, prev *rec
 			}
 			continue
 		}
-		if d, ok := prev.content[k]; ok && d == c.digest() {
+		d := c.digest()
+		if old, ok := prev.content[k]; ok && old == d {
 			continue
 		}
 		if !prev.chains[k] && c.parent == "" {
 			return false, nil // a new chain that is not a bucket: applyChanged checks ownership
 		}
 		changed = append(changed, c)
-		content[k], chains[k] = c.digest(), true
+		content[k], chains[k] = d, true
 		if c.parent != "" {
 			parent[k] = c.parent
 		}

@@ -39,7 +39,8 @@ type Options struct {
 	// `nft` (once at creation to check that nftables works, then once per transaction or listing).
 	NewInterface func(family knftables.Family, table string) (knftables.Interface, error)
 	// ListTables returns the names of all tables of one family (every owner's). Nil means
-	// `nft --json list tables <family>`. Only Cleanup uses it.
+	// `nft --json list tables <family>`. Cleanup uses it, and remove for a table this process never
+	// touched.
 	ListTables func(ctx context.Context, family knftables.Family) ([]string, error)
 	// Generation reads the nf_tables generation (see package nfgen). Nil means nfgen.Get when
 	// NewInterface is nil too (the real kernel), and no generation otherwise (a fake kernel has none:

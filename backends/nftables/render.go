@@ -418,26 +418,25 @@ func writeFull(tx *knftables.Transaction, m *model, ex *existing, loaded bool) {
 		tx.Add(&knftables.Counter{Name: name})
 	}
 	for i := range m.maps {
+		entries := m.maps[i].entries
+		// fill adds the map or the set, then (unless loadMaps has just created and filled it, in a
+		// new table: adding it again is a no-op) empties it and adds its elements.
+		fill := func(obj knftables.Object, elem func(rules.MapEntry) knftables.Element) {
+			tx.Add(obj)
+			if loaded {
+				return
+			}
+			tx.Flush(obj)
+			for _, e := range entries {
+				el := elem(e)
+				tx.Add(&el)
+			}
+		}
 		mm, ks := m.maps[i].m, m.maps[i].keys
-		// With loaded, loadMaps has created and filled them (a new table): adding them again
-		// is a no-op.
-		tx.Add(&mm)
-		if !loaded {
-			tx.Flush(&knftables.Map{Name: mm.Name, Type: mm.Type})
-			for _, e := range m.maps[i].entries {
-				el := element(mm.Name, e)
-				tx.Add(&el)
-			}
-		}
-		tx.Add(&ks)
-		if !loaded {
-			tx.Flush(&knftables.Set{Name: ks.Name, Type: ks.Type})
-			for _, e := range m.maps[i].entries {
-				el := keyElement(ks.Name, e)
-				tx.Add(&el)
-			}
-		}
+		fill(&mm, func(e rules.MapEntry) knftables.Element { return element(mm.Name, e) })
+		fill(&ks, func(e rules.MapEntry) knftables.Element { return keyElement(ks.Name, e) })
 	}
+
 	for i := range m.chains {
 		for j := range m.chains[i].rules {
 			r := m.chains[i].rules[j]
