@@ -649,6 +649,23 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// RemoveAll deletes every NNM- chain in every table of family, with every rule jumping to them, and
+// returns how many chains it removed: what this backend left when the agent runs with the nftables
+// backend now (backends.Leftovers). Unlike Cleanup it leaves the predecessor's chains alone.
+func (b *Backend) RemoveAll(ctx context.Context, family rules.Family) (removed int, err error) {
+	removed, err = b.cleanup(ctx, family, isOurs)
+	b.mu.Lock()
+	b.amu.Lock()
+	for k := range b.applied {
+		if k.family == family {
+			delete(b.applied, k)
+		}
+	}
+	b.amu.Unlock()
+	b.mu.Unlock()
+	return removed, err
+}
+
 // CleanupPredecessor removes the chains of Kakao's network-node-manager (NMANAGER_*, any table) and
 // the rules jumping to them in family, leaving ours alone. It returns how many chains it removed.
 func (b *Backend) CleanupPredecessor(ctx context.Context, family rules.Family) (int, error) {
