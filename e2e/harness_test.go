@@ -523,13 +523,17 @@ func (n *node) fixAbsent(fixID, family string) error {
 		}
 		return nil
 	}
-	table, marker := "mangle", "NNM-INVALID-"
+	// invalid-drop: mangle, and filter where versions before issue #20 put it.
+	table, marker := "", "NNM-INVALID-"
 	if fixID == fixExtIP {
 		table, marker = "nat", "NNM-EXTIP-"
 	}
 	out, err := agenttest.IptablesSave(ctx, n.ns.Name, n.variant, family, table)
 	if err != nil {
 		return err
+	}
+	if table == "" {
+		table = "every table"
 	}
 	if l := agenttest.Lines(out, marker); len(l) > 0 {
 		return fmt.Errorf("%s %s still holds %s: %q", family, table, marker, l)

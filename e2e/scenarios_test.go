@@ -513,12 +513,12 @@ func scenarioBackendSwitch(t *testing.T, c *cluster, backend string) {
 					errs = append(errs, n.fixPresent(f, fam), n.as(otherOf[be]).fixAbsent(f, fam))
 				}
 			}
+			if !strings.Contains(n.agent.Logs(), "removed what the other backend left") {
+				errs = append(errs, fmt.Errorf("the agent has not logged the removal of the other backend's objects"))
+			}
 			return errors.Join(errs...)
 		})
 		t.Logf("switched to %s: only its objects left %v after /readyz", be, took.Round(time.Millisecond))
-		if !strings.Contains(n.agent.Logs(), "removed what the other backend left") {
-			t.Errorf("the agent did not log the removal of the other backend's objects:\n%s", n.agent.LogTail(30))
-		}
 		n.checkSyncHealthy()
 	}
 }

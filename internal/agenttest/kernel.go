@@ -11,7 +11,7 @@ import (
 // IptablesSave returns `iptables-save -t table` (family "ipv4") or `ip6tables-save -t table` ("ipv6")
 // run inside netns, without comment lines and counters, so that outputs compare across calls. The
 // iptables variant is the system default (iptables-nft on Debian 12) unless variant is "legacy" or
-// "nft".
+// "nft". An empty table means every table.
 func IptablesSave(ctx context.Context, netns, variant, family, table string) (string, error) {
 	bin := "iptables"
 	if family == "ipv6" {
@@ -20,7 +20,11 @@ func IptablesSave(ctx context.Context, netns, variant, family, table string) (st
 	if variant == "legacy" || variant == "nft" {
 		bin += "-" + variant
 	}
-	out, err := testenv.Exec(ctx, netns, bin+"-save", "-t", table)
+	args := []string{bin + "-save"}
+	if table != "" {
+		args = append(args, "-t", table)
+	}
+	out, err := testenv.Exec(ctx, netns, args...)
 	if err != nil {
 		return "", err
 	}
