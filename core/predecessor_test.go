@@ -1,6 +1,7 @@
 package core_test
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -160,3 +161,50 @@ func TestPredecessorKeptWithoutEnabledFix(t *testing.T) {
 		t.Errorf("predecessor chain removed although no fix runs:\n%s", out)
 	}
 }
+
+// The other backend's leftovers (core.Leftovers) are removed once, and only after the first fix
+// synced: at that moment our chains are already in the kernel, so a backend switch never leaves
+// the node without the fix.
+func TestLeftoversAfterFirstSync(t *testing.T) {
+	testenv.Require(t, "iptables-nft")
+	ns := testenv.New(t, "nnm-left")
+	src, err := watch.ParseFile("empty", []byte("apiVersion: v1\nkind: List\nitems: []\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := make(chan string, 4)
+	app := fxtest.New(t, fx.NopLogger,
+		invaliddrop.Module,
+		core.Module,
+		fx.Supply(core.Inputs{Environ: []string{"NNM_PROXY_MODE=ipvs", "NNM_BACKEND=iptables", "NNM_IPTABLES_VARIANT=nft",
+			"NNM_METRICS_ADDRESS=", "NNM_LOG_LEVEL=error", "NNM_MIN_SYNC_PERIOD=0s", "NNM_FIXES_IPVS_EXTERNALIP_DNAT_ENABLED=false"}}),
+		fx.Supply(&detect.Probes{}),
+		fx.Provide(func() (backend.Backend, error) {
+			return iptables.New(iptables.Options{Variant: iptables.NFT, Runner: ns})
+		}),
+		fx.Provide(func() watch.Source { return src }),
+		fx.Supply(core.Leftovers(func(context.Context) (int, error) {
+			calls <- save(t, ns, "iptables-nft")
+			return 1, nil
+		})),
+		fx.Invoke(core.CleanPredecessor),
+		fx.Invoke(func(lc fx.Lifecycle, en *engine.Engine) { lc.Append(fx.Hook{OnStart: en.Start, OnStop: en.Stop}) }),
+	)
+	app.RequireStart()
+	defer app.RequireStop()
+	select {
+	case at := <-calls:
+		if !strings.Contains(at, "-j NNM-INVALID-INPUT") {
+			t.Fatalf("the leftovers were removed before our first sync; the kernel then held:\n%s", at)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the other backend's leftovers were not removed within 15s of the start")
+	}
+	time.Sleep(2 * predecessorPollForTest)
+	if n := len(calls); n != 0 {
+		t.Fatalf("the leftovers were removed %d more times; want once per process", n)
+	}
+}
+
+// predecessorPollForTest is core's takeover poll (500ms): twice that passes without a second call.
+const predecessorPollForTest = 500 * time.Millisecond
