@@ -438,6 +438,34 @@ func TestCleanupPredecessorOnly(t *testing.T) {
 	})
 }
 
+// RemoveAll (what a run with the nftables backend removes of an earlier iptables run) takes every
+// NNM- chain of the family, in every table, and the jumps to them; the predecessor's chains and
+// foreign rules stay.
+func TestKernelRemoveAll(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, k *kernel) {
+		k.addForeign() // kube-proxy's chains and the predecessor's NMANAGER_ chains
+		b := k.backend()
+		mustApply(t, b, invalidDrop(k.family), externalIP(k.family))
+		before := foreign(k.save())
+		n, err := k.backend().RemoveAll(context.Background(), k.family) // a fresh process
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := k.save()
+		mustLack(t, s, "NNM-", "network-node-manager:")
+		mustContain(t, s, "NMANAGER_", "KUBE-SERVICES")
+		if after := foreign(s); after != before {
+			t.Fatalf("RemoveAll changed foreign rules:\n%s", lineDiffs(before, after))
+		}
+		if n < 5 {
+			t.Fatalf("RemoveAll reported %d chains, want ≥ 5 (4 hooked chains, the DNAT chain, its buckets)", n)
+		}
+		if n, err := k.backend().RemoveAll(context.Background(), k.family); err != nil || n != 0 {
+			t.Fatalf("a second RemoveAll: %d, %v; want 0, nil", n, err)
+		}
+	})
+}
+
 // TestKernelScale applies 1,000 services (2,000 expanded rules) and checks the exec count stays constant.
 func TestKernelScale(t *testing.T) {
 	if testing.Short() {
