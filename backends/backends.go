@@ -3,6 +3,8 @@
 package backends
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 
@@ -10,8 +12,10 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/backends/iptables"
 	"github.com/network-node-manager/network-node-manager/backends/nftables"
+	"github.com/network-node-manager/network-node-manager/core"
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/detect"
+	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
 // Names lists the backends in a stable order.
@@ -24,6 +28,41 @@ var Module = fx.Module("backends", fx.Provide(Selected))
 func Selected(r detect.Result, log *slog.Logger) (backend.Backend, error) {
 	return New(r.Backend, r.IptablesVariant, log)
 }
+
+// Leftovers is what `run` removes after its first sync: everything of ours that the backend it does
+// not run holds, in both families. With the iptables backend that is the nnm-* nftables tables; with
+// the nftables backend the NNM- chains of the node's iptables variant (the predecessor's NMANAGER_
+// chains stay for `cleanup`, as with nftables they always did). `cleanup` removes both backends'
+// objects regardless.
+func Leftovers(r detect.Result, log *slog.Logger) (core.Leftovers, error) {
+	switch r.Backend {
+	case "iptables":
+		other, err := nftables.New(nftables.Options{Logger: log})
+		if err != nil {
+			return nil, err
+		}
+		return other.RemoveAll, nil
+	case "nftables":
+		other, err := iptables.New(iptables.Options{Variant: iptables.Variant(r.IptablesVariant), Logger: log})
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) (int, error) {
+			total := 0
+			var errs []error
+			for _, f := range rules.Families {
+				n, err := other.RemoveAll(ctx, f)
+				total += n
+				errs = append(errs, err)
+			}
+			return total, errors.Join(errs...)
+		}, nil
+	}
+	return nil, fmt.Errorf("unknown backend %q (want iptables or nftables)", r.Backend)
+}
+
+// Takeover provides Leftovers to the graph of `run` (core.CleanPredecessor calls it).
+var Takeover = fx.Provide(Leftovers)
 
 // New returns the named backend. It does no I/O.
 func New(name, iptablesVariant string, log *slog.Logger) (backend.Backend, error) {

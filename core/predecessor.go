@@ -28,6 +28,18 @@ type PredecessorCleaner interface {
 	CleanupPredecessor(ctx context.Context, family rules.Family) (removed int, err error)
 }
 
+// Leftovers removes what this agent's other backend left in the kernel in an earlier run (the
+// backend changed between runs: kube-proxy moved from IPVS to nftables mode and `backend: auto`
+// followed it, or the ConfigMap changed it) and returns how many chains or tables it removed. The
+// run command provides it (backends.Leftovers); CleanPredecessor calls it once our rules are in.
+type Leftovers func(ctx context.Context) (removed int, err error)
+
+// LeftoversIn is the optional Leftovers of the graph.
+type LeftoversIn struct {
+	fx.In
+	Clean Leftovers `optional:"true"`
+}
+
 // predecessorPoll is how often the takeover waits for the first successful sync.
 var predecessorPoll = 500 * time.Millisecond
 
@@ -36,13 +48,14 @@ var predecessorPoll = 500 * time.Millisecond
 // predecessor's go out, so the node is never without either. With no fix enabled nothing is taken
 // over and nothing is removed; a backend that is not a PredecessorCleaner (nftables) leaves the
 // predecessor's iptables chains to `network-node-manager cleanup`. When chains were removed, a
-// PredecessorTakenOver Event is posted on the Node.
-func CleanPredecessor(lc fx.Lifecycle, be backend.Backend, e *engine.Engine, cfg *config.Config, ev EventsIn, log *slog.Logger) {
-	pc, ok := be.(PredecessorCleaner)
-	if !ok {
+// PredecessorTakenOver Event is posted on the Node. At the same moment the other backend's leftovers
+// go (lo), so that a backend switch never leaves the node without rules, nor with both sets.
+func CleanPredecessor(lc fx.Lifecycle, be backend.Backend, e *engine.Engine, cfg *config.Config, ev EventsIn, lo LeftoversIn, log *slog.Logger) {
+	pc, _ := be.(PredecessorCleaner)
+	if pc == nil && lo.Clean == nil {
 		return
 	}
-	t := &takeover{pc: pc, families: cfg.ParsedFamilies(), synced: func() bool {
+	t := &takeover{pc: pc, leftovers: lo.Clean, families: cfg.ParsedFamilies(), synced: func() bool {
 		for _, st := range e.Statuses() {
 			if st.Enabled && !st.LastOK.IsZero() {
 				return true
@@ -54,9 +67,10 @@ func CleanPredecessor(lc fx.Lifecycle, be backend.Backend, e *engine.Engine, cfg
 }
 
 type takeover struct {
-	pc       PredecessorCleaner
-	families []rules.Family
-	synced   func() bool
+	pc        PredecessorCleaner // nil: nothing to take over from the predecessor
+	leftovers Leftovers          // nil: no other backend to clean after
+	families  []rules.Family
+	synced    func() bool
 	// takenOver hears how many chains were removed, when any were.
 	takenOver func(chains int, families []rules.Family)
 	log       *slog.Logger
@@ -86,6 +100,19 @@ func (t *takeover) start(context.Context) error {
 }
 
 func (t *takeover) clean(ctx context.Context) {
+	if t.leftovers != nil {
+		n, err := t.leftovers(ctx)
+		if err != nil {
+			// Not fatal either: our rules are in; `cleanup` removes both backends' objects.
+			t.log.Warn("could not remove what the other backend left", "err", err)
+		}
+		if n > 0 {
+			t.log.Info("removed what the other backend left from an earlier run", "chains_or_tables", n)
+		}
+	}
+	if t.pc == nil {
+		return
+	}
 	total := 0
 	var from []rules.Family
 	for _, f := range t.families {

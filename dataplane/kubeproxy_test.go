@@ -122,8 +122,8 @@ func TestConnectionResetBesideKubeProxy(t *testing.T) {
 							t.Error(err)
 						}
 						if mode == "iptables" && be == "iptables" {
-							filter := tp.Node.MustExec(p.IPTablesSave(), "-t", "filter")
-							t.Logf("%s: kube-proxy's and our INVALID drops side by side: %q", p.Family, agenttest.Lines(filter, "INVALID", "DROP"))
+							all := tp.Node.MustExec(p.IPTablesSave())
+							t.Logf("%s: kube-proxy's (filter) and our (mangle) INVALID drops side by side: %q", p.Family, agenttest.Lines(all, "INVALID", "DROP"))
 						}
 					}
 				})

@@ -184,6 +184,8 @@ type node struct {
 	config  string // config file path
 	agent   *agenttest.Agent
 	variant string // iptables variant the agent chose (from agent_info)
+	args    []string
+	env     []string
 }
 
 // startNode creates a node netns wired to the control plane (c may be nil: no control plane) and
@@ -227,11 +229,40 @@ func startNode(t *testing.T, c *cluster, backend string, o nodeOptions) *node {
 		"--pod-cidrs", podCIDRv4+","+podCIDRv6,
 		"--log-level", "debug",
 	)
-	n.agent = agenttest.StartT(t, agenttest.Options{Netns: ns.Name, Args: append(args, o.args...), Env: o.env})
+	n.args, n.env = append(args, o.args...), o.env
+	n.agent = agenttest.StartT(t, agenttest.Options{Netns: ns.Name, Args: n.args, Env: n.env})
 	if !o.noWait {
 		n.waitReady()
 	}
 	return n
+}
+
+// switchBackend stops the agent and starts it again in the same namespace with --backend be: the
+// backend changed between two runs (kube-proxy moved from IPVS to nftables mode and auto followed it).
+func (n *node) switchBackend(be string) {
+	n.t.Helper()
+	if err := n.agent.Stop(agenttest.StopGrace); err != nil {
+		n.t.Fatal(err)
+	}
+	n.args = slices.Clone(n.args)
+	for i := range n.args[:len(n.args)-1] {
+		if n.args[i] == "--backend" {
+			n.args[i+1] = be
+		}
+	}
+	n.backend = be
+	n.agent = agenttest.StartT(n.t, agenttest.Options{Netns: n.ns.Name, Args: n.args, Env: n.env})
+	n.waitReady()
+}
+
+// as is n seen through backend be: fixPresent and fixAbsent then look at be's objects.
+func (n *node) as(be string) *node {
+	o := *n
+	o.backend = be
+	if o.variant == "" {
+		o.variant = "nft"
+	}
+	return &o
 }
 
 func (n *node) waitReady() {
@@ -283,7 +314,7 @@ func (n *node) dump() string {
 		return b.String()
 	}
 	for _, fam := range []string{"ipv4", "ipv6"} {
-		for _, table := range []string{"filter", "nat"} {
+		for _, table := range []string{"mangle", "filter", "nat"} {
 			out, err := agenttest.IptablesSave(ctx, n.ns.Name, n.variant, fam, table)
 			fmt.Fprintf(&b, "%s %s (err %v):\n%s", fam, table, err, out)
 		}
@@ -452,7 +483,7 @@ func (n *node) fixPresent(fixID, family string) error {
 		}
 		return nil
 	}
-	table, chains := "filter", map[string]string{"INPUT": "NNM-INVALID-INPUT"}
+	table, chains := "mangle", map[string]string{"INPUT": "NNM-INVALID-INPUT"}
 	want := []string{"--ctstate INVALID", "-j DROP"}
 	if fixID == fixExtIP {
 		table = "nat"
@@ -492,7 +523,7 @@ func (n *node) fixAbsent(fixID, family string) error {
 		}
 		return nil
 	}
-	table, marker := "filter", "NNM-INVALID-"
+	table, marker := "mangle", "NNM-INVALID-"
 	if fixID == fixExtIP {
 		table, marker = "nat", "NNM-EXTIP-"
 	}

@@ -195,7 +195,7 @@ fixes:
 	// the verify pass finds the rule gone, and the repair needs the lock.
 	foreignLock := filepath.Join(t.TempDir(), "foreign.lock")
 	for _, bin := range []string{"iptables-legacy", "ip6tables-legacy"} {
-		if _, err := testenv.Exec(t.Context(), n.ns.Name, "env", "XTABLES_LOCKFILE="+foreignLock, bin, "-w", "1", "-t", "filter", "-F", "NNM-INVALID-INPUT"); err != nil {
+		if _, err := testenv.Exec(t.Context(), n.ns.Name, "env", "XTABLES_LOCKFILE="+foreignLock, bin, "-w", "1", "-t", "mangle", "-F", "NNM-INVALID-INPUT"); err != nil {
 			t.Fatal(err)
 		}
 	}

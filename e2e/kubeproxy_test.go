@@ -453,10 +453,10 @@ func (n *kpNode) checkCoexistence(t *testing.T, a *agenttest.Agent) {
 	})
 	oursSame("a kube-proxy full sync")
 
-	// Two full resyncs of the agent (--sync-period). They start after one resync that follows
-	// kube-proxy's full sync: that sync may insert a jump of its own at the top of a built-in chain
-	// (KUBE-FIREWALL in INPUT was seen there once), and the agent's next resync then moves its own
-	// jump back ahead of it, as it must; from there on nothing may change.
+	// Two full resyncs of the agent (--sync-period) after one that follows kube-proxy's full sync.
+	// A jump kube-proxy puts ahead of ours (KUBE-FIREWALL in INPUT was seen there once) is no
+	// reason for a repair (issue #20: the agent never moves a jump of its own that is there and
+	// unaltered, and invalid-drop lives in mangle, where kube-proxy has no jumps): no repair at all.
 	// nnm_syncs_total counts one per family and pass: a pass over IPv4 and IPv6 is 2.
 	resyncs := func(n float64) {
 		t.Helper()
@@ -470,9 +470,8 @@ func (n *kpNode) checkCoexistence(t *testing.T, a *agenttest.Agent) {
 	}
 	resyncs(2)
 	before := n.ruleset()
-	repairs0 := a.MetricsT(t).Sum("nnm_sync_repairs_total")
-	if repairs0 != 0 {
-		t.Logf("%s: kube-proxy's full sync put a rule of its own ahead of ours; the agent's resync moved ours back (%v repairs)", n.mode, repairs0)
+	if r := a.MetricsT(t).Sum("nnm_sync_repairs_total"); r != 0 {
+		t.Fatalf("%s: the agent repaired its rules %v times after kube-proxy's full sync; want 0", n.mode, r)
 	}
 	resyncs(4)
 	allSame(before, "two agent resyncs")
@@ -483,8 +482,8 @@ func (n *kpNode) checkCoexistence(t *testing.T, a *agenttest.Agent) {
 	}
 	n.kp.WaitModeT(t, 60*time.Second)
 	oursSame("a kube-proxy restart")
-	if r := a.MetricsT(t).Sum("nnm_sync_repairs_total"); r != repairs0 {
-		t.Fatalf("the agent repaired its rules %v times since the kube-proxy full sync: something removed or changed them", r-repairs0)
+	if r := a.MetricsT(t).Sum("nnm_sync_repairs_total"); r != 0 {
+		t.Fatalf("%s: the agent repaired its rules %v times beside kube-proxy (full syncs, a restart); want 0", n.mode, r)
 	}
 	if _, err := n.traffic(); err != nil {
 		t.Fatalf("after the kube-proxy restart: %v", err)

@@ -38,6 +38,7 @@ var scenarios = []scenario{
 	{"7-flushed-rules-restored", scenarioFlush},
 	{"8-apiserver-outage", scenarioAPIServerOutage},
 	{"9-fix-disabled-in-config-file", scenarioDisableFix},
+	{"10-backend-switch", scenarioBackendSwitch},
 	{"least-privilege-rbac", scenarioLeastPrivilege},
 }
 
@@ -346,9 +347,9 @@ func scenarioFlush(t *testing.T, c *cluster, backend string) {
 		cmds = [][]string{
 			{ipt, "-w", "-t", "nat", "-F", "NNM-EXTIP-DNAT"},
 			{ip6t, "-w", "-t", "nat", "-F", "NNM-EXTIP-DNAT"},
-			{ipt, "-w", "-t", "filter", "-F", "NNM-INVALID-INPUT"},
+			{ipt, "-w", "-t", "mangle", "-F", "NNM-INVALID-INPUT"},
 			// and the jump into it
-			{ipt, "-w", "-t", "filter", "-D", "INPUT", "-m", "comment", "--comment", "network-node-manager:" + fixDrop, "-j", "NNM-INVALID-INPUT"},
+			{ipt, "-w", "-t", "mangle", "-D", "INPUT", "-m", "comment", "--comment", "network-node-manager:" + fixDrop, "-j", "NNM-INVALID-INPUT"},
 		}
 	} else {
 		cmds = [][]string{
@@ -488,4 +489,36 @@ func scenarioDisableFix(t *testing.T, c *cluster, backend string) {
 		return errors.Join(n.fixPresent(fixDrop, "ipv4"), n.fixPresent(fixDrop, "ipv6"))
 	})
 	n.checkSyncHealthy()
+}
+
+// Scenario 10 (issue #20): the backend changes between runs, there and back (iptables → nftables →
+// iptables, or the other way round), with both fixes on. After each start only the running backend's
+// objects exist: the first sync programs ours, then the other backend's leftovers go.
+func scenarioBackendSwitch(t *testing.T, c *cluster, backend string) {
+	otherOf := map[string]string{"iptables": "nftables", "nftables": "iptables"}
+	other := otherOf[backend]
+	n := startNode(t, c, backend, nodeOptions{})
+	svcs := newServices(t, c, nsName(10, backend))
+	web := svcs.create(lbService("", "web"))
+	svcs.setIngress("web", "203.0.10.10")
+	entries := []string{want(web, "203.0.10.10", "tcp", 80)}
+	n.expectEntries(converge, entries...)
+	for _, be := range []string{other, backend} {
+		n.switchBackend(be)
+		n.expectEntries(converge, entries...)
+		took := agenttest.Eventually(t, converge, func() error {
+			var errs []error
+			for _, f := range []string{fixDrop, fixExtIP} {
+				for _, fam := range []string{"ipv4", "ipv6"} {
+					errs = append(errs, n.fixPresent(f, fam), n.as(otherOf[be]).fixAbsent(f, fam))
+				}
+			}
+			return errors.Join(errs...)
+		})
+		t.Logf("switched to %s: only its objects left %v after /readyz", be, took.Round(time.Millisecond))
+		if !strings.Contains(n.agent.Logs(), "removed what the other backend left") {
+			t.Errorf("the agent did not log the removal of the other backend's objects:\n%s", n.agent.LogTail(30))
+		}
+		n.checkSyncHealthy()
+	}
 }

@@ -119,7 +119,7 @@ func (b *Backend) applyEntries(ctx context.Context, rs *rules.Ruleset, prev *rec
 	}
 	sort.Slice(changed, func(i, j int) bool { return changed[i].name < changed[j].name })
 	sort.Slice(stale, func(i, j int) bool { return stale[i].String() < stale[j].String() })
-	nrec := &record{rs: rs.Clone(), content: content, parent: parent, jumps: prev.jumps, chains: chains, counters: prev.counters}
+	nrec := &record{rs: rs.Clone(), content: content, parent: parent, jumps: prev.jumps, chains: chains, counters: prev.counters, precede: prev.precede}
 	return b.rewriteChains(ctx, rs, changed, stale, prev, nrec, g0, genOK)
 }
 

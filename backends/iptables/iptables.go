@@ -82,7 +82,9 @@ type record struct {
 	jumps    string
 	chains   map[tchain]bool
 	counters []string
-	state    kstate
+	// precede is the ruleset's Chain.Precedes: what our jumps must stand ahead of.
+	precede precedence
+	state   kstate
 	// gen is the nf_tables generation at which the record is known to match the kernel.
 	gen nfgen.Stamp
 }
@@ -94,10 +96,11 @@ type rendering struct {
 	content map[tchain]uint64
 	parent  map[tchain]string
 	jumps   string
+	precede precedence
 }
 
-func newRendering(chains []*rchain, jumps []hookJump) *rendering {
-	r := &rendering{chains: chains, set: map[tchain]bool{}, content: map[tchain]uint64{}, parent: map[tchain]string{}}
+func newRendering(chains []*rchain, jumps []hookJump, precede precedence) *rendering {
+	r := &rendering{chains: chains, set: map[tchain]bool{}, content: map[tchain]uint64{}, parent: map[tchain]string{}, precede: precede}
 	for _, c := range chains {
 		r.set[c.key()] = true
 		r.content[c.key()] = c.digest()
@@ -107,7 +110,7 @@ func newRendering(chains []*rchain, jumps []hookJump) *rendering {
 	}
 	var b strings.Builder
 	for _, j := range jumps {
-		fmt.Fprintf(&b, "%s %s %s\n", j.table, j.builtin, j.chain)
+		fmt.Fprintf(&b, "%s %s %s %s\n", j.table, j.builtin, j.chain, precede.list(tchain{j.table, j.chain}))
 	}
 	r.jumps = b.String()
 	return r
@@ -231,7 +234,7 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 			}
 			return res, err
 		}
-		if d.state(trusted.chains).equal(trusted.state) {
+		if d.state(trusted.chains, trusted.precede).equal(trusted.state) {
 			trusted.gen = nfgen.At(g0, genOK)
 		} else {
 			b.log.Warn("rules changed behind our back; restoring them", "fix", fix, "family", family)
@@ -255,7 +258,7 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 	if err != nil {
 		return res, err
 	}
-	r := newRendering(rchains, jumps)
+	r := newRendering(rchains, jumps, precedenceOf(rs))
 	chains := r.set
 	var counters []string
 	for _, c := range rs.Chains {
@@ -305,10 +308,14 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 		}
 	}
 
-	// Jumps that exist ahead of every foreign rule are kept; jumps of the fix that the ruleset no
-	// longer wants, or that something else's rule now precedes (e.g. kube-proxy re-inserting its own
-	// jump at the top of nat PREROUTING, which would bypass our DNAT), are deleted and inserted again
-	// at the top.
+	// The position policy (README, "Position among other agents"): a wanted jump that is there,
+	// unaltered, stays where it is, whatever foreign rules stand before it (another agent inserting
+	// its own jump first is no reason to move ours: both would do it forever). It is deleted and
+	// inserted again at the top only when it stands behind a jump to a chain it must precede
+	// (Chain.Precedes: kube-proxy's KUBE-SERVICES in nat PREROUTING would ACCEPT a LoadBalancer's
+	// traffic before our DNAT). Jumps of the fix that the ruleset no longer wants, altered ones and
+	// duplicates are deleted; missing ones are inserted at the top.
+	prec := r.precede
 	want := map[hookJump]bool{}
 	for _, j := range jumps {
 		want[j] = true
@@ -319,15 +326,17 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 			if !c.builtin() {
 				continue
 			}
-			foreignSeen := false
+			seen := map[string]bool{} // foreign chains jumped to so far in c
 			for _, r := range c.rules {
 				j := hookJump{t.name, c.name, r.target}
-				if !isOurs(r.target) {
-					foreignSeen = true
-				}
-				if r.comment == jumpCommentPrefix+rs.Fix && want[j] && !have[j] && !foreignSeen {
+				switch {
+				case r.comment != jumpCommentPrefix+rs.Fix || !isOurs(r.target):
+					if !isOurs(r.target) && r.target != "" {
+						seen[r.target] = true
+					}
+				case want[j] && !have[j] && r.spec == jumpSpec(rs.Fix, r.target) && !prec.blocked(tchain{t.name, r.target}, seen):
 					have[j] = true
-				} else if r.comment == jumpCommentPrefix+rs.Fix && isOurs(r.target) {
+				default:
 					p.table(t.name).deletes = append(p.table(t.name).deletes, "-D "+c.name+" "+r.spec)
 				}
 			}
@@ -369,7 +378,7 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 		b.setApplied(k, nil)
 		return res, err
 	}
-	nrec := &record{rs: rs.Clone(), content: r.content, parent: r.parent, jumps: r.jumps, chains: chains, counters: counters, state: after.state(chains)}
+	nrec := &record{rs: rs.Clone(), content: r.content, parent: r.parent, jumps: r.jumps, chains: chains, counters: counters, precede: r.precede, state: after.state(chains, r.precede)}
 	if g2, ok2 := b.generation(); ok1 && ok2 && g1 == g2 {
 		nrec.gen = nfgen.At(g2, true)
 	}
@@ -442,7 +451,7 @@ func (b *Backend) applyChanged(ctx context.Context, rs *rules.Ruleset, r *render
 	}
 	sort.Slice(stale, func(i, j int) bool { return stale[i].String() < stale[j].String() })
 
-	nrec := &record{rs: rs.Clone(), content: r.content, parent: r.parent, jumps: r.jumps, chains: r.set, counters: counters}
+	nrec := &record{rs: rs.Clone(), content: r.content, parent: r.parent, jumps: r.jumps, chains: r.set, counters: counters, precede: r.precede}
 	return b.rewriteChains(ctx, rs, changed, stale, prev, nrec, g0, genOK)
 }
 
@@ -638,6 +647,23 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 	clear(b.absent)
 	b.mu.Unlock()
 	return errors.Join(errs...)
+}
+
+// RemoveAll deletes every NNM- chain in every table of family, with every rule jumping to them, and
+// returns how many chains it removed: what this backend left when the agent runs with the nftables
+// backend now (backends.Leftovers). Unlike Cleanup it leaves the predecessor's chains alone.
+func (b *Backend) RemoveAll(ctx context.Context, family rules.Family) (removed int, err error) {
+	removed, err = b.cleanup(ctx, family, isOurs)
+	b.mu.Lock()
+	b.amu.Lock()
+	for k := range b.applied {
+		if k.family == family {
+			delete(b.applied, k)
+		}
+	}
+	b.amu.Unlock()
+	b.mu.Unlock()
+	return removed, err
 }
 
 // CleanupPredecessor removes the chains of Kakao's network-node-manager (NMANAGER_*, any table) and

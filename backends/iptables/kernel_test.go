@@ -14,6 +14,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/backends/nfgen"
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/internal/insertfirst"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
@@ -487,36 +488,186 @@ func TestKernelScale(t *testing.T) {
 // TestKernelJumpStaysFirst: when another component inserts its rule at the top of a built-in chain
 // (kube-proxy re-inserting its KUBE-SERVICES jump in nat PREROUTING after a restart would bypass our
 // DNAT), InSync reports it and Apply moves our jump back ahead of it, leaving the foreign rule alone.
-func TestKernelJumpStaysFirst(t *testing.T) {
+// TestKernelPositionPolicy: foreign rules inserted ahead of our jumps are no drift (no repair, nothing
+// moved); a jump to a chain ours must precede (KUBE-SERVICES, Chain.Precedes) ahead of ours is, and
+// so is our jump altered or gone.
+func TestKernelPositionPolicy(t *testing.T) {
 	ctx := context.Background()
 	forEachKernel(t, func(t *testing.T, k *kernel) {
 		b := k.backend()
-		rs := externalIP(k.family)
-		mustApply(t, b, rs)
+		dnat, drop := externalIP(k.family), invalidDrop(k.family)
+		mustApply(t, b, dnat, drop)
+		syncs := func(want bool, when string) {
+			t.Helper()
+			for _, rs := range []*rules.Ruleset{dnat, drop} {
+				if in, err := inSync(ctx, b, rs); err != nil || in != want {
+					t.Fatalf("%s: %s in sync = %v (%v), want %v; iptables-save:\n%s", when, rs.Fix, in, err, want, k.save())
+				}
+			}
+		}
+		// Another agent inserts its own jumps first, in both our tables.
+		k.ipt("-N", "cali-INPUT")
+		k.ipt("-A", "cali-INPUT", "-j", "ACCEPT")
+		k.ipt("-I", "INPUT", "1", "-j", "cali-INPUT")
+		k.ipt("-t", "nat", "-N", "cali-PREROUTING")
+		k.ipt("-t", "nat", "-I", "PREROUTING", "1", "-j", "cali-PREROUTING")
+		before := k.save()
+		syncs(true, "foreign jumps inserted ahead of ours")
+		if after := k.save(); after != before {
+			t.Fatalf("a Verify changed the kernel although only foreign jumps came first:\n%s", lineDiffs(before, after))
+		}
+		first := func(chain, table, want string) {
+			t.Helper()
+			out := k.ns.MustExec(k.bin(""), "-w", "5", "-t", table, "-S", chain)
+			var rules []string
+			for _, l := range strings.Split(out, "\n") {
+				if strings.HasPrefix(l, "-A ") {
+					rules = append(rules, l)
+				}
+			}
+			if len(rules) == 0 || !strings.Contains(rules[0], want) {
+				t.Fatalf("%s %s: first rule is not %q:\n%s", table, chain, want, out)
+			}
+		}
+		first("INPUT", "filter", "-j cali-INPUT")
+		first("PREROUTING", "nat", "-j cali-PREROUTING")
+
+		// kube-proxy's KUBE-SERVICES ahead of our DNAT would ACCEPT LoadBalancer traffic first.
 		k.ipt("-t", "nat", "-N", "KUBE-SERVICES")
 		k.ipt("-t", "nat", "-I", "PREROUTING", "1", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
-		if in, err := inSync(ctx, b, rs); err != nil || in {
-			t.Fatalf("Verify found it in sync (%v, %v) after a foreign rule was put ahead of our jump; want a repair", in, err)
+		if in, err := inSync(ctx, b, dnat); err != nil || in {
+			t.Fatalf("Verify found the DNAT in sync (%v, %v) behind KUBE-SERVICES; want a repair", in, err)
 		}
 		s := k.save()
-		ours := strings.Index(s, `-A PREROUTING -m comment --comment "network-node-manager:ipvs-externalip-dnat"`)
+		ours := strings.Index(s, `-A PREROUTING -m comment --comment "network-node-manager:ipvs-externalip-dnat" -j NNM-EXTIP-PREROUTING`)
 		theirs := strings.Index(s, `-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES`)
 		if ours < 0 || theirs < 0 || ours > theirs {
-			t.Fatalf("our jump is not back ahead of the foreign rule (ours at %d, theirs at %d):\n%s", ours, theirs, s)
+			t.Fatalf("our jump is not back ahead of KUBE-SERVICES (ours at %d, theirs at %d):\n%s", ours, theirs, s)
 		}
 		if n := strings.Count(s, `"network-node-manager:ipvs-externalip-dnat" -j NNM-EXTIP-PREROUTING`); n != 1 {
 			t.Fatalf("want exactly one PREROUTING jump, found %d:\n%s", n, s)
 		}
-		if in, err := inSync(ctx, b, rs); err != nil || !in {
-			t.Fatalf("in sync = %v, %v after the repair; want true", in, err)
+		syncs(true, "after the move ahead of KUBE-SERVICES")
+
+		// Our jump altered (a match added, same comment and target): repaired to the exact rule.
+		k.ipt("-D", "INPUT", "-m", "comment", "--comment", "network-node-manager:invalid-drop", "-j", "NNM-INVALID-INPUT")
+		k.ipt("-A", "INPUT", "-i", "lo", "-m", "comment", "--comment", "network-node-manager:invalid-drop", "-j", "NNM-INVALID-INPUT")
+		if in, err := inSync(ctx, b, drop); err != nil || in {
+			t.Fatalf("Verify found an altered jump in sync (%v, %v); want a repair", in, err)
+		}
+		s = k.save()
+		mustContain(t, s, `-A INPUT -m comment --comment "network-node-manager:invalid-drop" -j NNM-INVALID-INPUT`)
+		mustLack(t, s, `-i lo -m comment --comment "network-node-manager:invalid-drop"`)
+		first("INPUT", "filter", `--comment "network-node-manager:invalid-drop"`)
+		syncs(true, "after the altered jump was repaired")
+	})
+}
+
+// TestKernelInsertFirstNeighbour runs an insert-first agent (internal/insertfirst, Felix's default
+// insert mode) beside the backend's periodic Verify: the agent moves its jumps ahead of ours once,
+// after which neither side moves anything, Verify repairs nothing, and the order stays.
+func TestKernelInsertFirstNeighbour(t *testing.T) {
+	ctx := context.Background()
+	forEachKernel(t, func(t *testing.T, k *kernel) {
+		b := k.backend()
+		dnat, drop := externalIP(k.family), invalidDrop(k.family)
+		bin := map[rules.Family]string{rules.IPv4: "iptables", rules.IPv6: "ip6tables"}[k.family]
+		mustApply(t, b, dnat, drop) // ours first at the top; the agent then takes position 1
+		agent, err := insertfirst.Start(ctx, insertfirst.Options{Netns: k.ns.Name, Variant: string(k.variant),
+			Binaries: []string{bin}, Jumps: insertfirst.Calico, Period: 200 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer agent.Stop()
+		settled := k.save()
+		repairs := 0
+		deadline := time.Now().Add(3 * time.Second)
+		for time.Now().Before(deadline) {
+			for _, rs := range []*rules.Ruleset{dnat, drop} {
+				res, err := verify(ctx, b, rs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Repaired {
+					repairs++
+				}
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if err := agent.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		moves, rounds := agent.Reinserts()
+		after := k.save()
+		t.Logf("%d Verify repairs; the agent moved its jumps %d times in %d rounds", repairs, moves, rounds)
+		if repairs != 0 {
+			t.Errorf("Verify repaired %d times beside an insert-first agent; want 0", repairs)
+		}
+		if moves != 0 || rounds == 0 {
+			t.Errorf("the agent moved its jumps %d times in %d rounds after it took the top; want 0 in ≥ 1", moves, rounds)
+		}
+		if after != settled {
+			t.Errorf("the ruleset changed while both ran:\n%s", lineDiffs(settled, after))
+		}
+		for _, j := range insertfirst.Calico {
+			mustContain(t, after, "-A "+j.Chain+" -j "+j.Target)
+		}
+		mustContain(t, after, `"network-node-manager:invalid-drop" -j NNM-INVALID-INPUT`, `"network-node-manager:ipvs-externalip-dnat" -j NNM-EXTIP-PREROUTING`)
+	})
+}
+
+// TestKernelTableMove: a hooked chain that moves to another table (invalid-drop from filter to
+// mangle, issue #20) is created there and the old chain and its jump go in the same reconcile, also
+// from a fresh process that knows the old chain only from the kernel.
+func TestKernelTableMove(t *testing.T) {
+	ctx := context.Background()
+	forEachKernel(t, func(t *testing.T, k *kernel) {
+		old := invalidDrop(k.family)
+		mustApply(t, k.backend(), old)
+		moved := old.Clone()
+		moved.Chains[0].Type = rules.Mangle
+		b := k.backend() // a new process: no record of the filter chain
+		mustApply(t, b, moved)
+		s := k.save()
+		mangle := s[strings.Index(s, "*mangle"):]
+		mangle = mangle[:strings.Index(mangle, "COMMIT")]
+		mustContain(t, mangle, ":NNM-INVALID-INPUT", `-A INPUT -m comment --comment "network-node-manager:invalid-drop" -j NNM-INVALID-INPUT`, "--ctstate INVALID")
+		if strings.Count(s, ":NNM-INVALID-INPUT") != 1 || strings.Count(s, "-j NNM-INVALID-INPUT") != 1 {
+			t.Fatalf("the filter chain or its jump is still there:\n%s", s)
+		}
+		if in, err := inSync(ctx, b, moved); err != nil || !in {
+			t.Fatalf("in sync = %v, %v after the move; want true", in, err)
 		}
 	})
 }
 
-// TestKernelBuckets: map entries in two lookup buckets DNAT real connections to the right place, the
-// counter sums over the buckets, a change of one entry rewrites only its bucket (one restore, one
-// listing, no iptables-save) and leaves the kernel in a state InSync accepts, an emptied bucket is
-// deleted, and a rule deleted inside a bucket is noticed by InSync and restored by Apply.
+// lineDiffs lists the lines only in a ("-") or only in b ("+"), or says the order changed.
+func lineDiffs(a, b string) string {
+	in := func(s string) map[string]int {
+		m := map[string]int{}
+		for _, l := range strings.Split(s, "\n") {
+			m[l]++
+		}
+		return m
+	}
+	ma, mb := in(a), in(b)
+	var out strings.Builder
+	for l, n := range ma {
+		if mb[l] < n {
+			fmt.Fprintf(&out, "- %s\n", l)
+		}
+	}
+	for l, n := range mb {
+		if ma[l] < n {
+			fmt.Fprintf(&out, "+ %s\n", l)
+		}
+	}
+	if out.Len() == 0 {
+		return "same lines in another order:\n--- before\n" + a + "--- after\n" + b
+	}
+	return out.String()
+}
+
 func TestKernelBuckets(t *testing.T) {
 	ctx := context.Background()
 	forEachKernel(t, func(t *testing.T, k *kernel) {

@@ -79,11 +79,11 @@ func externalIP(family rules.Family) *rules.Ruleset {
 	return &rules.Ruleset{Fix: "ipvs-externalip-dnat", Family: family,
 		Maps: []rules.Map{{Name: "external-ips", Entries: entries}},
 		Chains: []rules.Chain{
-			{Name: "EXTIP-PREROUTING", Type: rules.NAT, Hook: rules.Prerouting, Rules: []rules.Rule{
+			{Name: "EXTIP-PREROUTING", Type: rules.NAT, Hook: rules.Prerouting, Precedes: []string{"KUBE-SERVICES"}, Rules: []rules.Rule{
 				{Match: rules.Match{SrcPrefixes: pods}, Verdict: rules.Verdict{Kind: rules.Jump, Chain: "EXTIP-DNAT"}, Comment: "from local pods"},
 				{Match: rules.Match{InInterfacePrefix: "cali"}, Verdict: rules.Verdict{Kind: rules.Jump, Chain: "EXTIP-DNAT"}, Comment: "from pod interfaces"},
 			}},
-			{Name: "EXTIP-OUTPUT", Type: rules.NAT, Hook: rules.Output, Rules: []rules.Rule{
+			{Name: "EXTIP-OUTPUT", Type: rules.NAT, Hook: rules.Output, Precedes: []string{"KUBE-SERVICES"}, Rules: []rules.Rule{
 				{Match: rules.Match{SrcAddrType: rules.Local}, Verdict: rules.Verdict{Kind: rules.Jump, Chain: "EXTIP-DNAT"}, Comment: "host network"},
 			}},
 			{Name: "EXTIP-DNAT", Type: rules.NAT, Rules: []rules.Rule{

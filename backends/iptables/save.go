@@ -2,8 +2,11 @@ package iptables
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
 // dump is a parsed `iptables-save -c`.
@@ -285,8 +288,11 @@ func (s kstate) equal(o kstate) bool {
 	return true
 }
 
-// state is the kernel's view of the given chains (see kstate).
-func (d *dump) state(chains map[tchain]bool) kstate {
+// state is the kernel's view of the given chains (see kstate). A rule elsewhere that jumps to one of
+// them is recorded by its text; a jump from a built-in chain is marked when it stands behind a jump to
+// a foreign chain that precede says it must precede. Foreign rules inserted before it otherwise leave
+// the state as it was: another agent putting its own jump first is not drift.
+func (d *dump) state(chains map[tchain]bool, precede precedence) kstate {
 	st := kstate{own: map[tchain]uint64{}, others: map[string]string{}}
 	for _, t := range d.tables {
 		var others strings.Builder
@@ -296,14 +302,20 @@ func (d *dump) state(chains map[tchain]bool) kstate {
 				st.own[k] = chainState(c.name, c.rules)
 				continue
 			}
-			foreignSeen := false
+			var seen map[string]bool // foreign chains jumped to so far, in a built-in chain
 			for _, r := range c.rules {
-				if !isOurs(r.target) {
-					foreignSeen = true
-				}
-				if chains[tchain{t.name, r.target}] {
-					// A jump from a built-in chain must stay ahead of every foreign rule.
-					fmt.Fprintf(&others, "%s%s\n", r.line(), map[bool]string{true: " #behind-foreign"}[foreignSeen && c.builtin()])
+				target := tchain{t.name, r.target}
+				if chains[target] {
+					mark := ""
+					if c.builtin() && precede.blocked(target, seen) {
+						mark = " #behind " + precede.list(target)
+					}
+					fmt.Fprintf(&others, "%s%s\n", r.line(), mark)
+				} else if c.builtin() && r.target != "" && !isOurs(r.target) && len(precede) > 0 {
+					if seen == nil {
+						seen = map[string]bool{}
+					}
+					seen[r.target] = true
 				}
 			}
 		}
@@ -313,6 +325,40 @@ func (d *dump) state(chains map[tchain]bool) kstate {
 	}
 	return st
 }
+
+// precedence is, per hooked chain of a fix (table, kernel name), the foreign chains its jump must
+// stand ahead of in its built-in chain (rules.Chain.Precedes).
+type precedence map[tchain][]string
+
+func precedenceOf(rs *rules.Ruleset) precedence {
+	var p precedence
+	for _, c := range rs.Chains {
+		if c.Hook == "" || len(c.Precedes) == 0 {
+			continue
+		}
+		if p == nil {
+			p = precedence{}
+		}
+		names := slices.Clone(c.Precedes)
+		slices.Sort(names)
+		p[tchain{tableOf(c.Type), KernelChain(c.Name)}] = slices.Compact(names)
+	}
+	return p
+}
+
+// blocked reports whether the jump to c, met after jumps to the foreign chains in seen, stands behind
+// one it must precede.
+func (p precedence) blocked(c tchain, seen map[string]bool) bool {
+	for _, f := range p[c] {
+		if seen[f] {
+			return true
+		}
+	}
+	return false
+}
+
+// list is what c must precede, comma-separated ("" for nothing).
+func (p precedence) list(c tchain) string { return strings.Join(p[c], ",") }
 
 // chainState is the state of one of our chains: a digest of its name and its rules in order.
 func chainState(name string, rs []*savedRule) uint64 {

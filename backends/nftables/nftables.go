@@ -583,6 +583,14 @@ func (b *Backend) Counters(ctx context.Context, fix string, family rules.Family)
 // Cleanup is part of backend.Backend: it deletes every table named nnm-* in families ip and ip6,
 // whichever fix (or process) created it.
 func (b *Backend) Cleanup(ctx context.Context) error {
+	_, err := b.RemoveAll(ctx)
+	return err
+}
+
+// RemoveAll deletes every nnm-* table of families ip and ip6 and returns how many there were: Cleanup,
+// and the removal of what this backend left when the agent runs with the iptables backend now
+// (backends.Leftovers).
+func (b *Backend) RemoveAll(ctx context.Context) (removed int, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var errs []error
@@ -597,13 +605,16 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 			if !strings.HasPrefix(name, TablePrefix) {
 				continue
 			}
-			if _, err := b.removeLocked(ctx, tableKey{family: family, table: name}); err != nil {
+			gone, err := b.removeLocked(ctx, tableKey{family: family, table: name})
+			if err != nil {
 				errs = append(errs, err)
+			} else if gone {
+				removed++
 			}
 		}
 	}
 	clear(b.absent)
-	return errors.Join(errs...)
+	return removed, errors.Join(errs...)
 }
 
 // realOptions are the knftables options of the real kernel. NoObjectCommentEmulation: we put

@@ -234,6 +234,13 @@ type Chain struct {
 	Type  ChainType
 	Hook  Hook
 	Rules []Rule
+	// Precedes names the foreign chains (kube-proxy's KUBE-SERVICES, say) that can end this
+	// packet's walk through the same table and hook with a verdict before this chain sees it: where
+	// hooks are shared built-in chains (iptables), this chain's jump must stand ahead of every rule
+	// jumping to one of them. Every other foreign rule may stand before it (another agent's own
+	// jump, inserted first), and is never a reason to move ours. Only for a chain with a Hook;
+	// nftables orders its base chains by priority instead and has no use for it.
+	Precedes []string
 }
 
 // MapEntry maps a destination (address, protocol, port) to a new destination.
@@ -302,6 +309,9 @@ var (
 	fixIDPattern     = regexp.MustCompile(`^[a-z][a-z0-9]*(-[a-z0-9]+)*$`)
 	chainNamePattern = regexp.MustCompile(`^[A-Z][A-Z0-9]*(-[A-Z0-9]+)*$`)
 	mapNamePattern   = regexp.MustCompile(`^[a-z][a-z0-9-]*$`)
+	// foreignChainPattern is a chain name another agent may use: printable, no space or quote,
+	// within the kernel's 28 characters.
+	foreignChainPattern = regexp.MustCompile(`^[A-Za-z0-9_.:+-]{1,28}$`)
 )
 
 // MaxChainName keeps "NNM-" + name within iptables' 28-character chain names.
@@ -337,6 +347,14 @@ func (rs *Ruleset) Validate() error {
 			}
 			if c.Type == NAT && c.Hook == Forward {
 				return fmt.Errorf("fix %s: chain %s: nat chains cannot hook forward", rs.Fix, c.Name)
+			}
+		}
+		for _, f := range c.Precedes {
+			switch {
+			case c.Hook == "":
+				return fmt.Errorf("fix %s: chain %s: Precedes %q without a Hook (only a hooked chain has a position among others)", rs.Fix, c.Name, f)
+			case !foreignChainPattern.MatchString(f):
+				return fmt.Errorf("fix %s: chain %s: Precedes %q is no chain name (1-28 characters, no spaces or quotes)", rs.Fix, c.Name, f)
 			}
 		}
 	}
@@ -535,6 +553,7 @@ func (rs *Ruleset) Clone() *Ruleset {
 	for i := range out.Chains {
 		c := &out.Chains[i]
 		c.Rules = slices.Clone(c.Rules)
+		c.Precedes = slices.Clone(c.Precedes)
 		for j := range c.Rules {
 			m := &c.Rules[j].Match
 			m.SrcPrefixes = slices.Clone(m.SrcPrefixes)

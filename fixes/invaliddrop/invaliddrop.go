@@ -127,7 +127,11 @@ func parse(cfg Config) (settings, error) {
 	return s, nil
 }
 
-// Rules returns one filter chain per configured hook: exemptions first, then the drop.
+// Rules returns one mangle chain per configured hook: exemptions first, then the drop. The mangle
+// table runs before filter on the same hook and sees ct state, so the drop comes before any filter
+// rule that could ACCEPT the INVALID packet (Calico's cali-INPUT, kube-proxy's KUBE-NODEPORTS),
+// wherever other agents put their jumps: no position to contend for (backends/iptables README,
+// "Position among other agents").
 func (f *Fix) Rules(_ *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.Report, error) {
 	cfg := f.opts.Get()
 
@@ -139,7 +143,7 @@ func (f *Fix) Rules(_ *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.R
 	}
 	rs := &rules.Ruleset{Fix: ID, Family: family}
 	for _, hook := range cfg.hooks {
-		c := rules.Chain{Name: ChainName(hook), Type: rules.Filter, Hook: hook}
+		c := rules.Chain{Name: ChainName(hook), Type: rules.Mangle, Hook: hook}
 		if len(exempt) > 0 {
 			c.Rules = append(c.Rules, rules.Rule{
 				Match:   rules.Match{SrcPrefixes: exempt, CTStates: []rules.CTState{rules.CTInvalid}},

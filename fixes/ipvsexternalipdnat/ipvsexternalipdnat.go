@@ -129,6 +129,12 @@ func validate(cfg Config) (Config, error) {
 	return cfg, nil
 }
 
+// precedes is what the hooked DNAT chains must stand ahead of: kube-proxy's KUBE-SERVICES, which in
+// IPVS mode ACCEPTs traffic to its LoadBalancer and External-IP sets in nat PREROUTING and OUTPUT, so
+// a DNAT behind it never runs. Other agents' jumps there (Calico's cali-PREROUTING, cali-OUTPUT:
+// floating-IP DNAT only) may stand before ours.
+var precedes = []string{"KUBE-SERVICES"}
+
 // Rules maps every (External-IP, protocol, port) of this family to the Cluster-IP of the same family
 // and hooks the lookup into prerouting (local pods) and output (host network).
 func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.Report, error) {
@@ -141,7 +147,7 @@ func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fi
 
 	jump := rules.Verdict{Kind: rules.Jump, Chain: ChainDNAT}
 	if cfg.FromPods {
-		c := rules.Chain{Name: ChainPrerouting, Type: rules.NAT, Hook: rules.Prerouting}
+		c := rules.Chain{Name: ChainPrerouting, Type: rules.NAT, Hook: rules.Prerouting, Precedes: precedes}
 		if cidrs := snap.PodCIDRsOf(family); len(cidrs) > 0 {
 			c.Rules = append(c.Rules, rules.Rule{
 				Match: rules.Match{SrcPrefixes: cidrs}, Verdict: jump,
@@ -163,7 +169,7 @@ func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fi
 		rs.Chains = append(rs.Chains, c)
 	}
 	if cfg.FromHost {
-		rs.Chains = append(rs.Chains, rules.Chain{Name: ChainOutput, Type: rules.NAT, Hook: rules.Output, Rules: []rules.Rule{{
+		rs.Chains = append(rs.Chains, rules.Chain{Name: ChainOutput, Type: rules.NAT, Hook: rules.Output, Precedes: precedes, Rules: []rules.Rule{{
 			Match: rules.Match{SrcAddrType: rules.Local}, Verdict: jump,
 			Comment: "from the host network",
 		}}})

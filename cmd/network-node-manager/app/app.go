@@ -56,7 +56,7 @@ func runCommand(version string, fixModules fx.Option) *cobra.Command {
 		Use:   "run",
 		Short: "Run the agent: watch the API and keep the rules in the kernel",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			app := fx.New(quiet(), fixModules, core.Agent, backends.Module,
+			app := fx.New(quiet(), fixModules, core.Agent, backends.Module, backends.Takeover,
 				fx.Supply(inputs(cmd, version)),
 				fx.Provide(core.InformerSource),
 				fx.Invoke(core.WatchConfig),
