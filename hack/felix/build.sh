@@ -17,8 +17,9 @@
 # Output, in $NNM_FELIX_DIR (default /var/cache/network-node-manager/felix/<calico>-libbpf<v>-go<v>):
 #   calico-felix, crds/ (Calico's CRDs from libcalico-go/config/crd), felix.env
 # The cache key is the Calico commit, the libbpf version and the Go version: a second run with the
-# same three returns at once. The first build takes about 5 minutes on 2 cores with a cold module
-# cache (the cgo build of Felix itself ~30 s with a warm one); the binary is ~135 MB.
+# same three returns at once. The first build downloads Calico's modules and needs ~10 minutes of CPU
+# (9m43s user, 58 min wall on 2 cores shared with other builds, 2026-12-01); the cgo build of Felix
+# alone takes ~30 s with a warm module and build cache. The binary is ~135 MB.
 #
 # A missing input (no Calico or libbpf repository, the commit or the libbpf tag not in it, a package
 # that cannot be installed) is an error (exit 1) naming it: the lane is opt-in, so when it is asked
