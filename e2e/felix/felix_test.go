@@ -66,7 +66,7 @@ fixes:
 
 func TestFelixBesideAgent(t *testing.T) {
 	b := felixtest.Load(t)
-	testenv.Require(t, "iptables-nft-save", "ip6tables-nft-save", "nft", "conntrack")
+	testenv.Require(t, "iptables-nft-save", "ip6tables-nft-save", "nft", "conntrack", "ipset")
 	agenttest.Require(t)
 	if err := controlplane.CheckPrerequisites(""); err != nil {
 		t.Fatalf("the Felix lane needs the control plane: %v (make controlplane)", err)

@@ -32,9 +32,10 @@ CALICO_GIT_DIR="${CALICO_GIT_DIR:-/work/.mirror/projectcalico+calico/repo}"
 LIBBPF_GIT_DIR="${LIBBPF_GIT_DIR:-/work/.mirror/libbpf+libbpf/repo}"
 GO="${GO:-go}"
 
-# What the cgo build needs, as "probe:debian-package" (a probe is a header or a binary).
+# What the cgo build needs, and ipset, which Felix runs (it panics without it, in both data plane
+# modes), as "probe:debian-package" (a probe is a header or a binary).
 DEPS=(/usr/include/gelf.h:libelf-dev /usr/include/zlib.h:zlib1g-dev /usr/include/pcap.h:libpcap-dev
-	gcc:gcc make:make)
+	gcc:gcc make:make ipset:ipset)
 
 die() { echo "hack/felix/build.sh: $*" >&2; exit 1; }
 
@@ -67,6 +68,7 @@ if [[ ${1:-} == --env ]]; then
 	exit 0
 fi
 
+install_deps
 if [[ -f $OUT/felix.env && -x $OUT/calico-felix ]]; then
 	echo "$OUT/felix.env"
 	exit 0
@@ -75,7 +77,6 @@ fi
 [[ -d $LIBBPF_GIT_DIR ]] || die "no libbpf repository at LIBBPF_GIT_DIR=$LIBBPF_GIT_DIR (fetch github:libbpf/libbpf and point LIBBPF_GIT_DIR at its git directory)"
 git --git-dir="$LIBBPF_GIT_DIR" cat-file -e "$LIBBPF_VERSION^{commit}" 2>/dev/null ||
 	die "libbpf $LIBBPF_VERSION (Calico's metadata.mk) is not in $LIBBPF_GIT_DIR"
-install_deps
 
 mkdir -p "$OUT"
 SRC="$OUT/src"
