@@ -156,8 +156,8 @@ func runLane(t *testing.T, cp *controlplane.ControlPlane, b *felixtest.Build, mo
 	fx := felixtest.StartT(t, b, felixtest.Options{Netns: node.Name, Kubeconfig: adminKC, NodeName: name, Mode: mode})
 	took := fx.WaitProgrammedT(t, 3*time.Minute)
 	t.Logf("Felix (%s) programmed its rules in %v", mode, took.Round(100*time.Millisecond))
-	before, _ := fx.Count(felixtest.OutOfSync)
-	insertsBefore, _ := fx.Count(felixtest.OutOfSyncInserts)
+	before := fx.Count(felixtest.OutOfSync)
+	insertsBefore := fx.Count(felixtest.OutOfSyncInserts)
 
 	cfg := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(cfg, []byte(agentConfig), 0o644); err != nil {
@@ -190,6 +190,7 @@ func runLane(t *testing.T, cp *controlplane.ControlPlane, b *felixtest.Build, mo
 
 	time.Sleep(settle)
 	first := snapshot(t, node)
+	atFirst := fx.Count(felixtest.OutOfSync)
 	t.Logf("%s/%s: jump order after %v:\n%s", mode, backend, settle, first)
 	for _, fam := range []string{"ip", "ip6"} {
 		if err := first.hasBoth(fam); err != nil {
@@ -211,7 +212,7 @@ func runLane(t *testing.T, cp *controlplane.ControlPlane, b *felixtest.Build, mo
 		if err := a.Exited(); err != nil {
 			t.Fatalf("the agent exited: %v", err)
 		}
-		n, _ := fx.Count(felixtest.OutOfSync)
+		n := fx.Count(felixtest.OutOfSync)
 		t.Logf("%s/%s: %v of %v; repairs %v, Felix out-of-sync warnings %d", mode, backend,
 			time.Since(deadline.Add(-dur)).Round(time.Second), dur, repairs(t, a), n-before)
 	}
@@ -235,16 +236,17 @@ func runLane(t *testing.T, cp *controlplane.ControlPlane, b *felixtest.Build, mo
 			}
 		}
 	}
-	inserts, _ := fx.Count(felixtest.OutOfSyncInserts)
-	all, firstLines := fx.Count(felixtest.OutOfSync)
-	fmt.Fprintf(&table, "  Felix %q warnings: %d since the agent started (%d before it); all %q warnings since then: %d\n",
-		felixtest.OutOfSyncInserts, inserts-insertsBefore, insertsBefore, felixtest.OutOfSync, all-before)
+	inserts := fx.Count(felixtest.OutOfSyncInserts)
+	warnings := fx.Matches(felixtest.OutOfSync)
+	all := len(warnings)
+	fmt.Fprintf(&table, "  Felix %q warnings: %d since the agent started (%d before it); all %q warnings since then: %d, of which %d while the agent started and settled (%v) and %d in the %v after\n",
+		felixtest.OutOfSyncInserts, inserts-insertsBefore, insertsBefore, felixtest.OutOfSync, all-before, atFirst-before, settle, all-atFirst, dur)
 	t.Log(table.String())
 	if total != 0 {
 		t.Errorf("the agent repaired its rules %v times beside Felix (%s mode), want 0: the two fight over the chains", total, mode)
 	}
 	if all-before != 0 {
-		t.Errorf("Felix logged %d %q warnings since the agent started, want 0; the first in its log:\n%s", all-before, felixtest.OutOfSync, strings.Join(firstLines, "\n"))
+		t.Errorf("Felix logged %d %q warnings since the agent started, want 0; the first:\n%s", all-before, felixtest.OutOfSync, strings.Join(warnings[before:min(all, before+6)], "\n"))
 	}
 	for _, fam := range []string{"ip", "ip6"} {
 		if err := second.hasBoth(fam); err != nil {

@@ -279,22 +279,21 @@ func (f *Felix) LogTail(n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// Count returns how many log lines contain s, and the first few of them.
-func (f *Felix) Count(s string) (int, []string) {
-	var n int
-	var first []string
+// Matches returns the log lines that contain s, in order.
+func (f *Felix) Matches(s string) []string {
+	var out []string
 	sc := bufio.NewScanner(strings.NewReader(f.Logs()))
 	sc.Buffer(make([]byte, 1<<20), 1<<24)
 	for sc.Scan() {
 		if strings.Contains(sc.Text(), s) {
-			n++
-			if len(first) < 5 {
-				first = append(first, sc.Text())
-			}
+			out = append(out, sc.Text())
 		}
 	}
-	return n, first
+	return out
 }
+
+// Count returns how many log lines contain s.
+func (f *Felix) Count(s string) int { return len(f.Matches(s)) }
 
 // Programmed reports nil once Felix's rules are in the kernel for both families: its cali-INPUT jump
 // in filter INPUT (iptables-nft), or its calico tables (nftables).
