@@ -69,7 +69,8 @@ test-vm: build controlplane vm
 ## modes) beside the agent (both backends, both families) for NNM_FELIX_DURATION (default 60s). Needs
 ## Calico's and libbpf's git repositories (CALICO_GIT_DIR, LIBBPF_GIT_DIR; see hack/felix/build.sh),
 ## which builds Felix once into /var/cache/network-node-manager/felix/. Opt-in: not part of `make test`.
-FELIX_TEST_FLAGS ?= -count=1 -timeout 90m
+## The four lanes run side by side (-parallel 4; go test would run only GOMAXPROCS of them at once).
+FELIX_TEST_FLAGS ?= -count=1 -timeout 90m -parallel 4
 test-felix: deps build controlplane
 	@env=$$(./hack/felix/build.sh) && \
 		NNM_FELIX_ENV=$$env NNM_AGENT_BIN=$(AGENT) $(GO) test $(FELIX_TEST_FLAGS) -v ./e2e/felix/
