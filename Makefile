@@ -25,7 +25,7 @@ FUZZTIME      ?= 2m
 
 export NNM_BIN_DIR := $(BIN)
 
-.PHONY: all build deps controlplane promtool image-deps test-image vm test test-vm test-unit fuzz demo bench lint fmt vet clean image plan
+.PHONY: all build deps controlplane promtool image-deps test-image vm test test-vm test-felix test-unit fuzz demo bench lint fmt vet clean image plan
 
 all: build
 
@@ -64,6 +64,16 @@ vm:
 ## test-vm: only the VM lane: kube-proxy in IPVS mode on a real 6.1 kernel under qemu (e2e/vm).
 test-vm: build controlplane vm
 	NNM_AGENT_BIN=$(AGENT) $(GO) test $(TEST_FLAGS) -v ./e2e/vm/
+
+## test-felix: the Felix lane (e2e/felix, issue #20): the real Calico Felix (iptables-nft and nftables
+## modes) beside the agent (both backends, both families) for NNM_FELIX_DURATION (default 60s). Needs
+## Calico's and libbpf's git repositories (CALICO_GIT_DIR, LIBBPF_GIT_DIR; see hack/felix/build.sh),
+## which builds Felix once into /var/cache/network-node-manager/felix/. Opt-in: not part of `make test`.
+## The four lanes run side by side (-parallel 4; go test would run only GOMAXPROCS of them at once).
+FELIX_TEST_FLAGS ?= -count=1 -timeout 90m -parallel 4
+test-felix: deps build controlplane
+	@env=$$(./hack/felix/build.sh) && \
+		NNM_FELIX_ENV=$$env NNM_AGENT_BIN=$(AGENT) $(GO) test $(FELIX_TEST_FLAGS) -v ./e2e/felix/
 
 ## test: everything that proves the agent works. Kernel and end-to-end tests need root; with CI=true or
 ## NNM_REQUIRE_KERNEL=1 (.ci/run) a missing namespace, kernel feature or control plane fails them
