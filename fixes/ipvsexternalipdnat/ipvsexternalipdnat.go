@@ -60,6 +60,8 @@ type Fix struct {
 
 	mu    sync.Mutex
 	guard map[rules.Family]*guard // the last guard per family: the same pointer while it decides alike, so Services need no recomputing
+	// noCIDRsLogged: the absence of Service CIDRs was logged (once until some are known).
+	noCIDRsLogged bool
 }
 
 var (
@@ -193,6 +195,10 @@ func (f *Fix) guardFor(cfg Config, snap *fix.Snapshot, family rules.Family) *gua
 	g := newGuard(cfg, snap, f.clusterIPs.Update(snap.Services, family, struct{}{}).Entries)
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if len(snap.ServiceCIDRs) == 0 && !f.noCIDRsLogged {
+		f.log.Warn("no Service CIDRs known (no ServiceCIDR objects in the API, no serviceCIDRs configured): every Service's Cluster-IP is refused by name, and a Service with a new Cluster-IP makes every Service be computed again; set serviceCIDRs")
+	}
+	f.noCIDRsLogged = len(snap.ServiceCIDRs) == 0
 	if prev := f.guard[family]; prev != nil && prev.same(&g) {
 		return prev
 	}

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -41,7 +42,7 @@ var nodeWithAddresses = tk.Node("node-a", tk.PodCIDRs("10.244.1.0/24", "fd00:10:
 	}
 })
 
-func newFix(t *testing.T, options map[string]any) (*Fix, *prometheus.Registry, *bytes.Buffer) {
+func newFix(t testing.TB, options map[string]any) (*Fix, *prometheus.Registry, *bytes.Buffer) {
 	t.Helper()
 	reg, logs := prometheus.NewRegistry(), &bytes.Buffer{}
 	f, err := New(Params{Registry: reg, Logger: slog.New(slog.NewTextHandler(logs, nil))})
@@ -416,4 +417,40 @@ func TestIncrementalEqualsScratch(t *testing.T) {
 		f, _, _ := newFix(t, nil)
 		return f
 	}, tk.IncrementalOptions{})
+}
+
+// BenchmarkRulesOneNewService10k measures one IPv4 Rules call after one Service was added to 10,000
+// (each with a Cluster-IP and an ingress IP), with the Service CIDRs known (the new Cluster-IP lies
+// in them: only the new Service is computed) and unknown (every Cluster-IP is refused by name, so
+// a new one changes the guard and every Service is computed again).
+func BenchmarkRulesOneNewService10k(b *testing.B) {
+	svc := func(i int) *corev1.Service {
+		return tk.Service("ns", fmt.Sprintf("svc-%05d", i), tk.ClusterIPs(fmt.Sprintf("10.96.%d.%d", i/250, i%250+1)),
+			tk.LoadBalancer(fmt.Sprintf("198.18.%d.%d", i/250, i%250+1)), tk.Ports(tk.TCP(80)))
+	}
+	for _, bc := range []struct {
+		name  string
+		cidrs []string
+	}{{"service-cidrs-known", []string{"10.96.0.0/16"}}, {"service-cidrs-unknown", nil}} {
+		b.Run(bc.name, func(b *testing.B) {
+			var svcs []*corev1.Service
+			for i := range 10000 {
+				svcs = append(svcs, svc(i))
+			}
+			f, _, _ := newFix(b, nil)
+			snap := tk.Snapshot(tk.WithNode(nodeA), tk.WithServiceCIDRs(bc.cidrs...), tk.WithServices(svcs...))
+			if _, _, err := f.Rules(snap, rules.IPv4); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				s := *snap
+				s.Services = append(slices.Clip(svcs), svc(10000+i%5000))
+				if _, _, err := f.Rules(&s, rules.IPv4); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
