@@ -2,6 +2,8 @@ package watch
 
 import (
 	"context"
+	"errors"
+	"net/url"
 	"net/netip"
 	"slices"
 	"sync"
@@ -47,8 +49,12 @@ func (s *Informers) watchServiceCIDRs(ctx context.Context, client kubernetes.Int
 			}
 			break
 		}
-		s.apiErrors.report("discovery "+serviceCIDRGroupVersion, "cannot ask the API server whether it serves ServiceCIDR objects; retrying",
-			"groupVersion", serviceCIDRGroupVersion, "err", err)
+		// Requests that got no answer are logged by WrapTransport when the client uses it.
+		var uerr *url.Error
+		if !s.transportWrapped.Load() || !errors.As(err, &uerr) {
+			s.apiErrors.report("discovery "+serviceCIDRGroupVersion, "cannot ask the API server whether it serves ServiceCIDR objects; retrying",
+				"groupVersion", serviceCIDRGroupVersion, "err", err)
+		}
 		select {
 		case <-ctx.Done():
 			return
