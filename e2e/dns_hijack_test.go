@@ -14,6 +14,7 @@ package e2e
 import (
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -62,18 +63,14 @@ func testClusterIPTakeover(t *testing.T, c *cluster, backend, cfgName, config st
 	tenant.setIngress("attacker", victimIP, "203.0.19.10")
 
 	// The control entry shows the agent has seen the attacker's Service (one object) and synced it.
-	n.expectEntries(converge, want(attacker, "203.0.19.10", "udp", 53))
+	control := want(attacker, "203.0.19.10", "udp", 53)
 	agenttest.Eventually(t, converge, func() error {
-		m := n.metrics()
-		if v, _ := m.Value("nnm_fix_objects_skipped", "fix", fixExtIP, "family", "ipv4", "reason", "service-cidr"); v != 2 {
-			return fmt.Errorf("nnm_fix_objects_skipped{family=ipv4,reason=service-cidr} = %v, want 2 (%s, 10.96.0.1)\n%s", v, victimIP, strings.Join(m.Lines("nnm_fix_objects_skipped"), "\n"))
+		got, err := n.dnatEntries("ipv4")
+		if err == nil && !slices.Contains(got, control) {
+			err = fmt.Errorf("kernel DNAT entries %q lack %q", got, control)
 		}
-		return nil
+		return err
 	})
-	if logs := n.agent.Logs(); !strings.Contains(logs, victimIP) || !strings.Contains(logs, "service-cidr") {
-		t.Errorf("the agent's log does not name the refused Cluster-IP %s and its reason", victimIP)
-	}
-
 	// Real traffic: a host process on the node asks the victim's Cluster-IP:53.
 	n.ns.MustExec("ip", "addr", "add", victimIP+"/32", "dev", "lo")
 	n.ns.MustExec("ip", "addr", "add", attackerIP+"/32", "dev", "lo")
@@ -86,6 +83,19 @@ func testClusterIPTakeover(t *testing.T, c *cluster, backend, cfgName, config st
 	if got := n.udpQuery(victimIP); got != "victim" {
 		t.Errorf("%s: a DNS query to kube-dns's Cluster-IP %s:53 was answered by %q, want the victim: the tenant's Service took it over\n%s", backend, victimIP, got, n.dump())
 	}
+	agenttest.Eventually(t, converge, func() error {
+		m := n.metrics()
+		if v, _ := m.Value("nnm_fix_objects_skipped", "fix", fixExtIP, "family", "ipv4", "reason", "service-cidr"); v != 2 {
+			return fmt.Errorf("nnm_fix_objects_skipped{family=ipv4,reason=service-cidr} = %v, want 2 (%s, 10.96.0.1)\n%s", v, victimIP, strings.Join(m.Lines("nnm_fix_objects_skipped"), "\n"))
+		}
+		return nil
+	})
+	if logs := n.agent.Logs(); !strings.Contains(logs, victimIP) || !strings.Contains(logs, "service-cidr") {
+		t.Errorf("the agent's log does not name the refused Cluster-IP %s and its reason", victimIP)
+	}
+
+	// Nothing but the control entry: neither kube-dns's nor the API's Cluster-IP.
+	n.expectEntries(converge, control)
 	n.checkSyncHealthy()
 }
 
