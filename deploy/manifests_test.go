@@ -230,7 +230,8 @@ func TestBaseObjects(t *testing.T) {
 	}
 }
 
-// The ClusterRole grants exactly Services list/watch, Nodes get/list/watch and the two reviews behind
+// The ClusterRole grants exactly Services list/watch, Nodes get/list/watch, ServiceCIDRs list/watch
+// (networking.k8s.io, for ipvs-externalip-dnat) and the two reviews behind
 // the protected /metrics; the namespaced grants are get on the one ConfigMap kube-system/kube-proxy and
 // create/patch of events.k8s.io Events in default (a Node's Events live there); all bind the agent's
 // ServiceAccount. The metrics reader role allows get /metrics and nothing else.
@@ -240,6 +241,7 @@ func TestLeastPrivilege(t *testing.T) {
 	wantCR := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"services"}, Verbs: []string{"list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"servicecidrs"}, Verbs: []string{"list", "watch"}},
 		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
 		{APIGroups: []string{"authorization.k8s.io"}, Resources: []string{"subjectaccessreviews"}, Verbs: []string{"create"}},
 	}

@@ -227,9 +227,10 @@ func scenarioDualStack(t *testing.T, c *cluster, backend string) {
 	n.checkSyncHealthy()
 }
 
-// 4. ipMode: Proxy ingress, headless and ExternalName Services produce no DNAT.
+// 4. ipMode: Proxy ingress, headless and ExternalName Services produce no DNAT. The last two get
+// External-IPs only through spec.externalIPs, which the fix reads only with specExternalIPs on.
 func scenarioNoDNAT(t *testing.T, c *cluster, backend string) {
-	n := startNode(t, c, backend, nodeOptions{})
+	n := startNode(t, c, backend, nodeOptions{config: defaultConfig + "    specExternalIPs: true\n"})
 	svcs := newServices(t, c, nsName(4, backend))
 
 	svcs.create(lbService("", "proxied"))

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +29,9 @@ import (
 // reason and family each must be counted under.
 var hostileIngress = []struct{ ip, reason, family string }{
 	{"127.0.0.1", "special-address", "ipv4"},
-	{"169.254.169.254", "special-address", "ipv4"},
+	{"169.254.169.254", "cloud-metadata", "ipv4"},
+	{"100.100.100.200", "cloud-metadata", "ipv4"},
+	{"168.63.129.16", "cloud-metadata", "ipv4"},
 	{"0.0.0.0", "special-address", "ipv4"},
 	{"255.255.255.255", "special-address", "ipv4"},
 	{"224.0.0.1", "special-address", "ipv4"},
@@ -37,17 +40,26 @@ var hostileIngress = []struct{ ip, reason, family string }{
 	{"::1", "special-address", "ipv6"},
 	{"fe80::1", "special-address", "ipv6"},
 	{"ff02::1", "special-address", "ipv6"},
+	{"fd00:ec2::254", "cloud-metadata", "ipv6"},
+	{"64:ff9b::a9fe:a9fe", "cloud-metadata", "ipv6"},
+	{"2002:a9fe:a9fe::1", "cloud-metadata", "ipv6"},
+	{"fec0::1", "special-address", "ipv6"},
 	{"fd00:10:244:1::7", "pod-cidr", "ipv6"}, // inside podCIDRv6
 	{"2001:db8:15:a::5", "node-address", "ipv6"},
 }
 
 const metadataIP = "169.254.169.254"
 
-// TestSpecialAddresses (issue #15 item 1): a Service whose status names loopback, the cloud metadata
-// address, unspecified, broadcast, multicast, a pod-CIDR or a node address gets no DNAT entry for
+// metadataIPs are the IPv4 metadata endpoints that real host traffic must not reach the Service by
+// (issue #19 item 2 adds the two outside the IANA blocks).
+var metadataIPs = []string{metadataIP, "100.100.100.200", "168.63.129.16"}
+
+// TestSpecialAddresses (issue #15 item 1, issue #19 item 2): a Service whose status names loopback,
+// the cloud metadata endpoints (also outside the IANA blocks, and 169.254.169.254 in NAT64 and 6to4
+// form), unspecified, broadcast, multicast, a pod-CIDR or a node address gets no DNAT entry for
 // them, each is counted as skipped with its reason, its ordinary addresses and another Service are
-// programmed, and host traffic to 169.254.169.254 in the node's netns is not redirected to the
-// Service, while traffic to its ordinary External-IP is.
+// programmed, and host traffic to 169.254.169.254, 100.100.100.200 and 168.63.129.16 in the node's
+// netns is not redirected to the Service, while traffic to its ordinary External-IP is.
 func TestSpecialAddresses(t *testing.T) {
 	require(t)
 	for _, be := range backendNames {
@@ -107,7 +119,7 @@ func testSpecialAddresses(t *testing.T, c *cluster, backend string) {
 			t.Errorf("%s: %s appears in the ruleset:\n%s", backend, h.ip, dump)
 		}
 	}
-	if logs := n.agent.Logs(); !strings.Contains(logs, metadataIP) || !strings.Contains(logs, "special-address") {
+	if logs := n.agent.Logs(); !strings.Contains(logs, metadataIP) || !strings.Contains(logs, "cloud-metadata") {
 		t.Errorf("the agent's log does not name the refused metadata address and its reason")
 	}
 
@@ -153,7 +165,7 @@ func (n *node) createNode(addrs ...corev1.NodeAddress) {
 func (n *node) checkNotRedirected(clusterIP, external string) {
 	n.t.Helper()
 	n.ns.MustExec("ip", "addr", "add", clusterIP+"/32", "dev", "lo")
-	for _, dst := range []string{metadataIP, external} {
+	for _, dst := range append(slices.Clone(metadataIPs), external) {
 		n.ns.MustExec("ip", "route", "add", dst+"/32", "dev", "lo")
 	}
 	var l net.Listener
@@ -193,13 +205,15 @@ func (n *node) checkNotRedirected(clusterIP, external string) {
 	case <-time.After(5 * time.Second):
 		n.t.Fatalf("%s: the listener on the Cluster-IP %s never saw the connection to %s", n.backend, clusterIP, external)
 	}
-	// The metadata address is not: the connection does not reach the Service.
-	if err := dial(metadataIP, 2*time.Second); err == nil {
-		n.t.Errorf("%s: host connection to %s:80 succeeded: redirected to the Service's Cluster-IP", n.backend, metadataIP)
-	}
-	select {
-	case from := <-accepted:
-		n.t.Errorf("%s: the Service's listener accepted a connection from %s that was addressed to %s", n.backend, from, metadataIP)
-	case <-time.After(500 * time.Millisecond):
+	// The metadata addresses are not: the connection does not reach the Service.
+	for _, md := range metadataIPs {
+		if err := dial(md, 2*time.Second); err == nil {
+			n.t.Errorf("%s: host connection to %s:80 succeeded: redirected to the Service's Cluster-IP", n.backend, md)
+		}
+		select {
+		case from := <-accepted:
+			n.t.Errorf("%s: the Service's listener accepted a connection from %s that was addressed to %s", n.backend, from, md)
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
 }

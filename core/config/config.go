@@ -43,6 +43,9 @@ type Config struct {
 	Families []string `mapstructure:"families"`
 	// PodCIDRs are used when the Node object has no spec.podCIDRs.
 	PodCIDRs []string `mapstructure:"podCIDRs"`
+	// ServiceCIDRs are the cluster's Service (Cluster-IP) ranges, used when the API has no
+	// ServiceCIDR objects (networking.k8s.io/v1).
+	ServiceCIDRs []string `mapstructure:"serviceCIDRs"`
 	// MinSyncPeriod is the shortest time between two syncs; changes in between are coalesced.
 	MinSyncPeriod time.Duration `mapstructure:"minSyncPeriod"`
 	// SyncPeriod is the time between full resyncs that repair rules changed behind our back.
@@ -111,6 +114,7 @@ var Keys = []Key{
 	{Key: "proxyMode", Flag: "proxy-mode", Default: "auto", Restart: true, Help: "`ipvs`, `iptables`, `nftables`; auto asks kube-proxy"},
 	{Key: "families", Flag: "families", Default: []string{"ipv4", "ipv6"}, Help: "families to program"},
 	{Key: "podCIDRs", Flag: "pod-cidrs", Default: []string{}, Help: "used when the Node has no `spec.podCIDRs`"},
+	{Key: "serviceCIDRs", Flag: "service-cidrs", Default: []string{}, Help: "the cluster's Service ranges, used when the API has no `ServiceCIDR` objects (networking.k8s.io/v1); DNAT fixes never take addresses in them over"},
 	{Key: "minSyncPeriod", Flag: "min-sync-period", Default: time.Second, Help: "coalescing of changes; at most `syncPeriod`"},
 	{Key: "syncPeriod", Flag: "sync-period", Default: 30 * time.Second, Help: "full resync that repairs drift"},
 	{Key: "metricsAddress", Flag: "metrics-address", Default: "0.0.0.0:9484", Restart: true, Help: "`/metrics`, and the probes when `healthzAddress` is empty; empty: off"},
@@ -610,6 +614,9 @@ func (c *Config) Validate() error {
 	if _, err := c.ParsedPodCIDRs(); err != nil {
 		return err
 	}
+	if _, err := c.ParsedServiceCIDRs(); err != nil {
+		return err
+	}
 	if c.MinSyncPeriod < 0 {
 		return fmt.Errorf("config: minSyncPeriod: %s is negative", c.MinSyncPeriod)
 	}
@@ -654,6 +661,16 @@ func (c *Config) ParsedFamilies() []rules.Family {
 // ParsedPodCIDRs parses podCIDRs (rules.ParsePrefixes: a CIDR with host bits set is an error).
 func (c *Config) ParsedPodCIDRs() ([]netip.Prefix, error) {
 	p, err := rules.ParsePrefixes("podCIDRs", "", c.PodCIDRs)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return p, nil
+}
+
+// ParsedServiceCIDRs parses serviceCIDRs (rules.ParsePrefixes: a CIDR with host bits set is an
+// error).
+func (c *Config) ParsedServiceCIDRs() ([]netip.Prefix, error) {
+	p, err := rules.ParsePrefixes("serviceCIDRs", "", c.ServiceCIDRs)
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}

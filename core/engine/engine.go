@@ -64,6 +64,8 @@ type Engine struct {
 	env      fix.Env
 	families []rules.Family
 	podCIDRs []netip.Prefix
+	// serviceCIDRs are the configured serviceCIDRs (used when the API has no ServiceCIDR objects).
+	serviceCIDRs []netip.Prefix
 	// podCIDRSource is where the last snapshot's pod CIDRs came from ("node", "config"), for logging.
 	podCIDRSource string
 	fixes         []*fixState

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
+	"github.com/network-node-manager/network-node-manager/core/watch"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -700,5 +702,49 @@ func TestPodsOnlyWhenNeeded(t *testing.T) {
 	other.src.pods = h.src.pods
 	if n, snap := other.e.Needs(), other.e.Snapshot(); n.Pods || snap.Pods != nil {
 		t.Fatalf("Needs = %+v, Pods %v; want none", n, snap.Pods)
+	}
+}
+
+// cidrSource is a memSource that watches ServiceCIDR objects.
+type cidrSource struct {
+	*memSource
+	cidrs  []netip.Prefix
+	served bool
+}
+
+func (s *cidrSource) ServiceCIDRs() ([]netip.Prefix, bool) { return s.cidrs, s.served }
+
+// A fix that needs the Service CIDRs gets those of the ServiceCIDR objects where the source has
+// them, else the configured serviceCIDRs (an API without ServiceCIDR objects, a source that does not
+// watch them, or no object at all); a fix that does not need them gets none (#19).
+func TestServiceCIDRsPreferAPI(t *testing.T) {
+	c := config.Defaults()
+	c.ServiceCIDRs = []string{"10.96.0.0/12"}
+	api := []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:10:96::/112")}
+	snapshot := func(src watch.Source, needs fix.Needs) []netip.Prefix {
+		t.Helper()
+		e, err := New(Options{Backend: testkit.NewFakeBackend(), Source: src, Config: &c, Metrics: metrics.NewSync(prometheus.NewRegistry()),
+			Fixes: []fix.Fix{&nodeFix{id: "reader", defaultOn: true, needs: needs}}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e.Snapshot().ServiceCIDRs
+	}
+	configured := []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}
+	for _, tc := range []struct {
+		name  string
+		src   watch.Source
+		needs fix.Needs
+		want  []netip.Prefix
+	}{
+		{"served", &cidrSource{newMemSource(), api, true}, fix.Needs{ServiceCIDRs: true}, api},
+		{"not served", &cidrSource{newMemSource(), nil, false}, fix.Needs{ServiceCIDRs: true}, configured},
+		{"served, no object", &cidrSource{newMemSource(), nil, true}, fix.Needs{ServiceCIDRs: true}, configured},
+		{"source without them", newMemSource(), fix.Needs{ServiceCIDRs: true}, configured},
+		{"not needed", &cidrSource{newMemSource(), api, true}, fix.Needs{Services: true}, nil},
+	} {
+		if got := snapshot(tc.src, tc.needs); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: snapshot ServiceCIDRs = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

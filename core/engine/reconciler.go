@@ -222,6 +222,7 @@ func (e *Engine) snapshot(needs fix.Needs) *fix.Snapshot {
 	e.mu.Lock()
 	env := e.env
 	cfgCIDRs := e.podCIDRs
+	cfgServiceCIDRs := e.serviceCIDRs
 	e.mu.Unlock()
 	snap := &fix.Snapshot{Env: env}
 	if needs.Services {
@@ -238,7 +239,20 @@ func (e *Engine) snapshot(needs fix.Needs) *fix.Snapshot {
 		snap.PodCIDRs, from = cfgCIDRs, "config"
 	}
 	e.notePodCIDRSource(from, snap.Node != nil, snap.PodCIDRs)
+	if needs.ServiceCIDRs {
+		snap.ServiceCIDRs = cfgServiceCIDRs
+		if src, ok := e.source.(serviceCIDRSource); ok {
+			if cidrs, served := src.ServiceCIDRs(); served && len(cidrs) > 0 {
+				snap.ServiceCIDRs = cidrs
+			}
+		}
+	}
 	return snap
+}
+
+// serviceCIDRSource is implemented by sources that watch the ServiceCIDR objects (watch.Informers).
+type serviceCIDRSource interface {
+	ServiceCIDRs() (cidrs []netip.Prefix, served bool)
 }
 
 // notePodCIDRSource logs once when the pod CIDRs change between the Node's and the configured ones

@@ -114,6 +114,10 @@ func (e *Engine) configure(cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
+	svcCIDRs, err := cfg.ParsedServiceCIDRs()
+	if err != nil {
+		return err
+	}
 	for i, st := range e.fixes {
 		if err := st.fix.Configure(cfg.FixOptions(st.fix.ID())); err != nil {
 			// Fixes configured before this one took the new options: give them the running ones
@@ -134,6 +138,7 @@ func (e *Engine) configure(cfg *config.Config) error {
 	e.cfg = cfg
 	e.families = cfg.ParsedFamilies()
 	e.podCIDRs = pods
+	e.serviceCIDRs = svcCIDRs
 	for _, st := range e.fixes {
 		id := st.fix.ID()
 		enabled, explicit := cfg.FixEnabled(id)
@@ -211,7 +216,8 @@ func needsOf(f fix.Fix) fix.Needs {
 }
 
 func merge(a, b fix.Needs) fix.Needs {
-	return fix.Needs{Services: a.Services || b.Services, Node: a.Node || b.Node, Pods: a.Pods || b.Pods}
+	return fix.Needs{Services: a.Services || b.Services, Node: a.Node || b.Node, Pods: a.Pods || b.Pods,
+		ServiceCIDRs: a.ServiceCIDRs || b.ServiceCIDRs}
 }
 
 func (e *Engine) minSyncPeriod() time.Duration {

@@ -36,6 +36,10 @@ type Snapshot struct {
 	Pods []*corev1.Pod
 	// PodCIDRs are the pod address ranges of this node: node.spec.podCIDRs, else the configured ones.
 	PodCIDRs []netip.Prefix
+	// ServiceCIDRs are the cluster's Service (Cluster-IP) ranges: those of the ServiceCIDR objects
+	// (networking.k8s.io/v1) when the API has any, else the configured serviceCIDRs. Only set when
+	// a running fix Needs ServiceCIDRs.
+	ServiceCIDRs []netip.Prefix
 	// Env is what the core knows about the node.
 	Env Env
 }
@@ -65,6 +69,9 @@ type Needs struct {
 	Node     bool
 	// Pods: the Pods of this node (a watch with field selector spec.nodeName).
 	Pods bool
+	// ServiceCIDRs: the cluster's ServiceCIDR objects (networking.k8s.io/v1), where the API serves
+	// them; the configured serviceCIDRs otherwise.
+	ServiceCIDRs bool
 }
 
 // Skip is an object a fix left out, with the reason (a short kebab-case word, used as metric label).

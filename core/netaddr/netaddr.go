@@ -17,11 +17,20 @@
 //
 // Registries (checked 2026-11): https://www.iana.org/assignments/iana-ipv4-special-registry and
 // https://www.iana.org/assignments/iana-ipv6-special-registry; multicast and 240.0.0.0/4 come from the
-// address-space registries, the IPv4-compatible form from RFC 4291 section 2.5.5.1.
+// address-space registries, the IPv4-compatible form from RFC 4291 section 2.5.5.1, the deprecated
+// site-local fec0::/10 from RFC 3879 (still routed inside some sites, never a Service address).
+//
+// Two more rules close what the registries leave open (issue #19): the cloud metadata endpoints
+// outside the refused blocks (Metadata: Alibaba 100.100.100.200 in shared space, Azure 168.63.129.16
+// in public space, AWS fd00:ec2::254 in unique-local space), and the IPv6 forms that carry an IPv4
+// address a translator or tunnel relay delivers to (NAT64, 6to4, Teredo: Embedded), which are
+// judged by the IPv4 address they carry, so 64:ff9b::a9fe:a9fe is refused as 169.254.169.254 is.
 package netaddr
 
 import (
+	"fmt"
 	"net/netip"
+	"slices"
 )
 
 // Block is one entry of the table.
@@ -101,6 +110,7 @@ var Blocks = []Block{
 	block("5f00::/16", "segment routing (SRv6) SIDs", allow, "RFC 9602"),
 	block("fc00::/7", "unique-local", allow, "RFC 4193"),
 	block("fe80::/10", "link-local unicast", refuse, "RFC 4291"),
+	block("fec0::/10", "deprecated site-local unicast", refuse, "RFC 3879"),
 	// IPv6 addressing architecture.
 	block("::/96", "deprecated IPv4-compatible", refuse, "RFC 4291"),
 	block("ff00::/8", "multicast", refuse, "RFC 4291"),
@@ -121,14 +131,143 @@ func Lookup(a netip.Addr) (Block, bool) {
 	return best, found
 }
 
-// NeverDNAT reports whether a must never be taken over as a DNAT destination, and the block that
-// says so. Invalid addresses are refused with an empty block.
-func NeverDNAT(a netip.Addr) (Block, bool) {
-	if !a.IsValid() {
-		return Block{}, true
+// Metadata lists the cloud metadata endpoints (instance metadata, the platform's wire server) that
+// lie outside the refused blocks of Blocks, or inside them but worth naming: a Service that takes one
+// over would receive the node's requests for its credentials. Both families; sources are the
+// providers' documentation (checked 2026-12). GCP, DigitalOcean, Hetzner, Huawei, Oracle (OCI) and
+// OpenStack answer on 169.254.169.254 (OpenStack also on fe80::a9fe:a9fe), both inside refused blocks.
+var Metadata = []Block{
+	block("169.254.169.254/32", "cloud metadata (AWS, Azure, GCP, OpenStack and others)", refuse, "provider documentation"),
+	block("169.254.170.2/32", "cloud metadata (AWS ECS task metadata and credentials)", refuse, "AWS documentation"),
+	block("100.100.100.200/32", "cloud metadata (Alibaba Cloud)", refuse, "Alibaba Cloud documentation"),
+	block("168.63.129.16/32", "cloud metadata (Azure WireServer: platform agent, DNS, health probes)", refuse, "Azure documentation"),
+	block("192.0.0.192/32", "cloud metadata (Oracle Compute Cloud@Customer)", refuse, "Oracle documentation"),
+	block("fd00:ec2::254/128", "cloud metadata (AWS IMDS over IPv6)", refuse, "AWS documentation"),
+	block("fd20:ce::254/128", "cloud metadata (GCP metadata server over IPv6)", refuse, "GCP documentation"),
+	block("fe80::a9fe:a9fe/128", "cloud metadata (OpenStack over IPv6)", refuse, "OpenStack documentation"),
+}
+
+// Refusal says why an address is never DNATed.
+type Refusal struct {
+	// Block is the deciding block: a special-purpose block of Blocks or an endpoint of Metadata.
+	// Empty for an invalid address.
+	Block Block
+	// Metadata: Block is a cloud metadata endpoint.
+	Metadata bool
+	// Carried is the IPv4 address an IPv6 form carries (Form) when that IPv4 address decided.
+	Carried netip.Addr
+	// Form names the IPv6 form that carries Carried ("NAT64 well-known prefix", "6to4", ...).
+	Form string
+}
+
+// String is the reason in words, to follow the address: "is link-local (169.254.0.0/16, RFC 3927)",
+// or for an IPv6 form "carries 169.254.169.254 (NAT64 well-known prefix 64:ff9b::/96), which is
+// cloud metadata (...) (169.254.169.254/32, provider documentation)".
+func (r Refusal) String() string {
+	if !r.Block.Prefix.IsValid() {
+		return "is not a valid address"
 	}
-	b, ok := Lookup(a)
-	return b, ok && b.Refused
+	s := fmt.Sprintf("%s (%s, %s)", r.Block.Name, r.Block.Prefix, r.Block.Ref)
+	if r.Carried.IsValid() {
+		return fmt.Sprintf("carries %s (%s), which is %s", r.Carried, r.Form, s)
+	}
+	return "is " + s
+}
+
+// NeverDNAT reports whether a must never be taken over as a DNAT destination, and why. It refuses
+// the cloud metadata endpoints of Metadata, the refused blocks of Blocks, and an IPv6 address
+// that carries an IPv4 address a translator or tunnel delivers to (NAT64 well-known and local-use
+// prefixes, 6to4, Teredo; see Embedded) when that IPv4 address is refused. Invalid addresses are
+// refused with an empty Refusal.
+func NeverDNAT(a netip.Addr) (Refusal, bool) {
+	if !a.IsValid() {
+		return Refusal{}, true
+	}
+	a = a.WithZone("")
+	for _, m := range Metadata {
+		if m.Prefix.Contains(a) {
+			return Refusal{Block: m, Metadata: true}, true
+		}
+	}
+	for _, e := range Embedded(a) {
+		if thisNetwork.Contains(e.Addr) {
+			continue // see Embedded
+		}
+		if r, refused := NeverDNAT(e.Addr); refused {
+			r.Carried, r.Form = e.Addr, e.Form
+			return r, true
+		}
+	}
+	if b, ok := Lookup(a); ok && b.Refused {
+		return Refusal{Block: b}, true
+	}
+	return Refusal{}, false
+}
+
+// Carried is an IPv4 address inside an IPv6 address, and the form that puts it there.
+type Carried struct {
+	Addr netip.Addr
+	Form string
+}
+
+// The IPv6 forms that carry an IPv4 address to which a translator or tunnel relay delivers.
+var (
+	nat64WellKnown = netip.MustParsePrefix("64:ff9b::/96")   // RFC 6052
+	nat64LocalUse  = netip.MustParsePrefix("64:ff9b:1::/48") // RFC 8215
+	sixToFour      = netip.MustParsePrefix("2002::/16")      // RFC 3056
+	teredo         = netip.MustParsePrefix("2001::/32")      // RFC 4380
+	ipv4Mapped     = netip.MustParsePrefix("::ffff:0:0/96")  // RFC 4291
+	thisNetwork    = netip.MustParsePrefix("0.0.0.0/8")      // RFC 791
+)
+
+// Embedded returns the IPv4 addresses that a carries, by the IPv6 form a is in:
+//   - IPv4-mapped ::ffff:0:0/96: the last 32 bits (Blocks refuses the form as a whole anyway);
+//   - NAT64 well-known prefix 64:ff9b::/96 (RFC 6052): the last 32 bits;
+//   - NAT64 local-use prefix 64:ff9b:1::/48 (RFC 8215): an operator may carve any RFC 6052 prefix
+//     length out of it, so every position inside the /48 (/48, /56, /64, /96) for which the address
+//     is well formed;
+//   - 6to4 2002::/16 (RFC 3056): bits 16-47;
+//   - Teredo 2001::/32 (RFC 4380): the server (bits 32-63) and the client (the last 32 bits,
+//     inverted).
+//
+// An address in none of them carries nothing. NeverDNAT ignores a carried address in 0.0.0.0/8: the
+// kernel routes nothing there, and the zero padding of the shorter local-use positions reads as one
+// (64:ff9b:1:c000:2:a00:: is 192.0.2.10 as /48, 0.2.10.0 as /56).
+func Embedded(a netip.Addr) []Carried {
+	if !a.Is6() {
+		return nil
+	}
+	b := a.As16()
+	v4 := func(x [4]byte) netip.Addr { return netip.AddrFrom4(x) }
+	switch {
+	case ipv4Mapped.Contains(a):
+		return []Carried{{v4([4]byte(b[12:16])), "IPv4-mapped"}}
+	case nat64WellKnown.Contains(a):
+		return []Carried{{v4([4]byte(b[12:16])), "NAT64 well-known prefix 64:ff9b::/96"}}
+	case nat64LocalUse.Contains(a):
+		// An operator may carve any RFC 6052 prefix out of the /48. A position counts when the
+		// address is well formed for it: bits 64-71 (byte 8) zero and the suffix after the IPv4
+		// address zero (RFC 6052 section 2.2); the /96 position has no suffix and always counts.
+		const form = "NAT64 local-use prefix 64:ff9b:1::/48"
+		zero := func(bs []byte) bool { return !slices.ContainsFunc(bs, func(x byte) bool { return x != 0 }) }
+		var out []Carried
+		if b[8] == 0 && zero(b[11:]) {
+			out = append(out, Carried{v4([4]byte{b[6], b[7], b[9], b[10]}), form + " as /48"})
+		}
+		if b[8] == 0 && zero(b[12:]) {
+			out = append(out, Carried{v4([4]byte{b[7], b[9], b[10], b[11]}), form + " as /56"})
+		}
+		if b[8] == 0 && zero(b[13:]) {
+			out = append(out, Carried{v4([4]byte(b[9:13])), form + " as /64"})
+		}
+		return append(out, Carried{v4([4]byte(b[12:16])), form + " as /96"})
+	case sixToFour.Contains(a):
+		return []Carried{{v4([4]byte(b[2:6])), "6to4 2002::/16"}}
+	case teredo.Contains(a):
+		client := [4]byte{^b[12], ^b[13], ^b[14], ^b[15]}
+		return []Carried{{v4([4]byte(b[4:8])), "Teredo server"}, {v4(client), "Teredo client"}}
+	}
+	return nil
 }
 
 // WithinRefused reports whether every address of p is refused by NeverDNAT, and the block that covers

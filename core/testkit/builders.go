@@ -226,6 +226,16 @@ func WithPodCIDRs(cidrs ...string) func(*fix.Snapshot) {
 	}
 }
 
+// WithServiceCIDRs sets the cluster's Service CIDRs (as if from ServiceCIDR objects or configured);
+// it panics on a bad prefix.
+func WithServiceCIDRs(cidrs ...string) func(*fix.Snapshot) {
+	return func(s *fix.Snapshot) {
+		for _, c := range cidrs {
+			s.ServiceCIDRs = append(s.ServiceCIDRs, netip.MustParsePrefix(c))
+		}
+	}
+}
+
 // WithProxyMode sets Env.ProxyMode ("ipvs", "iptables", "nftables").
 func WithProxyMode(mode string) func(*fix.Snapshot) {
 	return func(s *fix.Snapshot) { s.Env.ProxyMode = mode }

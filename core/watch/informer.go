@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
@@ -40,6 +41,7 @@ type Informers struct {
 	nodeSync  cache.InformerSynced
 	podStore  cache.Store
 	podSync   cache.InformerSynced
+	cidrs     serviceCIDRWatch
 	started   time.Time // when Start began, for the "watches synced" log line
 	synced    bool      // that line was logged
 
@@ -62,7 +64,7 @@ func (s *Informers) Start(ctx context.Context, needs fix.Needs) error {
 		return fmt.Errorf("watch: already started")
 	}
 	s.started = time.Now()
-	if !needs.Services && !needs.Node && !needs.Pods {
+	if !needs.Services && !needs.Node && !needs.Pods && !needs.ServiceCIDRs {
 		s.cancel = func() {}
 		return nil
 	}
@@ -109,6 +111,14 @@ func (s *Informers) Start(ctx context.Context, needs fix.Needs) error {
 		}
 	} else if needs.Pods {
 		s.log.Warn("no node name configured: this node's Pods cannot be watched (set nodeName / NNM_NODE_NAME)")
+	}
+	if needs.ServiceCIDRs {
+		s.cidrs.started = true
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.watchServiceCIDRs(ctx, client, handler)
+		}()
 	}
 	return nil
 }
@@ -213,6 +223,8 @@ func transform(obj any) (any, error) {
 		return StripNode(o), nil
 	case *corev1.Pod:
 		return StripPod(o), nil
+	case *networkingv1.ServiceCIDR:
+		return StripServiceCIDR(o), nil
 	}
 	return obj, nil
 }
@@ -226,7 +238,7 @@ func (s *Informers) notify() {
 
 // WaitForSync waits for the started informers' first list.
 func (s *Informers) WaitForSync(ctx context.Context) error {
-	return s.WaitForNeeds(ctx, fix.Needs{Services: true, Node: true, Pods: true})
+	return s.WaitForNeeds(ctx, fix.Needs{Services: true, Node: true, Pods: true, ServiceCIDRs: true})
 }
 
 // WaitForNeeds waits for the first list of the started informers that needs asks for, so a fix
@@ -242,6 +254,9 @@ func (s *Informers) WaitForNeeds(ctx context.Context, needs fix.Needs) error {
 	}
 	if needs.Pods && s.podSync != nil {
 		synced = append(synced, s.podSync)
+	}
+	if needs.ServiceCIDRs && s.cidrs.started {
+		synced = append(synced, s.serviceCIDRsSynced)
 	}
 	s.mu.Unlock()
 	tick := time.NewTicker(50 * time.Millisecond)

@@ -24,6 +24,14 @@ var Module = fx.Module(ID, fix.Provide(ID, New))
 // own bit, not kube-proxy's 0x4000, so the fix depends on nothing kube-proxy owns.
 const DefaultMasqueradeMark uint32 = 0x00001000
 
+// kubeProxyMarks are the mark bits kube-proxy sets (its --iptables-masquerade-bit 14 default and
+// KUBE-MARK-DROP's bit 15, in iptables and IPVS mode): a masqueradeMark on one of them would
+// masquerade, or be masqueraded by, traffic that is not ours.
+var kubeProxyMarks = map[uint32]string{
+	0x00004000: "kube-proxy's masquerade bit (KUBE-MARK-MASQ, --iptables-masquerade-bit=14)",
+	0x00008000: "kube-proxy's drop bit (KUBE-MARK-DROP)",
+}
+
 // Config is the fix's configuration (keys under fixes.ipvs-externalip-dnat).
 type Config struct {
 	// MasqueradeMark is the single mark bit set on DNATed packets and masqueraded in postrouting.
@@ -40,6 +48,11 @@ type Config struct {
 	// families: a family without a range gets no entry). Addresses that are never DNATed (special-
 	// purpose blocks, this node's pod CIDRs and addresses) stay refused whatever it says.
 	AllowedCIDRs []string `mapstructure:"allowedCIDRs"`
+	// SpecExternalIPs also takes over the addresses of spec.externalIPs, which anyone who may create
+	// a Service in any namespace sets (CVE-2020-8554); off by default, when only
+	// status.loadBalancer.ingress (written by the load-balancer controller) counts, as with the
+	// predecessor.
+	SpecExternalIPs bool `mapstructure:"specExternalIPs"`
 
 	allowed []netip.Prefix // AllowedCIDRs parsed by validate
 }

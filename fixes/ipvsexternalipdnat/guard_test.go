@@ -2,6 +2,7 @@ package ipvsexternalipdnat
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -11,9 +12,10 @@ import (
 )
 
 // FuzzNoRefusedEntry: whatever a Service's ingress and externalIPs say (any text, any bytes), no map
-// entry is ever made for an address that is never DNATed (special-purpose, IPv4-mapped, this node's
-// pod CIDRs and addresses), nor outside allowedCIDRs, in either family; every entry comes from an
-// input written exactly as that address.
+// entry is ever made for an address that is never DNATed (special-purpose, cloud metadata and the
+// IPv6 forms that carry them, IPv4-mapped, this node's pod CIDRs and addresses, the Service CIDRs,
+// another Service's Cluster-IP outside them), nor outside allowedCIDRs, in either family; every
+// entry comes from an input written exactly as that address.
 func FuzzNoRefusedEntry(f *testing.F) {
 	for _, seed := range [][3]string{
 		{"169.254.169.254", "127.0.0.1", "203.0.113.10"},
@@ -22,20 +24,23 @@ func FuzzNoRefusedEntry(f *testing.F) {
 		{"10.244.1.7", "192.168.10.5", "2001:db8:a::5"},
 		{"100.64.0.1", "::", "255.255.255.255"},
 		{" 203.0.113.11", "0203.0.113.12", "::7f00:1"},
+		{"100.100.100.200", "64:ff9b::a9fe:a9fe", "10.96.0.1"},
+		{"198.18.0.10", "2002:a9fe:a9fe::", "fd00:ec2::254"},
 	} {
 		f.Add(seed[0], seed[1], seed[2], false)
 		f.Add(seed[0], seed[1], seed[2], true)
 	}
 	f.Fuzz(func(t *testing.T, a, b, c string, narrow bool) {
-		opts := map[string]any(nil)
+		opts := map[string]any{"specExternalIPs": true}
 		allowed := []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}
 		if narrow {
-			opts = map[string]any{"allowedCIDRs": "203.0.113.0/25,2001:db8:e::/64,100.64.0.0/10"}
+			opts = map[string]any{"allowedCIDRs": "203.0.113.0/25,2001:db8:e::/64,100.64.0.0/10", "specExternalIPs": true}
 			allowed = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/25"), netip.MustParsePrefix("2001:db8:e::/64"), netip.MustParsePrefix("100.64.0.0/10")}
 		}
 		fx, _, _ := newFix(t, opts)
-		snap := tk.Snapshot(tk.WithNode(nodeWithAddresses), tk.WithServices(
-			tk.Service("default", "fuzz", tk.ClusterIPs("10.96.0.10", "fd00:10:96::10"), tk.LoadBalancer(a, b), tk.ExternalIPs(c), tk.Ports(tk.TCP(80)))))
+		snap := tk.Snapshot(tk.WithNode(nodeWithAddresses), tk.WithServiceCIDRs("10.96.0.0/16", "fd00:10:96::/112"), tk.WithServices(
+			tk.Service("default", "fuzz", tk.ClusterIPs("10.96.0.10", "fd00:10:96::10"), tk.LoadBalancer(a, b), tk.ExternalIPs(c), tk.Ports(tk.TCP(80))),
+			tk.Service("default", "other", tk.ClusterIPs("198.18.0.10", "2001:2::10"), tk.Ports(tk.TCP(80)))))
 		inputs := []string{a, b, c}
 		for _, fam := range rules.Families {
 			rs, _, err := fx.Rules(snap, fam)
@@ -46,12 +51,12 @@ func FuzzNoRefusedEntry(f *testing.F) {
 				if _, refused := netaddr.NeverDNAT(e.Addr); refused {
 					t.Errorf("%s: entry for the never-DNAT address %s (inputs %q)", fam, e.Addr, inputs)
 				}
-				for _, p := range snap.PodCIDRs {
+				for _, p := range append(slices.Clone(snap.PodCIDRs), snap.ServiceCIDRs...) {
 					if p.Contains(e.Addr) {
 						t.Errorf("%s: entry for %s in the pod CIDR %s", fam, e.Addr, p)
 					}
 				}
-				for _, na := range []string{"192.168.10.5", "2001:db8:a::5"} {
+				for _, na := range []string{"192.168.10.5", "2001:db8:a::5", "198.18.0.10", "2001:2::10"} {
 					if e.Addr == netip.MustParseAddr(na) {
 						t.Errorf("%s: entry for the node address %s", fam, na)
 					}

@@ -55,10 +55,13 @@ type Fix struct {
 
 	opts    *fix.Settings[Config, Config]
 	entries *fix.ServiceMap[*guard]
+	// clusterIPs keeps every Service's Cluster-IPs, per family, sorted (see clusterIPEntries).
+	clusterIPs *fix.ServiceMap[struct{}]
 
-	mu       sync.Mutex
-	guard    *guard // the last guard: the same pointer while its inputs stay, so Services need no recomputing
-	guardKey string
+	mu    sync.Mutex
+	guard map[rules.Family]*guard // the last guard per family: the same pointer while it decides alike, so Services need no recomputing
+	// noCIDRsLogged: the absence of Service CIDRs was logged (once until some are known).
+	noCIDRsLogged bool
 }
 
 var (
@@ -77,7 +80,8 @@ func New(p Params) (*Fix, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &Fix{log: log.With("fix", ID), opts: opts, m: newMetrics(), entries: fix.NewServiceMap(serviceEntries)}
+	f := &Fix{log: log.With("fix", ID), opts: opts, m: newMetrics(), entries: fix.NewServiceMap(serviceEntries),
+		clusterIPs: fix.NewServiceMap(clusterIPEntries), guard: map[rules.Family]*guard{}}
 	if p.Registry != nil {
 		if err := metrics.Register(p.Registry, f.m.collectors()...); err != nil {
 			return nil, fmt.Errorf("%s: %w", ID, err)
@@ -104,8 +108,8 @@ func (f *Fix) Check(env fix.Env) error {
 	return nil
 }
 
-// Needs Services and this Node (for its pod CIDRs).
-func (f *Fix) Needs() fix.Needs { return fix.Needs{Services: true, Node: true} }
+// Needs Services, this Node (for its pod CIDRs and addresses) and the Service CIDRs.
+func (f *Fix) Needs() fix.Needs { return fix.Needs{Services: true, Node: true, ServiceCIDRs: true} }
 
 // Configure decodes and validates options; on error the previous configuration stays.
 func (f *Fix) Configure(options map[string]any) error { return f.opts.Configure(options) }
@@ -113,6 +117,9 @@ func (f *Fix) Configure(options map[string]any) error { return f.opts.Configure(
 func validate(cfg Config) (Config, error) {
 	if bits.OnesCount32(cfg.MasqueradeMark) != 1 {
 		return cfg, fmt.Errorf("fixes.%s.masqueradeMark: 0x%x must be a single non-zero bit, e.g. 0x%08x", ID, cfg.MasqueradeMark, DefaultMasqueradeMark)
+	}
+	if owner, ok := kubeProxyMarks[cfg.MasqueradeMark]; ok {
+		return cfg, fmt.Errorf("fixes.%s.masqueradeMark: 0x%08x is %s; choose a bit no other component uses, e.g. the default 0x%08x", ID, cfg.MasqueradeMark, owner, DefaultMasqueradeMark)
 	}
 	if cfg.PodInterfacePrefix != "" {
 		if err := rules.ValidInterfacePrefix(cfg.PodInterfacePrefix); err != nil {
@@ -140,7 +147,7 @@ var precedes = []string{"KUBE-SERVICES"}
 func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.Report, error) {
 	cfg := f.opts.Get()
 
-	m := f.entries.Update(snap.Services, family, f.guardFor(cfg, snap))
+	m := f.entries.Update(snap.Services, family, f.guardFor(cfg, snap, family))
 	report := m.Report
 	report.Skipped = slices.Clip(report.Skipped) // the node skip below must not write into the cached report
 	rs := &rules.Ruleset{Fix: ID, Family: family, Maps: []rules.Map{{Name: MapName, Entries: m.Entries}}}
@@ -186,18 +193,23 @@ func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fi
 	return rs, report, nil
 }
 
-// guardFor returns the guard for cfg and snap: the previous one while what it is made of stays, so
+// guardFor returns the guard for cfg and snap in family: the previous one while it decides alike, so
 // that the per-Service results computed with it stay valid (fix.ServiceMap recomputes every Service
-// when its input changes).
-func (f *Fix) guardFor(cfg Config, snap *fix.Snapshot) *guard {
-	g := newGuard(cfg, snap)
-	key := fmt.Sprint(g.allowed, g.podCIDRs, g.nodeAddrs)
+// when its input changes). A new Service changes it only when its Cluster-IP lies outside the known
+// Service CIDRs.
+func (f *Fix) guardFor(cfg Config, snap *fix.Snapshot, family rules.Family) *guard {
+	g := newGuard(cfg, snap, f.clusterIPs.Update(snap.Services, family, struct{}{}).Entries)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.guard == nil || f.guardKey != key {
-		f.guard, f.guardKey = &g, key
+	if len(snap.ServiceCIDRs) == 0 && !f.noCIDRsLogged {
+		f.log.Warn("no Service CIDRs known (no ServiceCIDR objects in the API, no serviceCIDRs configured): every Service's Cluster-IP is refused by name, and a Service with a new Cluster-IP makes every Service be computed again; set serviceCIDRs")
 	}
-	return f.guard
+	f.noCIDRsLogged = len(snap.ServiceCIDRs) == 0
+	if prev := f.guard[family]; prev != nil && prev.same(&g) {
+		return prev
+	}
+	f.guard[family] = &g
+	return &g
 }
 
 // serviceEntries is the pure Service → map computation for one Service: an entry per External-IP
@@ -208,7 +220,7 @@ func serviceEntries(svc *corev1.Service, family rules.Family, g *guard) ([]rules
 	skip := func(reason, detail string) {
 		skips = append(skips, fix.Skip{Reason: reason, Detail: detail})
 	}
-	ext := externalIPs(svc, family, *g, skip)
+	ext := externalIPs(svc, family, g, skip)
 	if len(ext) == 0 {
 		return nil, skips
 	}
@@ -254,7 +266,7 @@ func serviceEntries(svc *corev1.Service, family rules.Family, g *guard) ([]rules
 // the ingress IPs of a LoadBalancer Service (not those with ipMode Proxy, which must go through the
 // load balancer) and spec.externalIPs, less those g refuses. Bad, refused and ipMode-Proxy addresses
 // are reported through skip, each once and in the family it looks like.
-func externalIPs(svc *corev1.Service, family rules.Family, g guard, skip func(reason, detail string)) []netip.Addr {
+func externalIPs(svc *corev1.Service, family rules.Family, g *guard, skip func(reason, detail string)) []netip.Addr {
 	var out []netip.Addr
 	proxied := map[netip.Addr]bool{}
 	refused := map[netip.Addr]bool{}
@@ -299,7 +311,15 @@ func externalIPs(svc *corev1.Service, family rules.Family, g guard, skip func(re
 		}
 	}
 	for i, s := range svc.Spec.ExternalIPs {
-		if a, ok := parse(fmt.Sprintf("spec.externalIPs[%d]", i), s); ok {
+		a, ok := parse(fmt.Sprintf("spec.externalIPs[%d]", i), s)
+		switch {
+		case !ok:
+		case !g.spec:
+			if !refused[a] && !slices.Contains(out, a) {
+				skip(ReasonSpecExternalIP, fmt.Sprintf("spec.externalIPs[%d] %s: spec.externalIPs are taken over only with fixes.%s.specExternalIPs: true (anyone who may create a Service sets them, CVE-2020-8554)", i, a, ID))
+			}
+			refused[a] = true
+		default:
 			out = append(out, a)
 		}
 	}

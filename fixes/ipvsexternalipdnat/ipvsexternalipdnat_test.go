@@ -4,7 +4,8 @@ package ipvsexternalipdnat
 //
 //	node            node-a
 //	pod CIDRs       10.244.1.0/24, fd00:10:244:1::/64      (node.spec.podCIDRs)
-//	Cluster-IPs     10.96.0.0/16,  fd00:10:96::/112        (spec.clusterIPs)
+//	Cluster-IPs     10.96.0.0/16,  fd00:10:96::/112        (spec.clusterIPs; the Service CIDRs where a
+//	                                                        test sets them)
 //	External-IPs    203.0.113.0/24, 2001:db8:e::/48        (RFC 5737 / RFC 3849 documentation prefixes)
 //	                .10-.19 LoadBalancer ingress, .20-.29 spec.externalIPs, .30-.39 skipped on purpose
 //	Services        namespace "default" unless the test is about ordering ("a", "b")
@@ -15,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -40,7 +42,7 @@ var nodeWithAddresses = tk.Node("node-a", tk.PodCIDRs("10.244.1.0/24", "fd00:10:
 	}
 })
 
-func newFix(t *testing.T, options map[string]any) (*Fix, *prometheus.Registry, *bytes.Buffer) {
+func newFix(t testing.TB, options map[string]any) (*Fix, *prometheus.Registry, *bytes.Buffer) {
 	t.Helper()
 	reg, logs := prometheus.NewRegistry(), &bytes.Buffer{}
 	f, err := New(Params{Registry: reg, Logger: slog.New(slog.NewTextHandler(logs, nil))})
@@ -103,7 +105,7 @@ func TestRules(t *testing.T) {
 			tk.Service("default", "noproto", tk.ClusterIPs("10.96.0.54", "fd00:10:96::54"), tk.LoadBalancer("203.0.113.13"),
 				tk.Ports(tk.PortSpec{Port: 8080})),
 		))},
-		{"external-ips", nil, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+		{"external-ips", map[string]any{"specExternalIPs": true}, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
 			tk.Service("default", "cip", tk.ClusterIPType(), tk.ClusterIPs("10.96.0.20"), tk.ExternalIPs("203.0.113.20", "2001:db8:e::20"),
 				tk.Ports(tk.TCP(80))),
 			tk.Service("default", "np", tk.NodePortType(), tk.ClusterIPs("10.96.0.21", "fd00:10:96::21"), tk.ExternalIPs("203.0.113.21", "2001:db8:e::21"),
@@ -112,7 +114,7 @@ func TestRules(t *testing.T) {
 			tk.Service("default", "lb", tk.ClusterIPs("10.96.0.22"), tk.LoadBalancer("203.0.113.22"), tk.ExternalIPs("203.0.113.22", "::ffff:203.0.113.23"),
 				tk.Ports(tk.TCP(80))),
 		))},
-		{"skips", nil, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+		{"skips", map[string]any{"specExternalIPs": true}, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
 			tk.Service("default", "proxy-mode", tk.ClusterIPs("10.96.0.30"), tk.IngressProxyMode("203.0.113.30"), tk.LoadBalancer("203.0.113.31"),
 				tk.IngressVIPMode("203.0.113.32"), tk.Ports(tk.TCP(80))),
 			tk.Service("default", "headless", tk.Headless(), tk.ExternalIPs("203.0.113.33"), tk.Ports(tk.TCP(80))),
@@ -129,7 +131,7 @@ func TestRules(t *testing.T) {
 			tk.Service("default", "no-ports", tk.ClusterIPs("10.96.0.39"), tk.LoadBalancer("203.0.113.39")),
 			tk.Service("default", "bad-cluster-ip", tk.ClusterIPs("10.96.0.999"), tk.LoadBalancer("203.0.113.40"), tk.Ports(tk.TCP(80))),
 		))},
-		{"conflicts", nil, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+		{"conflicts", map[string]any{"specExternalIPs": true}, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
 			// Given out of order on purpose: a/first wins because of namespace/name order.
 			tk.Service("b", "second", tk.ClusterIPs("10.96.0.12"), tk.LoadBalancer("203.0.113.10"), tk.Ports(tk.TCP(80), tk.TCP(81))),
 			tk.Service("a", "first", tk.ClusterIPs("10.96.0.11"), tk.LoadBalancer("203.0.113.10"), tk.Ports(tk.TCP(80), tk.UDP(81))),
@@ -153,7 +155,7 @@ func TestRules(t *testing.T) {
 		{"no-services", nil, tk.Snapshot(tk.WithNode(nodeA))},
 		// Addresses with a meaning on the node are never DNATed, whoever wrote them into a Service:
 		// each is skipped with its reason, and the ordinary address beside them still is programmed.
-		{"special-addresses", nil, tk.Snapshot(tk.WithNode(nodeWithAddresses), tk.WithServices(
+		{"special-addresses", map[string]any{"specExternalIPs": true}, tk.Snapshot(tk.WithNode(nodeWithAddresses), tk.WithServices(
 			tk.Service("default", "hostile", tk.ClusterIPs("10.96.0.50", "fd00:10:96::50"),
 				tk.LoadBalancer("127.0.0.1", "169.254.169.254", "0.0.0.0", "255.255.255.255", "224.0.0.1", "240.0.0.1",
 					"0.1.2.3", "10.244.1.7", "192.168.10.5", "::1", "::", "fe80::1", "ff02::1", "::ffff:127.0.0.1",
@@ -162,10 +164,48 @@ func TestRules(t *testing.T) {
 				tk.Ports(tk.TCP(80))),
 		))},
 		// allowedCIDRs narrows what the fix takes over; it cannot widen it to a refused address.
-		{"allowed-cidrs", map[string]any{"allowedCIDRs": "203.0.113.0/26, 10.0.0.0/8,2001:db8:e::/64"}, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+		{"allowed-cidrs", map[string]any{"allowedCIDRs": "203.0.113.0/26, 10.0.0.0/8,2001:db8:e::/64", "specExternalIPs": true}, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
 			tk.Service("default", "inside", tk.ClusterIPs("10.96.0.60", "fd00:10:96::60"), tk.LoadBalancer("203.0.113.10", "2001:db8:e::60"), tk.Ports(tk.TCP(80))),
 			tk.Service("default", "outside", tk.ClusterIPs("10.96.0.61", "fd00:10:96::61"), tk.LoadBalancer("203.0.113.70", "2001:db8:f::61"), tk.ExternalIPs("198.51.100.61"), tk.Ports(tk.TCP(80))),
 			tk.Service("default", "pod-cidr", tk.ClusterIPs("10.96.0.62"), tk.LoadBalancer("10.244.1.62", "10.1.2.62"), tk.Ports(tk.TCP(80))),
+		))},
+		// Issue #19: by default spec.externalIPs (anyone who may create a Service writes them) are
+		// not taken over; the ingress of the same Service is.
+		{"external-ips-default", nil, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+			tk.Service("default", "cip", tk.ClusterIPType(), tk.ClusterIPs("10.96.0.20"), tk.ExternalIPs("203.0.113.20", "2001:db8:e::20"),
+				tk.Ports(tk.TCP(80))),
+			tk.Service("default", "lb", tk.ClusterIPs("10.96.0.22"), tk.LoadBalancer("203.0.113.22"), tk.ExternalIPs("203.0.113.22", "203.0.113.23"),
+				tk.Ports(tk.TCP(80))),
+		))},
+		// Issue #19 item 1: another Service's Cluster-IP is never taken over, with spec.externalIPs
+		// allowed and whoever writes the ingress: inside the Service CIDRs (service-cidr), and a
+		// Cluster-IP outside them (cluster-ip, naming its Service).
+		{"cluster-ip-takeover", map[string]any{"specExternalIPs": true}, tk.Snapshot(tk.WithNode(nodeA), tk.WithServiceCIDRs("10.96.0.0/16", "fd00:10:96::/112"), tk.WithServices(
+			tk.Service("default", "kubernetes", tk.ClusterIPs("10.96.0.1", "fd00:10:96::1"), tk.Ports(tk.TCP(443))),
+			tk.Service("kube-system", "kube-dns", tk.ClusterIPs("10.96.0.10", "fd00:10:96::a"), tk.Ports(tk.UDP(53), tk.TCP(53))),
+			tk.Service("legacy", "outside", tk.ClusterIPs("10.97.0.5"), tk.Ports(tk.TCP(80))),
+			tk.Service("tenant", "attacker", tk.ClusterIPType(), tk.ClusterIPs("10.96.0.66", "fd00:10:96::66"),
+				tk.ExternalIPs("10.96.0.10", "10.96.0.1", "fd00:10:96::a", "10.96.200.1", "10.97.0.5", "203.0.113.66"),
+				tk.Ports(tk.UDP(53), tk.TCP(443), tk.TCP(80))),
+			tk.Service("tenant", "lb", tk.ClusterIPs("10.96.0.67"), tk.LoadBalancer("10.96.0.10", "203.0.113.67"), tk.Ports(tk.UDP(53))),
+		))},
+		// Without Service CIDRs (no ServiceCIDR objects, none configured) every Cluster-IP is refused
+		// by name.
+		{"cluster-ip-no-service-cidrs", map[string]any{"specExternalIPs": true}, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+			tk.Service("kube-system", "kube-dns", tk.ClusterIPs("10.96.0.10"), tk.Ports(tk.UDP(53))),
+			tk.Service("tenant", "attacker", tk.ClusterIPType(), tk.ClusterIPs("10.96.0.66"), tk.ExternalIPs("10.96.0.10", "203.0.113.66"),
+				tk.Ports(tk.UDP(53))),
+		))},
+		// Issue #19 item 2: cloud metadata endpoints outside the IANA blocks, the IPv6 forms that
+		// carry 169.254.169.254 to a translator or relay, and site-local; the ordinary addresses
+		// beside them stay programmed.
+		{"cloud-metadata", nil, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+			tk.Service("default", "metadata", tk.ClusterIPs("10.96.0.80", "fd00:10:96::80"),
+				tk.LoadBalancer("100.100.100.200", "168.63.129.16", "169.254.170.2", "fd00:ec2::254", "64:ff9b::a9fe:a9fe",
+					"64:ff9b:1::a9fe:a9fe", "64:ff9b:1:a9fe:a9:fe00::", "2002:a9fe:a9fe::1", "2001:0:a9fe:a9fe::1",
+					"2001:0:c000:20a:0:0:5601:5601", "::ffff:169.254.169.254", "fec0::1", "64:ff9b::7f00:1",
+					"203.0.113.80", "64:ff9b::c000:250", "2001:db8:e::80"),
+				tk.Ports(tk.TCP(80))),
 		))},
 	}
 	for _, tc := range cases {
@@ -211,6 +251,10 @@ func TestConfigErrors(t *testing.T) {
 		{map[string]any{"localTraffic": map[string]any{"fromPods": true}}, []string{"localTraffic"}},
 		{map[string]any{"masqueradeMark": 0}, []string{"masqueradeMark", "0x0"}},
 		{map[string]any{"masqueradeMark": "0x3"}, []string{"masqueradeMark", "0x3", "single"}},
+		// Issue #19: kube-proxy's bits.
+		{map[string]any{"masqueradeMark": "0x4000"}, []string{"fixes.ipvs-externalip-dnat.masqueradeMark", "0x00004000", "KUBE-MARK-MASQ"}},
+		{map[string]any{"masqueradeMark": 0x8000}, []string{"fixes.ipvs-externalip-dnat.masqueradeMark", "0x00008000", "KUBE-MARK-DROP"}},
+		{map[string]any{"specExternalIPs": "sometimes"}, []string{"specExternalIPs"}},
 		{map[string]any{"masqueradeMark": -1}, []string{"masqueradeMark"}},
 		{map[string]any{"masqueradeMark": "lots"}, []string{"masqueradeMark", `"lots"`}},
 		{map[string]any{"fromPods": "maybe"}, []string{"fromPods"}},
@@ -272,7 +316,7 @@ func TestEnvironment(t *testing.T) {
 			t.Errorf("Check(%q) = %v", mode, err)
 		}
 	}
-	if f.Needs() != (fix.Needs{Services: true, Node: true}) {
+	if f.Needs() != (fix.Needs{Services: true, Node: true, ServiceCIDRs: true}) {
 		t.Errorf("Needs = %+v", f.Needs())
 	}
 	if !rules.ValidFixID(f.ID()) || f.ID() != "ipvs-externalip-dnat" || f.Description() == "" {
@@ -303,12 +347,12 @@ func TestMetrics(t *testing.T) {
 	want := `
 # HELP nnm_ipvs_externalip_dnat_ips Distinct External-IPs of the family that are DNATed to a Cluster-IP.
 # TYPE nnm_ipvs_externalip_dnat_ips gauge
-nnm_ipvs_externalip_dnat_ips{family="ipv4"} 3
+nnm_ipvs_externalip_dnat_ips{family="ipv4"} 2
 nnm_ipvs_externalip_dnat_ips{family="ipv6"} 1
 # HELP nnm_ipvs_externalip_dnat_services Services with External-IPs of the family: covered = got at least one DNAT entry, skipped = had at least one address or port left out (see logs for the reason).
 # TYPE nnm_ipvs_externalip_dnat_services gauge
 nnm_ipvs_externalip_dnat_services{family="ipv4",state="covered"} 2
-nnm_ipvs_externalip_dnat_services{family="ipv4",state="skipped"} 2
+nnm_ipvs_externalip_dnat_services{family="ipv4",state="skipped"} 3
 nnm_ipvs_externalip_dnat_services{family="ipv6",state="covered"} 1
 nnm_ipvs_externalip_dnat_services{family="ipv6",state="skipped"} 1
 `
@@ -358,7 +402,8 @@ func TestREADMEDump(t *testing.T) {
 	}
 	r.Contains(t, "the rule dump", strings.SplitN(tk.Format(rs), "\n", 2)[1])
 	for _, reason := range []string{ReasonHeadless, ReasonExternalName, ReasonNoClusterIP, ReasonBadIP, ReasonIPModeProxy, ReasonConflict, ReasonNoPodCIDR, ReasonBadPort,
-		ReasonSpecialAddress, ReasonPodCIDR, ReasonNodeAddress, ReasonNotAllowed} {
+		ReasonSpecialAddress, ReasonCloudMetadata, ReasonPodCIDR, ReasonNodeAddress, ReasonServiceCIDR, ReasonClusterIP, ReasonNotAllowed,
+		ReasonSpecExternalIP} {
 		r.Contains(t, "skip reason "+reason, "`"+reason+"`")
 	}
 }
@@ -372,4 +417,40 @@ func TestIncrementalEqualsScratch(t *testing.T) {
 		f, _, _ := newFix(t, nil)
 		return f
 	}, tk.IncrementalOptions{})
+}
+
+// BenchmarkRulesOneNewService10k measures one IPv4 Rules call after one Service was added to 10,000
+// (each with a Cluster-IP and an ingress IP), with the Service CIDRs known (the new Cluster-IP lies
+// in them: only the new Service is computed) and unknown (every Cluster-IP is refused by name, so
+// a new one changes the guard and every Service is computed again).
+func BenchmarkRulesOneNewService10k(b *testing.B) {
+	svc := func(i int) *corev1.Service {
+		return tk.Service("ns", fmt.Sprintf("svc-%05d", i), tk.ClusterIPs(fmt.Sprintf("10.96.%d.%d", i/250, i%250+1)),
+			tk.LoadBalancer(fmt.Sprintf("198.18.%d.%d", i/250, i%250+1)), tk.Ports(tk.TCP(80)))
+	}
+	for _, bc := range []struct {
+		name  string
+		cidrs []string
+	}{{"service-cidrs-known", []string{"10.96.0.0/16"}}, {"service-cidrs-unknown", nil}} {
+		b.Run(bc.name, func(b *testing.B) {
+			var svcs []*corev1.Service
+			for i := range 10000 {
+				svcs = append(svcs, svc(i))
+			}
+			f, _, _ := newFix(b, nil)
+			snap := tk.Snapshot(tk.WithNode(nodeA), tk.WithServiceCIDRs(bc.cidrs...), tk.WithServices(svcs...))
+			if _, _, err := f.Rules(snap, rules.IPv4); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				s := *snap
+				s.Services = append(slices.Clip(svcs), svc(10000+i%5000))
+				if _, _, err := f.Rules(&s, rules.IPv4); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
