@@ -241,8 +241,19 @@ func EnvName(key string) string {
 
 // AddFlags registers the configuration flags (and --config, --set) on fs.
 func AddFlags(fs *pflag.FlagSet) {
+	AddKeyFlags(fs)
+	fs.StringSlice("enable-fix", nil, "enable these fixes (ids), overriding file and environment")
+	fs.StringSlice("disable-fix", nil, "disable these fixes (ids), overriding file and environment")
+}
+
+// AddKeyFlags registers --config, --set and the flags of the named keys (all keys when none are
+// named), for a command that reads only some of them and refuses the rest (cleanup).
+func AddKeyFlags(fs *pflag.FlagSet, only ...string) {
 	fs.String("config", "", "configuration file (YAML)")
 	for _, k := range Keys {
+		if len(only) > 0 && !slices.Contains(only, k.Key) {
+			continue
+		}
 		help := fmt.Sprintf("%s (env %s)", strings.ReplaceAll(k.Help, "`", ""), k.Env())
 		switch d := k.Default.(type) {
 		case string:
@@ -259,8 +270,6 @@ func AddFlags(fs *pflag.FlagSet) {
 			panic(fmt.Sprintf("config: key %s has a default of unsupported type %T", k.Key, d))
 		}
 	}
-	fs.StringSlice("enable-fix", nil, "enable these fixes (ids), overriding file and environment")
-	fs.StringSlice("disable-fix", nil, "disable these fixes (ids), overriding file and environment")
 	fs.StringArray("set", nil, "set any key, e.g. --set fixes.invalid-drop.hooks=input,forward")
 }
 

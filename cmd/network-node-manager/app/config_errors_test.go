@@ -127,3 +127,23 @@ func TestREADMEShowsConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// cleanup refuses flags it does not read (#23): it removes what both backends own in both families,
+// so --backend or --families would only mislead. Refused while parsing: nothing is cleaned.
+func TestCleanupRefusesFlagsItDoesNotRead(t *testing.T) {
+	const reads = "cleanup reads only --config, --set and --iptables-variant, --proc-sys-path, --log-level (it removes what both backends own, in both families)"
+	for _, args := range [][]string{
+		{"--backend", "x"},
+		{"--families", "ipv4"},
+		{"--kubeconfig", "/does/not/exist"},
+		{"--enable-fix", "invalid-drop"},
+		{"--bogus-flag"},
+	} {
+		name := args[0]
+		_, err := runCmd(t, append([]string{"cleanup"}, args...)...)
+		want := "cleanup: unknown flag: " + name + "; " + reads
+		if err == nil || err.Error() != want {
+			t.Errorf("cleanup %v:\ngot  %v\nwant %s", args, err, want)
+		}
+	}
+}
