@@ -140,7 +140,9 @@ func TestCleanupRefusesFlagsItDoesNotRead(t *testing.T) {
 		{"--bogus-flag"},
 	} {
 		name := args[0]
-		_, err := runCmd(t, append([]string{"cleanup"}, args...)...)
+		// A config file that does not exist: should a flag ever be accepted again, cleanup stops
+		// at loading the configuration instead of cleaning the host.
+		_, err := runCmd(t, append([]string{"cleanup", "--config", "/nonexistent/nnm-test.yaml"}, args...)...)
 		want := "cleanup: unknown flag: " + name + "; " + reads
 		if err == nil || err.Error() != want {
 			t.Errorf("cleanup %v:\ngot  %v\nwant %s", args, err, want)
