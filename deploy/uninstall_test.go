@@ -73,7 +73,7 @@ func TestUninstallRestoresConntrackLiberal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := ns.Exec(append([]string{bin, "cleanup"}, common...)...)
+	out, err := ns.Exec(bin, "cleanup", "--config", cfg, "--proc-sys-path", "/proc/sys") // it reads no --backend, --proxy-mode
 	if err != nil {
 		t.Fatalf("cleanup: %v\n%s", err, out)
 	}

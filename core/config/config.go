@@ -4,7 +4,11 @@
 package config
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -77,6 +81,9 @@ type Config struct {
 	// Warnings are problems that do not stop start-up (e.g. an NNM_ variable that is no config key:
 	// the test harnesses set some of their own), logged by the agent at start.
 	Warnings []string `mapstructure:"-"`
+
+	// origins say where every key that is set was set, for errors.
+	origins origins
 }
 
 // Key is one top-level configuration key. Keys is the one table from which the flags, the
@@ -238,8 +245,19 @@ func EnvName(key string) string {
 
 // AddFlags registers the configuration flags (and --config, --set) on fs.
 func AddFlags(fs *pflag.FlagSet) {
+	AddKeyFlags(fs)
+	fs.StringSlice("enable-fix", nil, "enable these fixes (ids), overriding file and environment")
+	fs.StringSlice("disable-fix", nil, "disable these fixes (ids), overriding file and environment")
+}
+
+// AddKeyFlags registers --config, --set and the flags of the named keys (all keys when none are
+// named), for a command that reads only some of them and refuses the rest (cleanup).
+func AddKeyFlags(fs *pflag.FlagSet, only ...string) {
 	fs.String("config", "", "configuration file (YAML)")
 	for _, k := range Keys {
+		if len(only) > 0 && !slices.Contains(only, k.Key) {
+			continue
+		}
 		help := fmt.Sprintf("%s (env %s)", strings.ReplaceAll(k.Help, "`", ""), k.Env())
 		switch d := k.Default.(type) {
 		case string:
@@ -247,15 +265,15 @@ func AddFlags(fs *pflag.FlagSet) {
 		case []string:
 			fs.StringSlice(k.Flag, d, help)
 		case time.Duration:
-			fs.Duration(k.Flag, d, help)
+			// Parsed by Load like the file and the environment, so a bad value gets the same error.
+			fs.String(k.Flag, d.String(), help)
 		case bool:
-			fs.Bool(k.Flag, d, help)
+			fs.String(k.Flag, strconv.FormatBool(d), help)
+			fs.Lookup(k.Flag).NoOptDefVal = "true"
 		default:
 			panic(fmt.Sprintf("config: key %s has a default of unsupported type %T", k.Key, d))
 		}
 	}
-	fs.StringSlice("enable-fix", nil, "enable these fixes (ids), overriding file and environment")
-	fs.StringSlice("disable-fix", nil, "disable these fixes (ids), overriding file and environment")
 	fs.StringArray("set", nil, "set any key, e.g. --set fixes.invalid-drop.hooks=input,forward")
 }
 
@@ -275,6 +293,7 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string) (*Config, error)
 	for _, k := range Keys {
 		v.SetDefault(k.Key, k.Default)
 	}
+	o := origins{}
 
 	file := ""
 	if fs != nil {
@@ -286,13 +305,11 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string) (*Config, error)
 	if file == "" {
 		file = env["NNM_CONFIG"]
 	}
-	var lines map[string]int
 	if file != "" {
-		settings, l, err := readFile(file)
+		settings, err := readFile(file, o)
 		if err != nil {
 			return nil, err
 		}
-		lines = l
 		if err := v.MergeConfigMap(settings); err != nil {
 			return nil, fmt.Errorf("config file %s: %w", file, err)
 		}
@@ -303,6 +320,7 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string) (*Config, error)
 	for _, k := range Keys {
 		if val, ok := env[k.Env()]; ok {
 			envLayer[k.Key] = val
+			o.set(k.Key, k.Env())
 		}
 	}
 	fixesLayer := map[string]any{}
@@ -311,10 +329,12 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string) (*Config, error)
 		section := map[string]any{}
 		for name, val := range env {
 			if rest, ok := strings.CutPrefix(name, prefix); ok && rest != "" {
-				section[strings.ToLower(strings.ReplaceAll(rest, "_", ""))] = val
+				opt := strings.ToLower(strings.ReplaceAll(rest, "_", ""))
+				section[opt] = val
+				o.set("fixes."+id+"."+opt, name)
 			}
 		}
-		if err := applyLegacyFixEnv(section, id, env); err != nil {
+		if err := applyLegacyFixEnv(section, id, env, o); err != nil {
 			return nil, err
 		}
 		if len(section) > 0 {
@@ -324,7 +344,7 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string) (*Config, error)
 	if len(fixesLayer) > 0 {
 		envLayer["fixes"] = fixesLayer
 	}
-	if err := applyLegacyPodCIDRs(envLayer, env); err != nil {
+	if err := applyLegacyPodCIDRs(envLayer, env, o); err != nil {
 		return nil, err
 	}
 	if err := v.MergeConfigMap(envLayer); err != nil {
@@ -337,69 +357,110 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string) (*Config, error)
 				if err := v.BindPFlag(k.Key, f); err != nil {
 					return nil, fmt.Errorf("config: flag --%s: %w", k.Flag, err)
 				}
+				if f.Changed {
+					o.set(k.Key, "--"+k.Flag)
+				}
 			}
 		}
-		if err := applyFixFlags(v, fs); err != nil {
+		if err := applyFixFlags(v, fs, o); err != nil {
 			return nil, err
 		}
 	}
 
-	if err := checkKeys(v, fixIDs, lines); err != nil {
+	settings := v.AllSettings()
+	if err := checkKeys(v, settings, fixIDs, o); err != nil {
 		return nil, err
 	}
 	cfg := Config{}
-	if err := decode(v.AllSettings(), &cfg); err != nil {
-		return nil, fmt.Errorf("config: %w", withLines(fix.DecodeError(err), lines))
+	if err := decode(settings, &cfg); err != nil {
+		return nil, o.decodeError(err)
 	}
 	cfg.File = file
 	cfg.KubeconfigPaths = filepath.SplitList(env[KubeconfigEnv])
 	cfg.Warnings = unknownEnv(env, fixIDs)
 	cfg.Fixes = normalizeFixes(cfg.Fixes, fixIDs)
+	cfg.origins = o
 	if err := cfg.Validate(); err != nil {
-		return nil, withLines(err, lines)
+		return nil, err
+	}
+	if err := cfg.checkKubeconfig(); err != nil {
+		return nil, err
 	}
 	return &cfg, nil
 }
 
-// readFile parses the config file into settings and the line of every key path (lower case, dotted).
-// Errors name the file and a line, never the content: the file may not be ours.
-func readFile(file string) (map[string]any, map[string]int, error) {
-	data, err := os.ReadFile(file)
+// MaxFileSize bounds the config file: a ConfigMap, where the file comes from in a cluster, holds at
+// most 1 MiB.
+const MaxFileSize = 1 << 20
+
+// readFile parses the config file into settings and records in o the line of every key path. Errors
+// name the file and a line, never the content: the file may not be ours. A path that is not a
+// regular file (a FIFO would block the read, a device never end) or is larger than MaxFileSize is
+// refused before it is read.
+func readFile(file string, o origins) (map[string]any, error) {
+	fi, err := os.Stat(file)
 	if err != nil {
-		return nil, nil, fmt.Errorf("config file: %w", err)
+		return nil, fmt.Errorf("config file: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("config file %s: not a regular file (%s); accepted: a YAML file of at most 1 MiB", file, fileKind(fi.Mode()))
+	}
+	if fi.Size() > MaxFileSize {
+		return nil, fmt.Errorf("config file %s: %d bytes; accepted: a YAML file of at most 1 MiB (what a ConfigMap holds)", file, fi.Size())
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, fmt.Errorf("config file: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1)) // it may grow after the Stat
+	if err != nil {
+		return nil, fmt.Errorf("config file: %w", err)
+	}
+	if len(data) > MaxFileSize {
+		return nil, fmt.Errorf("config file %s: more than 1 MiB; accepted: a YAML file of at most 1 MiB (what a ConfigMap holds)", file)
 	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
-			return nil, nil, fmt.Errorf("config file %s: not valid YAML (line %s)", file, m[1])
+			return nil, fmt.Errorf("config file %s: not valid YAML (line %s)", file, m[1])
 		}
-		return nil, nil, fmt.Errorf("config file %s: not valid YAML", file)
+		return nil, fmt.Errorf("config file %s: not valid YAML", file)
 	}
 	if len(doc.Content) == 0 {
-		return map[string]any{}, nil, nil // empty file: nothing set
+		return map[string]any{}, nil // empty file: nothing set
 	}
 	root := doc.Content[0]
 	if root.Kind != yaml.MappingNode {
-		return nil, nil, fmt.Errorf("config file %s: line %d: not a YAML mapping of configuration keys", file, root.Line)
+		return nil, fmt.Errorf("config file %s: line %d: not a YAML mapping of configuration keys", file, root.Line)
 	}
-	lines := map[string]int{}
-	var walk func(n *yaml.Node, prefix string)
-	walk = func(n *yaml.Node, prefix string) {
+	var walk func(n *yaml.Node, prefix string) error
+	walk = func(n *yaml.Node, prefix string) error {
 		for i := 0; i+1 < len(n.Content); i += 2 {
-			key := strings.ToLower(prefix + n.Content[i].Value)
-			lines[key] = n.Content[i].Line
+			written := prefix + n.Content[i].Value
+			line := n.Content[i].Line
+			// Keys match without regard to case (viper), so syncPeriod and syncperiod are one key.
+			if prev, dup := o[strings.ToLower(written)]; dup {
+				return fmt.Errorf("config: %s is set twice (%s and %d)", shownKey(written), strings.Replace(prev.where, "line", "lines", 1), line)
+			}
+			o.set(written, fmt.Sprintf("line %d", line))
 			if n.Content[i+1].Kind == yaml.MappingNode {
-				walk(n.Content[i+1], key+".")
+				if err := walk(n.Content[i+1], written+"."); err != nil {
+					return err
+				}
 			}
 		}
+		return nil
 	}
-	walk(root, "")
+	if err := walk(root, ""); err != nil {
+		return nil, err
+	}
 	settings := map[string]any{}
 	if err := root.Decode(&settings); err != nil {
 		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
-			return nil, nil, fmt.Errorf("config file %s: line %s: not a mapping of configuration keys", file, m[1])
+			return nil, fmt.Errorf("config file %s: line %s: not a mapping of configuration keys", file, m[1])
 		}
-		return nil, nil, fmt.Errorf("config file %s: not a mapping of configuration keys", file)
+		return nil, fmt.Errorf("config file %s: not a mapping of configuration keys", file)
 	}
 	// A key written without a value ("families:") is an explicitly empty value, not an absent key
 	// (viper would drop it and use the default silently).
@@ -414,7 +475,21 @@ func readFile(file string) (map[string]any, map[string]int, error) {
 			}
 		}
 	}
-	return settings, lines, nil
+	return settings, nil
+}
+
+func fileKind(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&os.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&os.ModeSocket != 0:
+		return "a socket"
+	case m&os.ModeDevice != 0:
+		return "a device"
+	}
+	return "not a regular file"
 }
 
 var (
@@ -432,24 +507,87 @@ func shownKey(key string) string {
 	return "(a key that is no configuration key name, not shown)"
 }
 
-// withLines adds the file line of the key an error starts with ("podCIDRs: ..." → "podCIDRs (line
-// 3): ..."), when the key came from the file.
-func withLines(err error, lines map[string]int) error {
-	if err == nil || len(lines) == 0 {
-		return err
+// origin is where a key was set last: its spelling there and the place ("line 3", "NNM_SYNC_PERIOD",
+// "--sync-period", "--set").
+type origin struct{ written, where string }
+
+// origins map each lower-case dotted key path to its origin; the layers record in rising precedence,
+// so the entry is the layer whose value counts.
+type origins map[string]origin
+
+func (o origins) set(written, where string) { o[strings.ToLower(written)] = origin{written, where} }
+
+// at returns the key as written and where it was set ("" when nowhere: a default).
+func (o origins) at(key string) (string, string) {
+	if x, ok := o[strings.ToLower(key)]; ok {
+		return x.written, x.where
 	}
-	msg := strings.TrimPrefix(err.Error(), "config: ")
-	var key, rest string
-	ok := false
-	if strings.HasPrefix(msg, "'") { // mapstructure: 'syncPeriod' time: invalid duration
-		key, rest, ok = strings.Cut(msg[1:], "' ")
-	} else {
-		key, rest, ok = strings.Cut(msg, ": ")
+	return key, ""
+}
+
+// errorf is the one shape of a configuration error, from every source: the key as the user wrote
+// it, where (file line, environment variable or flag), then the problem, which shows the value and
+// what is accepted.
+func (o origins) errorf(key, format string, args ...any) error {
+	written, where := o.at(key)
+	if where != "" {
+		where = " (" + where + ")"
 	}
-	if line, found := lines[strings.ToLower(key)]; ok && found {
-		return fmt.Errorf("config: %s (line %d): %s", key, line, rest)
+	return fmt.Errorf("config: %s%s: %s", shownKey(written), where, fmt.Sprintf(format, args...))
+}
+
+// decodeError words what the decoder still finds after checkKeys (it checked every top-level
+// value's kind, so this is unexpected) in the same shape.
+func (o origins) decodeError(err error) error {
+	var errs []error
+	for _, e := range leaves(fix.DecodeError(err)) {
+		var oe *fix.OptionError
+		if errors.As(e, &oe) {
+			errs = append(errs, o.errorf(oe.Key, "%s", oe.Problem))
+		} else {
+			errs = append(errs, fmt.Errorf("config: %w", e))
+		}
 	}
-	return err
+	return errors.Join(errs...)
+}
+
+// leaves flattens joined errors (errors.Join, also when wrapped) into the single ones.
+func leaves(err error) []error {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			var out []error
+			for _, x := range j.Unwrap() {
+				out = append(out, leaves(x)...)
+			}
+			return out
+		}
+	}
+	if err == nil {
+		return nil
+	}
+	return []error{err}
+}
+
+// FixError puts an error of a fix's Configure (fix.Decode's OptionErrors, or the fix's own
+// "fixes.<id>.<option>: problem") into the configuration's error shape, naming where the option
+// was set.
+func (c *Config) FixError(id string, err error) error {
+	prefix := "fixes." + id
+	var errs []error
+	for _, e := range leaves(err) {
+		var oe *fix.OptionError
+		msg := e.Error()
+		switch {
+		case errors.As(e, &oe):
+			errs = append(errs, c.origins.errorf(prefix+"."+oe.Key, "%s", oe.Problem))
+		case strings.HasPrefix(msg, prefix+"."):
+			key, problem, _ := strings.Cut(msg, ": ")
+			errs = append(errs, c.origins.errorf(key, "%s", problem))
+		default:
+			errs = append(errs, c.origins.errorf(prefix, "%s", strings.TrimPrefix(msg, prefix+": ")))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func envMap(environ []string) map[string]string {
@@ -472,7 +610,7 @@ func splitList(val string) []string {
 	return out
 }
 
-func applyFixFlags(v *viper.Viper, fs *pflag.FlagSet) error {
+func applyFixFlags(v *viper.Viper, fs *pflag.FlagSet, o origins) error {
 	named := map[string]string{}
 	for _, flag := range []string{"enable-fix", "disable-fix"} {
 		if f := fs.Lookup(flag); f != nil && f.Changed {
@@ -482,6 +620,8 @@ func applyFixFlags(v *viper.Viper, fs *pflag.FlagSet) error {
 				}
 				named[id] = flag
 				v.Set("fixes."+id+".enabled", flag == "enable-fix")
+				o.set("fixes."+id, "--"+flag)
+				o.set("fixes."+id+".enabled", "--"+flag)
 			}
 		}
 	}
@@ -491,70 +631,98 @@ func applyFixFlags(v *viper.Viper, fs *pflag.FlagSet) error {
 			if !ok || strings.TrimSpace(k) == "" {
 				return fmt.Errorf("config: --set %q: want key=value", kv)
 			}
-			v.Set(strings.TrimSpace(k), val)
+			k = strings.TrimSpace(k)
+			v.Set(k, val)
+			o.set(k, "--set")
 		}
 	}
 	return nil
 }
 
-// checkKeys rejects keys that are not configuration keys, naming them and their line in the file.
-func checkKeys(v *viper.Viper, fixIDs []string, lines map[string]int) error {
-	known := map[string]bool{}
+// checkKeys rejects keys that are not configuration keys and values of the wrong kind (a list for a
+// single value, a word for a duration, a fix's section that is not a mapping), before decoding, so
+// that the errors show the value and what is accepted rather than what the decoder says.
+func checkKeys(v *viper.Viper, settings map[string]any, fixIDs []string, o origins) error {
+	names := []string{"fixes"}
+	known := map[string]Key{}
 	for _, k := range Keys {
-		known[strings.ToLower(k.Key)] = true
+		names = append(names, k.Key)
+		known[strings.ToLower(k.Key)] = k
 	}
-	where := func(key string) string {
-		if line, ok := lines[key]; ok {
-			return fmt.Sprintf(" (line %d)", line)
-		}
-		return ""
-	}
-	var unknown []string
+	var errs []error
 	for _, key := range v.AllKeys() {
-		top, rest, _ := strings.Cut(key, ".")
-		if top == "fixes" {
-			id, _, _ := strings.Cut(rest, ".")
-			if !slices.Contains(fixIDs, id) {
-				fixIDs = slices.Sorted(slices.Values(fixIDs))
-				return fmt.Errorf("config: fixes.%s%s: unknown fix %q (registered fixes: %s)", shownKey(id), where("fixes."+id), shownKey(id), strings.Join(fixIDs, ", "))
-			}
+		if top, _, _ := strings.Cut(key, "."); top == "fixes" {
 			continue
 		}
-		if !known[top] {
-			unknown = append(unknown, shownKey(key)+where(key))
+		if top, _, _ := strings.Cut(key, "."); known[top].Key == "" {
+			written, _ := o.at(key)
+			errs = append(errs, o.errorf(key, "%s", fix.UnknownKey("key", written, names)))
 		}
 	}
-	if len(unknown) > 0 {
-		sort.Strings(unknown)
-		return fmt.Errorf("config: unknown key %s", strings.Join(unknown, ", "))
+	for _, k := range Keys {
+		val, ok := settings[strings.ToLower(k.Key)]
+		if !ok {
+			continue
+		}
+		if p := fix.ValueProblem(val, reflect.TypeOf(k.Default)); p != "" {
+			errs = append(errs, o.errorf(k.Key, "%s", p))
+		}
 	}
-	return nil
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	fixes, ok := settings["fixes"]
+	if !ok || fixes == nil {
+		return nil
+	}
+	sections, ok := fixes.(map[string]any)
+	if !ok {
+		return o.errorf("fixes", "%s is not a mapping of fix ids such as {invalid-drop: {enabled: true}}", fix.ShowValue(fixes))
+	}
+	for _, id := range slices.Sorted(maps.Keys(sections)) {
+		key := "fixes." + id
+		if !slices.Contains(fixIDs, id) {
+			errs = append(errs, o.errorf(key, "%s", fix.UnknownKey("fix", id, fixIDs)))
+			continue
+		}
+		if section := sections[id]; section != nil {
+			if _, ok := section.(map[string]any); !ok {
+				errs = append(errs, o.errorf(key, "%s is not a mapping such as {enabled: true}", fix.ShowValue(section)))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // applyLegacyPodCIDRs sets podCIDRs from POD_CIDR_IPV4 / POD_CIDR_IPV6 unless NNM_POD_CIDRS is set.
 // Each variable takes only its family's CIDRs.
-func applyLegacyPodCIDRs(envLayer map[string]any, env map[string]string) error {
+func applyLegacyPodCIDRs(envLayer map[string]any, env map[string]string, o origins) error {
 	if _, ok := env[EnvName("podCIDRs")]; ok {
 		return nil
 	}
-	var cidrs []string
-	for name, fam := range map[string]rules.Family{LegacyPodCIDRv4: rules.IPv4, LegacyPodCIDRv6: rules.IPv6} {
+	var cidrs, from []string
+	for _, name := range []string{LegacyPodCIDRv4, LegacyPodCIDRv6} {
+		fam := map[string]rules.Family{LegacyPodCIDRv4: rules.IPv4, LegacyPodCIDRv6: rules.IPv6}[name]
 		list := splitList(env[name])
 		if _, err := rules.ParsePrefixes(name, fam, list); err != nil {
 			return fmt.Errorf("config: environment %w", err)
 		}
+		if len(list) > 0 {
+			from = append(from, name)
+		}
 		cidrs = append(cidrs, list...)
 	}
 	if len(cidrs) > 0 {
-		sort.Strings(cidrs) // IPv4 before IPv6, whatever the map order
+		sort.Strings(cidrs) // IPv4 before IPv6
 		envLayer["podCIDRs"] = cidrs
+		o.set("podCIDRs", strings.Join(from, ", "))
 	}
 	return nil
 }
 
 // applyLegacyFixEnv sets fixes.<id>.enabled from the predecessor's variable unless the section
 // already has it from NNM_FIXES_<ID>_ENABLED.
-func applyLegacyFixEnv(section map[string]any, id string, env map[string]string) error {
+func applyLegacyFixEnv(section map[string]any, id string, env map[string]string, o origins) error {
 	name, ok := legacyFixEnv[id]
 	if !ok {
 		return nil
@@ -568,6 +736,7 @@ func applyLegacyFixEnv(section map[string]any, id string, env map[string]string)
 		return fmt.Errorf("config: environment %s=%q is not true or false", name, val)
 	}
 	section["enabled"] = b
+	o.set("fixes."+id+".enabled", name)
 	return nil
 }
 
@@ -583,11 +752,13 @@ func normalizeFixes(in map[string]map[string]any, fixIDs []string) map[string]ma
 	return out
 }
 
-// Validate checks values that decoding alone does not.
+// Validate checks values that decoding alone does not. Errors name the key as written and where it
+// was set (Load records it; a Config built otherwise says "default").
 func (c *Config) Validate() error {
+	o := c.origins
 	oneOf := func(key, val string, allowed ...string) error {
 		if !slices.Contains(allowed, val) {
-			return fmt.Errorf("config: %s: %q is not one of %s", key, val, strings.Join(allowed, ", "))
+			return o.errorf(key, "%s is not one of %s", fix.ShowValue(val), strings.Join(allowed, ", "))
 		}
 		return nil
 	}
@@ -604,11 +775,11 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if len(c.Families) == 0 {
-		return fmt.Errorf("config: families: empty; at least one of ipv4, ipv6 is needed (remove the key for both)")
+		return o.errorf("families", "empty; accepted: ipv4, ipv6 or both (remove the key for both)")
 	}
 	for _, f := range c.Families {
 		if _, err := rules.ParseFamily(f); err != nil {
-			return fmt.Errorf("config: families: %w", err)
+			return o.errorf("families", "%s is not one of ipv4, ipv6", fix.ShowValue(f))
 		}
 	}
 	if _, err := c.ParsedPodCIDRs(); err != nil {
@@ -618,29 +789,53 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if c.MinSyncPeriod < 0 {
-		return fmt.Errorf("config: minSyncPeriod: %s is negative", c.MinSyncPeriod)
+		return o.errorf("minSyncPeriod", "%s is negative; accepted: 0s or more, at most syncPeriod", c.MinSyncPeriod)
 	}
 	if c.SyncPeriod <= 0 {
-		return fmt.Errorf("config: syncPeriod: %s must be positive", c.SyncPeriod)
+		return o.errorf("syncPeriod", "%s; accepted: a positive duration such as 30s", c.SyncPeriod)
 	}
 	if !filepath.IsAbs(c.ProcSysPath) {
-		return fmt.Errorf("config: procSysPath: %q is not an absolute path", c.ProcSysPath)
+		return o.errorf("procSysPath", "%s is not an absolute path", fix.ShowValue(c.ProcSysPath))
 	}
 	if c.MetricsCertDir != "" && !c.MetricsSecure {
-		return fmt.Errorf("config: metricsCertDir is set but metricsSecure is false: the certificate would not be used")
+		return o.errorf("metricsCertDir", "set, but metricsSecure is false: the certificate would not be used")
 	}
 	if c.MetricsSecure && c.MetricsAddress == "" {
-		return fmt.Errorf("config: metricsSecure: metricsAddress is empty, there is no metrics listener to protect")
+		return o.errorf("metricsSecure", "true, but metricsAddress is empty: there is no metrics listener to protect")
 	}
 	if c.MinSyncPeriod > c.SyncPeriod {
-		return fmt.Errorf("config: minSyncPeriod: %s is longer than syncPeriod %s (changes would wait longer than a full resync)", c.MinSyncPeriod, c.SyncPeriod)
+		_, where := o.at("syncPeriod")
+		if where != "" {
+			where = " (" + where + ")"
+		}
+		return o.errorf("minSyncPeriod", "%s is longer than syncPeriod %s%s; accepted: at most syncPeriod (changes would wait longer than a full resync)", c.MinSyncPeriod, c.SyncPeriod, where)
 	}
-	for id, section := range c.Fixes {
-		if val, ok := section["enabled"]; ok {
+	for _, id := range slices.Sorted(maps.Keys(c.Fixes)) {
+		if val, ok := c.Fixes[id]["enabled"]; ok {
 			if _, err := parseBool(val); err != nil {
-				return fmt.Errorf("config: fixes.%s.enabled: %w", id, err)
+				return o.errorf("fixes."+id+".enabled", "%s is not true or false", fix.ShowValue(val))
 			}
 		}
+	}
+	return nil
+}
+
+// checkKubeconfig refuses a kubeconfig key naming a file that is not there, as client-go's loading
+// rules do for an explicit path (kubectl --kubeconfig); without the check the agent would start,
+// log that it cannot build a client and run without the API. The files of KUBECONFIG may be
+// missing, as client-go allows.
+func (c *Config) checkKubeconfig() error {
+	if c.Kubeconfig == "" {
+		return nil
+	}
+	fi, err := os.Stat(c.Kubeconfig)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return c.origins.errorf("kubeconfig", "%s: no such file; accepted: a kubeconfig file, or no value for the files in KUBECONFIG, else the in-cluster config", fix.ShowValue(c.Kubeconfig))
+	case err != nil:
+		return c.origins.errorf("kubeconfig", "%s: %v", fix.ShowValue(c.Kubeconfig), errors.Unwrap(err))
+	case !fi.Mode().IsRegular():
+		return c.origins.errorf("kubeconfig", "%s is %s; accepted: a kubeconfig file", fix.ShowValue(c.Kubeconfig), fileKind(fi.Mode()))
 	}
 	return nil
 }
@@ -662,7 +857,7 @@ func (c *Config) ParsedFamilies() []rules.Family {
 func (c *Config) ParsedPodCIDRs() ([]netip.Prefix, error) {
 	p, err := rules.ParsePrefixes("podCIDRs", "", c.PodCIDRs)
 	if err != nil {
-		return nil, fmt.Errorf("config: %w", err)
+		return nil, c.origins.errorf("podCIDRs", "%s", strings.TrimPrefix(err.Error(), "podCIDRs: "))
 	}
 	return p, nil
 }
@@ -733,7 +928,11 @@ func unknownEnv(env map[string]string, fixIDs []string) []string {
 			}
 		}
 		if !isFix {
-			out = append(out, fmt.Sprintf("environment variable %s is not a configuration key; ignored", name))
+			msg := fmt.Sprintf("environment variable %s is not a configuration key; ignored", name)
+			if near := fix.Nearest(name, slices.Sorted(maps.Keys(known))); near != "" {
+				msg += "; did you mean " + near + "?"
+			}
+			out = append(out, msg)
 		}
 	}
 	sort.Strings(out)

@@ -1,9 +1,11 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -228,5 +230,54 @@ func TestUnknownEnvironmentIsWarned(t *testing.T) {
 	w := strings.Join(cfg.Warnings, "\n")
 	if !strings.Contains(w, "NNM_SYNC_PERIODS") || !strings.Contains(w, "NNM_FIXES_NO_SUCH_FIX_ENABLED") || len(cfg.Warnings) != 2 {
 		t.Fatalf("want warnings for exactly the two unknown variables, got %q", cfg.Warnings)
+	}
+}
+
+// A config path that is not a regular file, or is larger than a ConfigMap can be, is refused before
+// it is read (#19): a FIFO used to block Load forever, a 1 GB file was read whole.
+func TestConfigFileMustBeARegularFileOfAtMost1MiB(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	huge := filepath.Join(dir, "huge.yaml") // sparse: no disk used
+	if err := os.WriteFile(huge, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(huge, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	justOver := filepath.Join(dir, "over.yaml")
+	if err := os.WriteFile(justOver, []byte("backend: nftables\n#"+strings.Repeat("x", MaxFileSize)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	atLimit := filepath.Join(dir, "at.yaml")
+	body := "backend: nftables\n#"
+	if err := os.WriteFile(atLimit, []byte(body+strings.Repeat("x", MaxFileSize-len(body)-1)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, path, want string }{
+		{"fifo", fifo, "config file " + fifo + ": not a regular file (a FIFO); accepted: a YAML file of at most 1 MiB"},
+		{"directory", dir, "config file " + dir + ": not a regular file (a directory); accepted: a YAML file of at most 1 MiB"},
+		{"1 GiB", huge, "config file " + huge + ": 1073741824 bytes; accepted: a YAML file of at most 1 MiB (what a ConfigMap holds)"},
+		{"1 MiB + 1", justOver, fmt.Sprintf("config file %s: %d bytes; accepted: a YAML file of at most 1 MiB (what a ConfigMap holds)", justOver, MaxFileSize+20)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			done := make(chan error, 1)
+			go func() { _, err := Load(flags(t, "--config", c.path), nil, ids); done <- err }()
+			select {
+			case err := <-done:
+				if err == nil || err.Error() != c.want {
+					t.Fatalf("got %v\nwant %s", err, c.want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("Load did not return within 10s (it blocks on the path)")
+			}
+		})
+	}
+	cfg, err := Load(flags(t, "--config", atLimit), nil, ids)
+	if err != nil || cfg.Backend != "nftables" {
+		t.Fatalf("a file of exactly 1 MiB must load: %v", err)
 	}
 }

@@ -8,7 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -100,12 +102,37 @@ func NFTTables(ctx context.Context) ([]string, error) {
 }
 
 // IptablesSave runs iptables-<variant>-save (ip6tables-… for ipv6), for one table or all.
+//
+// The legacy variant creates a table it is asked for by name (`iptables-legacy-save -t mangle` in a
+// fresh network namespace leaves an empty mangle table, and iptables-nft then warns "iptables-legacy
+// tables present"), so a table the kernel does not list in /proc/net/ip{,6}_tables_names is reported
+// empty without running the tool: detection, and `plan`, read the node and create nothing.
 func IptablesSave(ctx context.Context, variant, family, table string) (string, error) {
 	var args []string
 	if table != "" {
+		if variant == "legacy" && !legacyTableExists(family, table) {
+			return "", nil
+		}
 		args = []string{"-t", table}
 	}
 	return run(ctx, iptablesBinary(variant, family, "save"), args...)
+}
+
+// LegacyTablesFile lists the legacy tables of the current network namespace; the file is absent
+// while the ip_tables module (ip6_tables for ipv6) is not loaded, i.e. there are none.
+func LegacyTablesFile(family string) string {
+	if family == "ipv6" {
+		return "/proc/net/ip6_tables_names"
+	}
+	return "/proc/net/ip_tables_names"
+}
+
+func legacyTableExists(family, table string) bool {
+	b, err := os.ReadFile(LegacyTablesFile(family))
+	if err != nil {
+		return false
+	}
+	return slices.Contains(strings.Fields(string(b)), table)
 }
 
 func iptablesBinary(variant, family, tool string) string {

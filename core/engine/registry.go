@@ -2,7 +2,6 @@ package engine
 
 import (
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -129,10 +128,7 @@ func (e *Engine) configure(cfg *config.Config) error {
 					}
 				}
 			}
-			if strings.HasPrefix(err.Error(), "fixes."+st.fix.ID()) {
-				return fmt.Errorf("config: %w", err)
-			}
-			return fmt.Errorf("config: fixes.%s: %w", st.fix.ID(), err)
+			return cfg.FixError(st.fix.ID(), err)
 		}
 	}
 	e.cfg = cfg

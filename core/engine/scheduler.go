@@ -162,7 +162,7 @@ func (e *Engine) waitNeeds(ctx context.Context, u *unit, beat <-chan time.Time) 
 				return true
 			}
 			e.mu.Lock()
-			u.lastErr = errors.New("waiting for the watches it reads to sync (see the API errors logged)")
+			u.lastErr = ErrWaitingForWatches
 			e.mu.Unlock()
 		}
 		select {

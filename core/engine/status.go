@@ -10,6 +10,38 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
+// ProbeError is one unit's failure in Healthy and Ready. Error is the whole text, with the last
+// error (logged by the server); Short leaves that error's text out, since it can hold host paths and
+// command output, and the probes answer unauthenticated (/healthz on the node's address): they show
+// Short, which says where the details are.
+type ProbeError struct {
+	Summary string
+	Err     error
+	sep     string // between Summary and Err in Error; "; last error: " when empty
+}
+
+func (e *ProbeError) Error() string {
+	sep := e.sep
+	if sep == "" {
+		sep = "; last error: "
+	}
+	return e.Summary + sep + fmt.Sprint(e.Err)
+}
+
+// Short is Summary and what kind of problem the last error is, without its text.
+func (e *ProbeError) Short() string {
+	switch {
+	case e.Err == nil:
+		return e.Summary
+	case errors.Is(e.Err, ErrWaitingForWatches):
+		return e.Summary + ": " + ErrWaitingForWatches.Error()
+	}
+	return e.Summary + ": the last sync failed (the error is in the agent's log, the count in nnm_sync_errors_total)"
+}
+
+// ErrWaitingForWatches is the last error of a fix that reads the API while its watches have not synced.
+var ErrWaitingForWatches = errors.New("waiting for the watches it reads to sync (see the API errors logged)")
+
 // Healthy fails when a unit of an enabled fix has not synced successfully for 2 × syncPeriod,
 // naming the fix, the family and the last error. Each unit counts on its own: one blocked fix or
 // family does not make another look unhealthy. For monitoring (/healthz).
@@ -31,7 +63,7 @@ func (e *Engine) Healthy() error {
 			}
 		}
 		if age := now.Sub(last); age > limit {
-			errs = append(errs, fmt.Errorf("fix %s: no successful sync for %s (limit %s); last error: %v", u, age.Round(time.Second), limit, u.lastErr))
+			errs = append(errs, &ProbeError{Summary: fmt.Sprintf("fix %s: no successful sync for %s (limit %s)", u, age.Round(time.Second), limit), Err: u.lastErr})
 		}
 	}
 	return errors.Join(errs...)
@@ -44,7 +76,7 @@ func (e *Engine) Ready() error {
 	var errs []error
 	for _, u := range e.units {
 		if e.wantedLocked(u) && !u.everOK {
-			errs = append(errs, fmt.Errorf("fix %s: no successful sync yet: %v", u, u.lastErr))
+			errs = append(errs, &ProbeError{Summary: fmt.Sprintf("fix %s: no successful sync yet", u), Err: u.lastErr, sep: ": "})
 		}
 	}
 	return errors.Join(errs...)

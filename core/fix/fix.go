@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/go-viper/mapstructure/v2"
@@ -203,14 +204,31 @@ type In struct {
 }
 
 // Decode fills out (a pointer to a struct holding defaults) from options. Unknown keys and values of
-// the wrong type are errors naming the key. Durations accept "5s"; string lists accept "a,b".
+// the wrong kind are errors (OptionError, one per option, joined) that show the value and what is
+// accepted. Durations accept "5s"; string lists accept "a,b".
 func Decode(options map[string]any, out any) error {
-	var md mapstructure.Metadata
+	fields, names := optionFields(reflect.TypeOf(out).Elem())
+	var errs []error
+	keys := make([]string, 0, len(options))
+	for k := range options {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		f, ok := fields[normalizeKey(k)]
+		if !ok {
+			errs = append(errs, &OptionError{Key: k, Problem: UnknownKey("key", k, append([]string{"enabled"}, names...))})
+		} else if p := ValueProblem(options[k], f.Type); p != "" {
+			errs = append(errs, &OptionError{Key: k, Problem: p})
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
 	dec, err := mapstructure.NewDecoder(&mapstructure.DecoderConfig{
 		Result:           out,
 		ErrorUnused:      true,
 		WeaklyTypedInput: true,
-		Metadata:         &md,
 		MatchName:        func(key, field string) bool { return normalizeKey(key) == normalizeKey(field) },
 		DecodeHook: mapstructure.ComposeDecodeHookFunc(
 			mapstructure.StringToTimeDurationHookFunc(),
@@ -227,28 +245,27 @@ func Decode(options map[string]any, out any) error {
 	return nil
 }
 
-// DecodeError turns a mapstructure error into one line per problem ("'syncPeriod' time: invalid
-// duration \"abc\""), without its multi-line preamble.
+// DecodeError turns what mapstructure reports into one OptionError per problem, named by the key and
+// without Go type names (ValueProblem catches the usual ones before decoding; this is the rest).
 func DecodeError(err error) error {
-	var parts []string
-	for _, line := range strings.Split(err.Error(), "\n") {
-		line = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "* "))
-		if line == "" || strings.HasPrefix(line, "decoding failed due to") || strings.HasSuffix(line, "error(s) decoding:") {
-			continue
-		}
-		if where, keys, ok := strings.Cut(line, " has invalid keys: "); ok {
-			where = strings.Trim(where, "'")
-			if where != "" {
-				where += "."
+	var errs []error
+	var walk func(error)
+	walk = func(e error) {
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			for _, x := range j.Unwrap() {
+				walk(x)
 			}
-			line = "unknown key " + where + keys
+			return
 		}
-		parts = append(parts, line)
+		var de *mapstructure.DecodeError
+		if errors.As(e, &de) {
+			errs = append(errs, &OptionError{Key: de.Name(), Problem: "this value cannot be read as the option (see its documentation)"})
+			return
+		}
+		errs = append(errs, e)
 	}
-	if len(parts) == 0 {
-		return err
-	}
-	return errors.New(strings.Join(parts, "; "))
+	walk(err)
+	return errors.Join(errs...)
 }
 
 func normalizeKey(s string) string {

@@ -4,13 +4,17 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,11 +34,20 @@ import (
 //
 // Results are cached (by a hash of the token, and by user) for CacheTTL, so that a scrape every 30s
 // costs the API server two calls per node and TTL at most.
+//
+// Unknown tokens are bounded so that garbage cannot crowd out a legitimate scrape (#19: 500 unique
+// garbage tokens each cost a TokenReview through the QPS-limited client, and a legitimate uncached
+// scrape then waited 9.6 s or failed): a rejected token is remembered in a cache of its own (a flood
+// cannot evict the accepted tokens), and each source address may have a token reviewed at most
+// ReviewsPerSecond times a second (burst ReviewBurst); beyond that it gets 429 without a review.
 type Delegated struct {
-	client kubernetes.Interface
-	log    *slog.Logger
-	ttl    time.Duration
-	cache  *cache.LRUExpireCache
+	client   kubernetes.Interface
+	log      *slog.Logger
+	ttl      time.Duration
+	cache    *cache.LRUExpireCache // accepted tokens and authorization answers
+	rejected *cache.LRUExpireCache // tokens the API server did not authenticate
+	sources  *cache.LRUExpireCache // source address → *rate.Limiter of its TokenReviews
+	mu       sync.Mutex            // one limiter per source
 }
 
 // CacheTTL is how long a review's answer is reused; a revoked token or binding takes effect after it.
@@ -43,11 +56,22 @@ const CacheTTL = time.Minute
 // cacheSize bounds the number of remembered tokens and users.
 const cacheSize = 1024
 
+// ReviewsPerSecond and ReviewBurst bound the TokenReviews of tokens not in the cache, per source
+// address: a scraper needs one per token and CacheTTL.
+const (
+	ReviewsPerSecond = 1
+	ReviewBurst      = 5
+)
+
 // NewDelegated returns the filter using client (the agent's own identity, which needs tokenreviews
 // create and subjectaccessreviews create).
 func NewDelegated(client kubernetes.Interface, log *slog.Logger) *Delegated {
-	return &Delegated{client: client, log: log, ttl: CacheTTL, cache: cache.NewLRUExpireCache(cacheSize)}
+	return &Delegated{client: client, log: log, ttl: CacheTTL, cache: cache.NewLRUExpireCache(cacheSize),
+		rejected: cache.NewLRUExpireCache(cacheSize), sources: cache.NewLRUExpireCache(cacheSize)}
 }
+
+// errTooManyReviews: the source has had its share of TokenReviews.
+var errTooManyReviews = errors.New("too many unknown tokens from this address")
 
 type authnResult struct {
 	ok   bool
@@ -65,7 +89,13 @@ func (d *Delegated) Wrap(h http.Handler) http.Handler {
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 		defer cancel()
-		user, ok, err := d.authenticate(ctx, token)
+		user, ok, err := d.authenticate(ctx, token, source(r))
+		if errors.Is(err, errTooManyReviews) {
+			d.log.Debug("metrics: TokenReview refused", "source", source(r), "err", err)
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "Too Many Requests: "+err.Error(), http.StatusTooManyRequests)
+			return
+		}
 		if err != nil {
 			d.log.Warn("metrics: TokenReview failed", "err", err)
 			http.Error(w, "Unauthorized: the token could not be reviewed", http.StatusUnauthorized)
@@ -104,12 +134,27 @@ func bearer(r *http.Request) (string, bool) {
 	return token, ok && strings.EqualFold(scheme, "Bearer") && token != ""
 }
 
-func (d *Delegated) authenticate(ctx context.Context, token string) (authnv1.UserInfo, bool, error) {
+// source is the client's address without the port.
+func source(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+func (d *Delegated) authenticate(ctx context.Context, token, from string) (authnv1.UserInfo, bool, error) {
 	sum := sha256.Sum256([]byte(token))
 	key := "authn/" + hex.EncodeToString(sum[:])
 	if v, ok := d.cache.Get(key); ok {
 		res := v.(authnResult)
 		return res.user, res.ok, nil
+	}
+	if _, ok := d.rejected.Get(key); ok {
+		return authnv1.UserInfo{}, false, nil
+	}
+	if !d.limiter(from).Allow() {
+		return authnv1.UserInfo{}, false, errTooManyReviews
 	}
 	tr, err := d.client.AuthenticationV1().TokenReviews().Create(ctx,
 		&authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
@@ -117,8 +162,24 @@ func (d *Delegated) authenticate(ctx context.Context, token string) (authnv1.Use
 		return authnv1.UserInfo{}, false, err
 	}
 	res := authnResult{ok: tr.Status.Authenticated, user: tr.Status.User}
+	if !res.ok {
+		d.rejected.Add(key, true, d.ttl)
+		return res.user, false, nil
+	}
 	d.cache.Add(key, res, d.ttl)
 	return res.user, res.ok, nil
+}
+
+// limiter returns the TokenReview budget of a source address (the LRU forgets idle sources).
+func (d *Delegated) limiter(from string) *rate.Limiter {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if v, ok := d.sources.Get(from); ok {
+		return v.(*rate.Limiter)
+	}
+	l := rate.NewLimiter(ReviewsPerSecond, ReviewBurst)
+	d.sources.Add(from, l, 10*time.Minute)
+	return l
 }
 
 func (d *Delegated) authorize(ctx context.Context, u authnv1.UserInfo, path, verb string) (bool, string, error) {

@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -84,9 +86,9 @@ func New(opts Options, reg *prometheus.Registry, checks Checks, log *slog.Logger
 		metricsH = opts.Auth(metricsH)
 	}
 	probes := http.NewServeMux()
-	probes.HandleFunc("/healthz", probe(checks.Healthy))
-	probes.HandleFunc("/readyz", probe(checks.Ready))
-	probes.HandleFunc("/livez", probe(checks.Alive))
+	probes.HandleFunc("/healthz", probe("/healthz", checks.Healthy, log))
+	probes.HandleFunc("/readyz", probe("/readyz", checks.Ready, log))
+	probes.HandleFunc("/livez", probe("/livez", checks.Alive, log))
 
 	s := &Server{log: log}
 	mux := http.NewServeMux()
@@ -116,18 +118,60 @@ func newListener(name, addr string, tlsCfg *tls.Config, h http.Handler, l Limits
 	}}
 }
 
-func probe(check func() error) http.HandlerFunc {
+// probe answers a check. The probes are unauthenticated and, with hostNetwork, reachable from every
+// pod, so a failure is answered with a short status (Short of the check's errors: which fix and
+// family, for how long, what kind of problem) and the whole error, which may hold host paths and
+// command output, goes to the log, once per change.
+func probe(path string, check func() error, log *slog.Logger) http.HandlerFunc {
+	var mu sync.Mutex
+	last := ""
 	return func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		var err error
 		if check != nil {
-			if err := check(); err != nil {
-				w.WriteHeader(http.StatusServiceUnavailable)
-				fmt.Fprintf(w, "not ok: %v\n", err)
-				return
-			}
+			err = check()
 		}
-		fmt.Fprintln(w, "ok")
+		full := ""
+		if err != nil {
+			full = err.Error()
+		}
+		mu.Lock()
+		changed := full != last
+		last = full
+		mu.Unlock()
+		if err == nil {
+			fmt.Fprintln(w, "ok")
+			return
+		}
+		if changed {
+			log.Warn("probe failing", "path", path, "err", err)
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "not ok: %s\n", Short(err))
 	}
+}
+
+// Short is what an unauthenticated client sees of a failed check: for each problem its Short()
+// when it has one (engine.ProbeError), else only that it fails.
+func Short(err error) string {
+	var out []string
+	var walk func(error)
+	walk = func(e error) {
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			for _, x := range j.Unwrap() {
+				walk(x)
+			}
+			return
+		}
+		var s interface{ Short() string }
+		if errors.As(e, &s) {
+			out = append(out, s.Short())
+		} else {
+			out = append(out, "failing (the details are in the agent's log)")
+		}
+	}
+	walk(err)
+	return strings.Join(out, "\n")
 }
 
 // Addr is the address the metrics listener listens on (useful with port 0), "" before Start or when

@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"os/signal"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -176,8 +177,28 @@ func cleanupCommand(version string, fixModules fx.Option) *cobra.Command {
 			return errors.Join(Cleanup(cmd.Context(), cfg, log), RevertNodeState(cmd.Context(), fixes.Fixes, cfg, log))
 		},
 	}
-	config.AddFlags(cmd.Flags())
+	// Only the flags cleanup reads: it removes what both backends own in both families whatever
+	// --backend or --families say, so accepting those would let an operator believe otherwise.
+	config.AddKeyFlags(cmd.Flags(), cleanupKeys...)
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		return fmt.Errorf("cleanup: %w; cleanup reads only --config, --set and --%s (it removes what both backends own, in both families)",
+			err, strings.Join(cleanupFlags(), ", --"))
+	})
 	return cmd
+}
+
+// cleanupKeys are the configuration keys cleanup reads: the iptables variant to clean first, where
+// sysctls are reverted, and the log level (fix options come with --set or the file).
+var cleanupKeys = []string{"iptablesVariant", "procSysPath", "logLevel"}
+
+func cleanupFlags() []string {
+	var out []string
+	for _, k := range config.Keys {
+		if slices.Contains(cleanupKeys, k.Key) {
+			out = append(out, k.Flag)
+		}
+	}
+	return out
 }
 
 // RevertNodeState reverts every fix that changes node state other than rules (fix.Actuator), enabled

@@ -1,0 +1,178 @@
+package fix
+
+import (
+	"fmt"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// OptionError is one problem with one option of a fix. Key is the option as it was given; Problem
+// shows the value and says what is accepted, never a Go type name. The core adds the fix id and
+// where the option was set (config.Config.FixError).
+type OptionError struct {
+	Key     string
+	Problem string
+}
+
+func (e *OptionError) Error() string { return e.Key + ": " + e.Problem }
+
+// UnknownKey is the problem text of a key that is not one of known: the nearest known key when one is
+// close (a typo), else the list of accepted keys. The configuration uses it for its own keys too.
+func UnknownKey(noun, key string, known []string) string {
+	if near := Nearest(key, known); near != "" {
+		return fmt.Sprintf("unknown %s; did you mean %s?", noun, near)
+	}
+	sorted := append([]string(nil), known...)
+	sort.Strings(sorted)
+	return fmt.Sprintf("unknown %s; accepted: %s", noun, strings.Join(sorted, ", "))
+}
+
+// Nearest returns the entry of known closest to key (ignoring case, '-' and '_') when it is a likely
+// typo of it: at most a third of the key's letters (at least 2) apart. Empty when none is.
+// (cobra's suggestion distance is unexported; this is the same Levenshtein distance.)
+func Nearest(key string, known []string) string {
+	best, bestD := "", max(2, len(key)/3)+1
+	for _, k := range known {
+		if d := distance(normalizeKey(key), normalizeKey(k)); d < bestD {
+			best, bestD = k, d
+		}
+	}
+	return best
+}
+
+func distance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+var durationType = reflect.TypeOf(time.Duration(0))
+
+// ShowValue renders a value for an error message: a string quoted and cut at 64 characters, a list or
+// mapping by its kind (its content may be long or not ours), anything else as printed.
+func ShowValue(val any) string {
+	switch v := val.(type) {
+	case nil:
+		return "an empty value"
+	case string:
+		if len(v) > 64 {
+			v = v[:64] + "…"
+		}
+		return strconv.Quote(v)
+	}
+	switch reflect.TypeOf(val).Kind() {
+	case reflect.Map:
+		return "a mapping"
+	case reflect.Slice, reflect.Array:
+		return "a list"
+	}
+	return fmt.Sprint(val)
+}
+
+func scalar(val any) bool {
+	switch reflect.TypeOf(val).Kind() {
+	case reflect.Map, reflect.Slice, reflect.Array, reflect.Struct, reflect.Pointer:
+		return false
+	}
+	return true
+}
+
+// ValueProblem says why val (as read from YAML, the environment or a flag) cannot be a value of type
+// t, showing the value and what is accepted; "" when it can, or when t is not one of the kinds the
+// configuration uses (then decoding reports it). The configuration's keys and every fix's options
+// are checked with it, so that one kind of value is described the same way everywhere.
+func ValueProblem(val any, t reflect.Type) string {
+	if val == nil {
+		return ""
+	}
+	switch {
+	case t == durationType:
+		switch v := val.(type) {
+		case time.Duration:
+			return ""
+		case string:
+			if _, err := time.ParseDuration(strings.TrimSpace(v)); err == nil {
+				return ""
+			}
+		}
+		return ShowValue(val) + " is not a duration such as 500ms, 30s or 1m30s"
+	case t.Kind() == reflect.Bool:
+		switch v := val.(type) {
+		case bool:
+			return ""
+		case string:
+			if _, err := strconv.ParseBool(strings.TrimSpace(v)); err == nil {
+				return ""
+			}
+		}
+		return ShowValue(val) + " is not true or false"
+	case t.Kind() == reflect.String:
+		if scalar(val) {
+			return ""
+		}
+		return ShowValue(val) + " is not a single value"
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.String:
+		ok := true
+		switch v := val.(type) {
+		case string, []string:
+		case []any:
+			for _, e := range v {
+				ok = ok && e != nil && scalar(e)
+			}
+		default:
+			ok = false
+		}
+		if ok {
+			return ""
+		}
+		return ShowValue(val) + ` is not a list such as [a, b] or "a,b"`
+	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Uint64:
+		switch v := val.(type) {
+		case int, int64, uint64, uint32, int32:
+			return ""
+		case string:
+			var n uint64
+			if _, err := fmt.Sscanf(strings.TrimSpace(v), "%v", &n); err == nil {
+				return ""
+			}
+		}
+		return ShowValue(val) + " is not a number such as 16384 or 0x4000"
+	}
+	return ""
+}
+
+// optionFields maps the normalized name of every option of the struct type t to its name and type.
+func optionFields(t reflect.Type) (map[string]reflect.StructField, []string) {
+	fields := map[string]reflect.StructField{}
+	var names []string
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("mapstructure"), ",")
+		if name == "-" || !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		fields[normalizeKey(name)] = f
+		names = append(names, name)
+	}
+	return fields, names
+}
