@@ -186,7 +186,7 @@ func (e *Engine) waitNeeds(ctx context.Context, u *unit, beat <-chan time.Time) 
 			e.setEnabledLocked(u.st)
 		}
 		if wanted && err != nil {
-			u.lastErr = fmt.Errorf("waiting for the watches it reads: %w (see the API errors logged)", err)
+			u.lastErr = fmt.Errorf("waiting for the watches it reads to sync (%w; see the API errors logged)", err)
 		}
 		e.mu.Unlock()
 		if !wanted || err == nil {
