@@ -54,7 +54,9 @@ func (e *Engine) pass(ctx context.Context, u *unit, full bool) error {
 // errWaiting is a pass that did nothing because the unit's watches have not synced.
 type errWaiting struct{ err error }
 
-func (e errWaiting) Error() string { return "waiting for the watches it reads to sync: " + e.err.Error() }
+func (e errWaiting) Error() string {
+	return "waiting for the watches it reads to sync: " + e.err.Error()
+}
 func (e errWaiting) Unwrap() error { return e.err }
 
 // sync computes the unit's rules and reconciles the backend with them.
