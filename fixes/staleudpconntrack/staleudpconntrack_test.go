@@ -103,6 +103,10 @@ func TestDeletesOnlyStaleUDPToGonePods(t *testing.T) {
 	if res.Items != 2 || !res.Changed {
 		t.Fatalf("deleted %d entries, want 2 (A's UDP, both families)", res.Items)
 	}
+	// No skip: pod CIDRs play no part (the old per-family skip was logged as family="" object=ipv6).
+	if len(res.Skipped) != 0 {
+		t.Errorf("skips %+v, want none", res.Skipped)
+	}
 	want := []conntrack.Entry{toB4, tcpToA4, toSvc4, direct4}
 	if got := e.ct.Entries(); len(got) != len(want) {
 		t.Fatalf("table after A is gone: %v, want %v", got, want)
