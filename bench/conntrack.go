@@ -1,7 +1,7 @@
 package main
 
 // bench -conntrack: the peak RSS of stale-udp-conntrack against a conntrack table of N entries
-// (BENCHMARKS.md, "stale-udp-conntrack memory"). The table is made in a network namespace of its
+// (fixes/staleudpconntrack/README.md, "Memory"). The table is made in a network namespace of its
 // own with internal/ctfill (no packets): half UDP, half TCP, every entry DNATed (the old dump held
 // all of them), 10% of them UDP entries to addresses of Pods that went away. A child process, in
 // that namespace, with the DaemonSet's environment (GOMEMLIMIT), runs the fix as the engine does (a
