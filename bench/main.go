@@ -3,6 +3,7 @@
 // against the kernel's own floor (one iptables-restore / nft -f of the same rules).
 //
 //	go run ./bench -n 1000,10000 -backends iptables,nftables
+//	go run ./bench -manifest -conntrack 100000,250000   # stale-udp-conntrack's peak RSS (conntrack.go)
 //
 // It needs root (network namespaces), bin/network-node-manager (make build) and bin/etcd,
 // bin/kube-apiserver (make controlplane). Every kernel change happens in namespaces it creates.
@@ -43,6 +44,12 @@ type options struct {
 }
 
 func main() {
+	if spec := os.Getenv(ctChildEnv); spec != "" {
+		if err := conntrackChild(spec); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	var o options
 	sizes := flag.String("n", "10000", "numbers of LoadBalancer Services, ascending (e.g. 1000,10000)")
 	backends := flag.String("backends", "iptables,nftables", "backends to measure")
@@ -55,6 +62,8 @@ func main() {
 	flag.IntVar(&o.runs, "runs", 3, "measure every backend at every N this many times, each with a fresh agent and node namespace (the Services are created once)")
 	agentEnv := flag.String("agent-env", "", "comma-separated KEY=VALUE added to the agent's environment (e.g. GOMEMLIMIT=48MiB)")
 	useManifest := flag.Bool("manifest", false, "run the agent with the DaemonSet's environment (deploy/base/daemonset.yaml, e.g. GOMEMLIMIT) and compare its peak RSS with the DaemonSet's memory limit")
+	ctSizes := flag.String("conntrack", "", "instead of the Services benchmark: the peak RSS of stale-udp-conntrack with conntrack tables of these sizes (e.g. 100000,250000); with -manifest under the DaemonSet's GOMEMLIMIT")
+	ctOld := flag.Bool("conntrack-old", false, "with -conntrack: measure the dump main had before issue 19 (every DNAT entry held) instead of the fix")
 	flag.StringVar(&o.profileDir, "profile", "", "build the agent with -tags profile and write heap profiles (after the cold start, the changes and the idle window) to this directory")
 	flag.Parse()
 	if *agentEnv != "" {
@@ -67,6 +76,20 @@ func main() {
 		}
 		o.manifest = m
 		o.agentEnv = append(o.agentEnv, m.env...)
+	}
+	if *ctSizes != "" {
+		var sizes []int
+		for _, s := range strings.Split(*ctSizes, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(s))
+			if err != nil || n <= 0 {
+				log.Fatalf("-conntrack: bad size %q", s)
+			}
+			sizes = append(sizes, n)
+		}
+		if err := runConntrack(context.Background(), sizes, o.manifest, *ctOld); err != nil {
+			log.Fatal(err)
+		}
+		return
 	}
 	if o.profileDir != "" {
 		dir, err := filepath.Abs(o.profileDir)

@@ -12,7 +12,7 @@ import (
 type Fake struct {
 	mu      sync.Mutex
 	entries []Entry
-	// Dumps counts ListDNAT calls per family; Deleted lists what Delete removed, in order.
+	// Dumps counts EachDNAT calls per family; Deleted lists what Delete removed, in order.
 	Dumps   map[rules.Family]int
 	Deleted []Entry
 	// ListErr and DeleteErr, when set, make the calls fail.
@@ -40,21 +40,25 @@ func (f *Fake) Entries() []Entry {
 	return slices.Clone(f.entries)
 }
 
-// ListDNAT returns the entries of family whose reply source differs from the original destination.
-func (f *Fake) ListDNAT(ctx context.Context, family rules.Family) ([]Entry, error) {
+// EachDNAT hands fn the entries of family and protocol whose reply source differs from the original
+// destination, in table order, until fn returns false.
+func (f *Fake) EachDNAT(ctx context.Context, family rules.Family, protocol rules.Protocol, fn func(Entry) bool) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.Dumps[family]++
-	if f.ListErr != nil {
-		return nil, f.ListErr
+	err := f.ListErr
+	entries := slices.Clone(f.entries)
+	f.mu.Unlock()
+	if err != nil {
+		return err
 	}
-	var out []Entry
-	for _, e := range f.entries {
-		if e.Family == family && e.Reply.Src != e.Orig.Dst {
-			out = append(out, e)
+	for _, e := range entries {
+		if e.Family == family && e.Protocol == protocol && e.Reply.Src != e.Orig.Dst {
+			if !fn(e) {
+				return nil
+			}
 		}
 	}
-	return out, nil
+	return nil
 }
 
 // Delete removes the entries that are in the table.

@@ -250,7 +250,7 @@ func TestDisabledFixesAreRemovedAndReconfigured(t *testing.T) {
 	// A config that disables "on" removes it and keeps nothing else.
 	c := config.Defaults()
 	c.Fixes = map[string]map[string]any{"on": {"enabled": false}}
-	if !h.e.applyConfig(&c) {
+	if !h.e.applyConfig(ctx, &c) {
 		t.Fatal("config rejected")
 	}
 	h.e.SyncOnce(ctx, true) // what the workers do on a reload: a full pass
@@ -260,7 +260,7 @@ func TestDisabledFixesAreRemovedAndReconfigured(t *testing.T) {
 	// A config that a fix rejects changes nothing.
 	on.optErr = errors.New("bad option")
 	c2 := config.Defaults()
-	if h.e.applyConfig(&c2) {
+	if h.e.applyConfig(ctx, &c2) {
 		t.Fatal("config with a rejected option was taken")
 	}
 	if st := h.e.Statuses(); st[0].Enabled || st[1].Enabled {
@@ -516,7 +516,7 @@ func TestActuatorRevertedWhenDisabled(t *testing.T) {
 	// Enabled by a reload: ensured, not reverted.
 	c := config.Defaults()
 	c.Fixes = map[string]map[string]any{"node-setting": {"enabled": true}}
-	if !h.e.applyConfig(&c) {
+	if !h.e.applyConfig(ctx, &c) {
 		t.Fatal("config rejected")
 	}
 	h.e.SyncOnce(ctx, true)
@@ -526,7 +526,7 @@ func TestActuatorRevertedWhenDisabled(t *testing.T) {
 	// Disabled by a reload: reverted once, whatever the number of families.
 	c2 := config.Defaults()
 	c2.Fixes = map[string]map[string]any{"node-setting": {"enabled": false}}
-	if !h.e.applyConfig(&c2) {
+	if !h.e.applyConfig(ctx, &c2) {
 		t.Fatal("config rejected")
 	}
 	h.e.SyncOnce(ctx, true)
@@ -592,7 +592,7 @@ func TestRejectedConfigRestoresEarlierFixes(t *testing.T) {
 	h := newHarness(t, &c, a, b)
 	next := config.Defaults()
 	next.Fixes = map[string]map[string]any{"a-first": {"mode": "new"}, "b-second": {"bad": true}}
-	if h.e.applyConfig(&next) {
+	if h.e.applyConfig(context.Background(), &next) {
 		t.Fatal("a configuration with a rejected option was taken")
 	}
 	if a.opts["mode"] != "old" {
@@ -642,7 +642,7 @@ func TestHealthCountsFromEnabling(t *testing.T) {
 	h.now = h.now.Add(10 * time.Minute)
 	c := config.Defaults()
 	c.Fixes = map[string]map[string]any{"late": {"enabled": true}}
-	if !h.e.applyConfig(&c) {
+	if !h.e.applyConfig(context.Background(), &c) {
 		t.Fatal("config rejected")
 	}
 	f.fail = errors.New("not yet")

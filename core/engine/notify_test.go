@@ -100,7 +100,7 @@ func TestNotifierHearsLifecycle(t *testing.T) {
 	swap := config.Defaults()
 	swap.Fixes = map[string]map[string]any{"on": {"enabled": false}, "off": {"enabled": true}, "picky": {"enabled": true}}
 	for i := range 2 {
-		if !h.e.applyConfig(&swap) {
+		if !h.e.applyConfig(ctx, &swap) {
 			t.Fatal("config rejected")
 		}
 		got := rec.take()
@@ -114,14 +114,14 @@ func TestNotifierHearsLifecycle(t *testing.T) {
 		}
 	}
 	off.optErr = errors.New("bad option")
-	if h.e.applyConfig(&c) {
+	if h.e.applyConfig(ctx, &c) {
 		t.Fatal("config with a rejected option was taken")
 	}
 	if got := rec.take(); len(got) != 1 || got[0] != fmt.Sprintf("ConfigRejected %v", "config: fixes.off: bad option") {
 		t.Fatalf("rejected reload: got %q", got)
 	}
 	off.optErr = nil
-	if !h.e.applyConfig(&c) {
+	if !h.e.applyConfig(ctx, &c) {
 		t.Fatal("config rejected")
 	}
 	h.e.SyncOnce(ctx, true)

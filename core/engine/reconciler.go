@@ -41,11 +41,26 @@ func (e *Engine) pass(ctx context.Context, u *unit, full bool) error {
 		}
 		return e.remove(ctx, u)
 	}
+	if err := e.needsSynced(u); err != nil {
+		// Never act on watches that have not synced (a reload may just have enabled the fix).
+		return fmt.Errorf("fix %s: %w", u, errWaiting{err})
+	}
 	if u.st.act != nil {
 		return e.ensure(ctx, u, u.st.act, full)
 	}
 	return e.sync(ctx, u, full)
 }
+
+// errWaiting is a pass that did nothing because the unit's watches have not synced.
+type errWaiting struct{ err error }
+
+func (e errWaiting) Error() string {
+	return "waiting for the watches it reads to sync: " + e.err.Error()
+}
+func (e errWaiting) Unwrap() error { return e.err }
+
+// Is makes a refused pass read as waiting for watches, so probes give it the short form.
+func (e errWaiting) Is(target error) bool { return target == ErrWaitingForWatches }
 
 // sync computes the unit's rules and reconciles the backend with them.
 func (e *Engine) sync(ctx context.Context, u *unit, full bool) (err error) {
@@ -94,6 +109,9 @@ func (e *Engine) ensure(ctx context.Context, u *unit, a fix.Actuator, full bool)
 		return fmt.Errorf("fix %s: ensure: %w", id, err)
 	}
 	e.report(u, res.Report)
+	e.mu.Lock()
+	u.more = res.More
+	e.mu.Unlock()
 	switch {
 	case res.Repaired:
 		e.log.Warn("node state changed behind our back; restored it", "fix", id)

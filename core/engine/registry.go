@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,8 +41,13 @@ type unit struct {
 	everOK  bool // synced successfully since it became wanted
 	removed bool // an unwanted unit whose rules are known to be gone
 	skipSig string
-	beat    time.Time // the worker's last heartbeat
-	busy    time.Time // when the pass in progress started (zero: none)
+	// waiting: wanted, but the watches its fix reads have not synced; it does nothing meanwhile and
+	// its fix counts as not running (nnm_fix_enabled 0).
+	waiting bool
+	// more: the Actuator's last Ensure stopped at a bound with work left (fix.Result.More).
+	more bool
+	beat time.Time // the worker's last heartbeat
+	busy time.Time // when the pass in progress started (zero: none)
 }
 
 func newUnit(st *fixState, fam rules.Family) *unit {
@@ -153,19 +160,23 @@ func (e *Engine) configure(cfg *config.Config) error {
 		if enabled && !st.enabled {
 			st.enabledAt = e.now()
 		}
+		wasWanted := make([]bool, len(st.units))
+		for i, u := range st.units {
+			wasWanted[i] = e.wantedLocked(u)
+		}
 		st.enabled = enabled
-		for _, u := range st.units {
+		for i, u := range st.units {
 			if e.wantedLocked(u) {
 				u.removed = false
+				if !wasWanted[i] && needsOf(st.fix) != (fix.Needs{}) {
+					// Until its worker has seen the watches synced, the unit does nothing.
+					u.waiting = true
+				}
 			} else {
-				u.everOK = false
+				u.everOK, u.waiting = false, false
 			}
 		}
-		v := 0.0
-		if enabled {
-			v = 1
-		}
-		e.m.Enabled.WithLabelValues(id).Set(v)
+		e.setEnabledLocked(st)
 		refused := 0.0
 		if st.refusal != nil {
 			refused = 1
@@ -173,6 +184,21 @@ func (e *Engine) configure(cfg *config.Config) error {
 		e.m.Refused.WithLabelValues(id).Set(refused)
 	}
 	return nil
+}
+
+// setEnabledLocked exports whether the fix runs: enabled, not refused, and none of its wanted units
+// waiting for the watches it reads. Call with e.mu held.
+func (e *Engine) setEnabledLocked(st *fixState) {
+	v := 0.0
+	if st.enabled {
+		v = 1
+		for _, u := range st.units {
+			if e.wantedLocked(u) && u.waiting {
+				v = 0
+			}
+		}
+	}
+	e.m.Enabled.WithLabelValues(st.fix.ID()).Set(v)
 }
 
 // Refusals returns the errors of fixes that the config enabled but that refused to run here.
@@ -228,9 +254,11 @@ func (e *Engine) syncPeriod() time.Duration {
 	return e.cfg.SyncPeriod
 }
 
-// applyConfig switches to cfg if every fix accepts it and asks every worker for a full pass (which
-// removes what the new config no longer wants); reports whether anything was taken.
-func (e *Engine) applyConfig(cfg *config.Config) bool {
+// applyConfig switches to cfg if every fix accepts it and the watches the newly enabled fixes read
+// can be started, and asks every worker for a full pass (which removes what the new config no longer
+// wants); reports whether anything was taken. A configuration refused for either reason changes
+// nothing: the running one stays, and the refusal is logged, counted and told (ConfigRejected).
+func (e *Engine) applyConfig(ctx context.Context, cfg *config.Config) bool {
 	before := e.Statuses()
 	e.mu.Lock()
 	old := e.cfg
@@ -238,6 +266,21 @@ func (e *Engine) applyConfig(cfg *config.Config) bool {
 	err := e.configure(cfg)
 	needs := e.needsLocked()
 	e.mu.Unlock()
+	if err == nil && needs != oldNeeds && merge(needs, oldNeeds) != oldNeeds {
+		if serr := e.source.Start(ctx, needs); serr != nil {
+			err = fmt.Errorf("config: %s: cannot start the watches they read (%s): %w", e.newlyNeeding(oldNeeds), describeNeeds(needs), serr)
+			e.mu.Lock()
+			if rerr := e.configure(old); rerr != nil {
+				e.log.Error("cannot restore the running configuration", "err", rerr)
+			}
+			e.mu.Unlock()
+		} else {
+			e.mu.Lock()
+			e.watchErr = nil
+			e.mu.Unlock()
+			e.log.Info("started the watches the new set of fixes reads", "needs", describeNeeds(needs))
+		}
+	}
 	if err != nil {
 		e.log.Error("new configuration rejected; keeping the running one", "err", err)
 		e.m.ConfigReloads.WithLabelValues("error").Inc()
@@ -248,9 +291,6 @@ func (e *Engine) applyConfig(cfg *config.Config) bool {
 	for _, field := range config.RestartOnly(old, cfg) {
 		e.log.Warn("config change needs a restart to take effect", "key", field)
 	}
-	if needs != oldNeeds {
-		e.log.Warn("the new set of fixes needs other watches; restart the agent to start them", "needs", needs)
-	}
 	for _, err := range e.Refusals() {
 		e.log.Error("fix not started", "err", err)
 	}
@@ -260,4 +300,36 @@ func (e *Engine) applyConfig(cfg *config.Config) bool {
 		signal(u.reconf)
 	}
 	return true
+}
+
+// newlyNeeding names the enabled fixes that read a watch outside old ("fix mss-clamp (Node)").
+func (e *Engine) newlyNeeding(old fix.Needs) string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []string
+	for _, st := range e.fixes {
+		n := needsOf(st.fix)
+		extra := fix.Needs{Services: n.Services && !old.Services, Node: n.Node && !old.Node, Pods: n.Pods && !old.Pods}
+		if st.enabled && extra != (fix.Needs{}) {
+			out = append(out, fmt.Sprintf("fix %s (%s)", st.fix.ID(), describeNeeds(extra)))
+		}
+	}
+	return strings.Join(out, ", ")
+}
+
+// describeNeeds names the watches of n: "Services, Node".
+func describeNeeds(n fix.Needs) string {
+	var out []string
+	for _, w := range []struct {
+		on   bool
+		name string
+	}{{n.Services, "Services"}, {n.Node, "Node"}, {n.Pods, "Pods"}} {
+		if w.on {
+			out = append(out, w.name)
+		}
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ", ")
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
@@ -11,10 +12,32 @@ import (
 // heartbeatEvery is how often an idle worker says it is alive (see Alive).
 var heartbeatEvery = time.Second
 
-// needsSyncer is implemented by sources that can wait for the watches of some needs only, so that
-// a fix reading the Node does not wait for the Services list.
+// needsSyncer is implemented by sources that tell about the watches of some needs only, so that a
+// fix reading the Node does not wait for the Services list.
 type needsSyncer interface {
-	WaitForNeeds(ctx context.Context, needs fix.Needs) error
+	// NeedsSynced returns nil when the watches of needs have their first list, else why not.
+	NeedsSynced(needs fix.Needs) error
+}
+
+// needsSynced returns nil when the watches u's fix reads have synced (or it reads none), else why
+// not. A unit must not act before: a fix would judge an empty list of Pods or no Node as the truth.
+func (e *Engine) needsSynced(u *unit) error {
+	needs := needsOf(u.st.fix)
+	if needs == (fix.Needs{}) {
+		return nil
+	}
+	e.mu.Lock()
+	watchErr := e.watchErr
+	e.mu.Unlock()
+	if watchErr != nil {
+		return watchErr
+	}
+	if ns, ok := e.source.(needsSyncer); ok {
+		return ns.NeedsSynced(needs)
+	}
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	return e.source.WaitForSync(done)
 }
 
 // dispatch hands every change of the watches to every worker and takes new configurations.
@@ -28,7 +51,7 @@ func (e *Engine) dispatch(ctx context.Context) {
 				signal(u.kick)
 			}
 		case cfg := <-e.reconfig:
-			e.applyConfig(cfg)
+			e.applyConfig(ctx, cfg)
 		}
 	}
 }
@@ -58,6 +81,10 @@ func (e *Engine) work(ctx context.Context, u *unit) {
 				case <-time.After(wait):
 				}
 			}
+			// A reload may have enabled the fix: wait for its watches, doing nothing meanwhile.
+			if !e.waitNeeds(ctx, u, beat.C) {
+				return
+			}
 			kicked := drain(u.kick)
 			var err error
 			again := false
@@ -74,8 +101,17 @@ func (e *Engine) work(ctx context.Context, u *unit) {
 			if ctx.Err() != nil {
 				return
 			}
+			if errors.As(err, new(errWaiting)) {
+				continue // the fix was enabled between the wait and the pass: wait again
+			}
 			last = e.now()
 			pending, full = again, again
+			e.mu.Lock()
+			if u.more && err == nil {
+				// The Actuator left work over: the next pass follows after minSyncPeriod.
+				u.more, pending = false, true
+			}
+			e.mu.Unlock()
 			retry = nil
 			if err != nil {
 				backoff = nextBackoff(backoff, e.minSyncPeriod(), e.syncPeriod())
@@ -134,45 +170,42 @@ func (e *Engine) verify(ctx context.Context, u *unit) (err error, again bool) {
 }
 
 // waitNeeds waits until the watches the unit's fix reads have synced, beating meanwhile. A unit
-// that is not wanted, or whose fix reads nothing, does not wait. It returns false when ctx ended.
+// that is not wanted, or whose fix reads nothing, does not wait. While it waits the unit is marked
+// waiting (its fix is not counted as running) with the reason as its last error, which /readyz and,
+// after 2 × syncPeriod, /healthz report. It returns false when ctx ended.
 func (e *Engine) waitNeeds(ctx context.Context, u *unit, beat <-chan time.Time) bool {
 	for {
 		e.heartbeat(u)
 		e.mu.Lock()
-		wanted, watchErr := e.wantedLocked(u), e.watchErr
+		wanted := e.wantedLocked(u)
 		e.mu.Unlock()
-		needs := needsOf(u.st.fix)
-		if !wanted || needs == (fix.Needs{}) {
-			return true
+		err := e.needsSynced(u)
+		e.mu.Lock()
+		if u.waiting != (wanted && err != nil) {
+			u.waiting = wanted && err != nil
+			e.setEnabledLocked(u.st)
 		}
-		if watchErr != nil {
-			e.mu.Lock()
-			u.lastErr = watchErr
-			e.mu.Unlock()
-		} else {
-			wctx, cancel := context.WithTimeout(ctx, heartbeatEvery)
-			var err error
-			if ns, ok := e.source.(needsSyncer); ok {
-				err = ns.WaitForNeeds(wctx, needs)
-			} else {
-				err = e.source.WaitForSync(wctx)
-			}
-			cancel()
-			if err == nil {
-				return true
-			}
-			e.mu.Lock()
-			u.lastErr = ErrWaitingForWatches
-			e.mu.Unlock()
+		if wanted && err != nil {
+			u.lastErr = fmt.Errorf("%w: %w", ErrWaitingForWatches, err)
+		}
+		e.mu.Unlock()
+		if !wanted || err == nil {
+			return true
 		}
 		select {
 		case <-ctx.Done():
 			return false
 		case <-u.reconf:
+		case <-u.kick:
 		case <-beat:
+		case <-time.After(waitPoll):
 		}
 	}
 }
+
+// waitPoll is how often a waiting unit looks at its watches again (a first list with no objects
+// sends no change).
+const waitPoll = 50 * time.Millisecond
 
 func (e *Engine) heartbeat(u *unit) {
 	e.mu.Lock()

@@ -174,6 +174,9 @@ type Result struct {
 	// Repaired says a full Ensure found its state changed behind its back and restored it
 	// (counted in nnm_sync_repairs_total and logged as a warning).
 	Repaired bool
+	// More says Ensure stopped at a bound with work left: the engine runs the next pass after
+	// minSyncPeriod instead of waiting for a change or the next syncPeriod.
+	More bool
 }
 
 // NodeBackend is the backend label of an Actuator's sync metrics.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,19 +32,23 @@ type Informers struct {
 
 	changes chan struct{}
 
-	mu        sync.Mutex
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
-	svcStore  cache.Store
-	svcSync   cache.InformerSynced
-	services  sortedServices // the Services of svcStore's events, sorted
-	nodeStore cache.Store
-	nodeSync  cache.InformerSynced
-	podStore  cache.Store
-	podSync   cache.InformerSynced
-	cidrs     serviceCIDRWatch
-	started   time.Time // when Start began, for the "watches synced" log line
-	synced    bool      // that line was logged
+	mu          sync.Mutex
+	client      kubernetes.Interface // made by the first Start that needs a watch
+	ctx         context.Context      // the informers' context, cancelled by Stop
+	cancel      context.CancelFunc
+	stopped     bool
+	startedOnce bool // some watch was started (later starts are logged)
+	wg          sync.WaitGroup
+	svcStore    cache.Store
+	svcSync     cache.InformerSynced
+	services    sortedServices // the Services of svcStore's events, sorted
+	nodeStore   cache.Store
+	nodeSync    cache.InformerSynced
+	podStore    cache.Store
+	podSync     cache.InformerSynced
+	cidrs       serviceCIDRWatch
+	started     time.Time // when Start began, for the "watches synced" log line
+	synced      bool      // that line was logged
 
 	apiErrors        *apiErrorLog
 	transportWrapped atomic.Bool // WrapTransport is in the client's transport
@@ -56,71 +61,101 @@ func NewInformers(newClient func() (kubernetes.Interface, error), nodeName strin
 		apiErrors: newAPIErrorLog(log)}
 }
 
-// Start starts the informers that needs asks for.
+// Start starts the informers that needs asks for and that are not running yet: a second call (a
+// reload enabled a fix that reads another watch) adds what is missing. The informers live until Stop,
+// under the context of the first call that started one.
 func (s *Informers) Start(ctx context.Context, needs fix.Needs) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cancel != nil {
-		return fmt.Errorf("watch: already started")
+	if s.started.IsZero() {
+		s.started = time.Now()
 	}
-	s.started = time.Now()
-	if !needs.Services && !needs.Node && !needs.Pods && !needs.ServiceCIDRs {
-		s.cancel = func() {}
+	if s.stopped {
+		return fmt.Errorf("watch: stopped")
+	}
+	missing := fix.Needs{Services: needs.Services && s.svcSync == nil, Node: needs.Node && s.nodeSync == nil,
+		Pods: needs.Pods && s.podSync == nil, ServiceCIDRs: needs.ServiceCIDRs && !s.cidrs.started}
+	if s.nodeName == "" && (missing.Node || missing.Pods) {
+		if missing.Node {
+			s.log.Warn("no node name configured: pod CIDRs come from the configuration only (set nodeName / NNM_NODE_NAME)")
+		}
+		if missing.Pods {
+			s.log.Warn("no node name configured: this node's Pods cannot be watched (set nodeName / NNM_NODE_NAME)")
+		}
+		missing.Node, missing.Pods = false, false
+	}
+	if missing == (fix.Needs{}) {
 		return nil
 	}
-	client, err := s.newClient()
-	if err != nil {
-		return err
+	if s.client == nil {
+		client, err := s.newClient()
+		if err != nil {
+			return err
+		}
+		s.client = client
 	}
-	ctx, s.cancel = context.WithCancel(ctx)
+	if s.ctx == nil {
+		s.ctx, s.cancel = context.WithCancel(ctx)
+	}
+	client := s.client
 	handler := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { s.notify() },
 		UpdateFunc: func(old, cur any) { s.notify() },
 		DeleteFunc: func(any) { s.notify() },
 	}
-	if needs.Services {
+	if missing.Services {
 		f := informers.NewSharedInformerFactoryWithOptions(client, 0)
 		svcHandler := cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { s.services.set(obj, false); s.notify() },
 			UpdateFunc: func(_, cur any) { s.services.set(cur, false); s.notify() },
 			DeleteFunc: func(obj any) { s.services.set(obj, true); s.notify() },
 		}
-		if err := s.start(ctx, f.Core().V1().Services().Informer(), svcHandler, &s.svcStore, &s.svcSync); err != nil {
+		if err := s.start(s.ctx, f.Core().V1().Services().Informer(), svcHandler, &s.svcStore, &s.svcSync); err != nil {
 			return err
 		}
 	}
-	if needs.Node && s.nodeName != "" {
+	if missing.Node {
 		f := informers.NewSharedInformerFactoryWithOptions(client, 0,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.nodeName).String()
 			}))
-		if err := s.start(ctx, f.Core().V1().Nodes().Informer(), handler, &s.nodeStore, &s.nodeSync); err != nil {
+		if err := s.start(s.ctx, f.Core().V1().Nodes().Informer(), handler, &s.nodeStore, &s.nodeSync); err != nil {
 			return err
 		}
-	} else if needs.Node {
-		s.log.Warn("no node name configured: pod CIDRs come from the configuration only (set nodeName / NNM_NODE_NAME)")
 	}
-	if needs.Pods && s.nodeName != "" {
+	if missing.Pods {
 		// Only this node's Pods: the API server filters by spec.nodeName, as the kubelet's watch does.
 		f := informers.NewSharedInformerFactoryWithOptions(client, 0,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 				o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", s.nodeName).String()
 			}))
-		if err := s.start(ctx, f.Core().V1().Pods().Informer(), handler, &s.podStore, &s.podSync); err != nil {
+		if err := s.start(s.ctx, f.Core().V1().Pods().Informer(), handler, &s.podStore, &s.podSync); err != nil {
 			return err
 		}
-	} else if needs.Pods {
-		s.log.Warn("no node name configured: this node's Pods cannot be watched (set nodeName / NNM_NODE_NAME)")
 	}
-	if needs.ServiceCIDRs {
+	if missing.ServiceCIDRs {
 		s.cidrs.started = true
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.watchServiceCIDRs(ctx, client, handler)
+			s.watchServiceCIDRs(s.ctx, client, handler)
 		}()
 	}
+	if !s.startedOnce {
+		s.startedOnce = true
+	} else {
+		s.log.Info("started the watches a newly enabled fix reads", "services", missing.Services, "node", missing.Node, "pods", missing.Pods,
+			"serviceCIDRs", missing.ServiceCIDRs)
+	}
 	return nil
+}
+
+// Started reports which watches run: a need with no watch started (no node name for the Node and
+// Pods) is false.
+func (s *Informers) Started() fix.Needs {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return fix.Needs{Services: s.svcSync != nil, Node: s.nodeSync != nil, Pods: s.podSync != nil, ServiceCIDRs: s.cidrs.started}
 }
 
 // start strips what the informer caches, hooks the change signal in, and runs it in the background.
@@ -238,44 +273,68 @@ func (s *Informers) notify() {
 
 // WaitForSync waits for the started informers' first list.
 func (s *Informers) WaitForSync(ctx context.Context) error {
-	return s.WaitForNeeds(ctx, fix.Needs{Services: true, Node: true, Pods: true, ServiceCIDRs: true})
+	return s.WaitForNeeds(ctx, s.Started())
 }
 
-// WaitForNeeds waits for the first list of the started informers that needs asks for, so a fix
-// that reads only the Node does not wait for the Services.
+// WaitForNeeds waits for the first list of the watches that needs asks for, so a fix that reads
+// only the Node does not wait for the Services.
 func (s *Informers) WaitForNeeds(ctx context.Context, needs fix.Needs) error {
-	s.mu.Lock()
-	var synced []cache.InformerSynced
-	if needs.Services && s.svcSync != nil {
-		synced = append(synced, s.svcSync)
-	}
-	if needs.Node && s.nodeSync != nil {
-		synced = append(synced, s.nodeSync)
-	}
-	if needs.Pods && s.podSync != nil {
-		synced = append(synced, s.podSync)
-	}
-	if needs.ServiceCIDRs && s.cidrs.started {
-		synced = append(synced, s.serviceCIDRsSynced)
-	}
-	s.mu.Unlock()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		all := true
-		for _, f := range synced {
-			all = all && f()
-		}
-		if all {
-			s.logSynced(len(synced))
+		err := s.NeedsSynced(needs)
+		if err == nil {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("watch: informers did not sync: %w", ctx.Err())
+			return fmt.Errorf("watch: %w: %w", err, ctx.Err())
 		case <-tick.C:
 		}
 	}
+}
+
+// NeedsSynced returns nil when every watch that needs asks for has its first list, else why not: a
+// watch not started (Start was not asked for it, or no node name for the Pods) or not synced yet.
+// The Node without a node name is the one exception: it cannot be watched, and pod CIDRs then come
+// from the configuration.
+func (s *Informers) NeedsSynced(needs fix.Needs) error {
+	s.mu.Lock()
+	type watch struct {
+		name   string
+		need   bool
+		synced cache.InformerSynced
+	}
+	watches := []watch{{"Services", needs.Services, s.svcSync}, {"Node", needs.Node && s.nodeName != "", s.nodeSync},
+		{"Pods", needs.Pods, s.podSync}}
+	if needs.ServiceCIDRs {
+		var synced cache.InformerSynced
+		if s.cidrs.started {
+			synced = s.serviceCIDRsSynced
+		}
+		watches = append(watches, watch{"ServiceCIDRs", true, synced})
+	}
+	s.mu.Unlock()
+	n := 0
+	var missing []string
+	for _, w := range watches {
+		switch {
+		case !w.need:
+		case w.synced == nil && w.name == "Pods" && s.nodeName == "":
+			missing = append(missing, "Pods (no node name)")
+		case w.synced == nil:
+			missing = append(missing, w.name+" (not started)")
+		case !w.synced():
+			missing = append(missing, w.name)
+		default:
+			n++
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("watches not synced: %s", strings.Join(missing, ", "))
+	}
+	s.logSynced(n)
+	return nil
 }
 
 // logSynced logs, once, how long the first list of the started informers took (at 10,000 Services
@@ -337,6 +396,7 @@ func (s *Informers) Changes() <-chan struct{} { return s.changes }
 func (s *Informers) Stop() {
 	s.mu.Lock()
 	cancel := s.cancel
+	s.stopped = true
 	s.mu.Unlock()
 	if cancel != nil {
 		cancel()

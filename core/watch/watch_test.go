@@ -405,3 +405,54 @@ func TestThrottlingIsLogged(t *testing.T) {
 		t.Fatalf("%d throttled requests logged %d lines, want 1 naming 429 and the request:\n%s", requests.Load(), len(lines), logs.String())
 	}
 }
+
+// A second Start adds the watches a reload's newly enabled fix reads (issue 19, item 3), and
+// NeedsSynced names a watch that was not started instead of calling it synced.
+func TestInformersStartAddsWatches(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Spec: corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "p1"}, Spec: corev1.PodSpec{NodeName: "n1"},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.244.1.2"}}}}
+	cs := fake.NewClientset(node, pod)
+	clients := 0
+	s := NewInformers(func() (kubernetes.Interface, error) { clients++; return cs, nil }, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Start(ctx, fix.Needs{Services: true}); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	if err := s.WaitForNeeds(ctx, fix.Needs{Services: true}); err != nil {
+		t.Fatal(err)
+	}
+	err := s.NeedsSynced(fix.Needs{Node: true, Pods: true})
+	if err == nil || !strings.Contains(err.Error(), "Node (not started)") || !strings.Contains(err.Error(), "Pods (not started)") {
+		t.Fatalf("NeedsSynced before the watches started = %v; want both named as not started", err)
+	}
+	if err := s.Start(ctx, fix.Needs{Services: true, Node: true, Pods: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.WaitForNeeds(ctx, fix.Needs{Node: true, Pods: true}); err != nil {
+		t.Fatal(err)
+	}
+	if s.Node() == nil || len(s.Pods()) != 1 || clients != 1 {
+		t.Fatalf("after the second Start: node %v, pods %v, clients made %d (want 1)", s.Node(), s.Pods(), clients)
+	}
+	if got := s.Started(); got != (fix.Needs{Services: true, Node: true, Pods: true}) {
+		t.Fatalf("Started = %+v", got)
+	}
+}
+
+// Without a node name the Pods watch cannot run: a fix reading Pods is never told it synced.
+func TestInformersPodsWithoutNodeNameNeverSync(t *testing.T) {
+	s := NewInformers(func() (kubernetes.Interface, error) { return fake.NewClientset(), nil }, "", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := s.Start(context.Background(), fix.Needs{Pods: true, Node: true}); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	if err := s.NeedsSynced(fix.Needs{Pods: true}); err == nil || !strings.Contains(err.Error(), "no node name") {
+		t.Fatalf("NeedsSynced(Pods) without a node name = %v", err)
+	}
+	if err := s.NeedsSynced(fix.Needs{Node: true}); err != nil {
+		t.Fatalf("the Node without a node name (configured pod CIDRs) = %v; want nil", err)
+	}
+}

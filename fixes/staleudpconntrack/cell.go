@@ -1,5 +1,5 @@
 // Package staleudpconntrack deletes UDP conntrack entries that still send a client's packets to a pod
-// address no running Pod on this node holds any more: a hostPort/portmap (or NodePort) DNAT entry
+// address that a Pod of this node held and gave up: a hostPort/portmap (or NodePort) DNAT entry
 // outlives its target and every packet of a fixed-source-port client refreshes it
 // (kubernetes#58336, containernetworking/plugins#1190).
 package staleudpconntrack
@@ -16,7 +16,7 @@ import (
 const ID = "stale-udp-conntrack"
 
 // Description is the one-line summary.
-const Description = "delete UDP conntrack entries DNATed to a pod address of this node that no running Pod holds, so fixed-port UDP clients reach the new pod (kubernetes#58336)"
+const Description = "delete UDP conntrack entries DNATed to an address that a Pod of this node gave up, so fixed-port UDP clients reach the new pod (kubernetes#58336)"
 
 // Module registers the fix.
 var Module = fx.Module(ID, fix.Provide(ID, New))
@@ -28,9 +28,12 @@ type Config struct {
 	MaxDeletesPerPass int `mapstructure:"maxDeletesPerPass"`
 	// MinDumpInterval is the shortest time between two dumps of the conntrack table of a family.
 	MinDumpInterval time.Duration `mapstructure:"minDumpInterval"`
+	// Retention is how long an address that a Pod of this node gave up stays known dead (entries
+	// DNATed to it are deleted meanwhile).
+	Retention time.Duration `mapstructure:"retention"`
 }
 
 // DefaultConfig is the configuration used when nothing is set.
 func DefaultConfig() Config {
-	return Config{MaxDeletesPerPass: 1000, MinDumpInterval: 200 * time.Millisecond}
+	return Config{MaxDeletesPerPass: 1000, MinDumpInterval: 200 * time.Millisecond, Retention: 5 * time.Minute}
 }

@@ -12,6 +12,7 @@ var subsystem = metrics.Subsystem(ID)
 type fixMetrics struct {
 	deleted, dumps *prometheus.CounterVec
 	errors         *prometheus.CounterVec
+	dead           prometheus.Gauge
 }
 
 func newMetrics() *fixMetrics {
@@ -20,14 +21,16 @@ func newMetrics() *fixMetrics {
 	}
 	return &fixMetrics{
 		deleted: prometheus.NewCounterVec(opts("deleted_entries_total",
-			"UDP conntrack entries deleted because their DNAT target was a pod address no running Pod holds."), []string{"family"}),
+			"UDP conntrack entries deleted because their DNAT target was an address that a Pod of this node gave up."), []string{"family"}),
 		dumps: prometheus.NewCounterVec(opts("dumps_total",
-			"Kernel-filtered dumps of the DNAT entries of the conntrack table."), []string{"family"}),
+			"Kernel-filtered (UDP, DNAT) dumps of the conntrack table."), []string{"family"}),
 		errors: prometheus.NewCounterVec(opts("errors_total",
 			"Failed conntrack dumps or deletions."), []string{"family", "operation"}),
+		dead: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: metrics.Namespace, Subsystem: subsystem, Name: "dead_addresses",
+			Help: "Addresses that a Pod of this node gave up, remembered for the retention; only entries DNATed to them are deleted."}),
 	}
 }
 
 func (m *fixMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.deleted, m.dumps, m.errors}
+	return []prometheus.Collector{m.deleted, m.dumps, m.errors, m.dead}
 }

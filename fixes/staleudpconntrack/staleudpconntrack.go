@@ -23,6 +23,8 @@ import (
 const (
 	MaxDeletesLimit    = 100000
 	MaxMinDumpInterval = time.Minute
+	MinRetention       = time.Second
+	MaxRetention       = time.Hour
 )
 
 // Params is what the core provides.
@@ -44,10 +46,14 @@ type Fix struct {
 	sleep func(ctx context.Context, d time.Duration) error
 
 	mu sync.Mutex
-	// live: the pod addresses held by the Pods of the last pass. A pass dumps the table when one of
-	// them is gone, on full passes, and while entries are left over (pending).
-	live     map[netip.Addr]bool
-	pending  bool
+	// held: the pod addresses held by this node's live Pods at the last pass (nil before the first).
+	// dead: the addresses that a Pod of this node held and no longer holds, with the time the fix
+	// saw them go; only entries DNATed to one of them are deleted, for retention. fresh: an address
+	// died since the last dump. more: the last pass stopped at maxDeletesPerPass.
+	held     map[netip.Addr]bool
+	dead     map[netip.Addr]time.Time
+	fresh    bool
+	more     bool
 	lastDump map[rules.Family]time.Time
 }
 
@@ -67,7 +73,7 @@ func New(p Params) (*Fix, error) {
 		return nil, err
 	}
 	f := &Fix{ct: p.Conntrack, log: log.With("fix", ID), opts: opts, m: newMetrics(), now: time.Now, sleep: sleep,
-		lastDump: map[rules.Family]time.Time{}}
+		lastDump: map[rules.Family]time.Time{}, dead: map[netip.Addr]time.Time{}}
 	if p.Registry != nil {
 		if err := metrics.Register(p.Registry, f.m.collectors()...); err != nil {
 			return nil, fmt.Errorf("%s: %w", ID, err)
@@ -94,6 +100,9 @@ func parse(cfg Config) (Config, error) {
 	if cfg.MinDumpInterval < 0 || cfg.MinDumpInterval > MaxMinDumpInterval {
 		return cfg, fmt.Errorf("fixes.%s.minDumpInterval: %v is out of range (0 to %v)", ID, cfg.MinDumpInterval, MaxMinDumpInterval)
 	}
+	if cfg.Retention < MinRetention || cfg.Retention > MaxRetention {
+		return cfg, fmt.Errorf("fixes.%s.retention: %v is out of range (%v to %v)", ID, cfg.Retention, MinRetention, MaxRetention)
+	}
 	return cfg, nil
 }
 
@@ -106,11 +115,11 @@ func (f *Fix) Description() string { return Description }
 // DefaultEnabled is false: deleting conntrack entries is a policy the operator chooses.
 func (f *Fix) DefaultEnabled(fix.Env) bool { return false }
 
-// Needs this node's Pods (which addresses are live) and its Node (pod CIDRs).
-func (f *Fix) Needs() fix.Needs { return fix.Needs{Pods: true, Node: true} }
+// Needs this node's Pods: which addresses they hold, and which they gave up. The engine runs the fix
+// only once that watch has synced.
+func (f *Fix) Needs() fix.Needs { return fix.Needs{Pods: true} }
 
-// Check refuses to run without a node name: without the Pods watch every pod address would look
-// unused, and entries of live pods would be deleted.
+// Check refuses to run without a node name: this node's Pods cannot be watched without it.
 func (f *Fix) Check(env fix.Env) error {
 	if env.NodeName == "" {
 		return errors.New("needs the node name (nodeName / NNM_NODE_NAME) to watch this node's Pods")
@@ -143,62 +152,38 @@ func LiveAddrs(pods []*corev1.Pod) map[netip.Addr]bool {
 	return live
 }
 
-// Stale selects the entries to delete: UDP, destination-NATed to an address in one of podCIDRs that
-// is not live. Never TCP (a TCP peer learns from a RST; deleting its entry breaks nothing but is not
-// this fix's business), never a live target.
-func Stale(entries []conntrack.Entry, podCIDRs []netip.Prefix, live map[netip.Addr]bool) []conntrack.Entry {
-	var out []conntrack.Entry
-	for _, e := range entries {
-		target := e.Reply.Src.Addr()
-		if e.Protocol != rules.UDP || target == e.Orig.Dst.Addr() || live[target] || !inAny(target, podCIDRs) {
-			continue
-		}
-		out = append(out, e)
-	}
-	return out
-}
-
-func inAny(a netip.Addr, prefixes []netip.Prefix) bool {
-	for _, p := range prefixes {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
-}
-
-// Ensure dumps the DNAT entries of each family with pod CIDRs and deletes the stale UDP ones, when a
-// pod address went away since the last pass, on full passes (entries left while the agent was down),
-// and while a bounded pass left entries over.
+// Ensure learns from this node's Pods which addresses went away (a Pod of this node held them and
+// no Pod holds them now) and deletes the UDP entries DNATed to one of those addresses: when one went
+// away since the last pass, on full passes (entries recreated meanwhile), and while a bounded pass
+// left entries over (Result.More). An entry whose DNAT target is any other address (a live pod of
+// this node, a pod of another node, an address never seen held) is never deleted.
 func (f *Fix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Result, error) {
 	cfg := f.opts.Get()
-	if snap.Node == nil {
-		// The Node and Pods watches start together; without the Node the Pods may be unknown too,
-		// and every pod address would look unused.
-		return fix.Result{Report: fix.Report{Skipped: []fix.Skip{{Object: "node", Reason: "no-node",
-			Detail: "this node's Node object is not known yet: no entry is judged"}}}}, nil
-	}
 	live := LiveAddrs(snap.Pods)
+	now := f.now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	gone := f.live == nil
-	for a := range f.live {
-		if !live[a] {
-			gone = true
-			break
+	for a := range f.held {
+		if _, known := f.dead[a]; !live[a] && !known {
+			f.dead[a], f.fresh = now, true
 		}
 	}
+	for a, since := range f.dead {
+		if live[a] || now.Sub(since) > cfg.Retention {
+			delete(f.dead, a) // held again (the address was reused here), or forgotten
+		}
+	}
+	f.held = live
+	f.m.dead.Set(float64(len(f.dead)))
 	res := fix.Result{Report: fix.Report{Covered: len(live)}}
-	if !full && !gone && !f.pending {
-		f.live = live
+	if len(f.dead) == 0 || (!full && !f.fresh && !f.more) {
+		f.fresh, f.more = false, false
 		return res, nil
 	}
 	var errs []error
-	pending := false
+	more := false
 	for _, fam := range rules.Families {
-		cidrs := snap.PodCIDRsOf(fam)
-		if len(cidrs) == 0 {
-			res.Skipped = append(res.Skipped, fix.Skip{Object: string(fam), Reason: "no-pod-cidr", Detail: fmt.Sprintf("no %s pod CIDR: no entry can be judged", fam)})
+		if !f.anyDead(fam) {
 			continue
 		}
 		if wait := cfg.MinDumpInterval - f.now().Sub(f.lastDump[fam]); wait > 0 {
@@ -208,16 +193,21 @@ func (f *Fix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Re
 		}
 		f.lastDump[fam] = f.now()
 		f.m.dumps.WithLabelValues(string(fam)).Inc()
-		entries, err := f.ct.ListDNAT(ctx, fam)
+		// Only the entries to a dead address are kept, at most one batch of maxDeletesPerPass: the
+		// dump stops there, and the next pass (Result.More) continues.
+		var stale []conntrack.Entry
+		err := f.ct.EachDNAT(ctx, fam, rules.UDP, func(e conntrack.Entry) bool {
+			if f.isDead(e) {
+				stale = append(stale, e)
+			}
+			return len(stale) < cfg.MaxDeletesPerPass
+		})
 		if err != nil {
 			f.m.errors.WithLabelValues(string(fam), "dump").Inc()
 			errs = append(errs, err)
 			continue
 		}
-		stale := Stale(entries, cidrs, live)
-		if len(stale) > cfg.MaxDeletesPerPass {
-			stale, pending = stale[:cfg.MaxDeletesPerPass], true
-		}
+		more = more || len(stale) >= cfg.MaxDeletesPerPass
 		n, err := f.ct.Delete(ctx, stale)
 		f.m.deleted.WithLabelValues(string(fam)).Add(float64(n))
 		res.Items += n
@@ -230,22 +220,43 @@ func (f *Fix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Re
 		}
 	}
 	res.Changed = res.Items > 0
+	res.More = more
 	err := errors.Join(errs...)
-	if err == nil {
-		// On error the old set stays, so the next pass dumps again.
-		f.live = live
-	}
-	f.pending = pending
-	if pending {
+	// On error the next pass dumps again (fresh stays), as it does while entries are left over.
+	f.fresh = err != nil
+	f.more = more
+	if more {
 		f.log.Info("more stale UDP conntrack entries than maxDeletesPerPass; the next pass continues", "maxDeletesPerPass", cfg.MaxDeletesPerPass)
 	}
 	return res, err
 }
 
-// Revert does nothing: deleted entries are not restored, and the fix leaves nothing behind.
+// isDead says whether e is DNATed (reply source ≠ original destination) to a dead address.
+func (f *Fix) isDead(e conntrack.Entry) bool {
+	target := e.Reply.Src.Addr()
+	if target == e.Orig.Dst.Addr() {
+		return false
+	}
+	_, dead := f.dead[target]
+	return dead
+}
+
+func (f *Fix) anyDead(fam rules.Family) bool {
+	for a := range f.dead {
+		if fam.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// Revert restores nothing (deleted entries are gone, and the fix leaves nothing behind); it forgets
+// what the fix learnt, so that a fix enabled again starts from the Pods it sees then.
 func (f *Fix) Revert(context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.live, f.pending = nil, false
+	f.held, f.fresh, f.more = nil, false, false
+	clear(f.dead)
+	f.m.dead.Set(0)
 	return nil
 }

@@ -3,7 +3,8 @@ package staleudpconntrack
 // Test address plan: this node's pod CIDRs are 10.244.1.0/24 and fd00:10:244:1::/64; pods A
 // (10.244.1.10, fd00:10:244:1::a) and B (10.244.1.11, fd00:10:244:1::b); clients 192.0.2.7 and
 // 2001:db8::7 send to the node's hostPort 8125 on 198.51.100.1 / 2001:db8:1::1. 10.96.0.10 is a
-// Cluster-IP target outside the pod CIDRs.
+// Cluster-IP target outside the pod CIDRs; 10.244.2.20 is a pod of another node (inside the
+// cluster's 10.244.0.0/16, the documented podCIDRs fallback).
 
 import (
 	"context"
@@ -52,7 +53,8 @@ var (
 	toB4     = entry(rules.UDP, "192.0.2.7:40001", "198.51.100.1:8125", "10.244.1.11:8125")
 	tcpToA4  = entry(rules.TCP, "192.0.2.7:40002", "198.51.100.1:8125", "10.244.1.10:8125")
 	toSvc4   = entry(rules.UDP, "192.0.2.7:40003", "198.51.100.1:53", "10.96.0.10:53")
-	direct4  = entry(rules.UDP, "192.0.2.7:40004", "10.244.1.10:8125", "10.244.1.10:8125") // no DNAT
+	direct4  = entry(rules.UDP, "192.0.2.7:40004", "10.244.1.10:8125", "10.244.1.10:8125")  // no DNAT
+	remote4  = entry(rules.UDP, "10.244.1.10:40005", "10.96.0.20:8125", "10.244.2.20:8125") // local pod → ClusterIP → pod of another node
 	dualNode = testkit.WithNode(testkit.Node("node-a", testkit.PodCIDRs("10.244.1.0/24", "fd00:10:244:1::/64")))
 )
 
@@ -92,14 +94,18 @@ func (e *env) ensure(t *testing.T, full bool, pods ...*corev1.Pod) fix.Result {
 
 func TestDeletesOnlyStaleUDPToGonePods(t *testing.T) {
 	e := newEnv(t, nil, toA4, toA6, toB4, tcpToA4, toSvc4, direct4)
-	// First pass, both pods live: nothing to delete.
-	if res := e.ensure(t, true, podA, podB); res.Items != 0 || len(e.ct.Entries()) != 6 {
-		t.Fatalf("with both pods live: deleted %d, table %v", res.Items, e.ct.Entries())
+	// First pass, both pods live: nothing is dead, the table is not even read.
+	if res := e.ensure(t, true, podA, podB); res.Items != 0 || len(e.ct.Entries()) != 6 || e.ct.Dumps[rules.IPv4] != 0 {
+		t.Fatalf("with both pods live: deleted %d, dumps %v, table %v", res.Items, e.ct.Dumps, e.ct.Entries())
 	}
 	// Pod A is gone: its UDP entries of both families go; TCP, Service, non-DNAT and B's stay.
 	res := e.ensure(t, false, podB)
 	if res.Items != 2 || !res.Changed {
 		t.Fatalf("deleted %d entries, want 2 (A's UDP, both families)", res.Items)
+	}
+	// No skip: pod CIDRs play no part (the old per-family skip was logged as family="" object=ipv6).
+	if len(res.Skipped) != 0 {
+		t.Errorf("skips %+v, want none", res.Skipped)
 	}
 	want := []conntrack.Entry{toB4, tcpToA4, toSvc4, direct4}
 	if got := e.ct.Entries(); len(got) != len(want) {
@@ -120,10 +126,64 @@ func TestDeletesOnlyStaleUDPToGonePods(t *testing.T) {
 	if e.ct.Dumps[rules.IPv4] != dumps {
 		t.Error("a pass without a pod going away dumped the table")
 	}
-	// An entry left behind (agent down) is caught by the next full pass.
+	// An entry to A recreated meanwhile (the DNAT still pointed to A for a moment) is caught by the
+	// next full pass, within the retention.
 	e.ct.Add(toA4)
 	if res := e.ensure(t, true, podB); res.Items != 1 {
-		t.Fatalf("full pass deleted %d, want the left-behind entry", res.Items)
+		t.Fatalf("full pass deleted %d, want the recreated entry", res.Items)
+	}
+}
+
+// Only addresses that a Pod of this node was seen holding and no longer holds are judged: a flow
+// to a pod of another node (inside the fallback podCIDRs 10.244.0.0/16, or anywhere with Calico
+// IPAM) and an address never seen held (a Pod deleted while the agent was down) are left, on
+// every kind of pass (issue 19, item 4).
+func TestNeverJudgesAddressesNotSeenGoing(t *testing.T) {
+	left := entry(rules.UDP, "192.0.2.7:40006", "198.51.100.1:8125", "10.244.1.12:8125") // its Pod was gone before the fix started
+	e := newEnv(t, nil, remote4, left, toA4)
+	snap := testkit.Snapshot(testkit.WithNode(testkit.Node("node-a")), testkit.WithPodCIDRs("10.244.0.0/16"))
+	for i, pods := range [][]*corev1.Pod{{podA}, {}, {}, {podB}} {
+		snap.Pods = pods
+		if _, err := e.fix.Ensure(context.Background(), snap, true); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 && len(e.ct.Entries()) != 3 {
+			t.Fatalf("first pass deleted entries: %v", e.ct.Entries())
+		}
+	}
+	if got := e.ct.Entries(); len(got) != 2 || got[0] != remote4 || got[1] != left {
+		t.Fatalf("table %v; want only A's entry deleted, the remote pod's and the never-seen address's left", got)
+	}
+}
+
+// An address given up and taken again by another Pod of this node is live again.
+func TestReusedAddressIsLive(t *testing.T) {
+	e := newEnv(t, nil)
+	e.ensure(t, true, podA)
+	e.ensure(t, false)
+	c := pod("c", corev1.PodRunning, "10.244.1.10")
+	e.ct.Add(toA4) // a flow to the new pod C
+	e.ensure(t, true, c)
+	if len(e.ct.Entries()) != 1 {
+		t.Fatal("the entry to the address's new live Pod was deleted")
+	}
+}
+
+// An address is forgotten after the retention: entries to it are no longer judged.
+func TestRetention(t *testing.T) {
+	e := newEnv(t, map[string]any{"retention": "1m"})
+	now := time.Unix(1000, 0)
+	e.fix.now = func() time.Time { return now }
+	e.ensure(t, true, podA)
+	e.ensure(t, false)
+	now = now.Add(2 * time.Minute)
+	e.ct.Add(toA4)
+	e.ensure(t, true)
+	if len(e.ct.Entries()) != 1 || e.ct.Dumps[rules.IPv4] != 1 {
+		t.Fatalf("after the retention: table %v, dumps %v; want the entry left and no new dump", e.ct.Entries(), e.ct.Dumps)
+	}
+	if v := testutil.ToFloat64(e.fix.m.dead); v != 0 {
+		t.Errorf("dead_addresses = %v after the retention, want 0", v)
 	}
 }
 
@@ -139,6 +199,7 @@ func TestFinishedAndTerminatingPods(t *testing.T) {
 		gone bool
 	}{{"succeeded", done, true}, {"terminating", terminating, false}, {"host-network", host, true}} {
 		e := newEnv(t, nil, toA4)
+		e.ensure(t, true, pod("a", corev1.PodRunning, "10.244.1.10"))
 		e.ensure(t, true, tc.pod)
 		if gone := len(e.ct.Entries()) == 0; gone != tc.gone {
 			t.Errorf("%s pod: entry deleted = %v, want %v", tc.name, gone, tc.gone)
@@ -153,29 +214,14 @@ func TestBoundedPasses(t *testing.T) {
 	}
 	e := newEnv(t, map[string]any{"maxDeletesPerPass": 2}, entries...)
 	e.ensure(t, true, podA)
-	for pass, left := range []int{3, 1, 0, 0} {
-		e.ensure(t, false) // A is gone; then the pending passes continue without a change
-		if n := len(e.ct.Entries()); n != left {
-			t.Fatalf("after pass %d: %d entries left, want %d", pass+1, n, left)
+	for pass, want := range []struct {
+		left int
+		more bool
+	}{{3, true}, {1, true}, {0, false}, {0, false}} {
+		res := e.ensure(t, false) // A is gone; then the passes continue without a change
+		if n := len(e.ct.Entries()); n != want.left || res.More != want.more {
+			t.Fatalf("after pass %d: %d entries left, More %v; want %d, %v", pass+1, n, res.More, want.left, want.more)
 		}
-	}
-}
-
-func TestNoNodeJudgesNothing(t *testing.T) {
-	e := newEnv(t, nil, toA4)
-	snap := testkit.Snapshot(testkit.WithPodCIDRs("10.244.1.0/24"))
-	res, err := e.fix.Ensure(context.Background(), snap, true)
-	if err != nil || len(e.ct.Entries()) != 1 || e.ct.Dumps[rules.IPv4] != 0 || len(res.Skipped) != 1 || res.Skipped[0].Reason != "no-node" {
-		t.Fatalf("without the Node: %v, %+v, table %v", err, res, e.ct.Entries())
-	}
-}
-
-func TestNoPodCIDRJudgesNothing(t *testing.T) {
-	e := newEnv(t, nil, toA4)
-	snap := testkit.Snapshot(testkit.WithNode(testkit.Node("node-a")))
-	res, err := e.fix.Ensure(context.Background(), snap, true)
-	if err != nil || len(e.ct.Entries()) != 1 || len(res.Skipped) != 2 || res.Skipped[0].Reason != "no-pod-cidr" {
-		t.Fatalf("without pod CIDRs: %v, %+v, table %v", err, res, e.ct.Entries())
 	}
 }
 
@@ -193,7 +239,7 @@ func TestErrorsKeepTrying(t *testing.T) {
 		t.Fatal("the entry survived the retry")
 	}
 	if err := testutil.GatherAndCompare(e.reg, strings.NewReader(`
-# HELP nnm_stale_udp_conntrack_deleted_entries_total UDP conntrack entries deleted because their DNAT target was a pod address no running Pod holds.
+# HELP nnm_stale_udp_conntrack_deleted_entries_total UDP conntrack entries deleted because their DNAT target was an address that a Pod of this node gave up.
 # TYPE nnm_stale_udp_conntrack_deleted_entries_total counter
 nnm_stale_udp_conntrack_deleted_entries_total{family="ipv4"} 1
 nnm_stale_udp_conntrack_deleted_entries_total{family="ipv6"} 0
@@ -201,7 +247,10 @@ nnm_stale_udp_conntrack_deleted_entries_total{family="ipv6"} 0
 # TYPE nnm_stale_udp_conntrack_errors_total counter
 nnm_stale_udp_conntrack_errors_total{family="ipv4",operation="dump"} 1
 nnm_stale_udp_conntrack_errors_total{family="ipv6",operation="dump"} 1
-`), "nnm_stale_udp_conntrack_deleted_entries_total", "nnm_stale_udp_conntrack_errors_total"); err != nil {
+# HELP nnm_stale_udp_conntrack_dead_addresses Addresses that a Pod of this node gave up, remembered for the retention; only entries DNATed to them are deleted.
+# TYPE nnm_stale_udp_conntrack_dead_addresses gauge
+nnm_stale_udp_conntrack_dead_addresses 2
+`), "nnm_stale_udp_conntrack_deleted_entries_total", "nnm_stale_udp_conntrack_errors_total", "nnm_stale_udp_conntrack_dead_addresses"); err != nil {
 		t.Error(err)
 	}
 	testkit.Promlint(t, e.reg)
@@ -214,8 +263,9 @@ func TestRateLimit(t *testing.T) {
 	e.fix.now = func() time.Time { return now }
 	e.fix.sleep = func(_ context.Context, d time.Duration) error { slept = append(slept, d); now = now.Add(d); return nil }
 	e.ensure(t, true, podA)
+	e.ensure(t, true) // A gone: both families dump
 	now = now.Add(300 * time.Millisecond)
-	e.ensure(t, true, podA)
+	e.ensure(t, true)
 	// IPv4 waits out the rest of its second; IPv6's second has passed meanwhile.
 	if len(slept) != 1 || slept[0] != 700*time.Millisecond {
 		t.Fatalf("slept %v, want 700ms once before the second dumps", slept)
@@ -232,6 +282,8 @@ func TestConfigErrors(t *testing.T) {
 		{map[string]any{"minDumpInterval": "2h"}, "fixes.stale-udp-conntrack.minDumpInterval"},
 		{map[string]any{"minDumpInterval": "soon"}, "minDumpInterval"},
 		{map[string]any{"protocols": "udp"}, "protocols"},
+		{map[string]any{"retention": "0s"}, "fixes.stale-udp-conntrack.retention"},
+		{map[string]any{"retention": "2h"}, "fixes.stale-udp-conntrack.retention"},
 	} {
 		e := newEnv(t, map[string]any{"maxDeletesPerPass": 7})
 		err := e.fix.Configure(tc.options)
@@ -249,7 +301,7 @@ func TestStatic(t *testing.T) {
 	if e.fix.DefaultEnabled(fix.Env{ProxyMode: "iptables"}) {
 		t.Error("on by default")
 	}
-	if e.fix.Needs() != (fix.Needs{Pods: true, Node: true}) {
+	if e.fix.Needs() != (fix.Needs{Pods: true}) {
 		t.Errorf("Needs = %+v", e.fix.Needs())
 	}
 	if e.fix.Check(fix.Env{}) == nil || e.fix.Check(fix.Env{NodeName: "n1"}) != nil {
@@ -276,5 +328,6 @@ func TestREADME(t *testing.T) {
 	r := testkit.ReadREADME(t, "README.md", ID)
 	e := newEnv(t, r.Options)
 	e.ensure(t, true, podA)
-	r.DocumentsMetrics(t, "nnm_stale_udp_conntrack_deleted_entries_total", "nnm_stale_udp_conntrack_dumps_total", "nnm_stale_udp_conntrack_errors_total")
+	r.DocumentsMetrics(t, "nnm_stale_udp_conntrack_deleted_entries_total", "nnm_stale_udp_conntrack_dumps_total",
+		"nnm_stale_udp_conntrack_errors_total", "nnm_stale_udp_conntrack_dead_addresses")
 }

@@ -1,0 +1,208 @@
+package staleudpconntrack
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/core/conntrack"
+	"github.com/network-node-manager/network-node-manager/core/engine"
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/metrics"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/core/testkit"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/core/watch"
+	"github.com/network-node-manager/network-node-manager/internal/controlplane"
+	"github.com/network-node-manager/network-node-manager/internal/ctfill"
+)
+
+// The judging tests of issue 19 (items 3 and 4), with a real kube-apiserver, the real engine and
+// informers, and the real conntrack table of a node namespace (entries made by internal/ctfill).
+// Node n2 has no spec.podCIDRs; the configuration's documented fallback is the cluster's
+// 10.244.0.0/16 and fd00:244::/48.
+//
+//	entry                                      DNAT target             its Pod
+//	client 192.0.2.7:40000 → 198.51.100.1:8125  10.244.1.10:8125        live, this node
+//	client 2001:db8::7:40000 → [2001:db8:1::1]:8125  [fd00:244:1::10]:8125  the same Pod
+//	pod 10.244.1.10:40001 → 10.96.0.20:8125     10.244.2.20:8125        a pod of another node
+//	client 192.0.2.7:40002 → 198.51.100.1:8126  10.244.1.11:8125        live, then deleted
+const judgeNode = "n2"
+
+type judged struct {
+	name        string
+	e           ctfill.Entry
+	mustSurvive bool
+}
+
+var judgeEntries = []judged{
+	{name: "live pod (IPv4)", mustSurvive: true, e: ctfill.Entry{Protocol: ctfill.UDP,
+		Src: netip.MustParseAddrPort("192.0.2.7:40000"), Dst: netip.MustParseAddrPort("198.51.100.1:8125"), DNATTo: netip.MustParseAddrPort("10.244.1.10:8125")}},
+	{name: "live pod (IPv6)", mustSurvive: true, e: ctfill.Entry{Protocol: ctfill.UDP,
+		Src: netip.MustParseAddrPort("[2001:db8::7]:40000"), Dst: netip.MustParseAddrPort("[2001:db8:1::1]:8125"), DNATTo: netip.MustParseAddrPort("[fd00:244:1::10]:8125")}},
+	{name: "remote pod via ClusterIP", mustSurvive: true, e: ctfill.Entry{Protocol: ctfill.UDP,
+		Src: netip.MustParseAddrPort("10.244.1.10:40001"), Dst: netip.MustParseAddrPort("10.96.0.20:8125"), DNATTo: netip.MustParseAddrPort("10.244.2.20:8125")}},
+	{name: "pod deleted during the test", e: ctfill.Entry{Protocol: ctfill.UDP,
+		Src: netip.MustParseAddrPort("192.0.2.7:40002"), Dst: netip.MustParseAddrPort("198.51.100.1:8126"), DNATTo: netip.MustParseAddrPort("10.244.1.11:8125")}},
+}
+
+// nodeReader is a rule fix that reads the Node and programs nothing, as mss-clamp or
+// ipvs-externalip-dnat do: with it the Node watch runs before stale-udp-conntrack is enabled.
+type nodeReader struct{}
+
+func (nodeReader) ID() string                     { return "node-reader" }
+func (nodeReader) Description() string            { return "reads the Node" }
+func (nodeReader) DefaultEnabled(fix.Env) bool    { return true }
+func (nodeReader) Needs() fix.Needs               { return fix.Needs{Node: true} }
+func (nodeReader) Configure(map[string]any) error { return nil }
+func (nodeReader) Rules(*fix.Snapshot, rules.Family) (*rules.Ruleset, fix.Report, error) {
+	return nil, fix.Report{}, nil
+}
+
+// ids returns the kernel ids of the judged entries present in the node's table.
+func ids(t *testing.T, ct inNS) map[string]uint32 {
+	t.Helper()
+	out := map[string]uint32{}
+	for _, fam := range rules.Families {
+		for _, e := range ct.list(t, fam, rules.UDP) {
+			for _, j := range judgeEntries {
+				if e.Orig.Src == j.e.Src && e.Reply.Src == j.e.DNATTo {
+					out[j.name] = e.ID
+				}
+			}
+		}
+	}
+	return out
+}
+
+func TestKernelJudgesOnlyKnownDead(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kernel test")
+	}
+	cp := controlplane.StartT(t, controlplane.Options{})
+	cs := cp.AdminClient()
+	ctx := context.Background()
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "default"}}
+	if _, err := cs.CoreV1().ServiceAccounts("default").Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: judgeNode}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	createPodOn(t, cs, judgeNode, "live", "10.244.1.10", "fd00:244:1::10")
+	createPodOn(t, cs, judgeNode, "doomed", "10.244.1.11")
+	// Item 3: enabled by a reload while a fix reading the Node runs. Before, the Pods watch was never
+	// started, the fix saw no Pod, and deleted the live pod's entries at once and at every resync.
+	t.Run("enabled-by-reload", func(t *testing.T) { judge(t, cs, true) })
+	createPodOn(t, cs, judgeNode, "doomed", "10.244.1.11")
+	// Item 4: enabled at start; a pod goes away, so the table is read: the flow to the pod of
+	// another node, inside the fallback 10.244.0.0/16, keeps its entry.
+	t.Run("remote-pod-flow", func(t *testing.T) { judge(t, cs, false) })
+}
+
+func judge(t *testing.T, cs kubernetes.Interface, byReload bool) {
+	ctx := context.Background()
+	node := netns.New(t, "nnm-judge")
+	if err := node.Do(func() error {
+		return ctfill.Create(len(judgeEntries), func(i int) ctfill.Entry { return judgeEntries[i].e })
+	}); err != nil {
+		t.Fatal(err)
+	}
+	real := inNS{node, conntrack.New()}
+	before := ids(t, real)
+	if len(before) != len(judgeEntries) {
+		t.Fatalf("entries made: %v", before)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	reg := prometheus.NewRegistry()
+	f, err := New(Params{Conntrack: real, Registry: reg, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := watch.NewInformers(func() (kubernetes.Interface, error) { return cs, nil }, judgeNode, log)
+	c := config.Defaults()
+	c.NodeName = judgeNode
+	c.PodCIDRs = []string{"10.244.0.0/16", "fd00:244::/48"}
+	c.MinSyncPeriod, c.SyncPeriod = 100*time.Millisecond, 500*time.Millisecond
+	c.Fixes = map[string]map[string]any{ID: {"enabled": !byReload}}
+	m := metrics.NewSync(reg)
+	e, err := engine.New(engine.Options{Fixes: []fix.Fix{f, nodeReader{}}, Backend: testkit.NewFakeBackend(), Source: src,
+		Config: &c, Env: fix.Env{NodeName: judgeNode}, Metrics: m, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Stop(context.Background()) })
+	waitUntil(t, "ready", func() bool { return e.Ready() == nil })
+	if byReload {
+		on := c
+		on.Fixes = map[string]map[string]any{ID: {"enabled": true}}
+		e.Reconfigure(&on)
+		waitUntil(t, "the fix enabled by the reload runs", func() bool {
+			return testutil.ToFloat64(m.Enabled.WithLabelValues(ID)) == 1 && e.Ready() == nil
+		})
+	}
+	time.Sleep(4 * c.SyncPeriod) // several full resyncs
+	after := ids(t, real)
+	for _, j := range judgeEntries {
+		if after[j.name] != before[j.name] {
+			t.Errorf("%s: entry id %d → %d (0: deleted) before any Pod went away", j.name, before[j.name], after[j.name])
+		}
+	}
+	// A Pod of this node goes away: exactly its entry is deleted.
+	if err := cs.CoreV1().Pods("default").Delete(ctx, "doomed", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the gone pod's entry deleted", func() bool { _, ok := ids(t, real)["pod deleted during the test"]; return !ok })
+	time.Sleep(2 * c.SyncPeriod)
+	after = ids(t, real)
+	for _, j := range judgeEntries {
+		if j.mustSurvive && after[j.name] != before[j.name] {
+			t.Errorf("%s: entry id %d → %d (0: deleted); it goes to a live pod", j.name, before[j.name], after[j.name])
+		}
+	}
+}
+
+func waitUntil(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); !ok(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 15s", what)
+		}
+	}
+}
+
+func createPodOn(t *testing.T, cs kubernetes.Interface, node, name string, ips ...string) {
+	t.Helper()
+	ctx := context.Background()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: corev1.PodSpec{NodeName: node, AutomountServiceAccountToken: new(bool),
+			Containers: []corev1.Container{{Name: "statsd", Image: "example.invalid/statsd"}}},
+	}
+	created, err := cs.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	created.Status.Phase = corev1.PodRunning
+	for _, ip := range ips {
+		created.Status.PodIPs = append(created.Status.PodIPs, corev1.PodIP{IP: ip})
+	}
+	created.Status.PodIP = ips[0]
+	if _, err := cs.CoreV1().Pods("default").UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
