@@ -2,6 +2,7 @@ package fix
 
 import (
 	"fmt"
+	"math"
 	"reflect"
 	"sort"
 	"strconv"
@@ -147,6 +148,10 @@ func ValueProblem(val any, t reflect.Type) string {
 		switch v := val.(type) {
 		case int, int64, uint64, uint32, int32:
 			return ""
+		case float64: // YAML read through JSON (sigs.k8s.io/yaml) gives every number as float64
+			if v == math.Trunc(v) {
+				return ""
+			}
 		case string:
 			var n uint64
 			if _, err := fmt.Sscanf(strings.TrimSpace(v), "%v", &n); err == nil {
