@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -351,6 +352,16 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 			}
 			return true
 		})
+	}
+	for _, j := range jumps {
+		if have[j] || len(prec[tchain{j.table, j.chain}]) == 0 {
+			continue
+		}
+		line := "-I " + j.builtin + " 1 " + jumpSpec(rs.Fix, j.chain)
+		ops := p.table(j.table)
+		if i := slices.Index(ops.inserts, line); i >= 0 {
+			ops.inserts[i] = insertAt(d, j, prec[tchain{j.table, j.chain}], ops.deletes, jumpSpec(rs.Fix, j.chain))
+		}
 	}
 	stale := map[tchain]bool{}
 	for c := range old {
@@ -798,4 +809,30 @@ func slicesFilter(in []string, keep func(string) bool) []string {
 		}
 	}
 	return out
+}
+
+// insertAt places a missing jump that must precede some foreign chains (Chain.Precedes) without
+// contending for position 1: directly ahead of the first jump to one of those chains, so that other
+// agents' jumps above it (Felix's cali-PREROUTING) keep their place, or, when none of them is in the
+// built-in chain, at its end (the chain it must precede, inserted later at the top, then costs one
+// repair, once: its owner does not move it back). Positions count the rules left after this
+// restore's deletes, which iptables-restore applies first.
+func insertAt(d *dump, j hookJump, precede []string, deletes []string, spec string) string {
+	var c *chain
+	if t := d.table(j.table); t != nil {
+		c = t.byName[j.builtin]
+	}
+	if c == nil {
+		return "-I " + j.builtin + " 1 " + spec
+	}
+	pos := 1
+	for _, r := range c.rules {
+		if slices.Contains(precede, r.target) {
+			return "-I " + j.builtin + " " + strconv.Itoa(pos) + " " + spec
+		}
+		if !slices.Contains(deletes, "-D "+j.builtin+" "+r.spec) {
+			pos++
+		}
+	}
+	return "-A " + j.builtin + " " + spec
 }

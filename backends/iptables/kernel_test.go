@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -830,4 +831,36 @@ func (k *kernel) connect(addr string, ports []uint16) uint16 {
 		k.t.Errorf("connecting to %s:80: %v", addr, err)
 	}
 	return got
+}
+
+// TestKernelFirstInsertLeavesForeignJumpsFirst: a missing jump whose chain must precede foreign
+// chains (the DNAT's KUBE-SERVICES) is inserted directly ahead of the first of them, behind other
+// agents' jumps, or at the end of the built-in chain when none is there, so an insert-first agent
+// (Felix) finds its jumps still first and moves nothing, also at the agent's first apply.
+func TestKernelFirstInsertLeavesForeignJumpsFirst(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, k *kernel) {
+		order := func(chain string) []string {
+			t.Helper()
+			var got []string
+			for _, l := range strings.Split(k.ns.MustExec(k.bin(""), "-w", "5", "-t", "nat", "-S", chain), "\n") {
+				if f := strings.Fields(l); len(f) > 0 && f[0] == "-A" {
+					got = append(got, f[len(f)-1])
+				}
+			}
+			return got
+		}
+		k.ipt("-t", "nat", "-N", "cali-PREROUTING")
+		k.ipt("-t", "nat", "-N", "cali-OUTPUT")
+		k.ipt("-t", "nat", "-N", "KUBE-SERVICES")
+		k.ipt("-t", "nat", "-I", "PREROUTING", "1", "-j", "cali-PREROUTING")
+		k.ipt("-t", "nat", "-A", "PREROUTING", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
+		k.ipt("-t", "nat", "-I", "OUTPUT", "1", "-j", "cali-OUTPUT")
+		mustApply(t, k.backend(), externalIP(k.family))
+		if got, want := order("PREROUTING"), []string{"cali-PREROUTING", "NNM-EXTIP-PREROUTING", "KUBE-SERVICES"}; !slices.Equal(got, want) {
+			t.Errorf("nat PREROUTING jumps = %v, want %v", got, want)
+		}
+		if got := order("OUTPUT"); len(got) != 2 || got[0] != "cali-OUTPUT" {
+			t.Errorf("nat OUTPUT jumps = %v, want cali-OUTPUT first, then ours", got)
+		}
+	})
 }
