@@ -65,22 +65,33 @@ func nsName(scenario int, backend string) string {
 // both fixes' chains in the kernel for both families.
 func (n *node) checkSyncHealthy() {
 	n.t.Helper()
-	m := n.metrics()
-	for _, f := range []string{fixDrop, fixExtIP} {
-		if v, _ := m.Value("nnm_fix_enabled", "fix", f); v != 1 {
-			n.t.Errorf("nnm_fix_enabled{fix=%q} = %v, want 1", f, v)
-		}
-		if v := m.Sum("nnm_sync_errors_total", "fix", f); v != 0 {
-			n.t.Errorf("nnm_sync_errors_total{fix=%q} = %v, want 0", f, v)
-		}
-		for _, fam := range []string{"ipv4", "ipv6"} {
-			if err := n.fixPresent(f, fam); err != nil {
-				n.t.Error(err)
+	// Polled: the kernel can hold a fix's rules a moment before its gauges are set, and a scrape
+	// taken first would see the gauge of before (scenario 9 re-enables a fix and checks at once).
+	var last error
+	err := agenttest.Poll(n.t.Context(), converge, 50*time.Millisecond, func() error {
+		m := n.metrics()
+		var errs []error
+		for _, f := range []string{fixDrop, fixExtIP} {
+			if v, _ := m.Value("nnm_fix_enabled", "fix", f); v != 1 {
+				errs = append(errs, fmt.Errorf("nnm_fix_enabled{fix=%q} = %v, want 1", f, v))
+			}
+			if v := m.Sum("nnm_sync_errors_total", "fix", f); v != 0 {
+				errs = append(errs, fmt.Errorf("nnm_sync_errors_total{fix=%q} = %v, want 0", f, v))
+			}
+			for _, fam := range []string{"ipv4", "ipv6"} {
+				if err := n.fixPresent(f, fam); err != nil {
+					errs = append(errs, err)
+				}
 			}
 		}
-	}
-	if v, _ := m.Value("nnm_rules_programmed", "fix", fixDrop, "backend", n.backend, "family", "ipv4"); v < 1 {
-		n.t.Errorf("nnm_rules_programmed{fix=invalid-drop,backend=%s,family=ipv4} = %v, want ≥ 1", n.backend, v)
+		if v, _ := m.Value("nnm_rules_programmed", "fix", fixDrop, "backend", n.backend, "family", "ipv4"); v < 1 {
+			errs = append(errs, fmt.Errorf("nnm_rules_programmed{fix=invalid-drop,backend=%s,family=ipv4} = %v, want ≥ 1", n.backend, v))
+		}
+		last = errors.Join(errs...)
+		return last
+	})
+	if err != nil {
+		n.t.Errorf("sync not healthy within %v: %v", converge, last)
 	}
 }
 
