@@ -21,6 +21,9 @@ type ProbeError struct {
 }
 
 func (e *ProbeError) Error() string {
+	if e.Err == nil {
+		return e.Summary
+	}
 	sep := e.sep
 	if sep == "" {
 		sep = "; last error: "
