@@ -15,7 +15,8 @@
 # mirror, packages); rebuilding the image after a code change takes seconds.
 #
 # Environment:
-#   VERSION          image tag and main.version (default: git describe)
+#   VERSION          image tag and main.version (default: hack/version.sh)
+#   COMMIT           main.commit (default: git rev-parse --short=12 HEAD)
 #   NNM_BIN_DIR      cache and binary directory (default <repo>/bin)
 #   DEBIAN_MIRROR    default http://deb.debian.org/debian
 #   IMAGE_EXPORT=DIR also copy the image's root filesystem to DIR (for tests)
@@ -23,7 +24,8 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${NNM_BIN_DIR:-$ROOT/bin}"
-VERSION="${VERSION:-$(git -C "$ROOT" describe --tags --always --dirty 2>/dev/null || echo dev)}"
+VERSION="${VERSION:-$("$ROOT/hack/version.sh")}"
+COMMIT="${COMMIT:-$(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null || true)}"
 SUITE=bookworm
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 PACKAGES=iptables,nftables
@@ -64,7 +66,7 @@ base() {
 
 agent() {
 	echo "building the agent $VERSION"
-	(cd "$ROOT" && CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags "-s -w -X main.version=$VERSION" \
+	(cd "$ROOT" && CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags "-s -w -X main.version=$VERSION -X main.commit=$COMMIT" \
 		-o "$BIN/.image-agent" ./cmd/network-node-manager)
 	"$BIN/.image-agent" version >/dev/null
 }

@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"os/signal"
+	"runtime"
 	"sort"
 	"strings"
 	"syscall"
@@ -30,8 +31,22 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
+// Build identifies the binary; the linker sets its parts (-X main.version=…, -X main.commit=…).
+type Build struct {
+	// Version is the semantic version (hack/version.sh).
+	Version string
+	// Commit is the git commit it was built from; empty when unknown.
+	Commit string
+}
+
 // NewCommand returns the root command with run, plan, cleanup and version.
 func NewCommand(version string, fixModules fx.Option) *cobra.Command {
+	return New(Build{Version: version}, fixModules)
+}
+
+// New is NewCommand with the commit too, for `version`.
+func New(b Build, fixModules fx.Option) *cobra.Command {
+	version := b.Version
 	root := &cobra.Command{
 		Use:           "network-node-manager",
 		Short:         "Keeps a Kubernetes node's netfilter rules in the state its fix modules ask for",
@@ -39,7 +54,7 @@ func NewCommand(version string, fixModules fx.Option) *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(runCommand(version, fixModules), planCommand(version, fixModules),
-		cleanupCommand(version, fixModules), versionCommand(version, fixModules))
+		cleanupCommand(version, fixModules), versionCommand(b, fixModules))
 	return root
 }
 
@@ -242,10 +257,10 @@ func Cleanup(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	return errors.Join(errs...)
 }
 
-func versionCommand(version string, fixModules fx.Option) *cobra.Command {
+func versionCommand(b Build, fixModules fx.Option) *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print the version and the registered fixes",
+		Short: "Print the version, commit, Go version and platform, and the registered fixes and backends",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var fixes struct {
 				fx.In
@@ -253,7 +268,7 @@ func versionCommand(version string, fixModules fx.Option) *cobra.Command {
 			}
 			// The fixes' constructors need the core's providers, but nothing is started.
 			app := fx.New(quiet(), fixModules, core.Module,
-				fx.Supply(core.Inputs{Environ: nil, Version: version}),
+				fx.Supply(core.Inputs{Environ: nil, Version: b.Version}),
 				fx.Provide(func() backend.Backend { return nil }),
 				fx.Populate(&fixes))
 			if err := app.Err(); err != nil {
@@ -261,7 +276,12 @@ func versionCommand(version string, fixModules fx.Option) *cobra.Command {
 				return err
 			}
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "network-node-manager %s\nfixes:\n", version)
+			commit := b.Commit
+			if commit == "" {
+				commit = "unknown"
+			}
+			fmt.Fprintf(w, "network-node-manager %s\ncommit: %s\ngo: %s %s/%s\nfixes:\n",
+				b.Version, commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 			list := fixes.Fixes
 			sort.Slice(list, func(i, j int) bool { return list[i].ID() < list[j].ID() })
 			for _, f := range list {
