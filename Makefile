@@ -18,8 +18,9 @@ AGENT       := $(BIN)/network-node-manager
 GOFLAGS_RUN := -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)"
 # Packages the project needs on a node or test machine, as "binary:debian-package".
 SYSTEM_DEPS := iptables:iptables nft:nftables ip:iproute2 conntrack:conntrack
-# What `make image` needs to build the image without a Docker engine.
-IMAGE_DEPS  := buildah:buildah debootstrap:debootstrap
+# What `make image` and `make release` need to build images without a Docker engine (qemu-user runs
+# the arm64 image's binaries to check them; file prints their types).
+IMAGE_DEPS  := buildah:buildah debootstrap:debootstrap qemu-aarch64-static:qemu-user-static file:file
 TEST_FLAGS  ?= -count=1 -timeout 30m
 # Every fuzz target runs FUZZTIME long in `make fuzz`. `make test` runs each target's seed corpus (f.Add
 # and testdata/fuzz/) as a plain test but does not fuzz: three seconds of fuzzing per target cost
@@ -28,7 +29,7 @@ FUZZTIME      ?= 2m
 
 export NNM_BIN_DIR := $(BIN)
 
-.PHONY: all build deps controlplane promtool image-deps test-image vm test test-vm test-unit fuzz demo bench lint fmt vet clean image plan
+.PHONY: all build deps controlplane promtool image-deps test-image vm test test-vm test-unit fuzz demo bench lint fmt vet clean image release plan
 
 all: build
 
@@ -110,11 +111,17 @@ vet:
 fmt:
 	gofmt -l -w $$(git ls-files '*.go')
 
-## image: the container image network-node-manager:$(VERSION) and :latest in buildah's local storage,
-## without a Docker engine (hack/image.sh: debootstrap bookworm + iptables + nftables, as the
-## Dockerfile). With Docker: docker build --build-arg VERSION=$(VERSION) -t network-node-manager:$(VERSION) .
+## image: the container image network-node-manager:$(VERSION) and :latest for this machine's
+## architecture in buildah's local storage, without a Docker engine (hack/image.sh: debootstrap
+## bookworm + iptables + nftables, as the Dockerfile).
 image: image-deps
-	VERSION=$(VERSION) ./hack/image.sh
+	VERSION=$(VERSION) COMMIT=$(COMMIT) ./hack/image.sh
+
+## release: network-node-manager:$(VERSION) for linux/amd64 and linux/arm64 as one manifest list, with
+## OCI labels, without a Docker engine; prints the platforms, the binaries' file types and each
+## image's `version` (arm64 under qemu-user). Slow (debootstrap per architecture): not in make test.
+release: image-deps
+	VERSION=$(VERSION) COMMIT=$(COMMIT) ./hack/release.sh
 
 ## test-image: build the image and run it as deploy/base's DaemonSet would (read-only root, the
 ## manifest's capabilities and mounts, in a node network namespace, against the local API server).
