@@ -172,6 +172,7 @@ func printPlan(w io.Writer, e *engine.Engine, cfg *config.Config, names []string
 }
 
 func cleanupCommand(version string, fixModules fx.Option) *cobra.Command {
+	var dryRun bool
 	cmd := &cobra.Command{
 		Use:   "cleanup",
 		Short: "Remove every rule, chain and table the agent owns (both backends, both families) and the predecessor's NMANAGER_* chains, and revert node-state fixes (e.g. sysctls)",
@@ -188,11 +189,56 @@ func cleanupCommand(version string, fixModules fx.Option) *cobra.Command {
 				err = dig.RootCause(err)
 				return err
 			}
+			if dryRun {
+				return CleanupPlan(cmd.Context(), cmd.OutOrStdout(), fixes.Fixes, cfg, log)
+			}
 			return errors.Join(Cleanup(cmd.Context(), cfg, log), RevertNodeState(cmd.Context(), fixes.Fixes, cfg, log))
 		},
 	}
 	config.AddFlags(cmd.Flags())
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print what cleanup would remove and revert, and change nothing")
 	return cmd
+}
+
+// CleanupPlan prints what Cleanup and RevertNodeState would do, one line each, and changes nothing:
+// the chains and tables of every backend target Cleanup visits, and the node-state fixes it reverts.
+func CleanupPlan(ctx context.Context, w io.Writer, fixes []fix.Fix, cfg *config.Config, log *slog.Logger) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	var errs []error
+	n := 0
+	for i, t := range cleanupTargets(cfg) {
+		be, err := backends.New(t.name, t.variant, log)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		p, ok := be.(backend.CleanupPlanner)
+		if !ok {
+			fmt.Fprintf(w, "would clean up %s %s (it cannot list what it owns)\n", t.name, t.variant)
+			continue
+		}
+		lines, err := p.CleanupPlan(ctx)
+		if err != nil {
+			if t.name == "iptables" && i > 0 {
+				log.Warn("dry run skipped for the other iptables variant", "variant", t.variant, "err", err)
+				continue
+			}
+			errs = append(errs, fmt.Errorf("%s %s: %w", t.name, t.variant, err))
+		}
+		for _, l := range lines {
+			fmt.Fprintf(w, "would remove %s\n", l)
+			n++
+		}
+	}
+	for _, f := range fixes {
+		if _, ok := f.(fix.Actuator); ok {
+			fmt.Fprintf(w, "would revert the node state of fix %s (what it recorded changing, if anything)\n", f.ID())
+		}
+	}
+	fmt.Fprintf(w, "dry run: %d chains or tables to remove; nothing was changed\n", n)
+	return errors.Join(errs...)
 }
 
 // RevertNodeState reverts every fix that changes node state other than rules (fix.Actuator), enabled
@@ -220,6 +266,21 @@ func RevertNodeState(ctx context.Context, fixes []fix.Fix, cfg *config.Config, l
 	return errors.Join(errs...)
 }
 
+type cleanupTarget struct{ name, variant string }
+
+// cleanupTargets are the backends Cleanup visits, the node's own iptables variant first.
+func cleanupTargets(cfg *config.Config) []cleanupTarget {
+	variants := []string{"nft", "legacy"}
+	if cfg.IptablesVariant == "legacy" {
+		variants = []string{"legacy", "nft"}
+	}
+	var targets []cleanupTarget
+	for _, v := range variants {
+		targets = append(targets, cleanupTarget{"iptables", v})
+	}
+	return append(targets, cleanupTarget{"nftables", ""})
+}
+
 // Cleanup removes what every backend owns. The iptables variant of the node is cleaned; the other
 // variant too when its binaries work, so that nothing of ours survives a variant switch.
 func Cleanup(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
@@ -227,17 +288,7 @@ func Cleanup(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		ctx = context.Background()
 	}
 	var errs []error
-	variants := []string{"nft", "legacy"}
-	if cfg.IptablesVariant == "legacy" {
-		variants = []string{"legacy", "nft"}
-	}
-	type target struct{ name, variant string }
-	var targets []target
-	for _, v := range variants {
-		targets = append(targets, target{"iptables", v})
-	}
-	targets = append(targets, target{"nftables", ""})
-	for i, t := range targets {
+	for i, t := range cleanupTargets(cfg) {
 		be, err := backends.New(t.name, t.variant, log)
 		if err != nil {
 			errs = append(errs, err)
