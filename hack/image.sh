@@ -8,8 +8,8 @@
 #     Dockerfile's apt-get install). No registry is reachable here, so the base cannot be pulled:
 #     debootstrap builds it from the Debian archive the host's apt uses.
 #       * The build machine's architecture: a full debootstrap (packages unpacked and configured).
-#       * Another architecture (arm64 on an amd64 machine): debootstrap --foreign unpacks that
-#         architecture's packages; their configuration step (maintainer scripts) would have to run
+#       * Another architecture (arm64 on an amd64 machine): debootstrap --foreign downloads that
+#         architecture's packages and this script unpacks them all; their configuration step (maintainer scripts) would have to run
 #         arm64 code through a binfmt_misc registration, a change of the host kernel's state this
 #         script does not make. What it leaves out: the `iptables` alternative symlink and the
 #         ld.so cache. The agent calls the variant binaries (iptables-nft-save, iptables-legacy-…,
@@ -20,7 +20,8 @@
 #     source, licenses, title).
 #
 # The debootstrapped base is cached as bin/image-base-$ARCH.tar, keyed by a hash of this script
-# (suite, mirror, packages); rebuilding the image after a code change takes seconds.
+# (suite, mirror, packages), the downloaded packages in bin/debootstrap-cache-$ARCH; rebuilding the
+# image after a code change takes seconds.
 #
 # Environment:
 #   VERSION          main.version and the default tag (default: hack/version.sh)
@@ -77,16 +78,25 @@ base() {
 		echo "base $SUITE/$ARCH ($PACKAGES) cached in $BASE"
 		return
 	fi
-	local dir foreign=()
+	local dir foreign=() cache="$BIN/debootstrap-cache-$ARCH"
 	dir="$(mktemp -d "$BIN/.image-base.XXXXXX")"
+	mkdir -p "$cache"
 	[[ "$ARCH" == "$HOST_ARCH" ]] || foreign=(--foreign)
 	echo "debootstrap $SUITE/$ARCH ${foreign[*]} ($PACKAGES) from $MIRROR"
-	debootstrap "${foreign[@]}" --arch="$ARCH" --variant=minbase --include="$PACKAGES" "$SUITE" "$dir/rootfs" "$MIRROR" >"$dir/debootstrap.log" 2>&1 ||
+	debootstrap "${foreign[@]}" --cache-dir="$cache" --arch="$ARCH" --variant=minbase --include="$PACKAGES" "$SUITE" "$dir/rootfs" "$MIRROR" >"$dir/debootstrap.log" 2>&1 ||
 		{ tail -20 "$dir/debootstrap.log" >&2; exit 1; }
-	# The debs a --foreign stage keeps for its second stage are not part of the image.
-	rm -rf "$dir/rootfs/debootstrap"
-	# What debian:*-slim drops: package lists, caches, docs; and the check the Dockerfile runs.
 	local r="$dir/rootfs"
+	if [[ ${#foreign[@]} -gt 0 ]]; then
+		# Stage one unpacked only the required packages; unpack every downloaded one (iptables,
+		# nftables and their libraries) the way debootstrap does, keeping merged-/usr's symlinks.
+		local deb
+		for deb in $(cat "$r/debootstrap/debpaths" | cut -d' ' -f2); do
+			dpkg-deb --fsys-tarfile "$r$deb" | tar -C "$r" --keep-directory-symlink -xf -
+		done
+	fi
+	# The debs a --foreign stage keeps for its second stage are not part of the image.
+	rm -rf "$r/debootstrap"
+	# What debian:*-slim drops: package lists, caches, docs; and the check the Dockerfile runs.
 	if [[ "$ARCH" == "$HOST_ARCH" ]]; then
 		chroot "$r" sh -c 'iptables-nft-save --version && iptables-legacy-save --version && nft --version'
 	else
