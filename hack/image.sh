@@ -14,8 +14,10 @@
 #         script does not make. What it leaves out: the `iptables` alternative symlink and the
 #         ld.so cache. The agent calls the variant binaries (iptables-nft-save, iptables-legacy-…,
 #         nft) that the packages ship as files, and glibc finds the multiarch libraries without the
-#         cache; the script proves both by running the image's nft and iptables-nft-save under
-#         qemu-user (qemu-user-static, invoked directly, no binfmt) against the image's own libraries.
+#         cache; the script checks both by running the image's iptables-nft-save and
+#         iptables-legacy-save under qemu-user (qemu-user-static, invoked directly, no binfmt) against
+#         the image's own libraries, and by having the image's loader resolve nft's libraries (nft
+#         itself needs a netfilter netlink socket, which qemu-user does not emulate).
 #   - ENTRYPOINT, CMD, USER, EXPOSE as in the Dockerfile; OCI labels (version, revision, created,
 #     source, licenses, title).
 #
@@ -104,7 +106,9 @@ base() {
 			# xtables-*-multi picks its personality from argv[0]; qemu passes the path through.
 			run_arch "$r" "$r/usr/sbin/$tool" --version
 		done
-		run_arch "$r" "$r/usr/sbin/nft" --version
+		# nft opens a netfilter netlink socket even for --version, which qemu-user does not emulate
+		# ("Protocol not supported"): have the image's dynamic loader resolve nft's libraries instead.
+		run_arch "$r" "$(ls "$r"/usr/lib/ld-linux-*.so.1 | head -n1)" --list "$r/usr/sbin/nft"
 	fi
 	rm -rf "$r"/var/lib/apt/lists/* "$r"/var/cache/apt/*.bin "$r"/var/cache/apt/archives/*.deb \
 		"$r"/usr/share/doc/* "$r"/usr/share/man/* "$r"/usr/share/info/* "$r"/var/log/*.log

@@ -48,8 +48,10 @@ for arch in $ARCHES; do
 		q="qemu-$( [[ $arch == arm64 ]] && echo aarch64 || echo "$arch")-static"
 		echo "  \$ $q $IMAGE:$VERSION-$arch:/usr/local/bin/network-node-manager version"
 		"$q" -L "$mnt" "$mnt/usr/local/bin/network-node-manager" version | sed -n '1,3p;/^backends/p' | sed 's/^/  /'
-		echo "  \$ $q -L <image> <image>/usr/sbin/nft --version"
-		"$q" -L "$mnt" "$mnt/usr/sbin/nft" --version | sed 's/^/  /'
+		echo "  \$ $q -L <image> <image>/usr/sbin/iptables-nft-save --version"
+		"$q" -L "$mnt" "$mnt/usr/sbin/iptables-nft-save" --version | sed 's/^/  /'
+		echo "  \$ $q -L <image> <image's ld-linux> --list <image>/usr/sbin/nft   (nft's libraries, resolved in the image)"
+		"$q" -L "$mnt" "$(ls "$mnt"/usr/lib/ld-linux-*.so.1 | head -n1)" --list "$mnt/usr/sbin/nft" | sed "s#$mnt##; s/^/  /"
 	fi
 	buildah umount "$ctr" >/dev/null
 	buildah rm "$ctr" >/dev/null
