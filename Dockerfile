@@ -1,8 +1,9 @@
 # network-node-manager image: a static Go binary on Debian bookworm-slim with the netfilter tools the
 # agent drives (iptables-nft, iptables-legacy, ip6tables-*, their -save/-restore, and nft).
 #
-#   docker build --build-arg VERSION=$(git describe --tags --always) -t network-node-manager:dev .
-#   (make image does the same)
+#   docker build --build-arg VERSION=$(hack/version.sh) --build-arg COMMIT=$(git rev-parse --short=12 HEAD) \
+#     -t network-node-manager:$(hack/version.sh) .          (make image does the same without Docker;
+#   make release builds linux/amd64 and linux/arm64)
 #
 # Runtime needs (see deploy/base/daemonset.yaml): root in the host network namespace with only
 # CAP_NET_ADMIN (+ CAP_NET_RAW for iptables-legacy), read-only root filesystem, and the host's
@@ -16,7 +17,8 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 ARG VERSION=dev
-RUN CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" \
+ARG COMMIT=
+RUN CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" \
       -o /out/network-node-manager ./cmd/network-node-manager \
  && /out/network-node-manager version
 

@@ -9,23 +9,27 @@
 
 SHELL       := /bin/bash
 GO          ?= go
-VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# The version: git describe on a release tag, else CHANGELOG.md's latest release as a pre-release
+# (hack/version.sh says how). COMMIT is stamped next to it (`network-node-manager version`).
+VERSION     ?= $(shell ./hack/version.sh)
+COMMIT      ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
 BIN         := $(CURDIR)/bin
 AGENT       := $(BIN)/network-node-manager
-GOFLAGS_RUN := -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
+GOFLAGS_RUN := -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)"
 # Packages the project needs on a node or test machine, as "binary:debian-package".
 SYSTEM_DEPS := iptables:iptables nft:nftables ip:iproute2 conntrack:conntrack
-# What `make image` needs to build the image without a Docker engine.
-IMAGE_DEPS  := buildah:buildah debootstrap:debootstrap
+# What `make image` and `make release` need to build images without a Docker engine (qemu-user runs
+# the arm64 image's binaries to check them; file prints their types).
+IMAGE_DEPS  := buildah:buildah debootstrap:debootstrap qemu-aarch64-static:qemu-user-static file:file
 TEST_FLAGS  ?= -count=1 -timeout 30m
-# Every fuzz target runs this long in `make test` (after its seed corpus ran as a test) and
-# FUZZTIME long in `make fuzz`.
-FUZZTIME_TEST ?= 3s
+# Every fuzz target runs FUZZTIME long in `make fuzz`. `make test` runs each target's seed corpus (f.Add
+# and testdata/fuzz/) as a plain test but does not fuzz: three seconds of fuzzing per target cost
+# ~250 s in `make test`, nearly all of it building the instrumented test binaries.
 FUZZTIME      ?= 2m
 
 export NNM_BIN_DIR := $(BIN)
 
-.PHONY: all build deps controlplane promtool image-deps test-image vm test test-vm test-felix test-unit fuzz demo bench lint fmt vet clean image plan
+.PHONY: all build deps controlplane promtool image-deps test-image vm test test-vm test-unit fuzz demo bench lint fmt vet clean image release test-felix plan
 
 all: build
 
@@ -77,7 +81,8 @@ test-felix: deps build controlplane
 
 ## test: everything that proves the agent works. Kernel and end-to-end tests need root; with CI=true or
 ## NNM_REQUIRE_KERNEL=1 (.ci/run) a missing namespace, kernel feature or control plane fails them
-## instead of skipping. Ends with the tests run/passed/failed/skipped per package, then fuzzes briefly.
+## instead of skipping. Ends with the tests run/passed/failed/skipped per package. Fuzz seed corpora run
+## as tests here; timed fuzzing is `make fuzz`.
 ## The VM lane (e2e/vm) is part of it: `vm` prepares it first.
 test: deps build controlplane promtool vm
 	$(GO) vet ./...
@@ -87,7 +92,6 @@ test: deps build controlplane promtool vm
 		NNM_AGENT_BIN=$(AGENT) $(GO) test -json $(TEST_FLAGS) ./... || rc=1; \
 		if [ -f examples/go.mod ]; then (cd examples && NNM_AGENT_BIN=$(AGENT) $(GO) test -json $(TEST_FLAGS) ./...) || rc=1; fi; \
 		exit $$rc; } | $(GO) run ./hack/testsummary
-	./hack/fuzz.sh $(FUZZTIME_TEST)
 
 ## fuzz: every fuzz target (func Fuzz* in *_test.go) for FUZZTIME each; a crasher is saved under the
 ## package's testdata/fuzz/ and fails the run.
@@ -117,11 +121,17 @@ vet:
 fmt:
 	gofmt -l -w $$(git ls-files '*.go')
 
-## image: the container image network-node-manager:$(VERSION) and :latest in buildah's local storage,
-## without a Docker engine (hack/image.sh: debootstrap bookworm + iptables + nftables, as the
-## Dockerfile). With Docker: docker build --build-arg VERSION=$(VERSION) -t network-node-manager:$(VERSION) .
+## image: the container image network-node-manager:$(VERSION) and :latest for this machine's
+## architecture in buildah's local storage, without a Docker engine (hack/image.sh: debootstrap
+## bookworm + iptables + nftables, as the Dockerfile).
 image: image-deps
-	VERSION=$(VERSION) ./hack/image.sh
+	VERSION=$(VERSION) COMMIT=$(COMMIT) ./hack/image.sh
+
+## release: network-node-manager:$(VERSION) for linux/amd64 and linux/arm64 as one manifest list, with
+## OCI labels, without a Docker engine; prints the platforms, the binaries' file types and each
+## image's `version` (arm64 under qemu-user). Slow (debootstrap per architecture): not in make test.
+release: image-deps
+	VERSION=$(VERSION) COMMIT=$(COMMIT) ./hack/release.sh
 
 ## test-image: build the image and run it as deploy/base's DaemonSet would (read-only root, the
 ## manifest's capabilities and mounts, in a node network namespace, against the local API server).

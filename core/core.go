@@ -6,6 +6,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
@@ -24,6 +25,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/engine"
 	"github.com/network-node-manager/network-node-manager/core/events"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/logging"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/server"
 	"github.com/network-node-manager/network-node-manager/core/sysctl"
@@ -62,6 +64,8 @@ var Module = fx.Module("core",
 var Agent = fx.Options(
 	Module,
 	fx.Provide(NewServer, RunProbes, NewEvents),
+	// client-go logs through klog; in the agent its lines join the agent's stream and format.
+	fx.Invoke(logging.RouteKlog),
 	fx.Invoke(CleanPredecessor),
 	fx.Invoke(func(lc fx.Lifecycle, e *engine.Engine, s *server.Server) {
 		lc.Append(fx.Hook{OnStart: s.Start, OnStop: s.Stop})
@@ -74,15 +78,28 @@ func LoadConfig(in Inputs, ids fix.IDs) (*config.Config, error) {
 	return config.Load(in.Flags, in.Environ, ids.IDs)
 }
 
-// NewLogger returns the agent's structured logger at the configured level.
-func NewLogger(cfg *config.Config) *slog.Logger {
-	var lvl slog.Level
-	_ = lvl.UnmarshalText([]byte(cfg.LogLevel))
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+// NewLogger returns the agent's structured logger in the configured format (logFormat) and the level
+// it logs at (logLevel), which a config reload changes (WatchConfig).
+func NewLogger(cfg *config.Config) (*slog.Logger, *slog.LevelVar, error) {
+	return NewLoggerTo(os.Stderr, cfg)
+}
+
+// NewLoggerTo is NewLogger writing to w.
+func NewLoggerTo(w io.Writer, cfg *config.Config) (*slog.Logger, *slog.LevelVar, error) {
+	lvl, err := logging.ParseLevel(cfg.LogLevel)
+	if err != nil {
+		return nil, nil, fmt.Errorf("config: logLevel: %w", err)
+	}
+	level := new(slog.LevelVar)
+	level.Set(lvl)
+	log, err := logging.New(w, cfg.LogFormat, level)
+	if err != nil {
+		return nil, nil, fmt.Errorf("config: logFormat: %w", err)
+	}
 	for _, w := range cfg.Warnings {
 		log.Warn("config: " + w)
 	}
-	return log
+	return log, level, nil
 }
 
 // DetectParams are Detect's dependencies. Probes is optional: without it the node's local signals

@@ -15,6 +15,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/config"
 	"github.com/network-node-manager/network-node-manager/core/engine"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/logging"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 )
 
@@ -26,12 +27,12 @@ import (
 // viper.WatchConfig is not used: it re-reads into one viper instance (our Load merges the file with
 // the environment and flags each time and must be able to refuse the result as a whole), it has no
 // debounce, and its goroutine cannot be stopped, which an fx Stop hook and goleak need.
-func WatchConfig(lc fx.Lifecycle, cfg *config.Config, in Inputs, ids fix.IDs, e *engine.Engine, m *metrics.Sync, ev EventsIn, log *slog.Logger) {
+func WatchConfig(lc fx.Lifecycle, cfg *config.Config, in Inputs, ids fix.IDs, e *engine.Engine, m *metrics.Sync, ev EventsIn, log *slog.Logger, level *slog.LevelVar) {
 	if cfg.File == "" {
 		return
 	}
 	w := &configWatcher{file: cfg.File, load: func() (*config.Config, error) { return config.Load(in.Flags, in.Environ, ids.IDs) },
-		apply: e.Reconfigure, rejected: ev.Recorder.ConfigRejected, m: m, log: log, quiet: reloadQuiet, maxWait: reloadMaxWait}
+		apply: reloadApply(level, log, e.Reconfigure), rejected: ev.Recorder.ConfigRejected, m: m, log: log, quiet: reloadQuiet, maxWait: reloadMaxWait}
 	lc.Append(fx.Hook{OnStart: w.start, OnStop: w.stop})
 }
 
@@ -126,4 +127,18 @@ func (w *configWatcher) stop(context.Context) error {
 	err := w.fsw.Close()
 	w.wg.Wait()
 	return err
+}
+
+// reloadApply is what a loaded config file does: it sets the level of the agent's logger (and of
+// client-go's lines routed into it) to its logLevel, then hands it to the engine. The level was
+// validated when the file loaded.
+func reloadApply(level *slog.LevelVar, log *slog.Logger, reconfigure func(*config.Config)) func(*config.Config) {
+	return func(c *config.Config) {
+		if l, err := logging.ParseLevel(c.LogLevel); err == nil && l != level.Level() {
+			old := level.Level()
+			level.Set(l)
+			log.Log(context.Background(), max(old, l), "log level changed", "from", old.String(), "to", l.String())
+		}
+		reconfigure(c)
+	}
 }

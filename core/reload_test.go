@@ -3,10 +3,12 @@ package core
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -248,4 +250,68 @@ func TestConfigReloadUnderContinuousWrites(t *testing.T) {
 	case <-time.After(4 * time.Second):
 		t.Fatal("no reload within 4s of continuous writes (maxWait is 1s)")
 	}
+}
+
+// logLevel applies on reload: the watcher, fed a ConfigMap swap from info to debug and back, changes
+// the level of the logger it was built with, so debug lines appear and disappear without a restart.
+func TestConfigReloadAppliesLogLevel(t *testing.T) {
+	d := newConfigMapDir(t, "logLevel: info\n")
+	env := []string{"NNM_CONFIG=" + d.file()}
+	cfg, err := config.Load(nil, env, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf strings.Builder
+	var mu sync.Mutex
+	log, level, err := NewLoggerTo(&lockedWriter{w: &buf, mu: &mu}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied := make(chan *config.Config, 10)
+	w := &configWatcher{file: cfg.File, load: func() (*config.Config, error) { return config.Load(nil, env, nil) },
+		apply: reloadApply(level, log, func(c *config.Config) { applied <- c }), m: metrics.NewSync(prometheus.NewRegistry()),
+		log: log, quiet: reloadQuiet, maxWait: reloadMaxWait}
+	if err := w.start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.stop(context.Background()) })
+	wait := func() {
+		t.Helper()
+		select {
+		case <-applied:
+		case <-time.After(5 * time.Second):
+			t.Fatal("no reload within 5s")
+		}
+	}
+	log.Debug("before: hidden")
+	d.swap("logLevel: debug\n")
+	wait()
+	log.Debug("at debug: shown")
+	d.swap("logLevel: warn\n")
+	wait()
+	log.Info("at warn: hidden")
+	mu.Lock()
+	out := buf.String()
+	mu.Unlock()
+	for _, want := range []string{"at debug: shown", `msg="log level changed" from=INFO to=DEBUG`, `msg="log level changed" from=DEBUG to=WARN`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q:\n%s", want, out)
+		}
+	}
+	for _, hidden := range []string{"before: hidden", "at warn: hidden"} {
+		if strings.Contains(out, hidden) {
+			t.Errorf("log has %q:\n%s", hidden, out)
+		}
+	}
+}
+
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

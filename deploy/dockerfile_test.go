@@ -117,7 +117,7 @@ func TestDockerfile(t *testing.T) {
 			goBuild = r
 		}
 	}
-	for _, want := range []string{"CGO_ENABLED=0", "-X main.version="} {
+	for _, want := range []string{"CGO_ENABLED=0", "-X main.version=", "-X main.commit="} {
 		if !strings.Contains(goBuild, want) {
 			t.Errorf("go build %q lacks %s", goBuild, want)
 		}
@@ -131,8 +131,10 @@ func TestDockerfile(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the Dockerfile builds %s: %v", pkg[1], err)
 	}
-	if !regexp.MustCompile(`(?m)^package main$`).Match(mainGo) || !regexp.MustCompile(`(?m)^var version\b`).Match(mainGo) {
-		t.Errorf("%s/main.go must be package main with a version variable for -X main.version", pkg[1])
+	for _, v := range []string{"version", "commit"} {
+		if !regexp.MustCompile(`(?m)^package main$`).Match(mainGo) || !regexp.MustCompile(`(?m)^(var)?\s*`+v+`\s*=`).Match(mainGo) {
+			t.Errorf("%s/main.go must be package main with a %s variable for -X main.%s", pkg[1], v, v)
+		}
 	}
 
 	// The runtime copies that binary and runs it.
@@ -313,7 +315,7 @@ func TestImageScriptMatchesDockerfile(t *testing.T) {
 			goBuild = r
 		}
 	}
-	for _, flag := range []string{"CGO_ENABLED=0", "-trimpath", `-s -w -X main.version=`, "./cmd/network-node-manager"} {
+	for _, flag := range []string{"CGO_ENABLED=0", "-trimpath", `-s -w -X main.version=`, `-X main.commit=`, "./cmd/network-node-manager"} {
 		if !strings.Contains(goBuild, flag) || !strings.Contains(sh, flag) {
 			t.Errorf("go build flag %q: Dockerfile %v, image.sh %v", flag, strings.Contains(goBuild, flag), strings.Contains(sh, flag))
 		}

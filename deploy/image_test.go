@@ -78,7 +78,8 @@ func TestImageRunsAsTheDaemonSet(t *testing.T) {
 			t.Fatalf("apply %s: %v", o, err)
 		}
 	}
-	ds := typed[appsv1.DaemonSet](t, find(t, objs, "DaemonSet", "network-node-manager"))
+	// The DaemonSet with conntrack-liberal's writable /proc/sys/net: the test enables that fix.
+	ds := typed[appsv1.DaemonSet](t, find(t, render(t, "overlays/conntrack-liberal"), "DaemonSet", "network-node-manager"))
 	cm := typed[corev1.ConfigMap](t, find(t, objs, "ConfigMap", "network-node-manager"))
 
 	// The image's root filesystem, from buildah's storage.
@@ -346,7 +347,7 @@ func runImage(t *testing.T, cp *controlplane.ControlPlane, ds *appsv1.DaemonSet,
 	// Uninstall: deploy/uninstall's cleanup container, run the same way on the same node (its
 	// hostPath volumes are the agent's), removes the rules and writes back the sysctl's value.
 	var un *appsv1.DaemonSet
-	for _, o := range loadFile(t, "uninstall/daemonset.yaml") {
+	for _, o := range render(t, "uninstall") {
 		un = typed[appsv1.DaemonSet](t, o)
 	}
 	cleanup := un.Spec.Template.Spec.InitContainers[0]

@@ -7,8 +7,10 @@ package deploy
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -27,6 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
@@ -48,15 +51,36 @@ import (
 // ---- a kustomize renderer for what our kustomizations use ----
 
 // kustomization is the subset of kustomize's Kustomization/Component that deploy/ uses. It is
-// decoded strictly: a kustomization that starts using transformers (namespace, images, patches, …)
-// fails here until the renderer learns them, instead of being checked as if they were not there.
+// decoded strictly: a kustomization that starts using other transformers (namespace, labels, …) or
+// other forms of these fails here until the renderer learns them, instead of being checked as if they
+// were not there.
 type kustomization struct {
 	APIVersion         string               `json:"apiVersion"`
 	Kind               string               `json:"kind"`
 	Resources          []string             `json:"resources"`
 	Components         []string             `json:"components"`
 	ConfigMapGenerator []configMapGenerator `json:"configMapGenerator"`
+	Images             []imageSetting       `json:"images"`
+	Patches            []patchFile          `json:"patches"`
 }
+
+// imageSetting is kustomize's images entry: containers whose image has this name get newName and
+// newTag.
+type imageSetting struct {
+	Name    string `json:"name"`
+	NewName string `json:"newName"`
+	NewTag  string `json:"newTag"`
+}
+
+// patchFile is a patches entry in its file form: a strategic merge patch naming its target by kind,
+// namespace and name.
+type patchFile struct {
+	Path string `json:"path"`
+}
+
+// patchTypes are the kinds deploy/ patches, with the Go type whose patch strategy (merge keys)
+// apimachinery's strategicpatch applies, as kustomize does for built-in kinds.
+var patchTypes = map[string]any{"DaemonSet": appsv1.DaemonSet{}, "Job": batchv1.Job{}}
 
 // configMapGenerator is the subset of kustomize's generator that deploy/ uses: files as keys, labels,
 // and no name hash (the renderer does not compute kustomize's hash suffix).
@@ -108,13 +132,20 @@ func (o object) String() string {
 // render returns the objects `kubectl apply -k dir` applies, in order.
 func render(t *testing.T, dir string) []object {
 	t.Helper()
+	return renderInto(t, dir, nil, "Kustomization")
+}
+
+// renderInto adds dir's resources to acc, then applies its components (each adds its resources and
+// transforms everything accumulated so far) and its own transformers, as kustomize orders them.
+func renderInto(t *testing.T, dir string, acc []object, wantKind string) []object {
+	t.Helper()
 	data, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var k kustomization
 	if err := yaml.UnmarshalStrict(data, &k); err != nil {
-		t.Fatalf("%s/kustomization.yaml: %v (the test renderer knows only resources and components)", dir, err)
+		t.Fatalf("%s/kustomization.yaml: %v (the test renderer knows resources, components, configMapGenerator, images and patches)", dir, err)
 	}
 	switch {
 	case k.Kind == "Kustomization" && k.APIVersion == "kustomize.config.k8s.io/v1beta1":
@@ -122,7 +153,10 @@ func render(t *testing.T, dir string) []object {
 	default:
 		t.Fatalf("%s: %s %s is not a kustomization", dir, k.APIVersion, k.Kind)
 	}
-	var out []object
+	if k.Kind != wantKind {
+		t.Fatalf("%s is a %s, used as a %s", dir, k.Kind, wantKind)
+	}
+	out := acc
 	for _, r := range k.Resources {
 		p := filepath.Join(dir, r)
 		if fi, err := os.Stat(p); err == nil && fi.IsDir() {
@@ -135,7 +169,15 @@ func render(t *testing.T, dir string) []object {
 		out = append(out, g.render(t, dir))
 	}
 	for _, c := range k.Components {
-		out = append(out, render(t, filepath.Join(dir, c))...)
+		out = renderInto(t, filepath.Join(dir, c), out, "Component")
+	}
+	for _, p := range k.Patches {
+		out = applyPatch(t, filepath.Join(dir, p.Path), out)
+	}
+	if len(k.Images) > 0 {
+		for i, o := range out {
+			out[i] = setImages(t, o, k.Images)
+		}
 	}
 	seen := map[string]string{}
 	for _, o := range out {
@@ -146,6 +188,98 @@ func render(t *testing.T, dir string) []object {
 		seen[id] = o.file
 	}
 	return out
+}
+
+// applyPatch applies the strategic merge patch in file to the object it names; a patch whose target
+// is missing fails, as in kustomize.
+func applyPatch(t *testing.T, file string, objs []object) []object {
+	t.Helper()
+	patches := loadFile(t, file)
+	for _, p := range patches {
+		typ, ok := patchTypes[p.u.GetKind()]
+		if !ok {
+			t.Fatalf("%s: the test renderer patches only %v", p, slices.Sorted(maps.Keys(patchTypes)))
+		}
+		i := slices.IndexFunc(objs, func(o object) bool {
+			return o.u.GetKind() == p.u.GetKind() && o.u.GetName() == p.u.GetName() && o.u.GetNamespace() == p.u.GetNamespace()
+		})
+		if i < 0 {
+			t.Fatalf("%s: no such object to patch", p)
+		}
+		orig, err := yaml.YAMLToJSON(objs[i].doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		patch, err := yaml.YAMLToJSON(p.doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		merged, err := strategicpatch.StrategicMergePatch(orig, patch, typ)
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		objs[i] = objectFromJSON(t, objs[i].file+" + "+file, merged)
+	}
+	return objs
+}
+
+// setImages applies kustomize's images transformer to o's pod template containers.
+func setImages(t *testing.T, o object, images []imageSetting) object {
+	t.Helper()
+	changed := false
+	for _, field := range []string{"containers", "initContainers"} {
+		cs, found, err := unstructured.NestedSlice(o.u.Object, "spec", "template", "spec", field)
+		if err != nil || !found {
+			continue
+		}
+		for j, c := range cs {
+			cm := c.(map[string]any)
+			ref, _ := cm["image"].(string)
+			name := ref
+			if k := strings.LastIndexAny(ref, ":@"); k > strings.LastIndex(ref, "/") {
+				name = ref[:k]
+			}
+			for _, im := range images {
+				if im.Name != name {
+					continue
+				}
+				if im.NewName != "" {
+					name = im.NewName
+				}
+				ref = name
+				if im.NewTag != "" {
+					ref += ":" + im.NewTag
+				}
+				cm["image"] = ref
+				cs[j] = cm
+				changed = true
+			}
+		}
+		if err := unstructured.SetNestedSlice(o.u.Object, cs, "spec", "template", "spec", field); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !changed {
+		return o
+	}
+	data, err := o.u.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objectFromJSON(t, o.file, data)
+}
+
+func objectFromJSON(t *testing.T, file string, data []byte) object {
+	t.Helper()
+	doc, err := yaml.JSONToYAML(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal(doc, &u.Object); err != nil {
+		t.Fatal(err)
+	}
+	return object{file: file, doc: doc, u: u}
 }
 
 var docSep = regexp.MustCompile(`(?m)^---\s*$`)
@@ -202,8 +336,11 @@ var manifestSets = map[string]func(t *testing.T) []object{
 		return render(t, "overlays/stale-udp-conntrack")
 	},
 	"overlays/monitoring": func(t *testing.T) []object { return render(t, "overlays/monitoring") },
-	"uninstall/daemonset": func(t *testing.T) []object { return loadFile(t, "uninstall/daemonset.yaml") },
-	"uninstall/job":       func(t *testing.T) []object { return loadFile(t, "uninstall/job.yaml") },
+	"overlays/conntrack-liberal": func(t *testing.T) []object {
+		return render(t, "overlays/conntrack-liberal")
+	},
+	"uninstall":     func(t *testing.T) []object { return render(t, "uninstall") },
+	"uninstall/job": func(t *testing.T) []object { return render(t, "uninstall/job") },
 }
 
 // ---- static checks ----
@@ -388,7 +525,97 @@ func TestDaemonSet(t *testing.T) {
 	check(!c.Resources.Requests.Cpu().IsZero() && !c.Resources.Requests.Memory().IsZero() && !c.Resources.Limits.Memory().IsZero(),
 		"requests cpu/memory and a memory limit are required: %+v", c.Resources)
 	checkSecurity(t, c, "agent")
-	check(spec.Containers[0].Image == "network-node-manager:latest", "image %q: the docs' `kustomize edit set image network-node-manager=…` relies on this name", c.Image)
+	check(spec.Containers[0].Image == "network-node-manager:"+releaseVersion(t), "image %q: the docs' `kustomize edit set image network-node-manager=…` relies on this name, the tag must be the release", c.Image)
+	check(spec.NodeSelector["kubernetes.io/os"] == "linux", "nodeSelector %v, want kubernetes.io/os: linux", spec.NodeSelector)
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			check(!strings.HasPrefix(v.HostPath.Path, "/proc"), "volume %s mounts the node's %s: only components/conntrack-liberal may", v.Name, v.HostPath.Path)
+		}
+	}
+}
+
+// releaseVersion is CHANGELOG.md's latest release, as hack/version.sh reads it (the one parser).
+func releaseVersion(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("../hack/version.sh", "--release").Output()
+	if err != nil {
+		t.Fatalf("hack/version.sh --release: %v", err)
+	}
+	v := strings.TrimSpace(string(out))
+	if !regexp.MustCompile(`^v\d+\.\d+\.\d+$`).MatchString(v) {
+		t.Fatalf("hack/version.sh --release = %q, want vX.Y.Z", v)
+	}
+	return v
+}
+
+// TestImageTagIsTheRelease: every container of every manifest set the docs apply — the agent, its
+// overlays, both uninstall kustomizations — runs network-node-manager at the release's tag (never
+// latest, never untagged), and runs only on Linux nodes. components/release holds the tag once.
+func TestImageTagIsTheRelease(t *testing.T) {
+	want := "network-node-manager:" + releaseVersion(t)
+	for _, set := range slices.Sorted(maps.Keys(manifestSets)) {
+		pods := 0
+		for _, o := range manifestSets[set](t) {
+			var pod *corev1.PodSpec
+			switch o.u.GetKind() {
+			case "DaemonSet":
+				pod = &typed[appsv1.DaemonSet](t, o).Spec.Template.Spec
+			case "Job":
+				pod = &typed[batchv1.Job](t, o).Spec.Template.Spec
+			default:
+				continue
+			}
+			pods++
+			for _, c := range append(slices.Clone(pod.InitContainers), pod.Containers...) {
+				if c.Image != want || c.ImagePullPolicy != corev1.PullIfNotPresent {
+					t.Errorf("%s %s: image %q pull policy %q, want %s IfNotPresent", set, c.Name, c.Image, c.ImagePullPolicy, want)
+				}
+			}
+			if pod.NodeSelector["kubernetes.io/os"] != "linux" {
+				t.Errorf("%s %s: nodeSelector %v, want kubernetes.io/os: linux", set, o, pod.NodeSelector)
+			}
+		}
+		if pods == 0 {
+			t.Errorf("%s: no pod template", set)
+		}
+	}
+}
+
+// The node's /proc/sys/net comes in writable only with components/conntrack-liberal, the one fix
+// that writes a sysctl: there the agent mounts it and is pointed at it (NNM_PROC_SYS_PATH); the
+// base neither mounts it nor sets procSysPath.
+func TestProcSysOnlyWithConntrackLiberal(t *testing.T) {
+	base := typed[appsv1.DaemonSet](t, find(t, render(t, "base"), "DaemonSet", "network-node-manager"))
+	if cfg := loadConfigMap(t, typed[corev1.ConfigMap](t, find(t, render(t, "base"), "ConfigMap", "network-node-manager"))); cfg.ProcSysPath != "/proc/sys" {
+		t.Errorf("the base ConfigMap sets procSysPath %s; the component sets it with the mount", cfg.ProcSysPath)
+	}
+	if _, ok := podMounts(base.Spec.Template.Spec, base.Spec.Template.Spec.Containers[0])["proc-sys-net"]; ok {
+		t.Error("deploy/base mounts proc-sys-net")
+	}
+	ds := typed[appsv1.DaemonSet](t, find(t, render(t, "overlays/conntrack-liberal"), "DaemonSet", "network-node-manager"))
+	c := ds.Spec.Template.Spec.Containers[0]
+	m := podMounts(ds.Spec.Template.Spec, c)["proc-sys-net"]
+	if m.hostPath != "/proc/sys/net" || m.readOnly || m.mountPath != "/host/proc/sys/net" {
+		t.Errorf("overlays/conntrack-liberal mounts proc-sys-net as %+v, want the node's /proc/sys/net writable at /host/proc/sys/net", m)
+	}
+	if got := agentProcSysPath(t, c); got != "/host/proc/sys" {
+		t.Errorf("overlays/conntrack-liberal: the agent's procSysPath is %q, want /host/proc/sys", got)
+	}
+	// The patch merged into the base's container: everything else is still there.
+	if len(c.VolumeMounts) != len(base.Spec.Template.Spec.Containers[0].VolumeMounts)+1 || len(c.Env) != len(base.Spec.Template.Spec.Containers[0].Env)+1 {
+		t.Errorf("the patch replaced instead of merging: mounts %v env %v", c.VolumeMounts, c.Env)
+	}
+}
+
+// agentProcSysPath is the procSysPath the agent container is given through the environment.
+func agentProcSysPath(t *testing.T, c corev1.Container) string {
+	t.Helper()
+	for _, e := range c.Env {
+		if e.Name == config.EnvName("procSysPath") {
+			return e.Value
+		}
+	}
+	return ""
 }
 
 // checkSecurity: netfilter needs uid 0 but nothing beyond NET_ADMIN (+ NET_RAW for iptables-legacy).
@@ -457,9 +684,6 @@ func TestManifestsCallExistingCommands(t *testing.T) {
 				continue
 			}
 			for _, c := range append(slices.Clone(pod.InitContainers), pod.Containers...) {
-				if c.Image != "network-node-manager:latest" {
-					t.Errorf("%s %s: image %q", set, c.Name, c.Image)
-				}
 				if len(c.Command) > 0 {
 					continue // e.g. sleep in the uninstall DaemonSet
 				}
@@ -682,13 +906,14 @@ func TestStaleUDPConntrackComponent(t *testing.T) {
 	}
 }
 
-// The uninstall pods revert conntrack-liberal as deploy/base runs it: they mount the base's state
-// volume (where the fix keeps the value it replaced, at the fix's default stateDir) and the node's
-// /proc/sys/net at the same paths, and pass the ConfigMap's procSysPath to `cleanup`.
+// The uninstall pods revert conntrack-liberal as overlays/conntrack-liberal runs it: they mount the
+// base's state volume (where the fix keeps the value it replaced, at the fix's default stateDir) and
+// the node's /proc/sys/net at the same paths, and pass the agent's procSysPath to `cleanup`.
 func TestUninstallRevertsNodeState(t *testing.T) {
-	objs := render(t, "base")
+	objs := render(t, "overlays/conntrack-liberal")
 	ds := typed[appsv1.DaemonSet](t, find(t, objs, "DaemonSet", "network-node-manager"))
 	cfg := loadConfigMap(t, typed[corev1.ConfigMap](t, find(t, objs, "ConfigMap", "network-node-manager")))
+	cfg.ProcSysPath = agentProcSysPath(t, ds.Spec.Template.Spec.Containers[0])
 	if dir, ok := cfg.FixOptions(conntrackliberal.ID)["stateDir"]; ok && dir != conntrackliberal.DefaultStateDir {
 		t.Errorf("the ConfigMap sets %s.stateDir %v; cleanup (no ConfigMap) reads %s", conntrackliberal.ID, dir, conntrackliberal.DefaultStateDir)
 	}
@@ -696,7 +921,7 @@ func TestUninstallRevertsNodeState(t *testing.T) {
 	if m, ok := base["state"]; !ok || m.mountPath != conntrackliberal.DefaultStateDir {
 		t.Errorf("deploy/base mounts the state volume at %q, want the fix's default stateDir %s", m.mountPath, conntrackliberal.DefaultStateDir)
 	}
-	for _, set := range []string{"uninstall/daemonset", "uninstall/job"} {
+	for _, set := range []string{"uninstall", "uninstall/job"} {
 		var pod corev1.PodSpec
 		for _, o := range manifestSets[set](t) {
 			switch o.u.GetKind() {
@@ -717,12 +942,12 @@ func TestUninstallRevertsNodeState(t *testing.T) {
 			continue
 		}
 		if !slices.Contains(cleanup.Args, "--proc-sys-path="+cfg.ProcSysPath) {
-			t.Errorf("%s: args %v, want --proc-sys-path=%s (deploy/base's procSysPath)", set, cleanup.Args, cfg.ProcSysPath)
+			t.Errorf("%s: args %v, want --proc-sys-path=%s (the agent's procSysPath)", set, cleanup.Args, cfg.ProcSysPath)
 		}
 		got := podMounts(pod, *cleanup)
 		for _, name := range []string{"state", "proc-sys-net"} {
 			if got[name] != base[name] || base[name].hostPath == "" || got[name].readOnly {
-				t.Errorf("%s: volume %s mounted as %+v, want deploy/base's %+v, writable", set, name, got[name], base[name])
+				t.Errorf("%s: volume %s mounted as %+v, want the agent's %+v, writable", set, name, got[name], base[name])
 			}
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core"
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/engine"
+	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/fixes"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
@@ -90,7 +91,7 @@ func TestPrometheusRules(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"NetworkNodeManagerSyncFailing", "NetworkNodeManagerSyncStale", "NetworkNodeManagerRepairsRising",
-		"NetworkNodeManagerObjectsSkipped", "NetworkNodeManagerFixRefused", "NetworkNodeManagerNotReady"} {
+		"NetworkNodeManagerObjectsSkipped", "NetworkNodeManagerFixRefused", "NetworkNodeManagerNotReady", "NetworkNodeManagerAgentMissing"} {
 		if !slices.Contains(alerts, want) {
 			t.Errorf("alert %s missing (have %v)", want, alerts)
 		}
@@ -227,8 +228,10 @@ func TestMetricNamesExtracted(t *testing.T) {
 // metrics following its id) fails here until the rules and the dashboard follow.
 func TestMonitoringUsesRegisteredMetrics(t *testing.T) {
 	registered := registeredMetrics(t)
-	// Not the agent's: Prometheus's own per-target series.
-	external := map[string]bool{"up": true}
+	// Not the agent's: Prometheus's own per-target series, and kube-state-metrics' series behind
+	// NetworkNodeManagerAgentMissing (a node where no agent runs has no agent metrics).
+	external := map[string]bool{"up": true, "kube_node_info": true, "kube_node_status_condition": true,
+		"kube_pod_info": true, "kube_pod_status_ready": true}
 	known := func(name string) bool {
 		if _, ok := registered[name]; ok || external[name] {
 			return true
@@ -257,9 +260,12 @@ func TestMonitoringUsesRegisteredMetrics(t *testing.T) {
 		return names
 	}
 
+	alerted := map[string]bool{}
 	for _, g := range loadRules(t).Groups {
 		for _, r := range g.Rules {
-			check("alert "+r.Alert, r.Expr)
+			for _, n := range check("alert "+r.Alert, r.Expr) {
+				alerted[n] = true
+			}
 		}
 	}
 
@@ -330,4 +336,42 @@ func TestMonitoringUsesRegisteredMetrics(t *testing.T) {
 	}
 	sort.Strings(perFix)
 	t.Logf("per-fix metrics on the dashboard: %v", perFix)
+
+	// Every fix's own metrics (nnm_<fix id>_…): each is on the dashboard, and at least one of them
+	// has an alert. A new fix with metrics fails here until it gets a panel and an alert.
+	for _, id := range standardFixIDs(t) {
+		prefix := "nnm_" + strings.ReplaceAll(id, "-", "_") + "_"
+		var own []string
+		for name := range registered {
+			if strings.HasPrefix(name, prefix) {
+				own = append(own, name)
+			}
+		}
+		sort.Strings(own)
+		hasAlert := false
+		for _, name := range own {
+			if !shown[name] {
+				t.Errorf("fix %s: the dashboard does not show %s", id, name)
+			}
+			hasAlert = hasAlert || alerted[name]
+		}
+		if len(own) > 0 && !hasAlert {
+			t.Errorf("fix %s: no alert uses any of its metrics %v", id, own)
+		}
+		t.Logf("fix %s: metrics %v", id, own)
+	}
+}
+
+// standardFixIDs are the ids of fixes.Standard.
+func standardFixIDs(t *testing.T) []string {
+	t.Helper()
+	var ids fix.IDs
+	app := fx.New(fx.NopLogger, fixes.Standard, fx.Populate(&ids))
+	if err := app.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(ids.IDs) < 5 {
+		t.Fatalf("fixes.Standard registers %v", ids.IDs)
+	}
+	return ids.IDs
 }

@@ -54,6 +54,7 @@ func TestUninstallRestoresConntrackLiberal(t *testing.T) {
 		t.Fatal(err)
 	}
 	common := []string{"--config", cfg, "--proc-sys-path", "/proc/sys", "--backend", "nftables", "--proxy-mode", "ipvs"}
+	cleanupArgs := common[:4] // cleanup refuses the flags it does not read (--backend, --proxy-mode)
 	a := agenttest.StartT(t, agenttest.Options{Netns: ns.Name, Args: append([]string{"--node-name", "uninstall"}, common...)})
 	a.WaitReadyT(t, 30*time.Second)
 	if v := read(); v != conntrackliberal.Liberal {
@@ -73,7 +74,25 @@ func TestUninstallRestoresConntrackLiberal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := ns.Exec(bin, "cleanup", "--config", cfg, "--proc-sys-path", "/proc/sys") // it reads no --backend, --proxy-mode
+	// cleanup --dry-run names what it would remove and revert, and changes nothing.
+	out, err := ns.Exec(append([]string{bin, "cleanup", "--dry-run"}, cleanupArgs...)...)
+	if err != nil {
+		t.Fatalf("cleanup --dry-run: %v\n%s", err, out)
+	}
+	for _, want := range []string{"would remove nftables: table ip nnm-invalid-drop", "would remove nftables: table ip6 nnm-invalid-drop",
+		"would revert the node state of fix conntrack-liberal", "nothing was changed"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("cleanup --dry-run output lacks %q:\n%s", want, out)
+		}
+	}
+	if v := read(); v != conntrackliberal.Liberal {
+		t.Errorf("cleanup --dry-run changed %s to %s", sysctl.ConntrackTCPBeLiberal, v)
+	}
+	if tables := ns.MustExec("nft", "list", "tables"); !strings.Contains(tables, "nnm-invalid-drop") {
+		t.Errorf("cleanup --dry-run removed tables:\n%s", tables)
+	}
+
+	out, err = ns.Exec(append([]string{bin, "cleanup"}, cleanupArgs...)...)
 	if err != nil {
 		t.Fatalf("cleanup: %v\n%s", err, out)
 	}

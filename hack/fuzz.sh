@@ -5,7 +5,7 @@
 # explores beyond them. A crasher is written to the package's testdata/fuzz/<Target>/ and fails the
 # run; commit it with the fix so that it stays a regression test.
 #
-#   hack/fuzz.sh [fuzztime]      e.g. hack/fuzz.sh 3s (make test), hack/fuzz.sh 2m (make fuzz)
+#   hack/fuzz.sh [fuzztime]      e.g. hack/fuzz.sh 2m (make fuzz), hack/fuzz.sh 3s (a quick pass)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 fuzztime="${1:-3s}"

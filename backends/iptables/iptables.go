@@ -646,9 +646,7 @@ func (b *Backend) Counters(ctx context.Context, fix string, family rules.Family)
 func (b *Backend) Cleanup(ctx context.Context) error {
 	var errs []error
 	for _, f := range rules.Families {
-		_, err := b.cleanup(ctx, f, func(c string) bool {
-			return isOurs(c) || strings.HasPrefix(c, PredecessorChainPrefix)
-		})
+		_, err := b.cleanup(ctx, f, cleanupMatch)
 		errs = append(errs, err)
 	}
 	b.mu.Lock()

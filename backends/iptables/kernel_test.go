@@ -353,6 +353,25 @@ func TestKernelLifecycle(t *testing.T) {
 			t.Errorf("removing what is gone: %v", err)
 		}
 
+		// CleanupPlan (cleanup --dry-run) names ours and the predecessor's chains and changes nothing.
+		before := k.save()
+		plan, err := b2.CleanupPlan(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		planText := strings.Join(plan, "\n")
+		for _, c := range []string{"chain NNM-INVALID-INPUT ", "chain NMANAGER_"} {
+			if !strings.Contains(planText, c) {
+				t.Errorf("CleanupPlan lacks %q:\n%s", c, planText)
+			}
+		}
+		if strings.Contains(planText, "KUBE-") {
+			t.Errorf("CleanupPlan names foreign chains:\n%s", planText)
+		}
+		if after := k.save(); after != before {
+			t.Errorf("CleanupPlan changed the kernel:\nbefore:\n%s\nafter:\n%s", before, after)
+		}
+
 		// Cleanup removes ours and the predecessor's, keeps the foreign.
 		if err := b2.Cleanup(ctx); err != nil {
 			t.Fatal(err)

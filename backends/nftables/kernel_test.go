@@ -239,6 +239,22 @@ func testKernel(t *testing.T, f rules.Family) {
 	if tables := nftList(t, ns, "list", "tables"); strings.Contains(tables, "nnm-misc") || !strings.Contains(tables, "nnm-invalid-drop") {
 		t.Fatalf("after Remove:\n%s", tables)
 	}
+	// CleanupPlan (cleanup --dry-run) names the nnm-* tables, not the foreign ones, and changes nothing.
+	tablesBefore := nftList(t, ns, "list", "tables")
+	inNS(t, ns, func() error {
+		plan, err := b.CleanupPlan(ctx)
+		if err != nil {
+			return err
+		}
+		text := strings.Join(plan, "\n")
+		if !strings.Contains(text, "nftables: table "+nf+" nnm-invalid-drop") || strings.Contains(text, "kube-proxy") {
+			return fmt.Errorf("CleanupPlan = %q, want the nnm-* tables of %s only", text, nf)
+		}
+		return nil
+	})
+	if tables := nftList(t, ns, "list", "tables"); tables != tablesBefore {
+		t.Fatalf("CleanupPlan changed the tables:\n%s\nwas:\n%s", tables, tablesBefore)
+	}
 	inNS(t, ns, func() error { return b.Cleanup(ctx) })
 	if tables := nftList(t, ns, "list", "tables"); strings.Contains(tables, "nnm-") {
 		t.Fatalf("Cleanup left:\n%s", tables)

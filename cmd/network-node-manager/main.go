@@ -11,11 +11,15 @@ import (
 	"github.com/network-node-manager/network-node-manager/fixes"
 )
 
-// version is set with -ldflags "-X main.version=…" by the Makefile.
-var version = "dev"
+// version and commit are set with -ldflags "-X main.version=… -X main.commit=…" by the Makefile
+// (hack/version.sh), hack/image.sh and the Dockerfile.
+var (
+	version = "dev"
+	commit  = ""
+)
 
 func main() {
-	if err := app.NewCommand(version, fixes.Standard).Execute(); err != nil {
+	if err := app.New(app.Build{Version: version, Commit: commit}, fixes.Standard).Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
 	}

@@ -74,3 +74,10 @@ type Backend interface {
 	// Cleanup removes everything the backend owns in every family, whatever fix put it there.
 	Cleanup(ctx context.Context) error
 }
+
+// CleanupPlanner is implemented by backends that can say what Cleanup would remove without removing
+// anything (`cleanup --dry-run`).
+type CleanupPlanner interface {
+	// CleanupPlan lists, one line each, the chains or tables Cleanup would delete now.
+	CleanupPlan(ctx context.Context) ([]string, error)
+}

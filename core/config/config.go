@@ -26,6 +26,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/logging"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -68,8 +69,10 @@ type Config struct {
 	// ProcSysPath is where the agent reads and writes sysctls (/proc/sys). A container's /proc/sys is
 	// read-only, so deploy/base mounts the node's /proc/sys/net at /host/proc/sys/net and sets this.
 	ProcSysPath string `mapstructure:"procSysPath"`
-	// LogLevel is debug, info, warn or error.
+	// LogLevel is debug, info, warn or error; a reload applies it.
 	LogLevel string `mapstructure:"logLevel"`
+	// LogFormat is text or json (core/logging).
+	LogFormat string `mapstructure:"logFormat"`
 	// Fixes holds one section per fix id: "enabled" plus the fix's own options.
 	Fixes map[string]map[string]any `mapstructure:"fixes"`
 
@@ -133,7 +136,8 @@ var Keys = []Key{
 		Help: "`/healthz`, `/readyz` over plain HTTP (`0.0.0.0:9485` in deploy/base)"},
 	{Key: "procSysPath", Flag: "proc-sys-path", Default: "/proc/sys", Restart: true,
 		Help: "the sysctl tree the agent writes; a container's `/proc/sys` is read-only, so deploy/base mounts the node's `/proc/sys/net` at `/host/proc/sys/net`"},
-	{Key: "logLevel", Flag: "log-level", Default: "info", Restart: true, Help: "`debug`, `info`, `warn`, `error`"},
+	{Key: "logLevel", Flag: "log-level", Default: "info", Help: "`debug`, `info`, `warn`, `error`"},
+	{Key: "logFormat", Flag: "log-format", Default: "text", Restart: true, Help: "`text`, `json`; client-go's log lines use it too"},
 }
 
 // Defaults returns the configuration used when nothing is set.
@@ -771,7 +775,10 @@ func (c *Config) Validate() error {
 	if err := oneOf("proxyMode", c.ProxyMode, "auto", "ipvs", "iptables", "nftables"); err != nil {
 		return err
 	}
-	if err := oneOf("logLevel", c.LogLevel, "debug", "info", "warn", "error"); err != nil {
+	if err := oneOf("logLevel", c.LogLevel, logging.Levels...); err != nil {
+		return err
+	}
+	if err := oneOf("logFormat", c.LogFormat, logging.Formats...); err != nil {
 		return err
 	}
 	if len(c.Families) == 0 {

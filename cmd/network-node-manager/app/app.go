@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"os/signal"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -31,8 +32,22 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
+// Build identifies the binary; the linker sets its parts (-X main.version=…, -X main.commit=…).
+type Build struct {
+	// Version is the semantic version (hack/version.sh).
+	Version string
+	// Commit is the git commit it was built from; empty when unknown.
+	Commit string
+}
+
 // NewCommand returns the root command with run, plan, cleanup and version.
 func NewCommand(version string, fixModules fx.Option) *cobra.Command {
+	return New(Build{Version: version}, fixModules)
+}
+
+// New is NewCommand with the commit too, for `version`.
+func New(b Build, fixModules fx.Option) *cobra.Command {
+	version := b.Version
 	root := &cobra.Command{
 		Use:           "network-node-manager",
 		Short:         "Keeps a Kubernetes node's netfilter rules in the state its fix modules ask for",
@@ -40,7 +55,7 @@ func NewCommand(version string, fixModules fx.Option) *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(runCommand(version, fixModules), planCommand(version, fixModules),
-		cleanupCommand(version, fixModules), versionCommand(version, fixModules))
+		cleanupCommand(version, fixModules), versionCommand(b, fixModules))
 	return root
 }
 
@@ -158,6 +173,7 @@ func printPlan(w io.Writer, e *engine.Engine, cfg *config.Config, names []string
 }
 
 func cleanupCommand(version string, fixModules fx.Option) *cobra.Command {
+	var dryRun bool
 	cmd := &cobra.Command{
 		Use:   "cleanup",
 		Short: "Remove every rule, chain and table the agent owns (both backends, both families) and the predecessor's NMANAGER_* chains, and revert node-state fixes (e.g. sysctls)",
@@ -174,22 +190,26 @@ func cleanupCommand(version string, fixModules fx.Option) *cobra.Command {
 				err = dig.RootCause(err)
 				return err
 			}
+			if dryRun {
+				return CleanupPlan(cmd.Context(), cmd.OutOrStdout(), fixes.Fixes, cfg, log)
+			}
 			return errors.Join(Cleanup(cmd.Context(), cfg, log), RevertNodeState(cmd.Context(), fixes.Fixes, cfg, log))
 		},
 	}
 	// Only the flags cleanup reads: it removes what both backends own in both families whatever
 	// --backend or --families say, so accepting those would let an operator believe otherwise.
 	config.AddKeyFlags(cmd.Flags(), cleanupKeys...)
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print what cleanup would remove and revert, and change nothing")
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
-		return fmt.Errorf("cleanup: %w; cleanup reads only --config, --set and --%s (it removes what both backends own, in both families)",
+		return fmt.Errorf("cleanup: %w; cleanup reads only --config, --set, --dry-run and --%s (it removes what both backends own, in both families)",
 			err, strings.Join(cleanupFlags(), ", --"))
 	})
 	return cmd
 }
 
 // cleanupKeys are the configuration keys cleanup reads: the iptables variant to clean first, where
-// sysctls are reverted, and the log level (fix options come with --set or the file).
-var cleanupKeys = []string{"iptablesVariant", "procSysPath", "logLevel"}
+// sysctls are reverted, and how it logs (fix options come with --set or the file).
+var cleanupKeys = []string{"iptablesVariant", "procSysPath", "logLevel", "logFormat"}
 
 func cleanupFlags() []string {
 	var out []string
@@ -199,6 +219,47 @@ func cleanupFlags() []string {
 		}
 	}
 	return out
+}
+
+// CleanupPlan prints what Cleanup and RevertNodeState would do, one line each, and changes nothing:
+// the chains and tables of every backend target Cleanup visits, and the node-state fixes it reverts.
+func CleanupPlan(ctx context.Context, w io.Writer, fixes []fix.Fix, cfg *config.Config, log *slog.Logger) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	var errs []error
+	n := 0
+	for i, t := range cleanupTargets(cfg) {
+		be, err := backends.New(t.name, t.variant, log)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		p, ok := be.(backend.CleanupPlanner)
+		if !ok {
+			fmt.Fprintf(w, "would clean up %s %s (it cannot list what it owns)\n", t.name, t.variant)
+			continue
+		}
+		lines, err := p.CleanupPlan(ctx)
+		if err != nil {
+			if t.name == "iptables" && i > 0 {
+				log.Warn("dry run skipped for the other iptables variant", "variant", t.variant, "err", err)
+				continue
+			}
+			errs = append(errs, fmt.Errorf("%s %s: %w", t.name, t.variant, err))
+		}
+		for _, l := range lines {
+			fmt.Fprintf(w, "would remove %s\n", l)
+			n++
+		}
+	}
+	for _, f := range fixes {
+		if _, ok := f.(fix.Actuator); ok {
+			fmt.Fprintf(w, "would revert the node state of fix %s (what it recorded changing, if anything)\n", f.ID())
+		}
+	}
+	fmt.Fprintf(w, "dry run: %d chains or tables to remove; nothing was changed\n", n)
+	return errors.Join(errs...)
 }
 
 // RevertNodeState reverts every fix that changes node state other than rules (fix.Actuator), enabled
@@ -226,6 +287,21 @@ func RevertNodeState(ctx context.Context, fixes []fix.Fix, cfg *config.Config, l
 	return errors.Join(errs...)
 }
 
+type cleanupTarget struct{ name, variant string }
+
+// cleanupTargets are the backends Cleanup visits, the node's own iptables variant first.
+func cleanupTargets(cfg *config.Config) []cleanupTarget {
+	variants := []string{"nft", "legacy"}
+	if cfg.IptablesVariant == "legacy" {
+		variants = []string{"legacy", "nft"}
+	}
+	var targets []cleanupTarget
+	for _, v := range variants {
+		targets = append(targets, cleanupTarget{"iptables", v})
+	}
+	return append(targets, cleanupTarget{"nftables", ""})
+}
+
 // Cleanup removes what every backend owns. The iptables variant of the node is cleaned; the other
 // variant too when its binaries work, so that nothing of ours survives a variant switch.
 func Cleanup(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
@@ -233,17 +309,7 @@ func Cleanup(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		ctx = context.Background()
 	}
 	var errs []error
-	variants := []string{"nft", "legacy"}
-	if cfg.IptablesVariant == "legacy" {
-		variants = []string{"legacy", "nft"}
-	}
-	type target struct{ name, variant string }
-	var targets []target
-	for _, v := range variants {
-		targets = append(targets, target{"iptables", v})
-	}
-	targets = append(targets, target{"nftables", ""})
-	for i, t := range targets {
+	for i, t := range cleanupTargets(cfg) {
 		be, err := backends.New(t.name, t.variant, log)
 		if err != nil {
 			errs = append(errs, err)
@@ -263,10 +329,10 @@ func Cleanup(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	return errors.Join(errs...)
 }
 
-func versionCommand(version string, fixModules fx.Option) *cobra.Command {
+func versionCommand(b Build, fixModules fx.Option) *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print the version and the registered fixes",
+		Short: "Print the version, commit, Go version and platform, and the registered fixes and backends",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var fixes struct {
 				fx.In
@@ -274,7 +340,7 @@ func versionCommand(version string, fixModules fx.Option) *cobra.Command {
 			}
 			// The fixes' constructors need the core's providers, but nothing is started.
 			app := fx.New(quiet(), fixModules, core.Module,
-				fx.Supply(core.Inputs{Environ: nil, Version: version}),
+				fx.Supply(core.Inputs{Environ: nil, Version: b.Version}),
 				fx.Provide(func() backend.Backend { return nil }),
 				fx.Populate(&fixes))
 			if err := app.Err(); err != nil {
@@ -282,7 +348,12 @@ func versionCommand(version string, fixModules fx.Option) *cobra.Command {
 				return err
 			}
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "network-node-manager %s\nfixes:\n", version)
+			commit := b.Commit
+			if commit == "" {
+				commit = "unknown"
+			}
+			fmt.Fprintf(w, "network-node-manager %s\ncommit: %s\ngo: %s %s/%s\nfixes:\n",
+				b.Version, commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 			list := fixes.Fixes
 			sort.Slice(list, func(i, j int) bool { return list[i].ID() < list[j].ID() })
 			for _, f := range list {

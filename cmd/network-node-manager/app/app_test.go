@@ -5,11 +5,13 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/network-node-manager/network-node-manager/core/config"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/fixes"
 )
 
 type nodeFix struct {
@@ -43,5 +45,23 @@ func TestRevertNodeState(t *testing.T) {
 	}
 	if err == nil || !strings.Contains(err.Error(), "node-b") || strings.Contains(err.Error(), "node-a") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// `version` says what the binary is: version, commit, Go version and platform, every fix, every backend.
+func TestVersionCommand(t *testing.T) {
+	cmd := New(Build{Version: "v1.2.3", Commit: "abc1234def56"}, fixes.Standard)
+	var out strings.Builder
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"version"})
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"network-node-manager v1.2.3\n", "commit: abc1234def56\n",
+		"go: " + runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH + "\n",
+		"\n  invalid-drop ", "\n  stale-udp-conntrack ", "backends: iptables, nftables\n"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("version output lacks %q:\n%s", want, out.String())
+		}
 	}
 }

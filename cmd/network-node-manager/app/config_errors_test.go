@@ -131,7 +131,7 @@ func TestREADMEShowsConfigErrors(t *testing.T) {
 // cleanup refuses flags it does not read (#23): it removes what both backends own in both families,
 // so --backend or --families would only mislead. Refused while parsing: nothing is cleaned.
 func TestCleanupRefusesFlagsItDoesNotRead(t *testing.T) {
-	const reads = "cleanup reads only --config, --set and --iptables-variant, --proc-sys-path, --log-level (it removes what both backends own, in both families)"
+	const reads = "cleanup reads only --config, --set, --dry-run and --iptables-variant, --proc-sys-path, --log-level, --log-format (it removes what both backends own, in both families)"
 	for _, args := range [][]string{
 		{"--backend", "x"},
 		{"--families", "ipv4"},
