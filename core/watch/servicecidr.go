@@ -3,8 +3,8 @@ package watch
 import (
 	"context"
 	"errors"
-	"net/url"
 	"net/netip"
+	"net/url"
 	"slices"
 	"sync"
 	"time"
