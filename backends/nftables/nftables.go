@@ -593,24 +593,14 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 func (b *Backend) RemoveAll(ctx context.Context) (removed int, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var errs []error
-	for _, family := range []knftables.Family{knftables.IPv4Family, knftables.IPv6Family} {
-		names, err := b.listTables(ctx, family)
+	keys, err := b.ownTables(ctx)
+	errs := []error{err}
+	for _, k := range keys {
+		gone, err := b.removeLocked(ctx, k)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("nftables backend: list %s tables: %w", family, err))
-			continue
-		}
-		sort.Strings(names)
-		for _, name := range names {
-			if !strings.HasPrefix(name, TablePrefix) {
-				continue
-			}
-			gone, err := b.removeLocked(ctx, tableKey{family: family, table: name})
-			if err != nil {
-				errs = append(errs, err)
-			} else if gone {
-				removed++
-			}
+			errs = append(errs, err)
+		} else if gone {
+			removed++
 		}
 	}
 	clear(b.absent)
@@ -683,4 +673,25 @@ func explain(err error) error {
 		return fmt.Errorf("%w (needs CAP_NET_ADMIN)", err)
 	}
 	return err
+}
+
+// ownTables lists the nnm-* tables of families ip and ip6, sorted by family and name: what RemoveAll
+// deletes and CleanupPlan names. A family that cannot be listed is an error; the other is still listed.
+func (b *Backend) ownTables(ctx context.Context) ([]tableKey, error) {
+	var out []tableKey
+	var errs []error
+	for _, family := range []knftables.Family{knftables.IPv4Family, knftables.IPv6Family} {
+		names, err := b.listTables(ctx, family)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("nftables backend: list %s tables: %w", family, err))
+			continue
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			if strings.HasPrefix(name, TablePrefix) {
+				out = append(out, tableKey{family: family, table: name})
+			}
+		}
+	}
+	return out, errors.Join(errs...)
 }
