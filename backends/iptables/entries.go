@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -40,19 +41,19 @@ func (c *rchain) digest() uint64 {
 // buckets that appear and deletes buckets that disappear. It returns false without having changed
 // anything when the record does not match the old rendering, and errShortWay when the restore
 // failed.
-func (b *Backend) applyEntries(ctx context.Context, rs *rules.Ruleset, prev *record, g0 uint32, genOK bool) (bool, error) {
-	touched := changedBuckets(prev.rs, rs)
+func (b *Backend) applyEntries(ctx context.Context, from, rs *rules.Ruleset, prev *record) (backend.Step[*record], error) {
+	var no backend.Step[*record] // not this way: nothing changed
+	touched := changedBuckets(from, rs)
 	if touched == nil {
-		prev.rs = rs.Clone()
-		return false, nil
+		return backend.Step[*record]{Done: true, Rec: prev}, nil
 	}
-	oldChains, _, err := renderChains(narrowed(prev.rs, touched))
+	oldChains, _, err := renderChains(narrowed(from, touched))
 	if err != nil {
-		return false, nil
+		return no, nil
 	}
 	newChains, _, err := renderChains(narrowed(rs, touched))
 	if err != nil {
-		return false, nil // the full rendering reports it
+		return no, nil // the full rendering reports it
 	}
 	// complete: a chain whose rules the narrowed rendering gives in full.
 	complete := func(c *rchain) bool { return c.parent == "" || touched[c.lookup][c.prefix] }
@@ -62,7 +63,7 @@ func (b *Backend) applyEntries(ctx context.Context, rs *rules.Ruleset, prev *rec
 		was[k] = true
 		d, ok := prev.content[k]
 		if !ok || (complete(c) && d != c.digest()) {
-			return false, nil // the record is not what the old ruleset renders
+			return no, nil // the record is not what the old ruleset renders
 		}
 	}
 	content := make(map[tchain]uint64, len(prev.content))
@@ -84,7 +85,7 @@ func (b *Backend) applyEntries(ctx context.Context, rs *rules.Ruleset, prev *rec
 		now[k] = true
 		if !complete(c) {
 			if !was[k] {
-				return false, nil // an untouched bucket cannot appear
+				return no, nil // an untouched bucket cannot appear
 			}
 			continue
 		}
@@ -93,7 +94,7 @@ func (b *Backend) applyEntries(ctx context.Context, rs *rules.Ruleset, prev *rec
 			continue
 		}
 		if !prev.chains[k] && c.parent == "" {
-			return false, nil // a new chain that is not a bucket: applyChanged checks ownership
+			return no, nil // a new chain that is not a bucket: applyChanged checks ownership
 		}
 		changed = append(changed, c)
 		content[k], chains[k] = d, true
@@ -105,7 +106,7 @@ func (b *Backend) applyEntries(ctx context.Context, rs *rules.Ruleset, prev *rec
 	for _, c := range oldChains {
 		if k := c.key(); !now[k] {
 			if c.parent == "" {
-				return false, nil
+				return no, nil
 			}
 			stale = append(stale, k)
 			delete(content, k)
@@ -114,13 +115,12 @@ func (b *Backend) applyEntries(ctx context.Context, rs *rules.Ruleset, prev *rec
 		}
 	}
 	if len(changed) == 0 && len(stale) == 0 {
-		prev.rs = rs.Clone()
-		return false, nil
+		return backend.Step[*record]{Done: true, Rec: prev}, nil
 	}
 	sort.Slice(changed, func(i, j int) bool { return changed[i].name < changed[j].name })
 	sort.Slice(stale, func(i, j int) bool { return stale[i].String() < stale[j].String() })
-	nrec := &record{rs: rs.Clone(), content: content, parent: parent, jumps: prev.jumps, chains: chains, counters: prev.counters, precede: prev.precede}
-	return b.rewriteChains(ctx, rs, changed, stale, prev, nrec, g0, genOK)
+	nrec := &record{content: content, parent: parent, jumps: prev.jumps, chains: chains, counters: prev.counters, precede: prev.precede}
+	return b.rewriteChains(ctx, rs, changed, stale, prev, nrec)
 }
 
 // changedBuckets returns, per map name, the bucket prefixes where old and now (same chains) differ

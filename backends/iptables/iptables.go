@@ -15,8 +15,8 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/network-node-manager/network-node-manager/backends/nfgen"
 	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/nfgen"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -51,31 +51,18 @@ type Backend struct {
 	run      Runner
 	log      *slog.Logger
 
-	gen nfgen.Func
-
-	// mu serialises every kernel operation of this process and guards applied and absent.
-	mu sync.Mutex
-	// amu also guards applied: it is written with mu and amu held and read with either, so that
-	// Counters (a scrape) never waits for an iptables-restore that waits for the xtables lock.
-	amu     sync.Mutex
-	applied map[key]*record
-	// absent: (fix, family) known to hold nothing, with the generation of that knowledge.
-	absent map[key]nfgen.Stamp
+	driver *backend.Driver[*record]
+	// shared is held by the operations that read the whole ruleset to change what units share: our
+	// jumps in the built-in chains (whose positions are computed from that reading) and chain
+	// ownership. Updates of a unit's own chains, read-backs and counters never wait for it.
+	shared sync.Mutex
 }
 
 var _ backend.Backend = (*Backend)(nil)
 
-type key struct {
-	fix    string
-	family rules.Family
-}
-
 // record is what the last successful reconcile of (fix, family) rendered and found in the kernel
 // after. It holds digests, not texts: at 10,000 map entries the texts were 20,000 rules twice.
 type record struct {
-	// rs is the ruleset reconciled (shared with the caller, never modified): a reconcile of an equal
-	// ruleset renders nothing, and one that differs only in map entries renders only their buckets.
-	rs *rules.Ruleset
 	// content is each chain's rendered rules (digest), parent its dispatching chain if it is a lookup
 	// bucket.
 	content  map[tchain]uint64
@@ -86,8 +73,6 @@ type record struct {
 	// precede is the ruleset's Chain.Precedes: what our jumps must stand ahead of.
 	precede precedence
 	state   kstate
-	// gen is the nf_tables generation at which the record is known to match the kernel.
-	gen nfgen.Stamp
 }
 
 // rendering is what Apply compares with a record.
@@ -155,15 +140,14 @@ func New(opts Options) (*Backend, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Backend{
+	b := &Backend{
 		variant:  opts.Variant,
 		lockWait: opts.LockWait,
 		run:      opts.Runner,
 		log:      opts.Logger.With("backend", "iptables", "variant", string(opts.Variant)),
-		gen:      opts.Generation,
-		applied:  map[key]*record{},
-		absent:   map[key]nfgen.Stamp{},
-	}, nil
+	}
+	b.driver = backend.NewDriver[*record](ops{b}, opts.Generation, b.log)
+	return b, nil
 }
 
 // Name implements backend.Backend.
@@ -195,72 +179,118 @@ func (b *Backend) Render(rs *rules.Ruleset) (string, error) {
 	return p.String(), nil
 }
 
-// Reconcile implements backend.Backend.
-//
-// The record of (fix, family) holds what the last reconcile rendered and the fix's chains (and the
-// jumps to them) as iptables-save showed them right after. With the nft variant the record is stamped
-// with the nf_tables generation at which it matched the kernel: a Verify that finds the generation
-// unchanged runs nothing; otherwise (and always with the legacy variant, which has no generation) it
-// runs one iptables-save and compares. Trust, and Verify once the record is confirmed, run nothing
-// when nothing changed; when only the contents of chains changed (map entries: lookup buckets) one
-// iptables-restore rewrites just those chains, which are then listed for the record. Otherwise (no
-// record, drift, other chains or jumps): iptables-save, one iptables-restore and an iptables-save to
-// record the result.
+// Reconcile implements backend.Backend through the shared driver (backend.Driver) over ops.
 func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family, rs *rules.Ruleset, mode backend.Mode) (backend.Result, error) {
-	var res backend.Result
-	if rs == nil {
-		return b.remove(ctx, fix, family, mode)
-	}
-	if rs.Fix != fix || rs.Family != family {
-		return res, fmt.Errorf("iptables backend: ruleset of %s/%s reconciled as %s/%s", rs.Fix, rs.Family, fix, family)
-	}
-	if err := rs.Validate(); err != nil {
-		return res, err
-	}
-	k := key{rs.Fix, rs.Family}
+	return b.driver.Reconcile(ctx, fix, family, rs, mode)
+}
 
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	delete(b.absent, k)
-	rec := b.applied[k]
-	trusted := rec
-	g0, genOK := b.generation()
-	var d *dump
-	var err error
-	if trusted != nil && mode == backend.Verify && !trusted.gen.Is(g0, genOK) {
-		res.ReadBack = true
-		if d, err = b.save(ctx, rs.Family); err != nil {
-			if ctx.Err() != nil {
-				return res, ctx.Err()
-			}
-			return res, err
-		}
-		if d.state(trusted.chains, trusted.precede).equal(trusted.state) {
-			trusted.gen = nfgen.At(g0, genOK)
-		} else {
-			b.log.Warn("rules changed behind our back; restoring them", "fix", fix, "family", family)
-			res.Repaired = true
-			trusted = nil
+// ops are the backend's operations for the driver (backend.Ops).
+//
+// The record of a unit holds what its last change rendered (chain digests) and its chains (and the
+// jumps to them) as iptables-save showed them right after. Matches runs one iptables-save and
+// compares. Update, for a change in the contents of chains only (map entries live in lookup
+// buckets), rewrites just those chains with one iptables-restore and lists them with iptables -S.
+// Apply and Remove read the whole ruleset, place or delete our jumps in the built-in chains and
+// check chain ownership: they hold b.shared, which nothing else of the backend waits for.
+type ops struct{ b *Backend }
+
+func (o ops) Matches(ctx context.Context, u backend.Unit, rec *record) (bool, error) {
+	d, err := o.b.save(ctx, u.Family)
+	if err != nil {
+		return false, err
+	}
+	return d.state(rec.chains, rec.precede).equal(rec.state), nil
+}
+
+func (o ops) Update(ctx context.Context, u backend.Unit, rec *record, from, rs *rules.Ruleset) (backend.Step[*record], error) {
+	if err := rs.Validate(); err != nil {
+		return backend.Step[*record]{}, err
+	}
+	if from.SameExceptEntries(rs) {
+		if step, err := o.b.applyEntries(ctx, from, rs, rec); step.Done || err != nil {
+			return step, err
 		}
 	}
-	if trusted != nil && trusted.rs.Equal(rs) {
-		b.log.Debug("rules unchanged", "fix", rs.Fix, "family", rs.Family, "mode", mode)
-		return res, nil
+	_, rchains, jumps, err := planRuleset(rs)
+	if err != nil {
+		return backend.Step[*record]{}, err
 	}
-	if trusted != nil && trusted.rs.SameExceptEntries(rs) {
-		if done, err := b.applyEntries(ctx, rs, trusted, g0, genOK); errors.Is(err, errShortWay) {
-			trusted = nil // the record proved wrong: take the full way
-		} else if done || err != nil {
-			res.Applied = done
-			return res, err
-		}
+	r := newRendering(rchains, jumps, precedenceOf(rs))
+	if r.same(rec) {
+		return backend.Step[*record]{Done: true, Rec: rec}, nil
+	}
+	return o.b.applyChanged(ctx, rs, r, rec)
+}
+
+// Apply is the long way: iptables-save, one iptables-restore, and an iptables-save for the record.
+func (o ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*record], rs *rules.Ruleset) (backend.Step[*record], error) {
+	b := o.b
+	var step backend.Step[*record]
+	if err := rs.Validate(); err != nil {
+		return step, err
 	}
 	p, rchains, jumps, err := planRuleset(rs)
 	if err != nil {
-		return res, err
+		return step, err
 	}
 	r := newRendering(rchains, jumps, precedenceOf(rs))
-	chains := r.set
+	b.shared.Lock()
+	defer b.shared.Unlock()
+	step.ReadBack = true
+	d, err := b.save(ctx, rs.Family)
+	if err != nil {
+		return step, err
+	}
+	ctx = context.WithoutCancel(ctx) // from here on the kernel is changed: finish what was started
+	// Chains of the fix now: what the kernel says, and what this process applied last.
+	old := d.owned(rs.Fix)
+	if prev.Known {
+		for c := range prev.Rec.chains {
+			if d.has(c) {
+				old[c] = true
+			}
+		}
+	}
+	owners := d.owners()
+	for c := range r.set {
+		if o, ok := owners[c]; ok && o != rs.Fix {
+			return step, fmt.Errorf("chain %s is already used by fix %s", c, o)
+		}
+	}
+	placeJumps(p, d, rs.Fix, jumps, r.precede)
+	stale := map[tchain]bool{}
+	for c := range old {
+		if !r.set[c] {
+			stale[c] = true
+		}
+	}
+	removeChains(p, d, stale, r.set)
+	if input := p.String(); input != "" {
+		if err := b.restore(ctx, rs.Family, input); err != nil {
+			return step, err // the restore is atomic: the kernel holds what it held
+		}
+		step.Applied = true
+		b.log.Info("rules applied", "fix", rs.Fix, "family", rs.Family, "chains", len(r.set), "removed_chains", len(stale), "rules", rs.RuleCount())
+	}
+	rec := r.record(countersOf(rs))
+	step.Rec = rec
+	step.Finish = func(ctx context.Context) (*record, error) {
+		after, err := b.save(ctx, rs.Family)
+		if err != nil {
+			return nil, err
+		}
+		rec.state = after.state(rec.chains, rec.precede)
+		return rec, nil
+	}
+	return step, nil
+}
+
+// record is a record of r, without the kernel's state (which the caller lists after applying).
+func (r *rendering) record(counters []string) *record {
+	return &record{content: r.content, parent: r.parent, jumps: r.jumps, chains: r.set, counters: counters, precede: r.precede}
+}
+
+func countersOf(rs *rules.Ruleset) []string {
 	var counters []string
 	for _, c := range rs.Chains {
 		for _, r := range c.Rules {
@@ -269,54 +299,18 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 			}
 		}
 	}
-	if trusted != nil && r.same(trusted) {
-		trusted.rs = rs.Clone()
-		b.log.Debug("rules unchanged", "fix", rs.Fix, "family", rs.Family, "mode", mode)
-		return res, nil
-	}
-	if trusted != nil {
-		if done, err := b.applyChanged(ctx, rs, r, trusted, counters, g0, genOK); errors.Is(err, errShortWay) {
-			trusted = nil // the record proved wrong: take the full way
-		} else if done || err != nil {
-			res.Applied = done
-			return res, err
-		}
-	}
-	if d == nil {
-		res.ReadBack = true
-		if d, err = b.save(ctx, rs.Family); err != nil {
-			if ctx.Err() != nil {
-				return res, ctx.Err()
-			}
-			return res, err
-		}
-	}
-	ctx = context.WithoutCancel(ctx) // from here on the kernel is changed: finish what was started
+	return counters
+}
 
-	// Chains of the fix now: what the kernel says, and what this process applied last.
-	owners := d.owners()
-	old := d.owned(rs.Fix)
-	if rec != nil {
-		for c := range rec.chains {
-			if d.has(c) {
-				old[c] = true
-			}
-		}
-	}
-	for c := range chains {
-		if o, ok := owners[c]; ok && o != rs.Fix {
-			return res, fmt.Errorf("fix %s: chain %s is already used by fix %s", rs.Fix, c, o)
-		}
-	}
-
-	// The position policy (README, "Position among other agents"): a wanted jump that is there,
-	// unaltered, stays where it is, whatever foreign rules stand before it (another agent inserting
-	// its own jump first is no reason to move ours: both would do it forever). It is deleted and
-	// inserted again at the top only when it stands behind a jump to a chain it must precede
-	// (Chain.Precedes: kube-proxy's KUBE-SERVICES in nat PREROUTING would ACCEPT a LoadBalancer's
-	// traffic before our DNAT). Jumps of the fix that the ruleset no longer wants, altered ones and
-	// duplicates are deleted; missing ones are inserted at the top.
-	prec := r.precede
+// placeJumps applies the position policy (README, "Position among other agents") to the jumps of
+// fix that p inserts: a wanted jump that is there, unaltered, stays where it is, whatever foreign
+// rules stand before it (another agent inserting its own jump first is no reason to move ours: both
+// would do it forever). It is deleted and inserted again only when it stands behind a jump to a
+// chain it must precede (Chain.Precedes: kube-proxy's KUBE-SERVICES in nat PREROUTING would ACCEPT a
+// LoadBalancer's traffic before our DNAT); such a jump goes directly ahead of that chain (insertAt).
+// Jumps of the fix that the ruleset no longer wants, altered ones and duplicates are deleted;
+// missing ones are inserted at the top.
+func placeJumps(p plan, d *dump, fix string, jumps []hookJump, prec precedence) {
 	want := map[hookJump]bool{}
 	for _, j := range jumps {
 		want[j] = true
@@ -331,11 +325,11 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 			for _, r := range c.rules {
 				j := hookJump{t.name, c.name, r.target}
 				switch {
-				case r.comment != jumpCommentPrefix+rs.Fix || !isOurs(r.target):
+				case r.comment != jumpCommentPrefix+fix || !isOurs(r.target):
 					if !isOurs(r.target) && r.target != "" {
 						seen[r.target] = true
 					}
-				case want[j] && !have[j] && r.spec == jumpSpec(rs.Fix, r.target) && !prec.blocked(tchain{t.name, r.target}, seen):
+				case want[j] && !have[j] && r.spec == jumpSpec(fix, r.target) && !prec.blocked(tchain{t.name, r.target}, seen):
 					have[j] = true
 				default:
 					p.table(t.name).deletes = append(p.table(t.name).deletes, "-D "+c.name+" "+r.spec)
@@ -343,102 +337,32 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 			}
 		}
 	}
-	for t, ops := range p {
-		ops.inserts = slicesFilter(ops.inserts, func(line string) bool {
-			for j := range have {
-				if j.table == t && line == "-I "+j.builtin+" 1 "+jumpSpec(rs.Fix, j.chain) {
-					return false
-				}
-			}
-			return true
-		})
-	}
 	for _, j := range jumps {
-		if have[j] || len(prec[tchain{j.table, j.chain}]) == 0 {
-			continue
-		}
-		line := "-I " + j.builtin + " 1 " + jumpSpec(rs.Fix, j.chain)
 		ops := p.table(j.table)
-		if i := slices.Index(ops.inserts, line); i >= 0 {
-			ops.inserts[i] = insertAt(d, j, prec[tchain{j.table, j.chain}], ops.deletes, jumpSpec(rs.Fix, j.chain))
+		i := slices.Index(ops.inserts, "-I "+j.builtin+" 1 "+jumpSpec(fix, j.chain))
+		switch {
+		case i < 0:
+		case have[j]:
+			ops.inserts = slices.Delete(ops.inserts, i, i+1)
+		case len(prec[tchain{j.table, j.chain}]) > 0:
+			ops.inserts[i] = insertAt(d, j, prec[tchain{j.table, j.chain}], ops.deletes, jumpSpec(fix, j.chain))
 		}
-	}
-	stale := map[tchain]bool{}
-	for c := range old {
-		if !chains[c] {
-			stale[c] = true
-		}
-	}
-	removeChains(p, d, stale, chains)
-
-	input := p.String()
-	if input != "" {
-		if err := b.restore(ctx, rs.Family, input); err != nil {
-			// The restore is atomic: the kernel holds what it held, and the record stays true
-			// unless this call found it wrong.
-			if res.Repaired {
-				b.setApplied(k, nil)
-			}
-			return res, fmt.Errorf("fix %s (%s): %w", rs.Fix, rs.Family, err)
-		}
-		res.Applied = true
-	}
-	g1, ok1 := b.generation()
-	after, err := b.save(ctx, rs.Family)
-	if err != nil {
-		b.setApplied(k, nil)
-		return res, err
-	}
-	nrec := &record{rs: rs.Clone(), content: r.content, parent: r.parent, jumps: r.jumps, chains: chains, counters: counters, precede: r.precede, state: after.state(chains, r.precede)}
-	if g2, ok2 := b.generation(); ok1 && ok2 && g1 == g2 {
-		nrec.gen = nfgen.At(g2, true)
-	}
-	b.setApplied(k, nrec)
-	if res.Applied {
-		b.log.Info("rules applied", "fix", rs.Fix, "family", rs.Family, "chains", len(chains), "removed_chains", len(stale), "rules", rs.RuleCount())
-	}
-	return res, nil
-}
-
-// setApplied records (rec) or forgets (nil) what the kernel holds for k. Call with b.mu held.
-func (b *Backend) setApplied(k key, rec *record) {
-	b.amu.Lock()
-	defer b.amu.Unlock()
-	if rec == nil {
-		delete(b.applied, k)
-	} else {
-		b.applied[k] = rec
 	}
 }
 
-// generation reads the nf_tables generation; false without one.
-func (b *Backend) generation() (uint32, bool) { return b.gen.Read(b.log) }
-
-// promote carries the records (and known absences) that matched the kernel at generation g0 over
-// to g1, after only our own commits moved the generation. Call with b.mu held.
-func (b *Backend) promote(g0, g1 uint32) {
-	for _, rec := range b.applied {
-		rec.gen = rec.gen.Promoted(g0, g1)
-	}
-	for k, st := range b.absent {
-		b.absent[k] = st.Promoted(g0, g1)
-	}
-}
-
-// applyChanged is Reconcile's short way for a ruleset that differs from the record only in the contents
-// of chains (typically map entries, which live in lookup buckets): the same jumps, and the chains that
-// appear or disappear are buckets whose dispatching chain is rewritten too. It trusts the record
-// instead of reading the whole kernel first, rewrites only the changed chains, deletes the buckets
-// gone, and lists the rewritten chains to update the record. It returns false without having changed
-// anything when the change is not of that kind, and errShortWay when the restore failed (Reconcile
-// then takes the long way, which reads the kernel and repairs whatever the record missed).
-func (b *Backend) applyChanged(ctx context.Context, rs *rules.Ruleset, r *rendering, prev *record, counters []string, g0 uint32, genOK bool) (bool, error) {
+// applyChanged is Update's way for a ruleset that differs from the record only in the contents of
+// chains (typically map entries, which live in lookup buckets): the same jumps, and the chains that
+// appear or disappear are buckets whose dispatching chain is rewritten too. It rewrites only the
+// changed chains and deletes the buckets gone. Done is false, with nothing changed, when the change
+// is not of that kind.
+func (b *Backend) applyChanged(ctx context.Context, rs *rules.Ruleset, r *rendering, prev *record) (backend.Step[*record], error) {
+	var no backend.Step[*record]
 	if r.jumps != prev.jumps {
-		return false, nil
+		return no, nil
 	}
 	for c := range r.set {
 		if !prev.chains[c] && r.parent[c] == "" {
-			return false, nil // a new chain that is not a bucket: check ownership the long way
+			return no, nil // a new chain that is not a bucket: check ownership the long way
 		}
 	}
 	var changed []*rchain
@@ -456,28 +380,18 @@ func (b *Backend) applyChanged(ctx context.Context, rs *rules.Ruleset, r *render
 		}
 		par, ok := prev.parent[c]
 		if !ok || !rewritten[tchain{c.table, par}] {
-			return false, nil // not a bucket whose dispatch rule goes with its parent's rewrite
+			return no, nil // not a bucket whose dispatch rule goes with its parent's rewrite
 		}
 		stale = append(stale, c)
 	}
 	sort.Slice(stale, func(i, j int) bool { return stale[i].String() < stale[j].String() })
-
-	nrec := &record{rs: rs.Clone(), content: r.content, parent: r.parent, jumps: r.jumps, chains: r.set, counters: counters, precede: r.precede}
-	return b.rewriteChains(ctx, rs, changed, stale, prev, nrec, g0, genOK)
+	return b.rewriteChains(ctx, rs, changed, stale, prev, r.record(countersOf(rs)))
 }
 
-// errShortWay: a restore built from the record failed, so the record is not to be trusted. The
-// kernel is unchanged (the restore is atomic); Reconcile then reads it and applies in full.
-var errShortWay = errors.New("rewrite from the record failed")
-
-// rewriteChains rewrites the changed chains and deletes the stale ones with one iptables-restore,
-// lists the rewritten chains, and records the result as nrec (whose rendering the caller filled in).
-// It returns errShortWay, having changed nothing, when the restore failed.
-func (b *Backend) rewriteChains(ctx context.Context, rs *rules.Ruleset, changed []*rchain, stale []tchain, prev, nrec *record, g0 uint32, genOK bool) (bool, error) {
-	rewritten := map[tchain]bool{}
-	for _, c := range changed {
-		rewritten[c.key()] = true
-	}
+// rewriteChains rewrites the changed chains and deletes the stale ones with one iptables-restore;
+// the step's Finish lists the rewritten chains for the record nrec (whose rendering the caller
+// filled in). It returns backend.ErrStale, having changed nothing, when the restore failed.
+func (b *Backend) rewriteChains(ctx context.Context, rs *rules.Ruleset, changed []*rchain, stale []tchain, prev, nrec *record) (backend.Step[*record], error) {
 	p := plan{}
 	for _, c := range changed {
 		ops := p.table(c.table)
@@ -488,41 +402,36 @@ func (b *Backend) rewriteChains(ctx context.Context, rs *rules.Ruleset, changed 
 		p.table(c.table).flushes = append(p.table(c.table).flushes, c.chain)
 		p.table(c.table).removes = append(p.table(c.table).removes, c.chain)
 	}
-	ctx = context.WithoutCancel(ctx)
 	input := p.String()
 	if err := b.restore(ctx, rs.Family, input); err != nil {
-		b.log.Warn("rewriting changed chains failed; reading the kernel and applying in full", "fix", rs.Fix, "family", rs.Family, "error", err)
-		return false, errShortWay
+		b.log.Warn("rewriting changed chains failed", "fix", rs.Fix, "family", rs.Family, "error", err)
+		return backend.Step[*record]{}, backend.ErrStale
 	}
-	// iptables-nft-restore commits once per table section, each with a real change here: when the
-	// generation moved by exactly that much, nobody else committed in between.
-	g1, ok1 := b.generation()
-	ours := ok1 && genOK && g1 == g0+uint32(strings.Count("\n"+input, "\n*"))
-	if ours {
-		b.promote(g0, g1)
-	}
-	k := key{rs.Fix, rs.Family}
-	st := kstate{own: map[tchain]uint64{}, others: prev.state.others}
-	for c, v := range prev.state.own {
-		if nrec.chains[c] && !rewritten[c] {
-			st.own[c] = v
-		}
-	}
-	for _, c := range changed {
-		saved, err := b.list(ctx, rs.Family, c.table, c.name)
-		if err != nil {
-			b.setApplied(k, nil)
-			return false, err
-		}
-		st.own[c.key()] = chainState(c.name, saved)
-	}
-	nrec.state = st
-	if g2, ok2 := b.generation(); ours && ok2 && g2 == g1 && prev.gen.Is(g1, true) {
-		nrec.gen = nfgen.At(g1, true)
-	}
-	b.setApplied(k, nrec)
 	b.log.Info("rules applied", "fix", rs.Fix, "family", rs.Family, "rewritten_chains", len(changed), "removed_chains", len(stale), "rules", rs.RuleCount())
-	return true, nil
+	// iptables-nft-restore commits once per table section, each with a real change here.
+	step := backend.Step[*record]{Done: true, Applied: true, Commits: strings.Count("\n"+input, "\n*"), Rec: nrec}
+	step.Finish = func(ctx context.Context) (*record, error) {
+		rewritten := map[tchain]bool{}
+		for _, c := range changed {
+			rewritten[c.key()] = true
+		}
+		st := kstate{own: map[tchain]uint64{}, others: prev.state.others}
+		for c, v := range prev.state.own {
+			if nrec.chains[c] && !rewritten[c] {
+				st.own[c] = v
+			}
+		}
+		for _, c := range changed {
+			saved, err := b.list(ctx, rs.Family, c.table, c.name)
+			if err != nil {
+				return nil, err
+			}
+			st.own[c.key()] = chainState(c.name, saved)
+		}
+		nrec.state = st
+		return nrec, nil
+	}
+	return step, nil
 }
 
 // removeChains adds to p the deletion of the chains gone: first every rule elsewhere that jumps to
@@ -539,7 +448,7 @@ func removeChains(p plan, d *dump, gone, keep map[tchain]bool) {
 			}
 			for _, r := range c.rules {
 				line := "-D " + c.name + " " + r.spec
-				if gone[tchain{t.name, r.target}] && !containsStr(p.table(t.name).deletes, line) {
+				if gone[tchain{t.name, r.target}] && !slices.Contains(p.table(t.name).deletes, line) {
 					p.table(t.name).deletes = append(p.table(t.name).deletes, line)
 				}
 			}
@@ -556,30 +465,20 @@ func removeChains(p plan, d *dump, gone, keep map[tchain]bool) {
 	}
 }
 
-// remove deletes the chains of fix in family. Without memory of a reconcile it finds the fix's chains
-// from its jump comments in the kernel. One iptables-save, and one iptables-restore if anything is
-// there; nothing at all when the fix is known to be gone (Trust, or Verify with an unchanged
-// generation).
-func (b *Backend) remove(ctx context.Context, fix string, family rules.Family, mode backend.Mode) (backend.Result, error) {
-	var res backend.Result
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	k := key{fix, family}
-	g0, genOK := b.generation()
-	if st, ok := b.absent[k]; ok && (mode == backend.Trust || st.Is(g0, genOK)) {
-		return res, nil
-	}
-	res.ReadBack = true
-	d, err := b.save(ctx, family)
+// Remove deletes the chains of the unit: those its jump comments in the kernel name, and those of
+// the record. One iptables-save, and one iptables-restore if anything is there.
+func (o ops) Remove(ctx context.Context, u backend.Unit, prev backend.Prev[*record]) (backend.Step[*record], error) {
+	b := o.b
+	step := backend.Step[*record]{ReadBack: true}
+	b.shared.Lock()
+	defer b.shared.Unlock()
+	d, err := b.save(ctx, u.Family)
 	if err != nil {
-		if ctx.Err() != nil {
-			return res, ctx.Err()
-		}
-		return res, err
+		return step, err
 	}
-	gone := d.owned(fix)
-	if prev := b.applied[k]; prev != nil {
-		for c := range prev.chains {
+	gone := d.owned(u.Fix)
+	if prev.Known {
+		for c := range prev.Rec.chains {
 			if d.has(c) {
 				gone[c] = true
 			}
@@ -588,34 +487,29 @@ func (b *Backend) remove(ctx context.Context, fix string, family rules.Family, m
 	p := plan{}
 	removeChains(p, d, gone, nil)
 	if input := p.String(); input != "" {
-		if err := b.restore(context.WithoutCancel(ctx), family, input); err != nil {
-			return res, fmt.Errorf("remove fix %s (%s): %w", fix, family, err)
+		if err := b.restore(context.WithoutCancel(ctx), u.Family, input); err != nil {
+			return step, err
 		}
-		res.Applied = true
-		b.log.Info("rules removed", "fix", fix, "family", family, "chains", len(gone))
+		step.Applied = true
+		b.log.Info("rules removed", "fix", u.Fix, "family", u.Family, "chains", len(gone))
 	}
-	b.setApplied(k, nil)
-	g1, ok1 := b.generation()
-	b.absent[k] = nfgen.At(g1, ok1)
-	return res, nil
+	return step, nil
 }
 
 // Counters implements backend.Backend: it sums the packets and bytes of the kernel rules whose comment
 // names the counter ("<fix>/<counter>: …"), over every rule a map or prefix list expanded into.
 //
-// It does not wait for b.mu: iptables-save reads without the xtables lock, and a scrape must not
-// queue behind an iptables-restore that waits for a lock another process holds (#15 item 3).
+// It waits for nothing of the backend's: iptables-save reads without the xtables lock, and a scrape
+// must not queue behind an iptables-restore that waits for a lock another process holds.
 func (b *Backend) Counters(ctx context.Context, fix string, family rules.Family) (map[string]backend.Counter, error) {
-	b.amu.Lock()
-	prev := b.applied[key{fix, family}] // its chains and counters never change once stored
-	b.amu.Unlock()
+	prev, known := b.driver.Record(backend.Unit{Fix: fix, Family: family}) // never changed once stored
 	d, err := b.save(ctx, family)
 	if err != nil {
 		return nil, err
 	}
 	chains := d.owned(fix)
 	out := map[string]backend.Counter{}
-	if prev != nil {
+	if known {
 		for c := range prev.chains {
 			chains[c] = true
 		}
@@ -649,12 +543,7 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 		_, err := b.cleanup(ctx, f, cleanupMatch)
 		errs = append(errs, err)
 	}
-	b.mu.Lock()
-	b.amu.Lock()
-	clear(b.applied)
-	b.amu.Unlock()
-	clear(b.absent)
-	b.mu.Unlock()
+	b.driver.Forget(nil)
 	return errors.Join(errs...)
 }
 
@@ -663,15 +552,7 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 // backend now (backends.Leftovers). Unlike Cleanup it leaves the predecessor's chains alone.
 func (b *Backend) RemoveAll(ctx context.Context, family rules.Family) (removed int, err error) {
 	removed, err = b.cleanup(ctx, family, isOurs)
-	b.mu.Lock()
-	b.amu.Lock()
-	for k := range b.applied {
-		if k.family == family {
-			delete(b.applied, k)
-		}
-	}
-	b.amu.Unlock()
-	b.mu.Unlock()
+	b.driver.Forget(func(u backend.Unit) bool { return u.Family == family })
 	return removed, err
 }
 
@@ -682,8 +563,8 @@ func (b *Backend) CleanupPredecessor(ctx context.Context, family rules.Family) (
 }
 
 func (b *Backend) cleanup(ctx context.Context, family rules.Family, match func(string) bool) (removed int, err error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.shared.Lock()
+	defer b.shared.Unlock()
 	out, err := b.saveRaw(ctx, family)
 	if err != nil {
 		return 0, err
@@ -788,25 +669,6 @@ func (b *Backend) restore(ctx context.Context, family rules.Family, input string
 		}
 	}
 	return fmt.Errorf("%s --noflush: %w: %s", bin, err, msg)
-}
-
-func containsStr(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
-func slicesFilter(in []string, keep func(string) bool) []string {
-	out := in[:0]
-	for _, s := range in {
-		if keep(s) {
-			out = append(out, s)
-		}
-	}
-	return out
 }
 
 // insertAt places a missing jump that must precede some foreign chains (Chain.Precedes) without

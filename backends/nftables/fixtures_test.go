@@ -22,7 +22,7 @@ import (
 
 	"sigs.k8s.io/knftables"
 
-	"github.com/network-node-manager/network-node-manager/backends/nfgen"
+	"github.com/network-node-manager/network-node-manager/core/nfgen"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	tk "github.com/network-node-manager/network-node-manager/core/testkit"
 )

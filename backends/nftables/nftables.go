@@ -24,8 +24,8 @@ import (
 
 	"sigs.k8s.io/knftables"
 
-	"github.com/network-node-manager/network-node-manager/backends/nfgen"
 	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/nfgen"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -57,11 +57,10 @@ type Backend struct {
 	// loadMaps loads a new table's maps over netlink (the real kernel only; see netlink.go).
 	loadMaps func(m *model) error
 
-	mu     sync.Mutex
+	driver *backend.Driver[*applied]
+	// imu guards ifaces only; no lock is held while nft runs.
+	imu    sync.Mutex
 	ifaces map[tableKey]knftables.Interface
-	state  map[tableKey]*applied
-	// absent: tables known to be gone (removed or never there), with the generation of that knowledge.
-	absent map[tableKey]nfgen.Stamp
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -78,8 +77,6 @@ type applied struct {
 	// elements of maps and sets: those are model's entries (withElements renders them when a Verify
 	// must compare).
 	seen *tableState
-	// gen is the nf_tables generation at which the record is known to match the kernel.
-	gen nfgen.Stamp
 }
 
 // New returns a Backend. It does no I/O: nft is first run by the first call that needs the kernel.
@@ -90,8 +87,6 @@ func New(opts Options) (*Backend, error) {
 		listTables:   opts.ListTables,
 		gen:          opts.Generation,
 		ifaces:       map[tableKey]knftables.Interface{},
-		state:        map[tableKey]*applied{},
-		absent:       map[tableKey]nfgen.Stamp{},
 	}
 	if b.gen == nil && b.newInterface == nil {
 		b.gen = nfgen.Get
@@ -100,6 +95,7 @@ func New(opts Options) (*Backend, error) {
 		b.log = slog.Default()
 	}
 	b.log = b.log.With("backend", Name)
+	b.driver = backend.NewDriver[*applied](ops{b}, b.gen, b.log)
 	if b.newInterface == nil {
 		b.newInterface = newRealInterface
 		b.loadMaps = loadMaps
@@ -127,8 +123,10 @@ func (b *Backend) Render(rs *rules.Ruleset) (string, error) {
 	return tx.String(), nil
 }
 
-// iface returns the (cached) knftables interface of a table. Call with b.mu held.
+// iface returns the (cached) knftables interface of a table.
 func (b *Backend) iface(k tableKey) (knftables.Interface, error) {
+	b.imu.Lock()
+	defer b.imu.Unlock()
 	if nft := b.ifaces[k]; nft != nil {
 		return nft, nil
 	}
@@ -138,6 +136,22 @@ func (b *Backend) iface(k tableKey) (knftables.Interface, error) {
 	}
 	b.ifaces[k] = nft
 	return nft, nil
+}
+
+func (b *Backend) hasIface(k tableKey) bool {
+	b.imu.Lock()
+	defer b.imu.Unlock()
+	return b.ifaces[k] != nil
+}
+
+// table returns the key and interface of a unit's table.
+func (b *Backend) table(u backend.Unit) (tableKey, knftables.Interface, error) {
+	k, err := keyOf(u.Fix, u.Family)
+	if err != nil {
+		return k, nil, err
+	}
+	nft, err := b.iface(k)
+	return k, nft, err
 }
 
 func keyOf(fix string, family rules.Family) (tableKey, error) {
@@ -151,101 +165,126 @@ func keyOf(fix string, family rules.Family) (tableKey, error) {
 	return tableKey{family: f.nft, table: TableName(fix)}, nil
 }
 
-// Reconcile is part of backend.Backend.
-//
-// The record of the last reconcile of a table holds the model sent and the table as listed right
-// after (objects and rule handles; a rule added, deleted or replaced gets a new handle), stamped with
-// the nf_tables generation at which it was known to match the kernel. Verify reads the generation
-// (one netlink request, no nft process): unchanged since the stamp, nothing in nf_tables changed and
-// nothing is listed; otherwise our table alone is listed and compared. Trust, and Verify once the
-// record is confirmed, send only element operations when only map entries changed (what keeps a
-// one-Service change cheap at 10,000 Services), nothing when nothing changed, and otherwise one
-// transaction that rewrites the table's chains and maps (named counters keep their values), built
-// from the record without listing the table first. A transaction that the kernel refuses because the
-// record was wrong is retried once against a fresh listing.
+// Reconcile is part of backend.Backend, through the shared driver (backend.Driver) over ops.
 func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family, desired *rules.Ruleset, mode backend.Mode) (backend.Result, error) {
-	var res backend.Result
-	k, err := keyOf(fix, family)
+	if _, err := keyOf(fix, family); err != nil {
+		return backend.Result{}, err
+	}
+	return b.driver.Reconcile(ctx, fix, family, desired, mode)
+}
+
+// ops are the backend's operations for the driver (backend.Ops).
+//
+// The record of a table holds the model sent and the table as listed right after (objects and rule
+// handles; a rule added, deleted or replaced gets a new handle). Matches lists our table alone and
+// compares. Update sends only element operations when only map entries changed (what keeps a
+// one-Service change cheap at 10,000 Services). Apply sends one transaction that rewrites the
+// table's chains and maps (named counters keep their values), built from a trusted record without
+// listing the table first; a transaction that the kernel refuses because the record was wrong is
+// retried once against a fresh listing. Tables share nothing but the interface cache.
+type ops struct{ b *Backend }
+
+func (o ops) Matches(ctx context.Context, u backend.Unit, rec *applied) (bool, error) {
+	k, nft, err := o.b.table(u)
 	if err != nil {
-		return res, err
+		return false, err
 	}
-	if desired == nil {
-		return b.remove(ctx, k, mode)
+	now, err := snapshot(ctx, nft, true)
+	if err != nil {
+		return false, fmt.Errorf("nftables backend: list table %s %s: %w", k.family, k.table, explain(err))
 	}
-	if desired.Fix != fix || desired.Family != family {
-		return res, fmt.Errorf("nftables backend: ruleset of %s/%s reconciled as %s/%s", desired.Fix, desired.Family, fix, family)
-	}
+	return now.equal(rec.seen.withElements(rec.model)), nil
+}
+
+func (o ops) Update(ctx context.Context, u backend.Unit, rec *applied, _, desired *rules.Ruleset) (backend.Step[*applied], error) {
+	var step backend.Step[*applied]
 	m, err := build(desired)
 	if err != nil {
-		return res, err
+		return step, err
 	}
-	log := b.log.With("fix", fix, "family", string(family), "table", m.table)
-
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	nft, err := b.iface(k)
+	if !sameShape(rec.model, m) {
+		return step, nil
+	}
+	step.Done, step.Rec = true, &applied{model: m, seen: rec.seen}
+	if sameEntries(rec.model, m) {
+		return step, nil
+	}
+	_, nft, err := o.b.table(u)
 	if err != nil {
-		return res, err
+		return backend.Step[*applied]{}, err
 	}
-	delete(b.absent, k)
-	g0, genOK := b.generation()
-	prev := b.state[k]
-	if prev != nil && prev.seen == nil {
-		prev = nil // the last apply could not be read back: nothing to trust
+	tx := nft.NewTransaction()
+	writeElementDiff(tx, rec.model, m)
+	if err := nft.Run(ctx, tx); err != nil {
+		o.b.log.Info("map update failed, rewriting the table", "fix", u.Fix, "family", u.Family, "err", err)
+		return backend.Step[*applied]{}, backend.ErrStale
 	}
-	if prev != nil && mode == backend.Verify && !prev.gen.Is(g0, genOK) {
-		res.ReadBack = true
-		now, err := snapshot(ctx, nft, true)
-		if err != nil {
-			if ctx.Err() != nil {
-				return res, ctx.Err()
-			}
-			return res, fmt.Errorf("nftables backend: list table %s %s: %w", k.family, k.table, explain(err))
-		}
-		if now.equal(prev.seen.withElements(prev.model)) {
-			prev.gen = nfgen.At(g0, genOK)
-		} else {
-			log.Warn("table changed behind our back; rewriting it")
-			res.Repaired = true
-			prev = nil
-		}
-	}
-	if prev != nil && sameShape(prev.model, m) {
-		if sameEntries(prev.model, m) {
-			log.Debug("kernel holds the ruleset; nothing sent", "mode", mode)
-			return res, nil
-		}
-		tx := nft.NewTransaction()
-		writeElementDiff(tx, prev.model, m)
-		if err := nft.Run(context.WithoutCancel(ctx), tx); err == nil {
-			rec := &applied{model: m, seen: prev.seen}
-			// An element transaction is one commit with at least one real change: exactly one step
-			// of the generation when nobody else committed in between.
-			if g1, ok := b.generation(); ok && genOK && g1 == g0+1 {
-				if prev.gen.Is(g0, true) {
-					rec.gen = nfgen.At(g1, true)
-				}
-				b.promote(g0, g1)
-			}
-			b.state[k] = rec
-			res.Applied = true
-			log.Debug("applied map changes", "operations", tx.NumOperations())
-			return res, nil
-		} else {
-			log.Info("map update failed, rewriting the table", "err", err)
-			prev = nil
-		}
-	}
+	// An element transaction is one commit with at least one real change.
+	step.Applied, step.Commits = true, 1
+	o.b.log.Debug("applied map changes", "fix", u.Fix, "family", u.Family, "operations", tx.NumOperations())
+	return step, nil
+}
 
-	var ex *existing
-	if prev != nil {
-		ex = prev.model.existing()
-	} else if ex, err = b.listExisting(ctx, nft, k, &res); err != nil {
-		return res, err
+func (o ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*applied], desired *rules.Ruleset) (backend.Step[*applied], error) {
+	b := o.b
+	var step backend.Step[*applied]
+	m, err := build(desired)
+	if err != nil {
+		return step, err
 	}
+	log := b.log.With("fix", u.Fix, "family", string(u.Family), "table", m.table)
+	k, nft, err := b.table(u)
+	if err != nil {
+		return step, err
+	}
+	var ex *existing
+	if prev.Trusted {
+		ex = prev.Rec.model.existing()
+	} else if ex, err = b.listExisting(ctx, nft, k, &step); err != nil {
+		return step, err
+	}
+	ctx = context.WithoutCancel(ctx) // from here on the kernel is changed: finish what was started
+	tx, err := b.write(ctx, nft, m, ex, log)
+	if err != nil && prev.Trusted {
+		// The record was wrong about the kernel (an object deleted or redefined behind our back):
+		// list the table and rewrite it from what is really there.
+		log.Info("rewrite from our record failed; listing the table and rewriting it", "err", err)
+		if ex, err = b.listExisting(ctx, nft, k, &step); err != nil {
+			return step, err
+		}
+		if ex != nil {
+			ex.known = prev.Rec.model
+		}
+		tx, err = b.write(ctx, nft, m, ex, log)
+	}
+	if err != nil {
+		// The transaction is atomic: the kernel still holds what it held, maybe not the record.
+		step.Unsure = true
+		return step, fmt.Errorf("nftables backend: apply table %s %s (%d operations): %w",
+			k.family, k.table, tx.NumOperations(), explain(err))
+	}
+	step.Applied = true
+	log.Debug("applied", "operations", tx.NumOperations())
+	// The record: the maps hold exactly m's elements (the transaction flushed and refilled them
+	// atomically), so only objects and rules, which get kernel-assigned handles, are read back.
+	step.Rec = &applied{model: m}
+	step.ReadBack = true
+	step.Finish = func(ctx context.Context) (*applied, error) {
+		seen, err := snapshot(ctx, nft, false)
+		if err != nil {
+			return nil, fmt.Errorf("nftables backend: applied, but cannot read table %s %s back (the next reconcile rewrites it): %w", k.family, k.table, err)
+		}
+		return &applied{model: m, seen: seen}, nil
+	}
+	return step, nil
+}
+
+// write sends one transaction that makes the table hold m, given what it holds (ex, nil: no table).
+// A new table's maps go over netlink first (see loadMaps); if the transaction then fails, the
+// half-made table is deleted again, so that nothing of the attempt stays.
+func (b *Backend) write(ctx context.Context, nft knftables.Interface, m *model, ex *existing, log *slog.Logger) (*knftables.Transaction, error) {
 	loaded := false
 	if ex == nil && b.loadMaps != nil && len(m.maps) > 0 {
-		// A new table: its maps go over netlink first (see loadMaps).
 		if err := b.loadMaps(m); err != nil {
 			log.Info("cannot load the maps over netlink; nft -f sends them with the rest", "err", err)
 		} else {
@@ -254,74 +293,20 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 	}
 	tx := nft.NewTransaction()
 	writeFull(tx, m, ex, loaded)
-	err = nft.Run(context.WithoutCancel(ctx), tx)
+	err := nft.Run(ctx, tx)
 	if err != nil && loaded {
-		// Take the half-made table away again, so that nothing of this attempt stays.
 		del := nft.NewTransaction()
 		del.Delete(&knftables.Table{})
-		if derr := nft.Run(context.WithoutCancel(ctx), del); derr != nil {
+		if derr := nft.Run(ctx, del); derr != nil {
 			log.Warn("cannot delete the table whose maps were loaded", "err", derr)
 		}
 	}
-	if err != nil && prev != nil {
-		// The record was wrong about the kernel (an object deleted or redefined behind our back):
-		// list the table and rewrite it from what is really there.
-		log.Info("rewrite from our record failed; listing the table and rewriting it", "err", err)
-		if ex, err = b.listExisting(ctx, nft, k, &res); err != nil {
-			return res, err
-		}
-		if ex != nil {
-			ex.known = prev.model
-		}
-		tx = nft.NewTransaction()
-		writeFull(tx, m, ex, false)
-		err = nft.Run(context.WithoutCancel(ctx), tx)
-	}
-	if err != nil {
-		// The transaction is atomic: the kernel still holds what it held before.
-		delete(b.state, k)
-		return res, fmt.Errorf("nftables backend: apply table %s %s (%d operations): %w",
-			k.family, k.table, tx.NumOperations(), explain(err))
-	}
-	res.Applied = true
-	// Record what the kernel now holds. The maps hold exactly m's elements (the transaction flushed
-	// and refilled them atomically), so only objects and rules, which get kernel-assigned handles, are
-	// read back. The stamp is the generation after our commit, if nobody committed before the
-	// listing ended.
-	g1, ok1 := b.generation()
-	res.ReadBack = true
-	seen, err := snapshot(context.WithoutCancel(ctx), nft, false)
-	if err != nil {
-		log.Warn("applied, but cannot read the table back; the next reconcile rewrites it", "err", err)
-		delete(b.state, k)
-		return res, nil
-	}
-	rec := &applied{model: m, seen: seen}
-	if g2, ok2 := b.generation(); ok1 && ok2 && g1 == g2 {
-		rec.gen = nfgen.At(g2, true)
-	}
-	b.state[k] = rec
-	log.Debug("applied", "operations", tx.NumOperations())
-	return res, nil
+	return tx, err
 }
 
-// promote carries every record that matched the kernel at generation g0 over to g1, after our own
-// commit (and nothing else) moved the generation from g0 to g1. Call with b.mu held.
-func (b *Backend) promote(g0, g1 uint32) {
-	for _, rec := range b.state {
-		rec.gen = rec.gen.Promoted(g0, g1)
-	}
-	for k, st := range b.absent {
-		b.absent[k] = st.Promoted(g0, g1)
-	}
-}
-
-// generation reads the nf_tables generation; false without one.
-func (b *Backend) generation() (uint32, bool) { return b.gen.Read(b.log) }
-
-// listExisting lists our table for a rewrite (nil when absent), counting the listing in res.
-func (b *Backend) listExisting(ctx context.Context, nft knftables.Interface, k tableKey, res *backend.Result) (*existing, error) {
-	res.ReadBack = true
+// listExisting lists our table for a rewrite (nil when absent), counting the listing in step.
+func (b *Backend) listExisting(ctx context.Context, nft knftables.Interface, k tableKey, step *backend.Step[*applied]) (*existing, error) {
+	step.ReadBack = true
 	ex, err := listExisting(ctx, nft)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -329,23 +314,6 @@ func (b *Backend) listExisting(ctx context.Context, nft knftables.Interface, k t
 		}
 		return nil, fmt.Errorf("nftables backend: list table %s %s: %w", k.family, k.table, explain(err))
 	}
-	return ex, nil
-}
-
-// listExisting lists the objects of our table in the kernel, or returns nil if the table is absent.
-func listExisting(ctx context.Context, nft knftables.Interface) (*existing, error) {
-	objs, err := nft.ListAll(ctx)
-	if knftables.IsNotFound(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	ex := &existing{chains: objs["chain"], maps: objs["map"], sets: objs["set"], counters: objs["counter"]}
-	sort.Strings(ex.chains)
-	sort.Strings(ex.maps)
-	sort.Strings(ex.sets)
-	sort.Strings(ex.counters)
 	return ex, nil
 }
 
@@ -487,48 +455,38 @@ func snapshot(ctx context.Context, nft knftables.Interface, withElements bool) (
 	return st, nil
 }
 
-// remove deletes the fix's table of that family. A table known to be gone is not looked at again in
-// Trust mode, nor in Verify mode while the generation has not moved.
-func (b *Backend) remove(ctx context.Context, k tableKey, mode backend.Mode) (backend.Result, error) {
-	var res backend.Result
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	g0, genOK := b.generation()
-	if st, ok := b.absent[k]; ok && (mode == backend.Trust || st.Is(g0, genOK)) {
-		return res, nil
+// Remove deletes the fix's table of that family.
+func (o ops) Remove(ctx context.Context, u backend.Unit, prev backend.Prev[*applied]) (backend.Step[*applied], error) {
+	b := o.b
+	var step backend.Step[*applied]
+	k, err := keyOf(u.Fix, u.Family)
+	if err != nil {
+		return step, err
 	}
-	if b.state[k] == nil && b.ifaces[k] == nil {
+	if !prev.Known && !b.hasIface(k) {
 		// A table this process never touched (the engine removes every disabled fix's tables at
 		// start): one listing says whether there is anything to delete, where creating the table's
 		// interface (nft --version, nft --check) and deleting would run nft three times. At start
 		// this is most of the fixed cost before the first rules reach the kernel.
-		res.ReadBack = true
+		step.ReadBack = true
 		names, err := b.listTables(ctx, k.family)
 		if err == nil && !slices.Contains(names, k.table) {
-			b.absent[k] = nfgen.At(g0, genOK)
-			return res, nil
+			return step, nil
 		}
 		if ctx.Err() != nil {
-			return res, ctx.Err()
+			return step, ctx.Err()
 		}
 	}
-	deleted, err := b.removeLocked(context.WithoutCancel(ctx), k)
-	if err != nil {
-		return res, err
-	}
-	res.Applied = deleted
-	g1, ok1 := b.generation()
-	b.absent[k] = nfgen.At(g1, ok1)
-	return res, nil
+	step.Applied, err = b.removeTable(context.WithoutCancel(ctx), k)
+	return step, err
 }
 
-// removeLocked deletes the table; it reports whether there was one.
-func (b *Backend) removeLocked(ctx context.Context, k tableKey) (bool, error) {
+// removeTable deletes the table; it reports whether there was one.
+func (b *Backend) removeTable(ctx context.Context, k tableKey) (bool, error) {
 	nft, err := b.iface(k)
 	if err != nil {
 		return false, err
 	}
-	delete(b.state, k)
 	tx := nft.NewTransaction()
 	tx.Delete(&knftables.Table{})
 	if err := nft.Run(ctx, tx); err != nil {
@@ -546,9 +504,7 @@ func (b *Backend) Counters(ctx context.Context, fix string, family rules.Family)
 	if err != nil {
 		return nil, err
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	nft, err := b.iface(k)
+	nft, err := b.iface(k) // no unit's lock: a scrape never waits for a reconcile
 	if err != nil {
 		return nil, err
 	}
@@ -591,19 +547,17 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 // and the removal of what this backend left when the agent runs with the iptables backend now
 // (backends.Leftovers).
 func (b *Backend) RemoveAll(ctx context.Context) (removed int, err error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	keys, err := b.ownTables(ctx)
 	errs := []error{err}
+	defer b.driver.Forget(nil)
 	for _, k := range keys {
-		gone, err := b.removeLocked(ctx, k)
+		gone, err := b.removeTable(ctx, k)
 		if err != nil {
 			errs = append(errs, err)
 		} else if gone {
 			removed++
 		}
 	}
-	clear(b.absent)
 	return removed, errors.Join(errs...)
 }
 
@@ -694,4 +648,21 @@ func (b *Backend) ownTables(ctx context.Context) ([]tableKey, error) {
 		}
 	}
 	return out, errors.Join(errs...)
+}
+
+// listExisting lists the objects of our table in the kernel, or returns nil if the table is absent.
+func listExisting(ctx context.Context, nft knftables.Interface) (*existing, error) {
+	objs, err := nft.ListAll(ctx)
+	if knftables.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	ex := &existing{chains: objs["chain"], maps: objs["map"], sets: objs["set"], counters: objs["counter"]}
+	sort.Strings(ex.chains)
+	sort.Strings(ex.maps)
+	sort.Strings(ex.sets)
+	sort.Strings(ex.counters)
+	return ex, nil
 }

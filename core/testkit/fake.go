@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -21,16 +22,16 @@ import (
 // DNAT reachable from a hook other than prerouting/output, masquerade reachable from a hook other
 // than postrouting, and a path-MTU MSS clamp reachable from a hook before the routing decision. A rejected Apply leaves the state unchanged.
 //
-// Like the real backends it keeps a record of its last reconcile of each (fix, family): Trust takes
+// It runs on the production reconcile driver (backend.Driver), like the real backends: Trust takes
 // the record for the state and applies nothing when the desired ruleset equals it; Verify first
 // "reads back" (counted by ReadBacks) and repairs what Tamper changed.
 //
 // Counters behave like kernel rule counters: every successful apply of (fix, family) resets them to
 // zero (the chains are rewritten); SetCounter stands in for traffic.
 type FakeBackend struct {
+	driver     *backend.Driver[struct{}]
 	mu         sync.Mutex
 	state      map[fakeKey]*rules.Ruleset
-	record     map[fakeKey]string
 	counters   map[fakeKey]map[string]backend.Counter
 	tampered   map[fakeKey]bool
 	applyErr   error
@@ -41,21 +42,19 @@ type FakeBackend struct {
 	reads      int
 }
 
-type fakeKey struct {
-	fix    string
-	family rules.Family
-}
+type fakeKey = backend.Unit
 
 var _ backend.Backend = (*FakeBackend)(nil)
 
 // NewFakeBackend returns an empty FakeBackend.
 func NewFakeBackend() *FakeBackend {
-	return &FakeBackend{
+	f := &FakeBackend{
 		state:    map[fakeKey]*rules.Ruleset{},
-		record:   map[fakeKey]string{},
 		counters: map[fakeKey]map[string]backend.Counter{},
 		tampered: map[fakeKey]bool{},
 	}
+	f.driver = backend.NewDriver[struct{}](fakeOps{f}, nil, slog.New(slog.DiscardHandler))
+	return f
 }
 
 // Name is "fake".
@@ -69,62 +68,65 @@ func (f *FakeBackend) Render(rs *rules.Ruleset) (string, error) {
 	return Format(rs), nil
 }
 
-// Reconcile validates desired and makes the fake hold it for (fix, family), following the record
-// rules of backend.Backend. A nil desired removes (fix, family).
+// Reconcile validates desired and makes the fake hold it for (fix, family) through the production
+// driver (backend.Driver), so fix tests run the contract the real backends run. A nil desired
+// removes (fix, family).
 func (f *FakeBackend) Reconcile(ctx context.Context, fix string, family rules.Family, desired *rules.Ruleset, mode backend.Mode) (backend.Result, error) {
-	var res backend.Result
 	f.mu.Lock()
 	hook := f.hook
 	f.mu.Unlock()
 	if hook != nil {
 		if err := hook(ctx, fix, family, mode); err != nil {
-			return res, err
+			return backend.Result{}, err
 		}
 	}
+	return f.driver.Reconcile(ctx, fix, family, desired, mode)
+}
+
+// fakeOps are the fake's backend.Ops. It has no generation: every Verify reads back (Matches).
+type fakeOps struct{ f *FakeBackend }
+
+func (o fakeOps) Matches(ctx context.Context, u backend.Unit, _ struct{}) (bool, error) {
+	f := o.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := ctx.Err(); err != nil {
-		return res, err
+		return false, err
 	}
-	k := fakeKey{fix, family}
-	if desired != nil && (desired.Fix != fix || desired.Family != family) {
-		return res, fmt.Errorf("fake: ruleset of %s/%s reconciled as %s/%s", desired.Fix, desired.Family, fix, family)
-	}
-	want := ""
-	if desired != nil {
-		want = Format(desired)
-	}
-	rec, known := f.record[k]
-	if known && mode == backend.Verify {
-		f.reads++
-		res.ReadBack = true
-		if f.tampered[k] {
-			res.Repaired = true
-			known = false
-		}
-	}
-	if known && rec == want {
-		return res, nil
-	}
-	if desired == nil {
-		if _, ok := f.state[k]; ok {
-			res.Applied = true
-		}
-		delete(f.state, k)
-		delete(f.counters, k)
-		delete(f.tampered, k)
-		f.record[k] = ""
-		return res, nil
+	f.reads++
+	return !f.tampered[fakeKey(u)], nil
+}
+
+// Update never applies: every change is a whole apply (counted by ApplyCalls).
+func (fakeOps) Update(context.Context, backend.Unit, struct{}, *rules.Ruleset, *rules.Ruleset) (backend.Step[struct{}], error) {
+	return backend.Step[struct{}]{}, nil
+}
+
+func (o fakeOps) Apply(ctx context.Context, u backend.Unit, _ backend.Prev[struct{}], desired *rules.Ruleset) (backend.Step[struct{}], error) {
+	f := o.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return backend.Step[struct{}]{}, err
 	}
 	f.applies++
 	if err := f.apply(desired); err != nil {
 		f.failed++
-		delete(f.record, k)
-		return res, err
+		return backend.Step[struct{}]{Unsure: true}, err
 	}
-	f.record[k] = want
-	res.Applied = true
-	return res, nil
+	return backend.Step[struct{}]{Applied: true}, nil
+}
+
+func (o fakeOps) Remove(ctx context.Context, u backend.Unit, _ backend.Prev[struct{}]) (backend.Step[struct{}], error) {
+	f := o.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	k := fakeKey(u)
+	_, there := f.state[k]
+	delete(f.state, k)
+	delete(f.counters, k)
+	delete(f.tampered, k)
+	return backend.Step[struct{}]{Applied: there}, nil
 }
 
 func (f *FakeBackend) apply(rs *rules.Ruleset) error {
@@ -134,14 +136,14 @@ func (f *FakeBackend) apply(rs *rules.Ruleset) error {
 	if err := checkRuleset(rs); err != nil {
 		return err
 	}
-	k := fakeKey{rs.Fix, rs.Family}
+	k := fakeKey{Fix: rs.Fix, Family: rs.Family}
 	for other, ors := range f.state {
-		if other.family != rs.Family || other.fix == rs.Fix {
+		if other.Family != rs.Family || other.Fix == rs.Fix {
 			continue
 		}
 		for _, c := range rs.Chains {
 			if ors.Chain(c.Name) != nil {
-				return fmt.Errorf("fix %s: chain %s already exists in %s (owned by fix %s)", rs.Fix, c.Name, rs.Family, other.fix)
+				return fmt.Errorf("chain %s already exists in %s (owned by fix %s)", c.Name, rs.Family, other.Fix)
 			}
 		}
 	}
@@ -185,7 +187,7 @@ func (f *FakeBackend) Counters(ctx context.Context, fix string, family rules.Fam
 	if f.counterErr != nil {
 		return nil, f.counterErr
 	}
-	cs, ok := f.counters[fakeKey{fix, family}]
+	cs, ok := f.counters[fakeKey{Fix: fix, Family: family}]
 	if !ok {
 		return nil, fmt.Errorf("fake: counters of %s/%s: %w", fix, family, ErrNotApplied)
 	}
@@ -195,11 +197,11 @@ func (f *FakeBackend) Counters(ctx context.Context, fix string, family rules.Fam
 // Cleanup removes everything.
 func (f *FakeBackend) Cleanup(ctx context.Context) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	clear(f.state)
-	clear(f.record)
 	clear(f.counters)
 	clear(f.tampered)
+	f.mu.Unlock()
+	f.driver.Forget(nil)
 	return nil
 }
 
@@ -222,7 +224,7 @@ func (f *FakeBackend) SetCountersError(err error) {
 func (f *FakeBackend) SetCounter(fix string, family rules.Family, name string, c backend.Counter) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	cs, ok := f.counters[fakeKey{fix, family}]
+	cs, ok := f.counters[fakeKey{Fix: fix, Family: family}]
 	if !ok {
 		return fmt.Errorf("fake: %s/%s: %w", fix, family, ErrNotApplied)
 	}
@@ -238,7 +240,7 @@ func (f *FakeBackend) SetCounter(fix string, family rules.Family, name string, c
 func (f *FakeBackend) Tamper(fix string, family rules.Family) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.tampered[fakeKey{fix, family}] = true
+	f.tampered[fakeKey{Fix: fix, Family: family}] = true
 }
 
 // ApplyCalls counts the applies that Reconcile attempted (rulesets written), failed ones included.
@@ -259,7 +261,7 @@ func (f *FakeBackend) FailedApplies() int {
 func (f *FakeBackend) Ruleset(fix string, family rules.Family) *rules.Ruleset {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	rs, ok := f.state[fakeKey{fix, family}]
+	rs, ok := f.state[fakeKey{Fix: fix, Family: family}]
 	if !ok {
 		return nil
 	}
@@ -273,10 +275,10 @@ func (f *FakeBackend) Dump() string {
 	defer f.mu.Unlock()
 	keys := slices.Collect(maps.Keys(f.state))
 	slices.SortFunc(keys, func(a, b fakeKey) int {
-		if c := strings.Compare(a.fix, b.fix); c != 0 {
+		if c := strings.Compare(a.Fix, b.Fix); c != 0 {
 			return c
 		}
-		return strings.Compare(string(a.family), string(b.family))
+		return strings.Compare(string(a.Family), string(b.Family))
 	})
 	var b strings.Builder
 	for i, k := range keys {
