@@ -214,7 +214,7 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 			if r.Match.Lookup == "" {
 				lines, err := renderRule(rs, c, r)
 				if err != nil {
-					return nil, nil, fmt.Errorf("fix %s: chain %s rule %d: %w", rs.Fix, c.Name, i+1, err)
+					return nil, nil, fmt.Errorf("chain %s rule %d: %w", c.Name, i+1, err)
 				}
 				for _, l := range lines {
 					parent.lines = append(parent.lines, "-A "+name+" "+l.spec)
@@ -230,11 +230,11 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 			for ; i < len(c.Rules) && c.Rules[i].Match.Lookup == lookup; i++ {
 				lines, err := renderRule(rs, c, c.Rules[i])
 				if err != nil {
-					return nil, nil, fmt.Errorf("fix %s: chain %s rule %d: %w", rs.Fix, c.Name, i+1, err)
+					return nil, nil, fmt.Errorf("chain %s rule %d: %w", c.Name, i+1, err)
 				}
 				for _, l := range lines {
 					if !l.dst.IsValid() {
-						return nil, nil, fmt.Errorf("fix %s: chain %s rule %d: map entry without an address", rs.Fix, c.Name, i+1)
+						return nil, nil, fmt.Errorf("chain %s rule %d: map entry without an address", c.Name, i+1)
 					}
 					p := bucketPrefix(l.dst)
 					bc := buckets[p]
@@ -264,7 +264,7 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 	seen := map[tchain]bool{}
 	for _, c := range out {
 		if seen[c.key()] {
-			return nil, nil, fmt.Errorf("fix %s: kernel chain %s is rendered twice (a lookup bucket name collides)", rs.Fix, c.name)
+			return nil, nil, fmt.Errorf("kernel chain %s is rendered twice (a lookup bucket name collides)", c.name)
 		}
 		seen[c.key()] = true
 	}

@@ -158,7 +158,7 @@ func build(rs *rules.Ruleset) (*model, error) {
 		for i, r := range c.Rules {
 			text, err := ruleText(f, c, r)
 			if err != nil {
-				return nil, fmt.Errorf("nftables backend: fix %s: chain %s rule %d: %w", rs.Fix, c.Name, i+1, err)
+				return nil, fmt.Errorf("nftables backend: chain %s rule %d: %w", c.Name, i+1, err)
 			}
 			kr := knftables.Rule{Chain: cm.chain.Name, Rule: text}
 			if r.Comment != "" {

@@ -43,7 +43,7 @@ func (e *Engine) pass(ctx context.Context, u *unit, full bool) error {
 	}
 	if err := e.needsSynced(u); err != nil {
 		// Never act on watches that have not synced (a reload may just have enabled the fix).
-		return fmt.Errorf("fix %s: %w", u, errWaiting{err})
+		return errWaiting{err}
 	}
 	if u.st.act != nil {
 		return e.ensure(ctx, u, u.st.act, full)
@@ -70,7 +70,7 @@ func (e *Engine) sync(ctx context.Context, u *unit, full bool) (err error) {
 	snap := e.snapshot(needsOf(u.st.fix))
 	rs, report, err := u.st.rules.Rules(snap, fam)
 	if err != nil {
-		return fmt.Errorf("fix %s (%s): compute rules: %w", id, fam, err)
+		return fmt.Errorf("compute rules: %w", err)
 	}
 	e.report(u, report)
 	mode := backend.Trust
@@ -79,7 +79,7 @@ func (e *Engine) sync(ctx context.Context, u *unit, full bool) (err error) {
 	}
 	res, err := e.be.Reconcile(ctx, id, fam, rs, mode)
 	if err != nil {
-		return fmt.Errorf("fix %s (%s): %w", id, fam, err)
+		return err
 	}
 	if res.Repaired {
 		e.log.Warn("rules changed behind our back; restored them", "fix", id, "family", fam)
@@ -106,7 +106,7 @@ func (e *Engine) ensure(ctx context.Context, u *unit, a fix.Actuator, full bool)
 	defer func() { err = e.account(ctx, u, fix.NodeBackend, start, err) }()
 	res, err := a.Ensure(ctx, e.snapshot(needsOf(u.st.fix)), full)
 	if err != nil {
-		return fmt.Errorf("fix %s: ensure: %w", id, err)
+		return fmt.Errorf("ensure: %w", err)
 	}
 	e.report(u, res.Report)
 	e.mu.Lock()
@@ -137,7 +137,7 @@ func (e *Engine) account(ctx context.Context, u *unit, bname string, start time.
 	e.m.Syncs.WithLabelValues(id, bname).Inc()
 	if err != nil {
 		e.m.Errors.WithLabelValues(id, bname).Inc()
-		e.notify.FixSyncFailed(id, err)
+		e.notify.FixSyncFailed(id, fmt.Errorf("%s: %w", u.where(), err))
 		if u.family != "" {
 			e.log.Error("sync failed; previous rules stay in place", "fix", id, "family", u.family, "err", err)
 		} else {
@@ -185,10 +185,10 @@ func (e *Engine) remove(ctx context.Context, u *unit) error {
 	var err error
 	if u.st.act != nil {
 		if err = u.st.act.Revert(ctx); err != nil {
-			err = fmt.Errorf("fix %s: revert: %w", id, err)
+			err = fmt.Errorf("revert: %w", err)
 		}
 	} else if _, err = e.be.Reconcile(ctx, id, u.family, nil, backend.Verify); err != nil {
-		err = fmt.Errorf("fix %s (%s): remove: %w", id, u.family, err)
+		err = fmt.Errorf("remove: %w", err)
 	} else {
 		e.m.Rules.WithLabelValues(id, e.be.Name(), string(u.family)).Set(0)
 	}

@@ -54,6 +54,11 @@ func newUnit(st *fixState, fam rules.Family) *unit {
 	return &unit{st: st, family: fam, kick: make(chan struct{}, 1), reconf: make(chan struct{}, 1)}
 }
 
+// where names the unit at the head of an error: "fix X (ipv4)", or "fix X" for an Actuator. Errors
+// are prefixed with it once, where they leave the engine (events, probes); the operations below
+// never name the unit themselves.
+func (u *unit) where() string { return "fix " + u.String() }
+
 func (u *unit) String() string {
 	if u.family == "" {
 		return u.st.fix.ID()

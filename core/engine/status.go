@@ -66,7 +66,7 @@ func (e *Engine) Healthy() error {
 			}
 		}
 		if age := now.Sub(last); age > limit {
-			errs = append(errs, &ProbeError{Summary: fmt.Sprintf("fix %s: no successful sync for %s (limit %s)", u, age.Round(time.Second), limit), Err: u.lastErr})
+			errs = append(errs, &ProbeError{Summary: fmt.Sprintf("%s: no successful sync for %s (limit %s)", u.where(), age.Round(time.Second), limit), Err: u.lastErr})
 		}
 	}
 	return errors.Join(errs...)
@@ -79,7 +79,7 @@ func (e *Engine) Ready() error {
 	var errs []error
 	for _, u := range e.units {
 		if e.wantedLocked(u) && !u.everOK {
-			errs = append(errs, &ProbeError{Summary: fmt.Sprintf("fix %s: no successful sync yet", u), Err: u.lastErr, sep: ": "})
+			errs = append(errs, &ProbeError{Summary: u.where() + ": no successful sync yet", Err: u.lastErr, sep: ": "})
 		}
 	}
 	return errors.Join(errs...)
@@ -136,7 +136,7 @@ func (e *Engine) Statuses() []Status {
 			}
 			first = false
 			if u.lastErr != nil {
-				errs = append(errs, u.lastErr)
+				errs = append(errs, fmt.Errorf("%s: %w", u.where(), u.lastErr))
 			}
 		}
 		s.LastErr = errors.Join(errs...)

@@ -181,6 +181,20 @@ func TestFailingBackendKeepsLiveness(t *testing.T) {
 	if err := r.e.Healthy(); err == nil || !strings.Contains(err.Error(), "kernel says no") {
 		t.Fatalf("Healthy = %v; want the apply error", err)
 	}
+	// The unit is named once, by the engine: "fix count (ipv4): no successful sync for …; last
+	// error: kernel says no", not "… fix count (ipv4): fix count (ipv4): kernel says no".
+	for _, err := range []error{r.e.Healthy(), r.e.Ready()} {
+		for _, line := range strings.Split(err.Error(), "\n") {
+			if n := strings.Count(line, "fix count"); n != 1 {
+				t.Errorf("%q names the unit %d times; want once", line, n)
+			}
+		}
+	}
+	for _, st := range r.e.Statuses() {
+		if st.Fix == "count" && (st.LastErr == nil || strings.Count(st.LastErr.Error(), "fix count (ipv4)") != 1) {
+			t.Errorf("status of count: last error %v; want the unit named once", st.LastErr)
+		}
+	}
 }
 
 // blockedSource is a source whose watches never sync (no API server reachable).

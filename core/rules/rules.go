@@ -327,34 +327,34 @@ func (rs *Ruleset) Validate() error {
 		return fmt.Errorf("fix id %q is not kebab-case", rs.Fix)
 	}
 	if rs.Family != IPv4 && rs.Family != IPv6 {
-		return fmt.Errorf("fix %s: unknown family %q", rs.Fix, rs.Family)
+		return fmt.Errorf("unknown family %q", rs.Family)
 	}
 	chains := map[string]bool{}
 	for _, c := range rs.Chains {
 		if !chainNamePattern.MatchString(c.Name) || len(c.Name) > MaxChainName {
-			return fmt.Errorf("fix %s: chain name %q must be upper-case words joined by '-' and at most %d characters", rs.Fix, c.Name, MaxChainName)
+			return fmt.Errorf("chain name %q must be upper-case words joined by '-' and at most %d characters", c.Name, MaxChainName)
 		}
 		if chains[c.Name] {
-			return fmt.Errorf("fix %s: chain %s declared twice", rs.Fix, c.Name)
+			return fmt.Errorf("chain %s declared twice", c.Name)
 		}
 		chains[c.Name] = true
 		if c.Type != Filter && c.Type != NAT && c.Type != Mangle {
-			return fmt.Errorf("fix %s: chain %s has unknown type %q", rs.Fix, c.Name, c.Type)
+			return fmt.Errorf("chain %s has unknown type %q", c.Name, c.Type)
 		}
 		if c.Hook != "" {
 			if _, err := ParseHook(string(c.Hook)); err != nil {
-				return fmt.Errorf("fix %s: chain %s: %w", rs.Fix, c.Name, err)
+				return fmt.Errorf("chain %s: %w", c.Name, err)
 			}
 			if c.Type == NAT && c.Hook == Forward {
-				return fmt.Errorf("fix %s: chain %s: nat chains cannot hook forward", rs.Fix, c.Name)
+				return fmt.Errorf("chain %s: nat chains cannot hook forward", c.Name)
 			}
 		}
 		for _, f := range c.Precedes {
 			switch {
 			case c.Hook == "":
-				return fmt.Errorf("fix %s: chain %s: Precedes %q without a Hook (only a hooked chain has a position among others)", rs.Fix, c.Name, f)
+				return fmt.Errorf("chain %s: Precedes %q without a Hook (only a hooked chain has a position among others)", c.Name, f)
 			case !foreignChainPattern.MatchString(f):
-				return fmt.Errorf("fix %s: chain %s: Precedes %q is no chain name (1-28 characters, no spaces or quotes)", rs.Fix, c.Name, f)
+				return fmt.Errorf("chain %s: Precedes %q is no chain name (1-28 characters, no spaces or quotes)", c.Name, f)
 			}
 		}
 	}
@@ -362,10 +362,10 @@ func (rs *Ruleset) Validate() error {
 	for i := range rs.Maps {
 		m := &rs.Maps[i]
 		if !mapNamePattern.MatchString(m.Name) {
-			return fmt.Errorf("fix %s: map name %q must be lower-case", rs.Fix, m.Name)
+			return fmt.Errorf("map name %q must be lower-case", m.Name)
 		}
 		if maps[m.Name] != nil {
-			return fmt.Errorf("fix %s: map %s declared twice", rs.Fix, m.Name)
+			return fmt.Errorf("map %s declared twice", m.Name)
 		}
 		maps[m.Name] = m
 		if err := rs.validateEntries(m); err != nil {
@@ -375,7 +375,7 @@ func (rs *Ruleset) Validate() error {
 	counters := map[string]bool{}
 	for _, c := range rs.Chains {
 		for i, r := range c.Rules {
-			where := fmt.Sprintf("fix %s: chain %s rule %d", rs.Fix, c.Name, i+1)
+			where := fmt.Sprintf("chain %s rule %d", c.Name, i+1)
 			if err := rs.validateRule(c, r, chains, maps); err != nil {
 				return fmt.Errorf("%s: %w", where, err)
 			}
@@ -396,24 +396,24 @@ func (rs *Ruleset) validateEntries(m *Map) error {
 	for i := range m.Entries {
 		e := &m.Entries[i]
 		if !rs.Family.Contains(e.Addr) || !rs.Family.Contains(e.To.Addr()) {
-			return fmt.Errorf("fix %s: map %s entry %s -> %s is not %s", rs.Fix, m.Name, e.Key(), e.To, rs.Family)
+			return fmt.Errorf("map %s entry %s -> %s is not %s", m.Name, e.Key(), e.To, rs.Family)
 		}
 		switch e.Protocol {
 		case TCP, UDP, SCTP:
 		default:
-			return fmt.Errorf("fix %s: map %s entry %s needs a protocol and a port", rs.Fix, m.Name, e.Key())
+			return fmt.Errorf("map %s entry %s needs a protocol and a port", m.Name, e.Key())
 		}
 		if e.Port == 0 {
-			return fmt.Errorf("fix %s: map %s entry %s needs a protocol and a port", rs.Fix, m.Name, e.Key())
+			return fmt.Errorf("map %s entry %s needs a protocol and a port", m.Name, e.Key())
 		}
 		if len(e.Comment) > MaxComment {
-			return fmt.Errorf("fix %s: map %s entry %s: comment longer than %d bytes", rs.Fix, m.Name, e.Key(), MaxComment)
+			return fmt.Errorf("map %s entry %s: comment longer than %d bytes", m.Name, e.Key(), MaxComment)
 		}
 	}
 	sorted := m.Sorted()
 	for i := 1; i < len(sorted); i++ {
 		if CompareEntries(&sorted[i-1], &sorted[i]) == 0 {
-			return fmt.Errorf("fix %s: map %s has entry %s twice", rs.Fix, m.Name, sorted[i].Key())
+			return fmt.Errorf("map %s has entry %s twice", m.Name, sorted[i].Key())
 		}
 	}
 	return nil

@@ -305,7 +305,7 @@ func checkRuleset(rs *rules.Ruleset) error {
 	for _, c := range rs.Chains {
 		for i, r := range c.Rules {
 			if r.Verdict.Kind == rules.Jump && byName[r.Verdict.Chain].Type != c.Type {
-				return fmt.Errorf("fix %s: chain %s rule %d: jump from a %s chain to %s chain %s", rs.Fix, c.Name, i+1, c.Type, byName[r.Verdict.Chain].Type, r.Verdict.Chain)
+				return fmt.Errorf("chain %s rule %d: jump from a %s chain to %s chain %s", c.Name, i+1, c.Type, byName[r.Verdict.Chain].Type, r.Verdict.Chain)
 			}
 		}
 	}
@@ -323,11 +323,11 @@ func checkRuleset(rs *rules.Ruleset) error {
 
 func walk(rs *rules.Ruleset, byName map[string]*rules.Chain, c *rules.Chain, hook rules.Hook, path []string) error {
 	if slices.Contains(path, c.Name) {
-		return fmt.Errorf("fix %s: jump loop %s -> %s", rs.Fix, strings.Join(path, " -> "), c.Name)
+		return fmt.Errorf("jump loop %s -> %s", strings.Join(path, " -> "), c.Name)
 	}
 	path = append(path, c.Name)
 	for i, r := range c.Rules {
-		where := fmt.Sprintf("fix %s: chain %s rule %d (reached from hook %s)", rs.Fix, c.Name, i+1, hook)
+		where := fmt.Sprintf("chain %s rule %d (reached from hook %s)", c.Name, i+1, hook)
 		switch r.Verdict.Kind {
 		case rules.DNAT, rules.DNATLookup:
 			if hook != rules.Prerouting && hook != rules.Output {
