@@ -1,0 +1,299 @@
+package backend_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+)
+
+// kernel is an Ops over an in-memory "kernel" with a generation that every commit moves, so the
+// driver's decisions (read back or not, update or apply, stamp or not) can be counted.
+type kernel struct {
+	mu      sync.Mutex
+	gen     uint32
+	held    map[backend.Unit]int // what each unit holds: the ruleset's rule count
+	calls   map[string]int
+	lastPre backend.Prev[int]
+	// block, when set, is called (without mu) at the start of every operation of the unit.
+	block func(u backend.Unit)
+	// stale makes the next Update fail with ErrStale; applyErr fails Apply.
+	stale    bool
+	applyErr error
+	unsure   bool
+}
+
+func newKernel() *kernel {
+	return &kernel{held: map[backend.Unit]int{}, calls: map[string]int{}}
+}
+
+func (k *kernel) enter(op string, u backend.Unit) {
+	if k.block != nil {
+		k.block(u)
+	}
+	k.mu.Lock()
+	k.calls[op]++
+	k.mu.Unlock()
+}
+
+func (k *kernel) generation() (uint32, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.gen, nil
+}
+
+// foreign is someone else's commit.
+func (k *kernel) foreign() { k.mu.Lock(); k.gen++; k.mu.Unlock() }
+
+// tamper changes what u holds behind the driver's back (a commit).
+func (k *kernel) tamper(u backend.Unit) { k.mu.Lock(); k.held[u] = -1; k.gen++; k.mu.Unlock() }
+
+func (k *kernel) Matches(ctx context.Context, u backend.Unit, rec int) (bool, error) {
+	k.enter("matches", u)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.held[u] == rec, nil
+}
+
+func (k *kernel) Update(ctx context.Context, u backend.Unit, rec int, from, desired *rules.Ruleset) (backend.Step[int], error) {
+	k.enter("update", u)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.stale {
+		k.stale = false
+		return backend.Step[int]{}, backend.ErrStale
+	}
+	if len(from.Chains) != len(desired.Chains) {
+		return backend.Step[int]{}, nil // not a change Update makes
+	}
+	k.held[u] = desired.RuleCount()
+	k.gen++
+	return backend.Step[int]{Done: true, Applied: true, Commits: 1, Rec: desired.RuleCount()}, nil
+}
+
+func (k *kernel) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[int], desired *rules.Ruleset) (backend.Step[int], error) {
+	k.enter("apply", u)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.lastPre = prev
+	if k.applyErr != nil {
+		return backend.Step[int]{ReadBack: true, Unsure: k.unsure}, k.applyErr
+	}
+	k.held[u] = desired.RuleCount()
+	k.gen++
+	n := desired.RuleCount()
+	return backend.Step[int]{Applied: true, ReadBack: true, Rec: n, Finish: func(context.Context) (int, error) { return n, nil }}, nil
+}
+
+func (k *kernel) Remove(ctx context.Context, u backend.Unit, prev backend.Prev[int]) (backend.Step[int], error) {
+	k.enter("remove", u)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	_, there := k.held[u]
+	delete(k.held, u)
+	if there {
+		k.gen++
+	}
+	return backend.Step[int]{Applied: there, ReadBack: true}, nil
+}
+
+func (k *kernel) take() map[string]int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	c := k.calls
+	k.calls = map[string]int{}
+	return c
+}
+
+func ruleset(fix string, rulesInFirst int, chains int) *rules.Ruleset {
+	rs := &rules.Ruleset{Fix: fix, Family: rules.IPv4}
+	for i := range chains {
+		c := rules.Chain{Name: []string{"A", "B", "C"}[i], Type: rules.Filter}
+		if i == 0 {
+			c.Hook = rules.Input
+			for range rulesInFirst {
+				c.Rules = append(c.Rules, rules.Rule{Verdict: rules.Verdict{Kind: rules.Accept}})
+			}
+		}
+		rs.Chains = append(rs.Chains, c)
+	}
+	return rs
+}
+
+func mustReconcile(t *testing.T, d *backend.Driver[int], rs *rules.Ruleset, mode backend.Mode) backend.Result {
+	t.Helper()
+	res, err := d.Reconcile(context.Background(), rs.Fix, rs.Family, rs, mode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func equalCalls(got map[string]int, want ...string) bool {
+	w := map[string]int{}
+	for _, op := range want {
+		w[op]++
+	}
+	if len(got) != len(w) {
+		return false
+	}
+	for op, n := range w {
+		if got[op] != n {
+			return false
+		}
+	}
+	return true
+}
+
+func TestDriverTrustVerifyAndStamps(t *testing.T) {
+	k := newKernel()
+	d := backend.NewDriver[int](k, k.generation, slog.New(slog.DiscardHandler))
+	a, b := ruleset("a", 1, 1), ruleset("b", 1, 1)
+	for _, step := range []struct {
+		name string
+		do   func() backend.Result
+		want []string
+		res  backend.Result
+	}{
+		{"first Trust of a: nothing recorded, applied", func() backend.Result { return mustReconcile(t, d, a, backend.Trust) }, []string{"apply"}, backend.Result{Applied: true, ReadBack: true}},
+		{"first Trust of b", func() backend.Result { return mustReconcile(t, d, b, backend.Trust) }, []string{"apply"}, backend.Result{Applied: true, ReadBack: true}},
+		// b's apply moved the generation after a's stamp (an Apply says nothing of its commits).
+		{"Verify of a after b's apply reads back", func() backend.Result { return mustReconcile(t, d, a, backend.Verify) }, []string{"matches"}, backend.Result{ReadBack: true}},
+		{"Verify of a again: the generation proves it", func() backend.Result { return mustReconcile(t, d, a, backend.Verify) }, nil, backend.Result{}},
+		{"Verify of b: stamped by its apply", func() backend.Result { return mustReconcile(t, d, b, backend.Verify) }, nil, backend.Result{}},
+		{"an Update of a, one commit", func() backend.Result { return mustReconcile(t, d, ruleset("a", 2, 1), backend.Trust) }, []string{"update"}, backend.Result{Applied: true}},
+		// a's own commit alone moved the generation: b's stamp is carried over.
+		{"Verify of b after a's update needs no read", func() backend.Result { return mustReconcile(t, d, b, backend.Verify) }, nil, backend.Result{}},
+		{"Verify of a after its update needs no read", func() backend.Result { return mustReconcile(t, d, ruleset("a", 2, 1), backend.Verify) }, nil, backend.Result{}},
+		{"Trust of an equal ruleset does nothing", func() backend.Result { return mustReconcile(t, d, ruleset("a", 2, 1), backend.Trust) }, nil, backend.Result{}},
+		{"a change Update does not make goes to Apply", func() backend.Result { return mustReconcile(t, d, ruleset("a", 2, 2), backend.Trust) }, []string{"update", "apply"}, backend.Result{Applied: true, ReadBack: true}},
+	} {
+		if res := step.do(); res != step.res || !equalCalls(k.take(), step.want...) {
+			t.Fatalf("%s: result %+v, want %+v; calls %v, want %v", step.name, res, step.res, k.calls, step.want)
+		}
+	}
+	k.foreign()
+	k.take()
+	if res := mustReconcile(t, d, b, backend.Verify); res != (backend.Result{ReadBack: true}) || !equalCalls(k.take(), "matches") {
+		t.Fatalf("Verify after a foreign commit: %+v; want a read-back only", res)
+	}
+	k.tamper(backend.Unit{Fix: "b", Family: rules.IPv4})
+	if res := mustReconcile(t, d, b, backend.Verify); !res.Repaired || !res.Applied || !equalCalls(k.take(), "matches", "apply") {
+		t.Fatalf("Verify after tampering: %+v; want repaired by an apply", res)
+	}
+	if !k.lastPre.Known || k.lastPre.Trusted {
+		t.Errorf("the repair's Apply got %+v; want the record known and not trusted", k.lastPre)
+	}
+}
+
+func TestDriverStaleUpdateAndFailedApply(t *testing.T) {
+	k := newKernel()
+	d := backend.NewDriver[int](k, k.generation, slog.New(slog.DiscardHandler))
+	ctx := context.Background()
+	mustReconcile(t, d, ruleset("a", 1, 1), backend.Trust)
+	k.stale = true
+	k.take()
+	if res := mustReconcile(t, d, ruleset("a", 2, 1), backend.Trust); !res.Applied || !equalCalls(k.take(), "update", "apply") || k.lastPre.Trusted {
+		t.Fatalf("a stale Update: %+v, Apply got %+v; want an untrusted Apply", res, k.lastPre)
+	}
+	// A failed Apply keeps a record it did not doubt: the equal ruleset is then a no-op.
+	k.applyErr = errors.New("refused")
+	if _, err := d.Reconcile(ctx, "a", rules.IPv4, ruleset("a", 3, 2), backend.Trust); err == nil {
+		t.Fatal("Apply error not returned")
+	}
+	k.applyErr = nil
+	k.take()
+	if res := mustReconcile(t, d, ruleset("a", 2, 1), backend.Trust); res != (backend.Result{}) || len(k.take()) != 0 {
+		t.Fatalf("after a failed Apply, the recorded ruleset: %+v; want nothing done", res)
+	}
+	// One that is Unsure drops it: the next reconcile reads the kernel.
+	k.applyErr, k.unsure = errors.New("refused"), true
+	if _, err := d.Reconcile(ctx, "a", rules.IPv4, ruleset("a", 3, 2), backend.Trust); err == nil {
+		t.Fatal("Apply error not returned")
+	}
+	k.applyErr = nil
+	k.take()
+	if res := mustReconcile(t, d, ruleset("a", 2, 1), backend.Trust); !res.Applied || !equalCalls(k.take(), "apply") || k.lastPre.Known {
+		t.Fatalf("after an unsure failure: %+v (prev %+v); want an Apply without a record", res, k.lastPre)
+	}
+}
+
+func TestDriverRemoveAndAbsence(t *testing.T) {
+	k := newKernel()
+	d := backend.NewDriver[int](k, k.generation, slog.New(slog.DiscardHandler))
+	ctx := context.Background()
+	mustReconcile(t, d, ruleset("a", 1, 1), backend.Trust)
+	k.take()
+	remove := func(mode backend.Mode) backend.Result {
+		res, err := d.Reconcile(ctx, "a", rules.IPv4, nil, mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	if res := remove(backend.Verify); !res.Applied || !equalCalls(k.take(), "remove") {
+		t.Fatalf("remove: %+v", res)
+	}
+	if res := remove(backend.Trust); res.ReadBack || len(k.take()) != 0 {
+		t.Fatal("Trust removal of a known absence touched the kernel")
+	}
+	if res := remove(backend.Verify); res.ReadBack || len(k.take()) != 0 {
+		t.Fatal("Verify removal with the generation unchanged touched the kernel")
+	}
+	k.foreign()
+	if res := remove(backend.Verify); !res.ReadBack || res.Applied || !equalCalls(k.take(), "remove") {
+		t.Fatalf("Verify removal after a foreign commit: %+v; want a look", res)
+	}
+	if _, ok := d.Record(backend.Unit{Fix: "a", Family: rules.IPv4}); ok {
+		t.Error("a removed unit still has a record")
+	}
+}
+
+// A unit blocked inside an operation holds only its own lock: another unit reconciles and the
+// blocked unit's record is read meanwhile.
+func TestDriverBlockedUnitDelaysNoOther(t *testing.T) {
+	k := newKernel()
+	d := backend.NewDriver[int](k, k.generation, slog.New(slog.DiscardHandler))
+	a := backend.Unit{Fix: "a", Family: rules.IPv4}
+	mustReconcile(t, d, ruleset("a", 1, 1), backend.Trust)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	k.block = func(u backend.Unit) {
+		if u == a {
+			once.Do(func() { close(entered) })
+			<-release
+		}
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.Reconcile(context.Background(), "a", rules.IPv4, ruleset("a", 2, 1), backend.Trust)
+		done <- err
+	}()
+	<-entered
+	others := make(chan struct{})
+	go func() {
+		defer close(others)
+		mustReconcile(t, d, ruleset("b", 1, 1), backend.Trust)
+		mustReconcile(t, d, ruleset("b", 2, 1), backend.Verify)
+		if n, ok := d.Record(a); !ok || n != 1 {
+			t.Errorf("record of the blocked unit: %d, %v; want its last one (1 rule)", n, ok)
+		}
+	}()
+	select {
+	case <-others:
+	case <-time.After(10 * time.Second):
+		t.Fatal("another unit waited for the blocked one")
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := d.Record(a); n != 2 {
+		t.Errorf("record after the blocked change: %d rules, want 2", n)
+	}
+}
