@@ -126,7 +126,7 @@ func judge(t *testing.T, cs kubernetes.Interface, byReload bool) {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	reg := prometheus.NewRegistry()
-	f, err := New(Params{Conntrack: real, Registry: reg, Logger: log})
+	f, err := New(fix.Params{Conntrack: real, Registry: reg, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -312,7 +312,7 @@ func testStaleUDP(t *testing.T, cs kubernetes.Interface, p plan) {
 	createPod(t, cs, "a-"+string(p.family), p.podA)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	reg := prometheus.NewRegistry()
-	f, err := New(Params{Conntrack: real, Registry: reg, Logger: log})
+	f, err := New(fix.Params{Conntrack: real, Registry: reg, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
