@@ -128,7 +128,7 @@ func conntrackChild(spec string) error {
 		r.Passes = len(held[0]) + len(held[1]) // entries held at once
 		c.Close()
 	} else {
-		f, err := staleudpconntrack.New(staleudpconntrack.Params{Conntrack: conntrack.New(), Registry: prometheus.NewRegistry(),
+		f, err := staleudpconntrack.New(fix.Params{Conntrack: conntrack.New(), Registry: prometheus.NewRegistry(),
 			Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			return err

@@ -151,7 +151,7 @@ func TestConfigReloadRejectsWhatBackendsCannotRender(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := ipvsexternalipdnat.New(ipvsexternalipdnat.Params{})
+	f, err := ipvsexternalipdnat.New(fix.Params{})
 	if err != nil {
 		t.Fatal(err)
 	}

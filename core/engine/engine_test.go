@@ -27,6 +27,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/watch"
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -293,11 +294,11 @@ func TestLoopCoalescesAndStops(t *testing.T) {
 	if err := h.e.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return h.be.ApplyCalls() == 1 })
+	agenttest.Until(t, wait, func() bool { return h.be.ApplyCalls() == 1 })
 	for i := 0; i < 20; i++ { // a burst of changes
 		h.src.set(svc("a", "10.96.0.1"), svc("b", "10.96.0."+string(rune('2'+i%8))))
 	}
-	waitFor(t, func() bool {
+	agenttest.Until(t, wait, func() bool {
 		rs := h.be.Ruleset("count", rules.IPv4)
 		return rs != nil && len(rs.Chains[0].Rules) == 2
 	})
@@ -315,16 +316,8 @@ func TestLoopCoalescesAndStops(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 20s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// wait bounds every wait for the engine's workers (agenttest.Until).
+const wait = 20 * time.Second
 
 func TestPodCIDRsPreferNode(t *testing.T) {
 	cfgd := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}

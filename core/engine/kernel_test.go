@@ -15,6 +15,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/config"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
@@ -84,11 +85,11 @@ func TestKernelChangePreemptsReadBack(t *testing.T) {
 		}
 		return true
 	}
-	waitFor(t, func() bool { return inKernel("10.96.0.1", "fd00::1") })
+	agenttest.Until(t, wait, func() bool { return inKernel("10.96.0.1", "fd00::1") })
 
 	run.armed.Store(true)
 	e.Reconfigure(&c) // a full pass, as the periodic resync starts one
-	waitFor(t, func() bool { return run.started.Load() >= 1 })
+	agenttest.Until(t, wait, func() bool { return run.started.Load() >= 1 })
 	changed := time.Now()
 	src.set(svc("a", "10.96.0.1", "fd00::1"), svc("b", "10.96.0.2", "fd00::2"))
 	deadline := time.Now().Add(20 * time.Second) // the hung read-back would end after 30 s

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 )
 
 // recNotifier records what the engine tells its Notifier as "Reason fix" lines.
@@ -67,10 +68,10 @@ func TestNotifierHearsLifecycle(t *testing.T) {
 	if err := h.e.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return rec.count("FixSynced on") == 1 })
+	agenttest.Until(t, wait, func() bool { return rec.count("FixSynced on") == 1 })
 	applies := h.be.ApplyCalls()
 	h.src.set(svc("a", "10.96.0.1"), svc("b", "10.96.0.2"))
-	waitFor(t, func() bool { return h.be.ApplyCalls() > applies })
+	agenttest.Until(t, wait, func() bool { return h.be.ApplyCalls() > applies })
 	if err := h.e.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}

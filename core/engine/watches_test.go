@@ -18,6 +18,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 )
 
 // lazySource is a memSource whose watches run only once Start asked for them, and sync only when
@@ -103,7 +104,7 @@ func TestReloadStartsTheWatchesOfAnEnabledFix(t *testing.T) {
 	on.MinSyncPeriod = c.MinSyncPeriod
 	on.Fixes = map[string]map[string]any{"reads-pods": {"enabled": true}}
 	e.Reconfigure(&on)
-	waitFor(t, func() bool {
+	agenttest.Until(t, wait, func() bool {
 		src.mu.Lock()
 		defer src.mu.Unlock()
 		return src.started.Pods
@@ -119,7 +120,7 @@ func TestReloadStartsTheWatchesOfAnEnabledFix(t *testing.T) {
 		t.Errorf("Ready = %v; want the fix waiting for its watches", err)
 	}
 	src.sync()
-	waitFor(t, func() bool { return f.ensures.Load() > 0 && enabled() == 1 })
+	agenttest.Until(t, wait, func() bool { return f.ensures.Load() > 0 && enabled() == 1 })
 	if err := e.Ready(); err != nil {
 		t.Errorf("Ready = %v after the watch synced", err)
 	}
@@ -199,7 +200,7 @@ func TestMoreRunsTheNextPassSoon(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.Stop(context.Background()) })
-	waitFor(t, func() bool { return f.ensures.Load() >= 4 })
+	agenttest.Until(t, wait, func() bool { return f.ensures.Load() >= 4 })
 	time.Sleep(100 * time.Millisecond)
 	if n := f.ensures.Load(); n != 4 {
 		t.Errorf("%d passes; want 4 (three with work left, then the one that finished), none after", n)

@@ -20,6 +20,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/watch"
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 )
 
 // clock is a settable time source that running workers may read.
@@ -86,7 +87,7 @@ func TestChangePreemptsVerify(t *testing.T) {
 	src := newMemSource()
 	src.set(svc("a", "10.96.0.1"))
 	r := launch(t, testkit.NewFakeBackend(), src, &countFix{id: "count", defaultOn: true})
-	waitFor(t, func() bool { return r.rules("count") == 1 })
+	agenttest.Until(t, wait, func() bool { return r.rules("count") == 1 })
 	var verifying atomic.Int32
 	r.be.OnReconcile(func(ctx context.Context, _ string, _ rules.Family, mode backend.Mode) error {
 		if mode != backend.Verify {
@@ -100,13 +101,13 @@ func TestChangePreemptsVerify(t *testing.T) {
 	c.Families = []string{"ipv4"}
 	c.MinSyncPeriod = 10 * time.Millisecond
 	r.e.Reconfigure(&c) // a full pass, as the periodic resync would start
-	waitFor(t, func() bool { return verifying.Load() == 1 })
+	agenttest.Until(t, wait, func() bool { return verifying.Load() == 1 })
 	src.set(svc("a", "10.96.0.1"), svc("b", "10.96.0.2"))
-	waitFor(t, func() bool { return r.rules("count") == 2 })
+	agenttest.Until(t, wait, func() bool { return r.rules("count") == 2 })
 	// The verify runs again after the change, and is preempted again by the next one.
-	waitFor(t, func() bool { return verifying.Load() == 2 })
+	agenttest.Until(t, wait, func() bool { return verifying.Load() == 2 })
 	src.set(svc("a", "10.96.0.1"))
-	waitFor(t, func() bool { return r.rules("count") == 1 })
+	agenttest.Until(t, wait, func() bool { return r.rules("count") == 1 })
 	if err := r.e.Healthy(); err != nil {
 		t.Fatalf("preempted verifies must not count as failures: %v", err)
 	}
@@ -134,15 +135,15 @@ func TestBlockedFixDoesNotStarveOthers(t *testing.T) {
 	})
 	r := launch(t, be, src, blocked, free)
 	t.Cleanup(func() { close(release) })
-	waitFor(t, func() bool { return r.rules("b-free") == 1 })
+	agenttest.Until(t, wait, func() bool { return r.rules("b-free") == 1 })
 	src.set(svc("a", "10.96.0.1"), svc("b", "10.96.0.2"))
-	waitFor(t, func() bool { return r.rules("b-free") == 2 })
+	agenttest.Until(t, wait, func() bool { return r.rules("b-free") == 2 })
 
 	// Two sync periods later, after one more change: only the blocked fix is unhealthy and stuck.
 	r.clk.Add(61 * time.Second)
 	before := r.lastOK("b-free")
 	src.set(svc("a", "10.96.0.1"))
-	waitFor(t, func() bool { return r.lastOK("b-free").After(before) })
+	agenttest.Until(t, wait, func() bool { return r.lastOK("b-free").After(before) })
 	err := r.e.Healthy()
 	if err == nil || !strings.Contains(err.Error(), "a-blocked") || strings.Contains(err.Error(), "b-free") {
 		t.Fatalf("Healthy = %v; want only a-blocked unhealthy", err)
@@ -172,7 +173,7 @@ func TestFailingBackendKeepsLiveness(t *testing.T) {
 	be := testkit.NewFakeBackend()
 	be.SetApplyError(errors.New("kernel says no"))
 	r := launch(t, be, src, &countFix{id: "count", defaultOn: true})
-	waitFor(t, func() bool { return be.FailedApplies() >= 2 })
+	agenttest.Until(t, wait, func() bool { return be.FailedApplies() >= 2 })
 	r.clk.Add(5 * time.Minute)
 	time.Sleep(2 * heartbeatEvery) // the idle worker beats on the new clock
 	if err := r.e.Alive(); err != nil {
@@ -217,7 +218,7 @@ func TestFixWithoutNeedsDoesNotWaitForTheAPI(t *testing.T) {
 	local := &needsNothing{countFix{id: "local", defaultOn: true}}
 	api := &countFix{id: "reads-services", defaultOn: true}
 	r2 := launch(t, testkit.NewFakeBackend(), src, local, api)
-	waitFor(t, func() bool { return r2.rules("local") == 0 })
+	agenttest.Until(t, wait, func() bool { return r2.rules("local") == 0 })
 	if r2.rules("reads-services") != -1 {
 		t.Fatal("a fix that reads Services was programmed before the watches synced")
 	}
@@ -225,7 +226,7 @@ func TestFixWithoutNeedsDoesNotWaitForTheAPI(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "reads-services") || strings.Contains(err.Error(), "local") {
 		t.Fatalf("Ready = %v; want only reads-services pending", err)
 	}
-	waitFor(t, func() bool {
+	agenttest.Until(t, wait, func() bool {
 		for _, st := range r2.e.Statuses() {
 			if st.Fix == "reads-services" && st.LastErr != nil && strings.Contains(st.LastErr.Error(), "waiting for the watches") {
 				return true

@@ -22,6 +22,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/engine"
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 )
 
 var _ engine.Notifier = (*Recorder)(nil)
@@ -156,17 +157,6 @@ func (a *apiCalls) get(key string) int {
 	return a.n[key]
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // Through client-go's events/v1 broadcaster into a fake clientset: the event is on the Node
 // (referenced as the kubelet does), in namespace default, with our reason, the fix as action and
 // our controller; a storm of 200 failures costs one create and one patch (series count 2).
@@ -188,11 +178,11 @@ func TestRecorderThroughBroadcaster(t *testing.T) {
 	}
 	r.FixEnabled("invalid-drop")
 	r.FixSyncFailed("invalid-drop", errors.New("iptables-restore: exit status 1"))
-	waitFor(t, "two events", func() bool { return len(list()) == 2 })
+	agenttest.Until(t, 20*time.Second, func() bool { return len(list()) == 2 })
 	for range 200 {
 		r.FixSyncFailed("invalid-drop", errors.New("iptables-restore: exit status 1"))
 	}
-	waitFor(t, "the series patch", func() bool { return calls.get("patch patch") == 1 })
+	agenttest.Until(t, 20*time.Second, func() bool { return calls.get("patch patch") == 1 })
 	time.Sleep(200 * time.Millisecond) // what else the storm would write
 	evs := list()
 	if len(evs) != 2 {

@@ -6,8 +6,7 @@
 // of each, and adds only increases (after a reset: the new raw value) to a running total.
 //
 //	reg.MustRegister(rulecounters.New(rulecounters.Options{
-//		Reader: p.Backend, Fix: ID,
-//		Namespace: metrics.Namespace, Subsystem: metrics.Subsystem(ID), // nnm_metadata_block_
+//		Reader: p.Backend, Fix: ID, // nnm_metadata_block_…
 //		Name:   "dropped_packets_total",
 //		Help:   "Packets from local pods to a blocked metadata address, dropped.",
 //		Match:  rulecounters.Prefix("dropped"),
@@ -23,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -36,8 +36,9 @@ type Options struct {
 	Reader Reader
 	// Fix is the fix id whose counters are read.
 	Fix string
-	// Namespace, Subsystem and Name make the metric name as in prometheus.Opts
-	// (nnm_<fix>_…_total: metrics.Namespace, metrics.Subsystem(fix), "…_total"); Help is its help text.
+	// Namespace, Subsystem and Name make the metric name as in prometheus.Opts; Help is its help
+	// text. Namespace and Subsystem default (both empty) to metrics.Namespace and
+	// metrics.Subsystem(Fix): nnm_<fix>_<Name>.
 	Namespace, Subsystem, Name, Help string
 	// Match selects the rule counters summed into the metric (nil: all of them).
 	Match func(counter string) bool
@@ -66,6 +67,9 @@ type Collector struct {
 func New(o Options) *Collector {
 	if o.Timeout <= 0 {
 		o.Timeout = 5 * time.Second
+	}
+	if o.Namespace == "" && o.Subsystem == "" {
+		o.Namespace, o.Subsystem = metrics.Namespace, metrics.Subsystem(o.Fix)
 	}
 	return &Collector{o: o,
 		desc:  prometheus.NewDesc(prometheus.BuildFQName(o.Namespace, o.Subsystem, o.Name), o.Help, []string{"family"}, nil),

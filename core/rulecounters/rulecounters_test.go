@@ -17,7 +17,7 @@ import (
 func TestMonotonicAcrossRewrites(t *testing.T) {
 	be := testkit.NewFakeBackend()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(New(Options{Reader: be, Fix: "demo-fix", Name: "nnm_demo_fix_dropped_packets_total",
+	reg.MustRegister(New(Options{Reader: be, Fix: "demo-fix", Name: "dropped_packets_total",
 		Help: "Dropped.", Match: Prefix("dropped")}))
 	want := func(v4, v6 string) {
 		t.Helper()
@@ -74,7 +74,7 @@ func TestMonotonicAcrossRewrites(t *testing.T) {
 
 func TestBytes(t *testing.T) {
 	be := testkit.NewFakeBackend()
-	c := New(Options{Reader: be, Fix: "demo-fix", Name: "nnm_demo_fix_bytes_total", Help: "Bytes.", Bytes: true})
+	c := New(Options{Reader: be, Fix: "demo-fix", Name: "bytes_total", Help: "Bytes.", Bytes: true})
 	if err := testkit.Apply(context.Background(), be, &rules.Ruleset{Fix: "demo-fix", Family: rules.IPv4, Chains: []rules.Chain{{Name: "X", Type: rules.Filter, Hook: rules.Input,
 		Rules: []rules.Rule{{Verdict: rules.Verdict{Kind: rules.Drop}, Counter: "any"}}}}}); err != nil {
 		t.Fatal(err)
@@ -102,7 +102,7 @@ func (r slowReader) Counters(ctx context.Context, fix string, family rules.Famil
 func TestTimeoutPerFamily(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(New(Options{Reader: slowReader{delay: 60 * time.Millisecond}, Fix: "demo-fix",
-		Name: "nnm_demo_fix_dropped_packets_total", Help: "Dropped.", Timeout: 100 * time.Millisecond}))
+		Name: "dropped_packets_total", Help: "Dropped.", Timeout: 100 * time.Millisecond}))
 	exp := "# HELP nnm_demo_fix_dropped_packets_total Dropped.\n# TYPE nnm_demo_fix_dropped_packets_total counter\n" +
 		`nnm_demo_fix_dropped_packets_total{family="ipv4"} 1` + "\n" +
 		`nnm_demo_fix_dropped_packets_total{family="ipv6"} 1` + "\n"

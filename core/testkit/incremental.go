@@ -79,14 +79,7 @@ func rulesDump(t *testing.T, f fix.RuleFix, snap *fix.Snapshot) string {
 		if err != nil {
 			t.Fatalf("%s: Rules(%s): %v", f.ID(), fam, err)
 		}
-		fmt.Fprintf(&b, "## %s\n", fam)
-		if rs != nil {
-			b.WriteString(Format(rs))
-		}
-		fmt.Fprintf(&b, "covered=%d items=%d\n", report.Covered, report.Items)
-		for _, s := range report.Skipped {
-			fmt.Fprintf(&b, "skip %s %s: %s\n", s.Object, s.Reason, s.Detail)
-		}
+		b.WriteString(FormatResult(rs, report))
 	}
 	return b.String()
 }

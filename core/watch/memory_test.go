@@ -41,7 +41,7 @@ func BenchmarkMemoryPerService(b *testing.B) {
 			svcs[i] = watch.StripService(&s)
 		}
 		h1 := liveHeap()
-		f, err := ipvsexternalipdnat.New(ipvsexternalipdnat.Params{Registry: prometheus.NewRegistry()})
+		f, err := ipvsexternalipdnat.New(fix.Params{Registry: prometheus.NewRegistry()})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -15,11 +15,17 @@ import (
 // ID is the fix id: config key fixes.conntrack-liberal, metric label, log field.
 const ID = "conntrack-liberal"
 
-// Description is the one-line summary.
-const Description = "set net.netfilter.nf_conntrack_tcp_be_liberal=1 so conntrack never marks out-of-window TCP INVALID (alternative to invalid-drop, kubernetes#74839)"
-
 // Module registers the fix.
 var Module = fx.Module(ID, fix.Provide(ID, New))
+
+// spec: off by default, as invalid-drop is the default strategy (enable one or the other, or both:
+// invalid-drop then reports itself redundant). It reads nothing from the Kubernetes API.
+var spec = fix.Spec[Config, Config]{
+	ID:          ID,
+	Description: "set net.netfilter.nf_conntrack_tcp_be_liberal=1 so conntrack never marks out-of-window TCP INVALID (alternative to invalid-drop, kubernetes#74839)",
+	Default:     func() Config { return Config{StateDir: DefaultStateDir} },
+	Parse:       parse,
+}
 
 // DefaultStateDir is where the value found before the fix changed it is remembered. It is on tmpfs
 // on every systemd host: cleared by a reboot, which also resets the sysctl to the kernel's default.
@@ -30,9 +36,4 @@ type Config struct {
 	// StateDir holds conntrack-liberal.json, the value to restore when the fix is disabled, so that
 	// it survives agent restarts. Empty keeps it in memory only (lost on restart).
 	StateDir string `mapstructure:"stateDir"`
-}
-
-// DefaultConfig is the configuration used when nothing is set.
-func DefaultConfig() Config {
-	return Config{StateDir: DefaultStateDir}
 }

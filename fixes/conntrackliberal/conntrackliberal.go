@@ -6,16 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/fx"
-
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/sysctl"
 )
 
@@ -26,14 +21,6 @@ const Liberal = "1"
 // StateFile is the name of the state file under Config.StateDir.
 const StateFile = ID + ".json"
 
-// Params is what the core provides.
-type Params struct {
-	fx.In
-	Sysctl   sysctl.Interface
-	Registry prometheus.Registerer
-	Logger   *slog.Logger `optional:"true"`
-}
-
 // record is what the fix remembers about the value it replaced.
 type record struct {
 	Sysctl   string `json:"sysctl"`
@@ -42,11 +29,10 @@ type record struct {
 
 // Fix is the conntrack-liberal fix.
 type Fix struct {
+	fix.Base[Config, Config]
 	sys sysctl.Interface
-	log *slog.Logger
 
 	mu       sync.Mutex
-	cfg      Config
 	rec      *record // the value to restore; nil when nothing is owed
 	savedIn  string  // the directory rec was last written to
 	ensured  bool    // a successful Ensure since the last Revert: non-full passes need no check
@@ -58,49 +44,22 @@ var (
 )
 
 // New builds the fix with its default configuration and registers its metrics. No I/O.
-func New(p Params) (*Fix, error) {
+func New(p fix.Params) (*Fix, error) {
 	if p.Sysctl == nil {
 		return nil, errors.New(ID + ": no sysctl.Interface")
 	}
-	log := p.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	f := &Fix{sys: p.Sysctl, log: log.With("fix", ID), cfg: DefaultConfig()}
-	if p.Registry != nil {
-		if err := metrics.Register(p.Registry, newMetrics(f).collectors()...); err != nil {
-			return nil, fmt.Errorf("%s: %w", ID, err)
-		}
+	f := &Fix{sys: p.Sysctl}
+	if err := f.Init(spec, p, newMetrics(f)); err != nil {
+		return nil, err
 	}
 	return f, nil
 }
 
-// ID is "conntrack-liberal".
-func (f *Fix) ID() string { return ID }
-
-// Description is one line.
-func (f *Fix) Description() string { return Description }
-
-// DefaultEnabled is false: invalid-drop is the default strategy. Enable one or the other (or both:
-// invalid-drop then reports itself redundant).
-func (f *Fix) DefaultEnabled(fix.Env) bool { return false }
-
-// Needs nothing from the Kubernetes API.
-func (f *Fix) Needs() fix.Needs { return fix.Needs{} }
-
-// Configure decodes and validates options; on error the previous configuration stays.
-func (f *Fix) Configure(options map[string]any) error {
-	cfg := DefaultConfig()
-	if err := fix.Decode(options, &cfg); err != nil {
-		return fmt.Errorf("fixes.%s: %w", ID, err)
-	}
+func parse(cfg Config) (Config, error) {
 	if cfg.StateDir != "" && !filepath.IsAbs(cfg.StateDir) {
-		return fmt.Errorf("fixes.%s.stateDir: %q is not an absolute path", ID, cfg.StateDir)
+		return cfg, fmt.Errorf("fixes.%s.stateDir: %q is not an absolute path", ID, cfg.StateDir)
 	}
-	f.mu.Lock()
-	f.cfg = cfg
-	f.mu.Unlock()
-	return nil
+	return cfg, nil
 }
 
 // Ensure sets the sysctl to 1. The first time it remembers the value it found (in the state file
@@ -139,7 +98,7 @@ func (f *Fix) Ensure(_ context.Context, _ *fix.Snapshot, full bool) (fix.Result,
 			res.Repaired = true // it was ours and someone reset it
 		} else {
 			res.Changed = true
-			f.log.Info("conntrack accepts out-of-window TCP segments now", "sysctl", sysctl.ConntrackTCPBeLiberal, "value", Liberal, "previous", cur)
+			f.Log.Info("conntrack accepts out-of-window TCP segments now", "sysctl", sysctl.ConntrackTCPBeLiberal, "value", Liberal, "previous", cur)
 		}
 	}
 	f.ensured = true
@@ -167,9 +126,9 @@ func (f *Fix) Revert(context.Context) error {
 			return err
 		}
 		f.restored++
-		f.log.Info("restored the previous value", "sysctl", sysctl.ConntrackTCPBeLiberal, "value", rec.Previous)
+		f.Log.Info("restored the previous value", "sysctl", sysctl.ConntrackTCPBeLiberal, "value", rec.Previous)
 	default:
-		f.log.Warn("someone else changed the sysctl since; leaving their value", "sysctl", sysctl.ConntrackTCPBeLiberal, "value", cur, "previous", rec.Previous)
+		f.Log.Warn("someone else changed the sysctl since; leaving their value", "sysctl", sysctl.ConntrackTCPBeLiberal, "value", cur, "previous", rec.Previous)
 	}
 	if f.savedIn != "" {
 		if err := os.Remove(filepath.Join(f.savedIn, StateFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -182,10 +141,11 @@ func (f *Fix) Revert(context.Context) error {
 
 // loadLocked returns the record held in memory, else the one in the state file, else nil.
 func (f *Fix) loadLocked() (*record, error) {
-	if f.rec != nil || f.cfg.StateDir == "" {
+	dir := f.Config().StateDir
+	if f.rec != nil || dir == "" {
 		return f.rec, nil
 	}
-	path := filepath.Join(f.cfg.StateDir, StateFile)
+	path := filepath.Join(dir, StateFile)
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -197,7 +157,7 @@ func (f *Fix) loadLocked() (*record, error) {
 	if err := json.Unmarshal(b, &rec); err != nil || rec.Sysctl != sysctl.ConntrackTCPBeLiberal || rec.Previous == "" {
 		return nil, fmt.Errorf("state file %s is not ours or is damaged (%v): delete it after checking %s", path, err, sysctl.ConntrackTCPBeLiberal)
 	}
-	f.rec, f.savedIn = &rec, f.cfg.StateDir
+	f.rec, f.savedIn = &rec, dir
 	return f.rec, nil
 }
 
@@ -205,7 +165,7 @@ func (f *Fix) loadLocked() (*record, error) {
 // (written to a temporary file and renamed, so a crash never leaves half a file).
 func (f *Fix) saveLocked(rec *record) error {
 	f.rec = rec
-	dir := f.cfg.StateDir
+	dir := f.Config().StateDir
 	if dir == "" || f.savedIn == dir {
 		return nil
 	}

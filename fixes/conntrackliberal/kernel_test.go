@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/sysctl"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
@@ -41,7 +42,7 @@ func TestKernel(t *testing.T) {
 	ns.MustExec("sh", "-c", "echo 0 > "+proc)
 	stateDir := t.TempDir()
 	newFix := func() *Fix {
-		f, err := New(Params{Sysctl: sysctl.New(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		f, err := New(fix.Params{Sysctl: sysctl.New(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -30,8 +30,6 @@ func newMetrics(f *Fix) *fixMetrics {
 	}
 }
 
-func (m *fixMetrics) collectors() []prometheus.Collector { return []prometheus.Collector{m} }
-
 func (m *fixMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.value
 	ch <- m.previous

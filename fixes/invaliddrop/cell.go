@@ -11,11 +11,19 @@ import (
 // ID is the fix id: config key fixes.invalid-drop, metric label, log field, rule comments.
 const ID = "invalid-drop"
 
-// Description is the one-line summary.
-const Description = "drop packets conntrack marks INVALID so the node never answers them with a connection-killing RST (kubernetes#74839)"
-
 // Module registers the fix.
 var Module = fx.Module(ID, fix.Provide(ID, New))
+
+var spec = fix.Spec[Config, settings]{
+	ID:          ID,
+	Description: "drop packets conntrack marks INVALID so the node never answers them with a connection-killing RST (kubernetes#74839)",
+	Default:     func() Config { return Config{Hooks: []string{"input"}} },
+	Parse:       parse,
+	// On in every kube-proxy mode: iptables mode drops INVALID in FORWARD only, IPVS and nftables
+	// modes not at all, and the node's INPUT path is where the RST comes from. It needs no watch:
+	// the rules do not depend on the cluster.
+	DefaultEnabled: func(fix.Env) bool { return true },
+}
 
 // Config is the fix's configuration (keys under fixes.invalid-drop).
 type Config struct {
@@ -25,9 +33,4 @@ type Config struct {
 	Protocols []string `mapstructure:"protocols"`
 	// ExemptSourceCIDRs are sources whose INVALID packets are let through (e.g. asymmetric routes).
 	ExemptSourceCIDRs []string `mapstructure:"exemptSourceCIDRs"`
-}
-
-// DefaultConfig is the configuration used when nothing is set.
-func DefaultConfig() Config {
-	return Config{Hooks: []string{"input"}}
 }

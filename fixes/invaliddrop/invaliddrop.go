@@ -4,33 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
 	"sync/atomic"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/fx"
-
-	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/sysctl"
 )
 
 // Comment is carried by every drop rule.
 const Comment = "drop conntrack INVALID (kubernetes#74839)"
-
-// Params is what the core provides.
-type Params struct {
-	fx.In
-	Backend  backend.Backend
-	Registry prometheus.Registerer
-	Sysctl   sysctl.Interface
-	Logger   *slog.Logger `optional:"true"`
-}
 
 var hookRank = map[rules.Hook]int{rules.Input: 0, rules.Forward: 1}
 
@@ -43,11 +28,9 @@ type settings struct {
 
 // Fix is the invalid-drop fix.
 type Fix struct {
+	fix.Base[Config, settings]
 	sysctl sysctl.Interface
-	log    *slog.Logger
 	m      *fixMetrics
-
-	opts *fix.Settings[Config, settings]
 	// redundant is the last be_liberal state seen by Observe, so the log line is written once.
 	redundant atomic.Bool
 }
@@ -58,40 +41,14 @@ var (
 )
 
 // New builds the fix with its default configuration and registers its metrics.
-func New(p Params) (*Fix, error) {
-	log := p.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	opts, err := fix.NewSettings(ID, DefaultConfig, parse)
-	if err != nil {
-		return nil, err
-	}
-	f := &Fix{sysctl: p.Sysctl, log: log.With("fix", ID), opts: opts}
+func New(p fix.Params) (*Fix, error) {
+	f := &Fix{sysctl: p.Sysctl}
 	f.m = newMetrics(p.Backend, func() bool { r, _ := f.beLiberal(); return r })
-	if p.Registry != nil {
-		if err := metrics.Register(p.Registry, f.m.collectors()...); err != nil {
-			return nil, fmt.Errorf("%s: %w", ID, err)
-		}
+	if err := f.Init(spec, p, f.m.collectors()...); err != nil {
+		return nil, err
 	}
 	return f, nil
 }
-
-// ID is "invalid-drop".
-func (f *Fix) ID() string { return ID }
-
-// Description is one line.
-func (f *Fix) Description() string { return Description }
-
-// DefaultEnabled is true in every kube-proxy mode: iptables mode drops INVALID in FORWARD only, IPVS
-// and nftables modes not at all, and the node's INPUT path is where the RST comes from.
-func (f *Fix) DefaultEnabled(fix.Env) bool { return true }
-
-// Needs nothing: the rules do not depend on the cluster.
-func (f *Fix) Needs() fix.Needs { return fix.Needs{} }
-
-// Configure decodes and validates options; on error the previous configuration stays.
-func (f *Fix) Configure(options map[string]any) error { return f.opts.Configure(options) }
 
 func parse(cfg Config) (settings, error) {
 	var s settings
@@ -133,7 +90,7 @@ func parse(cfg Config) (settings, error) {
 // wherever other agents put their jumps: no position to contend for (backends/iptables README,
 // "Position among other agents").
 func (f *Fix) Rules(_ *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.Report, error) {
-	cfg := f.opts.Get()
+	cfg := f.Config()
 
 	var exempt []netip.Prefix
 	for _, p := range cfg.exempt {
@@ -194,11 +151,11 @@ func (f *Fix) beLiberal() (bool, error) {
 func (f *Fix) Observe(_ context.Context, family rules.Family, _ fix.Report) {
 	redundant, err := f.beLiberal()
 	if err != nil {
-		f.log.Debug("cannot read sysctl; assuming the drop is needed", "sysctl", sysctl.ConntrackTCPBeLiberal, "err", err)
+		f.Log.Debug("cannot read sysctl; assuming the drop is needed", "sysctl", sysctl.ConntrackTCPBeLiberal, "err", err)
 	}
 	changed := f.redundant.Swap(redundant) != redundant
 	if changed && redundant {
-		f.log.Info("the INVALID drop is redundant: conntrack accepts out-of-window TCP segments because "+sysctl.ConntrackTCPBeLiberal+"=1; disable this fix or keep it as a safety net",
+		f.Log.Info("the INVALID drop is redundant: conntrack accepts out-of-window TCP segments because "+sysctl.ConntrackTCPBeLiberal+"=1; disable this fix or keep it as a safety net",
 			"sysctl", sysctl.ConntrackTCPBeLiberal)
 	}
 }

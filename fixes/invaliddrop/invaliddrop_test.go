@@ -1,16 +1,12 @@
 package invaliddrop
 
 import (
-	"bytes"
 	"context"
-	"log/slog"
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/sysctl"
@@ -19,48 +15,6 @@ import (
 
 // Test address plan: exempt sources come from the documentation prefixes 192.0.2.0/24,
 // 198.51.100.0/24 and 2001:db8:1::/48. The fix reads no Services or Nodes.
-
-type env struct {
-	fix  *Fix
-	be   *testkit.FakeBackend
-	reg  *prometheus.Registry
-	sys  *sysctl.Fake
-	logs *bytes.Buffer
-}
-
-func newEnv(t *testing.T, options map[string]any) *env {
-	t.Helper()
-	e := &env{be: testkit.NewFakeBackend(), reg: prometheus.NewRegistry(), sys: sysctl.NewFake(nil), logs: &bytes.Buffer{}}
-	log := slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	f, err := New(Params{Backend: e.be, Registry: e.reg, Sysctl: e.sys, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if options != nil {
-		if err := f.Configure(options); err != nil {
-			t.Fatalf("Configure(%v): %v", options, err)
-		}
-	}
-	e.fix = f
-	return e
-}
-
-// rulesAndApply returns the formatted rules of both families after checking the fake backend takes them.
-func (e *env) rulesAndApply(t *testing.T) string {
-	t.Helper()
-	var out []string
-	for _, fam := range rules.Families {
-		rs, _, err := e.fix.Rules(testkit.Snapshot(), fam)
-		if err != nil {
-			t.Fatalf("Rules(%s): %v", fam, err)
-		}
-		if err := testkit.Apply(context.Background(), e.be, rs); err != nil {
-			t.Fatalf("fake backend rejected the %s rules: %v\n%s", fam, err, testkit.Format(rs))
-		}
-		out = append(out, testkit.Format(rs))
-	}
-	return strings.Join(out, "\n")
-}
 
 func TestRules(t *testing.T) {
 	cases := []struct {
@@ -78,15 +32,14 @@ func TestRules(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, tc.options)
-			testkit.Golden(t, "testdata/"+tc.name+".golden", e.rulesAndApply(t))
+			testkit.Golden(t, "testdata/"+tc.name+".golden", testkit.NewFixEnv(t, New, tc.options).Dump(nil))
 		})
 	}
 }
 
 func TestRulesDeterministic(t *testing.T) {
-	e := newEnv(t, map[string]any{"hooks": []any{"forward", "input"}, "protocols": []any{"udp", "tcp"}})
-	a, b := e.rulesAndApply(t), e.rulesAndApply(t)
+	e := testkit.NewFixEnv(t, New, map[string]any{"hooks": []any{"forward", "input"}, "protocols": []any{"udp", "tcp"}})
+	a, b := e.Dump(nil), e.Dump(nil)
 	if a != b {
 		t.Fatalf("Rules is not deterministic:\n%s\n---\n%s", a, b)
 	}
@@ -107,136 +60,94 @@ func TestConfigErrors(t *testing.T) {
 		{map[string]any{"hooks": map[string]any{"a": 1}}, []string{"hooks"}},
 	}
 	for _, tc := range cases {
-		e := newEnv(t, map[string]any{"hooks": []any{"forward"}})
-		before := e.rulesAndApply(t)
-		err := e.fix.Configure(tc.options)
-		if err == nil {
-			t.Errorf("Configure(%v) accepted", tc.options)
-			continue
-		}
-		for _, w := range tc.want {
-			if !strings.Contains(err.Error(), w) {
-				t.Errorf("Configure(%v) = %q, want it to mention %s", tc.options, err, w)
-			}
-		}
-		if after := e.rulesAndApply(t); after != before {
-			t.Errorf("a rejected Configure(%v) changed the rules", tc.options)
-		}
+		testkit.NewFixEnv(t, New, map[string]any{"hooks": []any{"forward"}}).ConfigureFails(nil, tc.options, tc.want...)
 	}
 }
 
 func TestStatic(t *testing.T) {
-	e := newEnv(t, nil)
+	e := testkit.NewFixEnv(t, New, nil)
 	for _, mode := range []string{"", "ipvs", "iptables", "nftables"} {
-		if !e.fix.DefaultEnabled(fix.Env{ProxyMode: mode}) {
+		if !e.Fix.DefaultEnabled(fix.Env{ProxyMode: mode}) {
 			t.Errorf("DefaultEnabled(%q) = false", mode)
 		}
 	}
-	if e.fix.Needs() != (fix.Needs{}) {
-		t.Errorf("Needs = %+v, want nothing", e.fix.Needs())
+	if e.Fix.Needs() != (fix.Needs{}) {
+		t.Errorf("Needs = %+v, want nothing", e.Fix.Needs())
 	}
-	if e.fix.ID() != "invalid-drop" || !rules.ValidFixID(e.fix.ID()) || e.fix.Description() == "" {
+	if e.Fix.ID() != "invalid-drop" || !rules.ValidFixID(e.Fix.ID()) || e.Fix.Description() == "" {
 		t.Error("bad id or description")
 	}
 }
 
 func TestDroppedMetric(t *testing.T) {
-	e := newEnv(t, map[string]any{"hooks": "input,forward", "protocols": "tcp,udp"})
-	ctx := context.Background()
-	want := func(v4, v6 string) {
+	e := testkit.NewFixEnv(t, New, map[string]any{"hooks": "input,forward", "protocols": "tcp,udp"})
+	want := func(series ...string) {
 		t.Helper()
-		exp := "# HELP nnm_invalid_drop_dropped_packets_total Packets dropped because conntrack marked them INVALID, summed over hooks and protocols.\n" +
-			"# TYPE nnm_invalid_drop_dropped_packets_total counter\n"
-		if v4 != "" {
-			exp += `nnm_invalid_drop_dropped_packets_total{family="ipv4"} ` + v4 + "\n"
-		}
-		if v6 != "" {
-			exp += `nnm_invalid_drop_dropped_packets_total{family="ipv6"} ` + v6 + "\n"
-		}
-		if err := testutil.GatherAndCompare(e.reg, strings.NewReader(exp), "nnm_invalid_drop_dropped_packets_total"); err != nil {
-			t.Error(err)
+		if got := e.Metric("nnm_invalid_drop_dropped_packets_total"); got != strings.Join(series, "\n") {
+			t.Errorf("nnm_invalid_drop_dropped_packets_total:\n%s\nwant:\n%s", got, strings.Join(series, "\n"))
 		}
 	}
 	// Nothing applied: the backend has no counters, nothing is exported.
-	want("", "")
+	want()
 
-	rs, _, _ := e.fix.Rules(testkit.Snapshot(), rules.IPv4)
-	if err := testkit.Apply(ctx, e.be, rs); err != nil {
-		t.Fatal(err)
-	}
-	set := func(name string, packets uint64) {
-		t.Helper()
-		if err := e.be.SetCounter(ID, rules.IPv4, name, backend.Counter{Packets: packets, Bytes: packets * 60}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	set("dropped-input-tcp", 5)
-	set("dropped-forward-udp", 2)
-	want("7", "")
-	set("dropped-input-tcp", 8)
-	want("10", "")
+	e.Sync(nil, rules.IPv4)
+	e.SetCounter(rules.IPv4, "dropped-input-tcp", 5)
+	e.SetCounter(rules.IPv4, "dropped-forward-udp", 2)
+	want(`{family="ipv4"} 7`)
+	e.SetCounter(rules.IPv4, "dropped-input-tcp", 8)
+	want(`{family="ipv4"} 10`)
 	// A rewrite of the chains resets the kernel counters: the export must not go down.
-	if err := testkit.Apply(ctx, e.be, rs); err != nil {
-		t.Fatal(err)
-	}
-	want("10", "")
-	set("dropped-input-tcp", 1)
-	want("11", "")
+	e.Sync(nil, rules.IPv4)
+	want(`{family="ipv4"} 10`)
+	e.SetCounter(rules.IPv4, "dropped-input-tcp", 1)
+	want(`{family="ipv4"} 11`)
 	// A failed read keeps the last total instead of dropping the series.
-	e.be.SetCountersError(context.DeadlineExceeded)
-	want("11", "")
-	e.be.SetCountersError(nil)
+	e.Backend.SetCountersError(context.DeadlineExceeded)
+	want(`{family="ipv4"} 11`)
+	e.Backend.SetCountersError(nil)
 
 	// IPv6 joins once it is applied.
-	rs6, _, _ := e.fix.Rules(testkit.Snapshot(), rules.IPv6)
-	if err := testkit.Apply(ctx, e.be, rs6); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.be.SetCounter(ID, rules.IPv6, "dropped-input-udp", backend.Counter{Packets: 3}); err != nil {
-		t.Fatal(err)
-	}
-	want("11", "3")
+	e.Sync(nil, rules.IPv6)
+	e.SetCounter(rules.IPv6, "dropped-input-udp", 3)
+	want(`{family="ipv4"} 11`, `{family="ipv6"} 3`)
 }
 
 func TestRedundantMetricAndLog(t *testing.T) {
-	e := newEnv(t, nil)
+	e := testkit.NewFixEnv(t, New, nil)
 	ctx := context.Background()
-	gauge := func() float64 { return testutil.ToFloat64(e.fix.m.redundant) }
+	gauge := func() float64 { return testutil.ToFloat64(e.Fix.m.redundant) }
 
 	// Sysctl missing: not redundant, debug log only.
-	e.fix.Observe(ctx, rules.IPv4, fix.Report{})
-	if gauge() != 0 || !strings.Contains(e.logs.String(), "level=DEBUG") || strings.Contains(e.logs.String(), "level=INFO") {
-		t.Fatalf("missing sysctl: gauge=%v logs=%s", gauge(), e.logs)
+	e.Fix.Observe(ctx, rules.IPv4, fix.Report{})
+	if gauge() != 0 || !strings.Contains(e.Logs.String(), "level=DEBUG") || strings.Contains(e.Logs.String(), "level=INFO") {
+		t.Fatalf("missing sysctl: gauge=%v logs=%s", gauge(), e.Logs)
 	}
-	e.sys.Values[sysctl.ConntrackTCPBeLiberal] = "1"
+	e.Sysctl.Values[sysctl.ConntrackTCPBeLiberal] = "1"
 	for range 3 {
-		e.fix.Observe(ctx, rules.IPv4, fix.Report{})
-		e.fix.Observe(ctx, rules.IPv6, fix.Report{})
+		e.Fix.Observe(ctx, rules.IPv4, fix.Report{})
+		e.Fix.Observe(ctx, rules.IPv6, fix.Report{})
 	}
 	if gauge() != 1 {
 		t.Errorf("be_liberal=1: gauge=%v", gauge())
 	}
-	if n := strings.Count(e.logs.String(), "redundant"); n != 1 {
-		t.Errorf("redundancy logged %d times, want once:\n%s", n, e.logs)
+	if n := strings.Count(e.Logs.String(), "redundant"); n != 1 {
+		t.Errorf("redundancy logged %d times, want once:\n%s", n, e.Logs)
 	}
-	if !strings.Contains(e.logs.String(), "fix=invalid-drop") {
-		t.Errorf("log lacks fix=invalid-drop: %s", e.logs)
+	if !strings.Contains(e.Logs.String(), "fix=invalid-drop") {
+		t.Errorf("log lacks fix=invalid-drop: %s", e.Logs)
 	}
-	e.sys.Values[sysctl.ConntrackTCPBeLiberal] = "0"
-	e.fix.Observe(ctx, rules.IPv4, fix.Report{})
+	e.Sysctl.Values[sysctl.ConntrackTCPBeLiberal] = "0"
+	e.Fix.Observe(ctx, rules.IPv4, fix.Report{})
 	if gauge() != 0 {
 		t.Errorf("be_liberal=0: gauge=%v", gauge())
 	}
 }
 
 func TestMetricsLint(t *testing.T) {
-	e := newEnv(t, nil)
-	rs, _, _ := e.fix.Rules(testkit.Snapshot(), rules.IPv4)
-	if err := testkit.Apply(context.Background(), e.be, rs); err != nil {
-		t.Fatal(err)
-	}
-	testkit.Promlint(t, e.reg)
-	if n, err := testutil.GatherAndCount(e.reg); err != nil || n != 2 {
+	e := testkit.NewFixEnv(t, New, nil)
+	e.Sync(nil, rules.IPv4)
+	testkit.Promlint(t, e.Registry)
+	if n, err := testutil.GatherAndCount(e.Registry); err != nil || n != 2 {
 		t.Errorf("gathered %d series (%v), want 2 (dropped ipv4, redundant)", n, err)
 	}
 }
@@ -245,7 +156,6 @@ func TestMetricsLint(t *testing.T) {
 // it describes (the central fixes.TestFixes checks sections, example, options and metrics).
 func TestREADMEDump(t *testing.T) {
 	r := testkit.ReadREADME(t, "README.md", ID)
-	e := newEnv(t, map[string]any{"hooks": "input,forward", "protocols": "tcp", "exemptSourceCIDRs": "192.0.2.0/24"})
-	rs, _, _ := e.fix.Rules(testkit.Snapshot(), rules.IPv4)
+	rs, _ := testkit.NewFixEnv(t, New, map[string]any{"hooks": "input,forward", "protocols": "tcp", "exemptSourceCIDRs": "192.0.2.0/24"}).Sync(nil, rules.IPv4)
 	r.Contains(t, "the rule dump", strings.SplitN(testkit.Format(rs), "\n", 2)[1])
 }

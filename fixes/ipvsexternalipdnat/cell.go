@@ -14,11 +14,20 @@ import (
 // ID is the fix id: config key fixes.ipvs-externalip-dnat, metric label, log field, rule comments.
 const ID = "ipvs-externalip-dnat"
 
-// Description is the one-line summary.
-const Description = "IPVS mode: DNAT node-local traffic for Service External-IPs to the Cluster-IP so eTP=Local Services stay reachable from the node (kubernetes#75262)"
-
 // Module registers the fix.
 var Module = fx.Module(ID, fix.Provide(ID, New))
+
+// spec: on by default only in kube-proxy IPVS mode, the only mode that still has the problem (Check
+// refuses the others); it reads Services, this Node (for its pod CIDRs and addresses) and the
+// Service CIDRs.
+var spec = fix.Spec[Config, Config]{
+	ID:             ID,
+	Description:    "IPVS mode: DNAT node-local traffic for Service External-IPs to the Cluster-IP so eTP=Local Services stay reachable from the node (kubernetes#75262)",
+	Default:        func() Config { return Config{MasqueradeMark: DefaultMasqueradeMark, FromPods: true, FromHost: true} },
+	Parse:          validate,
+	Needs:          fix.Needs{Services: true, Node: true, ServiceCIDRs: true},
+	DefaultEnabled: func(env fix.Env) bool { return env.ProxyMode == "ipvs" },
+}
 
 // DefaultMasqueradeMark is the packet-mark bit this fix uses to masquerade what it DNATed. It is our
 // own bit, not kube-proxy's 0x4000, so the fix depends on nothing kube-proxy owns.
@@ -55,9 +64,4 @@ type Config struct {
 	SpecExternalIPs bool `mapstructure:"specExternalIPs"`
 
 	allowed []netip.Prefix // AllowedCIDRs parsed by validate
-}
-
-// DefaultConfig is the configuration used when nothing is set.
-func DefaultConfig() Config {
-	return Config{MasqueradeMark: DefaultMasqueradeMark, FromPods: true, FromHost: true}
 }

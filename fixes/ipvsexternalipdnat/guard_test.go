@@ -37,7 +37,7 @@ func FuzzNoRefusedEntry(f *testing.F) {
 			opts = map[string]any{"allowedCIDRs": "203.0.113.0/25,2001:db8:e::/64,100.64.0.0/10", "specExternalIPs": true}
 			allowed = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/25"), netip.MustParsePrefix("2001:db8:e::/64"), netip.MustParsePrefix("100.64.0.0/10")}
 		}
-		fx, _, _ := newFix(t, opts)
+		fx := tk.NewFixEnv(t, New, opts).Fix
 		snap := tk.Snapshot(tk.WithNode(nodeWithAddresses), tk.WithServiceCIDRs("10.96.0.0/16", "fd00:10:96::/112"), tk.WithServices(
 			tk.Service("default", "fuzz", tk.ClusterIPs("10.96.0.10", "fd00:10:96::10"), tk.LoadBalancer(a, b), tk.ExternalIPs(c), tk.Ports(tk.TCP(80))),
 			tk.Service("default", "other", tk.ClusterIPs("198.18.0.10", "2001:2::10"), tk.Ports(tk.TCP(80)))))

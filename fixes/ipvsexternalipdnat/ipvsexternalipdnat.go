@@ -3,7 +3,6 @@ package ipvsexternalipdnat
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"math/bits"
 	"net/netip"
 	"slices"
@@ -11,12 +10,9 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/fx"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -41,19 +37,11 @@ const (
 	ReasonBadPort      = "bad-port"
 )
 
-// Params is what the core provides.
-type Params struct {
-	fx.In
-	Registry prometheus.Registerer
-	Logger   *slog.Logger `optional:"true"`
-}
-
 // Fix is the ipvs-externalip-dnat fix.
 type Fix struct {
-	log *slog.Logger
-	m   *fixMetrics
+	fix.Base[Config, Config]
+	m *fixMetrics
 
-	opts    *fix.Settings[Config, Config]
 	entries *fix.ServiceMap[*guard]
 	// clusterIPs keeps every Service's Cluster-IPs, per family, sorted (see clusterIPEntries).
 	clusterIPs *fix.ServiceMap[struct{}]
@@ -71,33 +59,14 @@ var (
 )
 
 // New builds the fix with its default configuration and registers its metrics.
-func New(p Params) (*Fix, error) {
-	log := p.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	opts, err := fix.NewSettings(ID, DefaultConfig, validate)
-	if err != nil {
-		return nil, err
-	}
-	f := &Fix{log: log.With("fix", ID), opts: opts, m: newMetrics(), entries: fix.NewServiceMap(serviceEntries),
+func New(p fix.Params) (*Fix, error) {
+	f := &Fix{m: newMetrics(), entries: fix.NewServiceMap(serviceEntries),
 		clusterIPs: fix.NewServiceMap(clusterIPEntries), guard: map[rules.Family]*guard{}}
-	if p.Registry != nil {
-		if err := metrics.Register(p.Registry, f.m.collectors()...); err != nil {
-			return nil, fmt.Errorf("%s: %w", ID, err)
-		}
+	if err := f.Init(spec, p, f.m.collectors()...); err != nil {
+		return nil, err
 	}
 	return f, nil
 }
-
-// ID is "ipvs-externalip-dnat".
-func (f *Fix) ID() string { return ID }
-
-// Description is one line.
-func (f *Fix) Description() string { return Description }
-
-// DefaultEnabled is true only in kube-proxy IPVS mode, the only mode that still has the problem.
-func (f *Fix) DefaultEnabled(env fix.Env) bool { return env.ProxyMode == "ipvs" }
 
 // Check refuses kube-proxy's iptables and nftables modes, which handle External-IP traffic themselves.
 func (f *Fix) Check(env fix.Env) error {
@@ -107,12 +76,6 @@ func (f *Fix) Check(env fix.Env) error {
 	}
 	return nil
 }
-
-// Needs Services, this Node (for its pod CIDRs and addresses) and the Service CIDRs.
-func (f *Fix) Needs() fix.Needs { return fix.Needs{Services: true, Node: true, ServiceCIDRs: true} }
-
-// Configure decodes and validates options; on error the previous configuration stays.
-func (f *Fix) Configure(options map[string]any) error { return f.opts.Configure(options) }
 
 func validate(cfg Config) (Config, error) {
 	if bits.OnesCount32(cfg.MasqueradeMark) != 1 {
@@ -145,7 +108,7 @@ var precedes = []string{"KUBE-SERVICES"}
 // Rules maps every (External-IP, protocol, port) of this family to the Cluster-IP of the same family
 // and hooks the lookup into prerouting (local pods) and output (host network).
 func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.Report, error) {
-	cfg := f.opts.Get()
+	cfg := f.Config()
 
 	m := f.entries.Update(snap.Services, family, f.guardFor(cfg, snap, family))
 	report := m.Report
@@ -202,7 +165,7 @@ func (f *Fix) guardFor(cfg Config, snap *fix.Snapshot, family rules.Family) *gua
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(snap.ServiceCIDRs) == 0 && !f.noCIDRsLogged {
-		f.log.Warn("no Service CIDRs known (no ServiceCIDR objects in the API, no serviceCIDRs configured): every Service's Cluster-IP is refused by name, and a Service with a new Cluster-IP makes every Service be computed again; set serviceCIDRs")
+		f.Log.Warn("no Service CIDRs known (no ServiceCIDR objects in the API, no serviceCIDRs configured): every Service's Cluster-IP is refused by name, and a Service with a new Cluster-IP makes every Service be computed again; set serviceCIDRs")
 	}
 	f.noCIDRsLogged = len(snap.ServiceCIDRs) == 0
 	if prev := f.guard[family]; prev != nil && prev.same(&g) {

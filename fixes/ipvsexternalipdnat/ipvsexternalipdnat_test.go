@@ -11,18 +11,13 @@ package ipvsexternalipdnat
 //	Services        namespace "default" unless the test is about ordering ("a", "b")
 
 import (
-	"bytes"
-	"context"
 	"fmt"
-	"log/slog"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
@@ -41,47 +36,6 @@ var nodeWithAddresses = tk.Node("node-a", tk.PodCIDRs("10.244.1.0/24", "fd00:10:
 		{Type: corev1.NodeHostName, Address: "node-a"},
 	}
 })
-
-func newFix(t testing.TB, options map[string]any) (*Fix, *prometheus.Registry, *bytes.Buffer) {
-	t.Helper()
-	reg, logs := prometheus.NewRegistry(), &bytes.Buffer{}
-	f, err := New(Params{Registry: reg, Logger: slog.New(slog.NewTextHandler(logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if options != nil {
-		if err := f.Configure(options); err != nil {
-			t.Fatalf("Configure(%v): %v", options, err)
-		}
-	}
-	return f, reg, logs
-}
-
-// dump returns the rules and report of both families, after checking that the fake backend accepts
-// every ruleset.
-func dump(t *testing.T, f *Fix, snap *fix.Snapshot) string {
-	t.Helper()
-	be := tk.NewFakeBackend()
-	var b strings.Builder
-	for i, fam := range rules.Families {
-		rs, report, err := f.Rules(snap, fam)
-		if err != nil {
-			t.Fatalf("Rules(%s): %v", fam, err)
-		}
-		if err := tk.Apply(context.Background(), be, rs); err != nil {
-			t.Fatalf("fake backend rejected the %s rules: %v\n%s", fam, err, tk.Format(rs))
-		}
-		if i > 0 {
-			b.WriteString("\n")
-		}
-		b.WriteString(tk.Format(rs))
-		fmt.Fprintf(&b, "report covered=%d items=%d\n", report.Covered, report.Items)
-		for _, s := range report.Skipped {
-			fmt.Fprintf(&b, "  skip %s %s: %s\n", s.Object, s.Reason, s.Detail)
-		}
-	}
-	return b.String()
-}
 
 func TestRules(t *testing.T) {
 	cases := []struct {
@@ -210,8 +164,7 @@ func TestRules(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			f, _, _ := newFix(t, tc.options)
-			tk.Golden(t, "testdata/"+tc.name+".golden", dump(t, f, tc.snap))
+			tk.Golden(t, "testdata/"+tc.name+".golden", tk.NewFixEnv(t, New, tc.options).Dump(tc.snap))
 		})
 	}
 }
@@ -230,14 +183,14 @@ func TestRulesPure(t *testing.T) {
 		}
 		return s
 	}
-	f, _, _ := newFix(t, nil)
+	e := tk.NewFixEnv(t, New, nil)
 	snap := mk(2, 1, 0)
 	before := snap.Services[0].DeepCopy()
-	got := dump(t, f, snap)
+	got := e.Dump(snap)
 	if !reflect.DeepEqual(before, snap.Services[0]) {
 		t.Error("Rules modified a Service of the snapshot")
 	}
-	if want := dump(t, f, mk(0, 1, 2)); got != want {
+	if want := e.Dump(mk(0, 1, 2)); got != want {
 		t.Errorf("Rules depends on the order of Services:\n%s\n---\n%s", got, want)
 	}
 }
@@ -273,33 +226,18 @@ func TestConfigErrors(t *testing.T) {
 	snap := tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
 		tk.Service("default", "web", tk.ClusterIPs("10.96.0.10"), tk.LoadBalancer("203.0.113.10"), tk.Ports(tk.TCP(80)))))
 	for _, tc := range cases {
-		f, _, _ := newFix(t, map[string]any{"masqueradeMark": 0x800000})
-		before := dump(t, f, snap)
-		err := f.Configure(tc.options)
-		if err == nil {
-			t.Errorf("Configure(%v) accepted", tc.options)
-			continue
-		}
-		for _, w := range tc.want {
-			if !strings.Contains(err.Error(), w) {
-				t.Errorf("Configure(%v) = %q, want it to mention %s", tc.options, err, w)
-			}
-		}
-		if dump(t, f, snap) != before {
-			t.Errorf("a rejected Configure(%v) changed the rules", tc.options)
-		}
+		tk.NewFixEnv(t, New, map[string]any{"masqueradeMark": 0x800000}).ConfigureFails(snap, tc.options, tc.want...)
 	}
 	// Accepted forms of the mark.
 	for _, v := range []any{"0x00400000", 4194304, "4194304", uint32(1)} {
-		f, _, _ := newFix(t, nil)
-		if err := f.Configure(map[string]any{"masqueradeMark": v}); err != nil {
+		if err := tk.NewFixEnv(t, New, nil).Fix.Configure(map[string]any{"masqueradeMark": v}); err != nil {
 			t.Errorf("masqueradeMark %v (%T) rejected: %v", v, v, err)
 		}
 	}
 }
 
 func TestEnvironment(t *testing.T) {
-	f, _, _ := newFix(t, nil)
+	f := tk.NewFixEnv(t, New, nil).Fix
 	for mode, want := range map[string]bool{"ipvs": true, "iptables": false, "nftables": false, "": false} {
 		if got := f.DefaultEnabled(fix.Env{ProxyMode: mode}); got != want {
 			t.Errorf("DefaultEnabled(%q) = %v", mode, got)
@@ -330,36 +268,23 @@ func TestEnvironment(t *testing.T) {
 }
 
 func TestMetrics(t *testing.T) {
-	f, reg, _ := newFix(t, nil)
-	snap := tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+	e := tk.NewFixEnv(t, New, nil)
+	e.Dump(tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
 		tk.Service("default", "a", tk.ClusterIPs("10.96.0.10", "fd00:10:96::10"), tk.LoadBalancer("203.0.113.10", "2001:db8:e::10"), tk.ExternalIPs("203.0.113.20"),
 			tk.Ports(tk.TCP(80), tk.UDP(80))),
 		tk.Service("default", "b", tk.ClusterIPs("10.96.0.11"), tk.LoadBalancer("203.0.113.11"), tk.IngressProxyMode("203.0.113.30"), tk.Ports(tk.TCP(80))),
 		tk.Service("default", "c", tk.Headless(), tk.ExternalIPs("203.0.113.33", "2001:db8:e::33"), tk.Ports(tk.TCP(80))),
-	))
-	for _, fam := range rules.Families {
-		_, report, err := f.Rules(snap, fam)
-		if err != nil {
-			t.Fatal(err)
+	)))
+	for name, want := range map[string]string{
+		"nnm_ipvs_externalip_dnat_ips": `{family="ipv4"} 2` + "\n" + `{family="ipv6"} 1`,
+		"nnm_ipvs_externalip_dnat_services": `{family="ipv4",state="covered"} 2` + "\n" + `{family="ipv4",state="skipped"} 3` + "\n" +
+			`{family="ipv6",state="covered"} 1` + "\n" + `{family="ipv6",state="skipped"} 1`,
+	} {
+		if got := e.Metric(name); got != want {
+			t.Errorf("%s:\n%s\nwant:\n%s", name, got, want)
 		}
-		f.Observe(context.Background(), fam, report)
 	}
-	want := `
-# HELP nnm_ipvs_externalip_dnat_ips Distinct External-IPs of the family that are DNATed to a Cluster-IP.
-# TYPE nnm_ipvs_externalip_dnat_ips gauge
-nnm_ipvs_externalip_dnat_ips{family="ipv4"} 2
-nnm_ipvs_externalip_dnat_ips{family="ipv6"} 1
-# HELP nnm_ipvs_externalip_dnat_services Services with External-IPs of the family: covered = got at least one DNAT entry, skipped = had at least one address or port left out (see logs for the reason).
-# TYPE nnm_ipvs_externalip_dnat_services gauge
-nnm_ipvs_externalip_dnat_services{family="ipv4",state="covered"} 2
-nnm_ipvs_externalip_dnat_services{family="ipv4",state="skipped"} 3
-nnm_ipvs_externalip_dnat_services{family="ipv6",state="covered"} 1
-nnm_ipvs_externalip_dnat_services{family="ipv6",state="skipped"} 1
-`
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
-		t.Error(err)
-	}
-	tk.Promlint(t, reg)
+	tk.Promlint(t, e.Registry)
 }
 
 // TestManyServices measures Rules on 1,000 dual-stack LoadBalancer Services with two ports each.
@@ -372,16 +297,12 @@ func TestManyServices(t *testing.T) {
 			tk.Ports(tk.TCP(80), tk.TCP(443))))
 	}
 	snap := tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(svcs...))
-	f, _, _ := newFix(t, nil)
-	be := tk.NewFakeBackend()
+	e := tk.NewFixEnv(t, New, nil)
 	start := time.Now()
 	for _, fam := range rules.Families {
-		rs, report, err := f.Rules(snap, fam)
-		if err != nil || report.Covered != 1000 || report.Items != 1000 || len(rs.Map(MapName).Entries) != 2000 {
-			t.Fatalf("%s: covered=%d items=%d err=%v", fam, report.Covered, report.Items, err)
-		}
-		if err := tk.Apply(context.Background(), be, rs); err != nil {
-			t.Fatal(err)
+		rs, report := e.Sync(snap, fam)
+		if report.Covered != 1000 || report.Items != 1000 || len(rs.Map(MapName).Entries) != 2000 {
+			t.Fatalf("%s: covered=%d items=%d", fam, report.Covered, report.Items)
 		}
 	}
 	t.Logf("Rules+fake Apply for 1000 dual-stack Services (4000 entries): %v", time.Since(start))
@@ -395,11 +316,7 @@ func TestREADMEDump(t *testing.T) {
 	snap := tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
 		tk.Service("default", "web", tk.ClusterIPs("10.96.0.10"), tk.LoadBalancer("203.0.113.10"), tk.ETPLocal(),
 			tk.Ports(tk.Named("http", tk.TCP(80)), tk.Named("dns", tk.UDP(53))))))
-	def, _, _ := newFix(t, nil)
-	rs, _, err := def.Rules(snap, rules.IPv4)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rs, _ := tk.NewFixEnv(t, New, nil).Sync(snap, rules.IPv4)
 	r.Contains(t, "the rule dump", strings.SplitN(tk.Format(rs), "\n", 2)[1])
 	for _, reason := range []string{ReasonHeadless, ReasonExternalName, ReasonNoClusterIP, ReasonBadIP, ReasonIPModeProxy, ReasonConflict, ReasonNoPodCIDR, ReasonBadPort,
 		ReasonSpecialAddress, ReasonCloudMetadata, ReasonPodCIDR, ReasonNodeAddress, ReasonServiceCIDR, ReasonClusterIP, ReasonNotAllowed,
@@ -413,10 +330,7 @@ func TestREADMEDump(t *testing.T) {
 // Services that changed; see fix.ServiceMap). fixes.TestIncrementalEqualsScratch runs a shorter
 // version for every in-tree fix that reads Services.
 func TestIncrementalEqualsScratch(t *testing.T) {
-	tk.CheckIncremental(t, func() fix.RuleFix {
-		f, _, _ := newFix(t, nil)
-		return f
-	}, tk.IncrementalOptions{})
+	tk.CheckIncremental(t, func() fix.RuleFix { return tk.NewFixEnv(t, New, nil).Fix }, tk.IncrementalOptions{})
 }
 
 // BenchmarkRulesOneNewService10k measures one IPv4 Rules call after one Service was added to 10,000
@@ -437,7 +351,7 @@ func BenchmarkRulesOneNewService10k(b *testing.B) {
 			for i := range 10000 {
 				svcs = append(svcs, svc(i))
 			}
-			f, _, _ := newFix(b, nil)
+			f := tk.NewFixEnv(b, New, nil).Fix
 			snap := tk.Snapshot(tk.WithNode(nodeA), tk.WithServiceCIDRs(bc.cidrs...), tk.WithServices(svcs...))
 			if _, _, err := f.Rules(snap, rules.IPv4); err != nil {
 				b.Fatal(err)

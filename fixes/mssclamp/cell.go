@@ -12,11 +12,19 @@ import (
 // ID is the fix id: config key fixes.mss-clamp, metric label, log field, rule comments.
 const ID = "mss-clamp"
 
-// Description is the one-line summary.
-const Description = "clamp the TCP MSS of forwarded pod SYN and SYN-ACK segments to the route's MTU so large transfers do not stall in a PMTU black hole (Calico #7651)"
-
 // Module registers the fix.
 var Module = fx.Module(ID, fix.Provide(ID, New))
+
+// spec: off by default (whether a node needs the clamp depends on its links and on filters
+// elsewhere on the path, which the agent cannot see); it reads the Node, for its pod CIDRs. The
+// default configuration clamps to the path MTU, scoped to the node's pod CIDRs.
+var spec = fix.Spec[Config, Config]{
+	ID:          ID,
+	Description: "clamp the TCP MSS of forwarded pod SYN and SYN-ACK segments to the route's MTU so large transfers do not stall in a PMTU black hole (Calico #7651)",
+	Default:     func() Config { return Config{} },
+	Parse:       parse,
+	Needs:       fix.Needs{Node: true},
+}
 
 // Config is the fix's configuration (keys under fixes.mss-clamp).
 type Config struct {
@@ -26,7 +34,3 @@ type Config struct {
 	// this name prefix (e.g. "cali", "veth") instead of the node's pod CIDRs.
 	PodInterfacePrefix string `mapstructure:"podInterfacePrefix"`
 }
-
-// DefaultConfig is the configuration used when nothing is set: clamp to the path MTU, scoped to the
-// node's pod CIDRs.
-func DefaultConfig() Config { return Config{} }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/backends"
 	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
@@ -280,7 +281,7 @@ func testBlackHole(t *testing.T, p plan) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			f, err := New(Params{Backend: be})
+			f, err := New(fix.Params{Backend: be})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -3,12 +3,7 @@ package mssclamp
 import (
 	"fmt"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/fx"
-
-	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -28,51 +23,21 @@ const (
 	CounterToPods   = "syn-to-pods"
 )
 
-// Params is what the core provides.
-type Params struct {
-	fx.In
-	Backend  backend.Backend
-	Registry prometheus.Registerer
-}
-
 // Fix is the mss-clamp fix.
 type Fix struct {
-	opts *fix.Settings[Config, Config]
-	m    *fixMetrics
+	fix.Base[Config, Config]
 }
 
 var _ fix.RuleFix = (*Fix)(nil)
 
 // New builds the fix with its default configuration and registers its metrics.
-func New(p Params) (*Fix, error) {
-	opts, err := fix.NewSettings(ID, DefaultConfig, parse)
-	if err != nil {
+func New(p fix.Params) (*Fix, error) {
+	f := &Fix{}
+	if err := f.Init(spec, p, synPackets(p.Backend)); err != nil {
 		return nil, err
-	}
-	f := &Fix{opts: opts, m: newMetrics(p.Backend)}
-	if p.Registry != nil {
-		if err := metrics.Register(p.Registry, f.m.collectors()...); err != nil {
-			return nil, fmt.Errorf("%s: %w", ID, err)
-		}
 	}
 	return f, nil
 }
-
-// ID is "mss-clamp".
-func (f *Fix) ID() string { return ID }
-
-// Description is one line.
-func (f *Fix) Description() string { return Description }
-
-// DefaultEnabled is false: whether a node needs the clamp depends on its links and on filters
-// elsewhere on the path, which the agent cannot see.
-func (f *Fix) DefaultEnabled(fix.Env) bool { return false }
-
-// Needs the Node, for its pod CIDRs.
-func (f *Fix) Needs() fix.Needs { return fix.Needs{Node: true} }
-
-// Configure decodes and validates options; on error the previous configuration stays.
-func (f *Fix) Configure(options map[string]any) error { return f.opts.Configure(options) }
 
 func parse(cfg Config) (Config, error) {
 	if cfg.MSS != 0 && (cfg.MSS < MinMSS || cfg.MSS > MaxMSS) {
@@ -90,7 +55,7 @@ func parse(cfg Config) (Config, error) {
 // leaving pods, and those going to pods. Both directions are needed: the MSS a pod announces reaches
 // the remote peer in its SYN (pod-initiated) or SYN-ACK (remote-initiated), and so does the peer's.
 func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.Report, error) {
-	cfg := f.opts.Get()
+	cfg := f.Config()
 	clamp := rules.Verdict{Kind: rules.ClampMSS, MSS: uint16(cfg.MSS)}
 	from := rules.Match{Protocol: rules.TCP, TCPFlags: rules.SYNNotRST}
 	to := from

@@ -15,11 +15,21 @@ import (
 // ID is the fix id: config key fixes.stale-udp-conntrack, metric label, log field.
 const ID = "stale-udp-conntrack"
 
-// Description is the one-line summary.
-const Description = "delete UDP conntrack entries DNATed to an address that a Pod of this node gave up, so fixed-port UDP clients reach the new pod (kubernetes#58336)"
-
 // Module registers the fix.
 var Module = fx.Module(ID, fix.Provide(ID, New))
+
+// spec: off by default (deleting conntrack entries is a policy the operator chooses). It reads this
+// node's Pods: which addresses they hold, and which they gave up; the engine runs the fix only once
+// that watch has synced.
+var spec = fix.Spec[Config, Config]{
+	ID:          ID,
+	Description: "delete UDP conntrack entries DNATed to an address that a Pod of this node gave up, so fixed-port UDP clients reach the new pod (kubernetes#58336)",
+	Default: func() Config {
+		return Config{MaxDeletesPerPass: 1000, MinDumpInterval: 200 * time.Millisecond, Retention: 5 * time.Minute}
+	},
+	Parse: parse,
+	Needs: fix.Needs{Pods: true},
+}
 
 // Config is the fix's configuration (keys under fixes.stale-udp-conntrack).
 type Config struct {
@@ -31,9 +41,4 @@ type Config struct {
 	// Retention is how long an address that a Pod of this node gave up stays known dead (entries
 	// DNATed to it are deleted meanwhile).
 	Retention time.Duration `mapstructure:"retention"`
-}
-
-// DefaultConfig is the configuration used when nothing is set.
-func DefaultConfig() Config {
-	return Config{MaxDeletesPerPass: 1000, MinDumpInterval: 200 * time.Millisecond, Retention: 5 * time.Minute}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/core/watch"
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 	"github.com/network-node-manager/network-node-manager/internal/ctfill"
 )
@@ -90,16 +91,7 @@ func TestKernelJudgesOnlyKnownDead(t *testing.T) {
 	if testing.Short() {
 		t.Skip("kernel test")
 	}
-	cp := controlplane.StartT(t, controlplane.Options{})
-	cs := cp.AdminClient()
-	ctx := context.Background()
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "default"}}
-	if _, err := cs.CoreV1().ServiceAccounts("default").Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: judgeNode}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	cs := startCluster(t, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: judgeNode}})
 	createPodOn(t, cs, judgeNode, "live", "10.244.1.10", "fd00:244:1::10")
 	createPodOn(t, cs, judgeNode, "doomed", "10.244.1.11")
 	// Item 3: enabled by a reload while a fix reading the Node runs. Before, the Pods watch was never
@@ -124,34 +116,18 @@ func judge(t *testing.T, cs kubernetes.Interface, byReload bool) {
 	if len(before) != len(judgeEntries) {
 		t.Fatalf("entries made: %v", before)
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	reg := prometheus.NewRegistry()
-	f, err := New(Params{Conntrack: real, Registry: reg, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := watch.NewInformers(func() (kubernetes.Interface, error) { return cs, nil }, judgeNode, log)
 	c := config.Defaults()
 	c.NodeName = judgeNode
 	c.PodCIDRs = []string{"10.244.0.0/16", "fd00:244::/48"}
 	c.MinSyncPeriod, c.SyncPeriod = 100*time.Millisecond, 500*time.Millisecond
 	c.Fixes = map[string]map[string]any{ID: {"enabled": !byReload}}
-	m := metrics.NewSync(reg)
-	e, err := engine.New(engine.Options{Fixes: []fix.Fix{f, nodeReader{}}, Backend: testkit.NewFakeBackend(), Source: src,
-		Config: &c, Env: fix.Env{NodeName: judgeNode}, Metrics: m, Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Stop(context.Background()) })
-	waitUntil(t, "ready", func() bool { return e.Ready() == nil })
+	e, m, _ := runEngine(t, cs, &c, real, nodeReader{})
+	agenttest.Until(t, wait, func() bool { return e.Ready() == nil })
 	if byReload {
 		on := c
 		on.Fixes = map[string]map[string]any{ID: {"enabled": true}}
 		e.Reconfigure(&on)
-		waitUntil(t, "the fix enabled by the reload runs", func() bool {
+		agenttest.Until(t, wait, func() bool { // the fix enabled by the reload runs
 			return testutil.ToFloat64(m.Enabled.WithLabelValues(ID)) == 1 && e.Ready() == nil
 		})
 	}
@@ -166,7 +142,7 @@ func judge(t *testing.T, cs kubernetes.Interface, byReload bool) {
 	if err := cs.CoreV1().Pods("default").Delete(ctx, "doomed", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "the gone pod's entry deleted", func() bool { _, ok := ids(t, real)["pod deleted during the test"]; return !ok })
+	agenttest.Until(t, wait, func() bool { _, ok := ids(t, real)["pod deleted during the test"]; return !ok })
 	time.Sleep(2 * c.SyncPeriod)
 	after = ids(t, real)
 	for _, j := range judgeEntries {
@@ -176,13 +152,48 @@ func judge(t *testing.T, cs kubernetes.Interface, byReload bool) {
 	}
 }
 
-func waitUntil(t *testing.T, what string, ok func() bool) {
+// wait bounds the waits for the engine.
+const wait = 15 * time.Second
+
+// startCluster starts a kube-apiserver for the test with the default ServiceAccount and node, and
+// returns an admin client.
+func startCluster(t *testing.T, node *corev1.Node) kubernetes.Interface {
 	t.Helper()
-	for deadline := time.Now().Add(15 * time.Second); !ok(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 15s", what)
-		}
+	cs := controlplane.StartT(t, controlplane.Options{}).AdminClient()
+	ctx := context.Background()
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "default"}}
+	if _, err := cs.CoreV1().ServiceAccounts("default").Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
 	}
+	if _, err := cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+// runEngine runs stale-udp-conntrack on the conntrack seam ct, and others, in the real engine with
+// the real informers of cs and configuration c, until the test ends. It returns the engine, its
+// sync metrics and the registry holding both the engine's and the fix's metrics.
+func runEngine(t *testing.T, cs kubernetes.Interface, c *config.Config, ct conntrack.Interface, others ...fix.Fix) (*engine.Engine, *metrics.Sync, *prometheus.Registry) {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	reg := prometheus.NewRegistry()
+	f, err := New(fix.Params{Conntrack: ct, Registry: reg, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := watch.NewInformers(func() (kubernetes.Interface, error) { return cs, nil }, c.NodeName, log)
+	m := metrics.NewSync(reg)
+	e, err := engine.New(engine.Options{Fixes: append([]fix.Fix{f}, others...), Backend: testkit.NewFakeBackend(), Source: src,
+		Config: c, Env: fix.Env{NodeName: c.NodeName}, Metrics: m, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Stop(context.Background()) })
+	return e, m, reg
 }
 
 func createPodOn(t *testing.T, cs kubernetes.Interface, node, name string, ips ...string) {

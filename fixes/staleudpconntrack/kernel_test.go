@@ -2,32 +2,24 @@ package staleudpconntrack
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"net/netip"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/network-node-manager/network-node-manager/core/config"
 	"github.com/network-node-manager/network-node-manager/core/conntrack"
-	"github.com/network-node-manager/network-node-manager/core/engine"
-	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
-	"github.com/network-node-manager/network-node-manager/core/watch"
-	"github.com/network-node-manager/network-node-manager/internal/controlplane"
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 )
 
 // The kernel test reproduces kubernetes#58336 with real packets, a real kube-apiserver and the real
@@ -160,28 +152,6 @@ func (n inNS) Delete(ctx context.Context, es []conntrack.Entry) (c int, err erro
 	return c, err
 }
 
-func createPod(t *testing.T, cs kubernetes.Interface, name string, ips ...string) {
-	t.Helper()
-	ctx := context.Background()
-	p := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
-		Spec: corev1.PodSpec{NodeName: nodeName, AutomountServiceAccountToken: new(bool),
-			Containers: []corev1.Container{{Name: "statsd", Image: "example.invalid/statsd"}}},
-	}
-	created, err := cs.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	created.Status.Phase = corev1.PodRunning
-	for _, ip := range ips {
-		created.Status.PodIPs = append(created.Status.PodIPs, corev1.PodIP{IP: ip})
-	}
-	created.Status.PodIP = ips[0]
-	if _, err := cs.CoreV1().Pods("default").UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func deletePod(t *testing.T, cs kubernetes.Interface, name string) {
 	t.Helper()
 	if err := cs.CoreV1().Pods("default").Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
@@ -197,24 +167,14 @@ func TestKernelStaleUDP(t *testing.T) {
 		t.Skip("kernel test")
 	}
 	netns.Require(t, "nft")
-	cp := controlplane.StartT(t, controlplane.Options{})
-	cs := cp.AdminClient()
-	ctx := context.Background()
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "default"}}
-	if _, err := cs.CoreV1().ServiceAccounts("default").Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName},
-		Spec: corev1.NodeSpec{PodCIDRs: []string{plans[0].podCIDR, plans[1].podCIDR}, PodCIDR: plans[0].podCIDR}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	cs := startCluster(t, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName},
+		Spec: corev1.NodeSpec{PodCIDRs: []string{plans[0].podCIDR, plans[1].podCIDR}, PodCIDR: plans[0].podCIDR}})
 	for _, p := range plans {
 		t.Run(string(p.family), func(t *testing.T) { testStaleUDP(t, cs, p) })
 	}
 }
 
 func testStaleUDP(t *testing.T, cs kubernetes.Interface, p plan) {
-	ctx := context.Background()
 	client, node, a, b := netns.New(t, "nnm-udp-cl"), netns.New(t, "nnm-udp-node"), netns.New(t, "nnm-udp-a"), netns.New(t, "nnm-udp-b")
 	six := p.family == rules.IPv6
 	addr := func(ns *netns.NS, cidr, dev string) {
@@ -268,18 +228,12 @@ func testStaleUDP(t *testing.T, cs kubernetes.Interface, p plan) {
 	sendEvery(t, client, netip.AddrPortFrom(netip.MustParseAddr(p.client), 40000), netip.AddrPortFrom(netip.MustParseAddr(p.nodeFront), 8125))
 	sendEvery(t, client, netip.AddrPortFrom(netip.MustParseAddr(p.client), 40001), netip.AddrPortFrom(netip.MustParseAddr(p.nodeFront), 8126))
 
-	waitFor := func(what string, d time.Duration, ok func() bool) bool {
-		for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-			if ok() {
-				return true
-			}
+	agenttest.Eventually(t, 5*time.Second, func() error {
+		if n, _ := atA.count(); n == 0 {
+			return errors.New("topology broken: pod A receives nothing")
 		}
-		t.Logf("%s: not within %v", what, d)
-		return false
-	}
-	if !waitFor("pod A receives", 5*time.Second, func() bool { n, _ := atA.count(); return n > 0 }) {
-		t.Fatal("topology broken: pod A receives nothing")
-	}
+		return nil
+	})
 	real := inNS{node, conntrack.New()}
 	entryTo := func(target string, port uint16) (conntrack.Entry, bool) {
 		for _, e := range real.list(t, p.family, rules.UDP) {
@@ -295,8 +249,8 @@ func testStaleUDP(t *testing.T, cs kubernetes.Interface, p plan) {
 	}
 
 	// Without the fix: pod A's Pod is deleted (its entry is stale), the DNAT now points to B.
-	createPod(t, cs, "a-"+string(p.family), p.podA)
-	createPod(t, cs, "b-"+string(p.family), p.podB)
+	createPodOn(t, cs, nodeName, "a-"+string(p.family), p.podA)
+	createPodOn(t, cs, nodeName, "b-"+string(p.family), p.podB)
 	deletePod(t, cs, "a-"+string(p.family))
 	setDNAT(p.podB)
 	nA0, _ := atA.count()
@@ -309,14 +263,7 @@ func testStaleUDP(t *testing.T, cs kubernetes.Interface, p plan) {
 	}
 
 	// With the fix: the real engine, watch and conntrack. Pod A is back (live) at first.
-	createPod(t, cs, "a-"+string(p.family), p.podA)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	reg := prometheus.NewRegistry()
-	f, err := New(Params{Conntrack: real, Registry: reg, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := watch.NewInformers(func() (kubernetes.Interface, error) { return cs, nil }, nodeName, log)
+	createPodOn(t, cs, nodeName, "a-"+string(p.family), p.podA)
 	c := config.Defaults()
 	c.NodeName = nodeName
 	c.Fixes = map[string]map[string]any{ID: {"enabled": true}}
@@ -324,19 +271,9 @@ func testStaleUDP(t *testing.T, cs kubernetes.Interface, p plan) {
 	// coalesces the second behind the first for up to minSyncPeriod, which bounds the reaction time
 	// (the default 1s measured 1.03-1.09 s here). The proof runs with 200ms.
 	c.MinSyncPeriod = 200 * time.Millisecond
-	e, err := engine.New(engine.Options{Fixes: []fix.Fix{f}, Backend: testkit.NewFakeBackend(), Source: src,
-		Config: &c, Env: fix.Env{NodeName: nodeName}, Metrics: metrics.NewSync(reg), Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Stop(context.Background()) })
+	e, _, reg := runEngine(t, cs, &c, real)
 	// A live target survives: the fix runs, A's Pod exists, A keeps receiving.
-	if !waitFor("first pass", 5*time.Second, func() bool { return e.Ready() == nil }) {
-		t.Fatalf("the fix never ran: %v", e.Ready())
-	}
+	agenttest.Until(t, 5*time.Second, func() bool { return e.Ready() == nil })
 	nA0, _ = atA.count()
 	time.Sleep(time.Second)
 	if nA1, _ = atA.count(); nA1-nA0 < 3 {
@@ -344,9 +281,12 @@ func testStaleUDP(t *testing.T, cs kubernetes.Interface, p plan) {
 	}
 	deletePod(t, cs, "a-"+string(p.family))
 	deleted := time.Now()
-	if !waitFor("pod B receives", 5*time.Second, func() bool { n, _ := atB.count(); return n > 0 }) {
-		t.Fatal("with the fix pod B never received the client's datagrams")
-	}
+	agenttest.Eventually(t, 5*time.Second, func() error {
+		if n, _ := atB.count(); n == 0 {
+			return errors.New("with the fix pod B never received the client's datagrams")
+		}
+		return nil
+	})
 	_, first := atB.count()
 	took := first.Sub(deleted)
 	nA2, _ := atA.count()
@@ -366,29 +306,8 @@ func testStaleUDP(t *testing.T, cs kubernetes.Interface, p plan) {
 	if n, _ := atB2.count(); n < 15 {
 		t.Errorf("the flow to the live pod B got only %d datagrams", n)
 	}
-	if got := counter(reg, "nnm_stale_udp_conntrack_deleted_entries_total", p.family); got < 1 {
+	if got, _ := testkit.Value(t, reg, "nnm_stale_udp_conntrack_deleted_entries_total", "family", string(p.family)); got < 1 {
 		t.Errorf("deleted_entries_total{family=%s} = %v", p.family, got)
 	}
 	deletePod(t, cs, "b-"+string(p.family))
-}
-
-func dumps(reg *prometheus.Registry, f rules.Family) float64 {
-	return counter(reg, "nnm_stale_udp_conntrack_dumps_total", f)
-}
-
-func counter(reg *prometheus.Registry, name string, f rules.Family) float64 {
-	mfs, _ := reg.Gather()
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "family" && strings.EqualFold(l.GetValue(), string(f)) {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }

@@ -4,18 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/fx"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -27,21 +23,12 @@ const (
 	MaxRetention       = time.Hour
 )
 
-// Params is what the core provides.
-type Params struct {
-	fx.In
-	Conntrack conntrack.Interface
-	Registry  prometheus.Registerer
-	Logger    *slog.Logger `optional:"true"`
-}
-
 // Fix is the stale-udp-conntrack fix, an Actuator: it changes the conntrack table, not rules.
 type Fix struct {
-	ct   conntrack.Interface
-	log  *slog.Logger
-	opts *fix.Settings[Config, Config]
-	m    *fixMetrics
-	now  func() time.Time
+	fix.Base[Config, Config]
+	ct  conntrack.Interface
+	m   *fixMetrics
+	now func() time.Time
 	// sleep waits for the rate limit; tests replace it.
 	sleep func(ctx context.Context, d time.Duration) error
 
@@ -63,21 +50,11 @@ var (
 )
 
 // New builds the fix with its default configuration and registers its metrics.
-func New(p Params) (*Fix, error) {
-	log := p.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	opts, err := fix.NewSettings(ID, DefaultConfig, parse)
-	if err != nil {
-		return nil, err
-	}
-	f := &Fix{ct: p.Conntrack, log: log.With("fix", ID), opts: opts, m: newMetrics(), now: time.Now, sleep: sleep,
+func New(p fix.Params) (*Fix, error) {
+	f := &Fix{ct: p.Conntrack, m: newMetrics(), now: time.Now, sleep: sleep,
 		lastDump: map[rules.Family]time.Time{}, dead: map[netip.Addr]time.Time{}}
-	if p.Registry != nil {
-		if err := metrics.Register(p.Registry, f.m.collectors()...); err != nil {
-			return nil, fmt.Errorf("%s: %w", ID, err)
-		}
+	if err := f.Init(spec, p, f.m.collectors()...); err != nil {
+		return nil, err
 	}
 	return f, nil
 }
@@ -106,19 +83,6 @@ func parse(cfg Config) (Config, error) {
 	return cfg, nil
 }
 
-// ID is "stale-udp-conntrack".
-func (f *Fix) ID() string { return ID }
-
-// Description is one line.
-func (f *Fix) Description() string { return Description }
-
-// DefaultEnabled is false: deleting conntrack entries is a policy the operator chooses.
-func (f *Fix) DefaultEnabled(fix.Env) bool { return false }
-
-// Needs this node's Pods: which addresses they hold, and which they gave up. The engine runs the fix
-// only once that watch has synced.
-func (f *Fix) Needs() fix.Needs { return fix.Needs{Pods: true} }
-
 // Check refuses to run without a node name: this node's Pods cannot be watched without it.
 func (f *Fix) Check(env fix.Env) error {
 	if env.NodeName == "" {
@@ -126,9 +90,6 @@ func (f *Fix) Check(env fix.Env) error {
 	}
 	return nil
 }
-
-// Configure decodes and validates options; on error the previous configuration stays.
-func (f *Fix) Configure(options map[string]any) error { return f.opts.Configure(options) }
 
 // LiveAddrs returns the pod addresses held by Pods that are not finished (Succeeded or Failed):
 // pending, running and terminating Pods keep theirs. Host-network Pods hold node addresses, not pod
@@ -158,7 +119,7 @@ func LiveAddrs(pods []*corev1.Pod) map[netip.Addr]bool {
 // left entries over (Result.More). An entry whose DNAT target is any other address (a live pod of
 // this node, a pod of another node, an address never seen held) is never deleted.
 func (f *Fix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Result, error) {
-	cfg := f.opts.Get()
+	cfg := f.Config()
 	live := LiveAddrs(snap.Pods)
 	now := f.now()
 	f.mu.Lock()
@@ -216,7 +177,7 @@ func (f *Fix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Re
 			errs = append(errs, err)
 		}
 		if n > 0 {
-			f.log.Info("deleted stale UDP conntrack entries", "family", fam, "entries", n, "example", stale[0].String(), "full", full)
+			f.Log.Info("deleted stale UDP conntrack entries", "family", fam, "entries", n, "example", stale[0].String(), "full", full)
 		}
 	}
 	res.Changed = res.Items > 0
@@ -226,7 +187,7 @@ func (f *Fix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Re
 	f.fresh = err != nil
 	f.more = more
 	if more {
-		f.log.Info("more stale UDP conntrack entries than maxDeletesPerPass; the next pass continues", "maxDeletesPerPass", cfg.MaxDeletesPerPass)
+		f.Log.Info("more stale UDP conntrack entries than maxDeletesPerPass; the next pass continues", "maxDeletesPerPass", cfg.MaxDeletesPerPass)
 	}
 	return res, err
 }

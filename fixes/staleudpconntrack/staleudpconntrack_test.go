@@ -9,13 +9,10 @@ package staleudpconntrack
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"net/netip"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxtest"
@@ -58,48 +55,30 @@ var (
 	dualNode = testkit.WithNode(testkit.Node("node-a", testkit.PodCIDRs("10.244.1.0/24", "fd00:10:244:1::/64")))
 )
 
-type env struct {
-	fix *Fix
-	ct  *conntrack.Fake
-	reg *prometheus.Registry
-}
-
-func newEnv(t *testing.T, options map[string]any, entries ...conntrack.Entry) *env {
+// newEnv builds the fix on a conntrack table holding entries; it never waits for its rate limit.
+func newEnv(t *testing.T, options map[string]any, entries ...conntrack.Entry) *testkit.FixEnv[*Fix] {
 	t.Helper()
-	e := &env{ct: conntrack.NewFake(entries...), reg: prometheus.NewRegistry()}
-	f, err := New(Params{Conntrack: e.ct, Registry: e.reg, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if options != nil {
-		if err := f.Configure(options); err != nil {
-			t.Fatal(err)
-		}
-	}
-	f.sleep = func(context.Context, time.Duration) error { return nil }
-	e.fix = f
+	e := testkit.NewFixEnv(t, New, options)
+	e.Conntrack.Add(entries...)
+	e.Fix.sleep = func(context.Context, time.Duration) error { return nil }
 	return e
 }
 
-func (e *env) ensure(t *testing.T, full bool, pods ...*corev1.Pod) fix.Result {
-	t.Helper()
+// ensure runs one pass of the fix on a dual-stack node whose live Pods are pods.
+func ensure(e *testkit.FixEnv[*Fix], full bool, pods ...*corev1.Pod) fix.Result {
 	snap := testkit.Snapshot(dualNode)
 	snap.Pods = pods
-	res, err := e.fix.Ensure(context.Background(), snap, full)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res
+	return e.Ensure(snap, full)
 }
 
 func TestDeletesOnlyStaleUDPToGonePods(t *testing.T) {
 	e := newEnv(t, nil, toA4, toA6, toB4, tcpToA4, toSvc4, direct4)
 	// First pass, both pods live: nothing is dead, the table is not even read.
-	if res := e.ensure(t, true, podA, podB); res.Items != 0 || len(e.ct.Entries()) != 6 || e.ct.Dumps[rules.IPv4] != 0 {
-		t.Fatalf("with both pods live: deleted %d, dumps %v, table %v", res.Items, e.ct.Dumps, e.ct.Entries())
+	if res := ensure(e, true, podA, podB); res.Items != 0 || len(e.Conntrack.Entries()) != 6 || e.Conntrack.Dumps[rules.IPv4] != 0 {
+		t.Fatalf("with both pods live: deleted %d, dumps %v, table %v", res.Items, e.Conntrack.Dumps, e.Conntrack.Entries())
 	}
 	// Pod A is gone: its UDP entries of both families go; TCP, Service, non-DNAT and B's stay.
-	res := e.ensure(t, false, podB)
+	res := ensure(e, false, podB)
 	if res.Items != 2 || !res.Changed {
 		t.Fatalf("deleted %d entries, want 2 (A's UDP, both families)", res.Items)
 	}
@@ -108,12 +87,12 @@ func TestDeletesOnlyStaleUDPToGonePods(t *testing.T) {
 		t.Errorf("skips %+v, want none", res.Skipped)
 	}
 	want := []conntrack.Entry{toB4, tcpToA4, toSvc4, direct4}
-	if got := e.ct.Entries(); len(got) != len(want) {
+	if got := e.Conntrack.Entries(); len(got) != len(want) {
 		t.Fatalf("table after A is gone: %v, want %v", got, want)
 	}
 	for _, w := range want {
 		found := false
-		for _, g := range e.ct.Entries() {
+		for _, g := range e.Conntrack.Entries() {
 			found = found || g == w
 		}
 		if !found {
@@ -121,15 +100,15 @@ func TestDeletesOnlyStaleUDPToGonePods(t *testing.T) {
 		}
 	}
 	// A pass without a change does not dump again.
-	dumps := e.ct.Dumps[rules.IPv4]
-	e.ensure(t, false, podB)
-	if e.ct.Dumps[rules.IPv4] != dumps {
+	dumps := e.Conntrack.Dumps[rules.IPv4]
+	ensure(e, false, podB)
+	if e.Conntrack.Dumps[rules.IPv4] != dumps {
 		t.Error("a pass without a pod going away dumped the table")
 	}
 	// An entry to A recreated meanwhile (the DNAT still pointed to A for a moment) is caught by the
 	// next full pass, within the retention.
-	e.ct.Add(toA4)
-	if res := e.ensure(t, true, podB); res.Items != 1 {
+	e.Conntrack.Add(toA4)
+	if res := ensure(e, true, podB); res.Items != 1 {
 		t.Fatalf("full pass deleted %d, want the recreated entry", res.Items)
 	}
 }
@@ -144,14 +123,12 @@ func TestNeverJudgesAddressesNotSeenGoing(t *testing.T) {
 	snap := testkit.Snapshot(testkit.WithNode(testkit.Node("node-a")), testkit.WithPodCIDRs("10.244.0.0/16"))
 	for i, pods := range [][]*corev1.Pod{{podA}, {}, {}, {podB}} {
 		snap.Pods = pods
-		if _, err := e.fix.Ensure(context.Background(), snap, true); err != nil {
-			t.Fatal(err)
-		}
-		if i == 0 && len(e.ct.Entries()) != 3 {
-			t.Fatalf("first pass deleted entries: %v", e.ct.Entries())
+		e.Ensure(snap, true)
+		if i == 0 && len(e.Conntrack.Entries()) != 3 {
+			t.Fatalf("first pass deleted entries: %v", e.Conntrack.Entries())
 		}
 	}
-	if got := e.ct.Entries(); len(got) != 2 || got[0] != remote4 || got[1] != left {
+	if got := e.Conntrack.Entries(); len(got) != 2 || got[0] != remote4 || got[1] != left {
 		t.Fatalf("table %v; want only A's entry deleted, the remote pod's and the never-seen address's left", got)
 	}
 }
@@ -159,12 +136,12 @@ func TestNeverJudgesAddressesNotSeenGoing(t *testing.T) {
 // An address given up and taken again by another Pod of this node is live again.
 func TestReusedAddressIsLive(t *testing.T) {
 	e := newEnv(t, nil)
-	e.ensure(t, true, podA)
-	e.ensure(t, false)
+	ensure(e, true, podA)
+	ensure(e, false)
 	c := pod("c", corev1.PodRunning, "10.244.1.10")
-	e.ct.Add(toA4) // a flow to the new pod C
-	e.ensure(t, true, c)
-	if len(e.ct.Entries()) != 1 {
+	e.Conntrack.Add(toA4) // a flow to the new pod C
+	ensure(e, true, c)
+	if len(e.Conntrack.Entries()) != 1 {
 		t.Fatal("the entry to the address's new live Pod was deleted")
 	}
 }
@@ -173,16 +150,16 @@ func TestReusedAddressIsLive(t *testing.T) {
 func TestRetention(t *testing.T) {
 	e := newEnv(t, map[string]any{"retention": "1m"})
 	now := time.Unix(1000, 0)
-	e.fix.now = func() time.Time { return now }
-	e.ensure(t, true, podA)
-	e.ensure(t, false)
+	e.Fix.now = func() time.Time { return now }
+	ensure(e, true, podA)
+	ensure(e, false)
 	now = now.Add(2 * time.Minute)
-	e.ct.Add(toA4)
-	e.ensure(t, true)
-	if len(e.ct.Entries()) != 1 || e.ct.Dumps[rules.IPv4] != 1 {
-		t.Fatalf("after the retention: table %v, dumps %v; want the entry left and no new dump", e.ct.Entries(), e.ct.Dumps)
+	e.Conntrack.Add(toA4)
+	ensure(e, true)
+	if len(e.Conntrack.Entries()) != 1 || e.Conntrack.Dumps[rules.IPv4] != 1 {
+		t.Fatalf("after the retention: table %v, dumps %v; want the entry left and no new dump", e.Conntrack.Entries(), e.Conntrack.Dumps)
 	}
-	if v := testutil.ToFloat64(e.fix.m.dead); v != 0 {
+	if v := testutil.ToFloat64(e.Fix.m.dead); v != 0 {
 		t.Errorf("dead_addresses = %v after the retention, want 0", v)
 	}
 }
@@ -199,9 +176,9 @@ func TestFinishedAndTerminatingPods(t *testing.T) {
 		gone bool
 	}{{"succeeded", done, true}, {"terminating", terminating, false}, {"host-network", host, true}} {
 		e := newEnv(t, nil, toA4)
-		e.ensure(t, true, pod("a", corev1.PodRunning, "10.244.1.10"))
-		e.ensure(t, true, tc.pod)
-		if gone := len(e.ct.Entries()) == 0; gone != tc.gone {
+		ensure(e, true, pod("a", corev1.PodRunning, "10.244.1.10"))
+		ensure(e, true, tc.pod)
+		if gone := len(e.Conntrack.Entries()) == 0; gone != tc.gone {
 			t.Errorf("%s pod: entry deleted = %v, want %v", tc.name, gone, tc.gone)
 		}
 	}
@@ -213,13 +190,13 @@ func TestBoundedPasses(t *testing.T) {
 		entries = append(entries, entry(rules.UDP, "192.0.2.7:"+string(rune('1'+i))+"0000", "198.51.100.1:8125", "10.244.1.10:8125"))
 	}
 	e := newEnv(t, map[string]any{"maxDeletesPerPass": 2}, entries...)
-	e.ensure(t, true, podA)
+	ensure(e, true, podA)
 	for pass, want := range []struct {
 		left int
 		more bool
 	}{{3, true}, {1, true}, {0, false}, {0, false}} {
-		res := e.ensure(t, false) // A is gone; then the passes continue without a change
-		if n := len(e.ct.Entries()); n != want.left || res.More != want.more {
+		res := ensure(e, false) // A is gone; then the passes continue without a change
+		if n := len(e.Conntrack.Entries()); n != want.left || res.More != want.more {
 			t.Fatalf("after pass %d: %d entries left, More %v; want %d, %v", pass+1, n, res.More, want.left, want.more)
 		}
 	}
@@ -227,45 +204,39 @@ func TestBoundedPasses(t *testing.T) {
 
 func TestErrorsKeepTrying(t *testing.T) {
 	e := newEnv(t, nil, toA4)
-	e.ensure(t, true, podA)
-	e.ct.ListErr = errors.New("netlink: operation not permitted")
-	if _, err := e.fix.Ensure(context.Background(), testkit.Snapshot(dualNode), false); err == nil {
+	ensure(e, true, podA)
+	e.Conntrack.ListErr = errors.New("netlink: operation not permitted")
+	if _, err := e.Fix.Ensure(context.Background(), testkit.Snapshot(dualNode), false); err == nil {
 		t.Fatal("a failed dump is not an error")
 	}
-	e.ct.ListErr = nil
+	e.Conntrack.ListErr = nil
 	// The failed pass did not forget that A went away: the next, unchanged, pass dumps again.
-	e.ensure(t, false)
-	if len(e.ct.Entries()) != 0 {
+	ensure(e, false)
+	if len(e.Conntrack.Entries()) != 0 {
 		t.Fatal("the entry survived the retry")
 	}
-	if err := testutil.GatherAndCompare(e.reg, strings.NewReader(`
-# HELP nnm_stale_udp_conntrack_deleted_entries_total UDP conntrack entries deleted because their DNAT target was an address that a Pod of this node gave up.
-# TYPE nnm_stale_udp_conntrack_deleted_entries_total counter
-nnm_stale_udp_conntrack_deleted_entries_total{family="ipv4"} 1
-nnm_stale_udp_conntrack_deleted_entries_total{family="ipv6"} 0
-# HELP nnm_stale_udp_conntrack_errors_total Failed conntrack dumps or deletions.
-# TYPE nnm_stale_udp_conntrack_errors_total counter
-nnm_stale_udp_conntrack_errors_total{family="ipv4",operation="dump"} 1
-nnm_stale_udp_conntrack_errors_total{family="ipv6",operation="dump"} 1
-# HELP nnm_stale_udp_conntrack_dead_addresses Addresses that a Pod of this node gave up, remembered for the retention; only entries DNATed to them are deleted.
-# TYPE nnm_stale_udp_conntrack_dead_addresses gauge
-nnm_stale_udp_conntrack_dead_addresses 2
-`), "nnm_stale_udp_conntrack_deleted_entries_total", "nnm_stale_udp_conntrack_errors_total", "nnm_stale_udp_conntrack_dead_addresses"); err != nil {
-		t.Error(err)
+	for name, want := range map[string]string{
+		"nnm_stale_udp_conntrack_deleted_entries_total": `{family="ipv4"} 1` + "\n" + `{family="ipv6"} 0`,
+		"nnm_stale_udp_conntrack_errors_total":          `{family="ipv4",operation="dump"} 1` + "\n" + `{family="ipv6",operation="dump"} 1`,
+		"nnm_stale_udp_conntrack_dead_addresses":        "2",
+	} {
+		if got := e.Metric(name); got != want {
+			t.Errorf("%s:\n%s\nwant:\n%s", name, got, want)
+		}
 	}
-	testkit.Promlint(t, e.reg)
+	testkit.Promlint(t, e.Registry)
 }
 
 func TestRateLimit(t *testing.T) {
 	e := newEnv(t, map[string]any{"minDumpInterval": "1s"}, toA4)
 	now := time.Unix(1000, 0)
 	var slept []time.Duration
-	e.fix.now = func() time.Time { return now }
-	e.fix.sleep = func(_ context.Context, d time.Duration) error { slept = append(slept, d); now = now.Add(d); return nil }
-	e.ensure(t, true, podA)
-	e.ensure(t, true) // A gone: both families dump
+	e.Fix.now = func() time.Time { return now }
+	e.Fix.sleep = func(_ context.Context, d time.Duration) error { slept = append(slept, d); now = now.Add(d); return nil }
+	ensure(e, true, podA)
+	ensure(e, true) // A gone: both families dump
 	now = now.Add(300 * time.Millisecond)
-	e.ensure(t, true)
+	ensure(e, true)
 	// IPv4 waits out the rest of its second; IPv6's second has passed meanwhile.
 	if len(slept) != 1 || slept[0] != 700*time.Millisecond {
 		t.Fatalf("slept %v, want 700ms once before the second dumps", slept)
@@ -286,11 +257,8 @@ func TestConfigErrors(t *testing.T) {
 		{map[string]any{"retention": "2h"}, "fixes.stale-udp-conntrack.retention"},
 	} {
 		e := newEnv(t, map[string]any{"maxDeletesPerPass": 7})
-		err := e.fix.Configure(tc.options)
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("Configure(%v) = %v, want an error naming %s", tc.options, err, tc.want)
-		}
-		if e.fix.opts.Get().MaxDeletesPerPass != 7 {
+		e.ConfigureFails(nil, tc.options, tc.want)
+		if e.Fix.Config().MaxDeletesPerPass != 7 {
 			t.Errorf("a rejected Configure(%v) changed the settings", tc.options)
 		}
 	}
@@ -298,16 +266,16 @@ func TestConfigErrors(t *testing.T) {
 
 func TestStatic(t *testing.T) {
 	e := newEnv(t, nil)
-	if e.fix.DefaultEnabled(fix.Env{ProxyMode: "iptables"}) {
+	if e.Fix.DefaultEnabled(fix.Env{ProxyMode: "iptables"}) {
 		t.Error("on by default")
 	}
-	if e.fix.Needs() != (fix.Needs{Pods: true}) {
-		t.Errorf("Needs = %+v", e.fix.Needs())
+	if e.Fix.Needs() != (fix.Needs{Pods: true}) {
+		t.Errorf("Needs = %+v", e.Fix.Needs())
 	}
-	if e.fix.Check(fix.Env{}) == nil || e.fix.Check(fix.Env{NodeName: "n1"}) != nil {
+	if e.Fix.Check(fix.Env{}) == nil || e.Fix.Check(fix.Env{NodeName: "n1"}) != nil {
 		t.Error("Check must refuse exactly a missing node name")
 	}
-	if _, a, err := fix.As(e.fix); a == nil || err != nil {
+	if _, a, err := fix.As(e.Fix); a == nil || err != nil {
 		t.Errorf("fix.As: actuator %v, error %v; want an Actuator and nothing else (no Rules)", a, err)
 	}
 }
@@ -327,7 +295,7 @@ func TestModule(t *testing.T) {
 func TestREADME(t *testing.T) {
 	r := testkit.ReadREADME(t, "README.md", ID)
 	e := newEnv(t, r.Options)
-	e.ensure(t, true, podA)
+	ensure(e, true, podA)
 	r.DocumentsMetrics(t, "nnm_stale_udp_conntrack_deleted_entries_total", "nnm_stale_udp_conntrack_dumps_total",
 		"nnm_stale_udp_conntrack_errors_total", "nnm_stale_udp_conntrack_dead_addresses")
 }

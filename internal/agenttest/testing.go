@@ -91,6 +91,21 @@ func Eventually(tb testing.TB, timeout time.Duration, cond func() error) time.Du
 	return time.Since(start)
 }
 
+// Until polls ok every 10 ms until it is true and fails the test after timeout (at the caller's
+// line): Eventually for a condition that has no error to tell.
+func Until(tb testing.TB, timeout time.Duration, ok func() bool) {
+	tb.Helper()
+	err := Poll(tb.Context(), timeout, 10*time.Millisecond, func() error {
+		if ok() {
+			return nil
+		}
+		return errors.New("still false")
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+}
+
 // Consistently fails the test if cond returns an error at any poll during duration.
 func Consistently(tb testing.TB, duration time.Duration, cond func() error) {
 	tb.Helper()

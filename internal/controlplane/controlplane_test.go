@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 )
 
 func TestControlPlane(t *testing.T) {
@@ -48,7 +50,7 @@ func TestControlPlane(t *testing.T) {
 		}
 		grantListServices(ctx, t, admin, "nnm-system", "agent")
 		sa := clientFromKubeconfig(t, path, node)
-		waitFor(t, 10*time.Second, func() error {
+		agenttest.Eventually(t, 10*time.Second, func() error {
 			_, err := sa.CoreV1().Services("").List(ctx, metav1.ListOptions{})
 			return err
 		})
@@ -203,21 +205,6 @@ func clientFromKubeconfig(t *testing.T, path, nodeNS string) kubernetes.Interfac
 func newNodeNetns(t *testing.T) string {
 	t.Helper()
 	return testenv.New(t, "nnm-cptest-node").Name
-}
-
-func waitFor(t *testing.T, timeout time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still failing after %v: %v", timeout, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }
 
 func TestNthSlash30(t *testing.T) {

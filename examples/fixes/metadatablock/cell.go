@@ -3,7 +3,7 @@
 // (169.254.169.254 by default), so that pods cannot read the node's cloud credentials, while the node
 // itself (kubelet, host-network pods) keeps its access.
 //
-// Files: cell.go (id, config, module), metadatablock.go (the rules), metrics.go, the tests, and
+// Files: cell.go (id, spec, config, module), metadatablock.go (the rules), metrics.go, the tests, and
 // README.md in the sections every fix README has. See CONTRIBUTING.md at the repository root.
 package metadatablock
 
@@ -16,11 +16,18 @@ import (
 // ID is the fix id: config key fixes.metadata-block, metric label, log field, rule comments.
 const ID = "metadata-block"
 
-// Description is the one-line summary shown by `version`.
-const Description = "drop traffic from this node's pods to cloud metadata addresses (169.254.169.254), keeping the node's own access"
-
 // Module registers the fix: one line in a custom agent's fx.Options.
 var Module = fx.Module(ID, fix.Provide(ID, New))
+
+// spec declares the fix to the core. It is off by default (blocking is a policy choice the cluster
+// owner makes) and reads the Node, for its pod CIDRs (which the core puts in Snapshot.PodCIDRs).
+var spec = fix.Spec[Config, settings]{
+	ID:          ID,
+	Description: "drop traffic from this node's pods to cloud metadata addresses (169.254.169.254), keeping the node's own access",
+	Default:     func() Config { return Config{Addresses: []string{"169.254.169.254"}} },
+	Parse:       parse,
+	Needs:       fix.Needs{Node: true},
+}
 
 // Config is the fix's configuration (keys under fixes.metadata-block).
 type Config struct {
@@ -28,9 +35,4 @@ type Config struct {
 	Addresses []string `mapstructure:"addresses"`
 	// ExemptSourceCIDRs are pod ranges allowed through (e.g. a metadata proxy's pods).
 	ExemptSourceCIDRs []string `mapstructure:"exemptSourceCIDRs"`
-}
-
-// DefaultConfig is the configuration used when nothing is set.
-func DefaultConfig() Config {
-	return Config{Addresses: []string{"169.254.169.254"}}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/network-node-manager/network-node-manager/backends"
+	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
@@ -79,7 +80,7 @@ func TestKernel(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			f, err := New(Params{Backend: be})
+			f, err := New(fix.Params{Backend: be})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -6,67 +6,36 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/fx"
-
-	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
 // ChainName is the fix's only chain ("NNM-METADATA-BLOCK" in iptables, "metadata-block" in nftables).
 const ChainName = "METADATA-BLOCK"
 
-// Params is what the core provides. Everything is injected: the backend (for counters) and the
-// registry (for metrics); nothing global.
-type Params struct {
-	fx.In
-	Backend  backend.Backend
-	Registry prometheus.Registerer
-}
-
 type settings struct {
 	addrs  []netip.Addr
 	exempt []netip.Prefix
 }
 
-// Fix is the metadata-block fix.
+// Fix is the metadata-block fix. fix.Base implements what every fix has (ID, Description,
+// DefaultEnabled, Needs, Configure) from the spec; the fix adds its Rules.
 type Fix struct {
-	opts *fix.Settings[Config, settings]
+	fix.Base[Config, settings]
 }
 
 var _ fix.RuleFix = (*Fix)(nil)
 
-// New validates the defaults and registers the metrics. Constructors allocate only: no I/O, no
-// goroutines.
-func New(p Params) (*Fix, error) {
-	opts, err := fix.NewSettings(ID, DefaultConfig, parse)
-	if err != nil {
+// New validates the defaults and registers the metrics. Everything is injected (fix.Params): the
+// backend (for counters) and the registry (for metrics); nothing global. Constructors allocate
+// only: no I/O, no goroutines.
+func New(p fix.Params) (*Fix, error) {
+	f := &Fix{}
+	if err := f.Init(spec, p, droppedPackets(p.Backend)); err != nil {
 		return nil, err
 	}
-	if p.Registry != nil {
-		if err := metrics.Register(p.Registry, newMetrics(p.Backend).collectors()...); err != nil {
-			return nil, fmt.Errorf("%s: %w", ID, err)
-		}
-	}
-	return &Fix{opts: opts}, nil
+	return f, nil
 }
-
-// ID is "metadata-block".
-func (f *Fix) ID() string { return ID }
-
-// Description is one line.
-func (f *Fix) Description() string { return Description }
-
-// DefaultEnabled is false: blocking is a policy choice the cluster owner makes.
-func (f *Fix) DefaultEnabled(fix.Env) bool { return false }
-
-// Needs the Node, for its pod CIDRs (which the core puts in Snapshot.PodCIDRs).
-func (f *Fix) Needs() fix.Needs { return fix.Needs{Node: true} }
-
-// Configure decodes and validates; on error the previous configuration stays.
-func (f *Fix) Configure(options map[string]any) error { return f.opts.Configure(options) }
 
 func parse(cfg Config) (settings, error) {
 	var s settings
@@ -95,7 +64,7 @@ func parse(cfg Config) (settings, error) {
 // node's own traffic goes through output and is not touched): exempt sources return, then one drop
 // per metadata address of the family, from the node's pod CIDRs. One code path for both families.
 func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.Report, error) {
-	cfg := f.opts.Get()
+	cfg := f.Config()
 	var rep fix.Report
 	var addrs []netip.Addr
 	for _, a := range cfg.addrs {

@@ -1,14 +1,8 @@
 package metadatablock
 
 import (
-	"context"
-	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
@@ -18,56 +12,8 @@ import (
 // addresses are 169.254.169.254 (AWS, GCP, Azure) and fd00:ec2::254 (AWS IPv6); exempt pods come
 // from 10.244.1.128/25.
 
-var ctx = context.Background()
-
-type env struct {
-	fix *Fix
-	be  *testkit.FakeBackend
-	reg *prometheus.Registry
-}
-
-func newEnv(t *testing.T, options map[string]any) *env {
-	t.Helper()
-	e := &env{be: testkit.NewFakeBackend(), reg: prometheus.NewRegistry()}
-	f, err := New(Params{Backend: e.be, Registry: e.reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if options != nil {
-		if err := f.Configure(options); err != nil {
-			t.Fatalf("Configure(%v): %v", options, err)
-		}
-	}
-	e.fix = f
-	return e
-}
-
 func dualStackNode() *fix.Snapshot {
 	return testkit.Snapshot(testkit.WithNode(testkit.Node("node-a", testkit.PodCIDRs("10.244.1.0/24", "fd00:10:244:1::/64"))))
-}
-
-// dump returns the rules of both families (and the skips) after checking the fake backend takes them.
-func (e *env) dump(t *testing.T, snap *fix.Snapshot) string {
-	t.Helper()
-	var out []string
-	for _, fam := range rules.Families {
-		rs, rep, err := e.fix.Rules(snap, fam)
-		if err != nil {
-			t.Fatalf("Rules(%s): %v", fam, err)
-		}
-		for _, s := range rep.Skipped {
-			out = append(out, "# "+string(fam)+" skipped "+s.Object+": "+s.Reason+" ("+s.Detail+")\n")
-		}
-		if rs == nil {
-			out = append(out, "# "+string(fam)+": no rules\n")
-			continue
-		}
-		if err := testkit.Apply(ctx, e.be, rs); err != nil {
-			t.Fatalf("fake backend rejected the %s rules: %v\n%s", fam, err, testkit.Format(rs))
-		}
-		out = append(out, testkit.Format(rs))
-	}
-	return strings.Join(out, "")
 }
 
 func TestRules(t *testing.T) {
@@ -83,7 +29,7 @@ func TestRules(t *testing.T) {
 			testkit.Snapshot(testkit.WithNode(testkit.Node("node-a", testkit.PodCIDRs("10.244.1.0/24"))))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			testkit.Golden(t, "testdata/"+tc.name+".golden", newEnv(t, tc.options).dump(t, tc.snap))
+			testkit.Golden(t, "testdata/"+tc.name+".golden", testkit.NewFixEnv(t, New, tc.options).Dump(tc.snap))
 		})
 	}
 }
@@ -98,43 +44,31 @@ func TestConfigErrors(t *testing.T) {
 		{map[string]any{"exemptSourceCIDRs": "10.0.0.1/8"}, "fixes.metadata-block.exemptSourceCIDRs"},
 		{map[string]any{"adresses": "1.2.3.4"}, "adresses"},
 	} {
-		e := newEnv(t, nil)
-		before := e.dump(t, dualStackNode())
-		if err := e.fix.Configure(tc.options); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("Configure(%v) = %v, want an error containing %q", tc.options, err, tc.want)
-		}
-		if e.dump(t, dualStackNode()) != before {
-			t.Errorf("a rejected Configure(%v) changed the rules", tc.options)
-		}
+		testkit.NewFixEnv(t, New, nil).ConfigureFails(dualStackNode(), tc.options, tc.want)
 	}
 }
 
 func TestStatic(t *testing.T) {
-	f := newEnv(t, nil).fix
+	f := testkit.NewFixEnv(t, New, nil).Fix
 	if f.DefaultEnabled(fix.Env{ProxyMode: "ipvs"}) || f.Needs() != (fix.Needs{Node: true}) || !rules.ValidFixID(f.ID()) || f.Description() == "" {
 		t.Error("bad default, needs, id or description")
 	}
 }
 
 func TestDroppedMetric(t *testing.T) {
-	e := newEnv(t, nil)
-	e.dump(t, dualStackNode())
-	if err := e.be.SetCounter(ID, rules.IPv4, CounterName(mustAddr("169.254.169.254")), backend.Counter{Packets: 4}); err != nil {
-		t.Fatal(err)
+	e := testkit.NewFixEnv(t, New, nil)
+	e.Dump(dualStackNode())
+	e.SetCounter(rules.IPv4, CounterName(mustAddr("169.254.169.254")), 4)
+	if got, want := e.Metric("nnm_metadata_block_dropped_packets_total"), `{family="ipv4"} 4`; got != want {
+		t.Errorf("nnm_metadata_block_dropped_packets_total: %s, want %s", got, want)
 	}
-	exp := "# HELP nnm_metadata_block_dropped_packets_total Packets from this node's pods to a blocked metadata address, dropped.\n" +
-		"# TYPE nnm_metadata_block_dropped_packets_total counter\n" +
-		"nnm_metadata_block_dropped_packets_total{family=\"ipv4\"} 4\n"
-	if err := testutil.GatherAndCompare(e.reg, strings.NewReader(exp)); err != nil {
-		t.Error(err)
-	}
-	testkit.Promlint(t, e.reg)
+	testkit.Promlint(t, e.Registry)
 }
 
 // TestREADMEDump checks the README's rule dump (the central examples/fixes test checks sections,
 // example, options and metrics).
 func TestREADMEDump(t *testing.T) {
 	r := testkit.ReadREADME(t, "README.md", ID)
-	rs, _, _ := newEnv(t, map[string]any{"exemptSourceCIDRs": "10.244.1.128/25"}).fix.Rules(dualStackNode(), rules.IPv4)
+	rs, _ := testkit.NewFixEnv(t, New, map[string]any{"exemptSourceCIDRs": "10.244.1.128/25"}).Sync(dualStackNode(), rules.IPv4)
 	r.Contains(t, "the rule dump", testkit.Format(rs))
 }
