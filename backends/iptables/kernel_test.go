@@ -235,160 +235,179 @@ func mustLack(t *testing.T, save string, subs ...string) {
 }
 
 func TestKernelLifecycle(t *testing.T) {
-	ctx := context.Background()
 	forEachKernel(t, func(t *testing.T, k *kernel) {
 		k.addForeign()
 		b := k.backend()
-		all := []*rules.Ruleset{invalidDrop(k.family), externalIP(k.family), loopbackCount(k.family)}
-
-		// Apply: one save, one restore, one save per ruleset.
-		k.run.reset()
-		mustApply(t, b, all...)
-		if c := k.run.reset(); c[k.bin("restore")] != 3 || c[k.bin("save")] != 6 {
-			t.Errorf("first Apply of 3 rulesets ran %v, want 3 restores and 6 saves", c)
-		}
-		s1 := k.save()
-		mustContain(t, s1,
-			`-A INPUT -m comment --comment "network-node-manager:invalid-drop" -j NNM-INVALID-INPUT`,
-			`-A NNM-INVALID-INPUT -m conntrack --ctstate INVALID -m comment --comment "invalid-drop/dropped: drop INVALID so the node sends no RST" -j DROP`,
-			`-A PREROUTING -m comment --comment "network-node-manager:ipvs-externalip-dnat" -j NNM-EXTIP-PREROUTING`,
-			`-A POSTROUTING -m comment --comment "network-node-manager:ipvs-externalip-dnat" -j NNM-EXTIP-MASQ`,
-			`-j MASQUERADE`, `--to-destination`)
-		// Our jump is first in INPUT, before the foreign rules.
-		if i, j := strings.Index(s1, "-A INPUT -m comment --comment \"network-node-manager:invalid-drop\""), strings.Index(s1, "foreign rule"); i < 0 || j < i {
-			t.Errorf("our INPUT jump is not before the foreign rule:\n%s", s1)
-		}
-		foreign1 := foreign(s1)
-
-		// Re-apply trusting the record: nothing runs, and the kernel is byte-identical.
-		mustApply(t, b, all...)
-		if c := k.run.reset(); len(c) != 0 {
-			t.Errorf("no-op Trust reconcile ran %v, want nothing", c)
-		}
-		// Verify: iptables-nft proves "unchanged" by the nf_tables generation once each record
-		// is stamped with the current one (the first round stamps the fixes applied before the
-		// last commit); legacy iptables has no generation and runs iptables-save every time.
-		for round := range 2 {
-			for _, rs := range all {
-				if ok, err := inSync(ctx, b, rs); !ok || err != nil {
-					t.Fatalf("%s: in sync = %v, %v", rs.Fix, ok, err)
-				}
-			}
-			c := k.run.reset()
-			if c[k.bin("restore")] != 0 {
-				t.Errorf("Verify of an unchanged kernel ran %v", c)
-			}
-			if want := map[Variant]int{NFT: 0, Legacy: len(all)}[k.variant]; round == 1 && c[k.bin("save")] != want {
-				t.Errorf("second Verify round ran %d saves (%v), want %d", c[k.bin("save")], c, want)
-			}
-		}
-		if s2 := k.save(); s2 != s1 {
-			t.Errorf("re-Apply changed the kernel:\nbefore:\n%s\nafter:\n%s", s1, s2)
-		}
-
-		// Counters survive a no-op resync and count real packets.
-		k.sendProbe()
-		mustApply(t, b, loopbackCount(k.family))
-		cs, err := b.Counters(ctx, "loopback-count", k.family)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if cs["probe"].Packets < 3 || cs["probe"].Bytes == 0 {
-			t.Errorf("counter probe = %+v after a TCP exchange, want at least 3 packets", cs["probe"])
-		}
-		if cs, _ := b.Counters(ctx, "invalid-drop", k.family); len(cs) != 1 || cs["dropped"].Packets != 0 {
-			t.Errorf("invalid-drop counters = %v, want dropped=0", cs)
-		}
-
-		// A change rewrites only our chains: one chain and one map entry fewer.
-		changed := externalIP(k.family)
-		changed.Chains = append(changed.Chains[:1], changed.Chains[2:]...) // without EXTIP-OUTPUT
-		removedEntry := changed.Maps[0].Entries[0].Comment
-		changed.Maps[0].Entries = changed.Maps[0].Entries[1:]
-		k.run.reset()
-		mustApply(t, b, changed)
-		if c := k.run.reset(); c[k.bin("restore")] != 1 || c[k.bin("save")] != 2 {
-			t.Errorf("changing Apply ran %v, want 1 restore and 2 saves", c)
-		}
-		s3 := k.save()
-		mustLack(t, s3, "NNM-EXTIP-OUTPUT", removedEntry)
-		mustContain(t, s3, ":NNM-EXTIP-DNAT", ":NNM-INVALID-INPUT")
-		if f := foreign(s3); f != foreign1 {
-			t.Errorf("a change touched foreign rules:\nbefore:\n%s\nafter:\n%s", foreign1, f)
-		}
-		if got, want := strings.Count(s3, "-j DNAT"), len(changed.Maps[0].Entries); got != want {
-			t.Errorf("%d DNAT rules after the change, want %d", got, want)
-		}
-
-		// A rule deleted behind our back is noticed and restored; so is a deleted jump.
-		for _, tamper := range [][]string{
-			{"-D", "NNM-INVALID-INPUT", "1"},
-			{"-D", "INPUT", "-m", "comment", "--comment", "network-node-manager:invalid-drop", "-j", "NNM-INVALID-INPUT"},
-			{"-A", "NNM-INVALID-INPUT", "-j", "ACCEPT"},
-		} {
-			k.ipt(tamper...)
-			if ok, err := inSync(ctx, b, invalidDrop(k.family)); err != nil || ok {
-				t.Errorf("Verify after %v found it in sync (%v, %v); want a repair", tamper, ok, err)
-			}
-			if ok, err := inSync(ctx, b, invalidDrop(k.family)); err != nil || !ok {
-				t.Errorf("in sync after the repair = %v, %v; want true", ok, err)
-			}
-			if s := k.save(); s != s3 {
-				t.Errorf("re-Apply after %v did not restore the rules:\nwant:\n%s\ngot:\n%s", tamper, s3, s)
-			}
-		}
-
-		// A new process knows nothing: Remove finds the fix's chains from the kernel, and only them.
-		b2 := k.backend()
-		if err := remove(ctx, b2, "ipvs-externalip-dnat", k.family); err != nil {
-			t.Fatal(err)
-		}
-		s4 := k.save()
-		mustLack(t, s4, "NNM-EXTIP", "ipvs-externalip-dnat")
-		mustContain(t, s4, ":NNM-INVALID-INPUT", ":NNM-PROBE-OUTPUT", "network-node-manager:invalid-drop")
-		if f := foreign(s4); f != foreign1 {
-			t.Errorf("Remove touched foreign rules:\nbefore:\n%s\nafter:\n%s", foreign1, f)
-		}
-		if err := remove(ctx, b2, "ipvs-externalip-dnat", k.family); err != nil {
-			t.Errorf("removing what is gone: %v", err)
-		}
-
-		// CleanupPlan (cleanup --dry-run) names ours and the predecessor's chains and changes nothing.
-		before := k.save()
-		plan, err := b2.CleanupPlan(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		planText := strings.Join(plan, "\n")
-		for _, c := range []string{"chain NNM-INVALID-INPUT ", "chain NMANAGER_"} {
-			if !strings.Contains(planText, c) {
-				t.Errorf("CleanupPlan lacks %q:\n%s", c, planText)
-			}
-		}
-		if strings.Contains(planText, "KUBE-") {
-			t.Errorf("CleanupPlan names foreign chains:\n%s", planText)
-		}
-		if after := k.save(); after != before {
-			t.Errorf("CleanupPlan changed the kernel:\nbefore:\n%s\nafter:\n%s", before, after)
-		}
-
-		// Cleanup removes ours and the predecessor's, keeps the foreign.
-		if err := b2.Cleanup(ctx); err != nil {
-			t.Fatal(err)
-		}
-		s5 := k.save()
-		mustLack(t, s5, "NNM-", "NMANAGER_", "network-node-manager")
-		mustContain(t, s5, ":KUBE-SERVICES", "-A FORWARD -j KUBE-SERVICES", "foreign rule", "kubernetes service portals")
-		var wantForeign strings.Builder
-		for _, l := range strings.Split(strings.TrimSpace(foreign1), "\n") {
-			if !strings.Contains(l, "NMANAGER_") {
-				wantForeign.WriteString(l + "\n")
-			}
-		}
-		if s5 != wantForeign.String() {
-			t.Errorf("after Cleanup:\nwant:\n%s\ngot:\n%s", wantForeign.String(), s5)
-		}
+		foreign1 := lifecycleApply(t, k, b, []*rules.Ruleset{invalidDrop(k.family), externalIP(k.family), loopbackCount(k.family)})
+		lifecycleChange(t, k, b, foreign1)
+		lifecycleRemove(t, k, foreign1)
 	})
+}
+
+// lifecycleApply applies all, re-applies and verifies them unchanged, and reads counters; it returns
+// the foreign rules as they stood after the first apply.
+func lifecycleApply(t *testing.T, k *kernel, b *Backend, all []*rules.Ruleset) string {
+	ctx := context.Background()
+	// Apply: one save, one restore, one save per ruleset.
+	k.run.reset()
+	mustApply(t, b, all...)
+	if c := k.run.reset(); c[k.bin("restore")] != 3 || c[k.bin("save")] != 6 {
+		t.Errorf("first Apply of 3 rulesets ran %v, want 3 restores and 6 saves", c)
+	}
+	s1 := k.save()
+	mustContain(t, s1,
+		`-A INPUT -m comment --comment "network-node-manager:invalid-drop" -j NNM-INVALID-INPUT`,
+		`-A NNM-INVALID-INPUT -m conntrack --ctstate INVALID -m comment --comment "invalid-drop/dropped: drop INVALID so the node sends no RST" -j DROP`,
+		`-A PREROUTING -m comment --comment "network-node-manager:ipvs-externalip-dnat" -j NNM-EXTIP-PREROUTING`,
+		`-A POSTROUTING -m comment --comment "network-node-manager:ipvs-externalip-dnat" -j NNM-EXTIP-MASQ`,
+		`-j MASQUERADE`, `--to-destination`)
+	// Our jump is first in INPUT, before the foreign rules.
+	if i, j := strings.Index(s1, "-A INPUT -m comment --comment \"network-node-manager:invalid-drop\""), strings.Index(s1, "foreign rule"); i < 0 || j < i {
+		t.Errorf("our INPUT jump is not before the foreign rule:\n%s", s1)
+	}
+	foreign1 := foreign(s1)
+
+	// Re-apply trusting the record: nothing runs, and the kernel is byte-identical.
+	mustApply(t, b, all...)
+	if c := k.run.reset(); len(c) != 0 {
+		t.Errorf("no-op Trust reconcile ran %v, want nothing", c)
+	}
+	// Verify: iptables-nft proves "unchanged" by the nf_tables generation once each record
+	// is stamped with the current one (the first round stamps the fixes applied before the
+	// last commit); legacy iptables has no generation and runs iptables-save every time.
+	for round := range 2 {
+		for _, rs := range all {
+			if ok, err := inSync(ctx, b, rs); !ok || err != nil {
+				t.Fatalf("%s: in sync = %v, %v", rs.Fix, ok, err)
+			}
+		}
+		c := k.run.reset()
+		if c[k.bin("restore")] != 0 {
+			t.Errorf("Verify of an unchanged kernel ran %v", c)
+		}
+		if want := map[Variant]int{NFT: 0, Legacy: len(all)}[k.variant]; round == 1 && c[k.bin("save")] != want {
+			t.Errorf("second Verify round ran %d saves (%v), want %d", c[k.bin("save")], c, want)
+		}
+	}
+	if s2 := k.save(); s2 != s1 {
+		t.Errorf("re-Apply changed the kernel:\nbefore:\n%s\nafter:\n%s", s1, s2)
+	}
+
+	// Counters survive a no-op resync and count real packets.
+	k.sendProbe()
+	mustApply(t, b, loopbackCount(k.family))
+	cs, err := b.Counters(ctx, "loopback-count", k.family)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs["probe"].Packets < 3 || cs["probe"].Bytes == 0 {
+		t.Errorf("counter probe = %+v after a TCP exchange, want at least 3 packets", cs["probe"])
+	}
+	if cs, _ := b.Counters(ctx, "invalid-drop", k.family); len(cs) != 1 || cs["dropped"].Packets != 0 {
+		t.Errorf("invalid-drop counters = %v, want dropped=0", cs)
+	}
+
+	return foreign1
+}
+
+// lifecycleChange changes one fix and tampers with another: only our chains are rewritten, and what
+// was changed behind our back is restored.
+func lifecycleChange(t *testing.T, k *kernel, b *Backend, foreign1 string) {
+	ctx := context.Background()
+	// A change rewrites only our chains: one chain and one map entry fewer.
+	changed := externalIP(k.family)
+	changed.Chains = append(changed.Chains[:1], changed.Chains[2:]...) // without EXTIP-OUTPUT
+	removedEntry := changed.Maps[0].Entries[0].Comment
+	changed.Maps[0].Entries = changed.Maps[0].Entries[1:]
+	k.run.reset()
+	mustApply(t, b, changed)
+	if c := k.run.reset(); c[k.bin("restore")] != 1 || c[k.bin("save")] != 2 {
+		t.Errorf("changing Apply ran %v, want 1 restore and 2 saves", c)
+	}
+	s3 := k.save()
+	mustLack(t, s3, "NNM-EXTIP-OUTPUT", removedEntry)
+	mustContain(t, s3, ":NNM-EXTIP-DNAT", ":NNM-INVALID-INPUT")
+	if f := foreign(s3); f != foreign1 {
+		t.Errorf("a change touched foreign rules:\nbefore:\n%s\nafter:\n%s", foreign1, f)
+	}
+	if got, want := strings.Count(s3, "-j DNAT"), len(changed.Maps[0].Entries); got != want {
+		t.Errorf("%d DNAT rules after the change, want %d", got, want)
+	}
+
+	// A rule deleted behind our back is noticed and restored; so is a deleted jump.
+	for _, tamper := range [][]string{
+		{"-D", "NNM-INVALID-INPUT", "1"},
+		{"-D", "INPUT", "-m", "comment", "--comment", "network-node-manager:invalid-drop", "-j", "NNM-INVALID-INPUT"},
+		{"-A", "NNM-INVALID-INPUT", "-j", "ACCEPT"},
+	} {
+		k.ipt(tamper...)
+		if ok, err := inSync(ctx, b, invalidDrop(k.family)); err != nil || ok {
+			t.Errorf("Verify after %v found it in sync (%v, %v); want a repair", tamper, ok, err)
+		}
+		if ok, err := inSync(ctx, b, invalidDrop(k.family)); err != nil || !ok {
+			t.Errorf("in sync after the repair = %v, %v; want true", ok, err)
+		}
+		if s := k.save(); s != s3 {
+			t.Errorf("re-Apply after %v did not restore the rules:\nwant:\n%s\ngot:\n%s", tamper, s3, s)
+		}
+	}
+
+}
+
+// lifecycleRemove: a new process removes one fix from what the kernel says, plans the cleanup, and
+// cleans up ours and the predecessor's chains, keeping the foreign ones.
+func lifecycleRemove(t *testing.T, k *kernel, foreign1 string) {
+	ctx := context.Background()
+	// A new process knows nothing: Remove finds the fix's chains from the kernel, and only them.
+	b2 := k.backend()
+	if err := remove(ctx, b2, "ipvs-externalip-dnat", k.family); err != nil {
+		t.Fatal(err)
+	}
+	s4 := k.save()
+	mustLack(t, s4, "NNM-EXTIP", "ipvs-externalip-dnat")
+	mustContain(t, s4, ":NNM-INVALID-INPUT", ":NNM-PROBE-OUTPUT", "network-node-manager:invalid-drop")
+	if f := foreign(s4); f != foreign1 {
+		t.Errorf("Remove touched foreign rules:\nbefore:\n%s\nafter:\n%s", foreign1, f)
+	}
+	if err := remove(ctx, b2, "ipvs-externalip-dnat", k.family); err != nil {
+		t.Errorf("removing what is gone: %v", err)
+	}
+
+	// CleanupPlan (cleanup --dry-run) names ours and the predecessor's chains and changes nothing.
+	before := k.save()
+	plan, err := b2.CleanupPlan(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	planText := strings.Join(plan, "\n")
+	for _, c := range []string{"chain NNM-INVALID-INPUT ", "chain NMANAGER_"} {
+		if !strings.Contains(planText, c) {
+			t.Errorf("CleanupPlan lacks %q:\n%s", c, planText)
+		}
+	}
+	if strings.Contains(planText, "KUBE-") {
+		t.Errorf("CleanupPlan names foreign chains:\n%s", planText)
+	}
+	if after := k.save(); after != before {
+		t.Errorf("CleanupPlan changed the kernel:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+
+	// Cleanup removes ours and the predecessor's, keeps the foreign.
+	if err := b2.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s5 := k.save()
+	mustLack(t, s5, "NNM-", "NMANAGER_", "network-node-manager")
+	mustContain(t, s5, ":KUBE-SERVICES", "-A FORWARD -j KUBE-SERVICES", "foreign rule", "kubernetes service portals")
+	var wantForeign strings.Builder
+	for _, l := range strings.Split(strings.TrimSpace(foreign1), "\n") {
+		if !strings.Contains(l, "NMANAGER_") {
+			wantForeign.WriteString(l + "\n")
+		}
+	}
+	if s5 != wantForeign.String() {
+		t.Errorf("after Cleanup:\nwant:\n%s\ngot:\n%s", wantForeign.String(), s5)
+	}
 }
 
 // TestKernelRejectKeepsPrevious: a ruleset the kernel rejects (DNAT in POSTROUTING passes Validate but

@@ -81,6 +81,20 @@ func TestKernel(t *testing.T) {
 	}
 }
 
+// kt is the state the phases of testKernel share.
+type kt struct {
+	t        *testing.T
+	ctx      context.Context
+	ns       *testenv.NS
+	f        rules.Family
+	nf       string
+	k        *kernel
+	b        *Backend
+	inv      *rules.Ruleset
+	misc     *rules.Ruleset
+	extTable string
+}
+
 func testKernel(t *testing.T, f rules.Family) {
 	ctx := context.Background()
 	ns := testenv.New(t, "nnm-nft")
@@ -123,7 +137,16 @@ func testKernel(t *testing.T, f rules.Family) {
 	if l := nftList(t, ns, "list", "table", nf, "nnm-invalid-drop"); !strings.Contains(l, `ct state invalid counter name "cnt-invalid-dropped" drop comment "network-node-manager:invalid-drop"`) {
 		t.Errorf("invalid-drop table:\n%s", l)
 	}
+	x := &kt{t: t, ctx: ctx, ns: ns, f: f, nf: nf, k: k, b: b, inv: inv, misc: misc, extTable: extTable}
+	rec, changed := x.mapChange()
+	x.counters()
+	x.tamper(rec, changed)
+	x.remove(foreignState, before)
+}
 
+// mapChange: re-applying sends nothing; a map-only change sends element operations only.
+func (x *kt) mapChange() (*recorder, []rules.MapEntry) {
+	t, ctx, ns, f, nf, k, b, extTable := x.t, x.ctx, x.ns, x.f, x.nf, x.k, x.b, x.extTable
 	// Re-applying leaves the ruleset byte-identical and sends nothing.
 	rec := k.rec(nftFamily(f), extTable)
 	ruleset := nftList(t, ns, "-a", "list", "ruleset")
@@ -166,7 +189,12 @@ func testKernel(t *testing.T, f rules.Family) {
 		}
 		return nil
 	})
+	return rec, changed
+}
 
+// counters: named counters read real packets and survive a full rewrite of the table.
+func (x *kt) counters() {
+	t, ctx, ns, f, b, inv := x.t, x.ctx, x.ns, x.f, x.b, x.inv
 	// Counters read real packets, and survive a full rewrite of the table.
 	const probe = 5
 	inNS(t, ns, func() error { return sendUDP(addrs(f, "127.0.0.2:9999", "[::1]:9999"), probe) })
@@ -188,7 +216,12 @@ func testKernel(t *testing.T, f rules.Family) {
 	if got := readProbe(); got != probe {
 		t.Fatalf("after a rewrite the probe counter = %d packets, want %d (named counters must survive)", got, probe)
 	}
+}
 
+// tamper: changes behind our back are found by Verify and restored; a rejected transaction changes
+// nothing.
+func (x *kt) tamper(rec *recorder, changed []rules.MapEntry) {
+	t, ctx, ns, f, nf, b, extTable := x.t, x.ctx, x.ns, x.f, x.nf, x.b, x.extTable
 	// Changes behind our back: a Verify reconcile notices and restores.
 	want := nftList(t, ns, "list", "table", nf, extTable)
 	for name, tamper := range map[string][]string{
@@ -233,7 +266,11 @@ func testKernel(t *testing.T, f rules.Family) {
 	if got := nftList(t, ns, "list", "ruleset"); got != want {
 		t.Fatalf("a rejected transaction changed the kernel:\n%s\nwant:\n%s", got, want)
 	}
+}
 
+// remove: Remove deletes one table, CleanupPlan names ours, Cleanup deletes them; foreign tables stay.
+func (x *kt) remove(foreignState func() string, before string) {
+	t, ctx, ns, f, nf, b, misc := x.t, x.ctx, x.ns, x.f, x.nf, x.b, x.misc
 	// Remove deletes one table; Cleanup every nnm-* table; the foreign ones stay.
 	inNS(t, ns, func() error { return remove(ctx, b, misc.Fix, f) })
 	if tables := nftList(t, ns, "list", "tables"); strings.Contains(tables, "nnm-misc") || !strings.Contains(tables, "nnm-invalid-drop") {

@@ -280,7 +280,18 @@ func ruleText(f fam, c rules.Chain, r rules.Rule) (string, error) {
 	if r.SetMark != 0 {
 		p = append(p, fmt.Sprintf("meta mark set meta mark | 0x%08x", r.SetMark))
 	}
-	v := r.Verdict
+	p, err := appendVerdict(p, f, m, r.Verdict, lookupKey)
+	if err != nil {
+		return "", err
+	}
+	if len(p) == 0 {
+		return "", fmt.Errorf("rule has neither a match, a counter, a mark nor a verdict")
+	}
+	return strings.Join(p, " "), nil
+}
+
+// appendVerdict appends the statement of a rule's verdict; lookupKey is the key of its map lookup.
+func appendVerdict(p []string, f fam, m rules.Match, v rules.Verdict, lookupKey string) ([]string, error) {
 	switch v.Kind {
 	case rules.Continue:
 	case rules.Accept, rules.Drop, rules.Return, rules.Masquerade:
@@ -294,7 +305,7 @@ func ruleText(f fam, c rules.Chain, r rules.Rule) (string, error) {
 			p = append(p, "dnat to "+a)
 		case m.Protocol == "":
 			// nft: "transport protocol mapping is only valid after transport protocol match"
-			return "", fmt.Errorf("dnat to %s needs Match.Protocol to rewrite the port", v.To)
+			return nil, fmt.Errorf("dnat to %s needs Match.Protocol to rewrite the port", v.To)
 		case f.nft == knftables.IPv6Family:
 			p = append(p, fmt.Sprintf("dnat to [%s]:%d", a, v.To.Port()))
 		default:
@@ -310,12 +321,9 @@ func ruleText(f fam, c rules.Chain, r rules.Rule) (string, error) {
 			p = append(p, fmt.Sprintf("tcp option maxseg size set %d", v.MSS))
 		}
 	default:
-		return "", fmt.Errorf("unsupported verdict %q", v.Kind)
+		return nil, fmt.Errorf("unsupported verdict %q", v.Kind)
 	}
-	if len(p) == 0 {
-		return "", fmt.Errorf("rule has neither a match, a counter, a mark nor a verdict")
-	}
-	return strings.Join(p, " "), nil
+	return p, nil
 }
 
 // prefixSet renders prefixes (IPv4-mapped ones as IPv4) as one value or an anonymous set.

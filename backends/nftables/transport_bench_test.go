@@ -16,45 +16,21 @@ import (
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
-// BenchmarkElementTransport measures the two ways of sending one nf_tables transaction of map
-// elements: one `nft -f` process fed by knftables (what the backend does today) and one netlink
-// batch sent with github.com/google/nftables, over a socket kept open (netlink) or over one opened
-// and closed per transaction (netlink-socket-per-tx, google/nftables' default). All send the same objects:
-// the ipvs-externalip-dnat shape (table, map ipv4_addr . inet_proto . inet_service :
-// ipv4_addr . inet_service with a comment per element, and the map's companion key set; see
-// build), built from the same model, and the benchmark first checks that both leave the kernel
-// holding byte-identical `nft list table` output.
-//
-//	cold-10k          table + map + key set + 10,000 elements each, into a namespace without them
-//	add-1-at-10k      one element (and its key) added to the 10,000-element map (and set)
-//	delete-1-at-10k   one element (and its key) deleted from it
-//	list-10k          the 10,000 elements of the map read back (knftables ListElements runs
-//	                  `nft --json list map`; netlink: one GETSETELEM dump)
-//
-// Each iteration is one transaction, timed alone (the untimed inverse operation restores the
-// state). ns/op is the median; min-ms and max-ms give the spread. Run as root (it makes a network
-// namespace of its own):
-//
-//	go test ./backends/nftables -run '^$' -bench ElementTransport -benchtime 20x -count 1
-func BenchmarkElementTransport(b *testing.B) {
-	testenv.Require(b, "nft")
-	ns := testenv.New(b, "nnm-tx")
+// transport can load the 10k table and add or delete the extra element, one way.
+type transport struct {
+	name                    string
+	cold, add, delete, list func() error
+	oneElems                []knftables.Element
+}
+
+// elementTransports returns the transports compared (nft -f, netlink with one socket, netlink with
+// a socket per transaction) over the table of m, whose extra element is extra's; done closes them.
+func elementTransports(b *testing.B, ns *testenv.NS, m, extra *model) ([]transport, func()) {
 	ctx := context.Background()
-	const n = transportElements
-	f := rules.IPv4
-	m, err := build(externalIPRuleset(f, manyEntries(f, n)))
-	if err != nil {
-		b.Fatal(err)
-	}
 	mm := m.maps[0]
 	elems, keyElems := elementsOf(mm)
-	extra, err := build(externalIPRuleset(f, []rules.MapEntry{entry(f, 2*n, rules.UDP, 53, 53)}))
-	if err != nil {
-		b.Fatal(err)
-	}
 	one := extra.maps[0]
 	oneElems, oneKeys := elementsOf(one)
-
 	var nft knftables.Interface
 	if err := ns.Do(func() (err error) {
 		nft, err = knftables.New(m.family, m.table)
@@ -66,18 +42,11 @@ func BenchmarkElementTransport(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer nl.close()
 	nlOnce, err := newNetlinkTx(ns.Path(), m, mm, false)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer nlOnce.close()
 
-	// The two transports, each able to load the table and to add or delete the extra element.
-	type transport struct {
-		name                    string
-		cold, add, delete, list func() error
-	}
 	nftRun := func(fill func(tx *knftables.Transaction)) func() error {
 		return func() error {
 			tx := nft.NewTransaction()
@@ -124,6 +93,46 @@ func BenchmarkElementTransport(b *testing.B) {
 			list:   func() error { return allListed(nlOnce.conn.GetSetElements(nlOnce.dmap)) },
 		},
 	}
+	transports[0].oneElems = oneElems
+	return transports, func() { nl.close(); nlOnce.close() }
+}
+
+// BenchmarkElementTransport measures the two ways of sending one nf_tables transaction of map
+// elements: one `nft -f` process fed by knftables (what the backend does today) and one netlink
+// batch sent with github.com/google/nftables, over a socket kept open (netlink) or over one opened
+// and closed per transaction (netlink-socket-per-tx, google/nftables' default). All send the same objects:
+// the ipvs-externalip-dnat shape (table, map ipv4_addr . inet_proto . inet_service :
+// ipv4_addr . inet_service with a comment per element, and the map's companion key set; see
+// build), built from the same model, and the benchmark first checks that both leave the kernel
+// holding byte-identical `nft list table` output.
+//
+//	cold-10k          table + map + key set + 10,000 elements each, into a namespace without them
+//	add-1-at-10k      one element (and its key) added to the 10,000-element map (and set)
+//	delete-1-at-10k   one element (and its key) deleted from it
+//	list-10k          the 10,000 elements of the map read back (knftables ListElements runs
+//	                  `nft --json list map`; netlink: one GETSETELEM dump)
+//
+// Each iteration is one transaction, timed alone (the untimed inverse operation restores the
+// state). ns/op is the median; min-ms and max-ms give the spread. Run as root (it makes a network
+// namespace of its own):
+//
+//	go test ./backends/nftables -run '^$' -bench ElementTransport -benchtime 20x -count 1
+func BenchmarkElementTransport(b *testing.B) {
+	testenv.Require(b, "nft")
+	ns := testenv.New(b, "nnm-tx")
+	const n = transportElements
+	f := rules.IPv4
+	m, err := build(externalIPRuleset(f, manyEntries(f, n)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	extra, err := build(externalIPRuleset(f, []rules.MapEntry{entry(f, 2*n, rules.UDP, 53, 53)}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	transports, done := elementTransports(b, ns, m, extra)
+	defer done()
+	oneElems, one := transports[0].oneElems, extra.maps[0]
 	table := string(m.family) + " " + m.table
 	dropTable := func() error {
 		_, err := ns.Exec("nft", "add table "+table+" ; delete table "+table)
