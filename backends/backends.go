@@ -19,7 +19,7 @@ import (
 )
 
 // Names lists the backends in a stable order.
-var Names = []string{"iptables", "nftables"}
+var Names = backend.Names
 
 // Module provides the backend.Backend that detection chose.
 var Module = fx.Module("backends", fx.Provide(Selected))
@@ -36,13 +36,13 @@ func Selected(r detect.Result, log *slog.Logger) (backend.Backend, error) {
 // objects regardless.
 func Leftovers(r detect.Result, log *slog.Logger) (core.Leftovers, error) {
 	switch r.Backend {
-	case "iptables":
+	case backend.IPTables:
 		other, err := nftables.New(nftables.Options{Logger: log})
 		if err != nil {
 			return nil, err
 		}
 		return other.RemoveAll, nil
-	case "nftables":
+	case backend.NFTables:
 		other, err := iptables.New(iptables.Options{Variant: iptables.Variant(r.IptablesVariant), Logger: log})
 		if err != nil {
 			return nil, err
@@ -67,9 +67,9 @@ var Takeover = fx.Provide(Leftovers)
 // New returns the named backend. It does no I/O.
 func New(name, iptablesVariant string, log *slog.Logger) (backend.Backend, error) {
 	switch name {
-	case "iptables":
+	case backend.IPTables:
 		return iptables.New(iptables.Options{Variant: iptables.Variant(iptablesVariant), Logger: log})
-	case "nftables":
+	case backend.NFTables:
 		return nftables.New(nftables.Options{Logger: log})
 	}
 	return nil, fmt.Errorf("unknown backend %q (want iptables or nftables)", name)

@@ -144,14 +144,14 @@ func New(opts Options) (*Backend, error) {
 		variant:  opts.Variant,
 		lockWait: opts.LockWait,
 		run:      opts.Runner,
-		log:      opts.Logger.With("backend", "iptables", "variant", string(opts.Variant)),
+		log:      opts.Logger.With("backend", backend.IPTables, "variant", string(opts.Variant)),
 	}
 	b.driver = backend.NewDriver[*record](ops{b}, opts.Generation, b.log)
 	return b, nil
 }
 
 // Name implements backend.Backend.
-func (b *Backend) Name() string { return "iptables" }
+func (b *Backend) Name() string { return backend.IPTables }
 
 // Binary is the path-less name of the variant's tool for family: tool is "restore", "save", or ""
 // for iptables itself.

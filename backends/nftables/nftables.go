@@ -30,7 +30,7 @@ import (
 )
 
 // Name is the backend's name as it labels metrics.
-const Name = "nftables"
+const Name = backend.NFTables
 
 // Options configures New. Zero values select the real kernel and slog.Default().
 type Options struct {

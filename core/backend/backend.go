@@ -6,7 +6,8 @@
 //
 // A backend keeps a record of what its last reconcile of each (fix, family) left in the kernel.
 // Reconcile is the one place that decides how far that record is trusted and when the kernel is read
-// back and repaired: callers only say which Mode they want.
+// back and repaired: callers only say which Mode they want. That logic is Driver (driver.go), shared
+// by every backend, with a lock per (fix, family): a backend supplies Ops.
 package backend
 
 import (
@@ -14,6 +15,16 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
+
+// The backends' names: the values of the config key backend (besides "auto"), the backend="…"
+// metric label, and what Backend.Name returns. One place for them; everything else refers here.
+const (
+	IPTables = "iptables"
+	NFTables = "nftables"
+)
+
+// Names lists the backends in a stable order.
+var Names = []string{IPTables, NFTables}
 
 // Counter is a packet/byte counter read from the kernel.
 type Counter struct {

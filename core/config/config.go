@@ -25,6 +25,7 @@ import (
 	"github.com/spf13/viper"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/logging"
 	"github.com/network-node-manager/network-node-manager/core/rules"
@@ -766,7 +767,7 @@ func (c *Config) Validate() error {
 		}
 		return nil
 	}
-	if err := oneOf("backend", c.Backend, "auto", "iptables", "nftables"); err != nil {
+	if err := oneOf("backend", c.Backend, append([]string{"auto"}, backend.Names...)...); err != nil {
 		return err
 	}
 	if err := oneOf("iptablesVariant", c.IptablesVariant, "auto", "nft", "legacy"); err != nil {

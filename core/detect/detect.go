@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"strings"
 
+	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/config"
 )
 
@@ -113,9 +114,9 @@ func Resolve(ctx context.Context, cfg *config.Config, p Probes, log *slog.Logger
 		r.ProxyMode, r.ProxyModeSource = proxyMode(ctx, p, &r)
 	}
 	if r.Backend == "auto" {
-		r.Backend, r.BackendSource = "iptables", SourceDefault
+		r.Backend, r.BackendSource = backend.IPTables, SourceDefault
 		if r.ProxyMode == "nftables" {
-			r.Backend, r.BackendSource = "nftables", SourceProxyMode
+			r.Backend, r.BackendSource = backend.NFTables, SourceProxyMode
 		} else if r.ProxyMode != "" {
 			r.BackendSource = SourceProxyMode
 		}

@@ -150,7 +150,7 @@ func printPlan(w io.Writer, e *engine.Engine, cfg *config.Config, names []string
 	}
 	for _, name := range names {
 		be, err := backends.New(name, cfg.IptablesVariant, slog.New(slog.NewTextHandler(io.Discard, nil)))
-		if err != nil && name == "iptables" {
+		if err != nil && name == backend.IPTables {
 			be, err = backends.New(name, "nft", slog.New(slog.NewTextHandler(io.Discard, nil)))
 		}
 		if err != nil {
@@ -242,7 +242,7 @@ func CleanupPlan(ctx context.Context, w io.Writer, fixes []fix.Fix, cfg *config.
 		}
 		lines, err := p.CleanupPlan(ctx)
 		if err != nil {
-			if t.name == "iptables" && i > 0 {
+			if t.name == backend.IPTables && i > 0 {
 				log.Warn("dry run skipped for the other iptables variant", "variant", t.variant, "err", err)
 				continue
 			}
@@ -297,9 +297,9 @@ func cleanupTargets(cfg *config.Config) []cleanupTarget {
 	}
 	var targets []cleanupTarget
 	for _, v := range variants {
-		targets = append(targets, cleanupTarget{"iptables", v})
+		targets = append(targets, cleanupTarget{backend.IPTables, v})
 	}
-	return append(targets, cleanupTarget{"nftables", ""})
+	return append(targets, cleanupTarget{backend.NFTables, ""})
 }
 
 // Cleanup removes what every backend owns. The iptables variant of the node is cleaned; the other
@@ -317,7 +317,7 @@ func Cleanup(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		}
 		if err := be.Cleanup(ctx); err != nil {
 			// The node's own iptables variant and nftables must clean up; the other variant may be absent.
-			if t.name == "iptables" && i > 0 {
+			if t.name == backend.IPTables && i > 0 {
 				log.Warn("cleanup skipped for the other iptables variant", "variant", t.variant, "err", err)
 				continue
 			}
