@@ -117,10 +117,7 @@ type Agent struct {
 	client  *http.Client
 
 	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error // exit error once done is closed
-	logf *os.File
+	proc *testenv.Process // the current run
 }
 
 // Start starts the agent and returns without waiting for readiness (see WaitReady).
@@ -172,47 +169,22 @@ func Start(opts Options) (*Agent, error) {
 func (a *Agent) start() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.cmd != nil && !a.exitedLocked() {
+	if a.proc != nil && a.proc.Exited() == nil {
 		return errors.New("agent is already running")
 	}
-	logf, err := os.OpenFile(a.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	proc, err := testenv.StartProcess(a.opts.Netns, "agent", a.logPath, cleanEnv(), a.opts.Env,
+		append([]string{a.opts.Bin, "run"}, a.opts.Args...)...)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(logf, "==== %s: ip netns exec %s %s run %s\n", time.Now().Format(time.RFC3339Nano), a.opts.Netns, a.opts.Bin, strings.Join(a.opts.Args, " "))
-	cmd := testenv.Command(context.Background(), a.opts.Netns, append([]string{a.opts.Bin, "run"}, a.opts.Args...)...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(cleanEnv(), a.opts.Env...)
-	// Own process group: a ^C to the test does not reach the agent before cleanup stops it.
-	// SIGKILL if this process dies first, so a crashed test leaves no agent running.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return fmt.Errorf("start agent: %w", err)
-	}
-	done := make(chan struct{})
-	a.cmd, a.done, a.logf, a.err = cmd, done, logf, nil
-	go func() {
-		err := cmd.Wait()
-		a.mu.Lock()
-		a.err = err
-		if err == nil {
-			a.err = errExitedZero
-		}
-		a.mu.Unlock()
-		fmt.Fprintf(logf, "==== %s: agent exited: %v\n", time.Now().Format(time.RFC3339Nano), err)
-		logf.Close()
-		close(done)
-	}()
+	a.proc = proc
 	return nil
 }
-
-var errExitedZero = errors.New("agent exited with status 0")
 
 // cleanEnv is this process's environment without NNM_* variables, so that a developer's shell settings
 // do not leak into the agent under test.
 func cleanEnv() []string {
-	var env []string
+	env := []string{}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "NNM_") {
 			env = append(env, kv)
@@ -221,34 +193,17 @@ func cleanEnv() []string {
 	return env
 }
 
-func (a *Agent) exitedLocked() bool {
-	select {
-	case <-a.done:
-		return true
-	default:
-		return false
-	}
+func (a *Agent) current() *testenv.Process {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.proc
 }
 
 // Exited returns the reason the process ended, or nil while it runs.
-func (a *Agent) Exited() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.cmd == nil || !a.exitedLocked() {
-		return nil
-	}
-	return a.err
-}
+func (a *Agent) Exited() error { return a.current().Exited() }
 
-// PID of the running process (0 before start).
-func (a *Agent) PID() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.cmd == nil || a.cmd.Process == nil {
-		return 0
-	}
-	return a.cmd.Process.Pid
-}
+// PID of the running process.
+func (a *Agent) PID() int { return a.current().PID() }
 
 // Netns is the namespace the agent runs in.
 func (a *Agent) Netns() string { return a.opts.Netns }
@@ -260,57 +215,30 @@ func (a *Agent) MetricsAddr() string { return a.addr }
 func (a *Agent) LogPath() string { return a.logPath }
 
 // Logs returns the whole log file.
-func (a *Agent) Logs() string {
-	b, _ := os.ReadFile(a.logPath)
-	return string(b)
-}
+func (a *Agent) Logs() string { return a.current().Logs() }
 
 // LogTail returns the last n lines of the log.
-func (a *Agent) LogTail(n int) string {
-	lines := strings.Split(strings.TrimRight(a.Logs(), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func (a *Agent) LogTail(n int) string { return a.current().LogTail(n) }
 
 // Stop sends SIGTERM and waits up to grace for the process to end, then kills it. The agent leaves its
 // rules in place on exit. Stopping a stopped agent is a no-op.
 func (a *Agent) Stop(grace time.Duration) error {
-	return a.signal(syscall.SIGTERM, grace)
+	p := a.current()
+	if p.Exited() != nil {
+		return nil
+	}
+	if err := p.Signal(syscall.SIGTERM, grace); err != nil {
+		return err
+	}
+	if err := p.Exited(); !errors.Is(err, testenv.ErrExitedZero) {
+		return fmt.Errorf("agent exited with %v after SIGTERM", err)
+	}
+	return nil
 }
 
 // Kill sends SIGKILL and waits for the process to end.
 func (a *Agent) Kill() error {
-	return a.signal(syscall.SIGKILL, 10*time.Second)
-}
-
-func (a *Agent) signal(sig syscall.Signal, grace time.Duration) error {
-	a.mu.Lock()
-	cmd, done := a.cmd, a.done
-	a.mu.Unlock()
-	if cmd == nil {
-		return nil
-	}
-	select {
-	case <-done:
-		return nil
-	default:
-	}
-	_ = cmd.Process.Signal(sig)
-	select {
-	case <-done:
-	case <-time.After(grace):
-		_ = cmd.Process.Kill()
-		<-done
-		return fmt.Errorf("agent did not stop within %v after %v; killed", grace, sig)
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if sig == syscall.SIGTERM && a.err != nil && !errors.Is(a.err, errExitedZero) {
-		return fmt.Errorf("agent exited with %v after SIGTERM", a.err)
-	}
-	return nil
+	return a.current().Signal(syscall.SIGKILL, 10*time.Second)
 }
 
 // Restart stops the agent (SIGTERM) if it runs and starts it again with the same options.
