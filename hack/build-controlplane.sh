@@ -14,28 +14,13 @@
 #   FORCE=1      rebuild even if the stamp matches
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BIN="${NNM_BIN_DIR:-$ROOT/bin}"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+BIN="${NNM_BIN_DIR:-$NNM_ROOT/bin}"
 STAMP="$BIN/.controlplane-stamp"
-TOOLS="$ROOT/tools"
+TOOLS="$NNM_ROOT/tools"
 
 export CGO_ENABLED=0 GOWORK=off GOFLAGS="-mod=readonly -buildvcs=false"
-
-# inputs_hash prints a hash over everything that determines the binaries.
-inputs_hash() {
-	(
-		cd "$ROOT"
-		go env GOVERSION GOOS GOARCH
-		sha256sum hack/build-controlplane.sh
-		find tools/kube-apiserver tools/etcd -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -print0 |
-			LC_ALL=C sort -z | xargs -0 sha256sum
-	) | sha256sum | cut -d' ' -f1
-}
-
-up_to_date() {
-	[[ "${FORCE:-0}" != 1 && -x "$BIN/kube-apiserver" && -x "$BIN/kube-proxy" && -x "$BIN/etcd" && -f "$STAMP" ]] &&
-		[[ "$(cat "$STAMP")" == "$1" ]]
-}
 
 # build <module dir> <pinned module> <package> <output name> [extra ldflags]
 build() {
@@ -62,8 +47,8 @@ kube_version_ldflags() {
 main() {
 	mkdir -p "$BIN"
 	local want
-	want="$(inputs_hash)"
-	if up_to_date "$want"; then
+	want="$(nnm_inputs_hash hack/build-controlplane.sh tools/kube-apiserver tools/etcd)"
+	if nnm_up_to_date "$STAMP" "$want" "$BIN/kube-apiserver" "$BIN/kube-proxy" "$BIN/etcd"; then
 		echo "control plane binaries in $BIN are up to date"
 		return 0
 	fi

@@ -10,28 +10,19 @@
 #   FORCE=1      rebuild even if the stamp matches
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BIN="${NNM_BIN_DIR:-$ROOT/bin}"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+BIN="${NNM_BIN_DIR:-$NNM_ROOT/bin}"
 STAMP="$BIN/.promtool-stamp"
-MOD="$ROOT/tools/promtool"
+MOD="$NNM_ROOT/tools/promtool"
 
 export CGO_ENABLED=0 GOWORK=off GOFLAGS="-mod=readonly -buildvcs=false"
-
-inputs_hash() {
-	(
-		cd "$ROOT"
-		go env GOVERSION GOOS GOARCH
-		sha256sum hack/build-promtool.sh
-		find tools/promtool -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -print0 |
-			LC_ALL=C sort -z | xargs -0 sha256sum
-	) | sha256sum | cut -d' ' -f1
-}
 
 main() {
 	mkdir -p "$BIN"
 	local want
-	want="$(inputs_hash)"
-	if [[ "${FORCE:-0}" != 1 && -x "$BIN/promtool" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
+	want="$(nnm_inputs_hash hack/build-promtool.sh tools/promtool)"
+	if nnm_up_to_date "$STAMP" "$want" "$BIN/promtool"; then
 		echo "promtool in $BIN is up to date"
 		return 0
 	fi
