@@ -10,33 +10,18 @@
 #   FORCE=1      rebuild even if the stamp matches
 set -euo pipefail
 
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" # sets NNM_ROOT and BIN
 
-BIN="${NNM_BIN_DIR:-$NNM_ROOT/bin}"
-STAMP="$BIN/.promtool-stamp"
 MOD="$NNM_ROOT/tools/promtool"
 
 export CGO_ENABLED=0 GOWORK=off GOFLAGS="-mod=readonly -buildvcs=false"
 
-main() {
-	mkdir -p "$BIN"
-	local want
-	want="$(nnm_inputs_hash hack/build-promtool.sh tools/promtool)"
-	if nnm_up_to_date "$STAMP" "$want" "$BIN/promtool"; then
-		echo "promtool in $BIN is up to date"
-		return 0
-	fi
-	rm -f "$STAMP"
+build() {
 	local v
 	v="$(cd "$MOD" && go list -m -f '{{.Version}}' github.com/prometheus/prometheus)"
-	echo "building promtool from github.com/prometheus/prometheus@$v"
 	# promtool --version reports what common/version holds; stamp the pinned module version in.
-	(cd "$MOD" && go build -trimpath \
-		-ldflags="-s -w -X github.com/prometheus/common/version.Version=$v" \
-		-o "$BIN/.promtool.tmp" github.com/prometheus/prometheus/cmd/promtool)
-	mv -f "$BIN/.promtool.tmp" "$BIN/promtool"
-	echo "$want" >"$STAMP"
-	ls -lh "$BIN/promtool"
+	nnm_go_build "$MOD" github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/promtool promtool \
+		"-X github.com/prometheus/common/version.Version=$v"
 }
 
-main "$@"
+nnm_stamped_build promtool "$(nnm_inputs_hash hack/build-promtool.sh tools/promtool)" build "$BIN/promtool"

@@ -4,6 +4,9 @@
 # NNM_ROOT is the repository root.
 NNM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
+# BIN is where the tools are built: $NNM_BIN_DIR, else <repo>/bin (internal/controlplane reads the same).
+BIN="${NNM_BIN_DIR:-$NNM_ROOT/bin}"
+
 # nnm_inputs_hash SCRIPT DIR... prints a hash over everything that determines tool binaries: the Go
 # version and platform, the building SCRIPT and the go.mod, go.sum and *.go files below each DIR
 # (paths relative to the repository root). The build environment (CGO_ENABLED, GOFLAGS) is set in
@@ -20,15 +23,37 @@ nnm_inputs_hash() {
 	) | sha256sum | cut -d' ' -f1
 }
 
-# nnm_up_to_date STAMP HASH BINARY... is true when every BINARY is executable and the STAMP file holds
-# HASH, unless FORCE=1 asks for a rebuild.
-nnm_up_to_date() {
-	local stamp="$1" hash="$2" bin
-	shift 2
-	[[ "${FORCE:-0}" != 1 && -f "$stamp" && "$(cat "$stamp")" == "$hash" ]] || return 1
-	for bin in "$@"; do
-		[[ -x "$bin" ]] || return 1
-	done
+# nnm_stamped_build NAME HASH BUILD BINARY... runs the function BUILD, which makes the BINARY files,
+# unless they are all there and $BIN/.NAME-stamp holds HASH (nnm_inputs_hash); FORCE=1 rebuilds
+# anyway. The stamp is removed before BUILD and written only after it succeeds, so that an
+# interrupted build is redone.
+nnm_stamped_build() {
+	local name="$1" hash="$2" build="$3" stamp="$BIN/.$1-stamp" bin
+	shift 3
+	mkdir -p "$BIN"
+	if [[ "${FORCE:-0}" != 1 && -f "$stamp" && "$(cat "$stamp")" == "$hash" ]]; then
+		local missing=0
+		for bin in "$@"; do
+			[[ -x "$bin" ]] || missing=1
+		done
+		if [[ $missing == 0 ]]; then
+			echo "$name binaries in $BIN are up to date"
+			return 0
+		fi
+	fi
+	rm -f "$stamp"
+	"$build"
+	echo "$hash" >"$stamp"
+	ls -lh "$@"
+}
+
+# nnm_go_build DIR MODULE PACKAGE OUT [LDFLAGS] builds PACKAGE, of the pinned MODULE required by the
+# tools module in DIR, into $BIN/OUT: stripped, without local paths, with extra LDFLAGS (-X ...).
+nnm_go_build() {
+	local dir="$1" mod="$2" pkg="$3" out="$4" ldx="${5:-}"
+	echo "building $out from $(cd "$dir" && go list -m -f '{{.Path}}@{{.Version}}' "$mod")"
+	(cd "$dir" && go build -trimpath -ldflags="-s -w $ldx" -o "$BIN/.$out.tmp" "$pkg")
+	mv -f "$BIN/.$out.tmp" "$BIN/$out"
 }
 
 # nnm_have PROBE is true when PROBE is present: an absolute path (e.g. a header) that exists, else a
