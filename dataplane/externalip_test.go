@@ -203,17 +203,11 @@ func backendBody(ns *testenv.NS) string { return "hello from " + ns.Name + "\n" 
 func serveBackend(t *testing.T, ns *testenv.NS) {
 	ln := ns.Listen(t, fmt.Sprintf(":%d", backendPort))
 	body := backendBody(ns)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-			_, _ = io.WriteString(c, body)
-			c.Close()
-		}
-	}()
+	testenv.Serve(ln, func(c net.Conn) {
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _ = io.WriteString(c, body)
+		c.Close()
+	})
 }
 
 // startForwarder listens on each key of routes inside node and relays every connection to the

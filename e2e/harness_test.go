@@ -59,6 +59,19 @@ func require(t *testing.T) {
 	}
 }
 
+// eachBackend runs test once per backend, the backends in parallel, each on its backend's shared
+// control plane (sharedCluster).
+func eachBackend(t *testing.T, test func(t *testing.T, c *cluster, backend string)) {
+	t.Helper()
+	require(t)
+	for _, be := range backendNames {
+		t.Run(be, func(t *testing.T) {
+			t.Parallel()
+			test(t, sharedCluster(t, be), be)
+		})
+	}
+}
+
 // requireAgent is require without the control plane, for scenarios whose agent has no API server.
 func requireAgent(t *testing.T) {
 	t.Helper()
@@ -360,7 +373,7 @@ func (n *node) dnatEntries(family string) ([]string, error) {
 			out = append(out, entry(d[1], p[1], port[1], ap))
 		}
 	} else {
-		fam := map[string]string{"ipv4": "ip", "ipv6": "ip6"}[family]
+		fam := agenttest.NftFamily(family)
 		raw, err := testenv.Exec(ctx, n.ns.Name, "nft", "-j", "list", "table", fam, "nnm-"+fixExtIP)
 		if err != nil {
 			if strings.Contains(raw, "No such file or directory") {
@@ -459,13 +472,20 @@ func concat(raw json.RawMessage) ([]string, error) {
 	return out, nil
 }
 
+// fixTable lists the nftables table of a fix for a family ("" when it is missing), with nft's name of
+// the family.
+func (n *node) fixTable(fixID, family string) (fam, out string, err error) {
+	fam = agenttest.NftFamily(family)
+	out, err = agenttest.NftListTable(n.t.Context(), n.ns.Name, fam, "nnm-"+fixID)
+	return fam, out, err
+}
+
 // fixPresent reports whether a fix's hooked chains are in the kernel for a family: for iptables the
 // NNM- chains and the jumps from the built-in chains, for nftables the fix's table with base chains.
 func (n *node) fixPresent(fixID, family string) error {
 	ctx := n.t.Context()
 	if n.backend == "nftables" {
-		fam := map[string]string{"ipv4": "ip", "ipv6": "ip6"}[family]
-		out, err := agenttest.NftListTable(ctx, n.ns.Name, fam, "nnm-"+fixID)
+		fam, out, err := n.fixTable(fixID, family)
 		if err != nil {
 			return err
 		}
@@ -511,10 +531,8 @@ func (n *node) fixPresent(fixID, family string) error {
 
 // fixAbsent reports an error if anything of the fix is left in the kernel for a family.
 func (n *node) fixAbsent(fixID, family string) error {
-	ctx := n.t.Context()
 	if n.backend == "nftables" {
-		fam := map[string]string{"ipv4": "ip", "ipv6": "ip6"}[family]
-		out, err := agenttest.NftListTable(ctx, n.ns.Name, fam, "nnm-"+fixID)
+		fam, out, err := n.fixTable(fixID, family)
 		if err != nil {
 			return err
 		}
@@ -528,7 +546,7 @@ func (n *node) fixAbsent(fixID, family string) error {
 	if fixID == fixExtIP {
 		table, marker = "nat", "NNM-EXTIP-"
 	}
-	out, err := agenttest.IptablesSave(ctx, n.ns.Name, n.variant, family, table)
+	out, err := agenttest.IptablesSave(n.t.Context(), n.ns.Name, n.variant, family, table)
 	if err != nil {
 		return err
 	}

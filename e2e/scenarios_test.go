@@ -45,16 +45,11 @@ var scenarios = []scenario{
 // TestScenarios runs every scenario against both backends: the backends in parallel, each on a control
 // plane of its own, the scenarios of one backend one after the other.
 func TestScenarios(t *testing.T) {
-	require(t)
-	for _, be := range backendNames {
-		t.Run(be, func(t *testing.T) {
-			t.Parallel()
-			c := sharedCluster(t, be)
-			for _, sc := range scenarios {
-				t.Run(sc.name, func(t *testing.T) { sc.run(t, c, be) })
-			}
-		})
-	}
+	eachBackend(t, func(t *testing.T, c *cluster, be string) {
+		for _, sc := range scenarios {
+			t.Run(sc.name, func(t *testing.T) { sc.run(t, c, be) })
+		}
+	})
 }
 
 func nsName(scenario int, backend string) string {

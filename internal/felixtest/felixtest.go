@@ -237,7 +237,7 @@ func (f *Felix) Programmed(ctx context.Context) error {
 				return fmt.Errorf("%s: no cali-INPUT jump in filter INPUT yet", fam)
 			}
 		case NFTables:
-			nf := map[string]string{"ipv4": "ip", "ipv6": "ip6"}[fam]
+			nf := agenttest.NftFamily(fam)
 			out, err := agenttest.NftListTable(ctx, f.opts.Netns, nf, "calico")
 			if err != nil {
 				return err

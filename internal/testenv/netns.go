@@ -281,3 +281,42 @@ func (ns *NS) Listen(t testing.TB, addr string) net.Listener {
 	t.Cleanup(func() { ln.Close() })
 	return ln
 }
+
+// Serve accepts connections on ln until it is closed (ns.Listen's: when the test ends) and hands each
+// to handle, in a goroutine of its own.
+func Serve(ln net.Listener, handle func(net.Conn)) {
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go handle(c)
+		}
+	}()
+}
+
+// ListenPacket opens a UDP socket inside the namespace, closed when t ends.
+func (ns *NS) ListenPacket(t testing.TB, addr string) net.PacketConn {
+	t.Helper()
+	var pc net.PacketConn
+	if err := ns.Do(func() (err error) { pc, err = net.ListenPacket("udp", addr); return }); err != nil {
+		t.Fatalf("listen on udp %s in %s: %v", addr, ns.Name, err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	return pc
+}
+
+// ServePackets answers every datagram on pc with what reply returns for it, until pc is closed.
+func ServePackets(pc net.PacketConn, reply func(from net.Addr, datagram []byte) []byte) {
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo(reply(from, buf[:n]), from)
+		}
+	}()
+}
