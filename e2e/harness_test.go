@@ -692,25 +692,22 @@ func (s *services) get(name string) *corev1.Service {
 // update applies mutate to the current object (retrying on conflicts) and returns the result.
 func (s *services) update(name string, mutate svcMutator) *corev1.Service {
 	s.t.Helper()
-	var got *corev1.Service
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur, err := s.cs.CoreV1().Services(s.ns).Get(s.t.Context(), name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		mutate(cur)
-		got, err = s.cs.CoreV1().Services(s.ns).Update(s.t.Context(), cur, metav1.UpdateOptions{})
-		return err
-	})
-	if err != nil {
-		s.t.Fatalf("update service %s/%s: %v", s.ns, name, err)
-	}
-	return got
+	return s.write("update service", name, mutate, s.cs.CoreV1().Services(s.ns).Update)
 }
 
 // setIngress writes status.loadBalancer.ingress through the status subresource, as a cloud controller
 // does. An entry "IP/proxy" gets ipMode Proxy, a plain "IP" ipMode VIP.
 func (s *services) setIngress(name string, ips ...string) *corev1.Service {
+	s.t.Helper()
+	return s.write("set ingress of", name, func(svc *corev1.Service) { svc.Status.LoadBalancer.Ingress = ingress(ips...) },
+		s.cs.CoreV1().Services(s.ns).UpdateStatus)
+}
+
+// write applies mutate to the current object and stores it with put (Update, or UpdateStatus for the
+// status subresource), retrying on conflicts, and returns the result; what names the change in the
+// failure.
+func (s *services) write(what, name string, mutate svcMutator,
+	put func(context.Context, *corev1.Service, metav1.UpdateOptions) (*corev1.Service, error)) *corev1.Service {
 	s.t.Helper()
 	var got *corev1.Service
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -718,12 +715,12 @@ func (s *services) setIngress(name string, ips ...string) *corev1.Service {
 		if err != nil {
 			return err
 		}
-		cur.Status.LoadBalancer.Ingress = ingress(ips...)
-		got, err = s.cs.CoreV1().Services(s.ns).UpdateStatus(s.t.Context(), cur, metav1.UpdateOptions{})
+		mutate(cur)
+		got, err = put(s.t.Context(), cur, metav1.UpdateOptions{})
 		return err
 	})
 	if err != nil {
-		s.t.Fatalf("set ingress of %s/%s: %v", s.ns, name, err)
+		s.t.Fatalf("%s %s/%s: %v", what, s.ns, name, err)
 	}
 	return got
 }

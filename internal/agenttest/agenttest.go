@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -116,8 +117,8 @@ type Agent struct {
 	logPath string
 	client  *http.Client
 
-	mu   sync.Mutex
-	proc *testenv.Process // the current run
+	mu   sync.Mutex                      // held while (re)starting
+	proc atomic.Pointer[testenv.Process] // the current run
 }
 
 // Start starts the agent and returns without waiting for readiness (see WaitReady).
@@ -169,7 +170,7 @@ func Start(opts Options) (*Agent, error) {
 func (a *Agent) start() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.proc != nil && a.proc.Exited() == nil {
+	if p := a.proc.Load(); p != nil && p.Exited() == nil {
 		return errors.New("agent is already running")
 	}
 	proc, err := testenv.StartProcess(a.opts.Netns, "agent", a.logPath, cleanEnv(), a.opts.Env,
@@ -177,7 +178,7 @@ func (a *Agent) start() error {
 	if err != nil {
 		return err
 	}
-	a.proc = proc
+	a.proc.Store(proc)
 	return nil
 }
 
@@ -193,17 +194,11 @@ func cleanEnv() []string {
 	return env
 }
 
-func (a *Agent) current() *testenv.Process {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.proc
-}
-
 // Exited returns the reason the process ended, or nil while it runs.
-func (a *Agent) Exited() error { return a.current().Exited() }
+func (a *Agent) Exited() error { return a.proc.Load().Exited() }
 
 // PID of the running process.
-func (a *Agent) PID() int { return a.current().PID() }
+func (a *Agent) PID() int { return a.proc.Load().PID() }
 
 // Netns is the namespace the agent runs in.
 func (a *Agent) Netns() string { return a.opts.Netns }
@@ -215,15 +210,15 @@ func (a *Agent) MetricsAddr() string { return a.addr }
 func (a *Agent) LogPath() string { return a.logPath }
 
 // Logs returns the whole log file.
-func (a *Agent) Logs() string { return a.current().Logs() }
+func (a *Agent) Logs() string { return a.proc.Load().Logs() }
 
 // LogTail returns the last n lines of the log.
-func (a *Agent) LogTail(n int) string { return a.current().LogTail(n) }
+func (a *Agent) LogTail(n int) string { return a.proc.Load().LogTail(n) }
 
 // Stop sends SIGTERM and waits up to grace for the process to end, then kills it. The agent leaves its
 // rules in place on exit. Stopping a stopped agent is a no-op.
 func (a *Agent) Stop(grace time.Duration) error {
-	p := a.current()
+	p := a.proc.Load()
 	if p.Exited() != nil {
 		return nil
 	}
@@ -238,7 +233,7 @@ func (a *Agent) Stop(grace time.Duration) error {
 
 // Kill sends SIGKILL and waits for the process to end.
 func (a *Agent) Kill() error {
-	return a.current().Signal(syscall.SIGKILL, 10*time.Second)
+	return a.proc.Load().Signal(syscall.SIGKILL, 10*time.Second)
 }
 
 // Restart stops the agent (SIGTERM) if it runs and starts it again with the same options.

@@ -21,7 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -86,8 +86,7 @@ type Proxy struct {
 	bin    string
 	client *http.Client
 
-	mu   sync.Mutex
-	proc *testenv.Process // the current run
+	proc atomic.Pointer[testenv.Process] // the current run
 }
 
 // Start starts kube-proxy and returns without waiting (see WaitMode).
@@ -135,23 +134,15 @@ func (p *Proxy) start() error {
 	if err != nil {
 		return err
 	}
-	p.mu.Lock()
-	p.proc = proc
-	p.mu.Unlock()
+	p.proc.Store(proc)
 	return nil
 }
 
-func (p *Proxy) current() *testenv.Process {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.proc
-}
-
 // Exited returns why the process ended, or nil while it runs.
-func (p *Proxy) Exited() error { return p.current().Exited() }
+func (p *Proxy) Exited() error { return p.proc.Load().Exited() }
 
 // Stop sends SIGTERM and waits up to grace, then kills. kube-proxy's rules stay in the kernel.
-func (p *Proxy) Stop(grace time.Duration) { _ = p.current().Signal(syscall.SIGTERM, grace) }
+func (p *Proxy) Stop(grace time.Duration) { _ = p.proc.Load().Signal(syscall.SIGTERM, grace) }
 
 // Restart stops kube-proxy and starts it again with the same options.
 func (p *Proxy) Restart(grace time.Duration) error {
@@ -231,7 +222,7 @@ func (p *Proxy) FullSyncs(ctx context.Context) (float64, error) {
 func (p *Proxy) LogPath() string { return p.opts.LogFile }
 
 // LogTail returns the last n lines of the log.
-func (p *Proxy) LogTail(n int) string { return p.current().LogTail(n) }
+func (p *Proxy) LogTail(n int) string { return p.proc.Load().LogTail(n) }
 
 // Require ends the test when kube-proxy is not built (testenv.Unavailable: a skip, or a failure under
 // CI, where `make controlplane` builds it).

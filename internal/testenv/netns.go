@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -274,12 +275,25 @@ func (ns *NS) NftLoad(ruleset string) {
 // Listen opens a TCP listener inside the namespace, closed when t ends.
 func (ns *NS) Listen(t testing.TB, addr string) net.Listener {
 	t.Helper()
-	var ln net.Listener
-	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp", addr); return }); err != nil {
-		t.Fatalf("listen on %s in %s: %v", addr, ns.Name, err)
+	return openIn(t, ns, "tcp "+addr, func() (net.Listener, error) { return net.Listen("tcp", addr) })
+}
+
+// ListenPacket opens a UDP socket inside the namespace, closed when t ends.
+func (ns *NS) ListenPacket(t testing.TB, addr string) net.PacketConn {
+	t.Helper()
+	return openIn(t, ns, "udp "+addr, func() (net.PacketConn, error) { return net.ListenPacket("udp", addr) })
+}
+
+// openIn opens a socket (what: its protocol and address) inside the namespace, failing the test
+// with the cause, and closes it when t ends.
+func openIn[S io.Closer](t testing.TB, ns *NS, what string, open func() (S, error)) S {
+	t.Helper()
+	var sock S
+	if err := ns.Do(func() (err error) { sock, err = open(); return }); err != nil {
+		t.Fatalf("listen on %s in %s: %v", what, ns.Name, err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	return ln
+	t.Cleanup(func() { sock.Close() })
+	return sock
 }
 
 // Serve accepts connections on ln until it is closed (ns.Listen's: when the test ends) and hands each
@@ -294,17 +308,6 @@ func Serve(ln net.Listener, handle func(net.Conn)) {
 			go handle(c)
 		}
 	}()
-}
-
-// ListenPacket opens a UDP socket inside the namespace, closed when t ends.
-func (ns *NS) ListenPacket(t testing.TB, addr string) net.PacketConn {
-	t.Helper()
-	var pc net.PacketConn
-	if err := ns.Do(func() (err error) { pc, err = net.ListenPacket("udp", addr); return }); err != nil {
-		t.Fatalf("listen on udp %s in %s: %v", addr, ns.Name, err)
-	}
-	t.Cleanup(func() { pc.Close() })
-	return pc
 }
 
 // ServePackets answers every datagram on pc with what reply returns for it, until pc is closed.
