@@ -241,19 +241,7 @@ func runImage(t *testing.T, cp *controlplane.ControlPlane, ds *appsv1.DaemonSet,
 		DisableKeepAlives: true, TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
 		DialContext: testenv.DialContext(nsPath, &net.Dialer{Timeout: 2 * time.Second}),
 	}}
-	get := func(u, token string) (int, string, error) {
-		req, _ := http.NewRequestWithContext(ctx, "GET", u, nil)
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return 0, "", err
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b), nil
-	}
+	get := func(u, token string) (int, string, error) { return testenv.Get(ctx, client, u, token) }
 	start := time.Now()
 	readyz := "http://127.0.0.1:" + port(c.ReadinessProbe.HTTPGet.Port.StrVal) + c.ReadinessProbe.HTTPGet.Path
 	for {

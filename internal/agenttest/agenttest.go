@@ -17,7 +17,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -246,17 +245,7 @@ func (a *Agent) Restart(grace time.Duration) error {
 
 // Get fetches path (e.g. "/readyz") from the agent's metrics server inside the namespace.
 func (a *Agent) Get(ctx context.Context, path string) (int, string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.addr+path, nil)
-	if err != nil {
-		return 0, "", err
-	}
-	resp, err := a.client.Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body), err
+	return testenv.Get(ctx, a.client, "http://"+a.addr+path, "")
 }
 
 // Probe returns nil if path answers 200, else an error with the status and body.

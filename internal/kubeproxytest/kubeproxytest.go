@@ -16,7 +16,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -152,20 +151,11 @@ func (p *Proxy) Restart(grace time.Duration) error {
 
 // Get fetches path from kube-proxy's metrics server inside the namespace.
 func (p *Proxy) Get(ctx context.Context, path string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+MetricsAddr+path, nil)
-	if err != nil {
-		return "", err
+	code, body, err := testenv.Get(ctx, p.client, "http://"+MetricsAddr+path, "")
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("%s: status %d", path, code)
 	}
-	resp, err := p.client.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("%s: %s", path, resp.Status)
-	}
-	return string(b), err
+	return body, err
 }
 
 // WaitMode waits until /proxyMode answers the configured mode and kube-proxy has synced its rules

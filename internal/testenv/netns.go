@@ -156,6 +156,25 @@ func HTTPClient(name string) *http.Client {
 	}
 }
 
+// Get fetches url with client, with "Authorization: Bearer <bearer>" unless bearer is empty, and
+// returns the status code and the body.
+func Get(ctx context.Context, client *http.Client, url, bearer string) (int, string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	if bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+bearer)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), err
+}
+
 // NS is a named network namespace created for one test (New).
 type NS struct {
 	Name string
