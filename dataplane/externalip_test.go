@@ -59,6 +59,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -274,6 +275,15 @@ type probe struct {
 	reach bool // the backend's answer is expected
 }
 
+// fromBoth probes dst (what it is follows the family in the probe's name) from the pod and from the
+// node itself (a host-network process).
+func (tp *extipTopo) fromBoth(family, what string, dst netip.AddrPort, reach bool) []probe {
+	return []probe{
+		{family + " pod → " + what, tp.pod, dst, reach},
+		{family + " host → " + what, tp.node, dst, reach},
+	}
+}
+
 // probeTimeout bounds one attempt (failures are expected to be quick: ICMP unreachable or RST).
 const probeTimeout = 3 * time.Second
 
@@ -313,12 +323,9 @@ func TestExternalIPFromInside(t *testing.T) {
 		tp := newExtIPTopo(t)
 		var probes []probe
 		for _, p := range extipPlans {
-			probes = append(probes,
-				probe{p.family + " pod → Cluster-IP (control)", tp.pod, ap(p.clusterIP, 80), true},
-				probe{p.family + " host → Cluster-IP (control)", tp.node, ap(p.clusterIP, 80), true},
-				probe{p.family + " pod → External-IP", tp.pod, ap(p.extIP, 80), false},
-				probe{p.family + " host → External-IP", tp.node, ap(p.extIP, 80), false},
-			)
+			probes = slices.Concat(probes,
+				tp.fromBoth(p.family, "Cluster-IP (control)", ap(p.clusterIP, 80), true),
+				tp.fromBoth(p.family, "External-IP", ap(p.extIP, 80), false))
 		}
 		runProbes(t, "without agent", backendBody(tp.backend), probes)
 	})
@@ -352,14 +359,10 @@ func TestExternalIPFromInside(t *testing.T) {
 			t.Logf("%s: first pod → External-IP success %v after /readyz", be, took.Round(time.Millisecond))
 			var probes []probe
 			for _, p := range extipPlans {
-				probes = append(probes,
-					probe{p.family + " pod → External-IP", tp.pod, ap(p.extIP, 80), true},
-					probe{p.family + " host → External-IP", tp.node, ap(p.extIP, 80), true},
-					probe{p.family + " pod → External-IP, unexposed port", tp.pod, ap(p.extIP, 81), false},
-					probe{p.family + " host → External-IP, unexposed port", tp.node, ap(p.extIP, 81), false},
-					probe{p.family + " pod → ipMode Proxy External-IP", tp.pod, ap(p.proxyExtIP, 80), false},
-					probe{p.family + " host → ipMode Proxy External-IP", tp.node, ap(p.proxyExtIP, 80), false},
-				)
+				probes = slices.Concat(probes,
+					tp.fromBoth(p.family, "External-IP", ap(p.extIP, 80), true),
+					tp.fromBoth(p.family, "External-IP, unexposed port", ap(p.extIP, 81), false),
+					tp.fromBoth(p.family, "ipMode Proxy External-IP", ap(p.proxyExtIP, 80), false))
 			}
 			runProbes(t, "with agent ("+be+")", want, probes)
 			m := agent.MetricsT(t)
