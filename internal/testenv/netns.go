@@ -342,3 +342,31 @@ func ServePackets(pc net.PacketConn, reply func(from net.Addr, datagram []byte) 
 		}
 	}()
 }
+
+// ChildEnv tells a test binary that it runs as the child of RunChild, and which test it runs.
+const ChildEnv = "NNM_TEST_CHILD"
+
+// RunChild runs this test binary again, entirely inside the namespace, running only the test named
+// child (which calls Child first) with env added, and returns the child's stdout and stderr: every
+// probe the child makes (dials, link lookups, iptables and nft) then sees the namespace, never the host.
+func (ns *NS) RunChild(child string, env ...string) (stdout, stderr []byte, err error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, nil, err
+	}
+	cmd := ns.Command(self, "-test.run=^"+child+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), append([]string{ChildEnv + "=" + child}, env...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err = cmd.Run()
+	return out.Bytes(), errb.Bytes(), err
+}
+
+// Child skips the test unless this process is the child RunChild started for it: the test is the
+// body of parent's child process, not a test of its own.
+func Child(t testing.TB, parent string) {
+	t.Helper()
+	if os.Getenv(ChildEnv) != t.Name() {
+		t.Skipf("the child process of %s", parent)
+	}
+}
