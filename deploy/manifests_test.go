@@ -5,6 +5,7 @@
 package deploy
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -106,15 +107,11 @@ func (g configMapGenerator) render(t *testing.T, dir string) object {
 		}
 		cm.Data[filepath.Base(f)] = string(data)
 	}
-	doc, err := yaml.Marshal(cm)
+	data, err := json.Marshal(cm)
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := &unstructured.Unstructured{}
-	if err := yaml.Unmarshal(doc, &u.Object); err != nil {
-		t.Fatal(err)
-	}
-	return object{file: filepath.Join(dir, "kustomization.yaml"), doc: doc, u: u}
+	return objectFromJSON(t, filepath.Join(dir, "kustomization.yaml"), data)
 }
 
 type object struct {
