@@ -48,6 +48,31 @@ func save(t *testing.T, ns *testenv.NS, bin string) string {
 	return strings.Join(keep, "\n")
 }
 
+// agentApp is the agent's core with invalid-drop on the iptables backend (variant) in ns, watching
+// an empty list of objects, with no host probes (the values are configured), cleaning up the
+// predecessor as the agent does and running the engine; env adds to the agent's settings, extra to
+// the app.
+func agentApp(t *testing.T, ns *testenv.NS, variant iptables.Variant, env []string, extra ...fx.Option) *fxtest.App {
+	t.Helper()
+	src, err := watch.ParseFile("empty", []byte("apiVersion: v1\nkind: List\nitems: []\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fxtest.New(t, append([]fx.Option{fx.NopLogger,
+		invaliddrop.Module,
+		core.Module,
+		fx.Supply(core.Inputs{Environ: append([]string{"NNM_PROXY_MODE=ipvs", "NNM_BACKEND=iptables",
+			"NNM_IPTABLES_VARIANT=" + string(variant), "NNM_METRICS_ADDRESS=", "NNM_LOG_LEVEL=error"}, env...)}),
+		fx.Supply(&detect.Probes{}),
+		fx.Provide(func() (backend.Backend, error) {
+			return iptables.New(iptables.Options{Variant: variant, Runner: ns})
+		}),
+		fx.Provide(func() watch.Source { return src }),
+		fx.Invoke(core.CleanPredecessor),
+		fx.Invoke(func(lc fx.Lifecycle, en *engine.Engine) { lc.Append(fx.Hook{OnStart: en.Start, OnStop: en.Stop}) }),
+	}, extra...)...)
+}
+
 func foreign(dump string) string {
 	var keep []string
 	for _, l := range strings.Split(dump, "\n") {
@@ -79,27 +104,8 @@ func TestPredecessorChainsRemovedOnTakeover(t *testing.T) {
 				}
 			}
 
-			src, err := watch.ParseFile("empty", []byte("apiVersion: v1\nkind: List\nitems: []\n"))
-			if err != nil {
-				t.Fatal(err)
-			}
 			var e *engine.Engine
-			app := fxtest.New(t, fx.NopLogger,
-				invaliddrop.Module,
-				core.Module,
-				fx.Supply(core.Inputs{Environ: []string{
-					"NNM_PROXY_MODE=ipvs", "NNM_BACKEND=iptables", "NNM_IPTABLES_VARIANT=" + string(variant),
-					"NNM_METRICS_ADDRESS=", "NNM_LOG_LEVEL=error", "NNM_MIN_SYNC_PERIOD=0s",
-				}}),
-				fx.Supply(&detect.Probes{}), // values are configured: no host probe
-				fx.Provide(func() (backend.Backend, error) {
-					return iptables.New(iptables.Options{Variant: variant, Runner: ns})
-				}),
-				fx.Provide(func() watch.Source { return src }),
-				fx.Invoke(core.CleanPredecessor),
-				fx.Invoke(func(lc fx.Lifecycle, en *engine.Engine) { lc.Append(fx.Hook{OnStart: en.Start, OnStop: en.Stop}) }),
-				fx.Populate(&e),
-			)
+			app := agentApp(t, ns, variant, []string{"NNM_MIN_SYNC_PERIOD=0s"}, fx.Populate(&e))
 			app.RequireStart()
 			defer app.RequireStop()
 
@@ -137,23 +143,7 @@ func TestPredecessorKeptWithoutEnabledFix(t *testing.T) {
 	for _, args := range predecessorSetup[:3] {
 		ns.MustExec(append([]string{"iptables-nft"}, args...)...)
 	}
-	src, err := watch.ParseFile("empty", []byte("apiVersion: v1\nkind: List\nitems: []\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	app := fxtest.New(t, fx.NopLogger,
-		invaliddrop.Module,
-		core.Module,
-		fx.Supply(core.Inputs{Environ: []string{"NNM_PROXY_MODE=ipvs", "NNM_BACKEND=iptables", "NNM_IPTABLES_VARIANT=nft",
-			"NNM_METRICS_ADDRESS=", "NNM_LOG_LEVEL=error", "NNM_FIXES_INVALID_DROP_ENABLED=false", "NNM_FIXES_IPVS_EXTERNALIP_DNAT_ENABLED=false"}}),
-		fx.Supply(&detect.Probes{}),
-		fx.Provide(func() (backend.Backend, error) {
-			return iptables.New(iptables.Options{Variant: iptables.NFT, Runner: ns})
-		}),
-		fx.Provide(func() watch.Source { return src }),
-		fx.Invoke(core.CleanPredecessor),
-		fx.Invoke(func(lc fx.Lifecycle, en *engine.Engine) { lc.Append(fx.Hook{OnStart: en.Start, OnStop: en.Stop}) }),
-	)
+	app := agentApp(t, ns, iptables.NFT, []string{"NNM_FIXES_INVALID_DROP_ENABLED=false", "NNM_FIXES_IPVS_EXTERNALIP_DNAT_ENABLED=false"})
 	app.RequireStart()
 	time.Sleep(1500 * time.Millisecond)
 	app.RequireStop()
@@ -168,28 +158,12 @@ func TestPredecessorKeptWithoutEnabledFix(t *testing.T) {
 func TestLeftoversAfterFirstSync(t *testing.T) {
 	testenv.Require(t, "iptables-nft")
 	ns := testenv.New(t, "nnm-left")
-	src, err := watch.ParseFile("empty", []byte("apiVersion: v1\nkind: List\nitems: []\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	calls := make(chan string, 4)
-	app := fxtest.New(t, fx.NopLogger,
-		invaliddrop.Module,
-		core.Module,
-		fx.Supply(core.Inputs{Environ: []string{"NNM_PROXY_MODE=ipvs", "NNM_BACKEND=iptables", "NNM_IPTABLES_VARIANT=nft",
-			"NNM_METRICS_ADDRESS=", "NNM_LOG_LEVEL=error", "NNM_MIN_SYNC_PERIOD=0s", "NNM_FIXES_IPVS_EXTERNALIP_DNAT_ENABLED=false"}}),
-		fx.Supply(&detect.Probes{}),
-		fx.Provide(func() (backend.Backend, error) {
-			return iptables.New(iptables.Options{Variant: iptables.NFT, Runner: ns})
-		}),
-		fx.Provide(func() watch.Source { return src }),
+	app := agentApp(t, ns, iptables.NFT, []string{"NNM_MIN_SYNC_PERIOD=0s", "NNM_FIXES_IPVS_EXTERNALIP_DNAT_ENABLED=false"},
 		fx.Supply(core.Leftovers(func(context.Context) (int, error) {
 			calls <- save(t, ns, "iptables-nft")
 			return 1, nil
-		})),
-		fx.Invoke(core.CleanPredecessor),
-		fx.Invoke(func(lc fx.Lifecycle, en *engine.Engine) { lc.Append(fx.Hook{OnStart: en.Start, OnStop: en.Stop}) }),
-	)
+		})))
 	app.RequireStart()
 	defer app.RequireStop()
 	select {

@@ -59,6 +59,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -203,17 +204,11 @@ func backendBody(ns *testenv.NS) string { return "hello from " + ns.Name + "\n" 
 func serveBackend(t *testing.T, ns *testenv.NS) {
 	ln := ns.Listen(t, fmt.Sprintf(":%d", backendPort))
 	body := backendBody(ns)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-			_, _ = io.WriteString(c, body)
-			c.Close()
-		}
-	}()
+	testenv.Serve(ln, func(c net.Conn) {
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _ = io.WriteString(c, body)
+		c.Close()
+	})
 }
 
 // startForwarder listens on each key of routes inside node and relays every connection to the
@@ -280,6 +275,15 @@ type probe struct {
 	reach bool // the backend's answer is expected
 }
 
+// fromBoth probes dst (what it is follows the family in the probe's name) from the pod and from the
+// node itself (a host-network process).
+func (tp *extipTopo) fromBoth(family, what string, dst netip.AddrPort, reach bool) []probe {
+	return []probe{
+		{family + " pod → " + what, tp.pod, dst, reach},
+		{family + " host → " + what, tp.node, dst, reach},
+	}
+}
+
 // probeTimeout bounds one attempt (failures are expected to be quick: ICMP unreachable or RST).
 const probeTimeout = 3 * time.Second
 
@@ -319,12 +323,9 @@ func TestExternalIPFromInside(t *testing.T) {
 		tp := newExtIPTopo(t)
 		var probes []probe
 		for _, p := range extipPlans {
-			probes = append(probes,
-				probe{p.family + " pod → Cluster-IP (control)", tp.pod, ap(p.clusterIP, 80), true},
-				probe{p.family + " host → Cluster-IP (control)", tp.node, ap(p.clusterIP, 80), true},
-				probe{p.family + " pod → External-IP", tp.pod, ap(p.extIP, 80), false},
-				probe{p.family + " host → External-IP", tp.node, ap(p.extIP, 80), false},
-			)
+			probes = slices.Concat(probes,
+				tp.fromBoth(p.family, "Cluster-IP (control)", ap(p.clusterIP, 80), true),
+				tp.fromBoth(p.family, "External-IP", ap(p.extIP, 80), false))
 		}
 		runProbes(t, "without agent", backendBody(tp.backend), probes)
 	})
@@ -358,14 +359,10 @@ func TestExternalIPFromInside(t *testing.T) {
 			t.Logf("%s: first pod → External-IP success %v after /readyz", be, took.Round(time.Millisecond))
 			var probes []probe
 			for _, p := range extipPlans {
-				probes = append(probes,
-					probe{p.family + " pod → External-IP", tp.pod, ap(p.extIP, 80), true},
-					probe{p.family + " host → External-IP", tp.node, ap(p.extIP, 80), true},
-					probe{p.family + " pod → External-IP, unexposed port", tp.pod, ap(p.extIP, 81), false},
-					probe{p.family + " host → External-IP, unexposed port", tp.node, ap(p.extIP, 81), false},
-					probe{p.family + " pod → ipMode Proxy External-IP", tp.pod, ap(p.proxyExtIP, 80), false},
-					probe{p.family + " host → ipMode Proxy External-IP", tp.node, ap(p.proxyExtIP, 80), false},
-				)
+				probes = slices.Concat(probes,
+					tp.fromBoth(p.family, "External-IP", ap(p.extIP, 80), true),
+					tp.fromBoth(p.family, "External-IP, unexposed port", ap(p.extIP, 81), false),
+					tp.fromBoth(p.family, "ipMode Proxy External-IP", ap(p.proxyExtIP, 80), false))
 			}
 			runProbes(t, "with agent ("+be+")", want, probes)
 			m := agent.MetricsT(t)

@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/insertfirst"
 	"github.com/network-node-manager/network-node-manager/internal/resettest"
@@ -145,7 +147,7 @@ func TestInsertFirstNeighbour(t *testing.T) {
 		t.Errorf("invalid-drop's syncs +%v in the window; want ≥ %v (two families)", syncs, min)
 	}
 	if after != before {
-		t.Errorf("the rulesets moved during the window:\n%s", diffLines(before, after))
+		t.Errorf("the rulesets moved during the window:\n%s", cmp.Diff(strings.Split(before, "\n"), strings.Split(after, "\n")))
 	}
 	for _, j := range insertfirst.Calico {
 		want := 0 // the same rule text in another table (PREROUTING -j cali-PREROUTING: mangle and nat)
@@ -181,27 +183,4 @@ func TestInsertFirstNeighbour(t *testing.T) {
 	if err := nb.Stop(); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// diffLines lists the lines only in a ("-") or only in b ("+"), or says the order changed.
-func diffLines(a, b string) string {
-	count := map[string]int{}
-	for _, l := range strings.Split(a, "\n") {
-		count[l]++
-	}
-	for _, l := range strings.Split(b, "\n") {
-		count[l]--
-	}
-	var out strings.Builder
-	for l, c := range count {
-		if c > 0 {
-			fmt.Fprintf(&out, "- %s\n", l)
-		} else if c < 0 {
-			fmt.Fprintf(&out, "+ %s\n", l)
-		}
-	}
-	if out.Len() == 0 {
-		return "same lines in another order:\n--- before\n" + a + "--- after\n" + b
-	}
-	return out.String()
 }

@@ -155,7 +155,7 @@ func runImage(t *testing.T, cp *controlplane.ControlPlane, ds *appsv1.DaemonSet,
 	// The test API server's certificate names localhost, not the veth address the node reaches it on,
 	// and in-cluster config has no TLS server name: forward localhost:6443 in the node namespace to it,
 	// as node-local API proxies (kubespray's nginx-proxy, k3s) do, with the kubelet's /etc/hosts.
-	forwardInNetns(t, ns.Path(), "127.0.0.1:6443", u.Host)
+	forwardInNetns(t, ns, "127.0.0.1:6443", u.Host)
 	u.Host = "localhost:6443"
 	tr, err := admin.CoreV1().ServiceAccounts(ds.Namespace).CreateToken(ctx, ds.Spec.Template.Spec.ServiceAccountName,
 		&authenticationv1.TokenRequest{}, metav1.CreateOptions{})
@@ -241,19 +241,7 @@ func runImage(t *testing.T, cp *controlplane.ControlPlane, ds *appsv1.DaemonSet,
 		DisableKeepAlives: true, TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
 		DialContext: testenv.DialContext(nsPath, &net.Dialer{Timeout: 2 * time.Second}),
 	}}
-	get := func(u, token string) (int, string, error) {
-		req, _ := http.NewRequestWithContext(ctx, "GET", u, nil)
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return 0, "", err
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b), nil
-	}
+	get := func(u, token string) (int, string, error) { return testenv.Get(ctx, client, u, token) }
 	start := time.Now()
 	readyz := "http://127.0.0.1:" + port(c.ReadinessProbe.HTTPGet.Port.StrVal) + c.ReadinessProbe.HTTPGet.Path
 	for {
@@ -505,41 +493,24 @@ func containerScript(t *testing.T, r containerRun) string {
 	return sh.String()
 }
 
-// forwardInNetns listens on addr inside the network namespace at nsPath and forwards each connection
-// to target, dialled from inside that namespace too.
-func forwardInNetns(t *testing.T, nsPath, addr, target string) {
+// forwardInNetns listens on addr inside the network namespace ns and forwards each connection to
+// target, dialled from inside that namespace too.
+func forwardInNetns(t *testing.T, ns *testenv.NS, addr, target string) {
 	t.Helper()
-	var ln net.Listener
-	if err := testenv.Do(nsPath, func() error {
-		var err error
-		ln, err = net.Listen("tcp", addr)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				var up net.Conn
-				if err := testenv.Do(nsPath, func() error {
-					var err error
-					up, err = net.DialTimeout("tcp", target, 5*time.Second)
-					return err
-				}); err != nil {
-					return
-				}
-				defer up.Close()
-				go func() { _, _ = io.Copy(up, c); up.Close() }()
-				_, _ = io.Copy(c, up)
-			}()
+	testenv.Serve(ns.Listen(t, addr), func(c net.Conn) {
+		defer c.Close()
+		var up net.Conn
+		if err := ns.Do(func() error {
+			var err error
+			up, err = net.DialTimeout("tcp", target, 5*time.Second)
+			return err
+		}); err != nil {
+			return
 		}
-	}()
+		defer up.Close()
+		go func() { _, _ = io.Copy(up, c); up.Close() }()
+		_, _ = io.Copy(c, up)
+	})
 }
 
 // resolveIn resolves the symbolic links of p inside the image root (e.g. Debian's /var/run → /run), as

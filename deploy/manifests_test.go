@@ -5,6 +5,7 @@
 package deploy
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -30,8 +31,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 
 	"github.com/network-node-manager/network-node-manager/cmd/network-node-manager/app"
@@ -108,15 +107,11 @@ func (g configMapGenerator) render(t *testing.T, dir string) object {
 		}
 		cm.Data[filepath.Base(f)] = string(data)
 	}
-	doc, err := yaml.Marshal(cm)
+	data, err := json.Marshal(cm)
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := &unstructured.Unstructured{}
-	if err := yaml.Unmarshal(doc, &u.Object); err != nil {
-		t.Fatal(err)
-	}
-	return object{file: filepath.Join(dir, "kustomization.yaml"), doc: doc, u: u}
+	return objectFromJSON(t, filepath.Join(dir, "kustomization.yaml"), data)
 }
 
 type object struct {
@@ -315,6 +310,18 @@ func typed[T any](t *testing.T, o object) *T {
 		t.Fatalf("%s: %v", o, err)
 	}
 	return v
+}
+
+// podSpec is the pod template of a DaemonSet or Job, nil for other kinds.
+func podSpec(t *testing.T, o object) *corev1.PodSpec {
+	t.Helper()
+	switch o.u.GetKind() {
+	case "DaemonSet":
+		return &typed[appsv1.DaemonSet](t, o).Spec.Template.Spec
+	case "Job":
+		return &typed[batchv1.Job](t, o).Spec.Template.Spec
+	}
+	return nil
 }
 
 func find(t *testing.T, objs []object, kind, name string) object {
@@ -556,13 +563,8 @@ func TestImageTagIsTheRelease(t *testing.T) {
 	for _, set := range slices.Sorted(maps.Keys(manifestSets)) {
 		pods := 0
 		for _, o := range manifestSets[set](t) {
-			var pod *corev1.PodSpec
-			switch o.u.GetKind() {
-			case "DaemonSet":
-				pod = &typed[appsv1.DaemonSet](t, o).Spec.Template.Spec
-			case "Job":
-				pod = &typed[batchv1.Job](t, o).Spec.Template.Spec
-			default:
+			pod := podSpec(t, o)
+			if pod == nil {
 				continue
 			}
 			pods++
@@ -674,13 +676,8 @@ func TestManifestsCallExistingCommands(t *testing.T) {
 	root := app.NewCommand("test", fixes.Standard)
 	for set, load := range manifestSets {
 		for _, o := range load(t) {
-			var pod *corev1.PodSpec
-			switch o.u.GetKind() {
-			case "DaemonSet":
-				pod = &typed[appsv1.DaemonSet](t, o).Spec.Template.Spec
-			case "Job":
-				pod = &typed[batchv1.Job](t, o).Spec.Template.Spec
-			default:
+			pod := podSpec(t, o)
+			if pod == nil {
 				continue
 			}
 			for _, c := range append(slices.Clone(pod.InitContainers), pod.Containers...) {
@@ -797,15 +794,7 @@ func TestManifestsAgainstAPIServer(t *testing.T) {
 				t.Fatalf("apply %s: %v", o, err)
 			}
 		}
-		kc, err := cp.ServiceAccountKubeconfig(ctx, "kube-system", "network-node-manager", "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		rc, err := clientcmd.BuildConfigFromFlags("", kc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cs := kubernetes.NewForConfigOrDie(rc)
+		cs := agentClient(t, cp)
 		allowed := map[string]func() error{
 			"list services": func() error { _, err := cs.CoreV1().Services("").List(ctx, metav1.ListOptions{}); return err },
 			"watch nodes": func() error {
@@ -924,11 +913,8 @@ func TestUninstallRevertsNodeState(t *testing.T) {
 	for _, set := range []string{"uninstall", "uninstall/job"} {
 		var pod corev1.PodSpec
 		for _, o := range manifestSets[set](t) {
-			switch o.u.GetKind() {
-			case "DaemonSet":
-				pod = typed[appsv1.DaemonSet](t, o).Spec.Template.Spec
-			case "Job":
-				pod = typed[batchv1.Job](t, o).Spec.Template.Spec
+			if p := podSpec(t, o); p != nil {
+				pod = *p
 			}
 		}
 		var cleanup *corev1.Container

@@ -1,15 +1,11 @@
 package deploy
 
 import (
-	"context"
 	"crypto/tls"
-	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -20,7 +16,23 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/server"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
+	"github.com/network-node-manager/network-node-manager/internal/servertest"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
+
+// agentClient is a client with the identity of the agent's ServiceAccount (as deploy/base creates it).
+func agentClient(t *testing.T, cp *controlplane.ControlPlane) kubernetes.Interface {
+	t.Helper()
+	kc, err := cp.ServiceAccountKubeconfig(t.Context(), "kube-system", "network-node-manager", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kubernetes.NewForConfigOrDie(rc)
+}
 
 // checkProtectedMetrics runs the agent's metrics server as deploy/base configures it (HTTPS, delegated
 // authentication and authorization through the agent's ServiceAccount and its RBAC from deploy/base)
@@ -37,27 +49,7 @@ func checkProtectedMetrics(t *testing.T, cp *controlplane.ControlPlane, a *agent
 			t.Fatalf("apply %s: %v", o, err)
 		}
 	}
-	kc, err := cp.ServiceAccountKubeconfig(ctx, "kube-system", "network-node-manager", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := clientcmd.BuildConfigFromFlags("", kc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	tlsCfg, err := server.TLSConfig("", "localhost")
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nnm_auth_test", Help: "test"}, func() float64 { return 1 }))
-	s := server.New(server.Options{MetricsAddress: "127.0.0.1:0", HealthzAddress: "127.0.0.1:0", TLS: tlsCfg,
-		Auth: server.NewDelegated(kubernetes.NewForConfigOrDie(rc), log).Wrap}, reg, server.Checks{}, log)
-	if err := s.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop(context.Background())
+	s := servertest.StartDelegated(t, agentClient(t, cp), "nnm_auth_test", server.Options{HealthzAddress: "127.0.0.1:0"})
 
 	token := func(ns, name string) string {
 		admin := cp.AdminClient()
@@ -74,19 +66,6 @@ func checkProtectedMetrics(t *testing.T, cp *controlplane.ControlPlane, a *agent
 	tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}} // self-signed, as the PodMonitor
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
-	scrape := func(url, token string) (int, string) {
-		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
 	metrics := "https://" + s.Addr() + "/metrics"
 	for _, c := range []struct {
 		who, token string
@@ -97,7 +76,10 @@ func checkProtectedMetrics(t *testing.T, cp *controlplane.ControlPlane, a *agent
 		{"a ServiceAccount without the metrics reader role", token("default", "stranger"), http.StatusForbidden},
 		{"the PodMonitor's scraper", token("kube-system", "network-node-manager-metrics-scraper"), http.StatusOK},
 	} {
-		code, body := scrape(metrics, c.token)
+		code, body, err := testenv.Get(ctx, client, metrics, c.token)
+		if err != nil {
+			t.Fatal(err)
+		}
 		t.Logf("GET /metrics as %s: %d %s", c.who, code, strings.TrimSpace(strings.SplitN(body, "\n", 2)[0]))
 		if code != c.want {
 			t.Errorf("GET /metrics as %s: %d, want %d: %s", c.who, code, c.want, body)

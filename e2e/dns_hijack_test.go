@@ -22,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // TestClusterIPTakeover (issue #19 item 1): a tenant's Service whose spec.externalIPs and
@@ -31,18 +32,17 @@ import (
 // ordinary External-IP is redirected to its own Cluster-IP. The refusal is counted as service-cidr
 // (the API's ServiceCIDR objects, watched with deploy/base's RBAC).
 func TestClusterIPTakeover(t *testing.T) {
-	require(t)
-	for _, be := range backendNames {
+	eachBackend(t, func(t *testing.T, c *cluster, be string) {
 		for _, cfg := range []struct{ name, extra string }{
 			{"default", ""},
 			{"spec-external-ips", "    specExternalIPs: true\n"},
 		} {
-			t.Run(be+"/"+cfg.name, func(t *testing.T) {
+			t.Run(cfg.name, func(t *testing.T) {
 				t.Parallel()
-				testClusterIPTakeover(t, sharedCluster(t, be), be, cfg.name, defaultConfig+cfg.extra)
+				testClusterIPTakeover(t, c, be, cfg.name, defaultConfig+cfg.extra)
 			})
 		}
-	}
+	})
 }
 
 func testClusterIPTakeover(t *testing.T, c *cluster, backend, cfgName, config string) {
@@ -102,24 +102,8 @@ func testClusterIPTakeover(t *testing.T, c *cluster, backend, cfgName, config st
 // udpResponder answers every datagram to addr:53 in the node's netns with name, until the test ends.
 func (n *node) udpResponder(addr, name string) {
 	n.t.Helper()
-	var pc net.PacketConn
-	if err := n.ns.Do(func() (err error) {
-		pc, err = net.ListenPacket("udp", net.JoinHostPort(addr, "53"))
-		return err
-	}); err != nil {
-		n.t.Fatal(err)
-	}
-	n.t.Cleanup(func() { pc.Close() })
-	go func() {
-		buf := make([]byte, 512)
-		for {
-			_, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo([]byte(name), from)
-		}
-	}()
+	pc := n.ns.ListenPacket(n.t, net.JoinHostPort(addr, "53"))
+	testenv.ServePackets(pc, func(net.Addr, []byte) []byte { return []byte(name) })
 }
 
 // udpQuery sends one datagram from the node's netns to addr:53 (a fresh socket, so a fresh

@@ -53,6 +53,19 @@ func summary(evs []eventsv1.Event) []string {
 	return out
 }
 
+// waitOneSeries waits until the node has exactly one Event of reason, with a series: its repeats
+// were merged into it.
+func waitOneSeries(t *testing.T, c *cluster, n *node, reason string) {
+	t.Helper()
+	agenttest.Eventually(t, eventsTimeout, func() error {
+		got := withReason(nodeEvents(t, c, n.name), reason)
+		if len(got) != 1 || got[0].Series == nil {
+			return fmt.Errorf("want one %s Event with a series, got %q", reason, summary(got))
+		}
+		return nil
+	})
+}
+
 func withReason(evs []eventsv1.Event, reason string) []eventsv1.Event {
 	var out []eventsv1.Event
 	for _, e := range evs {
@@ -117,13 +130,7 @@ func TestNodeEvents(t *testing.T) {
 			}
 			return nil
 		})
-		agenttest.Eventually(t, eventsTimeout, func() error {
-			rej := withReason(nodeEvents(t, c, n.name), events.ConfigReloadRejected)
-			if len(rej) != 1 || rej[0].Series == nil {
-				return fmt.Errorf("want one ConfigReloadRejected Event with a series, got %q", summary(rej))
-			}
-			return nil
-		})
+		waitOneSeries(t, c, n, events.ConfigReloadRejected)
 		time.Sleep(3 * time.Second) // anything else the storm would write
 		rej := withReason(nodeEvents(t, c, n.name), events.ConfigReloadRejected)
 		if len(rej) != 1 || rej[0].Series == nil || rej[0].Series.Count < 2 || rej[0].Series.Count > events.Burst {
@@ -159,13 +166,7 @@ func TestNodeEvents(t *testing.T) {
 			}
 			return nil
 		})
-		agenttest.Eventually(t, eventsTimeout, func() error {
-			got := withReason(nodeEvents(t, c, n.name), events.FixSyncFailed)
-			if len(got) != 1 || got[0].Series == nil {
-				return fmt.Errorf("want one FixSyncFailed Event with a series, got %q", summary(got))
-			}
-			return nil
-		})
+		waitOneSeries(t, c, n, events.FixSyncFailed)
 		failed := withReason(nodeEvents(t, c, n.name), events.FixSyncFailed)
 		if f := failed[0]; f.Action != fixLiberal || f.Type != "Warning" || f.Series.Count > events.Burst || !strings.Contains(f.Note, "nf_conntrack_tcp_be_liberal") {
 			t.Errorf("FixSyncFailed: action %s type %s series %+v note %q", f.Action, f.Type, f.Series, f.Note)

@@ -59,6 +59,19 @@ func require(t *testing.T) {
 	}
 }
 
+// eachBackend runs test once per backend, the backends in parallel, each on its backend's shared
+// control plane (sharedCluster).
+func eachBackend(t *testing.T, test func(t *testing.T, c *cluster, backend string)) {
+	t.Helper()
+	require(t)
+	for _, be := range backendNames {
+		t.Run(be, func(t *testing.T) {
+			t.Parallel()
+			test(t, sharedCluster(t, be), be)
+		})
+	}
+}
+
 // requireAgent is require without the control plane, for scenarios whose agent has no API server.
 func requireAgent(t *testing.T) {
 	t.Helper()
@@ -360,7 +373,7 @@ func (n *node) dnatEntries(family string) ([]string, error) {
 			out = append(out, entry(d[1], p[1], port[1], ap))
 		}
 	} else {
-		fam := map[string]string{"ipv4": "ip", "ipv6": "ip6"}[family]
+		fam := agenttest.NftFamily(family)
 		raw, err := testenv.Exec(ctx, n.ns.Name, "nft", "-j", "list", "table", fam, "nnm-"+fixExtIP)
 		if err != nil {
 			if strings.Contains(raw, "No such file or directory") {
@@ -459,13 +472,20 @@ func concat(raw json.RawMessage) ([]string, error) {
 	return out, nil
 }
 
+// fixTable lists the nftables table of a fix for a family ("" when it is missing), with nft's name of
+// the family.
+func (n *node) fixTable(fixID, family string) (fam, out string, err error) {
+	fam = agenttest.NftFamily(family)
+	out, err = agenttest.NftListTable(n.t.Context(), n.ns.Name, fam, "nnm-"+fixID)
+	return fam, out, err
+}
+
 // fixPresent reports whether a fix's hooked chains are in the kernel for a family: for iptables the
 // NNM- chains and the jumps from the built-in chains, for nftables the fix's table with base chains.
 func (n *node) fixPresent(fixID, family string) error {
 	ctx := n.t.Context()
 	if n.backend == "nftables" {
-		fam := map[string]string{"ipv4": "ip", "ipv6": "ip6"}[family]
-		out, err := agenttest.NftListTable(ctx, n.ns.Name, fam, "nnm-"+fixID)
+		fam, out, err := n.fixTable(fixID, family)
 		if err != nil {
 			return err
 		}
@@ -511,10 +531,8 @@ func (n *node) fixPresent(fixID, family string) error {
 
 // fixAbsent reports an error if anything of the fix is left in the kernel for a family.
 func (n *node) fixAbsent(fixID, family string) error {
-	ctx := n.t.Context()
 	if n.backend == "nftables" {
-		fam := map[string]string{"ipv4": "ip", "ipv6": "ip6"}[family]
-		out, err := agenttest.NftListTable(ctx, n.ns.Name, fam, "nnm-"+fixID)
+		fam, out, err := n.fixTable(fixID, family)
 		if err != nil {
 			return err
 		}
@@ -528,7 +546,7 @@ func (n *node) fixAbsent(fixID, family string) error {
 	if fixID == fixExtIP {
 		table, marker = "nat", "NNM-EXTIP-"
 	}
-	out, err := agenttest.IptablesSave(ctx, n.ns.Name, n.variant, family, table)
+	out, err := agenttest.IptablesSave(n.t.Context(), n.ns.Name, n.variant, family, table)
 	if err != nil {
 		return err
 	}
@@ -674,25 +692,22 @@ func (s *services) get(name string) *corev1.Service {
 // update applies mutate to the current object (retrying on conflicts) and returns the result.
 func (s *services) update(name string, mutate svcMutator) *corev1.Service {
 	s.t.Helper()
-	var got *corev1.Service
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur, err := s.cs.CoreV1().Services(s.ns).Get(s.t.Context(), name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		mutate(cur)
-		got, err = s.cs.CoreV1().Services(s.ns).Update(s.t.Context(), cur, metav1.UpdateOptions{})
-		return err
-	})
-	if err != nil {
-		s.t.Fatalf("update service %s/%s: %v", s.ns, name, err)
-	}
-	return got
+	return s.write("update service", name, mutate, s.cs.CoreV1().Services(s.ns).Update)
 }
 
 // setIngress writes status.loadBalancer.ingress through the status subresource, as a cloud controller
 // does. An entry "IP/proxy" gets ipMode Proxy, a plain "IP" ipMode VIP.
 func (s *services) setIngress(name string, ips ...string) *corev1.Service {
+	s.t.Helper()
+	return s.write("set ingress of", name, func(svc *corev1.Service) { svc.Status.LoadBalancer.Ingress = ingress(ips...) },
+		s.cs.CoreV1().Services(s.ns).UpdateStatus)
+}
+
+// write applies mutate to the current object and stores it with put (Update, or UpdateStatus for the
+// status subresource), retrying on conflicts, and returns the result; what names the change in the
+// failure.
+func (s *services) write(what, name string, mutate svcMutator,
+	put func(context.Context, *corev1.Service, metav1.UpdateOptions) (*corev1.Service, error)) *corev1.Service {
 	s.t.Helper()
 	var got *corev1.Service
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -700,12 +715,12 @@ func (s *services) setIngress(name string, ips ...string) *corev1.Service {
 		if err != nil {
 			return err
 		}
-		cur.Status.LoadBalancer.Ingress = ingress(ips...)
-		got, err = s.cs.CoreV1().Services(s.ns).UpdateStatus(s.t.Context(), cur, metav1.UpdateOptions{})
+		mutate(cur)
+		got, err = put(s.t.Context(), cur, metav1.UpdateOptions{})
 		return err
 	})
 	if err != nil {
-		s.t.Fatalf("set ingress of %s/%s: %v", s.ns, name, err)
+		s.t.Fatalf("%s %s/%s: %v", what, s.ns, name, err)
 	}
 	return got
 }

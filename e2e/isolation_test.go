@@ -117,37 +117,32 @@ func TestAPIUnreachableAtStart(t *testing.T) {
 // What it guards: with one sync loop waiting for every watch, invalid-drop was not programmed
 // until the API server was reachable (the first check fails).
 func TestAPIReachableLater(t *testing.T) {
-	require(t)
-	for _, be := range backendNames {
-		t.Run(be, func(t *testing.T) {
-			t.Parallel()
-			c := sharedCluster(t, be)
-			svcs := newServices(t, c, "later-"+be)
-			a := svcs.create(lbService("", "a"))
-			svcs.setIngress("a", "203.0.16.10")
+	eachBackend(t, func(t *testing.T, c *cluster, be string) {
+		svcs := newServices(t, c, "later-"+be)
+		a := svcs.create(lbService("", "a"))
+		svcs.setIngress("a", "203.0.16.10")
 
-			start := time.Now()
-			n := startNode(t, c, be, nodeOptions{noWait: true, setup: func(t *testing.T, ns *testenv.NS) { setUplink(t, ns.Name, "down") }})
-			agenttest.Eventually(t, converge, func() error { return n.fixPresentAll(fixDrop) })
-			t.Logf("%s: invalid-drop in the kernel %v after the agent started without its API server", be, time.Since(start).Round(time.Millisecond))
-			n.waitUnhealthy(fixExtIP, waitingForAPI)
-			n.checkIsolated(fixDrop, fixExtIP, waitingForAPI, true)
-			n.expectEntries(converge) // none while the API server is out of reach
-			if l := agenttest.Lines(n.agent.Logs(), apiDownLog, "network is unreachable"); len(l) == 0 {
-				t.Errorf("no %q line naming the cause (network is unreachable) in the log", apiDownLog)
-			}
+		start := time.Now()
+		n := startNode(t, c, be, nodeOptions{noWait: true, setup: func(t *testing.T, ns *testenv.NS) { setUplink(t, ns.Name, "down") }})
+		agenttest.Eventually(t, converge, func() error { return n.fixPresentAll(fixDrop) })
+		t.Logf("%s: invalid-drop in the kernel %v after the agent started without its API server", be, time.Since(start).Round(time.Millisecond))
+		n.waitUnhealthy(fixExtIP, waitingForAPI)
+		n.checkIsolated(fixDrop, fixExtIP, waitingForAPI, true)
+		n.expectEntries(converge) // none while the API server is out of reach
+		if l := agenttest.Lines(n.agent.Logs(), apiDownLog, "network is unreachable"); len(l) == 0 {
+			t.Errorf("no %q line naming the cause (network is unreachable) in the log", apiDownLog)
+		}
 
-			up := time.Now()
-			setUplink(t, n.ns.Name, "up")
-			// client-go's list retries back off (up to 30 s); a few seconds of outage keep that short.
-			took := n.expectEntries(45*time.Second, want(a, "203.0.16.10", "tcp", 80))
-			t.Logf("%s: the DNAT entry in the kernel %v after the link came up (outage %v)", be, took.Round(time.Millisecond), up.Sub(start).Round(time.Millisecond))
-			agenttest.Eventually(t, converge, func() error {
-				return errors.Join(n.agent.Probe(t.Context(), "/readyz"), n.agent.Probe(t.Context(), "/healthz"))
-			})
-			n.checkSyncHealthy()
+		up := time.Now()
+		setUplink(t, n.ns.Name, "up")
+		// client-go's list retries back off (up to 30 s); a few seconds of outage keep that short.
+		took := n.expectEntries(45*time.Second, want(a, "203.0.16.10", "tcp", 80))
+		t.Logf("%s: the DNAT entry in the kernel %v after the link came up (outage %v)", be, took.Round(time.Millisecond), up.Sub(start).Round(time.Millisecond))
+		agenttest.Eventually(t, converge, func() error {
+			return errors.Join(n.agent.Probe(t.Context(), "/readyz"), n.agent.Probe(t.Context(), "/healthz"))
 		})
-	}
+		n.checkSyncHealthy()
+	})
 }
 
 // TestXtablesLockHeld (#15 item 3): another process holds the xtables lock. The agent runs the

@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -108,38 +109,15 @@ func startKubeProxyNode(t *testing.T, c *cluster, mode string) *kpNode {
 // serveEndpoint answers TCP :8080 with a greeting and echoes UDP :8053, in the ep namespace.
 func serveEndpoint(t *testing.T, ep *testenv.NS) {
 	t.Helper()
-	var ln net.Listener
-	var pc net.PacketConn
-	if err := ep.Do(func() (err error) {
-		if ln, err = net.Listen("tcp", net.JoinHostPort(kpEndpointIP, strconv.Itoa(kpTCPPort))); err != nil {
-			return err
-		}
-		pc, err = net.ListenPacket("udp", net.JoinHostPort(kpEndpointIP, strconv.Itoa(kpUDPPort)))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close(); pc.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintf(c, "tcp endpoint saw %s\n", c.RemoteAddr())
-			c.Close()
-		}
-	}()
-	go func() {
-		buf := make([]byte, 512)
-		for {
-			k, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo([]byte(fmt.Sprintf("udp endpoint saw %s: %s", from, buf[:k])), from)
-		}
-	}()
+	ln := ep.Listen(t, net.JoinHostPort(kpEndpointIP, strconv.Itoa(kpTCPPort)))
+	testenv.Serve(ln, func(c net.Conn) {
+		fmt.Fprintf(c, "tcp endpoint saw %s\n", c.RemoteAddr())
+		c.Close()
+	})
+	pc := ep.ListenPacket(t, net.JoinHostPort(kpEndpointIP, strconv.Itoa(kpUDPPort)))
+	testenv.ServePackets(pc, func(from net.Addr, req []byte) []byte {
+		return fmt.Appendf(nil, "udp endpoint saw %s: %s", from, req)
+	})
 }
 
 // createWebService creates Service "web" (NodePort; TCP 80 → 8080, UDP 53 → 8053) in namespace ns and
@@ -425,7 +403,7 @@ func (n *kpNode) checkCoexistence(t *testing.T, a *agenttest.Agent) {
 	oursSame := func(when string) {
 		t.Helper()
 		if now := n.ruleset().ours(); now != mine {
-			t.Fatalf("%s changed our rules:\n%s", when, lineDiff(mine, now))
+			t.Fatalf("%s changed our rules:\n%s", when, cmp.Diff(strings.Split(mine, "\n"), strings.Split(now, "\n")))
 		}
 		t.Logf("%s: our rules unchanged, in place and in order after %s", n.mode, when)
 	}
@@ -433,7 +411,7 @@ func (n *kpNode) checkCoexistence(t *testing.T, a *agenttest.Agent) {
 		t.Helper()
 		now := n.ruleset()
 		if now.ours() != before.ours() || now.theirs() != before.theirs() {
-			t.Fatalf("%s changed the ruleset:\n%s", when, lineDiff(before.String(), now.String()))
+			t.Fatalf("%s changed the ruleset:\n%s", when, cmp.Diff(strings.Split(before.String(), "\n"), strings.Split(now.String(), "\n")))
 		}
 		t.Logf("%s: whole ruleset unchanged (%d lines) after %s", n.mode, strings.Count(now.String(), "\n"), when)
 	}
@@ -526,28 +504,4 @@ func (n *kpNode) setZone(t *testing.T, zone string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-}
-
-// lineDiff lists the lines only in a ("-") or only in b ("+").
-func lineDiff(a, b string) string {
-	count := map[string]int{}
-	for _, l := range strings.Split(a, "\n") {
-		count[l]++
-	}
-	for _, l := range strings.Split(b, "\n") {
-		count[l]--
-	}
-	var out strings.Builder
-	for l, c := range count {
-		switch {
-		case c > 0:
-			fmt.Fprintf(&out, "- %s (x%d)\n", l, c)
-		case c < 0:
-			fmt.Fprintf(&out, "+ %s (x%d)\n", l, -c)
-		}
-	}
-	if out.Len() == 0 {
-		return "same lines, different order within a chain:\n--- before\n" + a + "\n--- after\n" + b
-	}
-	return out.String()
 }

@@ -45,16 +45,11 @@ var scenarios = []scenario{
 // TestScenarios runs every scenario against both backends: the backends in parallel, each on a control
 // plane of its own, the scenarios of one backend one after the other.
 func TestScenarios(t *testing.T) {
-	require(t)
-	for _, be := range backendNames {
-		t.Run(be, func(t *testing.T) {
-			t.Parallel()
-			c := sharedCluster(t, be)
-			for _, sc := range scenarios {
-				t.Run(sc.name, func(t *testing.T) { sc.run(t, c, be) })
-			}
-		})
-	}
+	eachBackend(t, func(t *testing.T, c *cluster, be string) {
+		for _, sc := range scenarios {
+			t.Run(sc.name, func(t *testing.T) { sc.run(t, c, be) })
+		}
+	})
 }
 
 func nsName(scenario int, backend string) string {
@@ -340,14 +335,25 @@ func scenarioAgentDown(t *testing.T, c *cluster, backend string) {
 	n.checkSyncHealthy()
 }
 
+// startServing starts a node for scenario number i with Service svc (port 80/tcp) at the ingress
+// addresses, and waits for its DNAT entries, which it returns with the Service as created.
+func startServing(t *testing.T, c *cluster, backend string, i int, svc *corev1.Service, ingress ...string) (*node, *services, *corev1.Service, []string) {
+	t.Helper()
+	n := startNode(t, c, backend, nodeOptions{})
+	svcs := newServices(t, c, nsName(i, backend))
+	created := svcs.create(svc)
+	svcs.setIngress(svc.Name, ingress...)
+	var entries []string
+	for _, ip := range ingress {
+		entries = append(entries, want(created, ip, "tcp", 80))
+	}
+	n.expectEntries(converge, entries...)
+	return n, svcs, created, entries
+}
+
 // 7. Someone flushes our chain/table: restored within the resync period.
 func scenarioFlush(t *testing.T, c *cluster, backend string) {
-	n := startNode(t, c, backend, nodeOptions{})
-	svcs := newServices(t, c, nsName(7, backend))
-	web := svcs.create(lbService("", "web", dualStack))
-	svcs.setIngress("web", "203.0.7.10", "2001:db8:7::10")
-	entries := []string{want(web, "203.0.7.10", "tcp", 80), want(web, "2001:db8:7::10", "tcp", 80)}
-	n.expectEntries(converge, entries...)
+	n, _, _, entries := startServing(t, c, backend, 7, lbService("", "web", dualStack), "203.0.7.10", "2001:db8:7::10")
 	repairs := n.metrics().Sum("nnm_sync_repairs_total")
 
 	var cmds [][]string
@@ -398,12 +404,7 @@ func scenarioFlush(t *testing.T, c *cluster, backend string) {
 // its informer cache, so "no successful sync for 2 × syncPeriod" never happens; an outage shows in the
 // logs, not as a failing liveness probe that would restart every agent of the cluster at once.
 func scenarioAPIServerOutage(t *testing.T, c *cluster, backend string) {
-	n := startNode(t, c, backend, nodeOptions{})
-	svcs := newServices(t, c, nsName(8, backend))
-	a := svcs.create(lbService("", "a"))
-	svcs.setIngress("a", "203.0.8.10")
-	before := []string{want(a, "203.0.8.10", "tcp", 80)}
-	n.expectEntries(converge, before...)
+	n, svcs, a, before := startServing(t, c, backend, 8, lbService("", "a"), "203.0.8.10")
 
 	stopStart := time.Now()
 	if err := c.cp.StopAPIServer(); err != nil {
@@ -459,12 +460,7 @@ func scenarioAPIServerOutage(t *testing.T, c *cluster, backend string) {
 
 // 9. A fix disabled in the config file: its rules are removed, the other fix's rules stay.
 func scenarioDisableFix(t *testing.T, c *cluster, backend string) {
-	n := startNode(t, c, backend, nodeOptions{})
-	svcs := newServices(t, c, nsName(9, backend))
-	web := svcs.create(lbService("", "web"))
-	svcs.setIngress("web", "203.0.9.10")
-	entries := []string{want(web, "203.0.9.10", "tcp", 80)}
-	n.expectEntries(converge, entries...)
+	n, _, _, entries := startServing(t, c, backend, 9, lbService("", "web"), "203.0.9.10")
 	n.checkSyncHealthy()
 
 	n.writeConfig(strings.Replace(defaultConfig, "invalid-drop:\n    enabled: true", "invalid-drop:\n    enabled: false", 1))
@@ -509,12 +505,7 @@ func scenarioDisableFix(t *testing.T, c *cluster, backend string) {
 func scenarioBackendSwitch(t *testing.T, c *cluster, backend string) {
 	otherOf := map[string]string{"iptables": "nftables", "nftables": "iptables"}
 	other := otherOf[backend]
-	n := startNode(t, c, backend, nodeOptions{})
-	svcs := newServices(t, c, nsName(10, backend))
-	web := svcs.create(lbService("", "web"))
-	svcs.setIngress("web", "203.0.10.10")
-	entries := []string{want(web, "203.0.10.10", "tcp", 80)}
-	n.expectEntries(converge, entries...)
+	n, _, _, entries := startServing(t, c, backend, 10, lbService("", "web"), "203.0.10.10")
 	for _, be := range []string{other, backend} {
 		n.switchBackend(be)
 		n.expectEntries(converge, entries...)

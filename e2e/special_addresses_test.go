@@ -61,13 +61,7 @@ var metadataIPs = []string{metadataIP, "100.100.100.200", "168.63.129.16"}
 // programmed, and host traffic to 169.254.169.254, 100.100.100.200 and 168.63.129.16 in the node's
 // netns is not redirected to the Service, while traffic to its ordinary External-IP is.
 func TestSpecialAddresses(t *testing.T) {
-	require(t)
-	for _, be := range backendNames {
-		t.Run(be, func(t *testing.T) {
-			t.Parallel()
-			testSpecialAddresses(t, sharedCluster(t, be), be)
-		})
-	}
+	eachBackend(t, testSpecialAddresses)
 }
 
 func testSpecialAddresses(t *testing.T, c *cluster, backend string) {

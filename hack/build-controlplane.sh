@@ -14,36 +14,11 @@
 #   FORCE=1      rebuild even if the stamp matches
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BIN="${NNM_BIN_DIR:-$ROOT/bin}"
-STAMP="$BIN/.controlplane-stamp"
-TOOLS="$ROOT/tools"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" # sets NNM_ROOT and BIN
+
+TOOLS="$NNM_ROOT/tools"
 
 export CGO_ENABLED=0 GOWORK=off GOFLAGS="-mod=readonly -buildvcs=false"
-
-# inputs_hash prints a hash over everything that determines the binaries.
-inputs_hash() {
-	(
-		cd "$ROOT"
-		go env GOVERSION GOOS GOARCH
-		sha256sum hack/build-controlplane.sh
-		find tools/kube-apiserver tools/etcd -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -print0 |
-			LC_ALL=C sort -z | xargs -0 sha256sum
-	) | sha256sum | cut -d' ' -f1
-}
-
-up_to_date() {
-	[[ "${FORCE:-0}" != 1 && -x "$BIN/kube-apiserver" && -x "$BIN/kube-proxy" && -x "$BIN/etcd" && -f "$STAMP" ]] &&
-		[[ "$(cat "$STAMP")" == "$1" ]]
-}
-
-# build <module dir> <pinned module> <package> <output name> [extra ldflags]
-build() {
-	local dir="$1" mod="$2" pkg="$3" out="$4" ldx="${5:-}"
-	echo "building $out from $(cd "$dir" && go list -m -f '{{.Path}}@{{.Version}}' "$mod")"
-	(cd "$dir" && go build -trimpath -ldflags="-s -w $ldx" -o "$BIN/.$out.tmp" "$pkg")
-	mv -f "$BIN/.$out.tmp" "$BIN/$out"
-}
 
 # kube_version_ldflags stamps the pinned release into /version, as upstream's
 # hack/lib/version.sh does, so clients see v1.36.x instead of v0.0.0-master.
@@ -59,20 +34,11 @@ kube_version_ldflags() {
 	echo "$f"
 }
 
-main() {
-	mkdir -p "$BIN"
-	local want
-	want="$(inputs_hash)"
-	if up_to_date "$want"; then
-		echo "control plane binaries in $BIN are up to date"
-		return 0
-	fi
-	rm -f "$STAMP"
-	build "$TOOLS/etcd" go.etcd.io/etcd/server/v3 ./cmd/etcd etcd
-	build "$TOOLS/kube-apiserver" k8s.io/kubernetes k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver "$(kube_version_ldflags)"
-	build "$TOOLS/kube-apiserver" k8s.io/kubernetes k8s.io/kubernetes/cmd/kube-proxy kube-proxy "$(kube_version_ldflags)"
-	echo "$want" >"$STAMP"
-	ls -lh "$BIN/etcd" "$BIN/kube-apiserver" "$BIN/kube-proxy"
+build() {
+	nnm_go_build "$TOOLS/etcd" go.etcd.io/etcd/server/v3 ./cmd/etcd etcd
+	nnm_go_build "$TOOLS/kube-apiserver" k8s.io/kubernetes k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver "$(kube_version_ldflags)"
+	nnm_go_build "$TOOLS/kube-apiserver" k8s.io/kubernetes k8s.io/kubernetes/cmd/kube-proxy kube-proxy "$(kube_version_ldflags)"
 }
 
-main "$@"
+nnm_stamped_build controlplane "$(nnm_inputs_hash hack/build-controlplane.sh tools/kube-apiserver tools/etcd)" build \
+	"$BIN/etcd" "$BIN/kube-apiserver" "$BIN/kube-proxy"

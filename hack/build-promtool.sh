@@ -10,42 +10,18 @@
 #   FORCE=1      rebuild even if the stamp matches
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BIN="${NNM_BIN_DIR:-$ROOT/bin}"
-STAMP="$BIN/.promtool-stamp"
-MOD="$ROOT/tools/promtool"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" # sets NNM_ROOT and BIN
+
+MOD="$NNM_ROOT/tools/promtool"
 
 export CGO_ENABLED=0 GOWORK=off GOFLAGS="-mod=readonly -buildvcs=false"
 
-inputs_hash() {
-	(
-		cd "$ROOT"
-		go env GOVERSION GOOS GOARCH
-		sha256sum hack/build-promtool.sh
-		find tools/promtool -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -print0 |
-			LC_ALL=C sort -z | xargs -0 sha256sum
-	) | sha256sum | cut -d' ' -f1
-}
-
-main() {
-	mkdir -p "$BIN"
-	local want
-	want="$(inputs_hash)"
-	if [[ "${FORCE:-0}" != 1 && -x "$BIN/promtool" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
-		echo "promtool in $BIN is up to date"
-		return 0
-	fi
-	rm -f "$STAMP"
+build() {
 	local v
 	v="$(cd "$MOD" && go list -m -f '{{.Version}}' github.com/prometheus/prometheus)"
-	echo "building promtool from github.com/prometheus/prometheus@$v"
 	# promtool --version reports what common/version holds; stamp the pinned module version in.
-	(cd "$MOD" && go build -trimpath \
-		-ldflags="-s -w -X github.com/prometheus/common/version.Version=$v" \
-		-o "$BIN/.promtool.tmp" github.com/prometheus/prometheus/cmd/promtool)
-	mv -f "$BIN/.promtool.tmp" "$BIN/promtool"
-	echo "$want" >"$STAMP"
-	ls -lh "$BIN/promtool"
+	nnm_go_build "$MOD" github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/promtool promtool \
+		"-X github.com/prometheus/common/version.Version=$v"
 }
 
-main "$@"
+nnm_stamped_build promtool "$(nnm_inputs_hash hack/build-promtool.sh tools/promtool)" build "$BIN/promtool"

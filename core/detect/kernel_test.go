@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -21,14 +20,10 @@ import (
 // process that lives entirely in that namespace (`ip netns exec … <this test binary>`), so every
 // probe — HTTP dial, link lookup, nft and iptables-*-save — reads the namespace and never the host.
 
-const helperEnv = "NNM_DETECT_HELPER"
-
 // TestHelperProcess is the child: it serves a fake /proxyMode when asked, runs detection with the real
 // probes (no API client) and prints the result as JSON.
 func TestHelperProcess(t *testing.T) {
-	if os.Getenv(helperEnv) != "1" {
-		t.Skip("helper for TestRealDetection")
-	}
+	testenv.Child(t, "TestRealDetection")
 	if mode := os.Getenv("NNM_FAKE_KUBE_PROXY_MODE"); mode != "" {
 		ln, err := net.Listen("tcp", "127.0.0.1:10249")
 		if err != nil {
@@ -49,18 +44,8 @@ func TestHelperProcess(t *testing.T) {
 
 func detectIn(t *testing.T, ns *testenv.NS, env ...string) Result {
 	t.Helper()
-	self, err := os.Executable()
+	out, stderr, err := ns.RunChild("TestHelperProcess", env...)
 	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := ns.Command(self, "-test.run=^TestHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), append([]string{helperEnv + "=1"}, env...)...)
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr string
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = string(ee.Stderr)
-		}
 		t.Fatalf("detection in %s: %v\n%s%s", ns.Name, err, out, stderr)
 	}
 	var r Result

@@ -59,54 +59,53 @@ func NewSync(reg prometheus.Registerer) *Sync {
 			Help:    "Time to compute and apply one fix's rules for one family.",
 			Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
 		}, []string{"fix", "backend"}),
-		Syncs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "syncs_total",
-			Help: "Sync attempts of a fix (one per family and pass).",
-		}, []string{"fix", "backend"}),
-		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "sync_errors_total",
-			Help: "Failed sync attempts of a fix; the previous rules stay in place.",
-		}, []string{"fix", "backend"}),
-		Repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "sync_repairs_total",
-			Help: "Resyncs that found a fix's rules changed behind the agent's back and restored them.",
-		}, []string{"fix", "backend", "family"}),
-		Rules: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "rules_programmed",
-			Help: "Rules (and map entries) the fix has in the kernel.",
-		}, []string{"fix", "backend", "family"}),
-		LastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "last_successful_sync_timestamp_seconds",
-			Help: "Unix time of the fix's last successful sync.",
-		}, []string{"fix", "backend"}),
-		Enabled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "fix_enabled",
-			Help: "1 if the fix runs, 0 if it is disabled or refused.",
-		}, []string{"fix"}),
-		Refused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "fix_refused",
-			Help: "1 if the config enabled the fix but it refused to run in this environment (e.g. the DNAT fix outside IPVS mode).",
-		}, []string{"fix"}),
-		Covered: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "fix_objects_covered",
-			Help: "Objects (e.g. Services) the fix programmed rules for.",
-		}, []string{"fix", "family"}),
-		Skipped: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "fix_objects_skipped",
-			Help: "Objects the fix left out, by reason.",
-		}, []string{"fix", "family", "reason"}),
-		Info: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "agent_info",
-			Help: "Always 1; labels say what the agent runs with and how it was found.",
-		}, []string{"version", "backend", "iptables_variant", "proxy_mode", "proxy_mode_source"}),
-		ConfigReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "config_reloads_total",
-			Help: "Config file reloads by result (success or error).",
-		}, []string{"result"}),
+		Syncs: CounterVec("syncs_total",
+			"Sync attempts of a fix (one per family and pass).",
+			"fix", "backend"),
+		Errors: CounterVec("sync_errors_total",
+			"Failed sync attempts of a fix; the previous rules stay in place.",
+			"fix", "backend"),
+		Repairs: CounterVec("sync_repairs_total",
+			"Resyncs that found a fix's rules changed behind the agent's back and restored them.",
+			"fix", "backend", "family"),
+		Rules: GaugeVec("rules_programmed",
+			"Rules (and map entries) the fix has in the kernel.",
+			"fix", "backend", "family"),
+		LastSuccess: GaugeVec("last_successful_sync_timestamp_seconds",
+			"Unix time of the fix's last successful sync.",
+			"fix", "backend"),
+		Enabled: GaugeVec("fix_enabled",
+			"1 if the fix runs, 0 if it is disabled or refused.",
+			"fix"),
+		Refused: GaugeVec("fix_refused",
+			"1 if the config enabled the fix but it refused to run in this environment (e.g. the DNAT fix outside IPVS mode).",
+			"fix"),
+		Covered: GaugeVec("fix_objects_covered",
+			"Objects (e.g. Services) the fix programmed rules for.",
+			"fix", "family"),
+		Skipped: GaugeVec("fix_objects_skipped",
+			"Objects the fix left out, by reason.",
+			"fix", "family", "reason"),
+		Info: GaugeVec("agent_info",
+			"Always 1; labels say what the agent runs with and how it was found.",
+			"version", "backend", "iptables_variant", "proxy_mode", "proxy_mode_source"),
+		ConfigReloads: CounterVec("config_reloads_total",
+			"Config file reloads by result (success or error).",
+			"result"),
 	}
 	reg.MustRegister(m.Duration, m.Syncs, m.Errors, m.Repairs, m.Rules, m.LastSuccess, m.Enabled,
 		m.Refused, m.Covered, m.Skipped, m.Info, m.ConfigReloads)
 	return m
+}
+
+// CounterVec is a counter vector named nnm_<name>, labelled by labels.
+func CounterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help}, labels)
+}
+
+// GaugeVec is a gauge vector named nnm_<name>, labelled by labels.
+func GaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help}, labels)
 }
 
 // NewReady registers nnm_agent_ready, the /readyz check as a gauge (evaluated at scrape time), so that

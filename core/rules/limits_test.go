@@ -80,3 +80,20 @@ func TestValidateLimits(t *testing.T) {
 		}
 	}
 }
+
+// Hook and protocol names are accepted in any case and with surrounding space; an unknown one is
+// refused with the list of valid names.
+func TestParseHookAndProtocol(t *testing.T) {
+	if h, err := ParseHook(" PostRouting "); err != nil || h != Postrouting {
+		t.Errorf("ParseHook(PostRouting) = %q, %v", h, err)
+	}
+	if p, err := ParseProtocol("SCTP"); err != nil || p != SCTP {
+		t.Errorf("ParseProtocol(SCTP) = %q, %v", p, err)
+	}
+	if _, err := ParseHook("ingress"); err == nil || err.Error() != `unknown netfilter hook "ingress" (want prerouting, input, forward, output or postrouting)` {
+		t.Errorf("ParseHook(ingress) error = %v", err)
+	}
+	if _, err := ParseProtocol("icmp"); err == nil || err.Error() != `unknown protocol "icmp" (want tcp, udp or sctp)` {
+		t.Errorf("ParseProtocol(icmp) error = %v", err)
+	}
+}

@@ -68,12 +68,7 @@ const (
 
 // ParseHook accepts a hook name in any case.
 func ParseHook(s string) (Hook, error) {
-	h := Hook(strings.ToLower(strings.TrimSpace(s)))
-	switch h {
-	case Prerouting, Input, Forward, Output, Postrouting:
-		return h, nil
-	}
-	return "", fmt.Errorf("unknown netfilter hook %q (want prerouting, input, forward, output or postrouting)", s)
+	return parseName(s, "netfilter hook", Prerouting, Input, Forward, Output, Postrouting)
 }
 
 // Protocol is a transport protocol. The empty Protocol matches any protocol.
@@ -87,12 +82,22 @@ const (
 
 // ParseProtocol accepts tcp, udp and sctp in any case.
 func ParseProtocol(s string) (Protocol, error) {
-	p := Protocol(strings.ToLower(strings.TrimSpace(s)))
-	switch p {
-	case TCP, UDP, SCTP:
-		return p, nil
+	return parseName(s, "protocol", TCP, UDP, SCTP)
+}
+
+// parseName accepts one of names in any case, with surrounding space; what says in the error what
+// kind of name s is not.
+func parseName[T ~string](s, what string, names ...T) (T, error) {
+	v := T(strings.ToLower(strings.TrimSpace(s)))
+	if slices.Contains(names, v) {
+		return v, nil
 	}
-	return "", fmt.Errorf("unknown protocol %q (want tcp, udp or sctp)", s)
+	want := make([]string, len(names))
+	for i, n := range names {
+		want[i] = string(n)
+	}
+	last := len(want) - 1
+	return "", fmt.Errorf("unknown %s %q (want %s or %s)", what, s, strings.Join(want[:last], ", "), want[last])
 }
 
 // CTState is a conntrack state.

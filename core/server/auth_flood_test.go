@@ -1,11 +1,8 @@
 package server_test
 
 import (
-	"context"
 	"crypto/tls"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -14,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -25,6 +21,8 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/config"
 	"github.com/network-node-manager/network-node-manager/core/server"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
+	"github.com/network-node-manager/network-node-manager/internal/servertest"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // countReviews counts the TokenReviews the agent's client sends.
@@ -49,18 +47,6 @@ func fromAddr(src string) *http.Client {
 		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true}, // self-signed, as the PodMonitor's
 		DisableKeepAlives: true,
 	}}
-}
-
-func get(c *http.Client, url, token string) (int, string, error) {
-	req, _ := http.NewRequest(http.MethodGet, url, nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := c.Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), nil
 }
 
 // TestGarbageTokensDoNotStarveAScrape (#19): 500 connections with unique garbage bearer tokens used
@@ -101,19 +87,7 @@ func TestGarbageTokensDoNotStarveAScrape(t *testing.T) {
 	}
 	var reviews atomic.Int64
 	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return countReviews{rt, &reviews} })
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	tlsCfg, err := server.TLSConfig("", "localhost")
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nnm_flood_test", Help: "test"}, func() float64 { return 1 }))
-	s := server.New(server.Options{MetricsAddress: "127.0.0.1:0", TLS: tlsCfg,
-		Auth: server.NewDelegated(kubernetes.NewForConfigOrDie(rc), log).Wrap}, reg, server.Checks{}, log)
-	if err := s.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop(context.Background())
+	s := servertest.StartDelegated(t, kubernetes.NewForConfigOrDie(rc), "nnm_flood_test", server.Options{})
 	url := "https://" + s.Addr() + "/metrics"
 
 	// The flood: 500 connections from 127.0.0.1, each with its own garbage token.
@@ -128,7 +102,7 @@ func TestGarbageTokensDoNotStarveAScrape(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			code, body, err := get(attacker, url, fmt.Sprintf("garbage-%d-%d", time.Now().UnixNano(), i))
+			code, body, err := testenv.Get(ctx, attacker, url, fmt.Sprintf("garbage-%d-%d", time.Now().UnixNano(), i))
 			key := fmt.Sprint(code)
 			if err != nil {
 				key = "error"
@@ -147,7 +121,7 @@ func TestGarbageTokensDoNotStarveAScrape(t *testing.T) {
 
 	// A legitimate scrape, its token not cached yet, from another address, in the middle of the flood.
 	scrapeStart := time.Now()
-	code, body, err := get(fromAddr("127.0.0.2"), url, scraperToken)
+	code, body, err := testenv.Get(ctx, fromAddr("127.0.0.2"), url, scraperToken)
 	took := time.Since(scrapeStart)
 	wg.Wait()
 	floodTook := time.Since(start)
@@ -162,12 +136,12 @@ func TestGarbageTokensDoNotStarveAScrape(t *testing.T) {
 
 	// A rejected token is remembered: sent again (from a fresh address) it costs no review.
 	other := fromAddr("127.0.0.3")
-	if code, _, err := get(other, url, "garbage-repeated"); err != nil || code != http.StatusUnauthorized {
+	if code, _, err := testenv.Get(ctx, other, url, "garbage-repeated"); err != nil || code != http.StatusUnauthorized {
 		t.Fatalf("garbage token: %d %v, want 401", code, err)
 	}
 	before := reviews.Load()
 	for range 3 {
-		if code, _, err := get(other, url, "garbage-repeated"); err != nil || code != http.StatusUnauthorized {
+		if code, _, err := testenv.Get(ctx, other, url, "garbage-repeated"); err != nil || code != http.StatusUnauthorized {
 			t.Fatalf("garbage token again: %d %v, want 401", code, err)
 		}
 	}

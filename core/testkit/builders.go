@@ -32,25 +32,34 @@ type PortSpec = corev1.ServicePort
 
 // Service returns a Service of type ClusterIP (without addresses) changed by mods in order.
 func Service(ns, name string, mods ...func(*corev1.Service)) *corev1.Service {
-	svc := &corev1.Service{
+	return with(&corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP},
-	}
+	}, mods)
+}
+
+// with changes obj by mods in order and returns it.
+func with[T any](obj *T, mods []func(*T)) *T {
 	for _, m := range mods {
-		m(svc)
+		m(obj)
 	}
-	return svc
+	return obj
+}
+
+// first is the first of xs, "" when there is none: spec.clusterIP of spec.clusterIPs, spec.podCIDR of
+// spec.podCIDRs.
+func first(xs []string) string {
+	if len(xs) == 0 {
+		return ""
+	}
+	return xs[0]
 }
 
 // ClusterIPs sets spec.clusterIP (the first) and spec.clusterIPs, and spec.ipFamilies to match.
 func ClusterIPs(ips ...string) func(*corev1.Service) {
 	return func(svc *corev1.Service) {
-		svc.Spec.ClusterIPs = slices.Clone(ips)
-		svc.Spec.ClusterIP = ""
+		svc.Spec.ClusterIPs, svc.Spec.ClusterIP = slices.Clone(ips), first(ips)
 		svc.Spec.IPFamilies = nil
-		if len(ips) > 0 {
-			svc.Spec.ClusterIP = ips[0]
-		}
 		for _, ip := range ips {
 			if a, err := netip.ParseAddr(ip); err == nil {
 				if a.Unmap().Is4() {
@@ -163,21 +172,13 @@ func Named(name string, p PortSpec) PortSpec {
 
 // Node returns a Node changed by mods in order.
 func Node(name string, mods ...func(*corev1.Node)) *corev1.Node {
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	for _, m := range mods {
-		m(n)
-	}
-	return n
+	return with(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, mods)
 }
 
 // PodCIDRs sets spec.podCIDR (the first) and spec.podCIDRs.
 func PodCIDRs(cidrs ...string) func(*corev1.Node) {
 	return func(n *corev1.Node) {
-		n.Spec.PodCIDRs = slices.Clone(cidrs)
-		n.Spec.PodCIDR = ""
-		if len(cidrs) > 0 {
-			n.Spec.PodCIDR = cidrs[0]
-		}
+		n.Spec.PodCIDRs, n.Spec.PodCIDR = slices.Clone(cidrs), first(cidrs)
 	}
 }
 
@@ -185,10 +186,7 @@ func PodCIDRs(cidrs ...string) func(*corev1.Node) {
 // When no mod set Snapshot.PodCIDRs, they are taken from the Node's spec.podCIDRs (unparsable ones
 // are left out), as the core does when no pod CIDR is configured.
 func Snapshot(mods ...func(*fix.Snapshot)) *fix.Snapshot {
-	s := &fix.Snapshot{}
-	for _, m := range mods {
-		m(s)
-	}
+	s := with(&fix.Snapshot{}, mods)
 	SortServices(s.Services)
 	if s.PodCIDRs == nil && s.Node != nil {
 		for _, c := range s.Node.Spec.PodCIDRs {

@@ -3,6 +3,7 @@ package testkit
 import (
 	"cmp"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -73,11 +74,7 @@ func FormatRule(r rules.Rule) string {
 		parts = append(parts, "oif "+m.OutInterfacePrefix+"*")
 	}
 	if len(m.SrcPrefixes) > 0 {
-		ps := make([]string, len(m.SrcPrefixes))
-		for i, p := range m.SrcPrefixes {
-			ps[i] = p.String()
-		}
-		parts = append(parts, "src {"+strings.Join(ps, ", ")+"}")
+		parts = append(parts, "src "+braced(m.SrcPrefixes, netip.Prefix.String))
 	}
 	if m.SrcAddrType != "" {
 		parts = append(parts, "src-type "+string(m.SrcAddrType))
@@ -86,11 +83,7 @@ func FormatRule(r rules.Rule) string {
 		parts = append(parts, "dst "+m.DstAddr.String())
 	}
 	if len(m.DstPrefixes) > 0 {
-		ps := make([]string, len(m.DstPrefixes))
-		for i, p := range m.DstPrefixes {
-			ps[i] = p.String()
-		}
-		parts = append(parts, "dst {"+strings.Join(ps, ", ")+"}")
+		parts = append(parts, "dst "+braced(m.DstPrefixes, netip.Prefix.String))
 	}
 	if m.Protocol != "" {
 		parts = append(parts, "proto "+string(m.Protocol))
@@ -102,11 +95,7 @@ func FormatRule(r rules.Rule) string {
 		parts = append(parts, "tcp-flags "+flagList(m.TCPFlags.Set)+"/"+flagList(m.TCPFlags.Mask))
 	}
 	if len(m.CTStates) > 0 {
-		ss := make([]string, len(m.CTStates))
-		for i, s := range m.CTStates {
-			ss[i] = string(s)
-		}
-		parts = append(parts, "ct state {"+strings.Join(ss, ", ")+"}")
+		parts = append(parts, "ct state "+braced(m.CTStates, func(s rules.CTState) string { return string(s) }))
 	}
 	if m.Mark != 0 {
 		parts = append(parts, fmt.Sprintf("mark 0x%08x", m.Mark))
@@ -152,6 +141,15 @@ func formatVerdict(v rules.Verdict, lookup string) string {
 	default:
 		return string(v.Kind)
 	}
+}
+
+// braced is xs, each formatted by str, in set notation: {a, b}.
+func braced[T any](xs []T, str func(T) string) string {
+	ss := make([]string, len(xs))
+	for i, x := range xs {
+		ss[i] = str(x)
+	}
+	return "{" + strings.Join(ss, ", ") + "}"
 }
 
 // flagList is "syn,ack"-style, or "none" for an empty set.

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	sigsyaml "sigs.k8s.io/yaml"
 
@@ -72,35 +73,23 @@ func (f *File) add(name string, i int, doc []byte) error {
 	}
 	switch tm.Kind {
 	case "Service":
-		var svc corev1.Service
-		if err := sigsyaml.UnmarshalStrict(doc, &svc); err != nil {
-			return fmt.Errorf("%s: document %d (Service): %w", name, i, err)
+		svc, err := decode[corev1.Service](name, i, tm.Kind, doc, true)
+		if err != nil {
+			return err
 		}
-		if svc.Name == "" {
-			return fmt.Errorf("%s: document %d: Service without metadata.name", name, i)
-		}
-		if svc.Namespace == "" {
-			svc.Namespace = "default"
-		}
-		f.services = append(f.services, StripService(&svc))
+		f.services = append(f.services, StripService(svc))
 	case "Node":
-		var n corev1.Node
-		if err := sigsyaml.UnmarshalStrict(doc, &n); err != nil {
-			return fmt.Errorf("%s: document %d (Node): %w", name, i, err)
+		n, err := decode[corev1.Node](name, i, tm.Kind, doc, false)
+		if err != nil {
+			return err
 		}
-		f.node = StripNode(&n)
+		f.node = StripNode(n)
 	case "Pod":
-		var p corev1.Pod
-		if err := sigsyaml.UnmarshalStrict(doc, &p); err != nil {
-			return fmt.Errorf("%s: document %d (Pod): %w", name, i, err)
+		p, err := decode[corev1.Pod](name, i, tm.Kind, doc, true)
+		if err != nil {
+			return err
 		}
-		if p.Name == "" {
-			return fmt.Errorf("%s: document %d: Pod without metadata.name", name, i)
-		}
-		if p.Namespace == "" {
-			p.Namespace = "default"
-		}
-		f.pods = append(f.pods, StripPod(&p))
+		f.pods = append(f.pods, StripPod(p))
 	case "List", "ServiceList", "NodeList", "PodList":
 		for j, item := range tm.Items {
 			b, err := sigsyaml.Marshal(item)
@@ -115,6 +104,27 @@ func (f *File) add(name string, i int, doc []byte) error {
 		return fmt.Errorf("%s: document %d: kind %q is not Service, Node, Pod or List", name, i, tm.Kind)
 	}
 	return nil
+}
+
+// decode reads document i of the file called name strictly as an object of kind. A namespaced one
+// (Service, Pod) must have a name; its namespace defaults to "default", as kubectl's does.
+func decode[T any, P interface {
+	*T
+	metav1.Object
+}](name string, i int, kind string, doc []byte, namespaced bool) (P, error) {
+	obj := P(new(T))
+	if err := sigsyaml.UnmarshalStrict(doc, obj); err != nil {
+		return nil, fmt.Errorf("%s: document %d (%s): %w", name, i, kind, err)
+	}
+	if namespaced {
+		if obj.GetName() == "" {
+			return nil, fmt.Errorf("%s: document %d: %s without metadata.name", name, i, kind)
+		}
+		if obj.GetNamespace() == "" {
+			obj.SetNamespace("default")
+		}
+	}
+	return obj, nil
 }
 
 func isOnlyComments(doc []byte) bool {

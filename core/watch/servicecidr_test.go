@@ -1,9 +1,6 @@
 package watch
 
 import (
-	"context"
-	"io"
-	"log/slog"
 	"net/netip"
 	"slices"
 	"testing"
@@ -11,7 +8,6 @@ import (
 
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
@@ -27,13 +23,7 @@ func serviceCIDR(name string, cidrs ...string) *networkingv1.ServiceCIDR {
 func TestServiceCIDRsServed(t *testing.T) {
 	cs := fake.NewClientset(serviceCIDR("kubernetes", "10.96.0.0/16", "fd00:10:96::/112"), serviceCIDR("extra", "10.100.0.0/24", "10.96.0.0/16"))
 	cs.Resources = []*metav1.APIResourceList{{GroupVersion: "networking.k8s.io/v1", APIResources: []metav1.APIResource{{Name: "servicecidrs"}}}}
-	s := NewInformers(func() (kubernetes.Interface, error) { return cs, nil }, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.Start(ctx, fix.Needs{ServiceCIDRs: true}); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop()
+	s, ctx := startInformers(t, fakeClient(cs), fix.Needs{ServiceCIDRs: true})
 	if err := s.WaitForNeeds(ctx, fix.Needs{ServiceCIDRs: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -61,13 +51,7 @@ func TestServiceCIDRsServed(t *testing.T) {
 func TestServiceCIDRsNotServed(t *testing.T) {
 	cs := fake.NewClientset()
 	cs.Resources = []*metav1.APIResourceList{{GroupVersion: "networking.k8s.io/v1", APIResources: []metav1.APIResource{{Name: "ingresses"}}}}
-	s := NewInformers(func() (kubernetes.Interface, error) { return cs, nil }, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.Start(ctx, fix.Needs{Services: true, ServiceCIDRs: true}); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop()
+	s, ctx := startInformers(t, fakeClient(cs), fix.Needs{Services: true, ServiceCIDRs: true})
 	if err := s.WaitForSync(ctx); err != nil {
 		t.Fatalf("an API without ServiceCIDR objects held the watches up: %v", err)
 	}

@@ -11,7 +11,6 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/testkit"
 )
 
 func TestFileSourceReadsExample(t *testing.T) {
@@ -153,13 +153,7 @@ func TestInformersSnapshotAndChanges(t *testing.T) {
 		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "y"}},
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Spec: corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}}},
 	)
-	s := NewInformers(func() (kubernetes.Interface, error) { return cs, nil }, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.Start(ctx, fix.Needs{Services: true, Node: true}); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop()
+	s, ctx := startInformers(t, fakeClient(cs), fix.Needs{Services: true, Node: true})
 	if err := s.WaitForSync(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -270,13 +264,7 @@ func TestInformersPodsStrippedAndSorted(t *testing.T) {
 		}
 	}
 	cs := fake.NewClientset(pod("b", "p2", "10.244.1.3"), pod("a", "p1", "10.244.1.2"))
-	s := NewInformers(func() (kubernetes.Interface, error) { return cs, nil }, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.Start(ctx, fix.Needs{Pods: true}); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop()
+	s, ctx := startInformers(t, fakeClient(cs), fix.Needs{Pods: true})
 	if err := s.WaitForSync(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -292,22 +280,36 @@ func TestInformersPodsStrippedAndSorted(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink that running informers may write to.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
+// startInformers starts informers for node n1 on the clients of newClient, watching needs, with a
+// context that ends after 10 s; both end with the test.
+func startInformers(t *testing.T, newClient func() (kubernetes.Interface, error), needs fix.Needs) (*Informers, context.Context) {
+	t.Helper()
+	s := NewInformers(newClient, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	if err := s.Start(ctx, needs); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	return s, ctx
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
+// fakeClient hands out cs.
+func fakeClient(cs kubernetes.Interface) func() (kubernetes.Interface, error) {
+	return func() (kubernetes.Interface, error) { return cs, nil }
 }
 
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
+// waitRetries waits up to 20 s until the informers made n requests (counted by count, e.g. the
+// failed ones) and fails the test when they did not: they gave up instead of retrying.
+func waitRetries(t *testing.T, count *atomic.Int64, n int64, what string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for count.Load() < n && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := count.Load(); got < n {
+		t.Fatalf("only %d %s in 20s, want %d; the informers did not retry", got, what, n)
+	}
 }
 
 // TestUnreachableAPIServerIsLoggedOnce guards issue #15 item 2: with the API server down (a closed
@@ -322,7 +324,7 @@ func TestUnreachableAPIServerIsLoggedOnce(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there now: connection refused
 	var failures atomic.Int64
-	var logs syncBuffer
+	var logs testkit.LogBuffer
 	var s *Informers
 	s = NewInformers(func() (kubernetes.Interface, error) {
 		rc := &rest.Config{Host: "http://" + addr}
@@ -342,13 +344,7 @@ func TestUnreachableAPIServerIsLoggedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Stop()
-	deadline := time.Now().Add(20 * time.Second)
-	for failures.Load() < 4 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if n := failures.Load(); n < 4 {
-		t.Fatalf("only %d failed requests in 20s; the informers did not retry", n)
-	}
+	waitRetries(t, &failures, 4, "failed requests")
 	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
 	var api []string
 	for _, l := range lines {
@@ -377,7 +373,7 @@ func TestThrottlingIsLogged(t *testing.T) {
 		w.WriteHeader(http.StatusTooManyRequests)
 	}))
 	defer srv.Close()
-	var logs syncBuffer
+	var logs testkit.LogBuffer
 	var s *Informers
 	s = NewInformers(func() (kubernetes.Interface, error) {
 		rc := &rest.Config{Host: srv.URL}
@@ -388,13 +384,7 @@ func TestThrottlingIsLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Stop()
-	deadline := time.Now().Add(20 * time.Second)
-	for requests.Load() < 3 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if n := requests.Load(); n < 3 {
-		t.Fatalf("only %d requests in 20s; the informer did not retry", n)
-	}
+	waitRetries(t, &requests, 3, "requests")
 	var lines []string
 	for _, l := range strings.Split(logs.String(), "\n") {
 		if strings.Contains(l, "throttles") {
@@ -414,13 +404,7 @@ func TestInformersStartAddsWatches(t *testing.T) {
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.244.1.2"}}}}
 	cs := fake.NewClientset(node, pod)
 	clients := 0
-	s := NewInformers(func() (kubernetes.Interface, error) { clients++; return cs, nil }, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.Start(ctx, fix.Needs{Services: true}); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop()
+	s, ctx := startInformers(t, func() (kubernetes.Interface, error) { clients++; return cs, nil }, fix.Needs{Services: true})
 	if err := s.WaitForNeeds(ctx, fix.Needs{Services: true}); err != nil {
 		t.Fatal(err)
 	}

@@ -90,24 +90,11 @@ func guestTopology(t *testing.T) (pod *testenv.NS) {
 		}
 	}
 	for _, p := range plans {
-		var ln net.Listener
-		if err := ep.Do(func() (err error) {
-			ln, err = net.Listen("tcp", net.JoinHostPort(p.endpoint, strconv.Itoa(endpointPort)))
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ln.Close() })
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				fmt.Fprintf(c, "endpoint %s saw %s\n", c.LocalAddr(), c.RemoteAddr())
-				c.Close()
-			}
-		}()
+		ln := ep.Listen(t, net.JoinHostPort(p.endpoint, strconv.Itoa(endpointPort)))
+		testenv.Serve(ln, func(c net.Conn) {
+			fmt.Fprintf(c, "endpoint %s saw %s\n", c.LocalAddr(), c.RemoteAddr())
+			c.Close()
+		})
 	}
 	return pod
 }

@@ -37,23 +37,9 @@ GO="${GO:-go}"
 DEPS=(/usr/include/gelf.h:libelf-dev /usr/include/zlib.h:zlib1g-dev /usr/include/pcap.h:libpcap-dev
 	gcc:gcc make:make ipset:ipset)
 
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+
 die() { echo "hack/felix/build.sh: $*" >&2; exit 1; }
-
-present() { if [[ $1 == /* ]]; then [[ -e $1 ]]; else command -v "$1" >/dev/null 2>&1; fi; }
-
-install_deps() {
-	local missing=() dep
-	for dep in "${DEPS[@]}"; do
-		present "${dep%%:*}" || missing+=("${dep##*:}")
-	done
-	[[ ${#missing[@]} == 0 ]] && return 0
-	if [[ $(id -u) != 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
-		die "missing packages: ${missing[*]} (install them, or run as root on Debian)"
-	fi
-	echo "installing: ${missing[*]}" >&2
-	DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-}
 
 [[ -d $CALICO_GIT_DIR ]] || die "no Calico repository at CALICO_GIT_DIR=$CALICO_GIT_DIR (fetch github:projectcalico/calico, or clone it, and point CALICO_GIT_DIR at its git directory)"
 git --git-dir="$CALICO_GIT_DIR" cat-file -e "$CALICO_COMMIT^{commit}" 2>/dev/null ||
@@ -68,7 +54,7 @@ if [[ ${1:-} == --env ]]; then
 	exit 0
 fi
 
-install_deps
+nnm_install_deps die "${DEPS[@]}"
 if [[ -f $OUT/felix.env && -x $OUT/calico-felix ]]; then
 	echo "$OUT/felix.env"
 	exit 0

@@ -33,31 +33,15 @@ DEPS=(qemu-system-x86_64:qemu-system-x86 busybox:busybox-static depmod:kmod ipse
 # loaded in the guest from the shared modules tree.
 BOOT_MODULES=(virtio_pci 9pnet_virtio 9p virtio_net)
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 OUT="${NNM_VM_DIR:-/var/cache/network-node-manager/vm/$KERNEL_RELEASE}"
 
 die_unavailable() { echo "hack/vm/prepare.sh: $*" >&2; exit 3; }
 
-have() { command -v "$1" >/dev/null 2>&1 || [[ -x /usr/sbin/$1 || -x /sbin/$1 ]]; }
-
-install_deps() {
-	local missing=() dep
-	for dep in "${DEPS[@]}"; do
-		have "${dep%%:*}" || missing+=("${dep##*:}")
-	done
-	[[ ${#missing[@]} == 0 ]] && return 0
-	if [[ $(id -u) != 0 ]] || ! have apt-get; then
-		die_unavailable "missing packages: ${missing[*]} (install them, or run as root on Debian)"
-	fi
-	echo "installing: ${missing[*]}"
-	DEBIAN_FRONTEND=noninteractive apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-}
-
 fetch_kernel() {
 	local dir="$OUT/root/lib/modules/$KERNEL_RELEASE"
 	[[ -f $OUT/vmlinuz && -f $dir/modules.dep ]] && return 0
-	have apt-get || die_unavailable "no apt-get to fetch $KERNEL_PKG=$KERNEL_VERSION"
+	nnm_have apt-get || die_unavailable "no apt-get to fetch $KERNEL_PKG=$KERNEL_VERSION"
 	local tmp
 	tmp="$(mktemp -d)"
 	# apt-get download runs as _apt where it can; let it write the download directory.
@@ -78,7 +62,7 @@ fetch_kernel() {
 }
 
 build_initramfs() {
-	local init="$ROOT/hack/vm/init.sh" stamp="$OUT/initrd.stamp" want
+	local init="$NNM_ROOT/hack/vm/init.sh" stamp="$OUT/initrd.stamp" want
 	want="$(cat "$init" "$(command -v busybox)" <(printf '%s\n' "${BOOT_MODULES[@]}") | sha256sum | cut -d' ' -f1)"
 	[[ -f $OUT/initrd.gz && -f $stamp && $(cat "$stamp") == "$want" ]] && return 0
 	local tmp m
@@ -101,7 +85,7 @@ build_initramfs() {
 }
 
 main() {
-	install_deps
+	nnm_install_deps die_unavailable "${DEPS[@]}"
 	mkdir -p "$OUT"
 	fetch_kernel
 	build_initramfs

@@ -17,7 +17,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -27,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -116,11 +116,8 @@ type Agent struct {
 	logPath string
 	client  *http.Client
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error // exit error once done is closed
-	logf *os.File
+	mu   sync.Mutex                      // held while (re)starting
+	proc atomic.Pointer[testenv.Process] // the current run
 }
 
 // Start starts the agent and returns without waiting for readiness (see WaitReady).
@@ -172,47 +169,22 @@ func Start(opts Options) (*Agent, error) {
 func (a *Agent) start() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.cmd != nil && !a.exitedLocked() {
+	if p := a.proc.Load(); p != nil && p.Exited() == nil {
 		return errors.New("agent is already running")
 	}
-	logf, err := os.OpenFile(a.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	proc, err := testenv.StartProcess(a.opts.Netns, "agent", a.logPath, cleanEnv(), a.opts.Env,
+		append([]string{a.opts.Bin, "run"}, a.opts.Args...)...)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(logf, "==== %s: ip netns exec %s %s run %s\n", time.Now().Format(time.RFC3339Nano), a.opts.Netns, a.opts.Bin, strings.Join(a.opts.Args, " "))
-	cmd := testenv.Command(context.Background(), a.opts.Netns, append([]string{a.opts.Bin, "run"}, a.opts.Args...)...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(cleanEnv(), a.opts.Env...)
-	// Own process group: a ^C to the test does not reach the agent before cleanup stops it.
-	// SIGKILL if this process dies first, so a crashed test leaves no agent running.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return fmt.Errorf("start agent: %w", err)
-	}
-	done := make(chan struct{})
-	a.cmd, a.done, a.logf, a.err = cmd, done, logf, nil
-	go func() {
-		err := cmd.Wait()
-		a.mu.Lock()
-		a.err = err
-		if err == nil {
-			a.err = errExitedZero
-		}
-		a.mu.Unlock()
-		fmt.Fprintf(logf, "==== %s: agent exited: %v\n", time.Now().Format(time.RFC3339Nano), err)
-		logf.Close()
-		close(done)
-	}()
+	a.proc.Store(proc)
 	return nil
 }
-
-var errExitedZero = errors.New("agent exited with status 0")
 
 // cleanEnv is this process's environment without NNM_* variables, so that a developer's shell settings
 // do not leak into the agent under test.
 func cleanEnv() []string {
-	var env []string
+	env := []string{}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "NNM_") {
 			env = append(env, kv)
@@ -221,34 +193,11 @@ func cleanEnv() []string {
 	return env
 }
 
-func (a *Agent) exitedLocked() bool {
-	select {
-	case <-a.done:
-		return true
-	default:
-		return false
-	}
-}
-
 // Exited returns the reason the process ended, or nil while it runs.
-func (a *Agent) Exited() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.cmd == nil || !a.exitedLocked() {
-		return nil
-	}
-	return a.err
-}
+func (a *Agent) Exited() error { return a.proc.Load().Exited() }
 
-// PID of the running process (0 before start).
-func (a *Agent) PID() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.cmd == nil || a.cmd.Process == nil {
-		return 0
-	}
-	return a.cmd.Process.Pid
-}
+// PID of the running process.
+func (a *Agent) PID() int { return a.proc.Load().PID() }
 
 // Netns is the namespace the agent runs in.
 func (a *Agent) Netns() string { return a.opts.Netns }
@@ -260,57 +209,30 @@ func (a *Agent) MetricsAddr() string { return a.addr }
 func (a *Agent) LogPath() string { return a.logPath }
 
 // Logs returns the whole log file.
-func (a *Agent) Logs() string {
-	b, _ := os.ReadFile(a.logPath)
-	return string(b)
-}
+func (a *Agent) Logs() string { return a.proc.Load().Logs() }
 
 // LogTail returns the last n lines of the log.
-func (a *Agent) LogTail(n int) string {
-	lines := strings.Split(strings.TrimRight(a.Logs(), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func (a *Agent) LogTail(n int) string { return a.proc.Load().LogTail(n) }
 
 // Stop sends SIGTERM and waits up to grace for the process to end, then kills it. The agent leaves its
 // rules in place on exit. Stopping a stopped agent is a no-op.
 func (a *Agent) Stop(grace time.Duration) error {
-	return a.signal(syscall.SIGTERM, grace)
+	p := a.proc.Load()
+	if p.Exited() != nil {
+		return nil
+	}
+	if err := p.Signal(syscall.SIGTERM, grace); err != nil {
+		return err
+	}
+	if err := p.Exited(); !errors.Is(err, testenv.ErrExitedZero) {
+		return fmt.Errorf("agent exited with %v after SIGTERM", err)
+	}
+	return nil
 }
 
 // Kill sends SIGKILL and waits for the process to end.
 func (a *Agent) Kill() error {
-	return a.signal(syscall.SIGKILL, 10*time.Second)
-}
-
-func (a *Agent) signal(sig syscall.Signal, grace time.Duration) error {
-	a.mu.Lock()
-	cmd, done := a.cmd, a.done
-	a.mu.Unlock()
-	if cmd == nil {
-		return nil
-	}
-	select {
-	case <-done:
-		return nil
-	default:
-	}
-	_ = cmd.Process.Signal(sig)
-	select {
-	case <-done:
-	case <-time.After(grace):
-		_ = cmd.Process.Kill()
-		<-done
-		return fmt.Errorf("agent did not stop within %v after %v; killed", grace, sig)
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if sig == syscall.SIGTERM && a.err != nil && !errors.Is(a.err, errExitedZero) {
-		return fmt.Errorf("agent exited with %v after SIGTERM", a.err)
-	}
-	return nil
+	return a.proc.Load().Signal(syscall.SIGKILL, 10*time.Second)
 }
 
 // Restart stops the agent (SIGTERM) if it runs and starts it again with the same options.
@@ -323,17 +245,7 @@ func (a *Agent) Restart(grace time.Duration) error {
 
 // Get fetches path (e.g. "/readyz") from the agent's metrics server inside the namespace.
 func (a *Agent) Get(ctx context.Context, path string) (int, string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.addr+path, nil)
-	if err != nil {
-		return 0, "", err
-	}
-	resp, err := a.client.Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body), err
+	return testenv.Get(ctx, a.client, "http://"+a.addr+path, "")
 }
 
 // Probe returns nil if path answers 200, else an error with the status and body.

@@ -52,6 +52,14 @@ func NftList(ctx context.Context, netns string) (string, error) {
 	return testenv.Exec(ctx, netns, "nft", "list", "ruleset")
 }
 
+// NftFamily is nft's name of an address family ("ipv4" or "ipv6", as IptablesSave takes it): ip or ip6.
+func NftFamily(family string) string {
+	if family == "ipv6" {
+		return "ip6"
+	}
+	return "ip"
+}
+
 // NftListTable returns `nft list table <family> <name>` inside netns; a missing table gives ("", nil).
 func NftListTable(ctx context.Context, netns, family, name string) (string, error) {
 	out, err := testenv.Exec(ctx, netns, "nft", "list", "table", family, name)

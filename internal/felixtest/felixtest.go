@@ -19,11 +19,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -158,13 +156,8 @@ type Options struct {
 
 // Felix is one running calico-felix.
 type Felix struct {
+	*testenv.Process
 	opts Options
-	bin  string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
 }
 
 // Env is Felix's environment for opts: KDD against the test's API server, logs to stdout only, no
@@ -200,84 +193,16 @@ func Start(b *Build, opts Options) (*Felix, error) {
 	if opts.Mode == NFTables && !b.NFTables {
 		return nil, fmt.Errorf("felixtest: Calico %s has no nftables data plane", b.CalicoCommit)
 	}
-	f := &Felix{opts: opts, bin: b.Bin}
-	logf, err := os.OpenFile(opts.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	proc, err := testenv.StartProcess(opts.Netns, "calico-felix", opts.LogFile, nil, Env(opts), b.Bin)
 	if err != nil {
 		return nil, err
 	}
-	env := Env(opts)
-	fmt.Fprintf(logf, "==== %s: ip netns exec %s env %s %s\n", time.Now().Format(time.RFC3339Nano), opts.Netns, strings.Join(env, " "), b.Bin)
-	cmd := testenv.Command(context.Background(), opts.Netns, b.Bin)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	// Own process group (a ^C reaches the test first); killed if the test process dies.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("start calico-felix: %w", err)
-	}
-	f.cmd, f.done = cmd, make(chan struct{})
-	go func() {
-		err := cmd.Wait()
-		f.mu.Lock()
-		f.err = err
-		f.mu.Unlock()
-		fmt.Fprintf(logf, "==== %s: calico-felix exited: %v\n", time.Now().Format(time.RFC3339Nano), err)
-		logf.Close()
-		close(f.done)
-	}()
-	return f, nil
-}
-
-// Exited returns why Felix ended, or nil while it runs.
-func (f *Felix) Exited() error {
-	select {
-	case <-f.done:
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if f.err == nil {
-			return errors.New("calico-felix exited with status 0")
-		}
-		return f.err
-	default:
-		return nil
-	}
+	return &Felix{Process: proc, opts: opts}, nil
 }
 
 // Stop sends SIGTERM and waits up to grace, then kills Felix (its process group: `ip netns exec`
 // execs it, so the group is Felix's own).
-func (f *Felix) Stop(grace time.Duration) {
-	select {
-	case <-f.done:
-		return
-	default:
-	}
-	_ = f.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-f.done:
-	case <-time.After(grace):
-		_ = syscall.Kill(-f.cmd.Process.Pid, syscall.SIGKILL)
-		<-f.done
-	}
-}
-
-// LogPath is the file holding Felix's output.
-func (f *Felix) LogPath() string { return f.opts.LogFile }
-
-// Logs returns Felix's whole output.
-func (f *Felix) Logs() string {
-	b, _ := os.ReadFile(f.opts.LogFile)
-	return string(b)
-}
-
-// LogTail returns the last n lines of the log.
-func (f *Felix) LogTail(n int) string {
-	lines := strings.Split(strings.TrimRight(f.Logs(), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func (f *Felix) Stop(grace time.Duration) { _ = f.Signal(syscall.SIGTERM, grace) }
 
 // Matches returns the log lines that contain s, in order.
 func (f *Felix) Matches(s string) []string {
@@ -312,7 +237,7 @@ func (f *Felix) Programmed(ctx context.Context) error {
 				return fmt.Errorf("%s: no cali-INPUT jump in filter INPUT yet", fam)
 			}
 		case NFTables:
-			nf := map[string]string{"ipv4": "ip", "ipv6": "ip6"}[fam]
+			nf := agenttest.NftFamily(fam)
 			out, err := agenttest.NftListTable(ctx, f.opts.Netns, nf, "calico")
 			if err != nil {
 				return err

@@ -16,13 +16,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -87,10 +85,7 @@ type Proxy struct {
 	bin    string
 	client *http.Client
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
+	proc atomic.Pointer[testenv.Process] // the current run
 }
 
 // Start starts kube-proxy and returns without waiting (see WaitMode).
@@ -134,71 +129,19 @@ func (p *Proxy) Args() []string {
 }
 
 func (p *Proxy) start() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	logf, err := os.OpenFile(p.opts.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	proc, err := testenv.StartProcess(p.opts.Netns, "kube-proxy", p.opts.LogFile, nil, nil, append([]string{p.bin}, p.Args()...)...)
 	if err != nil {
 		return err
 	}
-	args := p.Args()
-	fmt.Fprintf(logf, "==== %s: ip netns exec %s %s %s\n", time.Now().Format(time.RFC3339Nano), p.opts.Netns, p.bin, strings.Join(args, " "))
-	cmd := testenv.Command(context.Background(), p.opts.Netns, append([]string{p.bin}, args...)...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return fmt.Errorf("start kube-proxy: %w", err)
-	}
-	done := make(chan struct{})
-	p.cmd, p.done, p.err = cmd, done, nil
-	go func() {
-		err := cmd.Wait()
-		p.mu.Lock()
-		p.err = err
-		p.mu.Unlock()
-		fmt.Fprintf(logf, "==== %s: kube-proxy exited: %v\n", time.Now().Format(time.RFC3339Nano), err)
-		logf.Close()
-		close(done)
-	}()
+	p.proc.Store(proc)
 	return nil
 }
 
 // Exited returns why the process ended, or nil while it runs.
-func (p *Proxy) Exited() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	select {
-	case <-p.done:
-		if p.err == nil {
-			return errors.New("kube-proxy exited with status 0")
-		}
-		return p.err
-	default:
-		return nil
-	}
-}
+func (p *Proxy) Exited() error { return p.proc.Load().Exited() }
 
 // Stop sends SIGTERM and waits up to grace, then kills. kube-proxy's rules stay in the kernel.
-func (p *Proxy) Stop(grace time.Duration) {
-	p.mu.Lock()
-	cmd, done := p.cmd, p.done
-	p.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	select {
-	case <-done:
-		return
-	default:
-	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(grace):
-		_ = cmd.Process.Kill()
-		<-done
-	}
-}
+func (p *Proxy) Stop(grace time.Duration) { _ = p.proc.Load().Signal(syscall.SIGTERM, grace) }
 
 // Restart stops kube-proxy and starts it again with the same options.
 func (p *Proxy) Restart(grace time.Duration) error {
@@ -208,20 +151,11 @@ func (p *Proxy) Restart(grace time.Duration) error {
 
 // Get fetches path from kube-proxy's metrics server inside the namespace.
 func (p *Proxy) Get(ctx context.Context, path string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+MetricsAddr+path, nil)
-	if err != nil {
-		return "", err
+	code, body, err := testenv.Get(ctx, p.client, "http://"+MetricsAddr+path, "")
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("%s: status %d", path, code)
 	}
-	resp, err := p.client.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("%s: %s", path, resp.Status)
-	}
-	return string(b), err
+	return body, err
 }
 
 // WaitMode waits until /proxyMode answers the configured mode and kube-proxy has synced its rules
@@ -278,14 +212,7 @@ func (p *Proxy) FullSyncs(ctx context.Context) (float64, error) {
 func (p *Proxy) LogPath() string { return p.opts.LogFile }
 
 // LogTail returns the last n lines of the log.
-func (p *Proxy) LogTail(n int) string {
-	b, _ := os.ReadFile(p.opts.LogFile)
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func (p *Proxy) LogTail(n int) string { return p.proc.Load().LogTail(n) }
 
 // Require ends the test when kube-proxy is not built (testenv.Unavailable: a skip, or a failure under
 // CI, where `make controlplane` builds it).

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -155,6 +156,25 @@ func HTTPClient(name string) *http.Client {
 	}
 }
 
+// Get fetches url with client, with "Authorization: Bearer <bearer>" unless bearer is empty, and
+// returns the status code and the body.
+func Get(ctx context.Context, client *http.Client, url, bearer string) (int, string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	if bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+bearer)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), err
+}
+
 // NS is a named network namespace created for one test (New).
 type NS struct {
 	Name string
@@ -274,10 +294,79 @@ func (ns *NS) NftLoad(ruleset string) {
 // Listen opens a TCP listener inside the namespace, closed when t ends.
 func (ns *NS) Listen(t testing.TB, addr string) net.Listener {
 	t.Helper()
-	var ln net.Listener
-	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp", addr); return }); err != nil {
-		t.Fatalf("listen on %s in %s: %v", addr, ns.Name, err)
+	return openIn(t, ns, "tcp "+addr, func() (net.Listener, error) { return net.Listen("tcp", addr) })
+}
+
+// ListenPacket opens a UDP socket inside the namespace, closed when t ends.
+func (ns *NS) ListenPacket(t testing.TB, addr string) net.PacketConn {
+	t.Helper()
+	return openIn(t, ns, "udp "+addr, func() (net.PacketConn, error) { return net.ListenPacket("udp", addr) })
+}
+
+// openIn opens a socket (what: its protocol and address) inside the namespace, failing the test
+// with the cause, and closes it when t ends.
+func openIn[S io.Closer](t testing.TB, ns *NS, what string, open func() (S, error)) S {
+	t.Helper()
+	var sock S
+	if err := ns.Do(func() (err error) { sock, err = open(); return }); err != nil {
+		t.Fatalf("listen on %s in %s: %v", what, ns.Name, err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	return ln
+	t.Cleanup(func() { sock.Close() })
+	return sock
+}
+
+// Serve accepts connections on ln until it is closed (ns.Listen's: when the test ends) and hands each
+// to handle, in a goroutine of its own.
+func Serve(ln net.Listener, handle func(net.Conn)) {
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go handle(c)
+		}
+	}()
+}
+
+// ServePackets answers every datagram on pc with what reply returns for it, until pc is closed.
+func ServePackets(pc net.PacketConn, reply func(from net.Addr, datagram []byte) []byte) {
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo(reply(from, buf[:n]), from)
+		}
+	}()
+}
+
+// ChildEnv tells a test binary that it runs as the child of RunChild, and which test it runs.
+const ChildEnv = "NNM_TEST_CHILD"
+
+// RunChild runs this test binary again, entirely inside the namespace, running only the test named
+// child (which calls Child first) with env added, and returns the child's stdout and stderr: every
+// probe the child makes (dials, link lookups, iptables and nft) then sees the namespace, never the host.
+func (ns *NS) RunChild(child string, env ...string) (stdout, stderr []byte, err error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, nil, err
+	}
+	cmd := ns.Command(self, "-test.run=^"+child+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), append([]string{ChildEnv + "=" + child}, env...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err = cmd.Run()
+	return out.Bytes(), errb.Bytes(), err
+}
+
+// Child skips the test unless this process is the child RunChild started for it: the test is the
+// body of parent's child process, not a test of its own.
+func Child(t testing.TB, parent string) {
+	t.Helper()
+	if os.Getenv(ChildEnv) != t.Name() {
+		t.Skipf("the child process of %s", parent)
+	}
 }

@@ -2,10 +2,12 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -137,5 +139,44 @@ func TestDeleteRemovesNamespaceAndIsIdempotent(t *testing.T) {
 	}
 	if err := Delete(ctx, name); err != nil {
 		t.Fatalf("deleting a missing namespace: %v", err)
+	}
+}
+
+// A Process logs what it started and how it ended; Exited tells a clean exit from a running one;
+// Signal stops a program that handles SIGTERM and kills one that ignores it.
+func TestProcessExitLogAndStop(t *testing.T) {
+	ns := New(t, "nnmt-proc")
+	log := t.TempDir() + "/p.log"
+	p, err := StartProcess(ns.Name, "echoer", log, nil, []string{"GREETING=hi"}, "sh", "-c", "echo $GREETING")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for p.Exited() == nil && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := p.Exited(); !errors.Is(err, ErrExitedZero) {
+		t.Fatalf("Exited() = %v, want ErrExitedZero", err)
+	}
+	if got := p.LogTail(2); !strings.HasPrefix(got, "hi\n==== ") || !strings.Contains(got, "echoer exited: <nil>") {
+		t.Errorf("log tail = %q, want the output and the exit line", got)
+	}
+	if !strings.Contains(p.Logs(), "env GREETING=hi sh -c") {
+		t.Errorf("log does not say what was started:\n%s", p.Logs())
+	}
+
+	stubborn, err := StartProcess(ns.Name, "stubborn", log, nil, nil, "sh", "-c", "trap '' TERM; sleep 30 & wait")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stubborn.Exited() != nil {
+		t.Fatal("Exited() of a running program is not nil")
+	}
+	time.Sleep(200 * time.Millisecond) // let the shell set its trap
+	if err := stubborn.Signal(syscall.SIGTERM, 300*time.Millisecond); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Errorf("Signal to a program ignoring SIGTERM = %v, want a kill", err)
+	}
+	if stubborn.Exited() == nil {
+		t.Error("killed program still running")
 	}
 }

@@ -1,20 +1,15 @@
 package app
 
 import (
-	"os"
 	"testing"
 
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
-const planHelperEnv = "NNM_PLAN_HELPER"
-
 // TestPlanHelperProcess is the child of TestPlanCreatesNothing: `plan` with every setting on auto,
 // so that detection probes everything it can, run entirely inside the test's network namespace.
 func TestPlanHelperProcess(t *testing.T) {
-	if os.Getenv(planHelperEnv) != "1" {
-		t.Skip("helper for TestPlanCreatesNothing")
-	}
+	testenv.Child(t, "TestPlanCreatesNothing")
 	if _, err := runCmd(t, "plan", "--services", examples+"services.yaml"); err != nil {
 		t.Fatal(err)
 	}
@@ -45,15 +40,8 @@ func TestPlanCreatesNothing(t *testing.T) {
 		return out
 	}
 	before := snapshot()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := ns.Command(self, "-test.run=^TestPlanHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), planHelperEnv+"=1")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("plan in %s: %v\n%s", ns.Name, err, out)
+	if out, errOut, err := ns.RunChild("TestPlanHelperProcess"); err != nil {
+		t.Fatalf("plan in %s: %v\n%s%s", ns.Name, err, out, errOut)
 	}
 	after := snapshot()
 	for name, b := range before {
