@@ -123,16 +123,23 @@ func (b *Backend) Render(rs *rules.Ruleset) (string, error) {
 	return tx.String(), nil
 }
 
-// iface returns the (cached) knftables interface of a table.
+// iface returns the (cached) knftables interface of a table. Creating one runs nft, so it happens
+// outside imu: a table whose nft hangs holds up no other table.
 func (b *Backend) iface(k tableKey) (knftables.Interface, error) {
 	b.imu.Lock()
-	defer b.imu.Unlock()
-	if nft := b.ifaces[k]; nft != nil {
+	nft := b.ifaces[k]
+	b.imu.Unlock()
+	if nft != nil {
 		return nft, nil
 	}
 	nft, err := b.newInterface(k.family, k.table)
 	if err != nil {
 		return nil, err
+	}
+	b.imu.Lock()
+	defer b.imu.Unlock()
+	if had := b.ifaces[k]; had != nil {
+		return had, nil // made meanwhile by a scrape of the same table
 	}
 	b.ifaces[k] = nft
 	return nft, nil
