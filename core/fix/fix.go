@@ -182,15 +182,15 @@ type Result struct {
 // NodeBackend is the backend label of an Actuator's sync metrics.
 const NodeBackend = "node"
 
-// Provide registers a fix: its id (known before any fix is constructed, so that the configuration
-// can be checked against the registered ids) and its constructor, which joins the "fixes" value
-// group. One line per fix module:
+// Module registers a fix with the agent, in an fx module named after spec.ID: the id (known before
+// any fix is constructed, so that the configuration can be checked against the registered ids) and
+// the fix's constructor, whose fix joins the "fixes" value group. A fix's cell.go says it once:
 //
-//	var Module = fx.Module(ID, fix.Provide(ID, New))
-func Provide(id string, constructor any) fx.Option {
-	return fx.Options(
-		fx.Supply(fx.Annotated{Group: "fix-ids", Target: id}),
-		fx.Provide(fx.Annotate(constructor, fx.As(new(Fix)), fx.ResultTags(`group:"fixes"`))),
+//	var Module = fix.Module(spec, New)
+func Module[C, S any, F Fix](spec Spec[C, S], New func(Params) (F, error)) fx.Option {
+	return fx.Module(spec.ID,
+		fx.Supply(fx.Annotated{Group: "fix-ids", Target: spec.ID}),
+		fx.Provide(fx.Annotate(New, fx.As(new(Fix)), fx.ResultTags(`group:"fixes"`))),
 	)
 }
 
