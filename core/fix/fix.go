@@ -46,15 +46,7 @@ type Snapshot struct {
 }
 
 // PodCIDRsOf returns the pod CIDRs of one family.
-func (s *Snapshot) PodCIDRsOf(f rules.Family) []netip.Prefix {
-	var out []netip.Prefix
-	for _, p := range s.PodCIDRs {
-		if f.Contains(p.Addr()) {
-			out = append(out, p)
-		}
-	}
-	return out
-}
+func (s *Snapshot) PodCIDRsOf(f rules.Family) []netip.Prefix { return f.Prefixes(s.PodCIDRs) }
 
 // Env describes the node the agent runs on.
 type Env struct {

@@ -91,13 +91,7 @@ func parse(cfg Config) (settings, error) {
 // "Position among other agents").
 func (f *Fix) Rules(_ *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.Report, error) {
 	cfg := f.Config()
-
-	var exempt []netip.Prefix
-	for _, p := range cfg.exempt {
-		if family.Contains(p.Addr()) {
-			exempt = append(exempt, p)
-		}
-	}
+	exempt := family.Prefixes(cfg.exempt)
 	rs := &rules.Ruleset{Fix: ID, Family: family}
 	for _, hook := range cfg.hooks {
 		c := rules.Chain{Name: ChainName(hook), Type: rules.Mangle, Hook: hook}

@@ -66,12 +66,7 @@ func parse(cfg Config) (settings, error) {
 func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.Report, error) {
 	cfg := f.Config()
 	var rep fix.Report
-	var addrs []netip.Addr
-	for _, a := range cfg.addrs {
-		if family.Contains(a) {
-			addrs = append(addrs, a)
-		}
-	}
+	addrs := family.Addrs(cfg.addrs)
 	if len(addrs) == 0 {
 		return nil, rep, nil // nothing to block in this family: the core removes what we had
 	}
@@ -82,13 +77,7 @@ func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fi
 		return nil, rep, nil
 	}
 	c := rules.Chain{Name: ChainName, Type: rules.Filter, Hook: rules.Forward}
-	var exempt []netip.Prefix
-	for _, p := range cfg.exempt {
-		if family.Contains(p.Addr()) {
-			exempt = append(exempt, p)
-		}
-	}
-	if len(exempt) > 0 {
+	if exempt := family.Prefixes(cfg.exempt); len(exempt) > 0 {
 		c.Rules = append(c.Rules, rules.Rule{Match: rules.Match{SrcPrefixes: exempt},
 			Verdict: rules.Verdict{Kind: rules.Return}, Comment: "exempt source"})
 	}
