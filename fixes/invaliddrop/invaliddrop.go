@@ -76,12 +76,9 @@ func parse(cfg Config) (settings, error) {
 		}
 	}
 	slices.Sort(s.protocols)
-	exempt, err := rules.ParsePrefixes("fixes."+ID+".exemptSourceCIDRs", "", cfg.ExemptSourceCIDRs)
-	if err != nil {
-		return s, err
-	}
-	s.exempt = exempt
-	return s, nil
+	var err error
+	s.exempt, err = rules.ParsePrefixes("fixes."+ID+".exemptSourceCIDRs", "", cfg.ExemptSourceCIDRs)
+	return s, err
 }
 
 // Rules returns one mangle chain per configured hook: exemptions first, then the drop. The mangle

@@ -52,12 +52,9 @@ func parse(cfg Config) (settings, error) {
 		}
 	}
 	slices.SortFunc(s.addrs, netip.Addr.Compare)
-	exempt, err := rules.ParsePrefixes("fixes."+ID+".exemptSourceCIDRs", "", cfg.ExemptSourceCIDRs)
-	if err != nil {
-		return s, err
-	}
-	s.exempt = exempt
-	return s, nil
+	var err error
+	s.exempt, err = rules.ParsePrefixes("fixes."+ID+".exemptSourceCIDRs", "", cfg.ExemptSourceCIDRs)
+	return s, err
 }
 
 // Rules returns one filter chain hooked at forward (pod traffic is routed through the node; the
