@@ -1,35 +1,29 @@
 package logging
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/klog/v2"
+
+	"github.com/network-node-manager/network-node-manager/core/testkit"
 )
 
-// syncBuffer is a bytes.Buffer safe for klog's and slog's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) lines() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return strings.Split(strings.TrimSpace(s.b.String()), "\n")
+// newLog returns a logger of format writing to a buffer (safe for klog's and slog's concurrent
+// writes) and its level, info to begin with.
+func newLog(t *testing.T, format string) (*slog.Logger, *testkit.LogBuffer, *slog.LevelVar) {
+	t.Helper()
+	buf, level := &testkit.LogBuffer{}, new(slog.LevelVar)
+	log, err := New(buf, format, level)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return log, buf, level
 }
 
 // TestJSONStreamCarriesKlog routes klog into a JSON logger and writes through the paths client-go
@@ -37,12 +31,7 @@ func (s *syncBuffer) lines() []string {
 // the reflector does): every line of the stream must be one JSON object, the klog lines included, and
 // the level must follow the LevelVar.
 func TestJSONStreamCarriesKlog(t *testing.T) {
-	var buf syncBuffer
-	level := new(slog.LevelVar)
-	log, err := New(&buf, FormatJSON, level)
-	if err != nil {
-		t.Fatal(err)
-	}
+	log, buf, level := newLog(t, FormatJSON)
 	RouteKlog(log)
 	t.Cleanup(func() { klog.ClearLogger() })
 
@@ -56,11 +45,11 @@ func TestJSONStreamCarriesKlog(t *testing.T) {
 	klog.Flush()
 
 	var msgs []string
-	lines := buf.lines()
+	lines := buf.Lines()
 	for _, line := range lines {
 		var rec map[string]any
 		if err := json.Unmarshal([]byte(line), &rec); err != nil {
-			t.Fatalf("not a JSON line: %q (%v)\nstream:\n%s", line, err, strings.Join(buf.lines(), "\n"))
+			t.Fatalf("not a JSON line: %q (%v)\nstream:\n%s", line, err, strings.Join(buf.Lines(), "\n"))
 		}
 		for _, k := range []string{"time", "level", "msg"} {
 			if _, ok := rec[k]; !ok {
@@ -82,17 +71,12 @@ func TestJSONStreamCarriesKlog(t *testing.T) {
 }
 
 func TestTextFormatAndErrors(t *testing.T) {
-	var buf syncBuffer
-	level := new(slog.LevelVar)
-	log, err := New(&buf, FormatText, level)
-	if err != nil {
-		t.Fatal(err)
-	}
+	log, buf, level := newLog(t, FormatText)
 	log.Info("hello", "k", "v")
-	if got := buf.lines()[0]; !strings.Contains(got, "level=INFO msg=hello k=v") {
+	if got := buf.Lines()[0]; !strings.Contains(got, "level=INFO msg=hello k=v") {
 		t.Errorf("text line = %q", got)
 	}
-	if _, err := New(&buf, "logfmt", level); err == nil || !strings.Contains(err.Error(), `"logfmt" is not one of text, json`) {
+	if _, err := New(buf, "logfmt", level); err == nil || !strings.Contains(err.Error(), `"logfmt" is not one of text, json`) {
 		t.Errorf("unknown format: err = %v", err)
 	}
 	if _, err := ParseLevel("verbose"); err == nil || !strings.Contains(err.Error(), `"verbose"`) {

@@ -272,7 +272,8 @@ func value(m *dto.Metric) float64 {
 	return 0
 }
 
-// LogBuffer collects log lines; the fix may log from another goroutine than the test's.
+// LogBuffer collects log lines; the fix (or informers, klog) may log from another goroutine than
+// the test's.
 type LogBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
@@ -290,4 +291,13 @@ func (l *LogBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// Lines returns the logged lines without their line ends; nil when nothing was logged.
+func (l *LogBuffer) Lines() []string {
+	s := strings.TrimSuffix(l.String(), "\n")
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, "\n")
 }

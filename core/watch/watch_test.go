@@ -11,7 +11,6 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/testkit"
 )
 
 func TestFileSourceReadsExample(t *testing.T) {
@@ -292,24 +292,6 @@ func TestInformersPodsStrippedAndSorted(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink that running informers may write to.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // TestUnreachableAPIServerIsLoggedOnce guards issue #15 item 2: with the API server down (a closed
 // loopback port), client-go's streaming list retries "connection refused" without calling the watch
 // error handler, so nothing was logged. Through WrapTransport the cause is logged at once, and
@@ -322,7 +304,7 @@ func TestUnreachableAPIServerIsLoggedOnce(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there now: connection refused
 	var failures atomic.Int64
-	var logs syncBuffer
+	var logs testkit.LogBuffer
 	var s *Informers
 	s = NewInformers(func() (kubernetes.Interface, error) {
 		rc := &rest.Config{Host: "http://" + addr}
@@ -377,7 +359,7 @@ func TestThrottlingIsLogged(t *testing.T) {
 		w.WriteHeader(http.StatusTooManyRequests)
 	}))
 	defer srv.Close()
-	var logs syncBuffer
+	var logs testkit.LogBuffer
 	var s *Informers
 	s = NewInformers(func() (kubernetes.Interface, error) {
 		rc := &rest.Config{Host: srv.URL}
