@@ -22,6 +22,7 @@ import (
 	"go.uber.org/fx"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/network-node-manager/network-node-manager/core/errtree"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -244,22 +245,13 @@ func Decode(options map[string]any, out any) error {
 // without Go type names (ValueProblem catches the usual ones before decoding; this is the rest).
 func DecodeError(err error) error {
 	var errs []error
-	var walk func(error)
-	walk = func(e error) {
-		if j, ok := e.(interface{ Unwrap() []error }); ok {
-			for _, x := range j.Unwrap() {
-				walk(x)
-			}
-			return
-		}
+	for _, e := range errtree.Leaves(err) {
 		var de *mapstructure.DecodeError
 		if errors.As(e, &de) {
-			errs = append(errs, &OptionError{Key: de.Name(), Problem: "this value cannot be read as the option (see its documentation)"})
-			return
+			e = &OptionError{Key: de.Name(), Problem: "this value cannot be read as the option (see its documentation)"}
 		}
 		errs = append(errs, e)
 	}
-	walk(err)
 	return errors.Join(errs...)
 }
 
