@@ -3,6 +3,7 @@ package testkit
 import (
 	"cmp"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -73,11 +74,7 @@ func FormatRule(r rules.Rule) string {
 		parts = append(parts, "oif "+m.OutInterfacePrefix+"*")
 	}
 	if len(m.SrcPrefixes) > 0 {
-		ps := make([]string, len(m.SrcPrefixes))
-		for i, p := range m.SrcPrefixes {
-			ps[i] = p.String()
-		}
-		parts = append(parts, "src {"+strings.Join(ps, ", ")+"}")
+		parts = append(parts, "src "+prefixSet(m.SrcPrefixes))
 	}
 	if m.SrcAddrType != "" {
 		parts = append(parts, "src-type "+string(m.SrcAddrType))
@@ -86,11 +83,7 @@ func FormatRule(r rules.Rule) string {
 		parts = append(parts, "dst "+m.DstAddr.String())
 	}
 	if len(m.DstPrefixes) > 0 {
-		ps := make([]string, len(m.DstPrefixes))
-		for i, p := range m.DstPrefixes {
-			ps[i] = p.String()
-		}
-		parts = append(parts, "dst {"+strings.Join(ps, ", ")+"}")
+		parts = append(parts, "dst "+prefixSet(m.DstPrefixes))
 	}
 	if m.Protocol != "" {
 		parts = append(parts, "proto "+string(m.Protocol))
@@ -160,4 +153,13 @@ func flagList(f rules.TCPFlag) string {
 		return "none"
 	}
 	return strings.Join(f.Names(), ",")
+}
+
+// prefixSet is "{10.0.0.0/8, 192.0.2.0/24}".
+func prefixSet(ps []netip.Prefix) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return "{" + strings.Join(s, ", ") + "}"
 }
