@@ -26,6 +26,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/errtree"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/logging"
 	"github.com/network-node-manager/network-node-manager/core/rules"
@@ -545,7 +546,7 @@ func (o origins) errorf(key, format string, args ...any) error {
 // value's kind, so this is unexpected) in the same shape.
 func (o origins) decodeError(err error) error {
 	var errs []error
-	for _, e := range leaves(fix.DecodeError(err)) {
+	for _, e := range errtree.Leaves(fix.DecodeError(err)) {
 		var oe *fix.OptionError
 		if errors.As(e, &oe) {
 			errs = append(errs, o.errorf(oe.Key, "%s", oe.Problem))
@@ -556,30 +557,13 @@ func (o origins) decodeError(err error) error {
 	return errors.Join(errs...)
 }
 
-// leaves flattens joined errors (errors.Join, also when wrapped) into the single ones.
-func leaves(err error) []error {
-	for e := err; e != nil; e = errors.Unwrap(e) {
-		if j, ok := e.(interface{ Unwrap() []error }); ok {
-			var out []error
-			for _, x := range j.Unwrap() {
-				out = append(out, leaves(x)...)
-			}
-			return out
-		}
-	}
-	if err == nil {
-		return nil
-	}
-	return []error{err}
-}
-
 // FixError puts an error of a fix's Configure (fix.Decode's OptionErrors, or the fix's own
 // "fixes.<id>.<option>: problem") into the configuration's error shape, naming where the option
 // was set.
 func (c *Config) FixError(id string, err error) error {
 	prefix := "fixes." + id
 	var errs []error
-	for _, e := range leaves(err) {
+	for _, e := range errtree.Leaves(err) {
 		var oe *fix.OptionError
 		msg := e.Error()
 		switch {

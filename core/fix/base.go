@@ -47,7 +47,7 @@ type Spec[C, S any] struct {
 	// Description is one line for `version`, logs and docs (Fix.Description).
 	Description string
 	// Default returns the configuration used when nothing is set: a new value on every call, as
-	// options are decoded over it.
+	// options are decoded over it. Nil means the zero C.
 	Default func() C
 	// Parse validates a decoded configuration and returns what the fix works with; its errors name
 	// the option (fixes.<id>.<key>). Nil takes C as it is (S must then be C).
@@ -88,8 +88,12 @@ func (b *Base[C, S]) Init(spec Spec[C, S], p Params, collectors ...prometheus.Co
 	if !rules.ValidFixID(spec.ID) {
 		return fmt.Errorf("fix id %q is not kebab-case (lower-case letters, digits and dashes)", spec.ID)
 	}
-	if spec.Description == "" || spec.Default == nil {
-		return fmt.Errorf("fix %s: its fix.Spec needs a Description and a Default", spec.ID)
+	if spec.Description == "" {
+		return fmt.Errorf("fix %s: its fix.Spec needs a Description", spec.ID)
+	}
+	def := spec.Default
+	if def == nil {
+		def = func() C { var zero C; return zero }
 	}
 	parse := spec.Parse
 	if parse == nil {
@@ -98,7 +102,7 @@ func (b *Base[C, S]) Init(spec Spec[C, S], p Params, collectors ...prometheus.Co
 		}
 		parse = func(c C) (S, error) { return any(c).(S), nil }
 	}
-	opts, err := NewSettings(spec.ID, spec.Default, parse)
+	opts, err := NewSettings(spec.ID, def, parse)
 	if err != nil {
 		return err
 	}

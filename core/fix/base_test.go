@@ -67,9 +67,9 @@ func TestBaseSpecErrors(t *testing.T) {
 	}{
 		{func(s *Spec[testConfig, int]) { s.ID = "Base_Test" }, `"Base_Test" is not kebab-case`},
 		{func(s *Spec[testConfig, int]) { s.Description = "" }, "Description"},
-		{func(s *Spec[testConfig, int]) { s.Default = nil }, "Default"},
 		{func(s *Spec[testConfig, int]) { s.Parse = nil }, "no Parse"},
-		{func(s *Spec[testConfig, int]) { s.Default = func() testConfig { return testConfig{} } }, "default configuration"},
+		// No Default is the zero testConfig, whose Limit 0 Parse refuses.
+		{func(s *Spec[testConfig, int]) { s.Default = nil }, "default configuration"},
 	} {
 		s := baseSpec()
 		tc.change(&s)
@@ -82,5 +82,9 @@ func TestBaseSpecErrors(t *testing.T) {
 	spec := Spec[testConfig, testConfig]{ID: "plain", Description: "d", Default: func() testConfig { return testConfig{Limit: 4} }}
 	if err := plain.Init(spec, Params{}); err != nil || plain.Config().Limit != 4 {
 		t.Errorf("Init without Parse: %v, %+v", err, plain.Config())
+	}
+	// Without Default the configuration starts from the zero value.
+	if err := plain.Init(Spec[testConfig, testConfig]{ID: "plain", Description: "d"}, Params{}); err != nil || plain.Config().Limit != 0 || plain.Config().Hooks != nil {
+		t.Errorf("Init without Default: %v, %+v, want the zero configuration", err, plain.Config())
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"go.uber.org/fx"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/network-node-manager/network-node-manager/core/errtree"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -46,15 +47,7 @@ type Snapshot struct {
 }
 
 // PodCIDRsOf returns the pod CIDRs of one family.
-func (s *Snapshot) PodCIDRsOf(f rules.Family) []netip.Prefix {
-	var out []netip.Prefix
-	for _, p := range s.PodCIDRs {
-		if f.Contains(p.Addr()) {
-			out = append(out, p)
-		}
-	}
-	return out
-}
+func (s *Snapshot) PodCIDRsOf(f rules.Family) []netip.Prefix { return f.Prefixes(s.PodCIDRs) }
 
 // Env describes the node the agent runs on.
 type Env struct {
@@ -182,15 +175,15 @@ type Result struct {
 // NodeBackend is the backend label of an Actuator's sync metrics.
 const NodeBackend = "node"
 
-// Provide registers a fix: its id (known before any fix is constructed, so that the configuration
-// can be checked against the registered ids) and its constructor, which joins the "fixes" value
-// group. One line per fix module:
+// Module registers a fix with the agent, in an fx module named after spec.ID: the id (known before
+// any fix is constructed, so that the configuration can be checked against the registered ids) and
+// the fix's constructor, whose fix joins the "fixes" value group. A fix's cell.go says it once:
 //
-//	var Module = fx.Module(ID, fix.Provide(ID, New))
-func Provide(id string, constructor any) fx.Option {
-	return fx.Options(
-		fx.Supply(fx.Annotated{Group: "fix-ids", Target: id}),
-		fx.Provide(fx.Annotate(constructor, fx.As(new(Fix)), fx.ResultTags(`group:"fixes"`))),
+//	var Module = fix.Module(spec, New)
+func Module[C, S any, F Fix](spec Spec[C, S], New func(Params) (F, error)) fx.Option {
+	return fx.Module(spec.ID,
+		fx.Supply(fx.Annotated{Group: "fix-ids", Target: spec.ID}),
+		fx.Provide(fx.Annotate(New, fx.As(new(Fix)), fx.ResultTags(`group:"fixes"`))),
 	)
 }
 
@@ -252,22 +245,13 @@ func Decode(options map[string]any, out any) error {
 // without Go type names (ValueProblem catches the usual ones before decoding; this is the rest).
 func DecodeError(err error) error {
 	var errs []error
-	var walk func(error)
-	walk = func(e error) {
-		if j, ok := e.(interface{ Unwrap() []error }); ok {
-			for _, x := range j.Unwrap() {
-				walk(x)
-			}
-			return
-		}
+	for _, e := range errtree.Leaves(err) {
 		var de *mapstructure.DecodeError
 		if errors.As(e, &de) {
-			errs = append(errs, &OptionError{Key: de.Name(), Problem: "this value cannot be read as the option (see its documentation)"})
-			return
+			e = &OptionError{Key: de.Name(), Problem: "this value cannot be read as the option (see its documentation)"}
 		}
 		errs = append(errs, e)
 	}
-	walk(err)
 	return errors.Join(errs...)
 }
 

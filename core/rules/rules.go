@@ -45,6 +45,27 @@ func (f Family) Contains(addr netip.Addr) bool {
 	return addr.Is6() && !addr.Is4In6()
 }
 
+// Prefixes returns the prefixes of list that belong to the family (Contains their address), in
+// their order; nil when none does. A fix's Rules keep one family of a configured list with it.
+func (f Family) Prefixes(list []netip.Prefix) []netip.Prefix {
+	return ofFamily(f, list, netip.Prefix.Addr)
+}
+
+// Addrs returns the addresses of list that belong to the family, in their order; nil when none does.
+func (f Family) Addrs(list []netip.Addr) []netip.Addr {
+	return ofFamily(f, list, func(a netip.Addr) netip.Addr { return a })
+}
+
+func ofFamily[T any](f Family, list []T, addr func(T) netip.Addr) []T {
+	var out []T
+	for _, v := range list {
+		if f.Contains(addr(v)) {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
 // ChainType selects the netfilter table the chain lives in: packet filtering, address translation, or
 // packet alteration (mangle, which runs before filter on the same hook).
 type ChainType string

@@ -17,6 +17,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/network-node-manager/network-node-manager/core/errtree"
 )
 
 // Checks are the probes behind /healthz, /readyz and /livez; a nil error is healthy/ready/alive.
@@ -155,14 +157,7 @@ func probe(path string, check func() error, log *slog.Logger) http.HandlerFunc {
 // when it has one (engine.ProbeError), else only that it fails.
 func Short(err error) string {
 	var out []string
-	var walk func(error)
-	walk = func(e error) {
-		if j, ok := e.(interface{ Unwrap() []error }); ok {
-			for _, x := range j.Unwrap() {
-				walk(x)
-			}
-			return
-		}
+	for _, e := range errtree.Leaves(err) {
 		var s interface{ Short() string }
 		if errors.As(e, &s) {
 			out = append(out, s.Short())
@@ -170,7 +165,6 @@ func Short(err error) string {
 			out = append(out, "failing (the details are in the agent's log)")
 		}
 	}
-	walk(err)
 	return strings.Join(out, "\n")
 }
 

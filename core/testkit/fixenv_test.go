@@ -1,6 +1,8 @@
 package testkit
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,5 +30,17 @@ func TestSeriesAndValue(t *testing.T) {
 	}
 	if _, ok := Value(t, reg, "nnm_t_total", "family", "ipv9"); ok {
 		t.Error("Value found a series that does not exist")
+	}
+}
+
+func TestLogBufferLines(t *testing.T) {
+	var l LogBuffer
+	if got := l.Lines(); got != nil {
+		t.Errorf("Lines of an empty buffer = %q, want nil", got)
+	}
+	fmt.Fprintln(&l, "level=INFO msg=a")
+	fmt.Fprintln(&l, "level=WARN msg=b")
+	if got := l.Lines(); !slices.Equal(got, []string{"level=INFO msg=a", "level=WARN msg=b"}) {
+		t.Errorf("Lines = %q, want the two lines without line ends", got)
 	}
 }

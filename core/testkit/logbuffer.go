@@ -26,5 +26,11 @@ func (l *LogBuffer) String() string {
 	return l.b.String()
 }
 
-// Lines is what was written so far, a line each (without the last line's newline).
-func (l *LogBuffer) Lines() []string { return strings.Split(strings.TrimSpace(l.String()), "\n") }
+// Lines returns the logged lines without their line ends; nil when nothing was logged.
+func (l *LogBuffer) Lines() []string {
+	s := strings.TrimSuffix(l.String(), "\n")
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, "\n")
+}

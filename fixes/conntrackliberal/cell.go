@@ -6,17 +6,13 @@
 // changes the node only through the sysctl.Interface the core injects.
 package conntrackliberal
 
-import (
-	"go.uber.org/fx"
-
-	"github.com/network-node-manager/network-node-manager/core/fix"
-)
+import "github.com/network-node-manager/network-node-manager/core/fix"
 
 // ID is the fix id: config key fixes.conntrack-liberal, metric label, log field.
 const ID = "conntrack-liberal"
 
 // Module registers the fix.
-var Module = fx.Module(ID, fix.Provide(ID, New))
+var Module = fix.Module(spec, New)
 
 // spec: off by default, as invalid-drop is the default strategy (enable one or the other, or both:
 // invalid-drop then reports itself redundant). It reads nothing from the Kubernetes API.

@@ -2,17 +2,13 @@
 // TCP RST that kills a healthy masqueraded connection (kubernetes#74839, #117924).
 package invaliddrop
 
-import (
-	"go.uber.org/fx"
-
-	"github.com/network-node-manager/network-node-manager/core/fix"
-)
+import "github.com/network-node-manager/network-node-manager/core/fix"
 
 // ID is the fix id: config key fixes.invalid-drop, metric label, log field, rule comments.
 const ID = "invalid-drop"
 
 // Module registers the fix.
-var Module = fx.Module(ID, fix.Provide(ID, New))
+var Module = fix.Module(spec, New)
 
 var spec = fix.Spec[Config, settings]{
 	ID:          ID,

@@ -76,12 +76,9 @@ func parse(cfg Config) (settings, error) {
 		}
 	}
 	slices.Sort(s.protocols)
-	exempt, err := rules.ParsePrefixes("fixes."+ID+".exemptSourceCIDRs", "", cfg.ExemptSourceCIDRs)
-	if err != nil {
-		return s, err
-	}
-	s.exempt = exempt
-	return s, nil
+	var err error
+	s.exempt, err = rules.ParsePrefixes("fixes."+ID+".exemptSourceCIDRs", "", cfg.ExemptSourceCIDRs)
+	return s, err
 }
 
 // Rules returns one mangle chain per configured hook: exemptions first, then the drop. The mangle
@@ -91,13 +88,7 @@ func parse(cfg Config) (settings, error) {
 // "Position among other agents").
 func (f *Fix) Rules(_ *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.Report, error) {
 	cfg := f.Config()
-
-	var exempt []netip.Prefix
-	for _, p := range cfg.exempt {
-		if family.Contains(p.Addr()) {
-			exempt = append(exempt, p)
-		}
-	}
+	exempt := family.Prefixes(cfg.exempt)
 	rs := &rules.Ruleset{Fix: ID, Family: family}
 	for _, hook := range cfg.hooks {
 		c := rules.Chain{Name: ChainName(hook), Type: rules.Mangle, Hook: hook}

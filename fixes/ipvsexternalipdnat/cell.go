@@ -6,8 +6,6 @@ package ipvsexternalipdnat
 import (
 	"net/netip"
 
-	"go.uber.org/fx"
-
 	"github.com/network-node-manager/network-node-manager/core/fix"
 )
 
@@ -15,7 +13,7 @@ import (
 const ID = "ipvs-externalip-dnat"
 
 // Module registers the fix.
-var Module = fx.Module(ID, fix.Provide(ID, New))
+var Module = fix.Module(spec, New)
 
 // spec: on by default only in kube-proxy IPVS mode, the only mode that still has the problem (Check
 // refuses the others); it reads Services, this Node (for its pod CIDRs and addresses) and the

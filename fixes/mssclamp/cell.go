@@ -3,25 +3,20 @@
 // path-MTU black hole when ICMP "fragmentation needed" is filtered on the way (Calico #7651).
 package mssclamp
 
-import (
-	"go.uber.org/fx"
-
-	"github.com/network-node-manager/network-node-manager/core/fix"
-)
+import "github.com/network-node-manager/network-node-manager/core/fix"
 
 // ID is the fix id: config key fixes.mss-clamp, metric label, log field, rule comments.
 const ID = "mss-clamp"
 
 // Module registers the fix.
-var Module = fx.Module(ID, fix.Provide(ID, New))
+var Module = fix.Module(spec, New)
 
 // spec: off by default (whether a node needs the clamp depends on its links and on filters
 // elsewhere on the path, which the agent cannot see); it reads the Node, for its pod CIDRs. The
-// default configuration clamps to the path MTU, scoped to the node's pod CIDRs.
+// default configuration, the zero Config, clamps to the path MTU, scoped to the node's pod CIDRs.
 var spec = fix.Spec[Config, Config]{
 	ID:          ID,
 	Description: "clamp the TCP MSS of forwarded pod SYN and SYN-ACK segments to the route's MTU so large transfers do not stall in a PMTU black hole (Calico #7651)",
-	Default:     func() Config { return Config{} },
 	Parse:       parse,
 	Needs:       fix.Needs{Node: true},
 }

@@ -173,24 +173,10 @@ func waitReachable(t *testing.T, l *lab) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	netns.AcceptAndClose(ln)
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		err := l.pod.Do(func() error {
-			c, err := net.DialTimeout("tcp", ln.Addr().String(), 500*time.Millisecond)
-			if err == nil {
-				c.Close()
-			}
-			return err
-		})
+		err := netns.Connect(t, l.pod, ln.Addr().String(), 500*time.Millisecond)
 		if err == nil {
 			return
 		}

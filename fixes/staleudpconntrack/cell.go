@@ -7,8 +7,6 @@ package staleudpconntrack
 import (
 	"time"
 
-	"go.uber.org/fx"
-
 	"github.com/network-node-manager/network-node-manager/core/fix"
 )
 
@@ -16,7 +14,7 @@ import (
 const ID = "stale-udp-conntrack"
 
 // Module registers the fix.
-var Module = fx.Module(ID, fix.Provide(ID, New))
+var Module = fix.Module(spec, New)
 
 // spec: off by default (deleting conntrack entries is a policy the operator chooses). It reads this
 // node's Pods: which addresses they hold, and which they gave up; the engine runs the fix only once

@@ -12,7 +12,9 @@
 package netns
 
 import (
+	"net"
 	"testing"
+	"time"
 
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
@@ -36,3 +38,35 @@ func Unavailable(t testing.TB, format string, args ...any) {
 
 // Do runs fn on an OS thread locked inside the namespace at path (processes it starts live there).
 func Do(path string, fn func() error) error { return testenv.Do(path, fn) }
+
+// AcceptAndClose serves ln in the background until ln is closed, closing every connection at once:
+// a server that only shows it can be reached (see Connect).
+func AcceptAndClose(ln net.Listener) {
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+}
+
+// Connect opens a TCP connection from inside ns to addr and closes it: nil when addr accepted it
+// within timeout, else the dial's error. Failing to enter ns fails the test, so that it never
+// passes for an unreachable address.
+func Connect(t testing.TB, ns *NS, addr string, timeout time.Duration) error {
+	t.Helper()
+	var err error
+	if derr := ns.Do(func() error {
+		var c net.Conn
+		if c, err = net.DialTimeout("tcp", addr, timeout); err == nil {
+			c.Close()
+		}
+		return nil
+	}); derr != nil {
+		t.Fatalf("enter %s: %v", ns.Name, derr)
+	}
+	return err
+}

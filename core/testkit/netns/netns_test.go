@@ -4,6 +4,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestNamespaceIsIsolated(t *testing.T) {
@@ -20,5 +21,21 @@ func TestNamespaceIsIsolated(t *testing.T) {
 	}
 	if err := Do(ns.Path(), func() error { return nil }); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestAcceptAndCloseAndConnect(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kernel test")
+	}
+	ns := New(t, "nnm-netns")
+	ln := ns.Listen(t, "127.0.0.1:0")
+	AcceptAndClose(ln)
+	if err := Connect(t, ns, ln.Addr().String(), time.Second); err != nil {
+		t.Errorf("Connect to the served listener: %v", err)
+	}
+	// A port nothing listens on refuses the connection.
+	if err := Connect(t, ns, "127.0.0.1:1", time.Second); err == nil {
+		t.Error("Connect to a port nothing listens on succeeded")
 	}
 }

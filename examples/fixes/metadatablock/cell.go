@@ -7,17 +7,13 @@
 // README.md in the sections every fix README has. See CONTRIBUTING.md at the repository root.
 package metadatablock
 
-import (
-	"go.uber.org/fx"
-
-	"github.com/network-node-manager/network-node-manager/core/fix"
-)
+import "github.com/network-node-manager/network-node-manager/core/fix"
 
 // ID is the fix id: config key fixes.metadata-block, metric label, log field, rule comments.
 const ID = "metadata-block"
 
 // Module registers the fix: one line in a custom agent's fx.Options.
-var Module = fx.Module(ID, fix.Provide(ID, New))
+var Module = fix.Module(spec, New)
 
 // spec declares the fix to the core. It is off by default (blocking is a policy choice the cluster
 // owner makes) and reads the Node, for its pod CIDRs (which the core puts in Snapshot.PodCIDRs).

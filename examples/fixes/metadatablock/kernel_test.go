@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -44,33 +43,9 @@ func TestKernel(t *testing.T) {
 			meta.MustExec("ip", "route", "add", "default", "via", "169.254.169.1")
 
 			// The metadata server: a listener opened inside the metadata namespace.
-			var ln net.Listener
-			if err := meta.Do(func() (err error) { ln, err = net.Listen("tcp", "169.254.169.254:80"); return err }); err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			go func() {
-				for {
-					c, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					c.Close()
-				}
-			}()
+			netns.AcceptAndClose(meta.Listen(t, "169.254.169.254:80"))
 			reach := func(ns *netns.NS) bool {
-				var err error
-				if derr := ns.Do(func() error {
-					var c net.Conn
-					c, err = net.DialTimeout("tcp", "169.254.169.254:80", 500*time.Millisecond)
-					if err == nil {
-						c.Close()
-					}
-					return nil
-				}); derr != nil {
-					t.Fatal(derr)
-				}
-				return err == nil
+				return netns.Connect(t, ns, "169.254.169.254:80", 500*time.Millisecond) == nil
 			}
 			if !reach(pod) || !reach(node) {
 				t.Fatal("topology broken: the metadata server is not reachable before the fix")

@@ -52,12 +52,9 @@ func parse(cfg Config) (settings, error) {
 		}
 	}
 	slices.SortFunc(s.addrs, netip.Addr.Compare)
-	exempt, err := rules.ParsePrefixes("fixes."+ID+".exemptSourceCIDRs", "", cfg.ExemptSourceCIDRs)
-	if err != nil {
-		return s, err
-	}
-	s.exempt = exempt
-	return s, nil
+	var err error
+	s.exempt, err = rules.ParsePrefixes("fixes."+ID+".exemptSourceCIDRs", "", cfg.ExemptSourceCIDRs)
+	return s, err
 }
 
 // Rules returns one filter chain hooked at forward (pod traffic is routed through the node; the
@@ -66,12 +63,7 @@ func parse(cfg Config) (settings, error) {
 func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.Report, error) {
 	cfg := f.Config()
 	var rep fix.Report
-	var addrs []netip.Addr
-	for _, a := range cfg.addrs {
-		if family.Contains(a) {
-			addrs = append(addrs, a)
-		}
-	}
+	addrs := family.Addrs(cfg.addrs)
 	if len(addrs) == 0 {
 		return nil, rep, nil // nothing to block in this family: the core removes what we had
 	}
@@ -82,13 +74,7 @@ func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fi
 		return nil, rep, nil
 	}
 	c := rules.Chain{Name: ChainName, Type: rules.Filter, Hook: rules.Forward}
-	var exempt []netip.Prefix
-	for _, p := range cfg.exempt {
-		if family.Contains(p.Addr()) {
-			exempt = append(exempt, p)
-		}
-	}
-	if len(exempt) > 0 {
+	if exempt := family.Prefixes(cfg.exempt); len(exempt) > 0 {
 		c.Rules = append(c.Rules, rules.Rule{Match: rules.Match{SrcPrefixes: exempt},
 			Verdict: rules.Verdict{Kind: rules.Return}, Comment: "exempt source"})
 	}

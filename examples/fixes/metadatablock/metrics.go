@@ -1,14 +1,10 @@
 package metadatablock
 
-import (
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/network-node-manager/network-node-manager/core/rulecounters"
-)
+import "github.com/network-node-manager/network-node-manager/core/rulecounters"
 
 // droppedPackets exports the drop rules' kernel counters as nnm_metadata_block_dropped_packets_total
 // (rulecounters names it after the fix id), monotonic across rule rewrites.
-func droppedPackets(r rulecounters.Reader) prometheus.Collector {
+func droppedPackets(r rulecounters.Reader) *rulecounters.Collector {
 	return rulecounters.New(rulecounters.Options{Reader: r, Fix: ID, Name: "dropped_packets_total",
 		Help:  "Packets from this node's pods to a blocked metadata address, dropped.",
 		Match: rulecounters.Prefix("dropped-"),
