@@ -299,6 +299,8 @@ func (n *node) fixPresentAll(fixID string) error {
 }
 
 // setUplink sets the link of the node netns ns to the control plane "up" or "down".
+var linkIndex = regexp.MustCompile(`^[0-9]+:$`)
+
 func setUplink(t *testing.T, ns, state string) {
 	t.Helper()
 	out, err := testenv.Exec(t.Context(), ns, "ip", "-o", "link", "show")
@@ -307,8 +309,11 @@ func setUplink(t *testing.T, ns, state string) {
 	}
 	var links []string
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		// A link's line starts with its index ("2: name@peer: <…>"); anything else (ip's notes on
+		// stderr, such as "Peer netns reference is invalid.", which a parallel test's deleted
+		// namespace can cause) is no link.
 		f := strings.Fields(line)
-		if len(f) < 2 {
+		if len(f) < 2 || !linkIndex.MatchString(f[0]) {
 			continue
 		}
 		name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
