@@ -374,18 +374,25 @@ func mustMatchColdApply(ctx context.Context, t *testing.T, k *kernel, b *Backend
 	}
 }
 
+// externalIPOnFake is a fake kernel and a backend that has applied the IPv4 externalIPRuleset of
+// threeEntries, and the fake that holds the table: where the drift tests tamper.
+func externalIPOnFake(t *testing.T) (*kernel, *Backend, *knftables.Fake) {
+	t.Helper()
+	k := newFakeKernel()
+	b := k.backend(t)
+	rs := externalIPRuleset(rules.IPv4, threeEntries(rules.IPv4))
+	if err := apply(context.Background(), b, rs); err != nil {
+		t.Fatal(err)
+	}
+	return k, b, k.fakes[tableKey{knftables.IPv4Family, TableName(rs.Fix)}]
+}
+
 // A map change whose element operations no longer fit the kernel (an element deleted behind our
 // back) falls back to a rewrite within the same Apply.
 func TestElementDriftFallsBackToRewrite(t *testing.T) {
 	ctx := context.Background()
-	k := newFakeKernel()
-	b := k.backend(t)
 	f := rules.IPv4
-	if err := apply(ctx, b, externalIPRuleset(f, threeEntries(f))); err != nil {
-		t.Fatal(err)
-	}
-	key := tableKey{knftables.IPv4Family, "nnm-ipvs-externalip-dnat"}
-	fake := k.fakes[key]
+	k, b, fake := externalIPOnFake(t)
 	gone := element("external-ips", threeEntries(f)[0])
 	tamper(ctx, t, fake, func(tx *knftables.Transaction) { tx.Delete(&knftables.Element{Map: gone.Map, Key: gone.Key}) })
 	want := threeEntries(f)[1:] // removes the element that is already gone
@@ -399,14 +406,8 @@ func TestElementDriftFallsBackToRewrite(t *testing.T) {
 // flushed through it; a Verify reconcile (the periodic resync) notices and repairs.
 func TestElementOnlyChangeLeavesRuleDriftToVerify(t *testing.T) {
 	ctx := context.Background()
-	k := newFakeKernel()
-	b := k.backend(t)
 	f := rules.IPv4
-	if err := apply(ctx, b, externalIPRuleset(f, threeEntries(f))); err != nil {
-		t.Fatal(err)
-	}
-	key := tableKey{knftables.IPv4Family, "nnm-ipvs-externalip-dnat"}
-	fake := k.fakes[key]
+	k, b, fake := externalIPOnFake(t)
 	tamper(ctx, t, fake, func(tx *knftables.Transaction) { tx.Flush(&knftables.Chain{Name: "extip-dnat"}) })
 	want := threeEntries(f)[1:]
 	if err := apply(ctx, b, externalIPRuleset(f, want)); err != nil {
