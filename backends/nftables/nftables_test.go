@@ -71,6 +71,17 @@ func TestRenderIsWhatColdApplySends(t *testing.T) {
 func TestRenderRejects(t *testing.T) {
 	b := newFakeKernel().backend(t)
 	base := func() *rules.Ruleset { return miscRuleset(rules.IPv4) }
+	// rejects checks that Render refuses rs with an error containing want, and Apply refuses it too.
+	rejects := func(name string, rs *rules.Ruleset, want string) {
+		t.Helper()
+		_, err := b.Render(rs)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: got %v, want an error containing %q", name, err, want)
+		}
+		if err := apply(context.Background(), b, rs); err == nil {
+			t.Errorf("%s: Apply accepted what Render rejects", name)
+		}
+	}
 	for name, tc := range map[string]struct {
 		mod  func(rs *rules.Ruleset)
 		want string
@@ -87,13 +98,7 @@ func TestRenderRejects(t *testing.T) {
 	} {
 		rs := base()
 		tc.mod(rs)
-		_, err := b.Render(rs)
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: got %v, want an error containing %q", name, err, tc.want)
-		}
-		if err := apply(context.Background(), b, rs); err == nil {
-			t.Errorf("%s: Apply accepted what Render rejects", name)
-		}
+		rejects(name, rs, tc.want)
 	}
 	for name, tc := range map[string]struct {
 		mod  func(rs *rules.Ruleset)
@@ -109,13 +114,7 @@ func TestRenderRejects(t *testing.T) {
 	} {
 		rs := clampRuleset(rules.IPv4)
 		tc.mod(rs)
-		_, err := b.Render(rs)
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: got %v, want an error containing %q", name, err, tc.want)
-		}
-		if err := apply(context.Background(), b, rs); err == nil {
-			t.Errorf("%s: Apply accepted what Render rejects", name)
-		}
+		rejects(name, rs, tc.want)
 	}
 }
 
