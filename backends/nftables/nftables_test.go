@@ -181,12 +181,7 @@ func TestApplyNoopAndElementOnlyChanges(t *testing.T) {
 
 func TestApplyRewritesChangedChainsAndDeletesStaleObjects(t *testing.T) {
 	ctx := context.Background()
-	k := newFakeKernel()
-	b := k.backend(t)
-	rs := miscRuleset(rules.IPv4)
-	if err := apply(ctx, b, rs); err != nil {
-		t.Fatal(err)
-	}
+	k, b, _ := appliedOnFake(t, miscRuleset(rules.IPv4))
 	// Drop the SSH chain (and its counter), and move MISC-FORWARD to the input hook.
 	rs2 := miscRuleset(rules.IPv4)
 	rs2.Chains = rs2.Chains[:2]
@@ -215,14 +210,8 @@ func TestApplyRewritesChangedChainsAndDeletesStaleObjects(t *testing.T) {
 
 func TestVerifyRepairsTampering(t *testing.T) {
 	ctx := context.Background()
-	k := newFakeKernel()
-	b := k.backend(t)
 	rs := invalidDropRuleset(rules.IPv6)
-	if err := apply(ctx, b, rs); err != nil {
-		t.Fatal(err)
-	}
-	key := tableKey{knftables.IPv6Family, "nnm-invalid-drop"}
-	fake := k.fakes[key]
+	_, b, fake := appliedOnFake(t, rs)
 	want := fake.Dump()
 	for name, change := range map[string]func(tx *knftables.Transaction){
 		"flush chain":  func(tx *knftables.Transaction) { tx.Flush(&knftables.Chain{Name: "invalid-input"}) },
@@ -373,17 +362,16 @@ func mustMatchColdApply(ctx context.Context, t *testing.T, k *kernel, b *Backend
 	}
 }
 
-// externalIPOnFake is a fake kernel and a backend that has applied the IPv4 externalIPRuleset of
-// threeEntries, and the fake that holds the table: where the drift tests tamper.
-func externalIPOnFake(t *testing.T) (*kernel, *Backend, *knftables.Fake) {
+// appliedOnFake is a fake kernel and a backend that has applied rs, and the fake that holds rs's
+// table: where a test changes, tampers or fails the next step.
+func appliedOnFake(t *testing.T, rs *rules.Ruleset) (*kernel, *Backend, *knftables.Fake) {
 	t.Helper()
 	k := newFakeKernel()
 	b := k.backend(t)
-	rs := externalIPRuleset(rules.IPv4, threeEntries(rules.IPv4))
 	if err := apply(context.Background(), b, rs); err != nil {
 		t.Fatal(err)
 	}
-	return k, b, k.fakes[tableKey{knftables.IPv4Family, TableName(rs.Fix)}]
+	return k, b, k.fakes[tableKey{nftFamily(rs.Family), TableName(rs.Fix)}]
 }
 
 // A map change whose element operations no longer fit the kernel (an element deleted behind our
@@ -391,7 +379,7 @@ func externalIPOnFake(t *testing.T) (*kernel, *Backend, *knftables.Fake) {
 func TestElementDriftFallsBackToRewrite(t *testing.T) {
 	ctx := context.Background()
 	f := rules.IPv4
-	k, b, fake := externalIPOnFake(t)
+	k, b, fake := appliedOnFake(t, externalIPRuleset(f, threeEntries(f)))
 	gone := element("external-ips", threeEntries(f)[0])
 	tamper(ctx, t, fake, func(tx *knftables.Transaction) { tx.Delete(&knftables.Element{Map: gone.Map, Key: gone.Key}) })
 	want := threeEntries(f)[1:] // removes the element that is already gone
@@ -406,7 +394,7 @@ func TestElementDriftFallsBackToRewrite(t *testing.T) {
 func TestElementOnlyChangeLeavesRuleDriftToVerify(t *testing.T) {
 	ctx := context.Background()
 	f := rules.IPv4
-	k, b, fake := externalIPOnFake(t)
+	k, b, fake := appliedOnFake(t, externalIPRuleset(f, threeEntries(f)))
 	tamper(ctx, t, fake, func(tx *knftables.Transaction) { tx.Flush(&knftables.Chain{Name: "extip-dnat"}) })
 	want := threeEntries(f)[1:]
 	if err := apply(ctx, b, externalIPRuleset(f, want)); err != nil {
