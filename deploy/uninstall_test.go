@@ -20,11 +20,8 @@ import (
 // (TestUninstallRevertsNodeState checks they see the same state directory and /proc/sys/net), writes
 // the recorded value back and forgets it, and removes the rules.
 func TestUninstallRestoresConntrackLiberal(t *testing.T) {
-	if testing.Short() {
-		t.Skip("kernel test")
-	}
+	testenv.RequireKernel(t, "nft")
 	agenttest.Require(t)
-	testenv.Require(t, "nft")
 	ns := testenv.New(t, "nnm-uninst")
 	proc := "/proc/sys/" + strings.ReplaceAll(sysctl.ConntrackTCPBeLiberal, ".", "/")
 	read := func() string {

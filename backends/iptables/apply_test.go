@@ -337,19 +337,27 @@ func TestParseSaveRejectsGarbage(t *testing.T) {
 
 // TestApplyRewritesOnlyChangedBucket: once this process has applied a fix, a change of one map entry
 // runs no iptables-save and one restore that rewrites only that entry's bucket, then lists it.
-func TestApplyRewritesOnlyChangedBucket(t *testing.T) {
-	ctx := context.Background()
+// appliedOnFake is an NFT backend over a fake iptables (empty but for the filter table) that has
+// applied rs, with the fake's call log cleared: where a test of the next Apply starts.
+func appliedOnFake(t *testing.T, rs *rules.Ruleset) (*fakeRunner, *Backend) {
+	t.Helper()
 	f := &fakeRunner{dumps: map[string]string{"iptables-nft-save": emptyFilter}}
 	b := mustBackend(t, Options{Variant: NFT, Runner: f})
+	if err := apply(context.Background(), b, rs); err != nil {
+		t.Fatal(err)
+	}
+	f.calls = nil
+	return f, b
+}
+
+func TestApplyRewritesOnlyChangedBucket(t *testing.T) {
+	ctx := context.Background()
 	oneRun := func() *rules.Ruleset { // one lookup run (MARK + DNAT) over two buckets
 		rs := externalIPSharded(rules.IPv4)
 		rs.Chains[2].Rules = rs.Chains[2].Rules[:2]
 		return rs
 	}
-	if err := apply(ctx, b, oneRun()); err != nil {
-		t.Fatal(err)
-	}
-	f.calls = nil
+	f, b := appliedOnFake(t, oneRun())
 	changed := oneRun()
 	changed.Maps[0].Entries[1].To = netip.MustParseAddrPort("10.96.0.99:80") // 198.51.100.7
 	if err := apply(ctx, b, changed); err != nil {
@@ -374,12 +382,7 @@ COMMIT
 // dispatch rule (it is rewritten) and the bucket chain is deleted, in one restore and without a save.
 func TestApplyRemovesEmptiedBucket(t *testing.T) {
 	ctx := context.Background()
-	f := &fakeRunner{dumps: map[string]string{"iptables-nft-save": emptyFilter}}
-	b := mustBackend(t, Options{Variant: NFT, Runner: f})
-	if err := apply(ctx, b, externalIPSharded(rules.IPv4)); err != nil {
-		t.Fatal(err)
-	}
-	f.calls = nil
+	f, b := appliedOnFake(t, externalIPSharded(rules.IPv4))
 	changed := externalIPSharded(rules.IPv4)
 	changed.Maps[0].Entries = append(changed.Maps[0].Entries[:1], changed.Maps[0].Entries[2:]...) // 198.51.100.7
 	if err := apply(ctx, b, changed); err != nil {
@@ -409,12 +412,7 @@ COMMIT
 // says), Apply reads the kernel and applies in full.
 func TestApplyChangedFallsBack(t *testing.T) {
 	ctx := context.Background()
-	f := &fakeRunner{dumps: map[string]string{"iptables-nft-save": emptyFilter}}
-	b := mustBackend(t, Options{Variant: NFT, Runner: f})
-	if err := apply(ctx, b, externalIPSharded(rules.IPv4)); err != nil {
-		t.Fatal(err)
-	}
-	f.calls = nil
+	f, b := appliedOnFake(t, externalIPSharded(rules.IPv4))
 	failing := &failOnce{fakeRunner: f}
 	b.run = failing
 	changed := externalIPSharded(rules.IPv4)

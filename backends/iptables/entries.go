@@ -128,39 +128,18 @@ func (b *Backend) applyEntries(ctx context.Context, from, rs *rules.Ruleset, pre
 func changedBuckets(old, now *rules.Ruleset) map[string]map[netip.Prefix]bool {
 	var touched map[string]map[netip.Prefix]bool
 	for i := range now.Maps {
-		a, z := old.Maps[i].Sorted(), now.Maps[i].Sorted()
-		for len(a) > 0 || len(z) > 0 {
-			var c int
-			switch {
-			case len(a) == 0:
-				c = 1
-			case len(z) == 0:
-				c = -1
-			default:
-				c = rules.CompareEntries(&a[0], &z[0])
-			}
-			var p netip.Prefix
-			switch {
-			case c < 0:
-				p, a = bucketPrefix(a[0].Addr), a[1:]
-			case c > 0:
-				p, z = bucketPrefix(z[0].Addr), z[1:]
-			default:
-				same := a[0] == z[0]
-				p, a, z = bucketPrefix(a[0].Addr), a[1:], z[1:]
-				if same {
-					continue
-				}
-			}
+		name := now.Maps[i].Name
+		touch := func(e rules.MapEntry) {
 			if touched == nil {
 				touched = map[string]map[netip.Prefix]bool{}
 			}
-			name := now.Maps[i].Name
 			if touched[name] == nil {
 				touched[name] = map[netip.Prefix]bool{}
 			}
-			touched[name][p] = true
+			touched[name][bucketPrefix(e.Addr)] = true
 		}
+		// A changed entry keeps its key, so its address and bucket.
+		rules.DiffEntries(old.Maps[i].Sorted(), now.Maps[i].Sorted(), touch, touch, func(was, _ rules.MapEntry) { touch(was) })
 	}
 	return touched
 }

@@ -50,9 +50,7 @@ func TestKernelBlockedUnitDelaysNoOther(t *testing.T) {
 			}()
 			restore := k.bin("restore")
 			if err := agenttest.Poll(ctx, 10*time.Second, 10*time.Millisecond, func() error {
-				k.run.mu.Lock()
-				defer k.run.mu.Unlock()
-				if k.run.calls[restore] == 0 {
+				if k.run.calls.Get(restore) == 0 {
 					return fmt.Errorf("the change of %s has not started %s", blocked.Fix, restore)
 				}
 				return nil

@@ -9,41 +9,31 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/network-node-manager/network-node-manager/core/nfgen"
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/internal/insertfirst"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // nsRunner runs the binaries inside a test namespace and counts the calls per binary.
 type nsRunner struct {
-	ns       *testenv.NS
-	mu       sync.Mutex
-	calls    map[string]int
-	genReads int
+	ns    *testenv.NS
+	calls testkit.Counts
 }
 
 func (r *nsRunner) Run(ctx context.Context, name string, args []string, stdin []byte) ([]byte, []byte, error) {
-	r.mu.Lock()
-	if r.calls == nil {
-		r.calls = map[string]int{}
-	}
-	r.calls[name]++
-	r.mu.Unlock()
+	r.calls.Add(name)
 	return r.ns.Run(ctx, name, args, stdin)
 }
 
-func (r *nsRunner) reset() map[string]int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	c := r.calls
-	r.calls = map[string]int{}
-	return c
-}
+// reset returns the calls per binary since the last reset.
+func (r *nsRunner) reset() map[string]int { return r.calls.Take() }
 
 // kernel is one namespace, one variant, one family.
 type kernel struct {
@@ -111,13 +101,10 @@ func (k *kernel) backend() *Backend {
 	return mustBackend(k.t, Options{Variant: k.variant, Runner: k.run, Generation: k.generation})
 }
 
-// generation reads the nf_tables generation of the test's namespace, counting the reads.
+// generation reads the nf_tables generation of the test's namespace.
 func (k *kernel) generation() (uint32, error) {
 	var g uint32
 	err := k.ns.Do(func() (err error) { g, err = nfgen.Get(); return err })
-	k.run.mu.Lock()
-	k.run.genReads++
-	k.run.mu.Unlock()
 	return g, err
 }
 
@@ -495,7 +482,7 @@ func TestKernelRemoveAll(t *testing.T) {
 		mustLack(t, s, "NNM-", "network-node-manager:")
 		mustContain(t, s, "NMANAGER_", "KUBE-SERVICES")
 		if after := foreign(s); after != before {
-			t.Fatalf("RemoveAll changed foreign rules:\n%s", lineDiffs(before, after))
+			t.Fatalf("RemoveAll changed foreign rules (-before +after):\n%s", lineDiffs(before, after))
 		}
 		if n < 5 {
 			t.Fatalf("RemoveAll reported %d chains, want ≥ 5 (4 hooked chains, the DNAT chain, its buckets)", n)
@@ -582,7 +569,7 @@ func TestKernelPositionPolicy(t *testing.T) {
 		before := k.save()
 		syncs(true, "foreign jumps inserted ahead of ours")
 		if after := k.save(); after != before {
-			t.Fatalf("a Verify changed the kernel although only foreign jumps came first:\n%s", lineDiffs(before, after))
+			t.Fatalf("a Verify changed the kernel although only foreign jumps came first (-before +after):\n%s", lineDiffs(before, after))
 		}
 		first := func(chain, table, want string) {
 			t.Helper()
@@ -675,7 +662,7 @@ func TestKernelInsertFirstNeighbour(t *testing.T) {
 			t.Errorf("the agent moved its jumps %d times in %d rounds after it took the top; want 0 in ≥ 1", moves, rounds)
 		}
 		if after != settled {
-			t.Errorf("the ruleset changed while both ran:\n%s", lineDiffs(settled, after))
+			t.Errorf("the ruleset changed while both ran (-settled +after):\n%s", lineDiffs(settled, after))
 		}
 		for _, j := range insertfirst.Calico {
 			mustContain(t, after, "-A "+j.Chain+" -j "+j.Target)
@@ -709,31 +696,9 @@ func TestKernelTableMove(t *testing.T) {
 	})
 }
 
-// lineDiffs lists the lines only in a ("-") or only in b ("+"), or says the order changed.
-func lineDiffs(a, b string) string {
-	in := func(s string) map[string]int {
-		m := map[string]int{}
-		for _, l := range strings.Split(s, "\n") {
-			m[l]++
-		}
-		return m
-	}
-	ma, mb := in(a), in(b)
-	var out strings.Builder
-	for l, n := range ma {
-		if mb[l] < n {
-			fmt.Fprintf(&out, "- %s\n", l)
-		}
-	}
-	for l, n := range mb {
-		if ma[l] < n {
-			fmt.Fprintf(&out, "+ %s\n", l)
-		}
-	}
-	if out.Len() == 0 {
-		return "same lines in another order:\n--- before\n" + a + "--- after\n" + b
-	}
-	return out.String()
+// lineDiffs is the line-by-line difference of two dumps (-before +after), moved lines included.
+func lineDiffs(before, after string) string {
+	return cmp.Diff(strings.Split(before, "\n"), strings.Split(after, "\n"))
 }
 
 func TestKernelBuckets(t *testing.T) {

@@ -38,6 +38,14 @@ func mustBackend(t testing.TB, opts Options) *Backend {
 	return b
 }
 
+// byFamily picks the IPv4 or the IPv6 variant of a test value.
+func byFamily[T any](f rules.Family, v4, v6 T) T {
+	if f == rules.IPv4 {
+		return v4
+	}
+	return v6
+}
+
 func invalidDrop(family rules.Family) *rules.Ruleset {
 	return &rules.Ruleset{Fix: "invalid-drop", Family: family, Chains: []rules.Chain{{
 		Name: "INVALID-INPUT", Type: rules.Filter, Hook: rules.Input,
@@ -52,27 +60,22 @@ func invalidDrop(family rules.Family) *rules.Ruleset {
 
 func externalIP(family rules.Family) *rules.Ruleset {
 	v4 := family == rules.IPv4
-	pick := func(a, b string) netip.Addr {
-		if v4 {
-			return netip.MustParseAddr(a)
-		}
-		return netip.MustParseAddr(b)
-	}
+	ip := netip.MustParseAddr
 	var pods []netip.Prefix
 	var entries []rules.MapEntry
 	if v4 {
 		pods = []netip.Prefix{netip.MustParsePrefix("10.245.0.0/16"), netip.MustParsePrefix("10.244.0.0/16")}
 		entries = []rules.MapEntry{
-			{Addr: pick("203.0.113.11", ""), Protocol: rules.UDP, Port: 53, To: netip.AddrPortFrom(pick("10.96.0.11", ""), 53), Comment: "kube-system/dns:dns"},
-			{Addr: pick("203.0.113.10", ""), Protocol: rules.TCP, Port: 443, To: netip.AddrPortFrom(pick("10.96.0.10", ""), 443), Comment: `default/web:"https"`},
-			{Addr: pick("203.0.113.10", ""), Protocol: rules.TCP, Port: 80, To: netip.AddrPortFrom(pick("10.96.0.10", ""), 80), Comment: "default/web:http"},
-			{Addr: pick("203.0.113.10", ""), Protocol: rules.SCTP, Port: 9999, To: netip.AddrPortFrom(pick("10.96.0.10", ""), 9999), Comment: "default/web:sctp"},
+			{Addr: ip("203.0.113.11"), Protocol: rules.UDP, Port: 53, To: netip.AddrPortFrom(ip("10.96.0.11"), 53), Comment: "kube-system/dns:dns"},
+			{Addr: ip("203.0.113.10"), Protocol: rules.TCP, Port: 443, To: netip.AddrPortFrom(ip("10.96.0.10"), 443), Comment: `default/web:"https"`},
+			{Addr: ip("203.0.113.10"), Protocol: rules.TCP, Port: 80, To: netip.AddrPortFrom(ip("10.96.0.10"), 80), Comment: "default/web:http"},
+			{Addr: ip("203.0.113.10"), Protocol: rules.SCTP, Port: 9999, To: netip.AddrPortFrom(ip("10.96.0.10"), 9999), Comment: "default/web:sctp"},
 		}
 	} else {
 		pods = []netip.Prefix{netip.MustParsePrefix("fd00:244::/56")}
 		entries = []rules.MapEntry{
-			{Addr: pick("", "2001:db8:ff::10"), Protocol: rules.TCP, Port: 80, To: netip.AddrPortFrom(pick("", "fd00:96::10"), 80), Comment: "default/web:http"},
-			{Addr: pick("", "2001:db8:ff::10"), Protocol: rules.UDP, Port: 53, To: netip.AddrPortFrom(pick("", "fd00:96::10"), 53), Comment: "default/web:dns"},
+			{Addr: ip("2001:db8:ff::10"), Protocol: rules.TCP, Port: 80, To: netip.AddrPortFrom(ip("fd00:96::10"), 80), Comment: "default/web:http"},
+			{Addr: ip("2001:db8:ff::10"), Protocol: rules.UDP, Port: 53, To: netip.AddrPortFrom(ip("fd00:96::10"), 53), Comment: "default/web:dns"},
 		}
 	}
 	const mark = 0x8000
@@ -125,19 +128,8 @@ func externalIPSharded(family rules.Family) *rules.Ruleset {
 
 // kitchenSink covers every match and verdict once.
 func kitchenSink(family rules.Family) *rules.Ruleset {
-	v4 := family == rules.IPv4
-	addr := func(a4, a6 string) netip.Addr {
-		if v4 {
-			return netip.MustParseAddr(a4)
-		}
-		return netip.MustParseAddr(a6)
-	}
-	pfx := func(a4, a6 string) netip.Prefix {
-		if v4 {
-			return netip.MustParsePrefix(a4)
-		}
-		return netip.MustParsePrefix(a6)
-	}
+	addr := func(a4, a6 string) netip.Addr { return netip.MustParseAddr(byFamily(family, a4, a6)) }
+	pfx := func(a4, a6 string) netip.Prefix { return netip.MustParsePrefix(byFamily(family, a4, a6)) }
 	return &rules.Ruleset{Fix: "kitchen-sink", Family: family, Chains: []rules.Chain{
 		{Name: "SINK-FORWARD", Type: rules.Filter, Hook: rules.Forward, Rules: []rules.Rule{
 			{Match: rules.Match{Protocol: rules.TCP, DstPort: 22, DstAddr: addr("192.0.2.1", "2001:db8::1")}, Verdict: rules.Verdict{Kind: rules.Accept}, Comment: `it's "quoted" \ and	tabbed`},

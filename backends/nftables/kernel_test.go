@@ -33,6 +33,36 @@ func nftList(t *testing.T, ns *testenv.NS, args ...string) string {
 	return ns.MustExec(append([]string{"nft"}, args...)...)
 }
 
+// listTable is `nft list table` of one table in ns without the counters' values, which traffic
+// moves: what two listings of the same rules compare equal on.
+func listTable(t *testing.T, ns *testenv.NS, f rules.Family, table string) string {
+	t.Helper()
+	return counterValues.ReplaceAllString(nftList(t, ns, "list", "table", string(nftFamily(f)), table), "")
+}
+
+// eachFamily runs fn as one subtest per family, each in a namespace of its own (prefix-<random>);
+// it needs nft.
+func eachFamily(t *testing.T, prefix string, fn func(t *testing.T, ns *testenv.NS, f rules.Family)) {
+	t.Helper()
+	testenv.Require(t, "nft")
+	for _, f := range rules.Families {
+		t.Run(string(f), func(t *testing.T) { fn(t, testenv.New(t, prefix), f) })
+	}
+}
+
+// applyIn applies the rulesets in order with b inside ns; the first error fails the test.
+func applyIn(ctx context.Context, t *testing.T, ns *testenv.NS, b *Backend, rss ...*rules.Ruleset) {
+	t.Helper()
+	inNS(t, ns, func() error {
+		for _, rs := range rss {
+			if err := apply(ctx, b, rs); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 // foreign creates tables that belong to someone else: a kube-proxy-like nft table and an
 // iptables-nft rule (which lives in nft table ip/ip6 filter).
 func foreign(t *testing.T, ns *testenv.NS, f rules.Family) (snapshot func() string) {
@@ -423,113 +453,98 @@ func BenchmarkApply10k(b *testing.B) {
 // commit lists nothing; a commit by someone else anywhere moves the generation, and the next Verify
 // lists our table alone; a foreign change inside our table is found that way and repaired.
 func TestKernelGeneration(t *testing.T) {
-	testenv.Require(t, "nft")
-	for _, f := range rules.Families {
-		t.Run(string(f), func(t *testing.T) {
-			ctx := context.Background()
-			ns := testenv.New(t, "nnm-nft")
-			nf := string(nftFamily(f))
-			k := newRealKernel()
-			b := k.backend(t)
-			ext := externalIPRuleset(f, threeEntries(f))
-			inv := invalidDropRuleset(f)
+	eachFamily(t, "nnm-nft", func(t *testing.T, ns *testenv.NS, f rules.Family) {
+		ctx := context.Background()
+		nf := string(nftFamily(f))
+		k := newRealKernel()
+		b := k.backend(t)
+		ext := externalIPRuleset(f, threeEntries(f))
+		inv := invalidDropRuleset(f)
+		applyIn(ctx, t, ns, b, ext, inv)
+		recs := []*recorder{k.rec(nftFamily(f), TableName(ext.Fix)), k.rec(nftFamily(f), TableName(inv.Fix))}
+		lists := func() int { return recs[0].listCount() + recs[1].listCount() }
+		sent := func() int { return recs[0].count() + recs[1].count() }
+		round := func() (repaired []string, listed, sends int) {
+			t.Helper()
+			l0, s0 := lists(), sent()
 			inNS(t, ns, func() error {
 				for _, rs := range []*rules.Ruleset{ext, inv} {
-					if err := apply(ctx, b, rs); err != nil {
+					res, err := verify(ctx, b, rs)
+					if err != nil {
 						return err
+					}
+					if res.Repaired {
+						repaired = append(repaired, rs.Fix)
 					}
 				}
 				return nil
 			})
-			recs := []*recorder{k.rec(nftFamily(f), TableName(ext.Fix)), k.rec(nftFamily(f), TableName(inv.Fix))}
-			lists := func() int { return recs[0].listCount() + recs[1].listCount() }
-			sent := func() int { return recs[0].count() + recs[1].count() }
-			round := func() (repaired []string, listed, sends int) {
-				t.Helper()
-				l0, s0 := lists(), sent()
-				inNS(t, ns, func() error {
-					for _, rs := range []*rules.Ruleset{ext, inv} {
-						res, err := verify(ctx, b, rs)
-						if err != nil {
-							return err
-						}
-						if res.Repaired {
-							repaired = append(repaired, rs.Fix)
-						}
-					}
-					return nil
-				})
-				return repaired, lists() - l0, sent() - s0
-			}
-			// ext was applied before inv's commit moved the generation: the first round lists ext
-			// once; from then on the generation proves both unchanged.
-			round()
-			for i := range 3 {
-				if rep, listed, sends := round(); len(rep) != 0 || listed != 0 || sends != 0 {
-					t.Fatalf("round %d with the generation unchanged: repaired %v, %d listings, %d transactions; want none", i, rep, listed, sends)
-				}
-			}
-			// Someone else commits elsewhere: the generation moves, our tables are listed, and
-			// found as they were.
-			ns.MustExec("nft", "add table "+nf+" someone-else")
-			if rep, listed, sends := round(); len(rep) != 0 || listed == 0 || sends != 0 {
-				t.Fatalf("after a foreign commit elsewhere: repaired %v, %d listings, %d transactions; want listings only", rep, listed, sends)
-			}
-			if rep, listed, _ := round(); len(rep) != 0 || listed != 0 {
-				t.Fatalf("after confirming: repaired %v, %d listings; want none", rep, listed)
-			}
-			// Someone empties our map: found and repaired, the other table untouched.
-			want := nftList(t, ns, "list", "table", nf, TableName(ext.Fix))
-			ns.MustExec("nft", "flush map "+nf+" "+TableName(ext.Fix)+" external-ips")
-			if rep, _, _ := round(); !slices.Equal(rep, []string{ext.Fix}) {
-				t.Fatalf("after flushing our map: repaired %v, want [%s]", rep, ext.Fix)
-			}
-			if got := nftList(t, ns, "list", "table", nf, TableName(ext.Fix)); counterValues.ReplaceAllString(got, "") != counterValues.ReplaceAllString(want, "") {
-				t.Fatalf("repair did not restore the table:\n%s\nwant:\n%s", got, want)
-			}
+			return repaired, lists() - l0, sent() - s0
+		}
+		// ext was applied before inv's commit moved the generation: the first round lists ext
+		// once; from then on the generation proves both unchanged.
+		round()
+		for i := range 3 {
 			if rep, listed, sends := round(); len(rep) != 0 || listed != 0 || sends != 0 {
-				t.Fatalf("after the repair: repaired %v, %d listings, %d transactions; want none", rep, listed, sends)
+				t.Fatalf("round %d with the generation unchanged: repaired %v, %d listings, %d transactions; want none", i, rep, listed, sends)
 			}
-		})
-	}
+		}
+		// Someone else commits elsewhere: the generation moves, our tables are listed, and
+		// found as they were.
+		ns.MustExec("nft", "add table "+nf+" someone-else")
+		if rep, listed, sends := round(); len(rep) != 0 || listed == 0 || sends != 0 {
+			t.Fatalf("after a foreign commit elsewhere: repaired %v, %d listings, %d transactions; want listings only", rep, listed, sends)
+		}
+		if rep, listed, _ := round(); len(rep) != 0 || listed != 0 {
+			t.Fatalf("after confirming: repaired %v, %d listings; want none", rep, listed)
+		}
+		// Someone empties our map: found and repaired, the other table untouched.
+		want := listTable(t, ns, f, TableName(ext.Fix))
+		ns.MustExec("nft", "flush map "+nf+" "+TableName(ext.Fix)+" external-ips")
+		if rep, _, _ := round(); !slices.Equal(rep, []string{ext.Fix}) {
+			t.Fatalf("after flushing our map: repaired %v, want [%s]", rep, ext.Fix)
+		}
+		if got := listTable(t, ns, f, TableName(ext.Fix)); got != want {
+			t.Fatalf("repair did not restore the table:\n%s\nwant:\n%s", got, want)
+		}
+		if rep, listed, sends := round(); len(rep) != 0 || listed != 0 || sends != 0 {
+			t.Fatalf("after the repair: repaired %v, %d listings, %d transactions; want none", rep, listed, sends)
+		}
+	})
 }
 
 // A table left by an agent from before the companion sets (its rules test membership on the map
 // itself, which kernels from 6.3 accept) is rewritten by a fresh agent into exactly what a cold
 // apply makes.
 func TestKernelUpgradeFromMapLookup(t *testing.T) {
-	testenv.Require(t, "nft")
 	ctx := context.Background()
-	for _, f := range rules.Families {
-		t.Run(string(f), func(t *testing.T) {
-			rs := externalIPRuleset(f, threeEntries(f))
-			table, nf := TableName(rs.Fix), string(nftFamily(f))
-			text, err := (&Backend{}).Render(rs)
-			if err != nil {
-				t.Fatal(err)
+	eachFamily(t, "nnm-nft", func(t *testing.T, ns *testenv.NS, f rules.Family) {
+		rs := externalIPRuleset(f, threeEntries(f))
+		table, nf := TableName(rs.Fix), string(nftFamily(f))
+		text, err := (&Backend{}).Render(rs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		set := keySetName("external-ips")
+		var old []string
+		for _, line := range strings.Split(text, "\n") {
+			if !strings.Contains(line, " "+set) {
+				old = append(old, strings.ReplaceAll(line, "@"+set, "@external-ips"))
 			}
-			set := keySetName("external-ips")
-			var old []string
-			for _, line := range strings.Split(text, "\n") {
-				if !strings.Contains(line, " "+set) {
-					old = append(old, strings.ReplaceAll(line, "@"+set, "@external-ips"))
-				}
-			}
-			ns := testenv.New(t, "nnm-nft")
-			ns.NftLoad(strings.Join(old, "\n"))
-			was := nftList(t, ns, "list", "table", nf, table)
-			if strings.Contains(was, set) || !strings.Contains(was, "@external-ips jump") {
-				t.Fatalf("the old layout did not load as such:\n%s", was)
-			}
+		}
+		ns.NftLoad(strings.Join(old, "\n"))
+		was := nftList(t, ns, "list", "table", nf, table)
+		if strings.Contains(was, set) || !strings.Contains(was, "@external-ips jump") {
+			t.Fatalf("the old layout did not load as such:\n%s", was)
+		}
 
-			inNS(t, ns, func() error { return apply(ctx, newRealKernel().backend(t), rs) })
-			got := counterValues.ReplaceAllString(nftList(t, ns, "list", "table", nf, table), "")
-			ns.MustExec("nft", "delete", "table", nf, table)
-			inNS(t, ns, func() error { return apply(ctx, newRealKernel().backend(t), rs) })
-			if want := counterValues.ReplaceAllString(nftList(t, ns, "list", "table", nf, table), ""); got != want {
-				t.Fatalf("after the upgrade:\n%s\nwant (cold apply):\n%s", got, want)
-			}
-			t.Logf("%s: old layout rewritten; the table now tests membership on %s", f, set)
-		})
-	}
+		applyIn(ctx, t, ns, newRealKernel().backend(t), rs)
+		got := listTable(t, ns, f, table)
+		ns.MustExec("nft", "delete", "table", nf, table)
+		applyIn(ctx, t, ns, newRealKernel().backend(t), rs)
+		if want := listTable(t, ns, f, table); got != want {
+			t.Fatalf("after the upgrade:\n%s\nwant (cold apply):\n%s", got, want)
+		}
+		t.Logf("%s: old layout rewritten; the table now tests membership on %s", f, set)
+	})
 }

@@ -15,63 +15,56 @@ import (
 // families; later element changes and a Verify that lists the table work on it as on any other;
 // and when the netlink load fails, nft -f sends the maps with the rest.
 func TestKernelColdLoadOverNetlink(t *testing.T) {
-	testenv.Require(t, "nft")
-	for _, f := range rules.Families {
-		t.Run(string(f), func(t *testing.T) {
-			ctx := context.Background()
-			ns := testenv.New(t, "nnm-nl")
-			nf := string(nftFamily(f))
-			entries := manyEntries(f, 3000)
-			rs := externalIPRuleset(f, entries)
-			table := TableName(rs.Fix)
-			listing := func() string {
-				return counterValues.ReplaceAllString(nftList(t, ns, "list", "table", nf, table), "")
-			}
+	eachFamily(t, "nnm-nl", func(t *testing.T, ns *testenv.NS, f rules.Family) {
+		ctx := context.Background()
+		nf := string(nftFamily(f))
+		entries := manyEntries(f, 3000)
+		rs := externalIPRuleset(f, entries)
+		table := TableName(rs.Fix)
+		listing := func() string { return listTable(t, ns, f, table) }
 
-			// The reference: one nft -f transaction.
-			plain := newRealKernel().backend(t)
-			inNS(t, ns, func() error { return apply(ctx, plain, rs) })
-			want := listing()
-			ns.MustExec("nft", "delete", "table", nf, table)
+		// The reference: one nft -f transaction.
+		applyIn(ctx, t, ns, newRealKernel().backend(t), rs)
+		want := listing()
+		ns.MustExec("nft", "delete", "table", nf, table)
 
-			viaNetlink := newRealKernel().backend(t)
-			loads := 0
-			viaNetlink.loadMaps = func(m *model) error { loads++; return loadMaps(m) }
-			inNS(t, ns, func() error { return apply(ctx, viaNetlink, rs) })
-			if loads != 1 {
-				t.Fatalf("loadMaps ran %d times for a new table, want 1", loads)
-			}
-			if got := listing(); got != want {
-				t.Fatalf("table loaded over netlink differs from one nft -f:\n%s\nwant:\n%s", got, want)
-			}
-			if n := strings.Count(want, " : ") - 1; n != len(entries) { // - 1: the map's type line
-				t.Fatalf("the reference table has %d map elements, want %d", n, len(entries))
-			}
+		viaNetlink := newRealKernel().backend(t)
+		loads := 0
+		viaNetlink.loadMaps = func(m *model) error { loads++; return loadMaps(m) }
+		inNS(t, ns, func() error { return apply(ctx, viaNetlink, rs) })
+		if loads != 1 {
+			t.Fatalf("loadMaps ran %d times for a new table, want 1", loads)
+		}
+		if got := listing(); got != want {
+			t.Fatalf("table loaded over netlink differs from one nft -f:\n%s\nwant:\n%s", got, want)
+		}
+		if n := strings.Count(want, " : ") - 1; n != len(entries) { // - 1: the map's type line
+			t.Fatalf("the reference table has %d map elements, want %d", n, len(entries))
+		}
 
-			// An element change on it, then a Verify that lists it (the generation moved: someone
-			// else committed), find nothing wrong; the table exists now, so no more netlink loads.
-			changed := externalIPRuleset(f, append(entries[1:len(entries):len(entries)], entry(f, 5000, rules.UDP, 53, 53)))
-			inNS(t, ns, func() error { return apply(ctx, viaNetlink, changed) })
-			ns.MustExec("nft", "add table "+nf+" someone-else")
-			inNS(t, ns, func() error {
-				res, err := verify(ctx, viaNetlink, changed)
-				if err == nil && (res.Repaired || res.Applied || !res.ReadBack) {
-					err = errors.New("the Verify after an element change repaired, applied or did not read back")
-				}
-				return err
-			})
-			if loads != 1 {
-				t.Fatalf("loadMaps ran %d times, want 1 (only for the new table)", loads)
+		// An element change on it, then a Verify that lists it (the generation moved: someone
+		// else committed), find nothing wrong; the table exists now, so no more netlink loads.
+		changed := externalIPRuleset(f, append(entries[1:len(entries):len(entries)], entry(f, 5000, rules.UDP, 53, 53)))
+		inNS(t, ns, func() error { return apply(ctx, viaNetlink, changed) })
+		ns.MustExec("nft", "add table "+nf+" someone-else")
+		inNS(t, ns, func() error {
+			res, err := verify(ctx, viaNetlink, changed)
+			if err == nil && (res.Repaired || res.Applied || !res.ReadBack) {
+				err = errors.New("the Verify after an element change repaired, applied or did not read back")
 			}
-
-			// A failing netlink load: nft -f carries the maps, and the table is the same.
-			ns.MustExec("nft", "delete", "table", nf, table)
-			failing := newRealKernel().backend(t)
-			failing.loadMaps = func(*model) error { return errors.New("netlink unavailable") }
-			inNS(t, ns, func() error { return apply(ctx, failing, rs) })
-			if got := listing(); got != want {
-				t.Fatalf("after a failed netlink load the table differs:\n%s\nwant:\n%s", got, want)
-			}
+			return err
 		})
-	}
+		if loads != 1 {
+			t.Fatalf("loadMaps ran %d times, want 1 (only for the new table)", loads)
+		}
+
+		// A failing netlink load: nft -f carries the maps, and the table is the same.
+		ns.MustExec("nft", "delete", "table", nf, table)
+		failing := newRealKernel().backend(t)
+		failing.loadMaps = func(*model) error { return errors.New("netlink unavailable") }
+		inNS(t, ns, func() error { return apply(ctx, failing, rs) })
+		if got := listing(); got != want {
+			t.Fatalf("after a failed netlink load the table differs:\n%s\nwant:\n%s", got, want)
+		}
+	})
 }

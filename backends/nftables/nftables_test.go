@@ -71,6 +71,17 @@ func TestRenderIsWhatColdApplySends(t *testing.T) {
 func TestRenderRejects(t *testing.T) {
 	b := newFakeKernel().backend(t)
 	base := func() *rules.Ruleset { return miscRuleset(rules.IPv4) }
+	// rejects checks that Render refuses rs with an error containing want, and Apply refuses it too.
+	rejects := func(name string, rs *rules.Ruleset, want string) {
+		t.Helper()
+		_, err := b.Render(rs)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: got %v, want an error containing %q", name, err, want)
+		}
+		if err := apply(context.Background(), b, rs); err == nil {
+			t.Errorf("%s: Apply accepted what Render rejects", name)
+		}
+	}
 	for name, tc := range map[string]struct {
 		mod  func(rs *rules.Ruleset)
 		want string
@@ -87,13 +98,7 @@ func TestRenderRejects(t *testing.T) {
 	} {
 		rs := base()
 		tc.mod(rs)
-		_, err := b.Render(rs)
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: got %v, want an error containing %q", name, err, tc.want)
-		}
-		if err := apply(context.Background(), b, rs); err == nil {
-			t.Errorf("%s: Apply accepted what Render rejects", name)
-		}
+		rejects(name, rs, tc.want)
 	}
 	for name, tc := range map[string]struct {
 		mod  func(rs *rules.Ruleset)
@@ -109,13 +114,7 @@ func TestRenderRejects(t *testing.T) {
 	} {
 		rs := clampRuleset(rules.IPv4)
 		tc.mod(rs)
-		_, err := b.Render(rs)
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: got %v, want an error containing %q", name, err, tc.want)
-		}
-		if err := apply(context.Background(), b, rs); err == nil {
-			t.Errorf("%s: Apply accepted what Render rejects", name)
-		}
+		rejects(name, rs, tc.want)
 	}
 }
 
@@ -173,31 +172,16 @@ func TestApplyNoopAndElementOnlyChanges(t *testing.T) {
 			t.Fatalf("map change sent %d operations on the companion set, want 2:\n%s", got, sent[0])
 		}
 		// The result equals a cold apply of the new ruleset.
-		k2 := newFakeKernel()
-		if err := apply(ctx, k2.backend(t), externalIPRuleset(f, changed)); err != nil {
-			t.Fatal(err)
-		}
-		key := tableKey{nftFamily(f), TableName(rs.Fix)}
-		if got, want := sortedDump(k.fakes[key]), sortedDump(k2.fakes[key]); got != want {
-			t.Fatalf("incremental result differs from a cold apply:\n%s\nwant:\n%s", got, want)
-		}
-		if got := k.fakes[key].Dump(); got == dump {
+		mustMatchColdApply(ctx, t, k, b, externalIPRuleset(f, changed), "after an element-only apply")
+		if got := k.fakes[tableKey{nftFamily(f), TableName(rs.Fix)}].Dump(); got == dump {
 			t.Fatal("map change did not change the table")
-		}
-		if ok, _ := inSync(ctx, b, externalIPRuleset(f, changed)); !ok {
-			t.Fatal("not in sync after an element-only apply")
 		}
 	}
 }
 
 func TestApplyRewritesChangedChainsAndDeletesStaleObjects(t *testing.T) {
 	ctx := context.Background()
-	k := newFakeKernel()
-	b := k.backend(t)
-	rs := miscRuleset(rules.IPv4)
-	if err := apply(ctx, b, rs); err != nil {
-		t.Fatal(err)
-	}
+	k, b, _ := appliedOnFake(t, miscRuleset(rules.IPv4))
 	// Drop the SSH chain (and its counter), and move MISC-FORWARD to the input hook.
 	rs2 := miscRuleset(rules.IPv4)
 	rs2.Chains = rs2.Chains[:2]
@@ -221,28 +205,15 @@ func TestApplyRewritesChangedChainsAndDeletesStaleObjects(t *testing.T) {
 	if strings.Contains(sent[0], "delete chain ip nnm-misc misc-prerouting") {
 		t.Errorf("an unchanged chain was re-created:\n%s", sent[0])
 	}
-	k2 := newFakeKernel()
-	if err := apply(ctx, k2.backend(t), rs2); err != nil {
-		t.Fatal(err)
-	}
-	key := tableKey{knftables.IPv4Family, "nnm-misc"}
-	if got, want := sortedDump(k.fakes[key]), sortedDump(k2.fakes[key]); got != want {
-		t.Fatalf("rewrite left:\n%s\nwant:\n%s", got, want)
-	}
+	mustMatchColdApply(ctx, t, k, b, rs2, "after the rewrite")
 }
 
 func TestVerifyRepairsTampering(t *testing.T) {
 	ctx := context.Background()
-	k := newFakeKernel()
-	b := k.backend(t)
 	rs := invalidDropRuleset(rules.IPv6)
-	if err := apply(ctx, b, rs); err != nil {
-		t.Fatal(err)
-	}
-	key := tableKey{knftables.IPv6Family, "nnm-invalid-drop"}
-	fake := k.fakes[key]
+	_, b, fake := appliedOnFake(t, rs)
 	want := fake.Dump()
-	for name, tamper := range map[string]func(tx *knftables.Transaction){
+	for name, change := range map[string]func(tx *knftables.Transaction){
 		"flush chain":  func(tx *knftables.Transaction) { tx.Flush(&knftables.Chain{Name: "invalid-input"}) },
 		"delete table": func(tx *knftables.Transaction) { tx.Delete(&knftables.Table{}) },
 		"add rule":     func(tx *knftables.Transaction) { tx.Add(&knftables.Rule{Chain: "probe-output", Rule: "accept"}) },
@@ -251,11 +222,7 @@ func TestVerifyRepairsTampering(t *testing.T) {
 			tx.Delete(&knftables.Chain{Name: "probe-output"})
 		},
 	} {
-		tx := fake.NewTransaction()
-		tamper(tx)
-		if err := fake.Run(ctx, tx); err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
+		tamper(ctx, t, fake, change)
 		if res, err := b.Reconcile(ctx, rs.Fix, rs.Family, rs, backend.Trust); err != nil || res.Applied || res.ReadBack {
 			t.Fatalf("%s: Trust = %+v, %v; want the record trusted, nothing read or sent", name, res, err)
 		}
@@ -368,57 +335,67 @@ func sortedDump(f *knftables.Fake) string {
 	return strings.Join(lines, "\n")
 }
 
+// tamper runs change on the fake directly, behind the backend's back.
+func tamper(ctx context.Context, t *testing.T, fake *knftables.Fake, change func(tx *knftables.Transaction)) {
+	t.Helper()
+	tx := fake.NewTransaction()
+	change(tx)
+	if err := fake.Run(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// mustMatchColdApply fails unless the fake kernel k holds for rs exactly what a cold Apply of rs
+// makes in a fresh one (element order aside), and b finds it in sync. what names the moment.
+func mustMatchColdApply(ctx context.Context, t *testing.T, k *kernel, b *Backend, rs *rules.Ruleset, what string) {
+	t.Helper()
+	cold := newFakeKernel()
+	if err := apply(ctx, cold.backend(t), rs); err != nil {
+		t.Fatal(err)
+	}
+	key := tableKey{nftFamily(rs.Family), TableName(rs.Fix)}
+	if got, want := sortedDump(k.fakes[key]), sortedDump(cold.fakes[key]); got != want {
+		t.Fatalf("%s, the table differs from a cold apply:\n%s\nwant:\n%s", what, got, want)
+	}
+	if ok, err := inSync(ctx, b, rs); !ok || err != nil {
+		t.Fatalf("%s, not in sync (%v)", what, err)
+	}
+}
+
+// appliedOnFake is a fake kernel and a backend that has applied rs, and the fake that holds rs's
+// table: where a test changes, tampers or fails the next step.
+func appliedOnFake(t *testing.T, rs *rules.Ruleset) (*kernel, *Backend, *knftables.Fake) {
+	t.Helper()
+	k := newFakeKernel()
+	b := k.backend(t)
+	if err := apply(context.Background(), b, rs); err != nil {
+		t.Fatal(err)
+	}
+	return k, b, k.fakes[tableKey{nftFamily(rs.Family), TableName(rs.Fix)}]
+}
+
 // A map change whose element operations no longer fit the kernel (an element deleted behind our
 // back) falls back to a rewrite within the same Apply.
 func TestElementDriftFallsBackToRewrite(t *testing.T) {
 	ctx := context.Background()
-	k := newFakeKernel()
-	b := k.backend(t)
 	f := rules.IPv4
-	if err := apply(ctx, b, externalIPRuleset(f, threeEntries(f))); err != nil {
-		t.Fatal(err)
-	}
-	key := tableKey{knftables.IPv4Family, "nnm-ipvs-externalip-dnat"}
-	fake := k.fakes[key]
+	k, b, fake := appliedOnFake(t, externalIPRuleset(f, threeEntries(f)))
 	gone := element("external-ips", threeEntries(f)[0])
-	tx := fake.NewTransaction()
-	tx.Delete(&knftables.Element{Map: gone.Map, Key: gone.Key})
-	if err := fake.Run(ctx, tx); err != nil {
-		t.Fatal(err)
-	}
+	tamper(ctx, t, fake, func(tx *knftables.Transaction) { tx.Delete(&knftables.Element{Map: gone.Map, Key: gone.Key}) })
 	want := threeEntries(f)[1:] // removes the element that is already gone
 	if err := apply(ctx, b, externalIPRuleset(f, want)); err != nil {
 		t.Fatal(err)
 	}
-	k2 := newFakeKernel()
-	if err := apply(ctx, k2.backend(t), externalIPRuleset(f, want)); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := sortedDump(fake), sortedDump(k2.fakes[key]); got != want {
-		t.Fatalf("after fallback:\n%s\nwant:\n%s", got, want)
-	}
-	if ok, _ := inSync(ctx, b, externalIPRuleset(f, want)); !ok {
-		t.Fatal("not in sync after the fallback rewrite")
-	}
+	mustMatchColdApply(ctx, t, k, b, externalIPRuleset(f, want), "after the fallback rewrite")
 }
 
 // An element-only change does not read the table first, so a chain flushed behind our back stays
 // flushed through it; a Verify reconcile (the periodic resync) notices and repairs.
 func TestElementOnlyChangeLeavesRuleDriftToVerify(t *testing.T) {
 	ctx := context.Background()
-	k := newFakeKernel()
-	b := k.backend(t)
 	f := rules.IPv4
-	if err := apply(ctx, b, externalIPRuleset(f, threeEntries(f))); err != nil {
-		t.Fatal(err)
-	}
-	key := tableKey{knftables.IPv4Family, "nnm-ipvs-externalip-dnat"}
-	fake := k.fakes[key]
-	tx := fake.NewTransaction()
-	tx.Flush(&knftables.Chain{Name: "extip-dnat"})
-	if err := fake.Run(ctx, tx); err != nil {
-		t.Fatal(err)
-	}
+	k, b, fake := appliedOnFake(t, externalIPRuleset(f, threeEntries(f)))
+	tamper(ctx, t, fake, func(tx *knftables.Transaction) { tx.Flush(&knftables.Chain{Name: "extip-dnat"}) })
 	want := threeEntries(f)[1:]
 	if err := apply(ctx, b, externalIPRuleset(f, want)); err != nil {
 		t.Fatal(err)
@@ -426,16 +403,7 @@ func TestElementOnlyChangeLeavesRuleDriftToVerify(t *testing.T) {
 	if ok, err := inSync(ctx, b, externalIPRuleset(f, want)); ok || err != nil {
 		t.Fatalf("Verify after an element change over a flushed chain found it in sync (%v, %v)", ok, err)
 	}
-	k2 := newFakeKernel()
-	if err := apply(ctx, k2.backend(t), externalIPRuleset(f, want)); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := sortedDump(fake), sortedDump(k2.fakes[key]); got != want {
-		t.Fatalf("after repair:\n%s\nwant:\n%s", got, want)
-	}
-	if ok, _ := inSync(ctx, b, externalIPRuleset(f, want)); !ok {
-		t.Fatal("not in sync after the repair")
-	}
+	mustMatchColdApply(ctx, t, k, b, externalIPRuleset(f, want), "after the repair")
 }
 
 // Removing a table this process never touched runs nothing when the kernel does not have it, and

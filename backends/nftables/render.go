@@ -523,32 +523,10 @@ func writeElementDiff(tx *knftables.Transaction, old, m *model) bool {
 			}
 			changed = true
 		}
-		was, now := old.maps[i].entries, m.maps[i].entries
-		for len(was) > 0 || len(now) > 0 {
-			var c int
-			switch {
-			case len(was) == 0:
-				c = 1
-			case len(now) == 0:
-				c = -1
-			default:
-				c = rules.CompareEntries(&was[0], &now[0])
-			}
-			switch {
-			case c < 0:
-				del(was[0], true)
-				was = was[1:]
-			case c > 0:
-				add(now[0], true)
-				now = now[1:]
-			default:
-				if was[0] != now[0] {
-					del(was[0], false)
-					add(now[0], false)
-				}
-				was, now = was[1:], now[1:]
-			}
-		}
+		rules.DiffEntries(old.maps[i].entries, m.maps[i].entries,
+			func(e rules.MapEntry) { del(e, true) },
+			func(e rules.MapEntry) { add(e, true) },
+			func(was, is rules.MapEntry) { del(was, false); add(is, false) })
 	}
 	return changed
 }

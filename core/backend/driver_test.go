@@ -10,6 +10,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/core/testkit"
 )
 
 // kernel is an Ops over an in-memory "kernel" with a generation that every commit moves, so the
@@ -18,7 +19,7 @@ type kernel struct {
 	mu      sync.Mutex
 	gen     uint32
 	held    map[backend.Unit]int // what each unit holds: the ruleset's rule count
-	calls   map[string]int
+	calls   testkit.Counts
 	lastPre backend.Prev[int]
 	// block, when set, is called (without mu) at the start of every operation of the unit.
 	block func(u backend.Unit)
@@ -29,16 +30,14 @@ type kernel struct {
 }
 
 func newKernel() *kernel {
-	return &kernel{held: map[backend.Unit]int{}, calls: map[string]int{}}
+	return &kernel{held: map[backend.Unit]int{}}
 }
 
 func (k *kernel) enter(op string, u backend.Unit) {
 	if k.block != nil {
 		k.block(u)
 	}
-	k.mu.Lock()
-	k.calls[op]++
-	k.mu.Unlock()
+	k.calls.Add(op)
 }
 
 func (k *kernel) generation() (uint32, error) {
@@ -102,13 +101,8 @@ func (k *kernel) Remove(ctx context.Context, u backend.Unit, prev backend.Prev[i
 	return backend.Step[int]{Applied: there, ReadBack: true}, nil
 }
 
-func (k *kernel) take() map[string]int {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	c := k.calls
-	k.calls = map[string]int{}
-	return c
-}
+// take returns the operations run since the last take.
+func (k *kernel) take() map[string]int { return k.calls.Take() }
 
 func ruleset(fix string, rulesInFirst int, chains int) *rules.Ruleset {
 	rs := &rules.Ruleset{Fix: fix, Family: rules.IPv4}
@@ -173,8 +167,8 @@ func TestDriverTrustVerifyAndStamps(t *testing.T) {
 		{"Trust of an equal ruleset does nothing", func() backend.Result { return mustReconcile(t, d, ruleset("a", 2, 1), backend.Trust) }, nil, backend.Result{}},
 		{"a change Update does not make goes to Apply", func() backend.Result { return mustReconcile(t, d, ruleset("a", 2, 2), backend.Trust) }, []string{"update", "apply"}, backend.Result{Applied: true, ReadBack: true}},
 	} {
-		if res := step.do(); res != step.res || !equalCalls(k.take(), step.want...) {
-			t.Fatalf("%s: result %+v, want %+v; calls %v, want %v", step.name, res, step.res, k.calls, step.want)
+		if res, calls := step.do(), k.take(); res != step.res || !equalCalls(calls, step.want...) {
+			t.Fatalf("%s: result %+v, want %+v; calls %v, want %v", step.name, res, step.res, calls, step.want)
 		}
 	}
 	k.foreign()

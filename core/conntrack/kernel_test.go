@@ -17,9 +17,7 @@ import (
 // The kernel filters the dump: EachDNAT hands over only the DNATed entries of the family and
 // protocol asked for, one at a time; stopping early ends the dump; Delete deletes by kernel id.
 func TestKernelEachDNAT(t *testing.T) {
-	if testing.Short() {
-		t.Skip("kernel test")
-	}
+	netns.RequireKernel(t)
 	ns := netns.New(t, "nnm-ct")
 	ctx := context.Background()
 	for _, tc := range []struct {

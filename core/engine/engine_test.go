@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -104,6 +103,38 @@ func (f *countFix) Rules(snap *fix.Snapshot, fam rules.Family) (*rules.Ruleset, 
 	return &rules.Ruleset{Fix: f.id, Family: fam, Chains: []rules.Chain{c}}, rep, nil
 }
 
+// testOptions fills what o leaves unset with what most tests want: a fake backend, an empty
+// in-memory source, the default configuration, fresh metrics and a silent log.
+func testOptions(o Options) Options {
+	if o.Backend == nil {
+		o.Backend = testkit.NewFakeBackend()
+	}
+	if o.Source == nil {
+		o.Source = newMemSource()
+	}
+	if o.Config == nil {
+		c := config.Defaults()
+		o.Config = &c
+	}
+	if o.Metrics == nil {
+		o.Metrics = metrics.NewSync(prometheus.NewRegistry())
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+// mustNew is New over testOptions(o); an error fails the test.
+func mustNew(t *testing.T, o Options) *Engine {
+	t.Helper()
+	e, err := New(testOptions(o))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
 type harness struct {
 	e   *Engine
 	be  *testkit.FakeBackend
@@ -112,19 +143,21 @@ type harness struct {
 	now time.Time
 }
 
+// setFixes reloads the default configuration with the given fixes section, as a ConfigMap edit
+// would; the engine must accept it.
+func (h *harness) setFixes(t *testing.T, fixes map[string]map[string]any) {
+	t.Helper()
+	c := config.Defaults()
+	c.Fixes = fixes
+	if !h.e.applyConfig(context.Background(), &c) {
+		t.Fatalf("config with fixes %v rejected", fixes)
+	}
+}
+
 func newHarness(t *testing.T, cfg *config.Config, fixes ...fix.Fix) *harness {
 	t.Helper()
 	h := &harness{be: testkit.NewFakeBackend(), src: newMemSource(), m: metrics.NewSync(prometheus.NewRegistry()), now: time.Unix(1000, 0)}
-	if cfg == nil {
-		c := config.Defaults()
-		cfg = &c
-	}
-	e, err := New(Options{Fixes: fixes, Backend: h.be, Source: h.src, Config: cfg, Metrics: h.m,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: func() time.Time { return h.now }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.e = e
+	h.e = mustNew(t, Options{Fixes: fixes, Backend: h.be, Source: h.src, Config: cfg, Metrics: h.m, Now: func() time.Time { return h.now }})
 	return h
 }
 
@@ -249,11 +282,7 @@ func TestDisabledFixesAreRemovedAndReconfigured(t *testing.T) {
 		t.Fatal("enabled fix not applied")
 	}
 	// A config that disables "on" removes it and keeps nothing else.
-	c := config.Defaults()
-	c.Fixes = map[string]map[string]any{"on": {"enabled": false}}
-	if !h.e.applyConfig(ctx, &c) {
-		t.Fatal("config rejected")
-	}
+	h.setFixes(t, map[string]map[string]any{"on": {"enabled": false}})
 	h.e.SyncOnce(ctx, true) // what the workers do on a reload: a full pass
 	if h.be.Ruleset("on", rules.IPv4) != nil {
 		t.Fatal("rules of a fix disabled by reload survived")
@@ -451,8 +480,7 @@ func TestRegistryRefusesAFixThatIsNeitherOrBoth(t *testing.T) {
 		{&bothFix{countFix{id: "two-faced"}}, []string{"fix two-faced", "*engine.bothFix", "both fix.RuleFix", "fix.Actuator"}},
 		{&neitherFix{id: "idle"}, []string{"fix idle", "*engine.neitherFix", "neither fix.RuleFix", "nor fix.Actuator"}},
 	} {
-		_, err := New(Options{Fixes: []fix.Fix{&countFix{id: "count"}, tc.f}, Backend: testkit.NewFakeBackend(), Source: newMemSource(),
-			Config: &c, Metrics: metrics.NewSync(prometheus.NewRegistry())})
+		_, err := New(testOptions(Options{Fixes: []fix.Fix{&countFix{id: "count"}, tc.f}, Config: &c}))
 		if err == nil {
 			t.Errorf("%s: registered", tc.f.ID())
 			continue
@@ -507,21 +535,13 @@ func TestActuatorRevertedWhenDisabled(t *testing.T) {
 		t.Fatal("a disabled Actuator was ensured")
 	}
 	// Enabled by a reload: ensured, not reverted.
-	c := config.Defaults()
-	c.Fixes = map[string]map[string]any{"node-setting": {"enabled": true}}
-	if !h.e.applyConfig(ctx, &c) {
-		t.Fatal("config rejected")
-	}
+	h.setFixes(t, map[string]map[string]any{"node-setting": {"enabled": true}})
 	h.e.SyncOnce(ctx, true)
 	if a.reverts != 1 || a.value != "on" {
 		t.Fatalf("enabled by reload: reverts=%d value=%q", a.reverts, a.value)
 	}
 	// Disabled by a reload: reverted once, whatever the number of families.
-	c2 := config.Defaults()
-	c2.Fixes = map[string]map[string]any{"node-setting": {"enabled": false}}
-	if !h.e.applyConfig(ctx, &c2) {
-		t.Fatal("config rejected")
-	}
+	h.setFixes(t, map[string]map[string]any{"node-setting": {"enabled": false}})
 	h.e.SyncOnce(ctx, true)
 	if a.reverts != 2 || a.value != "off" {
 		t.Fatalf("disabled by reload: reverts=%d value=%q", a.reverts, a.value)
@@ -633,11 +653,7 @@ func TestHealthCountsFromEnabling(t *testing.T) {
 	h := newHarness(t, nil, f)
 	h.e.started = h.now
 	h.now = h.now.Add(10 * time.Minute)
-	c := config.Defaults()
-	c.Fixes = map[string]map[string]any{"late": {"enabled": true}}
-	if !h.e.applyConfig(context.Background(), &c) {
-		t.Fatal("config rejected")
-	}
+	h.setFixes(t, map[string]map[string]any{"late": {"enabled": true}})
 	f.fail = errors.New("not yet")
 	h.e.SyncOnce(context.Background(), true)
 	if err := h.e.Healthy(); err != nil {
@@ -657,11 +673,7 @@ func TestNodeGoneFallbackIsLoggedOnce(t *testing.T) {
 	var logs bytes.Buffer
 	src := newMemSource()
 	src.node = testkit.Node("n1", testkit.PodCIDRs("10.244.1.0/24"))
-	e, err := New(Options{Backend: testkit.NewFakeBackend(), Source: src, Config: &c, Metrics: metrics.NewSync(prometheus.NewRegistry()),
-		Log: slog.New(slog.NewTextHandler(&logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := mustNew(t, Options{Source: src, Config: &c, Log: slog.New(slog.NewTextHandler(&logs, nil))})
 	if got := e.Snapshot().PodCIDRs; len(got) != 1 || got[0].String() != "10.244.1.0/24" {
 		t.Fatalf("with the Node: %v", got)
 	}
@@ -716,11 +728,7 @@ func TestServiceCIDRsPreferAPI(t *testing.T) {
 	api := []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:10:96::/112")}
 	snapshot := func(src watch.Source, needs fix.Needs) []netip.Prefix {
 		t.Helper()
-		e, err := New(Options{Backend: testkit.NewFakeBackend(), Source: src, Config: &c, Metrics: metrics.NewSync(prometheus.NewRegistry()),
-			Fixes: []fix.Fix{&nodeFix{id: "reader", defaultOn: true, needs: needs}}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-		if err != nil {
-			t.Fatal(err)
-		}
+		e := mustNew(t, Options{Source: src, Config: &c, Fixes: []fix.Fix{&nodeFix{id: "reader", defaultOn: true, needs: needs}}})
 		return e.Snapshot().ServiceCIDRs
 	}
 	configured := []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}

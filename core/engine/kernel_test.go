@@ -2,19 +2,15 @@ package engine
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/network-node-manager/network-node-manager/backends/iptables"
 	"github.com/network-node-manager/network-node-manager/core/config"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
@@ -62,11 +58,7 @@ func TestKernelChangePreemptsReadBack(t *testing.T) {
 	c := config.Defaults()
 	c.Families = []string{"ipv4", "ipv6"}
 	c.MinSyncPeriod = 10 * time.Millisecond
-	e, err := New(Options{Fixes: []fix.Fix{&countFix{id: "count", defaultOn: true}}, Backend: be, Source: src, Config: &c, Metrics: metrics.NewSync(prometheus.NewRegistry()),
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := mustNew(t, Options{Fixes: []fix.Fix{&countFix{id: "count", defaultOn: true}}, Backend: be, Source: src, Config: &c})
 	if err := e.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

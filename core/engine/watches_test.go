@@ -3,8 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,7 +15,6 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/config"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
-	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 )
 
@@ -89,11 +86,7 @@ func TestReloadStartsTheWatchesOfAnEnabledFix(t *testing.T) {
 	m := metrics.NewSync(reg)
 	c := config.Defaults()
 	c.MinSyncPeriod = 10 * time.Millisecond
-	e, err := New(Options{Fixes: []fix.Fix{f}, Backend: testkit.NewFakeBackend(), Source: src, Config: &c, Metrics: m,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Source: src, Config: &c, Metrics: m})
 	if err := e.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -134,11 +127,7 @@ func TestReloadRejectedWhenWatchesCannotStart(t *testing.T) {
 	m := metrics.NewSync(prometheus.NewRegistry())
 	c := config.Defaults()
 	rejected := &rejections{}
-	e, err := New(Options{Fixes: []fix.Fix{f}, Backend: testkit.NewFakeBackend(), Source: src, Config: &c, Metrics: m,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Notify: rejected})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Source: src, Config: &c, Metrics: m, Notify: rejected})
 	on := config.Defaults()
 	on.Fixes = map[string]map[string]any{"reads-pods": {"enabled": true}}
 	if e.applyConfig(context.Background(), &on) {
@@ -191,11 +180,7 @@ func TestMoreRunsTheNextPassSoon(t *testing.T) {
 	c.MinSyncPeriod = 10 * time.Millisecond
 	c.SyncPeriod = time.Hour
 	c.Fixes = map[string]map[string]any{"bounded": {"enabled": true}}
-	e, err := New(Options{Fixes: []fix.Fix{f}, Backend: testkit.NewFakeBackend(), Source: newMemSource(), Config: &c,
-		Metrics: metrics.NewSync(prometheus.NewRegistry()), Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Config: &c})
 	if err := e.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

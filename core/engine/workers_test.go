@@ -3,20 +3,15 @@ package engine
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/config"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/watch"
@@ -55,11 +50,7 @@ func launch(t *testing.T, be *testkit.FakeBackend, src watch.Source, fixes ...fi
 	c.Families = []string{"ipv4"}
 	c.MinSyncPeriod = 10 * time.Millisecond
 	r := &running{be: be, clk: &clock{now: time.Unix(1000, 0)}}
-	e, err := New(Options{Fixes: fixes, Backend: be, Source: src, Config: &c, Metrics: metrics.NewSync(prometheus.NewRegistry()),
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: r.clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := mustNew(t, Options{Fixes: fixes, Backend: be, Source: src, Config: &c, Now: r.clk.Now})
 	r.e = e
 	t.Cleanup(func() {
 		be.OnReconcile(nil)

@@ -613,6 +613,36 @@ func CompareEntries(a, b *MapEntry) int {
 
 func compareEntryValues(a, b MapEntry) int { return CompareEntries(&a, &b) }
 
+// DiffEntries walks two entry lists sorted by key (CompareEntries, as Sorted returns them) in step:
+// gone is called for each entry only in old, added for each only in now, and changed for each key
+// in both whose entry differs (its target or comment), in key order.
+func DiffEntries(old, now []MapEntry, gone, added func(MapEntry), changed func(was, is MapEntry)) {
+	for len(old) > 0 || len(now) > 0 {
+		var c int
+		switch {
+		case len(old) == 0:
+			c = 1
+		case len(now) == 0:
+			c = -1
+		default:
+			c = CompareEntries(&old[0], &now[0])
+		}
+		switch {
+		case c < 0:
+			gone(old[0])
+			old = old[1:]
+		case c > 0:
+			added(now[0])
+			now = now[1:]
+		default:
+			if old[0] != now[0] {
+				changed(old[0], now[0])
+			}
+			old, now = old[1:], now[1:]
+		}
+	}
+}
+
 // Sorted returns the map entries sorted by key (CompareEntries), the order in which backends render
 // them. Entries that are sorted already (fix.ServiceMap keeps them so) are returned as they are,
 // without a copy: the result must not be modified.

@@ -351,3 +351,22 @@ func TestReadREADME(t *testing.T) {
 		t.Error("undocumented metric / missing text not reported")
 	}
 }
+
+func TestCountsTakeStartsAgain(t *testing.T) {
+	var c Counts
+	if got := c.Take(); got == nil || len(got) != 0 {
+		t.Fatalf("Take of fresh Counts = %v, want an empty map", got)
+	}
+	c.Add("save")
+	c.Add("save")
+	c.Add("restore")
+	if c.Get("save") != 2 || c.Get("list") != 0 {
+		t.Fatalf("Get(save), Get(list) = %d, %d; want 2, 0", c.Get("save"), c.Get("list"))
+	}
+	if got := c.Take(); len(got) != 2 || got["save"] != 2 || got["restore"] != 1 {
+		t.Fatalf("Take = %v, want save:2 restore:1", got)
+	}
+	if got := c.Take(); len(got) != 0 {
+		t.Fatalf("second Take = %v, want nothing", got)
+	}
+}

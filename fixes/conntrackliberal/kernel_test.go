@@ -21,9 +21,7 @@ import (
 // value from a separate process in the namespace (ip netns exec) and checks that the host's value is
 // the same before and after.
 func TestKernel(t *testing.T) {
-	if testing.Short() {
-		t.Skip("kernel test")
-	}
+	testenv.RequireKernel(t)
 	ns := testenv.New(t, "nnm-ctliberal")
 	proc := "/proc/sys/" + strings.ReplaceAll(sysctl.ConntrackTCPBeLiberal, ".", "/")
 	host, err := os.ReadFile(proc)

@@ -220,10 +220,7 @@ func seenMSS(c *rawtcp.Capture, port uint16) (syn, synAck uint16) {
 // pod-initiated connection and in the SYN-ACK of a server-initiated one (one direction is not enough:
 // Submariner #1488). A fixed MSS is applied to SYN and SYN-ACK alike and never raises an MSS.
 func TestKernelBlackHole(t *testing.T) {
-	if testing.Short() {
-		t.Skip("kernel test")
-	}
-	netns.Require(t, "iptables-restore", "ip6tables-restore", "nft")
+	netns.RequireKernel(t, "iptables-restore", "ip6tables-restore", "nft")
 	for _, p := range plans {
 		t.Run(string(p.family), func(t *testing.T) { testBlackHole(t, p) })
 	}

@@ -88,9 +88,7 @@ func ids(t *testing.T, ct inNS) map[string]uint32 {
 }
 
 func TestKernelJudgesOnlyKnownDead(t *testing.T) {
-	if testing.Short() {
-		t.Skip("kernel test")
-	}
+	netns.RequireKernel(t)
 	cs := startCluster(t, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: judgeNode}})
 	createPodOn(t, cs, judgeNode, "live", "10.244.1.10", "fd00:244:1::10")
 	createPodOn(t, cs, judgeNode, "doomed", "10.244.1.11")

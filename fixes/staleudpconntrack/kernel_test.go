@@ -163,10 +163,7 @@ func deletePod(t *testing.T, cs kubernetes.Interface, name string) {
 // Pod is deleted and the DNAT points to B; with the fix B receives within a second of the deletion,
 // and the entry of the flow to the live pod B is never touched.
 func TestKernelStaleUDP(t *testing.T) {
-	if testing.Short() {
-		t.Skip("kernel test")
-	}
-	netns.Require(t, "nft")
+	netns.RequireKernel(t, "nft")
 	cs := startCluster(t, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName},
 		Spec: corev1.NodeSpec{PodCIDRs: []string{plans[0].podCIDR, plans[1].podCIDR}, PodCIDR: plans[0].podCIDR}})
 	for _, p := range plans {

@@ -51,6 +51,16 @@ func RequireRoot(tb testing.TB) {
 	}
 }
 
+// RequireKernel starts a kernel test: it skips under -short (`make test-unit` runs no kernel test),
+// then ends the test (Require) unless it runs as root with `ip` and the named binaries in PATH.
+func RequireKernel(tb testing.TB, binaries ...string) {
+	tb.Helper()
+	if testing.Short() {
+		tb.Skip("kernel test: skipped with -short")
+	}
+	Require(tb, binaries...)
+}
+
 // Require ends the test (Unavailable) unless it runs as root with iproute2's `ip` and the named
 // binaries in PATH.
 func Require(tb testing.TB, binaries ...string) {

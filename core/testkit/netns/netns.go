@@ -2,6 +2,7 @@
 // rules and sysctls without touching the host. It is the public face of the project's one test
 // environment (internal/testenv), usable from fix modules that live in other Go modules.
 //
+//	netns.RequireKernel(t, "nft")              // first line: skipped with -short, needs root and nft
 //	ns := netns.New(t, "nnm-myfix")            // deleted when the test ends
 //	ns.MustExec("iptables-save")               // a command inside the namespace
 //	err := ns.Do(func() error { ... })         // Go code on a thread inside the namespace
@@ -28,6 +29,12 @@ func New(t testing.TB, prefix string) *NS { t.Helper(); return testenv.New(t, pr
 // Require ends the test unless it runs as root with `ip netns` and the named binaries available:
 // a skip, or a failure under CI.
 func Require(t testing.TB, binaries ...string) { t.Helper(); testenv.Require(t, binaries...) }
+
+// RequireKernel starts a kernel test: a skip under -short (`make test-unit`), then Require.
+func RequireKernel(t testing.TB, binaries ...string) {
+	t.Helper()
+	testenv.RequireKernel(t, binaries...)
+}
 
 // Unavailable ends the test because something it needs (a kernel feature, a module) is missing: a
 // skip with the message, or a failure under CI.

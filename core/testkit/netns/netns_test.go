@@ -8,9 +8,7 @@ import (
 )
 
 func TestNamespaceIsIsolated(t *testing.T) {
-	if testing.Short() {
-		t.Skip("kernel test")
-	}
+	RequireKernel(t)
 	ns := New(t, "nnm-netns")
 	ns.MustExec("ip", "link", "add", "nnmprobe0", "type", "veth", "peer", "name", "nnmprobe1")
 	if out := ns.MustExec("ip", "-o", "link"); !strings.Contains(out, "nnmprobe0") {

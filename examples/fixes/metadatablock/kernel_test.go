@@ -21,12 +21,9 @@ import (
 //
 //	pod  10.244.1.2/24 ──veth── 10.244.1.1 node 169.254.169.1 ──veth── 169.254.169.254/24 metadata
 func TestKernel(t *testing.T) {
-	if testing.Short() {
-		t.Skip("kernel test")
-	}
+	netns.RequireKernel(t, "iptables-restore", "nft")
 	for _, name := range backends.Names {
 		t.Run(name, func(t *testing.T) {
-			netns.Require(t, "iptables-restore", "nft")
 			node, pod, meta := netns.New(t, "nnm-mb-node"), netns.New(t, "nnm-mb-pod"), netns.New(t, "nnm-mb-meta")
 			node.MustExec("ip", "link", "add", "to-pod", "type", "veth", "peer", "name", "eth0", "netns", pod.Name)
 			node.MustExec("ip", "link", "add", "to-meta", "type", "veth", "peer", "name", "eth0", "netns", meta.Name)
