@@ -1,14 +1,10 @@
 package fix
 
 import (
-	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync"
-
-	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
@@ -34,7 +30,7 @@ const ReasonConflict = "conflict"
 // In is everything other than the Service the per-Service function reads (options, node data); a
 // call with a different In recomputes every Service.
 type ServiceMap[In comparable] struct {
-	entries func(svc *corev1.Service, family rules.Family, in In) ([]rules.MapEntry, []Skip)
+	entries func(svc *Service, family rules.Family, in In) ([]rules.MapEntry, []Skip)
 
 	mu   sync.Mutex
 	fams map[rules.Family]*serviceMapState[In]
@@ -54,7 +50,7 @@ type ServiceMapResult struct {
 // NewServiceMap returns a ServiceMap around entries, the per-Service function: the map entries one
 // Service wants in family (in its order of preference) and what of it was left out. It must be
 // pure. A Skip's Object may be left empty; it is then set to the Service's namespace/name.
-func NewServiceMap[In comparable](entries func(svc *corev1.Service, family rules.Family, in In) ([]rules.MapEntry, []Skip)) *ServiceMap[In] {
+func NewServiceMap[In comparable](entries func(svc *Service, family rules.Family, in In) ([]rules.MapEntry, []Skip)) *ServiceMap[In] {
 	return &ServiceMap[In]{entries: entries, fams: map[rules.Family]*serviceMapState[In]{}}
 }
 
@@ -71,23 +67,26 @@ func compareEntries(a, b entryKey) int {
 	return rules.CompareEntries(&rules.MapEntry{Addr: a.addr, Protocol: a.proto, Port: a.port}, &rules.MapEntry{Addr: b.addr, Protocol: b.proto, Port: b.port})
 }
 
-func compareServices(a, b *corev1.Service) int {
-	return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
-}
-
 // svcState is what one Service contributes.
 type svcState struct {
-	obj     *corev1.Service
+	obj     *Service
 	entries []rules.MapEntry // deduplicated, in the Service's order
 	skipped []Skip           // the per-Service function's own skips
 	wins    int              // how many of entries are in the map (the others lost a conflict)
 }
 
-func (s *svcState) name() string { return s.obj.Namespace + "/" + s.obj.Name }
+func (s *svcState) name() string { return s.obj.Key() }
+
+// svcRef is one Service of the map; st is nil when it contributes nothing (no entries, no skips), so
+// that Services a map has no use for cost no more than this.
+type svcRef struct {
+	obj *Service
+	st  *svcState
+}
 
 type serviceMapState[In comparable] struct {
 	in   In
-	svcs []*svcState // sorted by namespace/name
+	svcs []svcRef // sorted by namespace/name
 	// owner is, per key, the Service that has it: the first in namespace/name order of those that
 	// want it. contested lists, for the rare keys more than one Service wants, all of them in that
 	// order (owner[k] == contested[k][0]).
@@ -98,12 +97,12 @@ type serviceMapState[In comparable] struct {
 
 // Update returns the map and report for services (sorted by namespace/name, as Snapshot.Services
 // is) in family.
-func (m *ServiceMap[In]) Update(services []*corev1.Service, family rules.Family, in In) ServiceMapResult {
+func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In) ServiceMapResult {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if !slices.IsSortedFunc(services, compareServices) {
+	if !slices.IsSortedFunc(services, CompareServices) {
 		services = slices.Clone(services)
-		slices.SortStableFunc(services, compareServices)
+		slices.SortStableFunc(services, CompareServices)
 	}
 	st := m.fams[family]
 	if st == nil || st.in != in {
@@ -116,30 +115,32 @@ func (m *ServiceMap[In]) Update(services []*corev1.Service, family rules.Family,
 	// Walk the previous and the new Services side by side; a Service whose object changed is
 	// removed and added again.
 	var removed, added []*svcState
-	next := make([]*svcState, 0, len(services))
+	next := make([]svcRef, 0, len(services))
 	i := 0
 	for _, svc := range services {
-		if j := len(next); j > 0 && compareServices(next[j-1].obj, svc) == 0 {
+		if j := len(next); j > 0 && CompareServices(next[j-1].obj, svc) == 0 {
 			continue // a duplicate name: the first object counts
 		}
-		for i < len(st.svcs) && compareServices(st.svcs[i].obj, svc) < 0 {
-			removed = append(removed, st.svcs[i])
+		for i < len(st.svcs) && CompareServices(st.svcs[i].obj, svc) < 0 {
+			removed = appendState(removed, st.svcs[i])
 			i++
 		}
-		if i < len(st.svcs) && compareServices(st.svcs[i].obj, svc) == 0 {
+		if i < len(st.svcs) && CompareServices(st.svcs[i].obj, svc) == 0 {
 			if st.svcs[i].obj == svc {
 				next = append(next, st.svcs[i])
 				i++
 				continue
 			}
-			removed = append(removed, st.svcs[i])
+			removed = appendState(removed, st.svcs[i])
 			i++
 		}
 		s := m.compute(svc, family, in)
-		added = append(added, s)
+		added = appendState(added, s)
 		next = append(next, s)
 	}
-	removed = append(removed, st.svcs[i:]...)
+	for _, r := range st.svcs[i:] {
+		removed = appendState(removed, r)
+	}
 	st.svcs = next
 
 	// Update the owners, remembering who had each touched key before.
@@ -218,7 +219,7 @@ func (st *serviceMapState[In]) claim(k entryKey, s *svcState) {
 	if c == nil {
 		c = []*svcState{o}
 	}
-	at, _ := slices.BinarySearchFunc(c, s, func(a, b *svcState) int { return compareServices(a.obj, b.obj) })
+	at, _ := slices.BinarySearchFunc(c, s, func(a, b *svcState) int { return CompareServices(a.obj, b.obj) })
 	c = slices.Insert(c, at, s)
 	st.contested[k], st.owner[k] = c, c[0]
 }
@@ -241,8 +242,15 @@ func (st *serviceMapState[In]) release(k entryKey, s *svcState) {
 	}
 }
 
+func appendState(list []*svcState, r svcRef) []*svcState {
+	if r.st != nil {
+		list = append(list, r.st)
+	}
+	return list
+}
+
 // unchanged says whether services are the same objects as last time.
-func unchanged(prev []*svcState, services []*corev1.Service) bool {
+func unchanged(prev []svcRef, services []*Service) bool {
 	if len(prev) != len(services) {
 		return false
 	}
@@ -254,8 +262,11 @@ func unchanged(prev []*svcState, services []*corev1.Service) bool {
 	return true
 }
 
-func (m *ServiceMap[In]) compute(svc *corev1.Service, family rules.Family, in In) *svcState {
+func (m *ServiceMap[In]) compute(svc *Service, family rules.Family, in In) svcRef {
 	entries, skipped := m.entries(svc, family, in)
+	if len(entries) == 0 && len(skipped) == 0 {
+		return svcRef{obj: svc}
+	}
 	s := &svcState{obj: svc, skipped: skipped, entries: make([]rules.MapEntry, 0, len(entries))}
 	for _, e := range entries {
 		if s.entry(keyOf(&e)) == nil { // a Service wanting a key twice has it once
@@ -267,7 +278,7 @@ func (m *ServiceMap[In]) compute(svc *corev1.Service, family rules.Family, in In
 			s.skipped[i].Object = s.name()
 		}
 	}
-	return s
+	return svcRef{obj: svc, st: s}
 }
 
 // entry returns s's entry of k.
@@ -288,7 +299,11 @@ func (st *serviceMapState[In]) report() Report {
 			r.Items++
 		}
 	}
-	for _, s := range st.svcs {
+	for _, ref := range st.svcs {
+		s := ref.st
+		if s == nil {
+			continue
+		}
 		if s.wins > 0 {
 			r.Covered++
 		}

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
@@ -104,13 +105,15 @@ func (s *Informers) Start(ctx context.Context, needs fix.Needs) error {
 		DeleteFunc: func(any) { s.notify() },
 	}
 	if missing.Services {
-		f := informers.NewSharedInformerFactoryWithOptions(client, 0)
+		// No namespace index (the factory's default): nothing looks Services up by namespace, and
+		// at 10,000 Services the index costs more than the compact objects' addresses.
+		inf := coreinformers.NewFilteredServiceInformer(client, metav1.NamespaceAll, 0, cache.Indexers{}, nil)
 		svcHandler := cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { s.services.set(obj, false); s.notify() },
 			UpdateFunc: func(_, cur any) { s.services.set(cur, false); s.notify() },
 			DeleteFunc: func(obj any) { s.services.set(obj, true); s.notify() },
 		}
-		if err := s.start(s.ctx, f.Core().V1().Services().Informer(), svcHandler, &s.svcStore, &s.svcSync); err != nil {
+		if err := s.start(s.ctx, inf, svcHandler, &s.svcStore, &s.svcSync); err != nil {
 			return err
 		}
 	}
@@ -253,7 +256,7 @@ func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { re
 func transform(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Service:
-		return StripService(o), nil
+		return (*cachedService)(fix.ServiceFrom(o)), nil
 	case *corev1.Node:
 		return StripNode(o), nil
 	case *corev1.Pod:
@@ -354,7 +357,7 @@ func (s *Informers) logSynced(informers int) {
 }
 
 // Services returns the cached Services, sorted. The slice and the objects are shared: do not modify.
-func (s *Informers) Services() []*corev1.Service { return s.services.list() }
+func (s *Informers) Services() []*fix.Service { return s.services.list() }
 
 // Node returns this node's Node object.
 func (s *Informers) Node() *corev1.Node {
