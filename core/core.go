@@ -17,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"go.uber.org/fx"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -28,6 +27,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/engine"
 	"github.com/network-node-manager/network-node-manager/core/events"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/kube"
 	"github.com/network-node-manager/network-node-manager/core/logging"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/server"
@@ -250,7 +250,7 @@ func NewEvents(lc fx.Lifecycle, cfg *config.Config, log *slog.Logger, api *APICl
 type APIClient struct {
 	cfg  *config.Config
 	once sync.Once
-	kube kubernetes.Interface
+	kube kube.Interface
 	err  error
 	wrap atomic.Pointer[func(http.RoundTripper) http.RoundTripper]
 }
@@ -259,7 +259,7 @@ type APIClient struct {
 func NewAPIClient(cfg *config.Config) *APIClient { return &APIClient{cfg: cfg} }
 
 // Get returns the client, made on the first call; every call returns the same client or error.
-func (c *APIClient) Get() (kubernetes.Interface, error) {
+func (c *APIClient) Get() (kube.Interface, error) {
 	c.once.Do(func() {
 		rc, err := RestConfig(c.cfg)
 		if err != nil {
@@ -274,7 +274,7 @@ func (c *APIClient) Get() (kubernetes.Interface, error) {
 				return rt.RoundTrip(req)
 			})
 		})
-		c.kube, c.err = kubernetes.NewForConfig(rc)
+		c.kube, c.err = kube.New(rc)
 	})
 	return c.kube, c.err
 }

@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/network-node-manager/network-node-manager/core/config"
 )
 
@@ -91,7 +89,7 @@ func TestAPIClientIsShared(t *testing.T) {
 		return roundTripFunc(func(req *http.Request) (*http.Response, error) { wrapped.Add(1); return rt.RoundTrip(req) })
 	})
 	for range 2 {
-		if _, err := a.CoreV1().ConfigMaps("kube-system").Get(context.Background(), "kube-proxy", metav1.GetOptions{}); err != nil {
+		if _, err := a.GetConfigMap(context.Background(), "kube-system", "kube-proxy"); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -14,9 +14,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/network-node-manager/network-node-manager/core/kube"
 	"github.com/network-node-manager/network-node-manager/core/server"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
@@ -50,10 +50,14 @@ func checkProtectedMetrics(t *testing.T, cp *controlplane.ControlPlane, a *agent
 	if err != nil {
 		t.Fatal(err)
 	}
+	agentClient, err := kube.New(rc) // the agent's own client
+	if err != nil {
+		t.Fatal(err)
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nnm_auth_test", Help: "test"}, func() float64 { return 1 }))
 	s := server.New(server.Options{MetricsAddress: "127.0.0.1:0", HealthzAddress: "127.0.0.1:0", TLS: tlsCfg,
-		Auth: server.NewDelegated(kubernetes.NewForConfigOrDie(rc), log).Wrap}, reg, server.Checks{}, log)
+		Auth: server.NewDelegated(agentClient, log).Wrap}, reg, server.Checks{}, log)
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,9 @@ func TestServiceMapRecomputesOnlyChanged(t *testing.T) {
 		a := svc.Ingress[0].IP
 		return []rules.MapEntry{{Addr: a, Protocol: rules.TCP, Port: port, To: netip.AddrPortFrom(netip.MustParseAddr("10.96.0.1"), port)}}, nil
 	})
-	lb := func(ns, name, ip string) *fix.Service { return fix.ServiceFrom(tk.Service(ns, name, tk.LoadBalancer(ip))) }
+	lb := func(ns, name, ip string) *fix.Service {
+		return fix.ServiceFrom(tk.Service(ns, name, tk.LoadBalancer(ip)))
+	}
 	var svcs []*fix.Service
 	for i := range 1000 {
 		svcs = append(svcs, lb("default", fmt.Sprintf("s%04d", i), fmt.Sprintf("172.16.%d.%d", i/250, i%250+1)))

@@ -19,10 +19,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/network-node-manager/network-node-manager/core"
 	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/core/kube"
 	"github.com/network-node-manager/network-node-manager/core/server"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 )
@@ -106,10 +106,14 @@ func TestGarbageTokensDoNotStarveAScrape(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	agentClient, err := kube.New(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nnm_flood_test", Help: "test"}, func() float64 { return 1 }))
 	s := server.New(server.Options{MetricsAddress: "127.0.0.1:0", TLS: tlsCfg,
-		Auth: server.NewDelegated(kubernetes.NewForConfigOrDie(rc), log).Wrap}, reg, server.Checks{}, log)
+		Auth: server.NewDelegated(agentClient, log).Wrap}, reg, server.Checks{}, log)
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -14,28 +14,25 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
-	coreinformers "k8s.io/client-go/informers/core/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/kube"
 )
 
 // Informers is a Source backed by client-go shared informers: Services cluster-wide and this node's
 // Node object (field selector metadata.name, so only one Node is ever listed).
 type Informers struct {
-	newClient func() (kubernetes.Interface, error)
+	newClient func() (kube.Interface, error)
 	nodeName  string
 	log       *slog.Logger
 
 	changes chan struct{}
 
 	mu          sync.Mutex
-	client      kubernetes.Interface // made by the first Start that needs a watch
-	ctx         context.Context      // the informers' context, cancelled by Stop
+	client      kube.Interface  // made by the first Start that needs a watch
+	ctx         context.Context // the informers' context, cancelled by Stop
 	cancel      context.CancelFunc
 	stopped     bool
 	startedOnce bool // some watch was started (later starts are logged)
@@ -57,7 +54,7 @@ type Informers struct {
 
 // NewInformers returns an informer Source. It does no I/O until Start, and creates the client only
 // if some running fix needs a watch, so an agent whose fixes read nothing needs no API server.
-func NewInformers(newClient func() (kubernetes.Interface, error), nodeName string, log *slog.Logger) *Informers {
+func NewInformers(newClient func() (kube.Interface, error), nodeName string, log *slog.Logger) *Informers {
 	return &Informers{newClient: newClient, nodeName: nodeName, log: log, changes: make(chan struct{}, 1),
 		apiErrors: newAPIErrorLog(log)}
 }
@@ -105,9 +102,7 @@ func (s *Informers) Start(ctx context.Context, needs fix.Needs) error {
 		DeleteFunc: func(any) { s.notify() },
 	}
 	if missing.Services {
-		// No namespace index (the factory's default): nothing looks Services up by namespace, and
-		// at 10,000 Services the index costs more than the compact objects' addresses.
-		inf := coreinformers.NewFilteredServiceInformer(client, metav1.NamespaceAll, 0, cache.Indexers{}, nil)
+		inf := newInformer(client, kube.Services, "")
 		svcHandler := cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { s.services.set(obj, false); s.notify() },
 			UpdateFunc: func(_, cur any) { s.services.set(cur, false); s.notify() },
@@ -118,21 +113,15 @@ func (s *Informers) Start(ctx context.Context, needs fix.Needs) error {
 		}
 	}
 	if missing.Node {
-		f := informers.NewSharedInformerFactoryWithOptions(client, 0,
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.nodeName).String()
-			}))
-		if err := s.start(s.ctx, f.Core().V1().Nodes().Informer(), handler, &s.nodeStore, &s.nodeSync); err != nil {
+		inf := newInformer(client, kube.Nodes, fields.OneTermEqualSelector("metadata.name", s.nodeName).String())
+		if err := s.start(s.ctx, inf, handler, &s.nodeStore, &s.nodeSync); err != nil {
 			return err
 		}
 	}
 	if missing.Pods {
 		// Only this node's Pods: the API server filters by spec.nodeName, as the kubelet's watch does.
-		f := informers.NewSharedInformerFactoryWithOptions(client, 0,
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-				o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", s.nodeName).String()
-			}))
-		if err := s.start(s.ctx, f.Core().V1().Pods().Informer(), handler, &s.podStore, &s.podSync); err != nil {
+		inf := newInformer(client, kube.Pods, fields.OneTermEqualSelector("spec.nodeName", s.nodeName).String())
+		if err := s.start(s.ctx, inf, handler, &s.podStore, &s.podSync); err != nil {
 			return err
 		}
 	}
@@ -159,6 +148,13 @@ func (s *Informers) Started() fix.Needs {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return fix.Needs{Services: s.svcSync != nil, Node: s.nodeSync != nil, Pods: s.podSync != nil, ServiceCIDRs: s.cidrs.started}
+}
+
+// newInformer returns an informer of r (only the objects fieldSelector selects), without the
+// namespace index client-go's informer factory adds: nothing here looks objects up by namespace, and
+// at 10,000 Services the index costs more than the compact objects' addresses.
+func newInformer(client kube.Interface, r kube.Resource, fieldSelector string) cache.SharedIndexInformer {
+	return cache.NewSharedIndexInformerWithOptions(client.ListWatch(r, fieldSelector), r.Example(), cache.SharedIndexInformerOptions{})
 }
 
 // start strips what the informer caches, hooks the change signal in, and runs it in the background.

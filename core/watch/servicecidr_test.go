@@ -11,10 +11,11 @@ import (
 
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/kube"
+	"github.com/network-node-manager/network-node-manager/core/kube/kubetest"
 )
 
 func serviceCIDR(name string, cidrs ...string) *networkingv1.ServiceCIDR {
@@ -27,7 +28,7 @@ func serviceCIDR(name string, cidrs ...string) *networkingv1.ServiceCIDR {
 func TestServiceCIDRsServed(t *testing.T) {
 	cs := fake.NewClientset(serviceCIDR("kubernetes", "10.96.0.0/16", "fd00:10:96::/112"), serviceCIDR("extra", "10.100.0.0/24", "10.96.0.0/16"))
 	cs.Resources = []*metav1.APIResourceList{{GroupVersion: "networking.k8s.io/v1", APIResources: []metav1.APIResource{{Name: "servicecidrs"}}}}
-	s := NewInformers(func() (kubernetes.Interface, error) { return cs, nil }, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s := NewInformers(func() (kube.Interface, error) { return kubetest.From(cs), nil }, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := s.Start(ctx, fix.Needs{ServiceCIDRs: true}); err != nil {
@@ -61,7 +62,7 @@ func TestServiceCIDRsServed(t *testing.T) {
 func TestServiceCIDRsNotServed(t *testing.T) {
 	cs := fake.NewClientset()
 	cs.Resources = []*metav1.APIResourceList{{GroupVersion: "networking.k8s.io/v1", APIResources: []metav1.APIResource{{Name: "ingresses"}}}}
-	s := NewInformers(func() (kubernetes.Interface, error) { return cs, nil }, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s := NewInformers(func() (kube.Interface, error) { return kubetest.From(cs), nil }, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := s.Start(ctx, fix.Needs{Services: true, ServiceCIDRs: true}); err != nil {

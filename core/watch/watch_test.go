@@ -6,10 +6,10 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net/netip"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -19,12 +19,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/kube"
+	"github.com/network-node-manager/network-node-manager/core/kube/kubetest"
 )
 
 func TestFileSourceReadsExample(t *testing.T) {
@@ -111,7 +112,7 @@ func TestStripNodeKeepsWhatFixesRead(t *testing.T) {
 
 func TestInformersWatchOnlyWhatIsNeeded(t *testing.T) {
 	called := false
-	s := NewInformers(func() (kubernetes.Interface, error) { called = true; return fake.NewClientset(), nil }, "n1",
+	s := NewInformers(func() (kube.Interface, error) { called = true; return kubetest.From(fake.NewClientset()), nil }, "n1",
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := s.Start(context.Background(), fix.Needs{}); err != nil {
 		t.Fatal(err)
@@ -131,7 +132,7 @@ func TestInformersSnapshotAndChanges(t *testing.T) {
 		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "y"}},
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Spec: corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}}},
 	)
-	s := NewInformers(func() (kubernetes.Interface, error) { return cs, nil }, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s := NewInformers(func() (kube.Interface, error) { return kubetest.From(cs), nil }, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := s.Start(ctx, fix.Needs{Services: true, Node: true}); err != nil {
@@ -248,7 +249,7 @@ func TestInformersPodsStrippedAndSorted(t *testing.T) {
 		}
 	}
 	cs := fake.NewClientset(pod("b", "p2", "10.244.1.3"), pod("a", "p1", "10.244.1.2"))
-	s := NewInformers(func() (kubernetes.Interface, error) { return cs, nil }, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s := NewInformers(func() (kube.Interface, error) { return kubetest.From(cs), nil }, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := s.Start(ctx, fix.Needs{Pods: true}); err != nil {
@@ -302,7 +303,7 @@ func TestUnreachableAPIServerIsLoggedOnce(t *testing.T) {
 	var failures atomic.Int64
 	var logs syncBuffer
 	var s *Informers
-	s = NewInformers(func() (kubernetes.Interface, error) {
+	s = NewInformers(func() (kube.Interface, error) {
 		rc := &rest.Config{Host: "http://" + addr}
 		rc.Wrap(s.WrapTransport)
 		rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { // around WrapTransport: counts every failure
@@ -314,7 +315,7 @@ func TestUnreachableAPIServerIsLoggedOnce(t *testing.T) {
 				return resp, err
 			})
 		})
-		return kubernetes.NewForConfig(rc)
+		return kube.New(rc)
 	}, "n1", slog.New(slog.NewTextHandler(&logs, nil)))
 	if err := s.Start(context.Background(), fix.Needs{Services: true, Node: true}); err != nil {
 		t.Fatal(err)
@@ -357,10 +358,10 @@ func TestThrottlingIsLogged(t *testing.T) {
 	defer srv.Close()
 	var logs syncBuffer
 	var s *Informers
-	s = NewInformers(func() (kubernetes.Interface, error) {
+	s = NewInformers(func() (kube.Interface, error) {
 		rc := &rest.Config{Host: srv.URL}
 		rc.Wrap(s.WrapTransport)
-		return kubernetes.NewForConfig(rc)
+		return kube.New(rc)
 	}, "n1", slog.New(slog.NewTextHandler(&logs, nil)))
 	if err := s.Start(context.Background(), fix.Needs{Services: true}); err != nil {
 		t.Fatal(err)
@@ -392,7 +393,7 @@ func TestInformersStartAddsWatches(t *testing.T) {
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.244.1.2"}}}}
 	cs := fake.NewClientset(node, pod)
 	clients := 0
-	s := NewInformers(func() (kubernetes.Interface, error) { clients++; return cs, nil }, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s := NewInformers(func() (kube.Interface, error) { clients++; return kubetest.From(cs), nil }, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := s.Start(ctx, fix.Needs{Services: true}); err != nil {
@@ -422,7 +423,7 @@ func TestInformersStartAddsWatches(t *testing.T) {
 
 // Without a node name the Pods watch cannot run: a fix reading Pods is never told it synced.
 func TestInformersPodsWithoutNodeNameNeverSync(t *testing.T) {
-	s := NewInformers(func() (kubernetes.Interface, error) { return fake.NewClientset(), nil }, "", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s := NewInformers(func() (kube.Interface, error) { return kubetest.From(fake.NewClientset()), nil }, "", slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := s.Start(context.Background(), fix.Needs{Pods: true, Node: true}); err != nil {
 		t.Fatal(err)
 	}

@@ -59,7 +59,7 @@ type Fix struct {
 	clusterIPs *fix.ServiceMap[*cidrSet]
 
 	mu    sync.Mutex
-	guard map[rules.Family]*guard // the last guard per family: the same pointer while it decides alike, so Services need no recomputing
+	guard map[rules.Family]*guard   // the last guard per family: the same pointer while it decides alike, so Services need no recomputing
 	cidrs map[rules.Family]*cidrSet // the last Service CIDRs per family, the same pointer while they stay
 	// noCIDRsLogged: the absence of Service CIDRs was logged (once until some are known).
 	noCIDRsLogged bool

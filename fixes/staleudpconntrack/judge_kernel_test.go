@@ -19,6 +19,8 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/engine"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/kube"
+	"github.com/network-node-manager/network-node-manager/core/kube/kubetest"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
@@ -130,7 +132,7 @@ func judge(t *testing.T, cs kubernetes.Interface, byReload bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := watch.NewInformers(func() (kubernetes.Interface, error) { return cs, nil }, judgeNode, log)
+	src := watch.NewInformers(func() (kube.Interface, error) { return kubetest.From(cs), nil }, judgeNode, log)
 	c := config.Defaults()
 	c.NodeName = judgeNode
 	c.PodCIDRs = []string{"10.244.0.0/16", "fd00:244::/48"}

@@ -22,6 +22,8 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/engine"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/kube"
+	"github.com/network-node-manager/network-node-manager/core/kube/kubetest"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
@@ -316,7 +318,7 @@ func testStaleUDP(t *testing.T, cs kubernetes.Interface, p plan) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := watch.NewInformers(func() (kubernetes.Interface, error) { return cs, nil }, nodeName, log)
+	src := watch.NewInformers(func() (kube.Interface, error) { return kubetest.From(cs), nil }, nodeName, log)
 	c := config.Defaults()
 	c.NodeName = nodeName
 	c.Fixes = map[string]map[string]any{ID: {"enabled": true}}
