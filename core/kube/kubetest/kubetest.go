@@ -26,30 +26,26 @@ func From(cs kubernetes.Interface) kube.Interface { return clientset{cs} }
 type clientset struct{ cs kubernetes.Interface }
 
 func (c clientset) ListWatch(r kube.Resource, fieldSelector string) cache.ListerWatcher {
-	list := func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-		switch r {
-		case kube.Services:
-			return c.cs.CoreV1().Services("").List(ctx, o)
-		case kube.Nodes:
-			return c.cs.CoreV1().Nodes().List(ctx, o)
-		case kube.Pods:
-			return c.cs.CoreV1().Pods("").List(ctx, o)
-		default:
-			return c.cs.NetworkingV1().ServiceCIDRs().List(ctx, o)
-		}
+	switch r {
+	case kube.Services:
+		i := c.cs.CoreV1().Services("")
+		return listWatch(c.cs, fieldSelector, i.List, i.Watch)
+	case kube.Nodes:
+		i := c.cs.CoreV1().Nodes()
+		return listWatch(c.cs, fieldSelector, i.List, i.Watch)
+	case kube.Pods:
+		i := c.cs.CoreV1().Pods("")
+		return listWatch(c.cs, fieldSelector, i.List, i.Watch)
+	default:
+		i := c.cs.NetworkingV1().ServiceCIDRs()
+		return listWatch(c.cs, fieldSelector, i.List, i.Watch)
 	}
-	watchFn := func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-		switch r {
-		case kube.Services:
-			return c.cs.CoreV1().Services("").Watch(ctx, o)
-		case kube.Nodes:
-			return c.cs.CoreV1().Nodes().Watch(ctx, o)
-		case kube.Pods:
-			return c.cs.CoreV1().Pods("").Watch(ctx, o)
-		default:
-			return c.cs.NetworkingV1().ServiceCIDRs().Watch(ctx, o)
-		}
-	}
+}
+
+// listWatch is a typed client's List and Watch as an informer's ListerWatcher (with the fake
+// clientset's answer to whether it streams lists), only the objects fieldSelector selects.
+func listWatch[L runtime.Object](cs kubernetes.Interface, fieldSelector string,
+	list func(context.Context, metav1.ListOptions) (L, error), watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) cache.ListerWatcher {
 	tweak := func(o *metav1.ListOptions) {
 		if fieldSelector != "" {
 			o.FieldSelector = fieldSelector
@@ -64,7 +60,7 @@ func (c clientset) ListWatch(r kube.Resource, fieldSelector string) cache.Lister
 			tweak(&o)
 			return watchFn(ctx, o)
 		},
-	}, c.cs)
+	}, cs)
 }
 
 func (c clientset) ServerResources(_ context.Context, groupVersion string) (*metav1.APIResourceList, error) {
