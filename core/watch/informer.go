@@ -314,7 +314,6 @@ func (s *Informers) NeedsSynced(needs fix.Needs) error {
 		watches = append(watches, watch{"ServiceCIDRs", true, synced})
 	}
 	s.mu.Unlock()
-	n := 0
 	var missing []string
 	for _, w := range watches {
 		switch {
@@ -325,31 +324,47 @@ func (s *Informers) NeedsSynced(needs fix.Needs) error {
 			missing = append(missing, w.name+" (not started)")
 		case !w.synced():
 			missing = append(missing, w.name)
-		default:
-			n++
 		}
 	}
 	if len(missing) > 0 {
 		return fmt.Errorf("watches not synced: %s", strings.Join(missing, ", "))
 	}
-	s.logSynced(n)
+	s.logSynced()
 	return nil
 }
 
 // logSynced logs, once, how long the first list of the started informers took (at 10,000 Services
-// this is a large part of a cold start; see BENCHMARKS.md).
-func (s *Informers) logSynced(informers int) {
+// this is a large part of a cold start; see BENCHMARKS.md), when every one of them has it: a fix
+// that reads only the Node is ready before the Services are listed, and the line must not say the
+// watches synced then.
+func (s *Informers) logSynced() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.synced || informers == 0 {
+	if s.synced {
+		return
+	}
+	n := 0
+	for _, synced := range []cache.InformerSynced{s.svcSync, s.nodeSync, s.podSync} {
+		switch {
+		case synced == nil:
+		case !synced():
+			return
+		default:
+			n++
+		}
+	}
+	if s.cidrs.started && !s.serviceCIDRsSynced() {
+		return
+	}
+	if n == 0 {
 		return
 	}
 	s.synced = true
-	n := 0
+	services := 0
 	if s.svcStore != nil {
-		n = len(s.svcStore.ListKeys())
+		services = len(s.svcStore.ListKeys())
 	}
-	s.log.Info("watches synced", "after", time.Since(s.started).Round(time.Millisecond), "services", n)
+	s.log.Info("watches synced", "after", time.Since(s.started).Round(time.Millisecond), "services", services)
 }
 
 // Services returns the cached Services, sorted. The slice and the objects are shared: do not modify.

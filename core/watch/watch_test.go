@@ -435,3 +435,30 @@ func TestInformersPodsWithoutNodeNameNeverSync(t *testing.T) {
 		t.Fatalf("the Node without a node name (configured pod CIDRs) = %v; want nil", err)
 	}
 }
+
+// "watches synced" (the scale benchmark's list/sync figure) waits for every started watch, not only
+// for those of the fix that asked first: a fix that reads only the Node is ready while the Services
+// are still being listed.
+func TestWatchesSyncedWaitsForEveryWatch(t *testing.T) {
+	var logs syncBuffer
+	s := NewInformers(nil, "n1", slog.New(slog.NewTextHandler(&logs, nil)))
+	var servicesListed atomic.Bool
+	s.svcSync, s.nodeSync = servicesListed.Load, func() bool { return true }
+	s.svcStore = cache.NewStore(cache.MetaNamespaceKeyFunc)
+	if err := s.NeedsSynced(fix.Needs{Node: true}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(logs.String(), "watches synced") {
+		t.Fatalf("logged before the Services were listed: %s", logs.String())
+	}
+	if err := s.NeedsSynced(fix.Needs{Services: true}); err == nil {
+		t.Fatal("the Services are not listed yet: want an error")
+	}
+	servicesListed.Store(true)
+	if err := s.NeedsSynced(fix.Needs{Services: true, Node: true}); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(logs.String(), "watches synced"); n != 1 {
+		t.Fatalf("want one line once everything is listed, got %d: %s", n, logs.String())
+	}
+}
