@@ -16,9 +16,10 @@ const ReasonConflict = "conflict"
 // ServiceMap computes a lookup map (rules.Map entries) from Services incrementally, for fixes whose
 // map entries come from Services one by one (e.g. External-IP → Cluster-IP). The fix writes only
 // the per-Service function; ServiceMap calls it for the Services that changed since the previous
-// call of the same family, keeps the map sorted, and resolves conflicts: when two Services want the
-// same (address, protocol, port), the first in namespace/name order keeps it and the other gets a
-// ReasonConflict skip.
+// call of the same family (for the object that left too: it keeps no entries per Service, so it
+// computes them again to release them), keeps the map sorted, and resolves conflicts: when two
+// Services want the same (address, protocol, port), the first in namespace/name order keeps it and
+// the other gets a ReasonConflict skip.
 //
 // It relies on the core's rule for Snapshot objects: they are never modified, a changed object is a
 // new object (client-go informers replace cached objects on every update). So a Service whose
@@ -67,12 +68,14 @@ func compareEntries(a, b entryKey) int {
 	return rules.CompareEntries(&rules.MapEntry{Addr: a.addr, Protocol: a.proto, Port: a.port}, &rules.MapEntry{Addr: b.addr, Protocol: b.proto, Port: b.port})
 }
 
-// svcState is what one Service contributes.
+// svcState is what one Service contributes. Its entries are not kept (at 10,000 Services they would
+// be a second copy of the map): they are computed again, the function being pure, for the rare
+// moments they are needed (the Service leaves or changes, takes over a contested key, or lost one).
 type svcState struct {
 	obj     *Service
-	entries []rules.MapEntry // deduplicated, in the Service's order
-	skipped []Skip           // the per-Service function's own skips
-	wins    int              // how many of entries are in the map (the others lost a conflict)
+	skipped []Skip // the per-Service function's own skips
+	n       int32  // how many distinct entries it wants
+	wins    int32  // how many of them are in the map (the others lost a conflict)
 }
 
 func (s *svcState) name() string { return s.obj.Key() }
@@ -113,8 +116,17 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 	}
 
 	// Walk the previous and the new Services side by side; a Service whose object changed is
-	// removed and added again.
+	// removed and added again. wanted holds the entries computed in this call.
 	var removed, added []*svcState
+	wanted := map[*svcState][]rules.MapEntry{}
+	entriesOf := func(s *svcState) []rules.MapEntry {
+		e, ok := wanted[s]
+		if !ok {
+			e, _ = m.wanted(s.obj, family, in)
+			wanted[s] = e
+		}
+		return e
+	}
 	next := make([]svcRef, 0, len(services))
 	i := 0
 	for _, svc := range services {
@@ -134,7 +146,10 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 			removed = appendState(removed, st.svcs[i])
 			i++
 		}
-		s := m.compute(svc, family, in)
+		s, entries := m.compute(svc, family, in)
+		if s.st != nil {
+			wanted[s.st] = entries
+		}
 		added = appendState(added, s)
 		next = append(next, s)
 	}
@@ -146,8 +161,9 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 	// Update the owners, remembering who had each touched key before.
 	before := map[entryKey]*svcState{}
 	for _, s := range removed {
-		for e := range s.entries {
-			k := keyOf(&s.entries[e])
+		entries := entriesOf(s)
+		for e := range entries {
+			k := keyOf(&entries[e])
 			if _, ok := before[k]; !ok {
 				before[k] = st.owner[k]
 			}
@@ -155,8 +171,9 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 		}
 	}
 	for _, s := range added {
-		for e := range s.entries {
-			k := keyOf(&s.entries[e])
+		entries := wanted[s]
+		for e := range entries {
+			k := keyOf(&entries[e])
 			if _, ok := before[k]; !ok {
 				before[k] = st.owner[k]
 			}
@@ -181,7 +198,7 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 		ch := change{key: k}
 		if now != nil {
 			now.wins++
-			ch.entry = now.entry(k)
+			ch.entry = entryOf(entriesOf(now), k)
 		}
 		changes = append(changes, ch)
 	}
@@ -204,7 +221,7 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 		}
 		st.result.Entries = append(out, old[o:]...)
 	}
-	st.result.Report = st.report()
+	st.result.Report = st.report(entriesOf)
 	return st.result
 }
 
@@ -262,37 +279,47 @@ func unchanged(prev []svcRef, services []*Service) bool {
 	return true
 }
 
-func (m *ServiceMap[In]) compute(svc *Service, family rules.Family, in In) svcRef {
-	entries, skipped := m.entries(svc, family, in)
+// compute makes svc's state and returns the entries it wants.
+func (m *ServiceMap[In]) compute(svc *Service, family rules.Family, in In) (svcRef, []rules.MapEntry) {
+	entries, skipped := m.wanted(svc, family, in)
 	if len(entries) == 0 && len(skipped) == 0 {
-		return svcRef{obj: svc}
+		return svcRef{obj: svc}, nil
 	}
-	s := &svcState{obj: svc, skipped: skipped, entries: make([]rules.MapEntry, 0, len(entries))}
-	for _, e := range entries {
-		if s.entry(keyOf(&e)) == nil { // a Service wanting a key twice has it once
-			s.entries = append(s.entries, e)
-		}
-	}
+	s := &svcState{obj: svc, skipped: skipped, n: int32(len(entries))}
 	for i := range s.skipped {
 		if s.skipped[i].Object == "" {
 			s.skipped[i].Object = s.name()
 		}
 	}
-	return svcRef{obj: svc, st: s}
+	return svcRef{obj: svc, st: s}, entries
 }
 
-// entry returns s's entry of k.
-func (s *svcState) entry(k entryKey) *rules.MapEntry {
-	for i := range s.entries {
-		if keyOf(&s.entries[i]) == k {
-			return &s.entries[i]
+// wanted is the per-Service function's result with each key once (a Service wanting a key twice
+// has it once, the first time).
+func (m *ServiceMap[In]) wanted(svc *Service, family rules.Family, in In) ([]rules.MapEntry, []Skip) {
+	entries, skipped := m.entries(svc, family, in)
+	out := make([]rules.MapEntry, 0, len(entries))
+	for _, e := range entries {
+		if entryOf(out, keyOf(&e)) == nil {
+			out = append(out, e)
+		}
+	}
+	return out, skipped
+}
+
+// entryOf returns the entry of k in entries.
+func entryOf(entries []rules.MapEntry, k entryKey) *rules.MapEntry {
+	for i := range entries {
+		if keyOf(&entries[i]) == k {
+			return &entries[i]
 		}
 	}
 	return nil
 }
 
-// report walks the Services once; it allocates only for skips.
-func (st *serviceMapState[In]) report() Report {
+// report walks the Services once; it allocates only for skips (and computes the entries of the
+// Services that lost a conflict again, through entriesOf).
+func (st *serviceMapState[In]) report(entriesOf func(*svcState) []rules.MapEntry) Report {
 	var r Report
 	for i := range st.result.Entries { // sorted by address first
 		if i == 0 || st.result.Entries[i].Addr != st.result.Entries[i-1].Addr {
@@ -308,11 +335,12 @@ func (st *serviceMapState[In]) report() Report {
 			r.Covered++
 		}
 		r.Skipped = append(r.Skipped, s.skipped...)
-		if s.wins == len(s.entries) {
+		if s.wins == s.n {
 			continue
 		}
-		for i := range s.entries {
-			e := &s.entries[i]
+		entries := entriesOf(s)
+		for i := range entries {
+			e := &entries[i]
 			if w := st.owner[keyOf(e)]; w != s {
 				r.Skipped = append(r.Skipped, Skip{Object: s.name(), Reason: ReasonConflict,
 					Detail: fmt.Sprintf("%s %s/%d is already used by %s", e.Addr, e.Protocol, e.Port, w.name())})
