@@ -8,13 +8,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"go.uber.org/fx"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -25,6 +27,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/engine"
 	"github.com/network-node-manager/network-node-manager/core/events"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/kube"
 	"github.com/network-node-manager/network-node-manager/core/logging"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/server"
@@ -56,6 +59,7 @@ var Module = fx.Module("core",
 		Detect,
 		Env,
 		NewEngine,
+		NewAPIClient,
 	),
 )
 
@@ -145,8 +149,8 @@ func Detect(p DetectParams) detect.Result {
 
 // RunProbes are the probes of `run`: the local signals plus the kube-proxy ConfigMap through the
 // agent's API client (when one can be built; otherwise the local signals only).
-func RunProbes(cfg *config.Config, log *slog.Logger) *detect.Probes {
-	client, err := KubeClient(cfg)
+func RunProbes(api *APIClient, log *slog.Logger) *detect.Probes {
+	client, err := api.Get()
 	if err != nil {
 		log.Debug("detection without the kube-proxy ConfigMap", "err", err)
 		client = nil
@@ -199,10 +203,10 @@ func NewEngine(p EngineParams) (*engine.Engine, error) {
 
 // NewServer builds the /metrics, /healthz, /readyz server. With metricsSecure, /metrics is HTTPS and
 // every scrape is authenticated and authorized by the API server through the agent's client.
-func NewServer(cfg *config.Config, reg *prometheus.Registry, e *engine.Engine, log *slog.Logger) (*server.Server, error) {
+func NewServer(cfg *config.Config, reg *prometheus.Registry, e *engine.Engine, log *slog.Logger, api *APIClient) (*server.Server, error) {
 	opts := server.Options{MetricsAddress: cfg.MetricsAddress, HealthzAddress: cfg.HealthzAddress}
 	if cfg.MetricsSecure {
-		client, err := KubeClient(cfg)
+		client, err := api.Get()
 		if err != nil {
 			return nil, fmt.Errorf("metricsSecure: %w", err)
 		}
@@ -226,8 +230,8 @@ func NodeName(cfg *config.Config) string {
 // NewEvents returns the recorder of the Events posted on this node's Node, started and stopped with
 // the agent. Without an API client (no kubeconfig, not in a cluster) it is events.Nop: the agent
 // runs and posts nothing.
-func NewEvents(lc fx.Lifecycle, cfg *config.Config, log *slog.Logger) *events.Recorder {
-	client, err := KubeClient(cfg)
+func NewEvents(lc fx.Lifecycle, cfg *config.Config, log *slog.Logger, api *APIClient) *events.Recorder {
+	client, err := api.Get()
 	if err != nil {
 		log.Info("no Events on the Node: no API client", "err", err)
 		return events.Nop()
@@ -237,17 +241,54 @@ func NewEvents(lc fx.Lifecycle, cfg *config.Config, log *slog.Logger) *events.Re
 	return r
 }
 
-// KubeClient builds a client with client-go's loading rules, as kubectl and the kubelet's tools
-// do: the kubeconfig key (--kubeconfig), else the files in KUBECONFIG, else the in-cluster config.
-func KubeClient(cfg *config.Config) (kubernetes.Interface, error) {
-	rc, err := RestConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return kubernetes.NewForConfig(rc)
+// APIClient is the agent's one Kubernetes API client: the watches, the kube-proxy probe, the Events
+// on the Node and the delegated metrics authentication share its connections and its rate limiter
+// (RestConfig: QPS 20, burst 40) instead of making a client each. It is made on first use, with
+// client-go's loading rules (RestConfig), so an agent that needs no API (no fix reads a watch, no
+// kubeconfig) never makes one. Its transport logs the requests that got no answer or were throttled,
+// through the watch source's WrapTransport once InformerSource has set it (SetWrap).
+type APIClient struct {
+	cfg  *config.Config
+	once sync.Once
+	kube kube.Interface
+	err  error
+	wrap atomic.Pointer[func(http.RoundTripper) http.RoundTripper]
 }
 
-// RestConfig is the REST configuration KubeClient uses.
+// NewAPIClient returns the agent's API client; it does no I/O.
+func NewAPIClient(cfg *config.Config) *APIClient { return &APIClient{cfg: cfg} }
+
+// Get returns the client, made on the first call; every call returns the same client or error.
+func (c *APIClient) Get() (kube.Interface, error) {
+	c.once.Do(func() {
+		rc, err := RestConfig(c.cfg)
+		if err != nil {
+			c.err = err
+			return
+		}
+		rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+				if w := c.wrap.Load(); w != nil {
+					return (*w)(rt).RoundTrip(req)
+				}
+				return rt.RoundTrip(req)
+			})
+		})
+		c.kube, c.err = kube.New(rc)
+	})
+	return c.kube, c.err
+}
+
+// SetWrap puts wrap around every request of the client, also one made before.
+func (c *APIClient) SetWrap(wrap func(http.RoundTripper) http.RoundTripper) { c.wrap.Store(&wrap) }
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+// RestConfig is the REST configuration of the agent's API client: client-go's loading rules, as
+// kubectl and the kubelet's tools have them: the kubeconfig key (--kubeconfig), else the files in
+// KUBECONFIG, else the in-cluster config.
 func RestConfig(cfg *config.Config) (*rest.Config, error) {
 	rules := &clientcmd.ClientConfigLoadingRules{ExplicitPath: cfg.Kubeconfig, Precedence: cfg.KubeconfigPaths}
 	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
@@ -263,18 +304,11 @@ func RestConfig(cfg *config.Config) (*rest.Config, error) {
 	return rc, nil
 }
 
-// InformerSource is the production watch.Source.
-// Its client's transport logs the requests that got no answer (watch.Informers.WrapTransport).
-func InformerSource(cfg *config.Config, log *slog.Logger) watch.Source {
-	var s *watch.Informers
-	s = watch.NewInformers(func() (kubernetes.Interface, error) {
-		rc, err := RestConfig(cfg)
-		if err != nil {
-			return nil, err
-		}
-		rc.Wrap(s.WrapTransport)
-		return kubernetes.NewForConfig(rc)
-	}, cfg.NodeName, log)
+// InformerSource is the production watch.Source, on the agent's API client, whose transport then
+// logs the requests that got no answer (watch.Informers.WrapTransport).
+func InformerSource(cfg *config.Config, log *slog.Logger, api *APIClient) watch.Source {
+	s := watch.NewInformers(api.Get, cfg.NodeName, log)
+	api.SetWrap(s.WrapTransport)
 	return s
 }
 

@@ -1,8 +1,12 @@
 package core
 
 import (
+	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
 	"github.com/network-node-manager/network-node-manager/core/config"
@@ -54,5 +58,47 @@ func TestKubeconfigLoadingRules(t *testing.T) {
 		if _, err := RestConfig(cfg); err == nil {
 			t.Error("no kubeconfig outside a cluster: want an error")
 		}
+	}
+}
+
+// One client per process (#21): every Get returns the same client, all of its requests go through
+// one transport, and a wrap set after the client was made (InformerSource after RunProbes) sees
+// them.
+func TestAPIClientIsShared(t *testing.T) {
+	var requests atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"kube-proxy","namespace":"kube-system"}}`))
+	}))
+	defer srv.Close()
+	cfg, err := config.Load(nil, []string{"NNM_KUBECONFIG=" + writeKubeconfig(t, srv.URL)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := NewAPIClient(cfg)
+	a, err := api.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := api.Get(); b != a {
+		t.Fatal("a second Get made another client")
+	}
+	var wrapped atomic.Int32
+	api.SetWrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(req *http.Request) (*http.Response, error) { wrapped.Add(1); return rt.RoundTrip(req) })
+	})
+	for range 2 {
+		if _, err := a.GetConfigMap(context.Background(), "kube-system", "kube-proxy"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if requests.Load() != 2 || wrapped.Load() != 2 {
+		t.Fatalf("%d requests reached the server, %d went through the wrap; want 2 and 2", requests.Load(), wrapped.Load())
+	}
+
+	none := NewAPIClient(&config.Config{Kubeconfig: filepath.Join(t.TempDir(), "missing")})
+	if _, err := none.Get(); err == nil {
+		t.Fatal("a missing kubeconfig: want an error")
 	}
 }

@@ -39,6 +39,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/config"
 	"github.com/network-node-manager/network-node-manager/core/detect"
 	"github.com/network-node-manager/network-node-manager/core/engine"
+	"github.com/network-node-manager/network-node-manager/core/kube/kubetest"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/watch"
 	"github.com/network-node-manager/network-node-manager/fixes"
@@ -826,7 +827,7 @@ func TestManifestsAgainstAPIServer(t *testing.T) {
 			},
 			// The detect probe as the agent runs it: NotFound here (no kube-proxy), not Forbidden.
 			"get kube-proxy configmap": func() error {
-				_, found, err := detect.KubeProxyConfigMap(cs)(ctx)
+				_, found, err := detect.KubeProxyConfigMap(kubetest.From(cs))(ctx)
 				if found {
 					return errors.New("unexpected kube-proxy ConfigMap")
 				}

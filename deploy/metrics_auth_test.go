@@ -11,8 +11,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/network-node-manager/network-node-manager/core/kube"
 	"github.com/network-node-manager/network-node-manager/core/server"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
@@ -21,7 +23,8 @@ import (
 )
 
 // agentClient is a client with the identity of the agent's ServiceAccount (as deploy/base creates it).
-func agentClient(t *testing.T, cp *controlplane.ControlPlane) kubernetes.Interface {
+// agentConfig is a client configuration as the agent's ServiceAccount.
+func agentConfig(t *testing.T, cp *controlplane.ControlPlane) *rest.Config {
 	t.Helper()
 	kc, err := cp.ServiceAccountKubeconfig(t.Context(), "kube-system", "network-node-manager", "")
 	if err != nil {
@@ -31,7 +34,12 @@ func agentClient(t *testing.T, cp *controlplane.ControlPlane) kubernetes.Interfa
 	if err != nil {
 		t.Fatal(err)
 	}
-	return kubernetes.NewForConfigOrDie(rc)
+	return rc
+}
+
+// agentClient is a clientset as the agent's ServiceAccount (for checking its access).
+func agentClient(t *testing.T, cp *controlplane.ControlPlane) kubernetes.Interface {
+	return kubernetes.NewForConfigOrDie(agentConfig(t, cp))
 }
 
 // checkProtectedMetrics runs the agent's metrics server as deploy/base configures it (HTTPS, delegated
@@ -49,7 +57,11 @@ func checkProtectedMetrics(t *testing.T, cp *controlplane.ControlPlane, a *agent
 			t.Fatalf("apply %s: %v", o, err)
 		}
 	}
-	s := servertest.StartDelegated(t, agentClient(t, cp), "nnm_auth_test", server.Options{HealthzAddress: "127.0.0.1:0"})
+	kc, err := kube.New(agentConfig(t, cp)) // the agent's own client
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := servertest.StartDelegated(t, kc, "nnm_auth_test", server.Options{HealthzAddress: "127.0.0.1:0"})
 
 	token := func(ns, name string) string {
 		admin := cp.AdminClient()

@@ -46,7 +46,9 @@ func FuzzServiceRules(f *testing.F) {
 		snap := testkit.Snapshot(
 			testkit.WithNode(testkit.Node("node-a", testkit.PodCIDRs(split(podCIDRs)...))),
 			testkit.WithProxyMode("ipvs"),
-			testkit.WithServices(append(base.Services, svc)...))
+			testkit.WithServices(svc))
+		snap.Services = append(snap.Services, base.Services...)
+		testkit.SortServices(snap.Services)
 		for _, fi := range all {
 			rf, ok := fi.(fix.RuleFix)
 			if !ok {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/core/kube/kubetest"
 )
 
 // fakeNode is a node described by its signals; probes() turns it into Probes. A nil field means the
@@ -262,7 +263,7 @@ func TestModeFromKubeProxyConfig(t *testing.T) {
 func TestKubeProxyConfigMapProbe(t *testing.T) {
 	ctx := context.Background()
 	client := fake.NewClientset()
-	conf, found, err := KubeProxyConfigMap(client)(ctx)
+	conf, found, err := KubeProxyConfigMap(kubetest.From(client))(ctx)
 	if err != nil || found || conf != "" {
 		t.Fatalf("absent ConfigMap: %q %v %v", conf, found, err)
 	}
@@ -271,14 +272,14 @@ func TestKubeProxyConfigMapProbe(t *testing.T) {
 	if _, err := client.CoreV1().ConfigMaps("kube-system").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, found, err = KubeProxyConfigMap(client)(ctx); err != nil || found {
+	if _, found, err = KubeProxyConfigMap(kubetest.From(client))(ctx); err != nil || found {
 		t.Fatalf("ConfigMap without config.conf: found=%v err=%v", found, err)
 	}
 	cm.Data["config.conf"] = "kind: KubeProxyConfiguration\nmode: ipvs\n"
 	if _, err := client.CoreV1().ConfigMaps("kube-system").Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	r := Resolve(ctx, auto(), Probes{KubeProxyConfigMap: KubeProxyConfigMap(client)}, nil)
+	r := Resolve(ctx, auto(), Probes{KubeProxyConfigMap: KubeProxyConfigMap(kubetest.From(client))}, nil)
 	if r.ProxyMode != "ipvs" || r.ProxyModeSource != SourceConfigMap {
 		t.Errorf("Resolve with ConfigMap = %q (%s)", r.ProxyMode, r.ProxyModeSource)
 	}

@@ -16,9 +16,9 @@ import (
 
 	goiptables "github.com/coreos/go-iptables/iptables"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
+
+	"github.com/network-node-manager/network-node-manager/core/kube"
 )
 
 // ProxyModeURL is where kube-proxy answers with its mode (its metrics server, host network).
@@ -31,7 +31,7 @@ var yamlUnmarshal = yaml.Unmarshal
 
 // RealProbes reads the node. client may be nil: then the kube-proxy ConfigMap is not consulted
 // (`plan` runs without an API client). Nothing is written anywhere.
-func RealProbes(client kubernetes.Interface) Probes {
+func RealProbes(client kube.Interface) Probes {
 	p := Probes{
 		ProxyModeEndpoint: HTTPProxyMode(ProxyModeURL),
 		LinkExists:        LinkExists,
@@ -175,11 +175,11 @@ func ConntrackMatch(ctx context.Context, variant string) error {
 }
 
 // KubeProxyConfigMap reads data["config.conf"] of kube-system/kube-proxy (kubeadm's layout).
-func KubeProxyConfigMap(client kubernetes.Interface) func(context.Context) (string, bool, error) {
+func KubeProxyConfigMap(client kube.Interface) func(context.Context) (string, bool, error) {
 	return func(ctx context.Context) (string, bool, error) {
 		ctx, cancel := context.WithTimeout(ctx, 3*ProbeTimeout)
 		defer cancel()
-		cm, err := client.CoreV1().ConfigMaps("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{})
+		cm, err := client.GetConfigMap(ctx, "kube-system", "kube-proxy")
 		switch {
 		case apierrors.IsNotFound(err):
 			return "", false, nil

@@ -34,7 +34,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // memSource is an in-memory watch.Source.
 type memSource struct {
 	mu      sync.Mutex
-	svcs    []*corev1.Service
+	svcs    []*fix.Service
 	node    *corev1.Node
 	pods    []*corev1.Pod
 	changes chan struct{}
@@ -46,7 +46,7 @@ func newMemSource() *memSource { return &memSource{changes: make(chan struct{}, 
 
 func (s *memSource) Start(_ context.Context, n fix.Needs) error { s.needs = n; return nil }
 func (s *memSource) WaitForSync(context.Context) error          { return nil }
-func (s *memSource) Services() []*corev1.Service {
+func (s *memSource) Services() []*fix.Service {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.svcs
@@ -55,7 +55,7 @@ func (s *memSource) Node() *corev1.Node       { return s.node }
 func (s *memSource) Pods() []*corev1.Pod      { return s.pods }
 func (s *memSource) Changes() <-chan struct{} { return s.changes }
 func (s *memSource) Stop()                    { s.stopped = true }
-func (s *memSource) set(svcs ...*corev1.Service) {
+func (s *memSource) set(svcs ...*fix.Service) {
 	s.mu.Lock()
 	s.svcs = svcs
 	s.mu.Unlock()
@@ -91,9 +91,8 @@ func (f *countFix) Rules(snap *fix.Snapshot, fam rules.Family) (*rules.Ruleset, 
 	c := rules.Chain{Name: "T-" + strings.ToUpper(f.id), Type: rules.Filter, Hook: rules.Input}
 	rep := fix.Report{}
 	for _, s := range snap.Services {
-		for _, ip := range s.Spec.ClusterIPs {
-			a, err := netip.ParseAddr(ip)
-			if err != nil || !fam.Contains(a) {
+		for _, a := range s.ClusterIPs {
+			if !fam.Contains(a) {
 				continue
 			}
 			c.Rules = append(c.Rules, rules.Rule{Match: rules.Match{DstAddr: a}, Verdict: rules.Verdict{Kind: rules.Drop}})
@@ -161,8 +160,8 @@ func newHarness(t *testing.T, cfg *config.Config, fixes ...fix.Fix) *harness {
 	return h
 }
 
-func svc(name string, ips ...string) *corev1.Service {
-	return testkit.Service("default", name, testkit.ClusterIPs(ips...), testkit.Ports(testkit.TCP(80)))
+func svc(name string, ips ...string) *fix.Service {
+	return fix.ServiceFrom(testkit.Service("default", name, testkit.ClusterIPs(ips...), testkit.Ports(testkit.TCP(80))))
 }
 
 func TestSyncAppliesOnlyChangesAndRepairsDrift(t *testing.T) {

@@ -3,11 +3,12 @@
 // enabled, disabled or refused, its first successful sync, its sync failures, the predecessor's chains
 // taken over, a config reload rejected.
 //
-// Events go through client-go's events/v1 broadcaster (k8s.io/client-go/tools/events), which turns
-// isomorphic events (same regarding object, reason, action, type, reporting controller and instance)
-// into one Event with a series: the first is created, the second patches the series count to 2, and
+// Events go through a sink that does what client-go's events/v1 broadcaster
+// (k8s.io/client-go/tools/events) does, without linking it (see sink): it turns isomorphic events
+// (same regarding object, reason, action, type, reporting controller and instance) into one Event
+// with a series: the first is created, the second patches the series count to 2, and
 // later ones are counted in memory and written every 30 minutes (refreshTime) or when the series ends
-// (6 minutes without a new occurrence, finishTime). Before the broadcaster, the Recorder bounds each
+// (6 minutes without a new occurrence, finishTime). Before the sink, the Recorder bounds each
 // subject (reason and fix): at most Burst events in any Window; the rest are counted and the next
 // event that passes says how many were suppressed. A failing backend therefore costs at most Burst
 // events per reason and fix per minute, and the API server sees at most a create and a patch per
@@ -23,11 +24,10 @@ import (
 	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	k8sevents "k8s.io/client-go/tools/events"
 
+	"github.com/network-node-manager/network-node-manager/core/kube"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -76,13 +76,18 @@ const noteLimit = 1024
 
 // Recorder posts the agent's Events on its Node. A nil *Recorder, and Nop(), post nothing.
 type Recorder struct {
-	rec   k8sevents.EventRecorder
-	bc    k8sevents.EventBroadcaster
+	rec   eventRecorder
+	sink  *sink // nil when rec is a test's
 	node  *corev1.ObjectReference
 	log   *slog.Logger
 	now   func() time.Time
-	stop  context.CancelFunc
 	limit limiter
+}
+
+// eventRecorder takes the events that passed the limit: the sink, or a test's recorder (client-go's
+// events.FakeRecorder has this method).
+type eventRecorder interface {
+	Eventf(regarding runtime.Object, related runtime.Object, eventtype, reason, action, note string, args ...interface{})
 }
 
 // Nop returns a Recorder that posts nothing (no API client: `plan`, tests without a kubeconfig).
@@ -90,16 +95,19 @@ func Nop() *Recorder { return nil }
 
 // New returns a Recorder that posts on the Node named node through client's events.k8s.io/v1 API.
 // It starts nothing: Start does.
-func New(client kubernetes.Interface, node string, log *slog.Logger) *Recorder {
-	bc := k8sevents.NewBroadcaster(&k8sevents.EventSinkImpl{Interface: client.EventsV1()})
-	return newRecorder(bc, bc.NewRecorder(scheme.Scheme, Controller), node, log, time.Now)
-}
-
-func newRecorder(bc k8sevents.EventBroadcaster, rec k8sevents.EventRecorder, node string, log *slog.Logger, now func() time.Time) *Recorder {
+func New(client kube.Interface, node string, log *slog.Logger) *Recorder {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Recorder{rec: rec, bc: bc, log: log, now: now, limit: limiter{burst: Burst, window: Window},
+	s := newSink(client, Controller, log)
+	return newRecorder(s, s, node, log, time.Now)
+}
+
+func newRecorder(s *sink, rec eventRecorder, node string, log *slog.Logger, now func() time.Time) *Recorder {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Recorder{rec: rec, sink: s, log: log, now: now, limit: limiter{burst: Burst, window: Window},
 		// As the kubelet refers to its Node: by name, with the name as UID, so that the reference
 		// holds before the Node exists and after it is recreated.
 		node: &corev1.ObjectReference{Kind: "Node", Name: node, UID: types.UID(node)}}
@@ -107,21 +115,19 @@ func newRecorder(bc k8sevents.EventBroadcaster, rec k8sevents.EventRecorder, nod
 
 // Start sends the recorded events to the API server until Stop.
 func (r *Recorder) Start(context.Context) error {
-	if r == nil || r.bc == nil {
+	if r == nil || r.sink == nil {
 		return nil
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r.stop = cancel
-	return r.bc.StartRecordingToSinkWithContext(ctx)
+	r.sink.start()
+	return nil
 }
 
 // Stop stops sending; events not yet written are dropped.
 func (r *Recorder) Stop(context.Context) error {
-	if r == nil || r.stop == nil {
+	if r == nil || r.sink == nil {
 		return nil
 	}
-	r.stop()
-	r.bc.Shutdown()
+	r.sink.stop()
 	return nil
 }
 

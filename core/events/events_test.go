@@ -21,6 +21,7 @@ import (
 	k8sevents "k8s.io/client-go/tools/events"
 
 	"github.com/network-node-manager/network-node-manager/core/engine"
+	"github.com/network-node-manager/network-node-manager/core/kube/kubetest"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 )
@@ -157,14 +158,14 @@ func (a *apiCalls) get(key string) int {
 	return a.n[key]
 }
 
-// Through client-go's events/v1 broadcaster into a fake clientset: the event is on the Node
+// Through the sink (what client-go's events/v1 broadcaster does) into a fake clientset: the event is on the Node
 // (referenced as the kubelet does), in namespace default, with our reason, the fix as action and
 // our controller; a storm of 200 failures costs one create and one patch (series count 2).
 func TestRecorderThroughBroadcaster(t *testing.T) {
 	cs := fake.NewClientset()
 	calls := &apiCalls{n: map[string]int{}}
 	cs.PrependReactor("*", "events", calls.reactor)
-	r := New(cs, "node-a", quietLog())
+	r := New(kubetest.From(cs), "node-a", quietLog())
 	if err := r.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -28,8 +28,9 @@ import (
 
 // Snapshot is a consistent view of what fixes may look at. Fixes must not modify it.
 type Snapshot struct {
-	// Services sorted by namespace/name. Only set when a running fix Needs Services.
-	Services []*corev1.Service
+	// Services sorted by namespace/name, in the compact form fixes read (see Service). Only set
+	// when a running fix Needs Services.
+	Services []*Service
 	// Node is this node's Node object, nil when unknown (no node name, or not yet seen).
 	Node *corev1.Node
 	// Pods are the Pods scheduled to this node (spec.nodeName), sorted by namespace/name and

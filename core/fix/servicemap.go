@@ -1,14 +1,10 @@
 package fix
 
 import (
-	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync"
-
-	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
@@ -20,9 +16,10 @@ const ReasonConflict = "conflict"
 // ServiceMap computes a lookup map (rules.Map entries) from Services incrementally, for fixes whose
 // map entries come from Services one by one (e.g. External-IP → Cluster-IP). The fix writes only
 // the per-Service function; ServiceMap calls it for the Services that changed since the previous
-// call of the same family, keeps the map sorted, and resolves conflicts: when two Services want the
-// same (address, protocol, port), the first in namespace/name order keeps it and the other gets a
-// ReasonConflict skip.
+// call of the same family (for the object that left too: it keeps no entries per Service, so it
+// computes them again to release them), keeps the map sorted, and resolves conflicts: when two
+// Services want the same (address, protocol, port), the first in namespace/name order keeps it and
+// the other gets a ReasonConflict skip.
 //
 // It relies on the core's rule for Snapshot objects: they are never modified, a changed object is a
 // new object (client-go informers replace cached objects on every update). So a Service whose
@@ -34,7 +31,7 @@ const ReasonConflict = "conflict"
 // In is everything other than the Service the per-Service function reads (options, node data); a
 // call with a different In recomputes every Service.
 type ServiceMap[In comparable] struct {
-	entries func(svc *corev1.Service, family rules.Family, in In) ([]rules.MapEntry, []Skip)
+	entries func(svc *Service, family rules.Family, in In) ([]rules.MapEntry, []Skip)
 
 	mu   sync.Mutex
 	fams map[rules.Family]*serviceMapState[In]
@@ -54,7 +51,7 @@ type ServiceMapResult struct {
 // NewServiceMap returns a ServiceMap around entries, the per-Service function: the map entries one
 // Service wants in family (in its order of preference) and what of it was left out. It must be
 // pure. A Skip's Object may be left empty; it is then set to the Service's namespace/name.
-func NewServiceMap[In comparable](entries func(svc *corev1.Service, family rules.Family, in In) ([]rules.MapEntry, []Skip)) *ServiceMap[In] {
+func NewServiceMap[In comparable](entries func(svc *Service, family rules.Family, in In) ([]rules.MapEntry, []Skip)) *ServiceMap[In] {
 	return &ServiceMap[In]{entries: entries, fams: map[rules.Family]*serviceMapState[In]{}}
 }
 
@@ -71,23 +68,28 @@ func compareEntries(a, b entryKey) int {
 	return rules.CompareEntries(&rules.MapEntry{Addr: a.addr, Protocol: a.proto, Port: a.port}, &rules.MapEntry{Addr: b.addr, Protocol: b.proto, Port: b.port})
 }
 
-func compareServices(a, b *corev1.Service) int {
-	return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
-}
-
-// svcState is what one Service contributes.
+// svcState is what one Service contributes. Its entries are not kept (at 10,000 Services they would
+// be a second copy of the map): they are computed again, the function being pure, for the rare
+// moments they are needed (the Service leaves or changes, takes over a contested key, or lost one).
 type svcState struct {
-	obj     *corev1.Service
-	entries []rules.MapEntry // deduplicated, in the Service's order
-	skipped []Skip           // the per-Service function's own skips
-	wins    int              // how many of entries are in the map (the others lost a conflict)
+	obj     *Service
+	skipped []Skip // the per-Service function's own skips
+	n       int32  // how many distinct entries it wants
+	wins    int32  // how many of them are in the map (the others lost a conflict)
 }
 
-func (s *svcState) name() string { return s.obj.Namespace + "/" + s.obj.Name }
+func (s *svcState) name() string { return s.obj.Key() }
+
+// svcRef is one Service of the map; st is nil when it contributes nothing (no entries, no skips), so
+// that Services a map has no use for cost no more than this.
+type svcRef struct {
+	obj *Service
+	st  *svcState
+}
 
 type serviceMapState[In comparable] struct {
 	in   In
-	svcs []*svcState // sorted by namespace/name
+	svcs []svcRef // sorted by namespace/name
 	// owner is, per key, the Service that has it: the first in namespace/name order of those that
 	// want it. contested lists, for the rare keys more than one Service wants, all of them in that
 	// order (owner[k] == contested[k][0]).
@@ -98,12 +100,12 @@ type serviceMapState[In comparable] struct {
 
 // Update returns the map and report for services (sorted by namespace/name, as Snapshot.Services
 // is) in family.
-func (m *ServiceMap[In]) Update(services []*corev1.Service, family rules.Family, in In) ServiceMapResult {
+func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In) ServiceMapResult {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if !slices.IsSortedFunc(services, compareServices) {
+	if !slices.IsSortedFunc(services, CompareServices) {
 		services = slices.Clone(services)
-		slices.SortStableFunc(services, compareServices)
+		slices.SortStableFunc(services, CompareServices)
 	}
 	st := m.fams[family]
 	if st == nil || st.in != in {
@@ -114,39 +116,54 @@ func (m *ServiceMap[In]) Update(services []*corev1.Service, family rules.Family,
 	}
 
 	// Walk the previous and the new Services side by side; a Service whose object changed is
-	// removed and added again.
+	// removed and added again. wanted holds the entries computed in this call.
 	var removed, added []*svcState
-	next := make([]*svcState, 0, len(services))
+	wanted := map[*svcState][]rules.MapEntry{}
+	entriesOf := func(s *svcState) []rules.MapEntry {
+		e, ok := wanted[s]
+		if !ok {
+			e, _ = m.wanted(s.obj, family, in)
+			wanted[s] = e
+		}
+		return e
+	}
+	next := make([]svcRef, 0, len(services))
 	i := 0
 	for _, svc := range services {
-		if j := len(next); j > 0 && compareServices(next[j-1].obj, svc) == 0 {
+		if j := len(next); j > 0 && CompareServices(next[j-1].obj, svc) == 0 {
 			continue // a duplicate name: the first object counts
 		}
-		for i < len(st.svcs) && compareServices(st.svcs[i].obj, svc) < 0 {
-			removed = append(removed, st.svcs[i])
+		for i < len(st.svcs) && CompareServices(st.svcs[i].obj, svc) < 0 {
+			removed = appendState(removed, st.svcs[i])
 			i++
 		}
-		if i < len(st.svcs) && compareServices(st.svcs[i].obj, svc) == 0 {
+		if i < len(st.svcs) && CompareServices(st.svcs[i].obj, svc) == 0 {
 			if st.svcs[i].obj == svc {
 				next = append(next, st.svcs[i])
 				i++
 				continue
 			}
-			removed = append(removed, st.svcs[i])
+			removed = appendState(removed, st.svcs[i])
 			i++
 		}
-		s := m.compute(svc, family, in)
-		added = append(added, s)
+		s, entries := m.compute(svc, family, in)
+		if s.st != nil {
+			wanted[s.st] = entries
+		}
+		added = appendState(added, s)
 		next = append(next, s)
 	}
-	removed = append(removed, st.svcs[i:]...)
+	for _, r := range st.svcs[i:] {
+		removed = appendState(removed, r)
+	}
 	st.svcs = next
 
 	// Update the owners, remembering who had each touched key before.
 	before := map[entryKey]*svcState{}
 	for _, s := range removed {
-		for e := range s.entries {
-			k := keyOf(&s.entries[e])
+		entries := entriesOf(s)
+		for e := range entries {
+			k := keyOf(&entries[e])
 			if _, ok := before[k]; !ok {
 				before[k] = st.owner[k]
 			}
@@ -154,8 +171,9 @@ func (m *ServiceMap[In]) Update(services []*corev1.Service, family rules.Family,
 		}
 	}
 	for _, s := range added {
-		for e := range s.entries {
-			k := keyOf(&s.entries[e])
+		entries := wanted[s]
+		for e := range entries {
+			k := keyOf(&entries[e])
 			if _, ok := before[k]; !ok {
 				before[k] = st.owner[k]
 			}
@@ -180,7 +198,7 @@ func (m *ServiceMap[In]) Update(services []*corev1.Service, family rules.Family,
 		ch := change{key: k}
 		if now != nil {
 			now.wins++
-			ch.entry = now.entry(k)
+			ch.entry = entryOf(entriesOf(now), k)
 		}
 		changes = append(changes, ch)
 	}
@@ -203,7 +221,7 @@ func (m *ServiceMap[In]) Update(services []*corev1.Service, family rules.Family,
 		}
 		st.result.Entries = append(out, old[o:]...)
 	}
-	st.result.Report = st.report()
+	st.result.Report = st.report(entriesOf)
 	return st.result
 }
 
@@ -218,7 +236,7 @@ func (st *serviceMapState[In]) claim(k entryKey, s *svcState) {
 	if c == nil {
 		c = []*svcState{o}
 	}
-	at, _ := slices.BinarySearchFunc(c, s, func(a, b *svcState) int { return compareServices(a.obj, b.obj) })
+	at, _ := slices.BinarySearchFunc(c, s, func(a, b *svcState) int { return CompareServices(a.obj, b.obj) })
 	c = slices.Insert(c, at, s)
 	st.contested[k], st.owner[k] = c, c[0]
 }
@@ -241,8 +259,15 @@ func (st *serviceMapState[In]) release(k entryKey, s *svcState) {
 	}
 }
 
+func appendState(list []*svcState, r svcRef) []*svcState {
+	if r.st != nil {
+		list = append(list, r.st)
+	}
+	return list
+}
+
 // unchanged says whether services are the same objects as last time.
-func unchanged(prev []*svcState, services []*corev1.Service) bool {
+func unchanged(prev []svcRef, services []*Service) bool {
 	if len(prev) != len(services) {
 		return false
 	}
@@ -254,50 +279,68 @@ func unchanged(prev []*svcState, services []*corev1.Service) bool {
 	return true
 }
 
-func (m *ServiceMap[In]) compute(svc *corev1.Service, family rules.Family, in In) *svcState {
-	entries, skipped := m.entries(svc, family, in)
-	s := &svcState{obj: svc, skipped: skipped, entries: make([]rules.MapEntry, 0, len(entries))}
-	for _, e := range entries {
-		if s.entry(keyOf(&e)) == nil { // a Service wanting a key twice has it once
-			s.entries = append(s.entries, e)
-		}
+// compute makes svc's state and returns the entries it wants.
+func (m *ServiceMap[In]) compute(svc *Service, family rules.Family, in In) (svcRef, []rules.MapEntry) {
+	entries, skipped := m.wanted(svc, family, in)
+	if len(entries) == 0 && len(skipped) == 0 {
+		return svcRef{obj: svc}, nil
 	}
+	s := &svcState{obj: svc, skipped: skipped, n: int32(len(entries))}
 	for i := range s.skipped {
 		if s.skipped[i].Object == "" {
 			s.skipped[i].Object = s.name()
 		}
 	}
-	return s
+	return svcRef{obj: svc, st: s}, entries
 }
 
-// entry returns s's entry of k.
-func (s *svcState) entry(k entryKey) *rules.MapEntry {
-	for i := range s.entries {
-		if keyOf(&s.entries[i]) == k {
-			return &s.entries[i]
+// wanted is the per-Service function's result with each key once (a Service wanting a key twice
+// has it once, the first time).
+func (m *ServiceMap[In]) wanted(svc *Service, family rules.Family, in In) ([]rules.MapEntry, []Skip) {
+	entries, skipped := m.entries(svc, family, in)
+	out := make([]rules.MapEntry, 0, len(entries))
+	for _, e := range entries {
+		if entryOf(out, keyOf(&e)) == nil {
+			out = append(out, e)
+		}
+	}
+	return out, skipped
+}
+
+// entryOf returns the entry of k in entries.
+func entryOf(entries []rules.MapEntry, k entryKey) *rules.MapEntry {
+	for i := range entries {
+		if keyOf(&entries[i]) == k {
+			return &entries[i]
 		}
 	}
 	return nil
 }
 
-// report walks the Services once; it allocates only for skips.
-func (st *serviceMapState[In]) report() Report {
+// report walks the Services once; it allocates only for skips (and computes the entries of the
+// Services that lost a conflict again, through entriesOf).
+func (st *serviceMapState[In]) report(entriesOf func(*svcState) []rules.MapEntry) Report {
 	var r Report
 	for i := range st.result.Entries { // sorted by address first
 		if i == 0 || st.result.Entries[i].Addr != st.result.Entries[i-1].Addr {
 			r.Items++
 		}
 	}
-	for _, s := range st.svcs {
+	for _, ref := range st.svcs {
+		s := ref.st
+		if s == nil {
+			continue
+		}
 		if s.wins > 0 {
 			r.Covered++
 		}
 		r.Skipped = append(r.Skipped, s.skipped...)
-		if s.wins == len(s.entries) {
+		if s.wins == s.n {
 			continue
 		}
-		for i := range s.entries {
-			e := &s.entries[i]
+		entries := entriesOf(s)
+		for i := range entries {
+			e := &entries[i]
 			if w := st.owner[keyOf(e)]; w != s {
 				r.Skipped = append(r.Skipped, Skip{Object: s.name(), Reason: ReasonConflict,
 					Detail: fmt.Sprintf("%s %s/%d is already used by %s", e.Addr, e.Protocol, e.Port, w.name())})

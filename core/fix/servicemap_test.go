@@ -5,26 +5,29 @@ import (
 	"net/netip"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
-
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	tk "github.com/network-node-manager/network-node-manager/core/testkit"
 )
 
 // TestServiceMapRecomputesOnlyChanged counts the per-Service calls: none when nothing changed (and
-// the same entries are returned), one per changed or added Service, every Service when the inputs
-// change. The equality with a computation from scratch is fixes.TestIncrementalEqualsScratch.
+// the same entries are returned), one per added Service, one per deleted one and two per changed
+// one (ServiceMap keeps no entries per Service: those of the object that leaves are computed again
+// to release them), one more per Service that lost a conflict and was not computed in that call
+// (its skip is reported again), every Service when the inputs change. The equality with a computation from scratch is fixes.TestIncrementalEqualsScratch.
 func TestServiceMapRecomputesOnlyChanged(t *testing.T) {
 	calls := 0
-	m := fix.NewServiceMap(func(svc *corev1.Service, fam rules.Family, port uint16) ([]rules.MapEntry, []fix.Skip) {
+	m := fix.NewServiceMap(func(svc *fix.Service, fam rules.Family, port uint16) ([]rules.MapEntry, []fix.Skip) {
 		calls++
-		a := netip.MustParseAddr(svc.Status.LoadBalancer.Ingress[0].IP)
+		a := svc.Ingress[0].IP
 		return []rules.MapEntry{{Addr: a, Protocol: rules.TCP, Port: port, To: netip.AddrPortFrom(netip.MustParseAddr("10.96.0.1"), port)}}, nil
 	})
-	var svcs []*corev1.Service
+	lb := func(ns, name, ip string) *fix.Service {
+		return fix.ServiceFrom(tk.Service(ns, name, tk.LoadBalancer(ip)))
+	}
+	var svcs []*fix.Service
 	for i := range 1000 {
-		svcs = append(svcs, tk.Service("default", fmt.Sprintf("s%04d", i), tk.LoadBalancer(fmt.Sprintf("172.16.%d.%d", i/250, i%250+1))))
+		svcs = append(svcs, lb("default", fmt.Sprintf("s%04d", i), fmt.Sprintf("172.16.%d.%d", i/250, i%250+1)))
 	}
 	check := func(what string, in uint16, wantCalls, wantEntries int) fix.ServiceMapResult {
 		t.Helper()
@@ -40,17 +43,22 @@ func TestServiceMapRecomputesOnlyChanged(t *testing.T) {
 	if &first.Entries[0] != &again.Entries[0] {
 		t.Fatal("nothing changed but the entries were rebuilt")
 	}
-	svcs[500] = tk.Service("default", "s0500", tk.LoadBalancer("192.0.2.1"))
-	r := check("one changed", 80, 1, 1000)
+	svcs[500] = lb("default", "s0500", "192.0.2.1")
+	r := check("one changed", 80, 2, 1000)
 	if r.Entries[len(r.Entries)-1].Addr != netip.MustParseAddr("192.0.2.1") || first.Entries[500].Addr != netip.MustParseAddr("172.16.2.1") {
 		t.Fatalf("the changed entry is not last in address order, or the earlier result was modified")
 	}
 	svcs = append(svcs[:10], svcs[11:]...)
-	check("one deleted", 80, 0, 999)
-	svcs = append(svcs, tk.Service("z", "conflict", tk.LoadBalancer("192.0.2.1")))
+	check("one deleted", 80, 1, 999)
+	svcs = append(svcs, lb("z", "conflict", "192.0.2.1"))
 	r = check("one added, in conflict", 80, 1, 999)
 	if n := len(r.Report.Skipped); n != 1 || r.Report.Skipped[0].Reason != fix.ReasonConflict || r.Report.Skipped[0].Object != "z/conflict" {
 		t.Fatalf("want one conflict skip of z/conflict, got %+v", r.Report.Skipped)
 	}
-	check("other inputs", 8080, 1000, 999)
+	svcs = append(svcs[:20], svcs[21:]...)
+	r = check("one deleted, a conflict standing", 80, 2, 998)
+	if n := len(r.Report.Skipped); n != 1 || r.Report.Skipped[0].Object != "z/conflict" {
+		t.Fatalf("the standing conflict is not reported: %+v", r.Report.Skipped)
+	}
+	check("other inputs", 8080, 999, 998)
 }

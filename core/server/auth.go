@@ -17,9 +17,9 @@ import (
 	"golang.org/x/time/rate"
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/cache"
-	"k8s.io/client-go/kubernetes"
+
+	"github.com/network-node-manager/network-node-manager/core/kube"
 )
 
 // Delegated protects a handler the way kube-rbac-proxy and kubebuilder's metrics filter do: the bearer
@@ -27,7 +27,7 @@ import (
 // request's non-resource URL and verb (get /metrics), both answered by the API server. No token or an
 // invalid one is 401, a user without the RBAC 403.
 //
-// It calls client-go's authentication/v1 and authorization/v1 clients directly instead of
+// It calls the authentication/v1 and authorization/v1 APIs through the agent's client (core/kube) instead of
 // k8s.io/apiserver's delegating authenticator/authorizer (which controller-runtime's filters wrap):
 // those bring k8s.io/apiserver and k8s.io/component-base into a node agent that otherwise needs only
 // client-go, for two API calls and a cache.
@@ -41,7 +41,7 @@ import (
 // cannot evict the accepted tokens), and each source address may have a token reviewed at most
 // ReviewsPerSecond times a second (burst ReviewBurst); beyond that it gets 429 without a review.
 type Delegated struct {
-	client   kubernetes.Interface
+	client   kube.Interface
 	log      *slog.Logger
 	ttl      time.Duration
 	cache    *cache.LRUExpireCache // accepted tokens and authorization answers
@@ -65,7 +65,7 @@ const (
 
 // NewDelegated returns the filter using client (the agent's own identity, which needs tokenreviews
 // create and subjectaccessreviews create).
-func NewDelegated(client kubernetes.Interface, log *slog.Logger) *Delegated {
+func NewDelegated(client kube.Interface, log *slog.Logger) *Delegated {
 	return &Delegated{client: client, log: log, ttl: CacheTTL, cache: cache.NewLRUExpireCache(cacheSize),
 		rejected: cache.NewLRUExpireCache(cacheSize), sources: cache.NewLRUExpireCache(cacheSize)}
 }
@@ -156,8 +156,7 @@ func (d *Delegated) authenticate(ctx context.Context, token, from string) (authn
 	if !d.limiter(from).Allow() {
 		return authnv1.UserInfo{}, false, errTooManyReviews
 	}
-	tr, err := d.client.AuthenticationV1().TokenReviews().Create(ctx,
-		&authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
+	tr, err := d.client.CreateTokenReview(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token}})
 	if err != nil {
 		return authnv1.UserInfo{}, false, err
 	}
@@ -198,12 +197,12 @@ func (d *Delegated) authorize(ctx context.Context, u authnv1.UserInfo, path, ver
 	for k, v := range u.Extra {
 		extra[k] = authzv1.ExtraValue(v)
 	}
-	sar, err := d.client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{
+	sar, err := d.client.CreateSubjectAccessReview(ctx, &authzv1.SubjectAccessReview{
 		Spec: authzv1.SubjectAccessReviewSpec{
 			User: u.Username, UID: u.UID, Groups: u.Groups, Extra: extra,
 			NonResourceAttributes: &authzv1.NonResourceAttributes{Path: path, Verb: verb},
 		},
-	}, metav1.CreateOptions{})
+	})
 	if err != nil {
 		return false, "", err
 	}

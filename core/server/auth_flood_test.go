@@ -15,10 +15,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/network-node-manager/network-node-manager/core"
 	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/core/kube"
 	"github.com/network-node-manager/network-node-manager/core/server"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 	"github.com/network-node-manager/network-node-manager/internal/servertest"
@@ -87,7 +87,11 @@ func TestGarbageTokensDoNotStarveAScrape(t *testing.T) {
 	}
 	var reviews atomic.Int64
 	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return countReviews{rt, &reviews} })
-	s := servertest.StartDelegated(t, kubernetes.NewForConfigOrDie(rc), "nnm_flood_test", server.Options{})
+	agentClient, err := kube.New(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := servertest.StartDelegated(t, agentClient, "nnm_flood_test", server.Options{})
 	url := "https://" + s.Addr() + "/metrics"
 
 	// The flood: 500 connections from 127.0.0.1, each with its own garbage token.

@@ -13,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/network-node-manager/network-node-manager/core/kube/kubetest"
 )
 
 // Unit test of the bounds on unknown tokens (the real API server: auth_flood_test.go): per source
@@ -27,7 +29,7 @@ func TestUnknownTokensAreBoundedPerSource(t *testing.T) {
 		tr.Status.Authenticated = false
 		return true, tr, nil
 	})
-	d := NewDelegated(client, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	d := NewDelegated(kubetest.From(client), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	h := d.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
 	do := func(src, token string) int {
 		r := httptest.NewRequest(http.MethodGet, "/metrics", nil)

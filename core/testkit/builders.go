@@ -15,11 +15,9 @@
 package testkit
 
 import (
-	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -198,9 +196,14 @@ func Snapshot(mods ...func(*fix.Snapshot)) *fix.Snapshot {
 	return s
 }
 
-// WithServices adds Services to the snapshot.
+// WithServices adds Services to the snapshot, in the compact form the core hands to fixes
+// (fix.ServiceFrom); each call makes new objects.
 func WithServices(svcs ...*corev1.Service) func(*fix.Snapshot) {
-	return func(s *fix.Snapshot) { s.Services = append(s.Services, svcs...) }
+	return func(s *fix.Snapshot) {
+		for _, svc := range svcs {
+			s.Services = append(s.Services, fix.ServiceFrom(svc))
+		}
+	}
 }
 
 // WithNode sets the snapshot's Node (and Env.NodeName).
@@ -240,11 +243,7 @@ func WithProxyMode(mode string) func(*fix.Snapshot) {
 }
 
 // SortServices sorts Services by namespace/name in place.
-func SortServices(svcs []*corev1.Service) {
-	slices.SortStableFunc(svcs, func(a, b *corev1.Service) int {
-		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
-	})
-}
+func SortServices(svcs []*fix.Service) { slices.SortStableFunc(svcs, fix.CompareServices) }
 
 // Key is "namespace/name" of a Service, as fixes name it in Skip.Object.
 func Key(svc *corev1.Service) string { return fmt.Sprintf("%s/%s", svc.Namespace, svc.Name) }

@@ -49,6 +49,7 @@ func CheckIncremental(t *testing.T, newFix func() fix.RuleFix, o IncrementalOpti
 		rng := rand.New(rand.NewPCG(uint64(seed), 0x5eed))
 		live := newFix()
 		cluster := map[string]*corev1.Service{}
+		compact := map[*corev1.Service]*fix.Service{}
 		var history []string
 		for step := range o.Steps {
 			if rng.IntN(20) == 0 {
@@ -57,11 +58,15 @@ func CheckIncremental(t *testing.T, newFix func() fix.RuleFix, o IncrementalOpti
 			} else {
 				history = append(history, randomEvent(rng, cluster))
 			}
-			svcs := make([]*corev1.Service, 0, len(cluster))
+			// An unchanged Service is the same compact object in every snapshot, as the watch keeps it.
+			snap := Snapshot(WithNode(node))
 			for _, s := range cluster {
-				svcs = append(svcs, s)
+				if compact[s] == nil {
+					compact[s] = fix.ServiceFrom(s)
+				}
+				snap.Services = append(snap.Services, compact[s])
 			}
-			snap := Snapshot(WithNode(node), WithServices(svcs...))
+			SortServices(snap.Services)
 			got, want := rulesDump(t, live, snap), rulesDump(t, newFix(), snap)
 			if got != want {
 				t.Fatalf("seed %d step %d: the long-lived fix differs from a fresh one after these events:\n  %s\n--- long-lived:\n%s\n--- fresh:\n%s",

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -286,18 +287,21 @@ func TestBuilders(t *testing.T) {
 	)
 	var names []string
 	for _, s := range snap.Services {
-		names = append(names, Key(s))
+		names = append(names, s.Key())
 	}
 	if got := strings.Join(names, " "); got != "a/ext a/z b/web" {
 		t.Errorf("services not sorted: %s", got)
 	}
 	web := snap.Services[2]
-	if web.Spec.Type != corev1.ServiceTypeLoadBalancer || web.Spec.ClusterIP != "10.96.0.10" || len(web.Spec.IPFamilies) != 2 ||
-		web.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal || len(web.Spec.Ports) != 3 || web.Spec.Ports[0].Name != "http" {
-		t.Errorf("web built wrong: %+v", web.Spec)
+	if web.Type != fix.ServiceTypeLoadBalancer || len(web.ClusterIPs) != 2 || web.ClusterIPs[0] != netip.MustParseAddr("10.96.0.10") ||
+		!web.LocalTrafficPolicy || len(web.Ports) != 3 || web.Ports[0].Name != "http" || web.Ports[1].Protocol != corev1.ProtocolUDP {
+		t.Errorf("web built wrong: %+v", web)
 	}
-	if ing := web.Status.LoadBalancer.Ingress; len(ing) != 2 || ing[1].IPMode == nil || *ing[1].IPMode != corev1.LoadBalancerIPModeProxy {
+	if ing := web.Ingress; len(ing) != 2 || ing[0].Proxy || !ing[1].Proxy || ing[1].IP != netip.MustParseAddr("203.0.113.11") {
 		t.Errorf("ingress built wrong: %+v", ing)
+	}
+	if !snap.Services[1].Headless || len(snap.Services[1].ClusterIPs) != 0 || snap.Services[0].Type != fix.ServiceTypeExternalName {
+		t.Errorf("headless or ExternalName built wrong: %+v %+v", snap.Services[1], snap.Services[0])
 	}
 	if got := snap.PodCIDRsOf(rules.IPv6); len(got) != 1 || got[0].String() != "fd00:10:244:1::/64" {
 		t.Errorf("pod CIDRs from node: %v", snap.PodCIDRs)

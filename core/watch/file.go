@@ -22,7 +22,7 @@ import (
 // offline use such as `plan`. Documents may be Services, Nodes, Pods, or v1 Lists of them, separated
 // by "---".
 type File struct {
-	services []*corev1.Service
+	services []*fix.Service
 	node     *corev1.Node
 	pods     []*corev1.Pod
 	changes  chan struct{}
@@ -77,7 +77,7 @@ func (f *File) add(name string, i int, doc []byte) error {
 		if err != nil {
 			return err
 		}
-		f.services = append(f.services, StripService(svc))
+		f.services = append(f.services, fix.ServiceFrom(svc))
 	case "Node":
 		n, err := decode[corev1.Node](name, i, tm.Kind, doc, false)
 		if err != nil {
@@ -144,7 +144,7 @@ func (f *File) Start(context.Context, fix.Needs) error { return nil }
 func (f *File) WaitForSync(context.Context) error { return nil }
 
 // Services returns the file's Services.
-func (f *File) Services() []*corev1.Service { return f.services }
+func (f *File) Services() []*fix.Service { return f.services }
 
 // Node returns the file's Node, if it had one.
 func (f *File) Node() *corev1.Node { return f.node }

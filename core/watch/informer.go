@@ -14,27 +14,25 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/kube"
 )
 
 // Informers is a Source backed by client-go shared informers: Services cluster-wide and this node's
 // Node object (field selector metadata.name, so only one Node is ever listed).
 type Informers struct {
-	newClient func() (kubernetes.Interface, error)
+	newClient func() (kube.Interface, error)
 	nodeName  string
 	log       *slog.Logger
 
 	changes chan struct{}
 
 	mu          sync.Mutex
-	client      kubernetes.Interface // made by the first Start that needs a watch
-	ctx         context.Context      // the informers' context, cancelled by Stop
+	client      kube.Interface  // made by the first Start that needs a watch
+	ctx         context.Context // the informers' context, cancelled by Stop
 	cancel      context.CancelFunc
 	stopped     bool
 	startedOnce bool // some watch was started (later starts are logged)
@@ -56,7 +54,7 @@ type Informers struct {
 
 // NewInformers returns an informer Source. It does no I/O until Start, and creates the client only
 // if some running fix needs a watch, so an agent whose fixes read nothing needs no API server.
-func NewInformers(newClient func() (kubernetes.Interface, error), nodeName string, log *slog.Logger) *Informers {
+func NewInformers(newClient func() (kube.Interface, error), nodeName string, log *slog.Logger) *Informers {
 	return &Informers{newClient: newClient, nodeName: nodeName, log: log, changes: make(chan struct{}, 1),
 		apiErrors: newAPIErrorLog(log)}
 }
@@ -104,32 +102,26 @@ func (s *Informers) Start(ctx context.Context, needs fix.Needs) error {
 		DeleteFunc: func(any) { s.notify() },
 	}
 	if missing.Services {
-		f := informers.NewSharedInformerFactoryWithOptions(client, 0)
+		inf := newInformer(client, kube.Services, "")
 		svcHandler := cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { s.services.set(obj, false); s.notify() },
 			UpdateFunc: func(_, cur any) { s.services.set(cur, false); s.notify() },
 			DeleteFunc: func(obj any) { s.services.set(obj, true); s.notify() },
 		}
-		if err := s.start(s.ctx, f.Core().V1().Services().Informer(), svcHandler, &s.svcStore, &s.svcSync); err != nil {
+		if err := s.start(s.ctx, inf, svcHandler, &s.svcStore, &s.svcSync); err != nil {
 			return err
 		}
 	}
 	if missing.Node {
-		f := informers.NewSharedInformerFactoryWithOptions(client, 0,
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.nodeName).String()
-			}))
-		if err := s.start(s.ctx, f.Core().V1().Nodes().Informer(), handler, &s.nodeStore, &s.nodeSync); err != nil {
+		inf := newInformer(client, kube.Nodes, fields.OneTermEqualSelector("metadata.name", s.nodeName).String())
+		if err := s.start(s.ctx, inf, handler, &s.nodeStore, &s.nodeSync); err != nil {
 			return err
 		}
 	}
 	if missing.Pods {
 		// Only this node's Pods: the API server filters by spec.nodeName, as the kubelet's watch does.
-		f := informers.NewSharedInformerFactoryWithOptions(client, 0,
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-				o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", s.nodeName).String()
-			}))
-		if err := s.start(s.ctx, f.Core().V1().Pods().Informer(), handler, &s.podStore, &s.podSync); err != nil {
+		inf := newInformer(client, kube.Pods, fields.OneTermEqualSelector("spec.nodeName", s.nodeName).String())
+		if err := s.start(s.ctx, inf, handler, &s.podStore, &s.podSync); err != nil {
 			return err
 		}
 	}
@@ -156,6 +148,13 @@ func (s *Informers) Started() fix.Needs {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return fix.Needs{Services: s.svcSync != nil, Node: s.nodeSync != nil, Pods: s.podSync != nil, ServiceCIDRs: s.cidrs.started}
+}
+
+// newInformer returns an informer of r (only the objects fieldSelector selects), without the
+// namespace index client-go's informer factory adds: nothing here looks objects up by namespace, and
+// at 10,000 Services the index costs more than the compact objects' addresses.
+func newInformer(client kube.Interface, r kube.Resource, fieldSelector string) cache.SharedIndexInformer {
+	return cache.NewSharedIndexInformerWithOptions(client.ListWatch(r, fieldSelector), r.Example(), cache.SharedIndexInformerOptions{})
 }
 
 // start strips what the informer caches, hooks the change signal in, and runs it in the background.
@@ -253,7 +252,7 @@ func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { re
 func transform(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Service:
-		return StripService(o), nil
+		return (*cachedService)(fix.ServiceFrom(o)), nil
 	case *corev1.Node:
 		return StripNode(o), nil
 	case *corev1.Pod:
@@ -315,7 +314,6 @@ func (s *Informers) NeedsSynced(needs fix.Needs) error {
 		watches = append(watches, watch{"ServiceCIDRs", true, synced})
 	}
 	s.mu.Unlock()
-	n := 0
 	var missing []string
 	for _, w := range watches {
 		switch {
@@ -326,35 +324,51 @@ func (s *Informers) NeedsSynced(needs fix.Needs) error {
 			missing = append(missing, w.name+" (not started)")
 		case !w.synced():
 			missing = append(missing, w.name)
-		default:
-			n++
 		}
 	}
 	if len(missing) > 0 {
 		return fmt.Errorf("watches not synced: %s", strings.Join(missing, ", "))
 	}
-	s.logSynced(n)
+	s.logSynced()
 	return nil
 }
 
 // logSynced logs, once, how long the first list of the started informers took (at 10,000 Services
-// this is a large part of a cold start; see BENCHMARKS.md).
-func (s *Informers) logSynced(informers int) {
+// this is a large part of a cold start; see BENCHMARKS.md), when every one of them has it: a fix
+// that reads only the Node is ready before the Services are listed, and the line must not say the
+// watches synced then.
+func (s *Informers) logSynced() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.synced || informers == 0 {
+	if s.synced {
+		return
+	}
+	n := 0
+	for _, synced := range []cache.InformerSynced{s.svcSync, s.nodeSync, s.podSync} {
+		switch {
+		case synced == nil:
+		case !synced():
+			return
+		default:
+			n++
+		}
+	}
+	if s.cidrs.started && !s.serviceCIDRsSynced() {
+		return
+	}
+	if n == 0 {
 		return
 	}
 	s.synced = true
-	n := 0
+	services := 0
 	if s.svcStore != nil {
-		n = len(s.svcStore.ListKeys())
+		services = len(s.svcStore.ListKeys())
 	}
-	s.log.Info("watches synced", "after", time.Since(s.started).Round(time.Millisecond), "services", n)
+	s.log.Info("watches synced", "after", time.Since(s.started).Round(time.Millisecond), "services", services)
 }
 
 // Services returns the cached Services, sorted. The slice and the objects are shared: do not modify.
-func (s *Informers) Services() []*corev1.Service { return s.services.list() }
+func (s *Informers) Services() []*fix.Service { return s.services.list() }
 
 // Node returns this node's Node object.
 func (s *Informers) Node() *corev1.Node {

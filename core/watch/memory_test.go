@@ -1,7 +1,8 @@
-package watch_test
+package watch
 
 import (
 	"fmt"
+	"net/netip"
 	"runtime"
 	"testing"
 
@@ -9,52 +10,68 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/core/watch"
 	"github.com/network-node-manager/network-node-manager/fixes/ipvsexternalipdnat"
 )
 
-// BenchmarkMemoryPerService prints what 10,000 Services cost in memory on the data path: the
-// stripped objects the informer cache holds (decoded from protobuf, as the API sends them, with two
-// managed-fields entries like the scale benchmark's Services) and the state ipvs-externalip-dnat
-// keeps for them (fix.ServiceMap). Run: go test -run - -bench MemoryPerService -benchtime 1x ./core/watch
+// BenchmarkMemoryPerService prints what one Service costs in live heap on the agent's data path,
+// all in, at 10,000 and 50,000 Services: the informer cache's entry (the compact fix.Service the
+// transform makes from a Service decoded from protobuf, as the API sends it, with two
+// managed-fields entries like the scale benchmark's Services; the store's key and map slot), the
+// sorted list snapshots hand out, and the state ipvs-externalip-dnat keeps for it after an IPv4
+// Rules call (both fix.ServiceMaps, the map entries of the ruleset, which the nftables backend
+// keeps as they are). Live heap is HeapAlloc after a forced GC, before and after each step.
+// Run: go test -run - -bench MemoryPerService -benchtime 1x ./core/watch
 func BenchmarkMemoryPerService(b *testing.B) {
-	const n = 10000
-	blobs := make([][]byte, n)
-	for i := range n {
-		svc := benchService(i)
-		var err error
-		if blobs[i], err = svc.Marshal(); err != nil {
-			b.Fatal(err)
-		}
-	}
-	for range b.N {
-		h0 := liveHeap()
-		svcs := make([]*corev1.Service, n)
-		for i, blob := range blobs {
-			var s corev1.Service
-			if err := s.Unmarshal(blob); err != nil {
-				b.Fatal(err)
+	for _, n := range []int{10000, 50000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			blobs := make([][]byte, n)
+			for i := range n {
+				var err error
+				if blobs[i], err = benchService(i).Marshal(); err != nil {
+					b.Fatal(err)
+				}
 			}
-			svcs[i] = watch.StripService(&s)
-		}
-		h1 := liveHeap()
-		f, err := ipvsexternalipdnat.New(fix.Params{Registry: prometheus.NewRegistry()})
-		if err != nil {
-			b.Fatal(err)
-		}
-		rs, _, err := f.Rules(&fix.Snapshot{Services: svcs}, rules.IPv4)
-		if err != nil {
-			b.Fatal(err)
-		}
-		h2 := liveHeap()
-		b.ReportMetric(float64(h1-h0)/n, "B-stripped/svc")
-		b.ReportMetric(float64(h2-h1)/n, "B-fix-state/svc")
-		runtime.KeepAlive(svcs)
-		runtime.KeepAlive(rs)
-		runtime.KeepAlive(f)
+			for range b.N {
+				h0 := liveHeap()
+				store := cache.NewIndexer(cache.DeletionHandlingMetaNamespaceKeyFunc, cache.Indexers{})
+				var sorted sortedServices
+				for _, blob := range blobs {
+					var s corev1.Service
+					if err := s.Unmarshal(blob); err != nil {
+						b.Fatal(err)
+					}
+					obj, err := transform(&s)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := store.Add(obj); err != nil {
+						b.Fatal(err)
+					}
+					sorted.set(obj, false)
+				}
+				svcs := sorted.list()
+				h1 := liveHeap()
+				f, err := ipvsexternalipdnat.New(fix.Params{Registry: prometheus.NewRegistry()})
+				if err != nil {
+					b.Fatal(err)
+				}
+				rs, _, err := f.Rules(&fix.Snapshot{Services: svcs, ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}}, rules.IPv4)
+				if err != nil || len(rs.Maps[0].Entries) != n {
+					b.Fatalf("%d entries, %v", len(rs.Maps[0].Entries), err)
+				}
+				h2 := liveHeap()
+				b.ReportMetric(float64(h1-h0)/float64(n), "B-cache/svc")
+				b.ReportMetric(float64(h2-h1)/float64(n), "B-fix-state/svc")
+				b.ReportMetric(float64(h2-h0)/float64(n), "B-total/svc")
+				runtime.KeepAlive(store)
+				runtime.KeepAlive(rs)
+				runtime.KeepAlive(f)
+			}
+		})
 	}
 }
 

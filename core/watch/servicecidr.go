@@ -11,9 +11,9 @@ import (
 
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/network-node-manager/network-node-manager/core/kube"
 )
 
 // serviceCIDRGroupVersion serves the ServiceCIDR objects (GA in Kubernetes 1.33).
@@ -34,10 +34,10 @@ type serviceCIDRWatch struct {
 // watchServiceCIDRs asks discovery whether the API serves ServiceCIDR objects, retrying with
 // backoff while it cannot be asked, then runs their informer or, on an API without them, records
 // that the configured serviceCIDRs apply. It returns when ctx ends.
-func (s *Informers) watchServiceCIDRs(ctx context.Context, client kubernetes.Interface, h cache.ResourceEventHandler) {
+func (s *Informers) watchServiceCIDRs(ctx context.Context, client kube.Interface, h cache.ResourceEventHandler) {
 	backoff := 500 * time.Millisecond
 	for {
-		served, err := servesServiceCIDRs(client)
+		served, err := servesServiceCIDRs(ctx, client)
 		if err == nil {
 			s.cidrs.mu.Lock()
 			s.cidrs.decided, s.cidrs.served = true, served
@@ -62,7 +62,7 @@ func (s *Informers) watchServiceCIDRs(ctx context.Context, client kubernetes.Int
 		}
 		backoff = min(2*backoff, 30*time.Second)
 	}
-	inf := informers.NewSharedInformerFactoryWithOptions(client, 0).Networking().V1().ServiceCIDRs().Informer()
+	inf := newInformer(client, kube.ServiceCIDRs, "")
 	var store cache.Store
 	var synced cache.InformerSynced
 	if err := s.start(ctx, inf, h, &store, &synced); err != nil {
@@ -79,8 +79,8 @@ func (s *Informers) watchServiceCIDRs(ctx context.Context, client kubernetes.Int
 
 // servesServiceCIDRs reports whether the API serves servicecidrs in networking.k8s.io/v1; an error
 // means discovery did not answer (and should be asked again).
-func servesServiceCIDRs(client kubernetes.Interface) (bool, error) {
-	list, err := client.Discovery().ServerResourcesForGroupVersion(serviceCIDRGroupVersion)
+func servesServiceCIDRs(ctx context.Context, client kube.Interface) (bool, error) {
+	list, err := client.ServerResources(ctx, serviceCIDRGroupVersion)
 	if apierrors.IsNotFound(err) {
 		return false, nil
 	}

@@ -6,8 +6,9 @@ import (
 	"strings"
 	"sync"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
 )
 
 // sortedServices keeps the Services of the informer's events sorted by namespace/name, so that a
@@ -17,8 +18,8 @@ import (
 // lets fixes recompute only the Services that changed (fix.ServiceMap).
 type sortedServices struct {
 	mu      sync.Mutex
-	sorted  []*corev1.Service
-	pending map[svcKey]*corev1.Service // the latest object per key since the last list; nil: deleted
+	sorted  []*fix.Service
+	pending map[svcKey]*fix.Service // the latest object per key since the last list; nil: deleted
 }
 
 type svcKey struct{ namespace, name string }
@@ -27,14 +28,15 @@ func (s *sortedServices) set(obj any, deleted bool) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj, deleted = d.Obj, true
 	}
-	svc, ok := obj.(*corev1.Service)
+	cached, ok := obj.(*cachedService)
 	if !ok {
 		return
 	}
+	svc := (*fix.Service)(cached)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.pending == nil {
-		s.pending = map[svcKey]*corev1.Service{}
+		s.pending = map[svcKey]*fix.Service{}
 	}
 	k := svcKey{svc.Namespace, svc.Name}
 	if deleted {
@@ -45,7 +47,7 @@ func (s *sortedServices) set(obj any, deleted bool) {
 }
 
 // list returns the current Services, merging the events received since the last call.
-func (s *sortedServices) list() []*corev1.Service {
+func (s *sortedServices) list() []*fix.Service {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.pending) == 0 {
@@ -60,7 +62,7 @@ func (s *sortedServices) list() []*corev1.Service {
 	}
 	slices.SortFunc(keys, compareKeys)
 	old := s.sorted
-	out := make([]*corev1.Service, 0, len(old)+len(keys))
+	out := make([]*fix.Service, 0, len(old)+len(keys))
 	i := 0
 	for _, k := range keys {
 		for i < len(old) && compareKeys(svcKey{old[i].Namespace, old[i].Name}, k) < 0 {

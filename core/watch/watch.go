@@ -7,9 +7,9 @@ import (
 	"context"
 	"slices"
 	"sort"
-	"unique"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
 )
@@ -23,7 +23,7 @@ type Source interface {
 	// Services returns the current Services sorted by namespace/name. Callers must not modify them.
 	// A Service that changed is a new object; one that did not is the same object as in the previous
 	// call (fix.ServiceMap relies on it to recompute only what changed).
-	Services() []*corev1.Service
+	Services() []*fix.Service
 	// Node returns this node's Node object, nil if unknown.
 	Node() *corev1.Node
 	// Pods returns the Pods scheduled to this node, sorted by namespace/name (stripped by StripPod).
@@ -36,75 +36,16 @@ type Source interface {
 }
 
 // SortServices orders Services by namespace/name.
-func SortServices(svcs []*corev1.Service) {
-	sort.Slice(svcs, func(i, j int) bool {
-		if svcs[i].Namespace != svcs[j].Namespace {
-			return svcs[i].Namespace < svcs[j].Namespace
-		}
-		return svcs[i].Name < svcs[j].Name
-	})
-}
+func SortServices(svcs []*fix.Service) { slices.SortStableFunc(svcs, fix.CompareServices) }
 
-// StripService keeps only what fixes read: identity, spec and load-balancer status. It is the
-// informer's transform, so the cache holds the small form (managed fields and annotations of
-// thousands of Services are most of their size). Values that thousands of Services share (type,
-// protocols, port names, families) point to one copy each, and the Cluster-IP to its entry in
-// ClusterIPs: at 10,000 Services the cache holds about 1 KB per Service, most of it the
-// corev1.Service struct itself (BENCHMARKS.md, Memory).
-func StripService(svc *corev1.Service) *corev1.Service {
-	out := &corev1.Service{}
-	out.Namespace = svc.Namespace
-	out.Name = svc.Name
-	out.ResourceVersion = svc.ResourceVersion
-	out.Spec = corev1.ServiceSpec{
-		Type:                  intern(svc.Spec.Type),
-		ClusterIP:             svc.Spec.ClusterIP,
-		ClusterIPs:            svc.Spec.ClusterIPs,
-		ExternalIPs:           svc.Spec.ExternalIPs,
-		ExternalName:          svc.Spec.ExternalName,
-		ExternalTrafficPolicy: intern(svc.Spec.ExternalTrafficPolicy),
-		IPFamilies:            internFamilies(svc.Spec.IPFamilies),
-		Ports:                 stripPorts(svc.Spec.Ports),
-	}
-	if len(out.Spec.ClusterIPs) > 0 && out.Spec.ClusterIPs[0] == out.Spec.ClusterIP {
-		out.Spec.ClusterIP = out.Spec.ClusterIPs[0]
-	}
-	out.Status.LoadBalancer = svc.Status.LoadBalancer
-	return out
-}
+// cachedService is the form the informer cache holds a Service in: the compact fix.Service (the
+// transform makes it as each Service arrives, so the cache never keeps a corev1.Service), with the
+// metadata accessor the cache's key function and its resync check need.
+type cachedService fix.Service
 
-func stripPorts(ports []corev1.ServicePort) []corev1.ServicePort {
-	if len(ports) == 0 {
-		return nil
-	}
-	out := make([]corev1.ServicePort, len(ports))
-	for i, p := range ports {
-		out[i] = corev1.ServicePort{Name: intern(p.Name), Protocol: intern(p.Protocol), Port: p.Port}
-	}
-	return out
-}
-
-// intern returns the one shared copy of a short value many objects repeat.
-func intern[S ~string](s S) S {
-	if s == "" || len(s) > 32 {
-		return s
-	}
-	return S(unique.Make(string(s)).Value())
-}
-
-// The IP families of nearly every Service are one of these.
-var familyLists = [][]corev1.IPFamily{
-	{corev1.IPv4Protocol}, {corev1.IPv6Protocol},
-	{corev1.IPv4Protocol, corev1.IPv6Protocol}, {corev1.IPv6Protocol, corev1.IPv4Protocol},
-}
-
-func internFamilies(fams []corev1.IPFamily) []corev1.IPFamily {
-	for _, l := range familyLists {
-		if slices.Equal(l, fams) {
-			return slices.Clip(l)
-		}
-	}
-	return fams
+// GetObjectMeta gives client-go's cache the Service's namespace, name and resourceVersion.
+func (s *cachedService) GetObjectMeta() metav1.Object {
+	return &metav1.ObjectMeta{Namespace: s.Namespace, Name: s.Name, ResourceVersion: s.ResourceVersion}
 }
 
 // SortPods orders Pods by namespace/name.

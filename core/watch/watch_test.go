@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -23,6 +24,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/kube"
+	"github.com/network-node-manager/network-node-manager/core/kube/kubetest"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 )
 
@@ -85,31 +88,8 @@ items:
 	if len(svcs) != 2 || svcs[0].Namespace != "default" || svcs[1].Name != "a" {
 		t.Fatalf("list not read with the default namespace: %+v", svcs)
 	}
-	if len(svcs[1].Annotations) != 0 {
-		t.Fatal("file Services must be stripped like informer ones")
-	}
-}
-
-func TestStripServiceKeepsWhatFixesRead(t *testing.T) {
-	in := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "n", Name: "s", Annotations: map[string]string{"a": strings.Repeat("x", 1000),
-			"kubectl.kubernetes.io/last-applied-configuration": strings.Repeat("{}", 500)}, Finalizers: []string{"f"},
-			OwnerReferences: []metav1.OwnerReference{{Name: "o"}},
-			ManagedFields:   []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}, Labels: map[string]string{"l": "v"}},
-		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ClusterIPs: []string{"10.96.0.1"}, ExternalIPs: []string{"203.0.113.1"},
-			Selector: map[string]string{"app": "x"}, Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, NodePort: 30080}}},
-		Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{{IP: "203.0.113.2", IPMode: new(corev1.LoadBalancerIPModeProxy)}}},
-			Conditions: []metav1.Condition{{Type: "x", Message: strings.Repeat("m", 100)}}},
-	}
-	out := StripService(in)
-	if out.Annotations != nil || out.ManagedFields != nil || out.Labels != nil || out.Finalizers != nil || out.OwnerReferences != nil ||
-		out.Spec.Selector != nil || out.Spec.Ports[0].NodePort != 0 || out.Status.Conditions != nil {
-		t.Fatalf("not stripped: %+v", out)
-	}
-	if out.Spec.ClusterIPs[0] != "10.96.0.1" || out.Spec.ExternalIPs[0] != "203.0.113.1" || out.Status.LoadBalancer.Ingress[0].IP != "203.0.113.2" ||
-		*out.Status.LoadBalancer.Ingress[0].IPMode != corev1.LoadBalancerIPModeProxy ||
-		out.Spec.Ports[0].Port != 80 || out.Spec.Type != corev1.ServiceTypeLoadBalancer {
-		t.Fatalf("lost what fixes read: %+v", out)
+	if len(svcs[1].ClusterIPs) != 1 || svcs[1].ClusterIPs[0] != netip.MustParseAddr("10.96.0.1") {
+		t.Fatalf("file Services must be in the compact form informer ones are in: %+v", svcs[1])
 	}
 }
 
@@ -133,7 +113,7 @@ func TestStripNodeKeepsWhatFixesRead(t *testing.T) {
 
 func TestInformersWatchOnlyWhatIsNeeded(t *testing.T) {
 	called := false
-	s := NewInformers(func() (kubernetes.Interface, error) { called = true; return fake.NewClientset(), nil }, "n1",
+	s := NewInformers(func() (kube.Interface, error) { called = true; return kubetest.From(fake.NewClientset()), nil }, "n1",
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := s.Start(context.Background(), fix.Needs{}); err != nil {
 		t.Fatal(err)
@@ -158,8 +138,8 @@ func TestInformersSnapshotAndChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	svcs := s.Services()
-	if len(svcs) != 2 || svcs[0].Namespace != "a" || svcs[1].Annotations != nil {
-		t.Fatalf("want 2 sorted, stripped Services, got %+v", svcs)
+	if len(svcs) != 2 || svcs[0].Namespace != "a" || svcs[1].Name != "z" {
+		t.Fatalf("want 2 sorted Services, got %+v", svcs)
 	}
 	if n := s.Node(); n == nil || n.Spec.PodCIDRs[0] != "10.244.1.0/24" {
 		t.Fatalf("node not seen: %+v", n)
@@ -188,7 +168,7 @@ func TestInformersSnapshotAndChanges(t *testing.T) {
 	}
 }
 
-func names(svcs []*corev1.Service) []string {
+func names(svcs []*fix.Service) []string {
 	var out []string
 	for _, s := range svcs {
 		out = append(out, s.Namespace+"/"+s.Name)
@@ -202,9 +182,9 @@ func names(svcs []*corev1.Service) []string {
 func TestSortedServicesMergesEvents(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	var s sortedServices
-	want := map[string]*corev1.Service{}
+	want := map[string]*fix.Service{}
 	type handed struct {
-		list []*corev1.Service
+		list []*fix.Service
 		keys []string
 	}
 	var lists []handed
@@ -214,21 +194,21 @@ func TestSortedServicesMergesEvents(t *testing.T) {
 		switch rng.IntN(4) {
 		case 0:
 			delete(want, key)
-			var obj any = &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+			var obj any = &cachedService{Namespace: ns, Name: name}
 			if rng.IntN(2) == 0 {
 				obj = cache.DeletedFinalStateUnknown{Key: key, Obj: obj}
 			}
 			s.set(obj, true)
 		default:
-			svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, ResourceVersion: fmt.Sprint(step)}}
+			svc := &fix.Service{Namespace: ns, Name: name, ResourceVersion: fmt.Sprint(step)}
 			want[key] = svc
-			s.set(svc, false)
+			s.set((*cachedService)(svc), false)
 		}
 		if rng.IntN(5) != 0 {
 			continue // several events between two lists
 		}
 		got := s.list()
-		var wantList []*corev1.Service
+		var wantList []*fix.Service
 		for _, svc := range want {
 			wantList = append(wantList, svc)
 		}
@@ -282,7 +262,7 @@ func TestInformersPodsStrippedAndSorted(t *testing.T) {
 
 // startInformers starts informers for node n1 on the clients of newClient, watching needs, with a
 // context that ends after 10 s; both end with the test.
-func startInformers(t *testing.T, newClient func() (kubernetes.Interface, error), needs fix.Needs) (*Informers, context.Context) {
+func startInformers(t *testing.T, newClient func() (kube.Interface, error), needs fix.Needs) (*Informers, context.Context) {
 	t.Helper()
 	s := NewInformers(newClient, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -295,8 +275,8 @@ func startInformers(t *testing.T, newClient func() (kubernetes.Interface, error)
 }
 
 // fakeClient hands out cs.
-func fakeClient(cs kubernetes.Interface) func() (kubernetes.Interface, error) {
-	return func() (kubernetes.Interface, error) { return cs, nil }
+func fakeClient(cs kubernetes.Interface) func() (kube.Interface, error) {
+	return func() (kube.Interface, error) { return kubetest.From(cs), nil }
 }
 
 // waitRetries waits up to 20 s until the informers made n requests (counted by count, e.g. the
@@ -326,7 +306,7 @@ func TestUnreachableAPIServerIsLoggedOnce(t *testing.T) {
 	var failures atomic.Int64
 	var logs testkit.LogBuffer
 	var s *Informers
-	s = NewInformers(func() (kubernetes.Interface, error) {
+	s = NewInformers(func() (kube.Interface, error) {
 		rc := &rest.Config{Host: "http://" + addr}
 		rc.Wrap(s.WrapTransport)
 		rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { // around WrapTransport: counts every failure
@@ -338,7 +318,7 @@ func TestUnreachableAPIServerIsLoggedOnce(t *testing.T) {
 				return resp, err
 			})
 		})
-		return kubernetes.NewForConfig(rc)
+		return kube.New(rc)
 	}, "n1", slog.New(slog.NewTextHandler(&logs, nil)))
 	if err := s.Start(context.Background(), fix.Needs{Services: true, Node: true}); err != nil {
 		t.Fatal(err)
@@ -375,10 +355,10 @@ func TestThrottlingIsLogged(t *testing.T) {
 	defer srv.Close()
 	var logs testkit.LogBuffer
 	var s *Informers
-	s = NewInformers(func() (kubernetes.Interface, error) {
+	s = NewInformers(func() (kube.Interface, error) {
 		rc := &rest.Config{Host: srv.URL}
 		rc.Wrap(s.WrapTransport)
-		return kubernetes.NewForConfig(rc)
+		return kube.New(rc)
 	}, "n1", slog.New(slog.NewTextHandler(&logs, nil)))
 	if err := s.Start(context.Background(), fix.Needs{Services: true}); err != nil {
 		t.Fatal(err)
@@ -404,7 +384,7 @@ func TestInformersStartAddsWatches(t *testing.T) {
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.244.1.2"}}}}
 	cs := fake.NewClientset(node, pod)
 	clients := 0
-	s, ctx := startInformers(t, func() (kubernetes.Interface, error) { clients++; return cs, nil }, fix.Needs{Services: true})
+	s, ctx := startInformers(t, func() (kube.Interface, error) { clients++; return kubetest.From(cs), nil }, fix.Needs{Services: true})
 	if err := s.WaitForNeeds(ctx, fix.Needs{Services: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -428,7 +408,7 @@ func TestInformersStartAddsWatches(t *testing.T) {
 
 // Without a node name the Pods watch cannot run: a fix reading Pods is never told it synced.
 func TestInformersPodsWithoutNodeNameNeverSync(t *testing.T) {
-	s := NewInformers(func() (kubernetes.Interface, error) { return fake.NewClientset(), nil }, "", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s := NewInformers(func() (kube.Interface, error) { return kubetest.From(fake.NewClientset()), nil }, "", slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := s.Start(context.Background(), fix.Needs{Pods: true, Node: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -438,5 +418,32 @@ func TestInformersPodsWithoutNodeNameNeverSync(t *testing.T) {
 	}
 	if err := s.NeedsSynced(fix.Needs{Node: true}); err != nil {
 		t.Fatalf("the Node without a node name (configured pod CIDRs) = %v; want nil", err)
+	}
+}
+
+// "watches synced" (the scale benchmark's list/sync figure) waits for every started watch, not only
+// for those of the fix that asked first: a fix that reads only the Node is ready while the Services
+// are still being listed.
+func TestWatchesSyncedWaitsForEveryWatch(t *testing.T) {
+	var logs testkit.LogBuffer
+	s := NewInformers(nil, "n1", slog.New(slog.NewTextHandler(&logs, nil)))
+	var servicesListed atomic.Bool
+	s.svcSync, s.nodeSync = servicesListed.Load, func() bool { return true }
+	s.svcStore = cache.NewStore(cache.MetaNamespaceKeyFunc)
+	if err := s.NeedsSynced(fix.Needs{Node: true}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(logs.String(), "watches synced") {
+		t.Fatalf("logged before the Services were listed: %s", logs.String())
+	}
+	if err := s.NeedsSynced(fix.Needs{Services: true}); err == nil {
+		t.Fatal("the Services are not listed yet: want an error")
+	}
+	servicesListed.Store(true)
+	if err := s.NeedsSynced(fix.Needs{Services: true, Node: true}); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(logs.String(), "watches synced"); n != 1 {
+		t.Fatalf("want one line once everything is listed, got %d: %s", n, logs.String())
 	}
 }

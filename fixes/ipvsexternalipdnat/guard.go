@@ -69,11 +69,7 @@ func newGuard(cfg Config, snap *fix.Snapshot, clusterIPs []rules.MapEntry) guard
 			}
 		}
 	}
-	for _, e := range clusterIPs {
-		if !g.inServiceCIDRs(e.Addr).IsValid() {
-			g.clusterIPs = append(g.clusterIPs, e)
-		}
-	}
+	g.clusterIPs = clusterIPs
 	return g
 }
 
@@ -125,20 +121,25 @@ func (g *guard) check(raw netip.Addr) (reason, detail string) {
 }
 
 // clusterIPEntries is the per-Service function of Fix.clusterIPs: one pseudo entry per Cluster-IP of
-// family, commented with the Service's name, so that fix.ServiceMap keeps the cluster's Cluster-IPs
-// sorted and up to date without recomputing unchanged Services. The entries never reach a backend.
-func clusterIPEntries(svc *corev1.Service, family rules.Family, _ struct{}) ([]rules.MapEntry, []fix.Skip) {
-	ips := svc.Spec.ClusterIPs
-	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
-		ips = []string{svc.Spec.ClusterIP}
-	}
+// family that lies outside the Service CIDRs (normally none: a Cluster-IP inside them is refused by
+// the range already), commented with the Service's name, so that fix.ServiceMap keeps them sorted
+// and up to date without recomputing unchanged Services. The entries never reach a backend.
+func clusterIPEntries(svc *fix.Service, family rules.Family, cidrs *cidrSet) ([]rules.MapEntry, []fix.Skip) {
 	var out []rules.MapEntry
-	for _, s := range ips {
-		if a, err := netip.ParseAddr(s); err == nil && family.Contains(a.Unmap()) {
-			out = append(out, rules.MapEntry{Addr: a.Unmap(), Protocol: rules.TCP, Comment: svc.Namespace + "/" + svc.Name})
+	for _, a := range svc.ClusterIPs {
+		if a = a.Unmap(); family.Contains(a) && !cidrs.contains(a) {
+			out = append(out, rules.MapEntry{Addr: a, Protocol: rules.TCP, Comment: svc.Key()})
 		}
 	}
 	return out, nil
+}
+
+// cidrSet is the input of Fix.clusterIPs: the Service CIDRs. Fix.guardFor hands out the same
+// pointer while they stay, so that fix.ServiceMap recomputes no Service.
+type cidrSet struct{ prefixes []netip.Prefix }
+
+func (c *cidrSet) contains(a netip.Addr) bool {
+	return slices.ContainsFunc(c.prefixes, func(p netip.Prefix) bool { return p.Contains(a) })
 }
 
 // parseAllowed validates the allowedCIDRs option (rules.ParsePrefixes: CIDRs or single addresses,

@@ -10,8 +10,6 @@ import (
 	"strings"
 	"sync"
 
-	corev1 "k8s.io/api/core/v1"
-
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
@@ -43,11 +41,13 @@ type Fix struct {
 	m *fixMetrics
 
 	entries *fix.ServiceMap[*guard]
-	// clusterIPs keeps every Service's Cluster-IPs, per family, sorted (see clusterIPEntries).
-	clusterIPs *fix.ServiceMap[struct{}]
+	// clusterIPs keeps the Cluster-IPs outside the Service CIDRs, per family, sorted (see
+	// clusterIPEntries).
+	clusterIPs *fix.ServiceMap[*cidrSet]
 
 	mu    sync.Mutex
-	guard map[rules.Family]*guard // the last guard per family: the same pointer while it decides alike, so Services need no recomputing
+	guard map[rules.Family]*guard   // the last guard per family: the same pointer while it decides alike, so Services need no recomputing
+	cidrs map[rules.Family]*cidrSet // the last Service CIDRs per family, the same pointer while they stay
 	// noCIDRsLogged: the absence of Service CIDRs was logged (once until some are known).
 	noCIDRsLogged bool
 }
@@ -61,7 +61,7 @@ var (
 // New builds the fix with its default configuration and registers its metrics.
 func New(p fix.Params) (*Fix, error) {
 	f := &Fix{m: newMetrics(), entries: fix.NewServiceMap(serviceEntries),
-		clusterIPs: fix.NewServiceMap(clusterIPEntries), guard: map[rules.Family]*guard{}}
+		clusterIPs: fix.NewServiceMap(clusterIPEntries), guard: map[rules.Family]*guard{}, cidrs: map[rules.Family]*cidrSet{}}
 	if err := f.Init(spec, p, f.m.collectors()...); err != nil {
 		return nil, err
 	}
@@ -161,7 +161,14 @@ func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fi
 // when its input changes). A new Service changes it only when its Cluster-IP lies outside the known
 // Service CIDRs.
 func (f *Fix) guardFor(cfg Config, snap *fix.Snapshot, family rules.Family) *guard {
-	g := newGuard(cfg, snap, f.clusterIPs.Update(snap.Services, family, struct{}{}).Entries)
+	f.mu.Lock()
+	cidrs := f.cidrs[family]
+	if cidrs == nil || !slices.Equal(cidrs.prefixes, snap.ServiceCIDRs) {
+		cidrs = &cidrSet{prefixes: slices.Clone(snap.ServiceCIDRs)}
+		f.cidrs[family] = cidrs
+	}
+	f.mu.Unlock()
+	g := newGuard(cfg, snap, f.clusterIPs.Update(snap.Services, family, cidrs).Entries)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(snap.ServiceCIDRs) == 0 && !f.noCIDRsLogged {
@@ -178,7 +185,7 @@ func (f *Fix) guardFor(cfg Config, snap *fix.Snapshot, family rules.Family) *gua
 // serviceEntries is the pure Service → map computation for one Service: an entry per External-IP
 // and port. The core's fix.ServiceMap calls it only for Services that changed, and gives an entry
 // that two Services want to the first in namespace/name order.
-func serviceEntries(svc *corev1.Service, family rules.Family, g *guard) ([]rules.MapEntry, []fix.Skip) {
+func serviceEntries(svc *fix.Service, family rules.Family, g *guard) ([]rules.MapEntry, []fix.Skip) {
 	var skips []fix.Skip
 	skip := func(reason, detail string) {
 		skips = append(skips, fix.Skip{Reason: reason, Detail: detail})
@@ -188,10 +195,10 @@ func serviceEntries(svc *corev1.Service, family rules.Family, g *guard) ([]rules
 		return nil, skips
 	}
 	switch {
-	case svc.Spec.Type == corev1.ServiceTypeExternalName:
+	case svc.Type == fix.ServiceTypeExternalName:
 		skip(ReasonExternalName, "an ExternalName Service has no Cluster-IP to DNAT to")
 		return nil, skips
-	case svc.Spec.ClusterIP == corev1.ClusterIPNone:
+	case svc.Headless:
 		skip(ReasonHeadless, "a headless Service has no Cluster-IP to DNAT to")
 		return nil, skips
 	}
@@ -199,9 +206,9 @@ func serviceEntries(svc *corev1.Service, family rules.Family, g *guard) ([]rules
 	if !ok {
 		return nil, skips
 	}
-	name := svc.Namespace + "/" + svc.Name
+	name := svc.Key()
 	var entries []rules.MapEntry
-	for _, p := range svc.Spec.Ports {
+	for _, p := range svc.Ports {
 		proto := rules.TCP
 		if p.Protocol != "" {
 			var err error
@@ -229,20 +236,21 @@ func serviceEntries(svc *corev1.Service, family rules.Family, g *guard) ([]rules
 // the ingress IPs of a LoadBalancer Service (not those with ipMode Proxy, which must go through the
 // load balancer) and spec.externalIPs, less those g refuses. Bad, refused and ipMode-Proxy addresses
 // are reported through skip, each once and in the family it looks like.
-func externalIPs(svc *corev1.Service, family rules.Family, g *guard, skip func(reason, detail string)) []netip.Addr {
+func externalIPs(svc *fix.Service, family rules.Family, g *guard, skip func(reason, detail string)) []netip.Addr {
 	var out []netip.Addr
 	proxied := map[netip.Addr]bool{}
 	refused := map[netip.Addr]bool{}
-	parse := func(field, s string) (netip.Addr, bool) {
-		a, err := netip.ParseAddr(strings.TrimSpace(s))
-		if err != nil || a.Zone() != "" {
-			if looksLike(s) == family {
-				skip(ReasonBadIP, fmt.Sprintf("%s %q is not an IP address", field, s))
+	invalid := func(prefix string) {
+		for _, bad := range svc.Invalid {
+			if strings.HasPrefix(bad.Field, prefix) && looksLike(bad.Value) == family {
+				skip(ReasonBadIP, fmt.Sprintf("%s %q is not an IP address", bad.Field, bad.Value))
 			}
-			return netip.Addr{}, false
 		}
-		raw := a
-		if a = a.Unmap(); !family.Contains(a) {
+	}
+	// check returns raw unmapped, and whether it is of family and g lets it through.
+	check := func(field string, raw netip.Addr) (netip.Addr, bool) {
+		a := raw.Unmap()
+		if !family.Contains(a) {
 			return a, false
 		}
 		if reason, detail := g.check(raw); reason != "" {
@@ -254,16 +262,14 @@ func externalIPs(svc *corev1.Service, family rules.Family, g *guard, skip func(r
 		}
 		return a, true
 	}
-	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
-		for i, ing := range svc.Status.LoadBalancer.Ingress {
-			if ing.IP == "" {
-				continue // hostname-only ingress: nothing to match on
-			}
-			a, ok := parse(fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), ing.IP)
+	if svc.Type == fix.ServiceTypeLoadBalancer {
+		invalid("status.loadBalancer.ingress")
+		for i, ing := range svc.Ingress {
+			a, ok := check(fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), ing.IP)
 			if !ok {
 				continue
 			}
-			if ing.IPMode != nil && *ing.IPMode == corev1.LoadBalancerIPModeProxy {
+			if ing.Proxy {
 				if !proxied[a] {
 					skip(ReasonIPModeProxy, fmt.Sprintf("%s has ipMode Proxy: traffic must go through the load balancer", a))
 				}
@@ -273,8 +279,9 @@ func externalIPs(svc *corev1.Service, family rules.Family, g *guard, skip func(r
 			out = append(out, a)
 		}
 	}
-	for i, s := range svc.Spec.ExternalIPs {
-		a, ok := parse(fmt.Sprintf("spec.externalIPs[%d]", i), s)
+	invalid("spec.externalIPs")
+	for i, raw := range svc.ExternalIPs {
+		a, ok := check(fmt.Sprintf("spec.externalIPs[%d]", i), raw)
 		switch {
 		case !ok:
 		case !g.spec:
@@ -305,20 +312,14 @@ func looksLike(s string) rules.Family {
 }
 
 // clusterIPOf returns the Service's Cluster-IP of family (spec.clusterIPs, else spec.clusterIP).
-func clusterIPOf(svc *corev1.Service, family rules.Family, skip func(reason, detail string)) (netip.Addr, bool) {
-	ips := svc.Spec.ClusterIPs
-	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
-		ips = []string{svc.Spec.ClusterIP}
-	}
-	for i, s := range ips {
-		a, err := netip.ParseAddr(strings.TrimSpace(s))
-		if err != nil {
-			if looksLike(s) == family {
-				skip(ReasonBadIP, fmt.Sprintf("spec.clusterIPs[%d] %q is not an IP address", i, s))
-				return netip.Addr{}, false
-			}
-			continue
+func clusterIPOf(svc *fix.Service, family rules.Family, skip func(reason, detail string)) (netip.Addr, bool) {
+	for _, bad := range svc.Invalid {
+		if strings.HasPrefix(bad.Field, "spec.clusterIPs") && looksLike(bad.Value) == family {
+			skip(ReasonBadIP, fmt.Sprintf("%s %q is not an IP address", bad.Field, bad.Value))
+			return netip.Addr{}, false
 		}
+	}
+	for _, a := range svc.ClusterIPs {
 		if a = a.Unmap(); family.Contains(a) {
 			return a, true
 		}
@@ -327,7 +328,7 @@ func clusterIPOf(svc *corev1.Service, family rules.Family, skip func(reason, det
 	return netip.Addr{}, false
 }
 
-func portName(p corev1.ServicePort) string {
+func portName(p fix.ServicePort) string {
 	if p.Name != "" {
 		return p.Name
 	}
@@ -336,7 +337,7 @@ func portName(p corev1.ServicePort) string {
 
 // comment is "<ns>/<name>:<port>", cut to the kernel's 128 bytes. Backends say which fix it is
 // (iptables prefixes the fix id; in nftables the table is the fix's own).
-func comment(name string, p corev1.ServicePort) string {
+func comment(name string, p fix.ServicePort) string {
 	c := name + ":" + portName(p)
 	if len(c) > 128 {
 		c = c[:128]

@@ -179,15 +179,14 @@ func TestRulesPure(t *testing.T) {
 		}
 		s := tk.Snapshot(tk.WithNode(nodeA))
 		for _, i := range order {
-			s.Services = append(s.Services, all[i]) // deliberately not sorted
+			s.Services = append(s.Services, fix.ServiceFrom(all[i])) // deliberately not sorted
 		}
 		return s
 	}
 	e := tk.NewFixEnv(t, New, nil)
 	snap := mk(2, 1, 0)
-	before := snap.Services[0].DeepCopy()
 	got := e.Dump(snap)
-	if !reflect.DeepEqual(before, snap.Services[0]) {
+	if !reflect.DeepEqual(mk(2, 1, 0).Services[0], snap.Services[0]) {
 		t.Error("Rules modified a Service of the snapshot")
 	}
 	if want := e.Dump(mk(0, 1, 2)); got != want {
@@ -360,7 +359,7 @@ func BenchmarkRulesOneNewService10k(b *testing.B) {
 			b.ResetTimer()
 			for i := range b.N {
 				s := *snap
-				s.Services = append(slices.Clip(svcs), svc(10000+i%5000))
+				s.Services = append(slices.Clip(snap.Services), fix.ServiceFrom(svc(10000+i%5000)))
 				if _, _, err := f.Rules(&s, rules.IPv4); err != nil {
 					b.Fatal(err)
 				}

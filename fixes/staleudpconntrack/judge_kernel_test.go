@@ -19,6 +19,8 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/engine"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/kube"
+	"github.com/network-node-manager/network-node-manager/core/kube/kubetest"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
@@ -180,7 +182,7 @@ func runEngine(t *testing.T, cs kubernetes.Interface, c *config.Config, ct connt
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := watch.NewInformers(func() (kubernetes.Interface, error) { return cs, nil }, c.NodeName, log)
+	src := watch.NewInformers(func() (kube.Interface, error) { return kubetest.From(cs), nil }, c.NodeName, log)
 	m := metrics.NewSync(reg)
 	e, err := engine.New(engine.Options{Fixes: append([]fix.Fix{f}, others...), Backend: testkit.NewFakeBackend(), Source: src,
 		Config: c, Env: fix.Env{NodeName: c.NodeName}, Metrics: m, Log: log})

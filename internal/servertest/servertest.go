@@ -10,15 +10,15 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/client-go/kubernetes"
 
+	"github.com/network-node-manager/network-node-manager/core/kube"
 	"github.com/network-node-manager/network-node-manager/core/server"
 )
 
 // StartDelegated starts the server with opts (MetricsAddress defaults to 127.0.0.1:0; TLS and Auth
 // are set here), reviewing tokens and access through client, and stops it when the test ends. Its
 // one metric is the gauge named gauge, with value 1, so that a scrape can tell it got the metrics.
-func StartDelegated(t testing.TB, client kubernetes.Interface, gauge string, opts server.Options) *server.Server {
+func StartDelegated(t testing.TB, client kube.Interface, gauge string, opts server.Options) *server.Server {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	tlsCfg, err := server.TLSConfig("", "localhost")
