@@ -5,9 +5,9 @@ package e2e
 //	victim          kube-dns-like Service, Cluster-IP allocated by the API (10.96.0.0/16), udp/53
 //	attacker        a tenant's LoadBalancer Service, udp/53, Cluster-IP allocated by the API;
 //	                spec.externalIPs [victim's Cluster-IP, the API's 10.96.0.1],
-//	                ingress [victim's Cluster-IP, 203.0.19.10]
+//	                ingress [victim's Cluster-IP, 203.0.19.10 (203.0.19.11 in the second configuration)]
 //	node netns      both Cluster-IPs on lo, each with a UDP responder on :53 that answers its name;
-//	                203.0.19.10 routed to lo (the control)
+//	                the control address routed to lo
 //
 // Namespaces "hijack-<backend>-<config>" (victim) and "tenant-<backend>-<config>" (attacker).
 
@@ -33,19 +33,22 @@ import (
 // (the API's ServiceCIDR objects, watched with deploy/base's RBAC).
 func TestClusterIPTakeover(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c *cluster, be string) {
-		for _, cfg := range []struct{ name, extra string }{
-			{"default", ""},
-			{"spec-external-ips", "    specExternalIPs: true\n"},
+		// Each configuration has a control External-IP of its own: the two run in parallel against one
+		// cluster, and both agents see both tenants' Services; with one shared address the Service
+		// first in namespace/name order owns it in both, and the other run's control check fails.
+		for _, cfg := range []struct{ name, extra, control string }{
+			{"default", "", "203.0.19.10"},
+			{"spec-external-ips", "    specExternalIPs: true\n", "203.0.19.11"},
 		} {
 			t.Run(cfg.name, func(t *testing.T) {
 				t.Parallel()
-				testClusterIPTakeover(t, c, be, cfg.name, defaultConfig+cfg.extra)
+				testClusterIPTakeover(t, c, be, cfg.name, defaultConfig+cfg.extra, cfg.control)
 			})
 		}
 	})
 }
 
-func testClusterIPTakeover(t *testing.T, c *cluster, backend, cfgName, config string) {
+func testClusterIPTakeover(t *testing.T, c *cluster, backend, cfgName, config, controlIP string) {
 	n := startNode(t, c, backend, nodeOptions{config: config})
 	victims := newServices(t, c, "hijack-"+backend+"-"+cfgName)
 	tenant := newServices(t, c, "tenant-"+backend+"-"+cfgName)
@@ -60,10 +63,10 @@ func testClusterIPTakeover(t *testing.T, c *cluster, backend, cfgName, config st
 	// finding of issue #19. If it ever refuses, this test no longer proves the agent's guard.
 	attacker := tenant.create(lbService("", "attacker", withPorts(udpPort("dns", 53)), withExternalIPs(victimIP, "10.96.0.1")))
 	attackerIP := clusterIP(attacker, "ipv4")
-	tenant.setIngress("attacker", victimIP, "203.0.19.10")
+	tenant.setIngress("attacker", victimIP, controlIP)
 
 	// The control entry shows the agent has seen the attacker's Service (one object) and synced it.
-	control := want(attacker, "203.0.19.10", "udp", 53)
+	control := want(attacker, controlIP, "udp", 53)
 	agenttest.Eventually(t, converge, func() error {
 		got, err := n.dnatEntries("ipv4")
 		if err == nil && !slices.Contains(got, control) {
@@ -74,11 +77,11 @@ func testClusterIPTakeover(t *testing.T, c *cluster, backend, cfgName, config st
 	// Real traffic: a host process on the node asks the victim's Cluster-IP:53.
 	n.ns.MustExec("ip", "addr", "add", victimIP+"/32", "dev", "lo")
 	n.ns.MustExec("ip", "addr", "add", attackerIP+"/32", "dev", "lo")
-	n.ns.MustExec("ip", "route", "add", "203.0.19.10/32", "dev", "lo")
+	n.ns.MustExec("ip", "route", "add", controlIP+"/32", "dev", "lo")
 	n.udpResponder(victimIP, "victim")
 	n.udpResponder(attackerIP, "attacker")
-	if got := n.udpQuery("203.0.19.10"); got != "attacker" {
-		t.Fatalf("%s: control: a query to the tenant's External-IP 203.0.19.10:53 was answered by %q, want the tenant's Service (its DNAT is not in effect)\n%s", backend, got, n.dump())
+	if got := n.udpQuery(controlIP); got != "attacker" {
+		t.Fatalf("%s: control: a query to the tenant's External-IP %s:53 was answered by %q, want the tenant's Service (its DNAT is not in effect)\n%s", backend, controlIP, got, n.dump())
 	}
 	if got := n.udpQuery(victimIP); got != "victim" {
 		t.Errorf("%s: a DNS query to kube-dns's Cluster-IP %s:53 was answered by %q, want the victim: the tenant's Service took it over\n%s", backend, victimIP, got, n.dump())
