@@ -42,8 +42,8 @@ type Ops[R any] interface {
 	// without reading), Known when there is one at all (it names objects the unit made). On error
 	// nothing was changed. Apply reads the kernel under ctx and changes it regardless of ctx.
 	Apply(ctx context.Context, u Unit, prev Prev[R], desired *rules.Ruleset) (Step[R], error)
-	// Remove deletes every object of the unit; prev as in Apply. Removing what is not there is not
-	// an error.
+	// Remove deletes every object of the unit; prev.Rec names what the unit made (prev.Trusted is
+	// never set: a removal always looks at the kernel). Removing what is not there is not an error.
 	Remove(ctx context.Context, u Unit, prev Prev[R]) (Step[R], error)
 }
 
@@ -316,7 +316,7 @@ func (d *Driver[R]) remove(ctx context.Context, u Unit, st *unitState[R], mode M
 	if v.absent && (mode == Trust || v.stamp.Is(g0, genOK)) {
 		return res, nil
 	}
-	step, err := d.ops.Remove(ctx, u, Prev[R]{Rec: v.rec, Known: v.known, Trusted: v.known && v.stamp.Is(g0, genOK)})
+	step, err := d.ops.Remove(ctx, u, Prev[R]{Rec: v.rec, Known: v.known})
 	res.Applied, res.ReadBack = step.Applied, step.ReadBack
 	if err != nil {
 		if ctx.Err() != nil && !step.Applied {
