@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -61,6 +62,13 @@ func newCluster(cp *controlplane.ControlPlane, workers int) (*cluster, error) {
 	}
 	return &cluster{client: client, workers: workers}, nil
 }
+
+// Every scale Service has externalTrafficPolicy Local, so the apiserver gives it a health-check node
+// port: the range must hold the largest N (the control plane's default, 20000-65535, stops at 45,536).
+const scaleNodePortRange = "1024-65535"
+
+// scaleNodePorts is how many Services the range holds.
+var scaleNodePorts = utilnet.ParsePortRangeOrDie(scaleNodePortRange).Size
 
 // lbService is a LoadBalancer Service as the scale test wants it: externalTrafficPolicy Local (so the
 // apiserver allocates a health-check node port from the node-port range), no node ports for the

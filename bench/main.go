@@ -131,19 +131,22 @@ func run(ctx context.Context, o options) error {
 	machine := describeMachine()
 	logf("machine: %s", machine.oneLine())
 	start := time.Now()
-	cp, err := controlplane.Start(ctx, controlplane.Options{})
+	largest := o.sizes[len(o.sizes)-1]
+	if largest > scaleNodePorts {
+		return fmt.Errorf("-n %d: every scale Service takes a health-check node port and the range %s holds %d", largest, scaleNodePortRange, scaleNodePorts)
+	}
+	cp, err := controlplane.Start(ctx, controlplane.Options{ServiceNodePortRange: scaleNodePortRange})
 	if err != nil {
 		return fmt.Errorf("start control plane: %w", err)
 	}
 	defer cp.Close()
-	logf("control plane up in %v (node-port range %s)", time.Since(start).Round(time.Millisecond), controlplane.DefaultServiceNodePortRange)
+	logf("control plane up in %v (node-port range %s)", time.Since(start).Round(time.Millisecond), scaleNodePortRange)
 
 	c, err := newCluster(cp, o.workers)
 	if err != nil {
 		return err
 	}
 	var results []*result
-	largest := o.sizes[len(o.sizes)-1]
 	for _, n := range o.sizes {
 		t0 := time.Now()
 		if err := c.ensureServices(ctx, n); err != nil {
