@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/nfgen"
@@ -265,7 +266,7 @@ func (o ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*recor
 		}
 	}
 	removeChains(p, d, stale, r.set)
-	if input := p.String(); input != "" {
+	if input := p.bytes(); len(input) > 0 {
 		if err := b.restore(ctx, rs.Family, input); err != nil {
 			return step, err // the restore is atomic: the kernel holds what it held
 		}
@@ -402,14 +403,14 @@ func (b *Backend) rewriteChains(ctx context.Context, rs *rules.Ruleset, changed 
 		p.table(c.table).flushes = append(p.table(c.table).flushes, c.chain)
 		p.table(c.table).removes = append(p.table(c.table).removes, c.chain)
 	}
-	input := p.String()
+	input := p.bytes()
 	if err := b.restore(ctx, rs.Family, input); err != nil {
 		b.log.Warn("rewriting changed chains failed", "fix", rs.Fix, "family", rs.Family, "error", err)
 		return backend.Step[*record]{}, backend.ErrStale
 	}
 	b.log.Info("rules applied", "fix", rs.Fix, "family", rs.Family, "rewritten_chains", len(changed), "removed_chains", len(stale), "rules", rs.RuleCount())
 	// iptables-nft-restore commits once per table section, each with a real change here.
-	step := backend.Step[*record]{Done: true, Applied: true, Commits: strings.Count("\n"+input, "\n*"), Rec: nrec}
+	step := backend.Step[*record]{Done: true, Applied: true, Commits: commits(input), Rec: nrec}
 	step.Finish = func(ctx context.Context) (*record, error) {
 		rewritten := map[tchain]bool{}
 		for _, c := range changed {
@@ -486,7 +487,7 @@ func (o ops) Remove(ctx context.Context, u backend.Unit, prev backend.Prev[*reco
 	}
 	p := plan{}
 	removeChains(p, d, gone, nil)
-	if input := p.String(); input != "" {
+	if input := p.bytes(); len(input) > 0 {
 		if err := b.restore(context.WithoutCancel(ctx), u.Family, input); err != nil {
 			return step, err
 		}
@@ -588,7 +589,7 @@ func (b *Backend) cleanup(ctx context.Context, family rules.Family, match func(s
 	}
 	p := plan{}
 	removeChains(p, d, gone, nil)
-	if input := p.String(); input != "" {
+	if input := p.bytes(); len(input) > 0 {
 		if err := b.restore(ctx, family, input); err != nil {
 			return 0, fmt.Errorf("cleanup (%s): %w", family, err)
 		}
@@ -616,8 +617,10 @@ func (b *Backend) saveRaw(ctx context.Context, family rules.Family) ([]byte, err
 	return out, nil
 }
 
+// parseDump parses the output of bin (iptables-save). The dump's strings point into out, which must not
+// change after (no copy: at 10,000 map entries it is 3 MB, made twice per full apply).
 func parseDump(bin string, out []byte) (*dump, error) {
-	d, err := parseSave(string(out))
+	d, err := parseSave(unsafe.String(unsafe.SliceData(out), len(out)))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", bin, err)
 	}
@@ -653,18 +656,29 @@ func (b *Backend) list(ctx context.Context, family rules.Family, table, chain st
 
 var lineNo = regexp.MustCompile(`line:? (\d+)`)
 
+// commits is how many transactions an iptables-restore input holds: one per table ("*name" line).
+func commits(input []byte) int {
+	n := 0
+	for l := range bytes.Lines(input) {
+		if l[0] == '*' {
+			n++
+		}
+	}
+	return n
+}
+
 // restore feeds input to iptables-restore --noflush in one transaction per table. The error names the
 // tool's message and the input line it complains about.
-func (b *Backend) restore(ctx context.Context, family rules.Family, input string) error {
+func (b *Backend) restore(ctx context.Context, family rules.Family, input []byte) error {
 	bin := b.Binary(family, "restore")
-	_, stderr, err := b.run.Run(ctx, bin, []string{"-w", strconv.Itoa(b.lockWait), "--noflush"}, []byte(input))
+	_, stderr, err := b.run.Run(ctx, bin, []string{"-w", strconv.Itoa(b.lockWait), "--noflush"}, input)
 	if err == nil {
 		return nil
 	}
 	msg := strings.TrimSpace(string(stderr))
 	if m := lineNo.FindStringSubmatch(msg); m != nil {
 		n, _ := strconv.Atoi(m[1])
-		if lines := strings.Split(input, "\n"); n >= 1 && n <= len(lines) {
+		if lines := strings.Split(string(input), "\n"); n >= 1 && n <= len(lines) {
 			msg += fmt.Sprintf(" (input line %d: %s)", n, lines[n-1])
 		}
 	}

@@ -1,9 +1,12 @@
 package iptables
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"iter"
 	"net/netip"
 	"slices"
 	"sort"
@@ -74,8 +77,11 @@ func (p plan) table(name string) *tableOps {
 
 var tableOrder = []string{"raw", "mangle", "filter", "nat", "security"}
 
-// String renders the plan as iptables-restore input; tables without operations are left out.
-func (p plan) String() string {
+// String is the plan as text (see bytes).
+func (p plan) String() string { return string(p.bytes()) }
+
+// bytes renders the plan as iptables-restore input; tables without operations are left out.
+func (p plan) bytes() []byte {
 	names := make([]string, 0, len(p))
 	for n := range p {
 		names = append(names, n)
@@ -92,7 +98,7 @@ func (p plan) String() string {
 		}
 		return names[i] < names[j]
 	})
-	var b strings.Builder
+	var b bytes.Buffer
 	size := 0
 	for _, o := range p {
 		for _, l := range o.appends {
@@ -124,11 +130,12 @@ func (p plan) String() string {
 			fmt.Fprintf(&b, "-X %s\n", c)
 		}
 		for _, l := range o.inserts {
-			b.WriteString(l + "\n")
+			b.WriteString(l)
+			b.WriteByte('\n')
 		}
 		b.WriteString("COMMIT\n")
 	}
-	return b.String()
+	return b.Bytes()
 }
 
 // hookJump is one jump from a built-in chain to a hooked chain of the fix.
@@ -203,6 +210,7 @@ func bucketName(chain string, run int, p netip.Prefix) string {
 func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 	var out []*rchain
 	var jumps []hookJump
+	var ln lineBuf
 	for _, c := range rs.Chains {
 		t := tableOf(c.Type)
 		name := KernelChain(c.Name)
@@ -212,12 +220,12 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 		for i := 0; i < len(c.Rules); {
 			r := c.Rules[i]
 			if r.Match.Lookup == "" {
-				lines, err := renderRule(rs, c, r)
+				err := ln.render(rs, c, r, func(_ netip.Addr, spec []byte) error {
+					parent.lines = append(parent.lines, ln.line(name, spec))
+					return nil
+				})
 				if err != nil {
 					return nil, nil, fmt.Errorf("chain %s rule %d: %w", c.Name, i+1, err)
-				}
-				for _, l := range lines {
-					parent.lines = append(parent.lines, "-A "+name+" "+l.spec)
 				}
 				i++
 				continue
@@ -227,22 +235,22 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 			run++
 			lookup := r.Match.Lookup
 			buckets := map[netip.Prefix]*rchain{}
-			for ; i < len(c.Rules) && c.Rules[i].Match.Lookup == lookup; i++ {
-				lines, err := renderRule(rs, c, c.Rules[i])
-				if err != nil {
-					return nil, nil, fmt.Errorf("chain %s rule %d: %w", c.Name, i+1, err)
+			inBucket := func(dst netip.Addr, spec []byte) error {
+				if !dst.IsValid() {
+					return errors.New("map entry without an address")
 				}
-				for _, l := range lines {
-					if !l.dst.IsValid() {
-						return nil, nil, fmt.Errorf("chain %s rule %d: map entry without an address", c.Name, i+1)
-					}
-					p := bucketPrefix(l.dst)
-					bc := buckets[p]
-					if bc == nil {
-						bc = &rchain{table: t, name: bucketName(c.Name, run, p), parent: name, prefix: p, lookup: lookup}
-						buckets[p] = bc
-					}
-					bc.lines = append(bc.lines, "-A "+bc.name+" "+l.spec)
+				p := bucketPrefix(dst)
+				bc := buckets[p]
+				if bc == nil {
+					bc = &rchain{table: t, name: bucketName(c.Name, run, p), parent: name, prefix: p, lookup: lookup}
+					buckets[p] = bc
+				}
+				bc.lines = append(bc.lines, ln.line(bc.name, spec))
+				return nil
+			}
+			for ; i < len(c.Rules) && c.Rules[i].Match.Lookup == lookup; i++ {
+				if err := ln.render(rs, c, c.Rules[i], inBucket); err != nil {
+					return nil, nil, fmt.Errorf("chain %s rule %d: %w", c.Name, i+1, err)
 				}
 			}
 			prefixes := make([]netip.Prefix, 0, len(buckets))
@@ -302,12 +310,6 @@ func expands(m rules.Match, e *rules.MapEntry) bool {
 	return (!m.DstAddr.IsValid() || m.DstAddr == e.Addr) && (m.Protocol == "" || m.Protocol == e.Protocol) && (m.DstPort == 0 || m.DstPort == e.Port)
 }
 
-// ruleLine is one kernel rule (after "-A CHAIN") and the destination address it matches, if any.
-type ruleLine struct {
-	spec string
-	dst  netip.Addr
-}
-
 // target is what one expanded rule matches on top of the rule's own match (one map entry).
 type target struct {
 	dst      netip.Addr
@@ -318,30 +320,40 @@ type target struct {
 	fromEntr bool
 }
 
-// renderRule returns the specs (after "-A CHAIN") of the kernel rules that stand for r: one per source
-// prefix and per map entry, and a MARK rule before the verdict rule when r sets a mark and has a verdict.
-func renderRule(rs *rules.Ruleset, c rules.Chain, r rules.Rule) ([]ruleLine, error) {
+// lineBuf is the scratch space of a rendering: every kernel rule is assembled in it and leaves it as
+// one string, its only allocation (at 10,000 map entries a full rendering makes 20,000 of them).
+type lineBuf struct{ spec, out []byte }
+
+// line is "-A chain spec", in one allocation.
+func (l *lineBuf) line(chain string, spec []byte) string {
+	l.out = append(append(append(append(l.out[:0], "-A "...), chain...), ' '), spec...)
+	return string(l.out)
+}
+
+// render passes emit the spec (after "-A CHAIN") of each kernel rule that stands for r, with the
+// destination address it matches, if any: one per source prefix and per map entry, and a MARK rule
+// before the verdict rule when r sets a mark and has a verdict. spec is only valid during the call.
+func (l *lineBuf) render(rs *rules.Ruleset, c rules.Chain, r rules.Rule, emit func(dst netip.Addr, spec []byte) error) error {
 	m := r.Match
 	for _, ifp := range []string{m.InInterfacePrefix, m.OutInterfacePrefix} {
 		if ifp != "" {
 			if err := rules.ValidInterfacePrefix(ifp); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
-	targets := targetsOf(rs, r)
 	prefixes := m.SrcPrefixes
 	if len(prefixes) == 0 {
 		prefixes = []netip.Prefix{{}}
 	}
 	verdict, err := renderVerdict(rs, r.Verdict)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var out []ruleLine
-	for _, tg := range targets {
-		if (r.Verdict.Kind == rules.DNAT || r.Verdict.Kind == rules.DNATLookup) && tg.to.Port() != 0 && tg.proto == "" {
-			return nil, fmt.Errorf("dnat to a port needs Match.Protocol")
+	dnat := r.Verdict.Kind == rules.DNAT || r.Verdict.Kind == rules.DNATLookup
+	for tg := range targetsOf(rs, r) {
+		if dnat && tg.to.Port() != 0 && tg.proto == "" {
+			return fmt.Errorf("dnat to a port needs Match.Protocol")
 		}
 		dsts := m.DstPrefixes
 		if tg.dst.IsValid() {
@@ -351,36 +363,41 @@ func renderRule(rs *rules.Ruleset, c rules.Chain, r rules.Rule) ([]ruleLine, err
 		if len(dsts) == 0 {
 			dsts = []netip.Prefix{{}}
 		}
-		for _, pd := range cross(prefixes, dsts) {
-			p, d := pd[0], pd[1]
-			// One append buffer per line: at 10,000 map entries this runs 20,000 times per full
-			// rendering, where fmt and string concatenation cost ~58 MB and ~70 ms.
-			b := make([]byte, 0, 192)
-			b = appendMatch(b, m, tg, p, d)
-			matchLen := len(b)
-			withComment := func(counter string) []byte {
-				return appendQuoted(append(b[:matchLen:matchLen], " -m comment --comment "...), ruleComment(rs.Fix, counter, tg.comment))
-			}
-			if r.SetMark != 0 {
-				counter := r.Counter
-				if r.Verdict.Kind != rules.Continue {
-					counter = ""
+		for _, p := range prefixes {
+			for _, d := range dsts {
+				b := appendMatch(l.spec[:0], m, tg, p, d)
+				matchLen := len(b)
+				withComment := func(counter string) []byte {
+					return appendQuoted(append(b[:matchLen], " -m comment --comment "...), ruleComment(rs.Fix, counter, tg.comment))
 				}
-				line := strconv.AppendUint(append(withComment(counter), " -j MARK --or-mark 0x"...), uint64(r.SetMark), 16)
-				out = append(out, ruleLine{strings.TrimSpace(string(line)), tg.dst})
-				if r.Verdict.Kind == rules.Continue {
-					continue
+				if r.SetMark != 0 {
+					counter := r.Counter
+					if r.Verdict.Kind != rules.Continue {
+						counter = ""
+					}
+					b = strconv.AppendUint(append(withComment(counter), " -j MARK --or-mark 0x"...), uint64(r.SetMark), 16)
+					l.spec = b
+					if err := emit(tg.dst, bytes.TrimSpace(b)); err != nil {
+						return err
+					}
+					if r.Verdict.Kind == rules.Continue {
+						continue
+					}
+				}
+				b = withComment(r.Counter)
+				if dnat {
+					b = appendDNATTo(append(b, " -j DNAT --to-destination "...), tg.to)
+				} else {
+					b = append(b, verdict...)
+				}
+				l.spec = b
+				if err := emit(tg.dst, bytes.TrimSpace(b)); err != nil {
+					return err
 				}
 			}
-			counted := withComment(r.Counter)
-			v := verdict
-			if r.Verdict.Kind == rules.DNAT || r.Verdict.Kind == rules.DNATLookup {
-				v = " -j DNAT --to-destination " + dnatTo(tg.to)
-			}
-			out = append(out, ruleLine{strings.TrimSpace(string(append(counted, v...))), tg.dst})
 		}
 	}
-	return out, nil
+	return nil
 }
 
 // appendMatch appends the match options of one rendered rule: source p, destination d, and the
@@ -428,13 +445,15 @@ func appendMatch(b []byte, m rules.Match, tg target, p, d netip.Prefix) []byte {
 	return b
 }
 
-// targetsOf lists what a rule is rendered for: each map entry its lookup expands, or its own match.
-func targetsOf(rs *rules.Ruleset, r rules.Rule) []target {
+// targetsOf yields what a rule is rendered for: each map entry its lookup expands, or its own match.
+func targetsOf(rs *rules.Ruleset, r rules.Rule) iter.Seq[target] {
 	m := r.Match
-	var targets []target
-	if m.Lookup != "" {
-		mp := rs.Map(m.Lookup)
-		for _, e := range mp.Sorted() {
+	return func(yield func(target) bool) {
+		if m.Lookup == "" {
+			yield(target{dst: m.DstAddr, proto: m.Protocol, port: m.DstPort, to: r.Verdict.To, comment: r.Comment})
+			return
+		}
+		for _, e := range rs.Map(m.Lookup).Sorted() {
 			if !expands(m, &e) {
 				continue
 			}
@@ -442,12 +461,11 @@ func targetsOf(rs *rules.Ruleset, r rules.Rule) []target {
 			if cm == "" {
 				cm = r.Comment
 			}
-			targets = append(targets, target{dst: e.Addr, proto: e.Protocol, port: e.Port, to: e.To, comment: cm, fromEntr: true})
+			if !yield(target{dst: e.Addr, proto: e.Protocol, port: e.Port, to: e.To, comment: cm, fromEntr: true}) {
+				return
+			}
 		}
-	} else {
-		targets = []target{{dst: m.DstAddr, proto: m.Protocol, port: m.DstPort, to: r.Verdict.To, comment: r.Comment}}
 	}
-	return targets
 }
 
 func renderVerdict(rs *rules.Ruleset, v rules.Verdict) (string, error) {
@@ -475,23 +493,27 @@ func renderVerdict(rs *rules.Ruleset, v rules.Verdict) (string, error) {
 	return "", fmt.Errorf("unknown verdict %q", v.Kind)
 }
 
-// cross returns every (source, destination) pair, sources outermost.
-func cross(srcs, dsts []netip.Prefix) [][2]netip.Prefix {
-	out := make([][2]netip.Prefix, 0, len(srcs)*len(dsts))
-	for _, s := range srcs {
-		for _, d := range dsts {
-			out = append(out, [2]netip.Prefix{s, d})
-		}
-	}
-	return out
-}
-
 // iptFlags is a flag set in iptables' --tcp-flags notation ("SYN,RST"; "NONE" when empty).
 func iptFlags(f rules.TCPFlag) string {
 	if f == 0 {
 		return "NONE"
 	}
 	return strings.ToUpper(strings.Join(f.Names(), ","))
+}
+
+// appendDNATTo appends DNAT's --to-destination value: the address, with the port when there is one
+// (IPv6 in brackets).
+func appendDNATTo(b []byte, to netip.AddrPort) []byte {
+	a := to.Addr().Unmap()
+	if to.Port() == 0 {
+		return a.AppendTo(b)
+	}
+	if a.Is6() {
+		b = append(a.AppendTo(append(b, '[')), ']')
+	} else {
+		b = a.AppendTo(b)
+	}
+	return strconv.AppendUint(append(b, ':'), uint64(to.Port()), 10)
 }
 
 // unmapPrefix turns an IPv4-mapped IPv6 prefix into its IPv4 prefix and masks it.
@@ -504,17 +526,6 @@ func unmapPrefix(p netip.Prefix) netip.Prefix {
 		p = netip.PrefixFrom(p.Addr().Unmap(), bits)
 	}
 	return p.Masked()
-}
-
-func dnatTo(to netip.AddrPort) string {
-	a := to.Addr().Unmap()
-	if to.Port() == 0 {
-		return a.String()
-	}
-	if a.Is6() {
-		return fmt.Sprintf("[%s]:%d", a, to.Port())
-	}
-	return fmt.Sprintf("%s:%d", a, to.Port())
 }
 
 // ruleComment is "<fix>: <comment>", or "<fix>/<counter>: <comment>" for a counted rule, which is how

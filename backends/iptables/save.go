@@ -55,13 +55,15 @@ func (d *dump) table(name string) *table {
 func parseSave(out string) (*dump, error) {
 	d := &dump{}
 	var cur *table
-	for n, raw := range strings.Split(out, "\n") {
+	n := 0
+	for raw := range strings.Lines(out) {
+		n++
 		line := strings.TrimSpace(raw)
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
 		bad := func(why string) error {
-			return fmt.Errorf("iptables-save line %d %q: %s", n+1, line, why)
+			return fmt.Errorf("iptables-save line %d %q: %s", n, line, why)
 		}
 		switch {
 		case line[0] == '*':
