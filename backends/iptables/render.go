@@ -541,6 +541,12 @@ func ruleComment(fix, counter, comment string) string {
 	return sanitizeComment(head)
 }
 
+// counted reports whether a rule comment names a counter ("<fix>/<counter>: ...", see ruleComment).
+func counted(comment string) bool {
+	head, _, _ := strings.Cut(comment, ": ")
+	return strings.Contains(head, "/")
+}
+
 // counterOf extracts the counter name from a comment made by ruleComment.
 func counterOf(fix, comment string) (string, bool) {
 	rest, ok := strings.CutPrefix(comment, fix+"/")

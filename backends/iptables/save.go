@@ -1,7 +1,9 @@
 package iptables
 
 import (
+	"errors"
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,7 +26,19 @@ type chain struct {
 	name string
 	// policy is "-" for user chains and ACCEPT/DROP for built-in ones.
 	policy string
-	rules  []*savedRule
+	// rules are the rules that matter to us (see keep), not every rule of a user chain.
+	rules []*savedRule
+	// sum is, for one of our chains, the digest of all its rules (chainState).
+	sum uint64
+}
+
+// keep reports whether a parsed rule of chain c stays in the dump. Built-in chains keep every rule
+// (jump positions are decided there); user chains keep the rules that jump to a chain we manage (ours
+// or the predecessor's: ownership, removal, state) and, in our chains, the counted ones (Counters).
+// The rest, at 10,000 map entries 20,000 bucket rules of ours per dump (and on a real node every
+// rule of kube-proxy's), is only digested: sum.
+func (c *chain) keep(r *savedRule) bool {
+	return c.builtin() || cleanupMatch(r.target) || (isOurs(c.name) && counted(r.comment))
 }
 
 func (c *chain) builtin() bool { return c.policy != "-" }
@@ -51,10 +65,12 @@ func (d *dump) table(name string) *table {
 	return nil
 }
 
-// parseSave parses iptables-save output, with or without -c.
+// parseSave parses iptables-save output, with or without -c: every table and chain, the rules keep
+// lets through, and a digest of each of our chains.
 func parseSave(out string) (*dump, error) {
 	d := &dump{}
 	var cur *table
+	sums := map[*chain]*maphash.Hash{}
 	n := 0
 	for raw := range strings.Lines(out) {
 		n++
@@ -81,48 +97,66 @@ func parseSave(out string) (*dump, error) {
 			c := &chain{name: f[0], policy: f[1]}
 			cur.chains = append(cur.chains, c)
 			cur.byName[c.name] = c
+			if isOurs(c.name) {
+				sums[c] = newDigest()
+				writeChainHead(sums[c], c.name)
+			}
 		default:
-			r := &savedRule{}
-			if line[0] == '[' {
-				end := strings.IndexByte(line, ']')
-				if end < 0 {
-					return nil, bad("unterminated counters")
-				}
-				p, b, ok := strings.Cut(line[1:end], ":")
-				var err1, err2 error
-				r.packets, err1 = strconv.ParseUint(p, 10, 64)
-				r.bytes, err2 = strconv.ParseUint(b, 10, 64)
-				if !ok || err1 != nil || err2 != nil {
-					return nil, bad("malformed counters")
-				}
-				line = strings.TrimSpace(line[end+1:])
+			r, err := parseRule(line)
+			if err != nil {
+				return nil, bad(err.Error())
 			}
-			rest, ok := strings.CutPrefix(line, "-A ")
-			if !ok {
-				return nil, bad("expected -A")
-			}
-			name, spec, _ := strings.Cut(rest, " ")
-			c := cur.byName[name]
+			c := cur.byName[r.chain]
 			if c == nil {
 				return nil, bad("rule in undeclared chain")
 			}
-			r.chain, r.spec = name, spec
-			var prev string
-			if err := eachArg(spec, func(arg string) {
-				switch prev {
-				case "-j", "-g", "--jump", "--goto":
-					r.target = arg
-				case "--comment":
-					r.comment = arg
-				}
-				prev = arg
-			}); err != nil {
-				return nil, bad(err.Error())
+			if h := sums[c]; h != nil {
+				writeRule(h, r)
 			}
-			c.rules = append(c.rules, r)
+			if c.keep(r) {
+				c.rules = append(c.rules, r)
+			}
 		}
 	}
+	for c, h := range sums {
+		c.sum = h.Sum64()
+	}
 	return d, nil
+}
+
+// parseRule parses one rule line: "[packets:bytes] -A CHAIN spec" (counters optional).
+func parseRule(line string) (*savedRule, error) {
+	r := &savedRule{}
+	if line[0] == '[' {
+		end := strings.IndexByte(line, ']')
+		if end < 0 {
+			return nil, errors.New("unterminated counters")
+		}
+		p, b, ok := strings.Cut(line[1:end], ":")
+		var err1, err2 error
+		r.packets, err1 = strconv.ParseUint(p, 10, 64)
+		r.bytes, err2 = strconv.ParseUint(b, 10, 64)
+		if !ok || err1 != nil || err2 != nil {
+			return nil, errors.New("malformed counters")
+		}
+		line = strings.TrimSpace(line[end+1:])
+	}
+	rest, ok := strings.CutPrefix(line, "-A ")
+	if !ok {
+		return nil, errors.New("expected -A")
+	}
+	r.chain, r.spec, _ = strings.Cut(rest, " ")
+	var prev string
+	err := eachArg(r.spec, func(arg string) {
+		switch prev {
+		case "-j", "-g", "--jump", "--goto":
+			r.target = arg
+		case "--comment":
+			r.comment = arg
+		}
+		prev = arg
+	})
+	return r, err
 }
 
 // splitArgs splits a rule spec the way iptables-restore does: whitespace separates arguments, double
@@ -301,7 +335,7 @@ func (d *dump) state(chains map[tchain]bool, precede precedence) kstate {
 		for _, c := range t.chains {
 			k := tchain{t.name, c.name}
 			if chains[k] {
-				st.own[k] = chainState(c.name, c.rules)
+				st.own[k] = c.sum
 				continue
 			}
 			var seen map[string]bool // foreign chains jumped to so far, in a built-in chain
@@ -362,18 +396,29 @@ func (p precedence) blocked(c tchain, seen map[string]bool) bool {
 // list is what c must precede, comma-separated ("" for nothing).
 func (p precedence) list(c tchain) string { return strings.Join(p[c], ",") }
 
-// chainState is the state of one of our chains: a digest of its name and its rules in order.
+// chainState is the state of one of our chains: a digest of its name and its rules in order, the
+// same as parseSave's sum.
 func chainState(name string, rs []*savedRule) uint64 {
 	h := newDigest()
-	h.WriteString(":" + name + "\n")
+	writeChainHead(h, name)
 	for _, r := range rs {
-		h.WriteString("-A ")
-		h.WriteString(r.chain)
-		h.WriteByte(' ')
-		h.WriteString(r.spec)
-		h.WriteByte('\n')
+		writeRule(h, r)
 	}
 	return h.Sum64()
+}
+
+func writeChainHead(h *maphash.Hash, name string) {
+	h.WriteByte(':')
+	h.WriteString(name)
+	h.WriteByte('\n')
+}
+
+func writeRule(h *maphash.Hash, r *savedRule) {
+	h.WriteString("-A ")
+	h.WriteString(r.chain)
+	h.WriteByte(' ')
+	h.WriteString(r.spec)
+	h.WriteByte('\n')
 }
 
 // parseList parses `iptables -S CHAIN` output (a "-N CHAIN" line, then the "-A CHAIN" lines in
