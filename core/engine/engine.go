@@ -31,6 +31,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/watch"
+	"github.com/network-node-manager/network-node-manager/internal/waitgroup"
 )
 
 // Options are the engine's collaborators.
@@ -155,14 +156,7 @@ func (e *Engine) Stop(ctx context.Context) error {
 		return nil
 	}
 	e.cancel()
-	done := make(chan struct{})
-	go func() {
-		e.wg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-ctx.Done():
+	if !waitgroup.Until(&e.wg, ctx.Done()) {
 		return ctx.Err()
 	}
 	e.source.Stop()

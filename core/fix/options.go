@@ -105,23 +105,13 @@ func ValueProblem(val any, t reflect.Type) string {
 	}
 	switch {
 	case t == durationType:
-		switch v := val.(type) {
-		case time.Duration:
+		if isOrParses(val, time.ParseDuration) {
 			return ""
-		case string:
-			if _, err := time.ParseDuration(strings.TrimSpace(v)); err == nil {
-				return ""
-			}
 		}
 		return ShowValue(val) + " is not a duration such as 500ms, 30s or 1m30s"
 	case t.Kind() == reflect.Bool:
-		switch v := val.(type) {
-		case bool:
+		if isOrParses(val, strconv.ParseBool) {
 			return ""
-		case string:
-			if _, err := strconv.ParseBool(strings.TrimSpace(v)); err == nil {
-				return ""
-			}
 		}
 		return ShowValue(val) + " is not true or false"
 	case t.Kind() == reflect.String:
@@ -161,6 +151,19 @@ func ValueProblem(val any, t reflect.Type) string {
 		return ShowValue(val) + " is not a number such as 16384 or 0x4000"
 	}
 	return ""
+}
+
+// isOrParses reports whether val is already a T, or a string that parse accepts once trimmed of
+// surrounding space.
+func isOrParses[T any](val any, parse func(string) (T, error)) bool {
+	switch v := val.(type) {
+	case T:
+		return true
+	case string:
+		_, err := parse(strings.TrimSpace(v))
+		return err == nil
+	}
+	return false
 }
 
 // optionFields maps the normalized name of every option of the struct type t to its name and type.

@@ -48,6 +48,12 @@ func block(prefix, name string, refused bool, ref string) Block {
 	return Block{Prefix: netip.MustParsePrefix(prefix), Name: name, Refused: refused, Ref: ref}
 }
 
+// endpoint is an entry of Metadata: a single address, always refused.
+func endpoint(addr, name, ref string) Block {
+	a := netip.MustParseAddr(addr)
+	return Block{Prefix: netip.PrefixFrom(a, a.BitLen()), Name: name, Refused: true, Ref: ref}
+}
+
 const (
 	refuse = true
 	allow  = false
@@ -137,14 +143,14 @@ func Lookup(a netip.Addr) (Block, bool) {
 // providers' documentation (checked 2026-12). GCP, DigitalOcean, Hetzner, Huawei, Oracle (OCI) and
 // OpenStack answer on 169.254.169.254 (OpenStack also on fe80::a9fe:a9fe), both inside refused blocks.
 var Metadata = []Block{
-	block("169.254.169.254/32", "cloud metadata (AWS, Azure, GCP, OpenStack and others)", refuse, "provider documentation"),
-	block("169.254.170.2/32", "cloud metadata (AWS ECS task metadata and credentials)", refuse, "AWS documentation"),
-	block("100.100.100.200/32", "cloud metadata (Alibaba Cloud)", refuse, "Alibaba Cloud documentation"),
-	block("168.63.129.16/32", "cloud metadata (Azure WireServer: platform agent, DNS, health probes)", refuse, "Azure documentation"),
-	block("192.0.0.192/32", "cloud metadata (Oracle Compute Cloud@Customer)", refuse, "Oracle documentation"),
-	block("fd00:ec2::254/128", "cloud metadata (AWS IMDS over IPv6)", refuse, "AWS documentation"),
-	block("fd20:ce::254/128", "cloud metadata (GCP metadata server over IPv6)", refuse, "GCP documentation"),
-	block("fe80::a9fe:a9fe/128", "cloud metadata (OpenStack over IPv6)", refuse, "OpenStack documentation"),
+	endpoint("169.254.169.254", "cloud metadata (AWS, Azure, GCP, OpenStack and others)", "provider documentation"),
+	endpoint("169.254.170.2", "cloud metadata (AWS ECS task metadata and credentials)", "AWS documentation"),
+	endpoint("100.100.100.200", "cloud metadata (Alibaba Cloud)", "Alibaba Cloud documentation"),
+	endpoint("168.63.129.16", "cloud metadata (Azure WireServer: platform agent, DNS, health probes)", "Azure documentation"),
+	endpoint("192.0.0.192", "cloud metadata (Oracle Compute Cloud@Customer)", "Oracle documentation"),
+	endpoint("fd00:ec2::254", "cloud metadata (AWS IMDS over IPv6)", "AWS documentation"),
+	endpoint("fd20:ce::254", "cloud metadata (GCP metadata server over IPv6)", "GCP documentation"),
+	endpoint("fe80::a9fe:a9fe", "cloud metadata (OpenStack over IPv6)", "OpenStack documentation"),
 }
 
 // Refusal says why an address is never DNATed.

@@ -66,17 +66,27 @@ func ParsePrefix(s string) (netip.Prefix, error) {
 // (e.g. "fixes.invalid-drop.exemptSourceCIDRs: ..."). family, when not empty, is the only family
 // accepted (for a value that is per family, like POD_CIDR_IPV4).
 func ParsePrefixes(key string, family Family, list []string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, s := range list {
+	return ParseList(key, list, func(s string) (netip.Prefix, error) {
 		p, err := ParsePrefix(s)
+		if err == nil && family != "" && !family.Contains(p.Addr()) {
+			err = fmt.Errorf("%s is not an %s CIDR", p, family)
+		}
+		return p, err
+	})
+}
+
+// ParseList parses every entry of a list option with parse and returns the distinct values in the
+// order first given (nil for an empty list). The first entry parse refuses ends it, with parse's
+// error prefixed by key (e.g. "fixes.invalid-drop.hooks: ...").
+func ParseList[T comparable](key string, list []string, parse func(string) (T, error)) ([]T, error) {
+	var out []T
+	for _, s := range list {
+		v, err := parse(s)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", key, err)
 		}
-		if family != "" && !family.Contains(p.Addr()) {
-			return nil, fmt.Errorf("%s: %s is not an %s CIDR", key, p, family)
-		}
-		if !slices.Contains(out, p) {
-			out = append(out, p)
+		if !slices.Contains(out, v) {
+			out = append(out, v)
 		}
 	}
 	return out, nil

@@ -19,6 +19,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/kube"
+	"github.com/network-node-manager/network-node-manager/internal/waitgroup"
 )
 
 // Informers is a Source backed by client-go shared informers: Services cluster-wide and this node's
@@ -415,14 +416,7 @@ func (s *Informers) Stop() {
 	if cancel != nil {
 		cancel()
 	}
-	done := make(chan struct{})
-	go func() {
-		s.wg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(stopWait):
+	if !waitgroup.Until(&s.wg, time.After(stopWait)) {
 		// client-go's streaming list sleeps out its retry backoff (up to 30 s) without watching the
 		// stop channel when the API server refuses connections; the process is ending anyway.
 		s.log.Warn("watches still retrying the API server; not waiting for them", "after", stopWait)

@@ -62,11 +62,7 @@ func SortPods(pods []*corev1.Pod) {
 // which pod addresses are in use on this node. Containers, volumes, conditions and managed fields
 // (most of a Pod's size) are dropped by the informer's transform.
 func StripPod(p *corev1.Pod) *corev1.Pod {
-	out := &corev1.Pod{}
-	out.Namespace = p.Namespace
-	out.Name = p.Name
-	out.UID = p.UID
-	out.ResourceVersion = p.ResourceVersion
+	out := &corev1.Pod{ObjectMeta: identity(&p.ObjectMeta)}
 	out.DeletionTimestamp = p.DeletionTimestamp
 	out.Spec.NodeName = p.Spec.NodeName
 	out.Spec.HostNetwork = p.Spec.HostNetwork
@@ -79,12 +75,15 @@ func StripPod(p *corev1.Pod) *corev1.Pod {
 // StripNode keeps identity, pod CIDRs and the node's addresses (status.addresses: a DNAT fix must
 // never take them over).
 func StripNode(n *corev1.Node) *corev1.Node {
-	out := &corev1.Node{}
-	out.Name = n.Name
-	out.UID = n.UID
-	out.ResourceVersion = n.ResourceVersion
+	out := &corev1.Node{ObjectMeta: identity(&n.ObjectMeta)}
 	out.Spec.PodCIDR = n.Spec.PodCIDR
 	out.Spec.PodCIDRs = n.Spec.PodCIDRs
 	out.Status.Addresses = n.Status.Addresses
 	return out
+}
+
+// identity is the part of an object's metadata that a stripped Pod or Node keeps: what names the
+// object (namespace, name, UID) and its resourceVersion.
+func identity(m *metav1.ObjectMeta) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Namespace: m.Namespace, Name: m.Name, UID: m.UID, ResourceVersion: m.ResourceVersion}
 }

@@ -56,16 +56,22 @@ func TestKernel(t *testing.T) {
 			t.Fatalf("%s: %v", step, err)
 		}
 	}
-	inside("enable", func() error {
-		res, err := f.Ensure(ctx, testkit.Snapshot(), true)
-		if err == nil && !res.Changed {
-			err = fmt.Errorf("first Ensure did not change anything: %+v", res)
+	// ensure runs a full pass inside the namespace; it must report what the step expects (did) and
+	// leave the namespace's value at 1.
+	ensure := func(step string, did func(fix.Result) bool) {
+		t.Helper()
+		inside(step, func() error {
+			res, err := f.Ensure(ctx, testkit.Snapshot(), true)
+			if err == nil && !did(res) {
+				err = fmt.Errorf("Ensure did not report the %s: %+v", step, res)
+			}
+			return err
+		})
+		if got := inNS(); got != "1" {
+			t.Fatalf("namespace value after %s = %q, want 1", step, got)
 		}
-		return err
-	})
-	if got := inNS(); got != "1" {
-		t.Fatalf("namespace value after Ensure = %q, want 1", got)
 	}
+	ensure("change", func(res fix.Result) bool { return res.Changed })
 	if got, _ := os.ReadFile(proc); string(got) != string(host) {
 		t.Fatalf("Ensure inside the namespace changed the host: %q -> %q", host, got)
 	}
@@ -76,16 +82,7 @@ func TestKernel(t *testing.T) {
 	// Someone resets it in the namespace; a full pass of a restarted agent repairs it.
 	ns.MustExec("sh", "-c", "echo 0 > "+proc)
 	f = newFix()
-	inside("repair", func() error {
-		res, err := f.Ensure(ctx, testkit.Snapshot(), true)
-		if err == nil && !res.Repaired {
-			err = fmt.Errorf("reset not repaired: %+v", res)
-		}
-		return err
-	})
-	if got := inNS(); got != "1" {
-		t.Fatalf("namespace value after repair = %q, want 1", got)
-	}
+	ensure("repair", func(res fix.Result) bool { return res.Repaired })
 
 	// Disabled: the value found at first is back.
 	inside("disable", func() error { return f.Revert(ctx) })

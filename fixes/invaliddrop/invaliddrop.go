@@ -55,28 +55,30 @@ func parse(cfg Config) (settings, error) {
 	if len(cfg.Hooks) == 0 {
 		return s, fmt.Errorf("fixes.%s.hooks: must name at least one of input, forward (disable the fix with enabled: false instead)", ID)
 	}
-	for _, h := range cfg.Hooks {
+	var err error
+	s.hooks, err = rules.ParseList("fixes."+ID+".hooks", cfg.Hooks, func(h string) (rules.Hook, error) {
 		hook, err := rules.ParseHook(h)
 		if err != nil || (hook != rules.Input && hook != rules.Forward) {
-			return s, fmt.Errorf("fixes.%s.hooks: %q is not a valid hook (want input or forward)", ID, h)
+			return "", fmt.Errorf("%q is not a valid hook (want input or forward)", h)
 		}
-		if !slices.Contains(s.hooks, hook) {
-			s.hooks = append(s.hooks, hook)
-		}
+		return hook, nil
+	})
+	if err != nil {
+		return s, err
 	}
 	// Input before forward, whatever order the config used.
 	slices.SortFunc(s.hooks, func(a, b rules.Hook) int { return hookRank[a] - hookRank[b] })
-	for _, p := range cfg.Protocols {
+	s.protocols, err = rules.ParseList("fixes."+ID+".protocols", cfg.Protocols, func(p string) (rules.Protocol, error) {
 		proto, err := rules.ParseProtocol(p)
 		if err != nil {
-			return s, fmt.Errorf("fixes.%s.protocols: %q is not a valid protocol (want tcp, udp or sctp)", ID, p)
+			return "", fmt.Errorf("%q is not a valid protocol (want tcp, udp or sctp)", p)
 		}
-		if !slices.Contains(s.protocols, proto) {
-			s.protocols = append(s.protocols, proto)
-		}
+		return proto, nil
+	})
+	if err != nil {
+		return s, err
 	}
 	slices.Sort(s.protocols)
-	var err error
 	s.exempt, err = rules.ParsePrefixes("fixes."+ID+".exemptSourceCIDRs", "", cfg.ExemptSourceCIDRs)
 	return s, err
 }

@@ -63,6 +63,17 @@ func quiet() fx.Option {
 	return fx.WithLogger(func() fxevent.Logger { return fxevent.NopLogger })
 }
 
+// buildApp builds the fx graph of a command: the fix modules and opts, with fx's own log silenced.
+// A graph that cannot be built is reported by its root cause (the constructor that failed or the
+// type nothing provides), not dig's whole chain.
+func buildApp(fixModules fx.Option, opts ...fx.Option) (*fx.App, error) {
+	app := fx.New(quiet(), fixModules, fx.Options(opts...))
+	if err := app.Err(); err != nil {
+		return nil, dig.RootCause(err)
+	}
+	return app, nil
+}
+
 func inputs(cmd *cobra.Command, version string) core.Inputs {
 	return core.Inputs{Flags: cmd.Flags(), Environ: config.Environ(), Version: version}
 }
@@ -72,13 +83,12 @@ func runCommand(version string, fixModules fx.Option) *cobra.Command {
 		Use:   "run",
 		Short: "Run the agent: watch the API and keep the rules in the kernel",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			app := fx.New(quiet(), fixModules, core.Agent, backends.Module, backends.Takeover,
+			app, err := buildApp(fixModules, core.Agent, backends.Module, backends.Takeover,
 				fx.Supply(inputs(cmd, version)),
 				fx.Provide(core.InformerSource),
 				fx.Invoke(core.WatchConfig),
 			)
-			if err := app.Err(); err != nil {
-				err = dig.RootCause(err)
+			if err != nil {
 				return err
 			}
 			ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -110,13 +120,11 @@ func planCommand(version string, fixModules fx.Option) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var e *engine.Engine
 			var cfg *config.Config
-			app := fx.New(quiet(), fixModules, core.Module, backends.Module,
+			if _, err := buildApp(fixModules, core.Module, backends.Module,
 				fx.Supply(inputs(cmd, version)),
 				fx.Provide(core.FileSource(servicesFile)),
 				fx.Populate(&e, &cfg),
-			)
-			if err := app.Err(); err != nil {
-				err = dig.RootCause(err)
+			); err != nil {
 				return err
 			}
 			names := backends.Names
@@ -183,11 +191,9 @@ func cleanupCommand(version string, fixModules fx.Option) *cobra.Command {
 			var fixes fix.In
 			// The fixes are built (not started) so that node-state fixes can be reverted; their
 			// constructors need a backend value but use it only when syncing.
-			app := fx.New(quiet(), fixModules, core.Module, fx.Supply(inputs(cmd, version)),
+			if _, err := buildApp(fixModules, core.Module, fx.Supply(inputs(cmd, version)),
 				fx.Provide(func() backend.Backend { return nil }),
-				fx.Populate(&cfg, &log, &fixes))
-			if err := app.Err(); err != nil {
-				err = dig.RootCause(err)
+				fx.Populate(&cfg, &log, &fixes)); err != nil {
 				return err
 			}
 			if dryRun {
@@ -339,12 +345,10 @@ func versionCommand(b Build, fixModules fx.Option) *cobra.Command {
 				Fixes []fix.Fix `group:"fixes"`
 			}
 			// The fixes' constructors need the core's providers, but nothing is started.
-			app := fx.New(quiet(), fixModules, core.Module,
+			if _, err := buildApp(fixModules, core.Module,
 				fx.Supply(core.Inputs{Environ: nil, Version: b.Version}),
 				fx.Provide(func() backend.Backend { return nil }),
-				fx.Populate(&fixes))
-			if err := app.Err(); err != nil {
-				err = dig.RootCause(err)
+				fx.Populate(&fixes)); err != nil {
 				return err
 			}
 			w := cmd.OutOrStdout()

@@ -42,17 +42,18 @@ func parse(cfg Config) (settings, error) {
 	if len(cfg.Addresses) == 0 {
 		return s, fmt.Errorf("fixes.%s.addresses: name at least one address (disable the fix with enabled: false instead)", ID)
 	}
-	for _, a := range cfg.Addresses {
+	var err error
+	s.addrs, err = rules.ParseList("fixes."+ID+".addresses", cfg.Addresses, func(a string) (netip.Addr, error) {
 		addr, err := netip.ParseAddr(strings.TrimSpace(a))
 		if err != nil {
-			return s, fmt.Errorf("fixes.%s.addresses: %q is not an IP address", ID, a)
+			return addr, fmt.Errorf("%q is not an IP address", a)
 		}
-		if addr = addr.Unmap(); !slices.Contains(s.addrs, addr) {
-			s.addrs = append(s.addrs, addr)
-		}
+		return addr.Unmap(), nil
+	})
+	if err != nil {
+		return s, err
 	}
 	slices.SortFunc(s.addrs, netip.Addr.Compare)
-	var err error
 	s.exempt, err = rules.ParsePrefixes("fixes."+ID+".exemptSourceCIDRs", "", cfg.ExemptSourceCIDRs)
 	return s, err
 }
