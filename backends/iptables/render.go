@@ -112,30 +112,25 @@ func (p plan) bytes() []byte {
 			continue
 		}
 		fmt.Fprintf(&b, "*%s\n", n)
-		for _, c := range o.decls {
-			fmt.Fprintf(&b, ":%s - [0:0]\n", c)
-		}
-		for _, l := range o.appends {
-			b.WriteString(l)
-			b.WriteByte('\n')
-		}
-		for _, l := range o.deletes {
-			b.WriteString(l)
-			b.WriteByte('\n')
-		}
-		for _, c := range o.flushes {
-			fmt.Fprintf(&b, "-F %s\n", c)
-		}
-		for _, c := range o.removes {
-			fmt.Fprintf(&b, "-X %s\n", c)
-		}
-		for _, l := range o.inserts {
-			b.WriteString(l)
-			b.WriteByte('\n')
-		}
+		writeLines(&b, ":", o.decls, " - [0:0]")
+		writeLines(&b, "", o.appends, "")
+		writeLines(&b, "", o.deletes, "")
+		writeLines(&b, "-F ", o.flushes, "")
+		writeLines(&b, "-X ", o.removes, "")
+		writeLines(&b, "", o.inserts, "")
 		b.WriteString("COMMIT\n")
 	}
 	return b.Bytes()
+}
+
+// writeLines writes one line per item: prefix, the item, suffix.
+func writeLines(b *bytes.Buffer, prefix string, items []string, suffix string) {
+	for _, it := range items {
+		b.WriteString(prefix)
+		b.WriteString(it)
+		b.WriteString(suffix)
+		b.WriteByte('\n')
+	}
 }
 
 // hookJump is one jump from a built-in chain to a hooked chain of the fix.
