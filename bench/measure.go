@@ -37,6 +37,7 @@ type result struct {
 
 	latency   map[string][]time.Duration // create / update / delete, at the largest N only
 	hwmKB     int64                      // VmHWM
+	coldHWMKB int64                      // VmHWM once the cold start is over (before the changes)
 	rssKB     int64                      // VmRSS at the end
 	idleCPU   time.Duration              // utime+stime (+ children's) over idleWin
 	idleWin   time.Duration
@@ -52,7 +53,7 @@ func (r *result) summary() string {
 		}
 	}
 	if r.hwmKB > 0 {
-		s += fmt.Sprintf("; peak RSS %.1f MB", float64(r.hwmKB)/1024)
+		s += fmt.Sprintf("; peak RSS %.1f MB (%.1f MB by the end of the cold start)", float64(r.hwmKB)/1024, float64(r.coldHWMKB)/1024)
 	}
 	if r.idleWin > 0 {
 		s += fmt.Sprintf("; idle CPU %v over %v", ms(r.idleCPU), r.idleWin)
@@ -157,6 +158,10 @@ func measure(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o o
 		return nil, fmt.Errorf("floor: %w", err)
 	}
 
+	// The floor took seconds: the agent has long finished the cold start (record, first read-back).
+	if r.coldHWMKB, _, err = memory(a.PID()); err != nil {
+		return nil, err
+	}
 	if full {
 		if err := changes(ctx, c, k, w, a, ns, o.changes, r); err != nil {
 			return nil, err
