@@ -4,7 +4,8 @@
 #   make test    unit, kernel (network namespace) and end-to-end tests; needs root for the last two
 #   make bench   scale benchmarks (slow; not part of make test)
 #
-# Every tool is built from pinned versions (go.mod, tools/*/go.mod); missing system packages are
+# Every tool is built from pinned versions (go.mod, tools/*/go.mod) or, for promtool, taken from a
+# pinned Debian package (hack/fetch-promtool.sh); missing system packages are
 # installed with apt-get on Debian when running as root.
 
 SHELL       := /bin/bash
@@ -56,9 +57,10 @@ build:
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_RUN) -o $(AGENT) ./cmd/network-node-manager
 
-## promtool: bin/promtool from tools/promtool (pinned), for the alerting rule tests in deploy/.
+## promtool: bin/promtool from Debian's prometheus package (version pinned in the script), for the
+## alerting rule tests in deploy/.
 promtool:
-	./hack/build-promtool.sh
+	./hack/fetch-promtool.sh
 
 ## vm: prepare the VM lane (qemu, busybox, the pinned Debian 6.1 kernel; see hack/vm/prepare.sh). Exit
 ## status 3 means "cannot here" (not root / no apt-get): the VM tests then skip, or fail under CI.

@@ -26,7 +26,7 @@ import (
 )
 
 // The alerts (components/prometheusrule) and the dashboard (components/grafana-dashboard) are checked
-// here: promtool (built from tools/promtool by `make promtool`) checks the rules and runs their unit
+// here: promtool (bin/promtool, from Debian's prometheus package by `make promtool`) checks the rules and runs their unit
 // tests, and every metric name in a rule or a dashboard query must be one the agent registers.
 
 const (
@@ -42,7 +42,7 @@ func promtool(t *testing.T) string {
 	}
 	p := filepath.Join(dir, "promtool")
 	if _, err := os.Stat(p); err != nil {
-		testenv.Unavailable(t, "%s missing: run `make promtool` (hack/build-promtool.sh)", p)
+		testenv.Unavailable(t, "%s missing: run `make promtool` (hack/fetch-promtool.sh)", p)
 	}
 	return p
 }
