@@ -3,6 +3,7 @@ package iptables
 import (
 	"context"
 	"errors"
+	"io"
 	"net/netip"
 	"strings"
 	"testing"
@@ -26,15 +27,24 @@ type fakeRunner struct {
 	calls         []call
 }
 
-func (f *fakeRunner) Run(_ context.Context, name string, args []string, stdin []byte) ([]byte, []byte, error) {
-	f.calls = append(f.calls, call{name, strings.Join(args, " "), string(stdin)})
+func (f *fakeRunner) Run(_ context.Context, name string, args []string, stdin io.Reader, stdout io.Writer) ([]byte, error) {
+	in := ""
+	if stdin != nil {
+		b, err := io.ReadAll(stdin)
+		if err != nil {
+			return nil, err
+		}
+		in = string(b)
+	}
+	f.calls = append(f.calls, call{name, strings.Join(args, " "), in})
 	if strings.HasSuffix(name, "-save") {
-		return []byte(f.dumps[name]), nil, nil
+		_, err := io.WriteString(stdout, f.dumps[name])
+		return nil, err
 	}
 	if f.restoreErr != nil {
-		return nil, []byte(f.restoreStderr), f.restoreErr
+		return []byte(f.restoreStderr), f.restoreErr
 	}
-	return nil, nil, nil
+	return nil, nil
 }
 
 func (f *fakeRunner) restores() []call {
@@ -435,11 +445,11 @@ type failOnce struct {
 	failed bool
 }
 
-func (f *failOnce) Run(ctx context.Context, name string, args []string, stdin []byte) ([]byte, []byte, error) {
-	out, stderr, err := f.fakeRunner.Run(ctx, name, args, stdin)
+func (f *failOnce) Run(ctx context.Context, name string, args []string, stdin io.Reader, stdout io.Writer) ([]byte, error) {
+	stderr, err := f.fakeRunner.Run(ctx, name, args, stdin, stdout)
 	if strings.HasSuffix(name, "-restore") && !f.failed {
 		f.failed = true
-		return nil, []byte("iptables-restore: line 2 failed"), errors.New("exit status 1")
+		return []byte("iptables-restore: line 2 failed"), errors.New("exit status 1")
 	}
-	return out, stderr, err
+	return stderr, err
 }

@@ -80,6 +80,20 @@ func FuzzParseSave(f *testing.F) {
 				}
 			}
 		}
+		// The same text written in pieces, as a command's output arrives, parses to the same dump.
+		w := newSaveParser()
+		for rest := in; rest != ""; {
+			k := min(len(rest), 1+len(rest)%7)
+			_, _ = w.Write([]byte(rest[:k]))
+			rest = rest[k:]
+		}
+		streamed, err := w.finish()
+		if err != nil {
+			t.Fatalf("written in pieces, %q fails to parse: %v", in, err)
+		}
+		if diff := cmp.Diff(d, streamed, cmp.AllowUnexported(dump{}, table{}, chain{}, savedRule{})); diff != "" {
+			t.Fatalf("written in pieces, %q parses differently (-whole +pieces):\n%s", in, diff)
+		}
 		again, err := parseSave(b.String())
 		if err != nil {
 			t.Fatalf("re-parse of\n%s\nfailed: %v", b.String(), err)

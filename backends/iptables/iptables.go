@@ -266,8 +266,8 @@ func (o ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*recor
 		}
 	}
 	removeChains(p, d, stale, r.set)
-	if input := p.bytes(); len(input) > 0 {
-		if err := b.restore(ctx, rs.Family, input); err != nil {
+	if p.commits() > 0 {
+		if err := b.restore(ctx, rs.Family, p); err != nil {
 			return step, err // the restore is atomic: the kernel holds what it held
 		}
 		step.Applied = true
@@ -403,14 +403,13 @@ func (b *Backend) rewriteChains(ctx context.Context, rs *rules.Ruleset, changed 
 		p.table(c.table).flushes = append(p.table(c.table).flushes, c.chain)
 		p.table(c.table).removes = append(p.table(c.table).removes, c.chain)
 	}
-	input := p.bytes()
-	if err := b.restore(ctx, rs.Family, input); err != nil {
+	if err := b.restore(ctx, rs.Family, p); err != nil {
 		b.log.Warn("rewriting changed chains failed", "fix", rs.Fix, "family", rs.Family, "error", err)
 		return backend.Step[*record]{}, backend.ErrStale
 	}
 	b.log.Info("rules applied", "fix", rs.Fix, "family", rs.Family, "rewritten_chains", len(changed), "removed_chains", len(stale), "rules", rs.RuleCount())
 	// iptables-nft-restore commits once per table section, each with a real change here.
-	step := backend.Step[*record]{Done: true, Applied: true, Commits: commits(input), Rec: nrec}
+	step := backend.Step[*record]{Done: true, Applied: true, Commits: p.commits(), Rec: nrec}
 	step.Finish = func(ctx context.Context) (*record, error) {
 		rewritten := map[tchain]bool{}
 		for _, c := range changed {
@@ -487,8 +486,8 @@ func (o ops) Remove(ctx context.Context, u backend.Unit, prev backend.Prev[*reco
 	}
 	p := plan{}
 	removeChains(p, d, gone, nil)
-	if input := p.bytes(); len(input) > 0 {
-		if err := b.restore(context.WithoutCancel(ctx), u.Family, input); err != nil {
+	if p.commits() > 0 {
+		if err := b.restore(context.WithoutCancel(ctx), u.Family, p); err != nil {
 			return step, err
 		}
 		step.Applied = true
@@ -589,8 +588,8 @@ func (b *Backend) cleanup(ctx context.Context, family rules.Family, match func(s
 	}
 	p := plan{}
 	removeChains(p, d, gone, nil)
-	if input := p.bytes(); len(input) > 0 {
-		if err := b.restore(ctx, family, input); err != nil {
+	if p.commits() > 0 {
+		if err := b.restore(ctx, family, p); err != nil {
 			return 0, fmt.Errorf("cleanup (%s): %w", family, err)
 		}
 		b.log.Info("chains cleaned up", "family", family, "chains", len(gone))
@@ -598,27 +597,35 @@ func (b *Backend) cleanup(ctx context.Context, family rules.Family, match func(s
 	return len(gone), nil
 }
 
-// save runs iptables-save -c for all tables of family.
+// save runs iptables-save -c for all tables of family and parses its output as it arrives.
 func (b *Backend) save(ctx context.Context, family rules.Family) (*dump, error) {
-	out, err := b.saveRaw(ctx, family)
-	if err != nil {
-		return nil, err
-	}
-	return parseDump(b.Binary(family, "save"), out)
-}
-
-// saveRaw runs iptables-save -c of family.
-func (b *Backend) saveRaw(ctx context.Context, family rules.Family) ([]byte, error) {
 	bin := b.Binary(family, "save")
-	out, stderr, err := b.run.Run(ctx, bin, []string{"-c"}, nil)
+	p := newSaveParser()
+	stderr, err := b.run.Run(ctx, bin, []string{"-c"}, nil, p)
 	if err != nil {
 		return nil, fmt.Errorf("%s -c: %w: %s", bin, err, strings.TrimSpace(string(stderr)))
 	}
-	return out, nil
+	d, err := p.finish()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", bin, err)
+	}
+	return d, nil
 }
 
-// parseDump parses the output of bin (iptables-save). The dump's strings point into out, which must not
-// change after (no copy: at 10,000 map entries it is 3 MB, made twice per full apply).
+// saveRaw runs iptables-save -c of family and returns its output whole (cleanup first looks for
+// chain declarations in it, without parsing any rule).
+func (b *Backend) saveRaw(ctx context.Context, family rules.Family) ([]byte, error) {
+	bin := b.Binary(family, "save")
+	var out bytes.Buffer
+	stderr, err := b.run.Run(ctx, bin, []string{"-c"}, nil, &out)
+	if err != nil {
+		return nil, fmt.Errorf("%s -c: %w: %s", bin, err, strings.TrimSpace(string(stderr)))
+	}
+	return out.Bytes(), nil
+}
+
+// parseDump parses the output of bin (iptables-save), without a copy of out (the dump keeps copies
+// of what it keeps).
 func parseDump(bin string, out []byte) (*dump, error) {
 	d, err := parseSave(unsafe.String(unsafe.SliceData(out), len(out)))
 	if err != nil {
@@ -647,38 +654,28 @@ func declares(out []byte, match func(string) bool) bool {
 func (b *Backend) list(ctx context.Context, family rules.Family, table, chain string) ([]*savedRule, error) {
 	bin := b.Binary(family, "")
 	args := []string{"-w", strconv.Itoa(b.lockWait), "-t", table, "-S", chain}
-	out, stderr, err := b.run.Run(ctx, bin, args, nil)
+	var out strings.Builder
+	stderr, err := b.run.Run(ctx, bin, args, nil, &out)
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w: %s", bin, strings.Join(args, " "), err, strings.TrimSpace(string(stderr)))
 	}
-	return parseList(chain, string(out))
+	return parseList(chain, out.String())
 }
 
 var lineNo = regexp.MustCompile(`line:? (\d+)`)
 
-// commits is how many transactions an iptables-restore input holds: one per table ("*name" line).
-func commits(input []byte) int {
-	n := 0
-	for l := range bytes.Lines(input) {
-		if l[0] == '*' {
-			n++
-		}
-	}
-	return n
-}
-
-// restore feeds input to iptables-restore --noflush in one transaction per table. The error names the
-// tool's message and the input line it complains about.
-func (b *Backend) restore(ctx context.Context, family rules.Family, input []byte) error {
+// restore feeds p to iptables-restore --noflush, one transaction per table, rendered as it is sent.
+// The error names the tool's message and the input line it complains about.
+func (b *Backend) restore(ctx context.Context, family rules.Family, p plan) error {
 	bin := b.Binary(family, "restore")
-	_, stderr, err := b.run.Run(ctx, bin, []string{"-w", strconv.Itoa(b.lockWait), "--noflush"}, input)
+	stderr, err := b.run.Run(ctx, bin, []string{"-w", strconv.Itoa(b.lockWait), "--noflush"}, p.reader(), nil)
 	if err == nil {
 		return nil
 	}
 	msg := strings.TrimSpace(string(stderr))
 	if m := lineNo.FindStringSubmatch(msg); m != nil {
 		n, _ := strconv.Atoi(m[1])
-		if lines := strings.Split(string(input), "\n"); n >= 1 && n <= len(lines) {
+		if lines := strings.Split(p.String(), "\n"); n >= 1 && n <= len(lines) {
 			msg += fmt.Sprintf(" (input line %d: %s)", n, lines[n-1])
 		}
 	}

@@ -27,9 +27,9 @@ type nsRunner struct {
 	calls testkit.Counts
 }
 
-func (r *nsRunner) Run(ctx context.Context, name string, args []string, stdin []byte) ([]byte, []byte, error) {
+func (r *nsRunner) Run(ctx context.Context, name string, args []string, stdin io.Reader, stdout io.Writer) ([]byte, error) {
 	r.calls.Add(name)
-	return r.ns.Run(ctx, name, args, stdin)
+	return r.ns.Run(ctx, name, args, stdin, stdout)
 }
 
 // reset returns the calls per binary since the last reset.

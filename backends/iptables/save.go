@@ -1,12 +1,14 @@
 package iptables
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"hash/maphash"
 	"slices"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
@@ -68,60 +70,117 @@ func (d *dump) table(name string) *table {
 // parseSave parses iptables-save output, with or without -c: every table and chain, the rules keep
 // lets through, and a digest of each of our chains.
 func parseSave(out string) (*dump, error) {
-	d := &dump{}
-	var cur *table
-	sums := map[*chain]*maphash.Hash{}
-	n := 0
+	p := newSaveParser()
 	for raw := range strings.Lines(out) {
-		n++
-		line := strings.TrimSpace(raw)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
+		p.line(raw)
+	}
+	return p.finish()
+}
+
+// saveParser parses iptables-save output line by line. As an io.Writer it takes the output as the
+// command writes it, so the dump's text is never held whole; everything it keeps is copied out of
+// the lines it was given.
+type saveParser struct {
+	d    *dump
+	cur  *table
+	sums map[*chain]*maphash.Hash
+	n    int    // lines seen
+	part []byte // the start of a line whose end has not been written yet
+	err  error
+}
+
+func newSaveParser() *saveParser {
+	return &saveParser{d: &dump{}, sums: map[*chain]*maphash.Hash{}}
+}
+
+// Write implements io.Writer. It never fails: a parse error is kept for finish, and the command's
+// output is consumed to its end.
+func (p *saveParser) Write(b []byte) (int, error) {
+	n := len(b)
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			p.part = append(p.part, b...)
+			break
 		}
-		bad := func(why string) error {
-			return fmt.Errorf("iptables-save line %d %q: %s", n, line, why)
+		line := b[:i]
+		if len(p.part) > 0 {
+			p.part = append(p.part, line...)
+			line = p.part
 		}
-		switch {
-		case line[0] == '*':
-			cur = &table{name: line[1:], byName: map[string]*chain{}}
-			d.tables = append(d.tables, cur)
-		case line == "COMMIT":
-			cur = nil
-		case cur == nil:
-			return nil, bad("outside a table")
-		case line[0] == ':':
-			f := strings.Fields(line[1:])
-			if len(f) < 2 {
-				return nil, bad("malformed chain declaration")
-			}
-			c := &chain{name: f[0], policy: f[1]}
-			cur.chains = append(cur.chains, c)
-			cur.byName[c.name] = c
-			if isOurs(c.name) {
-				sums[c] = newDigest()
-				writeChainHead(sums[c], c.name)
-			}
-		default:
-			r, err := parseRule(line)
-			if err != nil {
-				return nil, bad(err.Error())
-			}
-			c := cur.byName[r.chain]
-			if c == nil {
-				return nil, bad("rule in undeclared chain")
-			}
-			if h := sums[c]; h != nil {
-				writeRule(h, r)
-			}
-			if c.keep(r) {
-				c.rules = append(c.rules, r)
-			}
+		p.line(unsafe.String(unsafe.SliceData(line), len(line)))
+		p.part = p.part[:0]
+		b = b[i+1:]
+	}
+	return n, nil
+}
+
+// line parses one line; raw is only valid during the call.
+func (p *saveParser) line(raw string) {
+	p.n++
+	line := strings.TrimSpace(raw)
+	if p.err != nil || line == "" || strings.HasPrefix(line, "#") {
+		return
+	}
+	if err := p.parse(line); err != nil {
+		p.err = fmt.Errorf("iptables-save line %d %q: %s", p.n, line, err)
+	}
+}
+
+func (p *saveParser) parse(line string) error {
+	switch {
+	case line[0] == '*':
+		p.cur = &table{name: strings.Clone(line[1:]), byName: map[string]*chain{}}
+		p.d.tables = append(p.d.tables, p.cur)
+	case line == "COMMIT":
+		p.cur = nil
+	case p.cur == nil:
+		return errors.New("outside a table")
+	case line[0] == ':':
+		f := strings.Fields(line[1:])
+		if len(f) < 2 {
+			return errors.New("malformed chain declaration")
+		}
+		c := &chain{name: strings.Clone(f[0]), policy: strings.Clone(f[1])}
+		p.cur.chains = append(p.cur.chains, c)
+		p.cur.byName[c.name] = c
+		if isOurs(c.name) {
+			p.sums[c] = newDigest()
+			writeChainHead(p.sums[c], c.name)
+		}
+	default:
+		r, err := parseRule(line)
+		if err != nil {
+			return err
+		}
+		c := p.cur.byName[r.chain]
+		if c == nil {
+			return errors.New("rule in undeclared chain")
+		}
+		if h := p.sums[c]; h != nil {
+			writeRule(h, r)
+		}
+		if c.keep(r) {
+			kept, _ := parseRule(strings.Clone(line)) // parsed once already: cannot fail
+			c.rules = append(c.rules, kept)
 		}
 	}
-	for c, h := range sums {
+	return nil
+}
+
+// finish ends the parse: the line left unterminated, if any, and the digests.
+func (p *saveParser) finish() (*dump, error) {
+	if len(p.part) > 0 {
+		p.line(string(p.part))
+		p.part = nil
+	}
+	if p.err != nil {
+		return nil, p.err
+	}
+	for c, h := range p.sums {
 		c.sum = h.Sum64()
 	}
-	return d, nil
+	return p.d, nil
 }
 
 // parseRule parses one rule line: "[packets:bytes] -A CHAIN spec" (counters optional).
@@ -188,6 +247,7 @@ func eachArg(s string, fn func(arg string)) error {
 	// toBuilder switches the current argument to the builder (it has quotes or escapes).
 	toBuilder := func(i int) {
 		if !built {
+			cur.Grow(len(s) - max(start, 0)) // the argument's length at most: one allocation
 			if start >= 0 {
 				cur.WriteString(s[start:i])
 			}

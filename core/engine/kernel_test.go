@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -25,17 +26,17 @@ type slowReadBack struct {
 	canceled atomic.Int32
 }
 
-func (r *slowReadBack) Run(ctx context.Context, name string, args []string, stdin []byte) ([]byte, []byte, error) {
+func (r *slowReadBack) Run(ctx context.Context, name string, args []string, stdin io.Reader, stdout io.Writer) ([]byte, error) {
 	if strings.HasSuffix(name, "-save") && r.armed.Load() {
 		r.started.Add(1)
-		if _, _, err := r.ns.Run(ctx, "sleep", []string{"30"}, nil); ctx.Err() != nil {
+		if _, err := r.ns.Run(ctx, "sleep", []string{"30"}, nil, nil); ctx.Err() != nil {
 			r.canceled.Add(1)
-			return nil, nil, ctx.Err()
+			return nil, ctx.Err()
 		} else if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 	}
-	return r.ns.Run(ctx, name, args, stdin)
+	return r.ns.Run(ctx, name, args, stdin, stdout)
 }
 
 // TestKernelChangePreemptsReadBack: with the real iptables backend in a test namespace (IPv4 and

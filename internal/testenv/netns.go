@@ -226,18 +226,16 @@ func (ns *NS) MustExec(args ...string) string {
 // Do runs fn on an OS thread inside the namespace (see the package function Do).
 func (ns *NS) Do(fn func() error) error { return Do(ns.Path(), fn) }
 
-// Run runs name with args inside the namespace, stdin fed from stdin when not nil, and returns its
-// stdout and stderr apart: the command-runner seam of the iptables backend (iptables.Runner), so a
-// real backend can be pointed at the namespace.
-func (ns *NS) Run(ctx context.Context, name string, args []string, stdin []byte) ([]byte, []byte, error) {
+// Run runs name with args inside the namespace, stdin (when not nil) as its input and stdout (when
+// not nil) receiving its output, and returns what it wrote to stderr: the command-runner seam of the
+// iptables backend (iptables.Runner), so a real backend can be pointed at the namespace.
+func (ns *NS) Run(ctx context.Context, name string, args []string, stdin io.Reader, stdout io.Writer) ([]byte, error) {
 	cmd := Command(ctx, ns.Name, append([]string{name}, args...)...)
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
+	cmd.Stdin, cmd.Stdout = stdin, stdout
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
 	err := cmd.Run()
-	return out.Bytes(), errb.Bytes(), err
+	return errb.Bytes(), err
 }
 
 // Existing wraps a namespace that the test did not create (a VM's initial one, attached by
@@ -286,7 +284,7 @@ func (ns *NS) AddAddrs(dev string, cidrs ...string) {
 // NftLoad loads an nft ruleset (`nft -f -`) in the namespace and fails the test on error.
 func (ns *NS) NftLoad(ruleset string) {
 	ns.t.Helper()
-	if _, stderr, err := ns.Run(context.Background(), "nft", []string{"-f", "-"}, []byte(ruleset)); err != nil {
+	if stderr, err := ns.Run(context.Background(), "nft", []string{"-f", "-"}, strings.NewReader(ruleset), nil); err != nil {
 		ns.t.Fatalf("nft -f in %s: %v: %s", ns.Name, err, stderr)
 	}
 }
