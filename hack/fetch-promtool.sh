@@ -8,7 +8,8 @@
 # 2-core machine took 7 minutes of `make test` (issue #22); the package is 19 MB and unpacks in
 # seconds. `promtool check rules` and `promtool test rules` are all the tests use.
 #
-# Fetched again only when this script changes (a hash of it is kept in bin/.promtool-stamp).
+# Fetched again only when this script or the version changes (a hash of both is kept in
+# bin/.promtool-stamp).
 #
 # Environment:
 #   NNM_BIN_DIR                 output directory (default: <repo>/bin)
@@ -22,20 +23,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" # sets NNM_ROOT and BIN
 VERSION="${NNM_PROMTOOL_DEB_VERSION:-2.42.0+ds-5+deb12u1}"
 
 fetch() {
-	nnm_have apt-get || { echo "hack/fetch-promtool.sh: no apt-get to fetch prometheus=$VERSION (Debian only)" >&2; exit 1; }
 	local tmp
 	tmp="$(mktemp -d)"
-	# apt-get download runs as _apt where it can; let it write the download directory.
-	chmod 0777 "$tmp"
-	echo "fetching promtool from Debian's prometheus=$VERSION"
-	if ! (cd "$tmp" && apt-get download -q "prometheus=$VERSION" >/dev/null 2>"$tmp/err"); then
-		(cd "$tmp" && DEBIAN_FRONTEND=noninteractive apt-get update -qq && apt-get download -q "prometheus=$VERSION" >/dev/null 2>"$tmp/err") ||
-			{ cat "$tmp/err" >&2; rm -rf "$tmp"; echo "hack/fetch-promtool.sh: cannot download prometheus=$VERSION (set NNM_PROMTOOL_DEB_VERSION to one that apt-cache policy prometheus lists)" >&2; exit 1; }
-	fi
-	dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/x"
+	nnm_deb_unpack "prometheus=$VERSION" "$tmp/x" ||
+		{ rm -rf "$tmp"; echo "hack/fetch-promtool.sh: cannot download prometheus=$VERSION (set NNM_PROMTOOL_DEB_VERSION to one that apt-cache policy prometheus lists)" >&2; exit 1; }
 	mv -f "$tmp/x/usr/bin/promtool" "$BIN/promtool"
 	rm -rf "$tmp"
 	"$BIN/promtool" --version | head -1
 }
 
-nnm_stamped_build promtool "$(cd "$NNM_ROOT" && sha256sum hack/fetch-promtool.sh | cut -d' ' -f1)" fetch "$BIN/promtool"
+nnm_stamped_build promtool "$(cd "$NNM_ROOT" && { cat hack/fetch-promtool.sh; echo "$VERSION"; } | sha256sum | cut -d' ' -f1)" fetch "$BIN/promtool"

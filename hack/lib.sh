@@ -84,3 +84,22 @@ nnm_install_deps() {
 	DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
+
+# nnm_deb_unpack PACKAGE=VERSION DIR downloads that exact Debian package with apt-get download (after
+# an apt-get update if the archive's lists do not have it) and unpacks it into DIR with dpkg-deb -x;
+# nothing is installed. On failure it prints apt-get's message and returns 1.
+nnm_deb_unpack() {
+	local pkg="$1" dir="$2" tmp rc=0
+	nnm_have apt-get || { echo "no apt-get to fetch $pkg" >&2; return 1; }
+	tmp="$(mktemp -d)"
+	# apt-get download runs as _apt where it can; let it write the download directory.
+	chmod 0777 "$tmp"
+	echo "fetching $pkg" >&2
+	if ! (cd "$tmp" && apt-get download -q "$pkg" >/dev/null 2>"$tmp/err"); then
+		(cd "$tmp" && DEBIAN_FRONTEND=noninteractive apt-get update -qq && apt-get download -q "$pkg" >/dev/null 2>"$tmp/err") ||
+			{ cat "$tmp/err" >&2; rc=1; }
+	fi
+	[[ $rc == 0 ]] && dpkg-deb -x "$tmp"/*.deb "$dir"
+	rm -rf "$tmp"
+	return "$rc"
+}

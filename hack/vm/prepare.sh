@@ -41,17 +41,10 @@ die_unavailable() { echo "hack/vm/prepare.sh: $*" >&2; exit 3; }
 fetch_kernel() {
 	local dir="$OUT/root/lib/modules/$KERNEL_RELEASE"
 	[[ -f $OUT/vmlinuz && -f $dir/modules.dep ]] && return 0
-	nnm_have apt-get || die_unavailable "no apt-get to fetch $KERNEL_PKG=$KERNEL_VERSION"
 	local tmp
 	tmp="$(mktemp -d)"
-	# apt-get download runs as _apt where it can; let it write the download directory.
-	chmod 0777 "$tmp"
-	echo "fetching $KERNEL_PKG=$KERNEL_VERSION"
-	if ! (cd "$tmp" && apt-get download -q "$KERNEL_PKG=$KERNEL_VERSION" >/dev/null 2>"$tmp/err"); then
-		(cd "$tmp" && DEBIAN_FRONTEND=noninteractive apt-get update -qq && apt-get download -q "$KERNEL_PKG=$KERNEL_VERSION" >/dev/null 2>"$tmp/err") ||
-			{ cat "$tmp/err" >&2; rm -rf "$tmp"; die_unavailable "cannot download $KERNEL_PKG=$KERNEL_VERSION (set NNM_VM_KERNEL_PKG/NNM_VM_KERNEL_VERSION to one apt-cache policy lists)"; }
-	fi
-	dpkg-deb -x "$tmp"/*.deb "$tmp/x"
+	nnm_deb_unpack "$KERNEL_PKG=$KERNEL_VERSION" "$tmp/x" ||
+		{ rm -rf "$tmp"; die_unavailable "cannot download $KERNEL_PKG=$KERNEL_VERSION (set NNM_VM_KERNEL_PKG/NNM_VM_KERNEL_VERSION to one apt-cache policy lists)"; }
 	mkdir -p "$OUT/root/lib/modules"
 	rm -rf "$dir"
 	mv "$tmp/x/lib/modules/$KERNEL_RELEASE" "$dir"
