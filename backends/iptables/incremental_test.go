@@ -133,20 +133,7 @@ func BenchmarkApply10k(b *testing.B) {
 		b.Run("one-entry-"+string(f), func(b *testing.B) {
 			k := newKernel(b, NFT, f)
 			be := k.backend()
-			many := func(n int) []rules.MapEntry {
-				out := make([]rules.MapEntry, n)
-				for i := range out {
-					a := netip.AddrFrom4([4]byte{172, 16, byte(i / 250), byte(i%250 + 1)})
-					to := netip.AddrFrom4([4]byte{10, 96, byte(i / 250), byte(i%250 + 1)})
-					if f == rules.IPv6 {
-						a = netip.MustParseAddr(fmt.Sprintf("2001:db8:16::%x", i+1))
-						to = netip.MustParseAddr(fmt.Sprintf("fd00:96::%x", i+1))
-					}
-					out[i] = rules.MapEntry{Addr: a, Protocol: rules.TCP, Port: 80, To: netip.AddrPortFrom(to, 80), Comment: fmt.Sprintf("bench/svc-%05d:http", i)}
-				}
-				return out
-			}
-			entries := many(10000)
+			entries := scaleEntries(f, 10000)
 			other := append(entries[:9999:9999], entries[9998])
 			other[9999].Port = 81
 			rs := func(e []rules.MapEntry) *rules.Ruleset {
@@ -176,12 +163,7 @@ func BenchmarkApply10k(b *testing.B) {
 // start and a change of chains cost on the Go side before iptables-restore runs.
 func BenchmarkRender10k(b *testing.B) {
 	rs := externalIP(rules.IPv4)
-	entries := make([]rules.MapEntry, 10000)
-	for i := range entries {
-		a := netip.AddrFrom4([4]byte{172, 16, byte(i / 250), byte(i%250 + 1)})
-		entries[i] = rules.MapEntry{Addr: a, Protocol: rules.TCP, Port: 80, To: netip.AddrPortFrom(a, 80), Comment: fmt.Sprintf("bench/svc-%05d:http", i)}
-	}
-	rs.Maps[0].Entries = entries
+	rs.Maps[0].Entries = scaleEntries(rules.IPv4, 10000)
 	b.ReportAllocs()
 	for b.Loop() {
 		p, _, _, err := planRuleset(rs)
@@ -202,7 +184,7 @@ func BenchmarkColdApplyMemory10k(b *testing.B) {
 	ctx := context.Background()
 	k := newKernel(b, NFT, rules.IPv4)
 	rs := externalIP(rules.IPv4)
-	rs.Maps[0].Entries = scaleEntries(10000)
+	rs.Maps[0].Entries = scaleEntries(rules.IPv4, 10000)
 	defer debug.SetGCPercent(debug.SetGCPercent(10))
 	b.ReportAllocs()
 	var peak uint64
@@ -226,11 +208,16 @@ func BenchmarkColdApplyMemory10k(b *testing.B) {
 	b.ReportMetric(float64(peak)/1e6, "peak-MB")
 }
 
-func scaleEntries(n int) []rules.MapEntry {
+// scaleEntries is n map entries as `make bench` has them: one per Service, 250 per IPv4 bucket.
+func scaleEntries(f rules.Family, n int) []rules.MapEntry {
 	out := make([]rules.MapEntry, n)
 	for i := range out {
 		a := netip.AddrFrom4([4]byte{172, 16, byte(i / 250), byte(i%250 + 1)})
 		to := netip.AddrFrom4([4]byte{10, 96, byte(i / 250), byte(i%250 + 1)})
+		if f == rules.IPv6 {
+			a = netip.MustParseAddr(fmt.Sprintf("2001:db8:16::%x", i+1))
+			to = netip.MustParseAddr(fmt.Sprintf("fd00:96::%x", i+1))
+		}
 		out[i] = rules.MapEntry{Addr: a, Protocol: rules.TCP, Port: 80, To: netip.AddrPortFrom(to, 80), Comment: fmt.Sprintf("bench/svc-%05d:http", i)}
 	}
 	return out
