@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/network-node-manager/network-node-manager/internal/recvloop"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
@@ -72,31 +73,21 @@ func newGenWatcher(netnsPath string) (*genWatcher, error) {
 
 func (w *genWatcher) loop() {
 	defer w.wg.Done()
-	buf := make([]byte, 4<<20)
-	for {
-		select {
-		case <-w.stop:
-			return
-		default:
-		}
-		n, _, err := unix.Recvfrom(w.fd, buf, 0)
+	recvloop.Run(w.fd, make([]byte, 4<<20), w.stop, func(msg []byte, _ unix.Sockaddr, err error) bool {
 		now := time.Now()
-		if err != nil {
-			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
-				continue
-			}
-			if errors.Is(err, unix.ENOBUFS) {
-				w.mu.Lock()
-				w.overflows++
-				w.mu.Unlock()
-				w.send(genEvent{at: now, overflow: true})
-				continue
-			}
-			return
+		if errors.Is(err, unix.ENOBUFS) {
+			w.mu.Lock()
+			w.overflows++
+			w.mu.Unlock()
+			w.send(genEvent{at: now, overflow: true})
+			return true
 		}
-		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
 		if err != nil {
-			continue
+			return false
+		}
+		msgs, err := syscall.ParseNetlinkMessage(msg)
+		if err != nil {
+			return true
 		}
 		for _, m := range msgs {
 			if m.Header.Type != nfnlSubsysNFTable<<8|nftMsgNewGen {
@@ -104,7 +95,8 @@ func (w *genWatcher) loop() {
 			}
 			w.send(genEvent{at: now, proc: procName(m.Data)})
 		}
-	}
+		return true
+	})
 }
 
 func (w *genWatcher) send(e genEvent) {

@@ -1,13 +1,14 @@
 package rawtcp
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/network-node-manager/network-node-manager/internal/recvloop"
 )
 
 // Send sends one segment through a raw socket opened in the calling thread's network namespace.
@@ -116,36 +117,27 @@ func NewCapture(ifname string) (*Capture, error) {
 
 func (c *Capture) run() {
 	defer close(c.done)
-	buf := make([]byte, 65536)
-	for {
-		select {
-		case <-c.stop:
-			return
-		default:
-		}
-		n, from, err := unix.Recvfrom(c.fd, buf, 0)
+	recvloop.Run(c.fd, make([]byte, 65536), c.stop, func(msg []byte, from unix.Sockaddr, err error) bool {
 		if err != nil {
-			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
-				continue
-			}
 			c.mu.Lock()
 			c.err = err
 			c.mu.Unlock()
-			return
+			return false
 		}
 		ll, ok := from.(*unix.SockaddrLinklayer)
 		if !ok || ll.Ifindex != c.ifindex { // packets queued before bind
-			continue
+			return true
 		}
-		seg, ok := ParseIP(buf[:n])
+		seg, ok := ParseIP(msg)
 		if !ok {
-			continue
+			return true
 		}
 		p := Packet{Segment: seg, Outgoing: ll.Pkttype == unix.PACKET_OUTGOING, Time: time.Now()}
 		c.mu.Lock()
 		c.packets = append(c.packets, p)
 		c.mu.Unlock()
-	}
+		return true
+	})
 }
 
 // Packets returns a copy of what was captured so far, oldest first.
