@@ -755,14 +755,19 @@ func clusterIP(svc *corev1.Service, family string) string {
 	return ""
 }
 
+// familyOf is the family ("ipv4", "ipv6") of the address ip, as the agent's metrics and tables name it.
+func familyOf(ip string) string {
+	if netip.MustParseAddr(ip).Is6() {
+		return "ipv6"
+	}
+	return "ipv4"
+}
+
 // want builds an expected DNAT entry for a Service port: External-IP ext → the Service's Cluster-IP of
 // ext's family, same port.
 func want(svc *corev1.Service, ext, proto string, port int) string {
 	a := netip.MustParseAddr(ext)
-	fam := "ipv4"
-	if a.Is6() {
-		fam = "ipv6"
-	}
+	fam := familyOf(ext)
 	cip := clusterIP(svc, fam)
 	if cip == "" {
 		panic(fmt.Sprintf("service %s has no %s cluster IP", svc.Name, fam))

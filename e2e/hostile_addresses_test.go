@@ -40,26 +40,26 @@ import (
 
 // hostileIngress are LoadBalancer ingress IPs that kube-apiserver accepts (the status subresource
 // does not check for special addresses) and that ipvs-externalip-dnat must never DNAT, with the skip
-// reason and family each must be counted under.
-var hostileIngress = []struct{ ip, reason, family string }{
-	{"127.0.0.1", "special-address", "ipv4"},
-	{"169.254.169.254", "cloud-metadata", "ipv4"},
-	{"100.100.100.200", "cloud-metadata", "ipv4"},
-	{"168.63.129.16", "cloud-metadata", "ipv4"},
-	{"0.0.0.0", "special-address", "ipv4"},
-	{"255.255.255.255", "special-address", "ipv4"},
-	{"224.0.0.1", "special-address", "ipv4"},
-	{"10.244.1.7", "pod-cidr", "ipv4"}, // inside podCIDRv4
-	{"192.168.15.5", "node-address", "ipv4"},
-	{"::1", "special-address", "ipv6"},
-	{"fe80::1", "special-address", "ipv6"},
-	{"ff02::1", "special-address", "ipv6"},
-	{"fd00:ec2::254", "cloud-metadata", "ipv6"},
-	{"64:ff9b::a9fe:a9fe", "cloud-metadata", "ipv6"},
-	{"2002:a9fe:a9fe::1", "cloud-metadata", "ipv6"},
-	{"fec0::1", "special-address", "ipv6"},
-	{"fd00:10:244:1::7", "pod-cidr", "ipv6"}, // inside podCIDRv6
-	{"2001:db8:15:a::5", "node-address", "ipv6"},
+// reason each must be counted under (and its family).
+var hostileIngress = []struct{ ip, reason string }{
+	{"127.0.0.1", "special-address"},
+	{"169.254.169.254", "cloud-metadata"},
+	{"100.100.100.200", "cloud-metadata"},
+	{"168.63.129.16", "cloud-metadata"},
+	{"0.0.0.0", "special-address"},
+	{"255.255.255.255", "special-address"},
+	{"224.0.0.1", "special-address"},
+	{"10.244.1.7", "pod-cidr"}, // inside podCIDRv4
+	{"192.168.15.5", "node-address"},
+	{"::1", "special-address"},
+	{"fe80::1", "special-address"},
+	{"ff02::1", "special-address"},
+	{"fd00:ec2::254", "cloud-metadata"},
+	{"64:ff9b::a9fe:a9fe", "cloud-metadata"},
+	{"2002:a9fe:a9fe::1", "cloud-metadata"},
+	{"fec0::1", "special-address"},
+	{"fd00:10:244:1::7", "pod-cidr"}, // inside podCIDRv6
+	{"2001:db8:15:a::5", "node-address"},
 }
 
 const metadataIP = "169.254.169.254"
@@ -106,7 +106,7 @@ func testSpecialAddresses(t *testing.T, c *cluster, backend string) {
 	// The Node is seen asynchronously: wait until every address is counted under its reason.
 	wantSkips := map[[2]string]int{}
 	for _, h := range hostileIngress {
-		wantSkips[[2]string{h.family, h.reason}]++
+		wantSkips[[2]string{familyOf(h.ip), h.reason}]++
 	}
 	agenttest.Eventually(t, converge, func() error {
 		m := n.metrics()
