@@ -16,7 +16,13 @@ VERSION     ?= $(shell ./hack/version.sh)
 COMMIT      ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
 BIN         := $(CURDIR)/bin
 AGENT       := $(BIN)/network-node-manager
-GOFLAGS_RUN := -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)"
+# One build configuration for every Go build and test run here (the agent, the demo client, vet and
+# the test binaries): pure Go, and no -trimpath on the local agent, so one build cache serves them all.
+# With cgo on for the tests (the default when gcc is installed) and -trimpath on the agent, `go vet`
+# and the tests compiled every dependency a second time after the demo had built it (issue #22).
+# Release images keep -trimpath (hack/image.sh, Dockerfile).
+export CGO_ENABLED := 0
+GOFLAGS_RUN := -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)"
 # Packages the project needs on a node or test machine, as "binary:debian-package".
 SYSTEM_DEPS := iptables:iptables nft:nftables ip:iproute2 conntrack:conntrack
 # What `make image` and `make release` need to build images without a Docker engine (qemu-user runs
@@ -61,7 +67,7 @@ deps:
 ## build: the agent binary.
 build:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build $(GOFLAGS_RUN) -o $(AGENT) ./cmd/network-node-manager
+	$(GO) build $(GOFLAGS_RUN) -o $(AGENT) ./cmd/network-node-manager
 
 ## promtool: bin/promtool from Debian's prometheus package (version pinned in the script), for the
 ## alerting rule tests in deploy/.

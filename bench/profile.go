@@ -19,7 +19,7 @@ func buildProfiling(dir string) (string, error) {
 		return "", err
 	}
 	bin := filepath.Join(dir, "network-node-manager-profile")
-	cmd := exec.Command("go", "build", "-trimpath", "-tags", "profile", "-o", bin, "./cmd/network-node-manager") // make build's flags: its build cache applies
+	cmd := exec.Command("go", "build", "-tags", "profile", "-o", bin, "./cmd/network-node-manager") // make build's flags: its build cache applies
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build the profiling agent: %w\n%s", err, out)
