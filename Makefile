@@ -98,14 +98,16 @@ test-felix: deps build controlplane
 ## instead of skipping. Ends with the tests run/passed/failed/skipped per package. Fuzz seed corpora run
 ## as tests here; timed fuzzing is `make fuzz`.
 ## The VM lane (e2e/vm) is part of it: `vm` prepares it first.
+## go vet runs inside go test (-vet=all: every analyzer on every package, test files included), as a
+## step of each package's build, so it no longer holds back the start of the longest packages.
+## The raw `go test -json` stream is kept in bin/test-events.json (timings per test and package).
 test: deps build controlplane promtool vm
-	$(GO) vet ./...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	@set -o pipefail; { rc=0; \
-		NNM_AGENT_BIN=$(AGENT) $(GO) test -json $(TEST_FLAGS) $(SLOW_TEST_PKGS) ./... || rc=1; \
-		if [ -f examples/go.mod ]; then (cd examples && NNM_AGENT_BIN=$(AGENT) $(GO) test -json $(TEST_FLAGS) ./...) || rc=1; fi; \
-		exit $$rc; } | $(GO) run ./hack/testsummary
+		NNM_AGENT_BIN=$(AGENT) $(GO) test -json -vet=all $(TEST_FLAGS) $(SLOW_TEST_PKGS) ./... || rc=1; \
+		if [ -f examples/go.mod ]; then (cd examples && NNM_AGENT_BIN=$(AGENT) $(GO) test -json -vet=all $(TEST_FLAGS) ./...) || rc=1; fi; \
+		exit $$rc; } | tee $(BIN)/test-events.json | $(GO) run ./hack/testsummary
 
 ## fuzz: every fuzz target (func Fuzz* in *_test.go) for FUZZTIME each; a crasher is saved under the
 ## package's testdata/fuzz/ and fails the run.
