@@ -34,6 +34,10 @@ TEST_FLAGS  ?= -count=1 -timeout 30m
 # built instead of after every package before them in the alphabet, and the short ones fill the other
 # slot. In the warm 2-core runs of issue #22: e2e/vm ~245 s, e2e ~245 s, dataplane ~100 s,
 # backends/iptables ~70 s; everything else under 40 s.
+# go test's default of one package slot per CPU (-p 2) stays: a running package holds its slot, so
+# the other packages' test binaries are built after these two finish, but the CPUs are busy anyway.
+# With -p 4 the run was no shorter (597 s against 602 s) and the VM lane's guest, starved, took
+# 2m37s instead of 24s for kube-proxy's first sync and failed its reset reproduction.
 SLOW_TEST_PKGS := ./e2e/vm ./e2e ./dataplane ./backends/iptables
 # Every fuzz target runs FUZZTIME long in `make fuzz`. `make test` runs each target's seed corpus (f.Add
 # and testdata/fuzz/) as a plain test but does not fuzz: three seconds of fuzzing per target cost
