@@ -99,7 +99,7 @@ test-felix: deps build controlplane
 
 ## test: everything that proves the agent works. Kernel and end-to-end tests need root; with CI=true or
 ## NNM_REQUIRE_KERNEL=1 (.ci/run) a missing namespace, kernel feature or control plane fails them
-## instead of skipping. Ends with the tests run/passed/failed/skipped per package. Fuzz seed corpora run
+## instead of skipping. Ends with the tests run/passed/failed/skipped and the seconds run per package. Fuzz seed corpora run
 ## as tests here; timed fuzzing is `make fuzz`.
 ## The VM lane (e2e/vm) is part of it: `vm` prepares it first.
 ## go vet runs inside go test (-vet=all: every analyzer on every package, test files included), as a

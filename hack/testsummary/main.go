@@ -1,7 +1,8 @@
 // Command testsummary reads `go test -json` on stdin and prints what a developer needs from a long
 // run: the package result lines (ok / FAIL / no test files), the output of every failed test, the
 // reason of every skipped one, then a table of how many tests (subtests included) ran, passed, failed
-// and were skipped in each package, and a closing line "N passed, N failed, N skipped". It exits 1
+// and were skipped in each package and how many seconds the package ran, and a closing line
+// "N passed, N failed, N skipped". It exits 1
 // when a test or a build failed.
 //
 //	set -o pipefail; go test -json ./... | go run ./hack/testsummary
@@ -24,10 +25,14 @@ type event struct {
 	Package    string
 	Test       string
 	Output     string
-	ImportPath string // build-output, build-fail
+	ImportPath string  // build-output, build-fail
+	Elapsed    float64 // seconds, on a test's or package's pass, fail or skip
 }
 
-type counts struct{ run, pass, fail, skip int }
+type counts struct {
+	run, pass, fail, skip int
+	seconds               float64 // the package's run (its pass, fail or skip event)
+}
 
 type summary struct {
 	out     io.Writer
@@ -88,9 +93,9 @@ func (s *summary) packageEvent(e event) {
 	switch e.Action {
 	case "fail":
 		s.failed = true
-		s.pkg(e.Package)
+		s.pkg(e.Package).seconds = e.Elapsed
 	case "pass", "skip":
-		s.pkg(e.Package)
+		s.pkg(e.Package).seconds = e.Elapsed
 	case "output":
 		if t := strings.TrimSpace(e.Output); t == "PASS" || t == "FAIL" || strings.HasPrefix(t, "=== ") {
 			return
@@ -126,14 +131,14 @@ func (s *summary) report() bool {
 		total.skip += c.skip
 	}
 	sort.Strings(names)
-	fmt.Fprintln(s.out, "\ntests per suite (subtests included):")
+	fmt.Fprintln(s.out, "\ntests per suite (subtests included) and the seconds each package ran:")
 	w := tabwriter.NewWriter(s.out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "ran\tpassed\tfailed\tskipped\t\tpackage")
+	fmt.Fprintln(w, "ran\tpassed\tfailed\tskipped\tseconds\t\tpackage")
 	for _, n := range names {
 		c := s.pkgs[n]
-		fmt.Fprintf(w, "%d\t%d\t%d\t%d\t\t%s\n", c.run, c.pass, c.fail, c.skip, n)
+		fmt.Fprintf(w, "%d\t%d\t%d\t%d\t%.1f\t\t%s\n", c.run, c.pass, c.fail, c.skip, c.seconds, n)
 	}
-	fmt.Fprintf(w, "%d\t%d\t%d\t%d\t\t%s\n", total.run, total.pass, total.fail, total.skip, "total")
+	fmt.Fprintf(w, "%d\t%d\t%d\t%d\t\t\t%s\n", total.run, total.pass, total.fail, total.skip, "total")
 	w.Flush()
 	fmt.Fprintf(s.out, "%d passed, %d failed, %d skipped\n", total.pass, total.fail, total.skip)
 	return total.fail == 0 && !s.failed

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -20,7 +21,7 @@ func TestSummaryCountsPerPackageAndPrintsFailuresAndSkips(t *testing.T) {
 		`{"Action":"pass","Package":"a","Test":"TestKernel"}`,
 		`{"Action":"output","Package":"a","Output":"PASS\n"}`,
 		`{"Action":"output","Package":"a","Output":"ok  \ta\t0.1s\n"}`,
-		`{"Action":"pass","Package":"a"}`,
+		`{"Action":"pass","Package":"a","Elapsed":12.34}`,
 		`{"Action":"run","Package":"b","Test":"TestBad"}`,
 		`{"Action":"output","Package":"b","Test":"TestBad","Output":"    b_test.go:9: want 1, got 2\n"}`,
 		`{"Action":"fail","Package":"b","Test":"TestBad"}`,
@@ -48,10 +49,16 @@ func TestSummaryCountsPerPackageAndPrintsFailuresAndSkips(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, got)
 		}
 	}
+	// Package a's row: its counts, then its run's seconds from its pass event.
+	if !slices.ContainsFunc(strings.Split(got, "\n"), func(l string) bool {
+		return strings.Join(strings.Fields(l), " ") == "3 2 0 1 12.3 a"
+	}) {
+		t.Errorf("no row \"3 2 0 1 12.3 a\" for package a:\n%s", got)
+	}
 	if strings.Contains(got, "noise of a passing test") {
 		t.Errorf("a passing test's output was printed:\n%s", got)
 	}
-	if a := s.pkgs["a"]; *a != (counts{run: 3, pass: 2, skip: 1}) {
+	if a := s.pkgs["a"]; *a != (counts{run: 3, pass: 2, skip: 1, seconds: 12.34}) {
 		t.Errorf("package a: %+v", *a)
 	}
 	if !strings.HasSuffix(got, "2 passed, 1 failed, 1 skipped\n") {
