@@ -99,7 +99,10 @@ nnm_deb_unpack() {
 		(cd "$tmp" && DEBIAN_FRONTEND=noninteractive apt-get update -qq && apt-get download -q "$pkg" >/dev/null 2>"$tmp/err") ||
 			{ cat "$tmp/err" >&2; rc=1; }
 	fi
-	[[ $rc == 0 ]] && dpkg-deb -x "$tmp"/*.deb "$dir"
+	if [[ $rc == 0 ]] && ! dpkg-deb -x "$tmp"/*.deb "$dir"; then
+		echo "cannot unpack $pkg" >&2
+		rc=1
+	fi
 	rm -rf "$tmp"
 	return "$rc"
 }
