@@ -33,6 +33,7 @@ type options struct {
 	changes       int
 	idle          time.Duration
 	minSyncPeriod time.Duration
+	agentLogLevel string
 	workers       int
 	out           string
 	floorRuns     int
@@ -56,6 +57,7 @@ func main() {
 	flag.IntVar(&o.changes, "changes", 100, "changes of each kind (create, update, delete) at the largest N")
 	flag.DurationVar(&o.idle, "idle", 60*time.Second, "window for idle CPU at the largest N")
 	flag.DurationVar(&o.minSyncPeriod, "min-sync-period", 0, "agent --min-sync-period (0: changes are not rate limited; they are spaced apart anyway)")
+	flag.StringVar(&o.agentLogLevel, "agent-log-level", "info", "agent --log-level (debug shows every pass and read-back in the agent's log)")
 	flag.IntVar(&o.workers, "workers", 16, "parallel API writers when creating Services")
 	flag.StringVar(&o.out, "out", "", "also write the result table (markdown) to this file")
 	flag.IntVar(&o.floorRuns, "floor-runs", 3, "floor measurements per figure (median)")

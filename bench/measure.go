@@ -112,7 +112,7 @@ func measure(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o o
 	args := []string{
 		"--kubeconfig", kc, "--node-name", "bench-node", "--backend", be, "--iptables-variant", "nft",
 		"--proxy-mode", "ipvs", "--families", "ipv4", "--pod-cidrs", "10.244.0.0/24",
-		"--disable-fix", "invalid-drop", "--min-sync-period", o.minSyncPeriod.String(), "--log-level", "info",
+		"--disable-fix", "invalid-drop", "--min-sync-period", o.minSyncPeriod.String(), "--log-level", o.agentLogLevel,
 	}
 	t0 := time.Now()
 	a, err := agenttest.Start(agenttest.Options{Netns: ns, Bin: o.agentBin, Args: args, Env: o.agentEnv, LogFile: logFile})
