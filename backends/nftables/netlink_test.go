@@ -3,8 +3,11 @@ package nftables
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/knftables"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
@@ -67,4 +70,37 @@ func TestKernelColdLoadOverNetlink(t *testing.T) {
 			t.Fatalf("after a failed netlink load the table differs:\n%s\nwant:\n%s", got, want)
 		}
 	})
+}
+
+// TestKernelListTablesOverNetlink: listRealTables names every table of its family in the calling
+// thread's namespace, whoever owns it (the caller filters by TablePrefix), and none of the other
+// family; a family with no table lists none.
+func TestKernelListTablesOverNetlink(t *testing.T) {
+	testenv.Require(t, "nft")
+	ns := testenv.New(t, "nnm-lt")
+	list := func(f knftables.Family) []string {
+		t.Helper()
+		var names []string
+		if err := ns.Do(func() (err error) { names, err = listRealTables(context.Background(), f); return err }); err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(names)
+		return names
+	}
+	if got := list(knftables.IPv6Family); len(got) != 0 {
+		t.Fatalf("a new namespace lists ip6 tables %q", got)
+	}
+	ns.MustExec("nft", "add table ip nnm-a")
+	ns.MustExec("nft", "add table ip someone-else")
+	ns.MustExec("nft", "add table ip6 nnm-b")
+	ns.MustExec("nft", "add table inet nnm-c")
+	if got, want := list(knftables.IPv4Family), []string{"nnm-a", "someone-else"}; !slices.Equal(got, want) {
+		t.Fatalf("ip tables %q, want %q", got, want)
+	}
+	if got, want := list(knftables.IPv6Family), []string{"nnm-b"}; !slices.Equal(got, want) {
+		t.Fatalf("ip6 tables %q, want %q", got, want)
+	}
+	if _, err := listRealTables(context.Background(), knftables.InetFamily); err == nil {
+		t.Fatal("listRealTables accepted the inet family, which the backend never uses")
+	}
 }
