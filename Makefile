@@ -32,12 +32,15 @@ TEST_FLAGS  ?= -count=1 -timeout 30m
 # The longest test packages, named first: `go test -json` starts the packages' runs in the order they
 # are listed (./... lists each package once), so these start as soon as their own test binaries are
 # built instead of after every package before them in the alphabet, and the short ones fill the other
-# slot. In the warm 2-core runs of issue #22: e2e/vm ~245 s, e2e ~245 s, dataplane ~100 s,
-# backends/iptables ~70 s; everything else under 40 s.
+# slot. In the 2-core runs of issue #22: e2e/vm 245-383 s, e2e ~215 s (its waiting tests run in
+# parallel), dataplane ~100 s, backends/iptables 65-90 s; everything else under 40 s.
 # go test's default of one package slot per CPU (-p 2) stays: a running package holds its slot, so
 # the other packages' test binaries are built after these two finish, but the CPUs are busy anyway.
-# With -p 4 the run was no shorter (597 s against 602 s) and the VM lane's guest, starved, took
-# 2m37s instead of 24s for kube-proxy's first sync and failed its reset reproduction.
+# Tried and measured slower (one run each, from the state `make demo` leaves): -p 4 (597 s against
+# 602 s; the VM lane's guest, starved, took 2m37s instead of 24s for kube-proxy's first sync and
+# failed its reset reproduction), -p 3 with qemu at nice -10 (733 s: the VM lane, e2e and dataplane
+# ran at once and each took 1.5-3x as long), and a second `go test -exec true` at nice 19 building
+# the later packages' test binaries meanwhile (698 s; the VM lane took 383 s).
 SLOW_TEST_PKGS := ./e2e/vm ./e2e ./dataplane ./backends/iptables
 # Every fuzz target runs FUZZTIME long in `make fuzz`. `make test` runs each target's seed corpus (f.Add
 # and testdata/fuzz/) as a plain test but does not fuzz: three seconds of fuzzing per target cost
