@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"net/netip"
 	"os"
@@ -59,10 +58,6 @@ func require(t *testing.T) {
 		testenv.Unavailable(t, "end-to-end scenario: %v", err)
 	}
 }
-
-// e2eParallel is how many parallel tests (leaf subtests) of this package run at once unless
-// -test.parallel says otherwise: both backends of the three parallel tests.
-const e2eParallel = 6
 
 // eachBackend runs test once per backend, the backends in parallel, each on its backend's shared
 // control plane (sharedCluster).
@@ -149,15 +144,6 @@ func closeClusters() {
 }
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	explicit := false
-	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
-	if !explicit {
-		// The parallel tests (TestScenarios, TestAPIUnreachableAtStart, TestKubeProxy) spend most
-		// of their time waiting for resyncs, backoffs and log intervals, not on a CPU; with the
-		// default of one running test per CPU they would wait for one another.
-		_ = flag.Set("test.parallel", strconv.Itoa(e2eParallel))
-	}
 	code := m.Run()
 	closeClusters()
 	os.Exit(code)

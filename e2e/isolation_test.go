@@ -49,7 +49,6 @@ const (
 // /readyz fails the same way. /livez, the DaemonSet's liveness probe, stays 200 (the workers are
 // alive), so the kubelet does not restart the agent in a loop while the node is protected.
 func TestAPIUnreachableAtStart(t *testing.T) {
-	t.Parallel() // no control plane; mostly waits for APIErrorLogEvery
 	requireAgent(t)
 	for _, be := range backendNames {
 		t.Run(be, func(t *testing.T) {

@@ -336,7 +336,6 @@ func (rs ruleset) theirs() string {
 
 // TestKubeProxy runs the agent beside kube-proxy in iptables and in nftables mode.
 func TestKubeProxy(t *testing.T) {
-	t.Parallel() // its own control plane ("kube-proxy"), which no other test uses
 	require(t)
 	kubeproxytest.Require(t)
 	c := sharedCluster(t, "kube-proxy")

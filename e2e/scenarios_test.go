@@ -44,12 +44,7 @@ var scenarios = []scenario{
 
 // TestScenarios runs every scenario against both backends: the backends in parallel, each on a control
 // plane of its own, the scenarios of one backend one after the other.
-//
-// Parallel with the other tests that use no control plane another test writes to
-// (TestAPIUnreachableAtStart, TestKubeProxy): the tests that share the backends' control planes
-// run before them, one after the other.
 func TestScenarios(t *testing.T) {
-	t.Parallel()
 	eachBackend(t, func(t *testing.T, c *cluster, be string) {
 		for _, sc := range scenarios {
 			t.Run(sc.name, func(t *testing.T) { sc.run(t, c, be) })
