@@ -114,13 +114,6 @@ var guestModules = []string{"ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "nf_co
 	"xt_MASQUERADE", "iptable_nat", "iptable_filter", "iptable_mangle", "nft_chain_nat", "nft_ct", "nft_nat",
 	"nft_masq"}
 
-// guestGoEnv is the Go runtime's setting for every Go program in the guest (this test, kube-proxy,
-// the agent): no proportional collection, only a soft limit. Under emulation the collector's work
-// costs as much as the programs' own: one run each under the same load, the VM used 205 s of host
-// CPU with it and 256 s without (wall 230 s against 306 s). Each program lives for minutes and
-// allocates far less than the limit in that time; three of them fit the guest's 2 GiB with room.
-const guestGoEnv = "export GOGC=off GOMEMLIMIT=256MiB"
-
 var exitRE = regexp.MustCompile(`(?m)^NNM-VM-EXIT=(\d+)`)
 
 // runGuest boots the VM, runs the guest half of this test binary (-test.run guestRun) with env, and
@@ -140,7 +133,6 @@ func runGuest(t *testing.T, vm vmEnv, apiserver, guestRun string, env []string) 
 	script := filepath.Join(dir, "guest.sh")
 	var b strings.Builder
 	b.WriteString("export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n")
-	b.WriteString(guestGoEnv + "\n")
 	for _, kv := range append(env, guestEnv+"=1") {
 		k, v, _ := strings.Cut(kv, "=")
 		fmt.Fprintf(&b, "export %s=%s\n", k, strconv.Quote(v))
