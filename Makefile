@@ -40,9 +40,10 @@ TEST_FLAGS  ?= -count=1 -timeout 30m
 # the other packages' test binaries are built after these two finish, but the CPUs are busy anyway.
 # Tried and measured slower (one run each, from the state `make demo` leaves): -p 4 (597 s against
 # 602 s; the VM lane's guest, starved, took 2m37s instead of 24s for kube-proxy's first sync and
-# failed its reset reproduction), -p 3 with qemu at nice -10 (733 s: the VM lane, e2e and dataplane
-# ran at once and each took 1.5-3x as long), and a second `go test -exec true` at nice 19 building
-# the later packages' test binaries meanwhile (698 s; the VM lane took 383 s).
+# failed its reset reproduction); and, on top of two changes reverted since (guest GOGC=off, e2e
+# tests in parallel), -p 3 with qemu at nice -10 (733 s: the VM lane, e2e and dataplane ran at once
+# and each took 1.5-3x as long) and a second `go test -exec true` at nice 19 building the later
+# packages' test binaries meanwhile (698 s; the VM lane took 383 s).
 SLOW_TEST_PKGS := ./e2e/vm ./e2e ./dataplane ./backends/iptables
 # Every fuzz target runs FUZZTIME long in `make fuzz`. `make test` runs each target's seed corpus (f.Add
 # and testdata/fuzz/) as a plain test but does not fuzz: three seconds of fuzzing per target cost

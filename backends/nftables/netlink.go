@@ -21,6 +21,18 @@ import (
 // map. A table that exists is always rewritten in one `nft -f` transaction, and element changes go
 // as element operations in one `nft -f` as well (a few ms each, within the change-latency target).
 
+// netlinkFamily is a table family of ours as google/nftables names it: the table family and the
+// type of an address in it.
+func netlinkFamily(f knftables.Family) (gnft.TableFamily, gnft.SetDatatype, error) {
+	switch f {
+	case knftables.IPv4Family:
+		return gnft.TableFamilyIPv4, gnft.TypeIPAddr, nil
+	case knftables.IPv6Family:
+		return gnft.TableFamilyIPv6, gnft.TypeIP6Addr, nil
+	}
+	return 0, gnft.SetDatatype{}, fmt.Errorf("nftables backend: family %q is not ip or ip6", f)
+}
+
 // loadMaps creates m's table with its maps and their companion key sets, filled, in one netlink
 // transaction in the calling thread's network namespace. The objects are exactly those nft creates
 // from writeFull's `add map`/`add set` (so that transaction may add them again), which
@@ -30,11 +42,11 @@ func loadMaps(m *model) error {
 	if err != nil {
 		return err
 	}
-	t := &gnft.Table{Name: m.table, Family: gnft.TableFamilyIPv4}
-	addr := gnft.TypeIPAddr
-	if m.family == knftables.IPv6Family {
-		t.Family, addr = gnft.TableFamilyIPv6, gnft.TypeIP6Addr
+	tf, addr, err := netlinkFamily(m.family)
+	if err != nil {
+		return err
 	}
+	t := &gnft.Table{Name: m.table, Family: tf}
 	conn.AddTable(t)
 	for _, mm := range m.maps {
 		key := gnft.MustConcatSetType(addr, gnft.TypeInetProto, gnft.TypeInetService)

@@ -596,12 +596,9 @@ func newRealInterface(family knftables.Family, table string) (knftables.Interfac
 // beside kube-proxy's or our own 30,000 iptables-nft rules one listing cost 6.4 s of CPU (5.2 s
 // of it in the kernel) for ip and as much for an empty ip6 (BENCHMARKS.md, 30,000 Services).
 func listRealTables(_ context.Context, family knftables.Family) ([]string, error) {
-	fam, ok := map[knftables.Family]gnft.TableFamily{
-		knftables.IPv4Family: gnft.TableFamilyIPv4,
-		knftables.IPv6Family: gnft.TableFamilyIPv6,
-	}[family]
-	if !ok {
-		return nil, fmt.Errorf("nftables backend: list tables: family %q is not ip or ip6", family)
+	fam, _, err := netlinkFamily(family)
+	if err != nil {
+		return nil, fmt.Errorf("list tables: %w", err)
 	}
 	conn, err := gnft.New()
 	if err != nil {
