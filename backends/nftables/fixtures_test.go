@@ -144,12 +144,14 @@ func clampRuleset(f rules.Family) *rules.Ruleset {
 }
 
 // recorder wraps a knftables.Interface (fake or real), keeps the text of every transaction run
-// through it and can inject a failure.
+// through it and can inject a failure. It is the backend's Lister of its table too, and counts the
+// listings: they go to the fake, or on a real kernel over netlink (netlinkLister), as in production.
 type recorder struct {
 	knftables.Interface
-	mu    sync.Mutex
-	sent  []string
-	lists int // List* calls: each is one `nft --json list` run against a real kernel
+	lister Lister // the listings' target: Interface (fake) or a netlinkLister (real kernel)
+	mu     sync.Mutex
+	sent   []string
+	lists  int // List* calls
 	// inject, if set, may change a transaction before it runs or fail it.
 	inject func(tx *knftables.Transaction) error
 }
@@ -177,27 +179,27 @@ func (r *recorder) listed() {
 
 func (r *recorder) List(ctx context.Context, objectType string) ([]string, error) {
 	r.listed()
-	return r.Interface.List(ctx, objectType)
+	return r.lister.List(ctx, objectType)
 }
 
 func (r *recorder) ListAll(ctx context.Context) (map[string][]string, error) {
 	r.listed()
-	return r.Interface.ListAll(ctx)
+	return r.lister.ListAll(ctx)
 }
 
 func (r *recorder) ListRules(ctx context.Context, chain string) ([]*knftables.Rule, error) {
 	r.listed()
-	return r.Interface.ListRules(ctx, chain)
+	return r.lister.ListRules(ctx, chain)
 }
 
 func (r *recorder) ListElements(ctx context.Context, objectType, name string) ([]*knftables.Element, error) {
 	r.listed()
-	return r.Interface.ListElements(ctx, objectType, name)
+	return r.lister.ListElements(ctx, objectType, name)
 }
 
 func (r *recorder) ListCounters(ctx context.Context) ([]*knftables.Counter, error) {
 	r.listed()
-	return r.Interface.ListCounters(ctx)
+	return r.lister.ListCounters(ctx)
 }
 
 func (r *recorder) listCount() int {
@@ -234,18 +236,22 @@ func (k *kernel) newInterface(family knftables.Family, table string) (knftables.
 		return r, nil
 	}
 	var inner knftables.Interface
+	var lister Lister
 	if k.real {
 		nft, err := newRealInterface(family, table)
 		if err != nil {
 			return nil, err
 		}
 		inner = nft
+		if lister, err = newNetlinkLister(family, table); err != nil {
+			return nil, err
+		}
 	} else {
 		f := knftables.NewFake(family, table)
 		k.fakes[key] = f
-		inner = f
+		inner, lister = f, f
 	}
-	r := &recorder{Interface: inner}
+	r := &recorder{Interface: inner, lister: lister}
 	k.tables[key] = r
 	return r, nil
 }
@@ -275,7 +281,8 @@ func (k *kernel) rec(family knftables.Family, table string) *recorder {
 
 func (k *kernel) backend(t testing.TB) *Backend {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	opts := Options{NewInterface: k.newInterface, ListTables: k.listTables, Logger: log}
+	opts := Options{NewInterface: k.newInterface, ListTables: k.listTables, Logger: log,
+		NewLister: func(family knftables.Family, table string) (Lister, error) { return k.newInterface(family, table) }}
 	if k.real {
 		// The real kernel's generation, read by the caller's thread (inside the test's namespace).
 		opts.Generation = func() (uint32, error) {

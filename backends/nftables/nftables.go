@@ -4,9 +4,12 @@
 // else: other owners' tables (kube-proxy, iptables-nft's ip filter/nat) are never listed, flushed or
 // changed. Chains hooked into the kernel are base chains of that table; lookup maps are nft maps
 // with a companion set of their keys for membership tests (see mapModel), so 10,000 Services cost a
-// lookup or two per packet and a change to one Service is an element operation in each. All kernel access goes through sigs.k8s.io/knftables, one transaction (`nft -f`) per
-// reconcile; the knftables.Interface factory is the seam tests replace with knftables.NewFake. The
-// nf_tables generation (package nfgen) tells a Verify whether anything changed at all.
+// lookup or two per packet and a change to one Service is an element operation in each. Changes go
+// through sigs.k8s.io/knftables, one transaction (`nft -f`) per reconcile; tables are read back over
+// netlink (lister.go: after a transaction, on a Verify, on a scrape), and a new table's maps are
+// loaded over netlink (netlink.go). The knftables.Interface factory is the seam tests replace with
+// knftables.NewFake, which then answers the listings too. The nf_tables generation (package nfgen)
+// tells a Verify whether anything changed at all.
 package nftables
 
 import (
@@ -42,6 +45,9 @@ type Options struct {
 	// `nft --json list tables <family>`. Cleanup uses it, and remove for a table this process never
 	// touched.
 	ListTables func(ctx context.Context, family knftables.Family) ([]string, error)
+	// NewLister returns what reads one table back (Lister). Nil means netlinkLister when NewInterface
+	// is nil too (the real kernel), and the table's knftables interface otherwise (a fake kernel).
+	NewLister func(family knftables.Family, table string) (Lister, error)
 	// Generation reads the nf_tables generation (see package nfgen). Nil means nfgen.Get when
 	// NewInterface is nil too (the real kernel), and no generation otherwise (a fake kernel has none:
 	// Verify then always lists).
@@ -53,6 +59,7 @@ type Backend struct {
 	log          *slog.Logger
 	newInterface func(family knftables.Family, table string) (knftables.Interface, error)
 	listTables   func(ctx context.Context, family knftables.Family) ([]string, error)
+	newLister    func(family knftables.Family, table string) (Lister, error)
 	gen          nfgen.Func
 	// loadMaps loads a new table's maps over netlink (the real kernel only; see netlink.go).
 	loadMaps func(m *model) error
@@ -85,6 +92,7 @@ func New(opts Options) (*Backend, error) {
 		log:          opts.Logger,
 		newInterface: opts.NewInterface,
 		listTables:   opts.ListTables,
+		newLister:    opts.NewLister,
 		gen:          opts.Generation,
 		ifaces:       map[tableKey]knftables.Interface{},
 	}
@@ -99,6 +107,9 @@ func New(opts Options) (*Backend, error) {
 	if b.newInterface == nil {
 		b.newInterface = newRealInterface
 		b.loadMaps = loadMaps
+		if b.newLister == nil {
+			b.newLister = newNetlinkLister
+		}
 	}
 	if b.listTables == nil {
 		b.listTables = listRealTables
@@ -143,6 +154,15 @@ func (b *Backend) iface(k tableKey) (knftables.Interface, error) {
 	}
 	b.ifaces[k] = nft
 	return nft, nil
+}
+
+// reader returns what reads table k back: a Lister of its own when there is one (netlink, on the
+// real kernel: no nft run and no interface needed), else the table's knftables interface.
+func (b *Backend) reader(k tableKey) (Lister, error) {
+	if b.newLister != nil {
+		return b.newLister(k.family, k.table)
+	}
+	return b.iface(k)
 }
 
 func (b *Backend) hasIface(k tableKey) bool {
@@ -192,11 +212,15 @@ func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family
 type ops struct{ b *Backend }
 
 func (o ops) Matches(ctx context.Context, u backend.Unit, rec *applied) (bool, error) {
-	k, nft, err := o.b.table(u)
+	k, err := keyOf(u.Fix, u.Family)
 	if err != nil {
 		return false, err
 	}
-	now, err := snapshot(ctx, nft, true)
+	r, err := o.b.reader(k)
+	if err != nil {
+		return false, err
+	}
+	now, err := snapshot(ctx, r, true)
 	if err != nil {
 		return false, fmt.Errorf("nftables backend: list table %s %s: %w", k.family, k.table, explain(err))
 	}
@@ -247,7 +271,7 @@ func (o ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*appli
 	var ex *existing
 	if prev.Trusted {
 		ex = prev.Rec.model.existing()
-	} else if ex, err = b.listExisting(ctx, nft, k, &step); err != nil {
+	} else if ex, err = b.listExisting(ctx, k, &step); err != nil {
 		return step, err
 	}
 	ctx = context.WithoutCancel(ctx) // from here on the kernel is changed: finish what was started
@@ -256,7 +280,7 @@ func (o ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*appli
 		// The record was wrong about the kernel (an object deleted or redefined behind our back):
 		// list the table and rewrite it from what is really there.
 		log.Info("rewrite from our record failed; listing the table and rewriting it", "err", err)
-		if ex, err = b.listExisting(ctx, nft, k, &step); err != nil {
+		if ex, err = b.listExisting(ctx, k, &step); err != nil {
 			return step, err
 		}
 		if ex != nil {
@@ -277,7 +301,11 @@ func (o ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*appli
 	step.Rec = &applied{model: m}
 	step.ReadBack = true
 	step.Finish = func(ctx context.Context) (*applied, error) {
-		seen, err := snapshot(ctx, nft, false)
+		r, err := b.reader(k)
+		if err != nil {
+			return nil, err
+		}
+		seen, err := snapshot(ctx, r, false)
 		if err != nil {
 			return nil, fmt.Errorf("nftables backend: applied, but cannot read table %s %s back (the next reconcile rewrites it): %w", k.family, k.table, err)
 		}
@@ -312,9 +340,13 @@ func (b *Backend) write(ctx context.Context, nft knftables.Interface, m *model, 
 }
 
 // listExisting lists our table for a rewrite (nil when absent), counting the listing in step.
-func (b *Backend) listExisting(ctx context.Context, nft knftables.Interface, k tableKey, step *backend.Step[*applied]) (*existing, error) {
+func (b *Backend) listExisting(ctx context.Context, k tableKey, step *backend.Step[*applied]) (*existing, error) {
 	step.ReadBack = true
-	ex, err := listExisting(ctx, nft)
+	r, err := b.reader(k)
+	if err != nil {
+		return nil, err
+	}
+	ex, err := listExisting(ctx, r)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -402,9 +434,9 @@ func elementLines(els []*knftables.Element) string {
 
 // listRules describes the rules of our table by chain, handle and comment: any rule added,
 // deleted or replaced gets a new handle. One `nft --json --terse list table` run.
-func listRules(ctx context.Context, nft knftables.Interface) (string, error) {
+func listRules(ctx context.Context, nft Lister) (string, error) {
 	rs, err := nft.ListRules(ctx, "")
-	if knftables.IsNotFound(err) {
+	if isNotFound(err) {
 		return "absent", nil
 	}
 	if err != nil {
@@ -429,9 +461,9 @@ func listRules(ctx context.Context, nft knftables.Interface) (string, error) {
 }
 
 // snapshot lists our table: object names, rules, and (withElements) every map's elements.
-func snapshot(ctx context.Context, nft knftables.Interface, withElements bool) (*tableState, error) {
+func snapshot(ctx context.Context, nft Lister, withElements bool) (*tableState, error) {
 	objs, err := nft.ListAll(ctx)
-	if knftables.IsNotFound(err) {
+	if isNotFound(err) {
 		return &tableState{objects: "absent", rules: "absent"}, nil
 	}
 	if err != nil {
@@ -511,12 +543,12 @@ func (b *Backend) Counters(ctx context.Context, fix string, family rules.Family)
 	if err != nil {
 		return nil, err
 	}
-	nft, err := b.iface(k) // no unit's lock: a scrape never waits for a reconcile
+	nft, err := b.reader(k) // no unit's lock: a scrape never waits for a reconcile
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]backend.Counter{}
-	if _, err := nft.List(ctx, "counter"); knftables.IsNotFound(err) {
+	if _, err := nft.List(ctx, "counter"); isNotFound(err) {
 		return out, nil // no table, no counters
 	} else if err != nil {
 		return nil, fmt.Errorf("nftables backend: list counters of %s %s: %w", k.family, k.table, err)
@@ -571,9 +603,10 @@ func (b *Backend) RemoveAll(ctx context.Context) (removed int, err error) {
 // realOptions are the knftables options of the real kernel. NoObjectCommentEmulation: we put
 // comments only on rules and elements, so the `nft --check` that knftables.New runs to probe
 // comments on tables, chains, sets and maps is not needed (one nft process less before a table's
-// first transaction). knftables' experimental UseNetlink (List and ListAll over netlink) was tried
-// and is not used: in v0.0.22 a missing table comes back as a bare ENOENT that IsNotFound does not
-// recognise, and the listing includes nft's anonymous sets (__set0), which we would then delete.
+// first transaction). knftables' experimental UseNetlink (List and ListAll over netlink) is not used:
+// it does not cover rules, elements or counters, in v0.0.22 a missing table comes back as a bare
+// ENOENT that IsNotFound does not recognise, and its listing includes nft's anonymous sets (__set0),
+// which we would then delete. netlinkLister (lister.go) reads all of them.
 var realOptions = []knftables.Option{knftables.NoObjectCommentEmulation}
 
 // newRealInterface is the default Options.NewInterface. It turns the causes users hit into errors
@@ -649,9 +682,9 @@ func (b *Backend) ownTables(ctx context.Context) ([]tableKey, error) {
 }
 
 // listExisting lists the objects of our table in the kernel, or returns nil if the table is absent.
-func listExisting(ctx context.Context, nft knftables.Interface) (*existing, error) {
+func listExisting(ctx context.Context, nft Lister) (*existing, error) {
 	objs, err := nft.ListAll(ctx)
-	if knftables.IsNotFound(err) {
+	if isNotFound(err) {
 		return nil, nil
 	}
 	if err != nil {
