@@ -3,7 +3,7 @@
 // asks the probes. The result says how each value was found, for logs and the nnm_agent_info metric.
 //
 // Every signal goes through Probes, so each one can be faked in tests; RealProbes reads the node
-// (read-only: an HTTP GET on 127.0.0.1, a link lookup, `nft list tables`, `iptables-*-save`, and
+// (read-only: an HTTP GET on 127.0.0.1, a link lookup, a table listing over netlink, `iptables-*-save`, and
 // optionally one ConfigMap GET).
 package detect
 
@@ -56,7 +56,7 @@ type Result struct {
 // Features says which kernel features and tools work on the node. A missing one does not stop the
 // agent: the fix that needs it fails with an error naming it, the other fixes keep working.
 type Features struct {
-	// NFTables: `nft list tables` succeeds (binary present, kernel has nf_tables, CAP_NET_ADMIN).
+	// NFTables: nft is installed and the tables can be listed (kernel has nf_tables, CAP_NET_ADMIN).
 	NFTables    bool
 	NFTablesErr string
 	// ConntrackMatch: the selected iptables variant knows the conntrack match (-m conntrack).

@@ -236,7 +236,7 @@ func TestNFTTablesListedOnce(t *testing.T) {
 	p := Probes{NFTTables: func(context.Context) ([]string, error) { n++; return nil, nil }}
 	Resolve(context.Background(), auto(), p, nil)
 	if n != 1 {
-		t.Errorf("nft list tables ran %d times, want 1", n)
+		t.Errorf("the nftables tables were listed %d times, want 1", n)
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -113,5 +115,33 @@ func TestRealDetection(t *testing.T) {
 				t.Errorf("features = %+v, want nftables and conntrack match available", r.Features)
 			}
 		})
+	}
+}
+
+// TestKernelNFTTablesOverNetlink: the probe lists every family's tables as nft names them, without
+// running nft (PATH holds only a stand-in nft that fails), and fails naming nft when none is installed.
+func TestKernelNFTTablesOverNetlink(t *testing.T) {
+	testenv.Require(t, "nft")
+	ns := testenv.New(t, "nnm-det")
+	for _, tbl := range []string{"ip kube-proxy", "ip6 kube-proxy", "inet filter", "bridge br"} {
+		ns.MustExec("nft", "add table "+tbl)
+	}
+	bin := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bin, "nft"), []byte("#!/bin/sh\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin)
+	var got []string
+	if err := ns.Do(func() (err error) { got, err = NFTTables(context.Background()); return err }); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(got)
+	if want := []string{"bridge br", "inet filter", "ip kube-proxy", "ip6 kube-proxy"}; !slices.Equal(got, want) {
+		t.Fatalf("NFTTables = %q, want %q", got, want)
+	}
+	t.Setenv("PATH", t.TempDir())
+	err := ns.Do(func() error { _, err := NFTTables(context.Background()); return err })
+	if err == nil || !strings.Contains(err.Error(), "nft not found") {
+		t.Fatalf("without nft: %v, want an error naming nft", err)
 	}
 }
