@@ -77,6 +77,7 @@ func wantKubeProxyDrops(t *testing.T, mode string, p resettest.Plan, drops []str
 }
 
 func TestConnectionResetBesideKubeProxy(t *testing.T) {
+	t.Parallel() // mostly waits for kube-proxy's syncs; its namespaces and Node names are its own
 	require(t, "nft", "conntrack", "sysctl", "iptables-save", "ip6tables-save")
 	for _, mode := range []string{"nftables", "iptables"} {
 		t.Run(mode, func(t *testing.T) {

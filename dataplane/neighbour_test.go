@@ -47,6 +47,7 @@ func neighbourWindow(t *testing.T) time.Duration {
 }
 
 func TestInsertFirstNeighbour(t *testing.T) {
+	t.Parallel() // mostly waits out the observation window; runs beside TestConnectionResetBesideKubeProxy
 	require(t, "nft", "conntrack", "sysctl", "iptables-nft", "ip6tables-nft")
 	neighbourWindow := neighbourWindow(t)
 	tp := resettest.New(t)

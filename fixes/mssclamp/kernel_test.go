@@ -222,7 +222,10 @@ func seenMSS(c *rawtcp.Capture, port uint16) (syn, synAck uint16) {
 func TestKernelBlackHole(t *testing.T) {
 	netns.RequireKernel(t, "iptables-restore", "ip6tables-restore", "nft")
 	for _, p := range plans {
-		t.Run(string(p.family), func(t *testing.T) { testBlackHole(t, p) })
+		t.Run(string(p.family), func(t *testing.T) {
+			t.Parallel() // each family has a lab of its own; most of the time is the stall waits
+			testBlackHole(t, p)
+		})
 	}
 }
 
