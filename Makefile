@@ -28,10 +28,7 @@ SYSTEM_DEPS := iptables:iptables nft:nftables ip:iproute2 conntrack:conntrack
 # What `make image` and `make release` need to build images without a Docker engine (qemu-user runs
 # the arm64 image's binaries to check them; file prints their types).
 IMAGE_DEPS  := buildah:buildah debootstrap:debootstrap qemu-aarch64-static:qemu-user-static file:file
-# Test binaries are linked without DWARF (-ldflags=-w; panics and test failures still print file:line
-# from the symbol table): make test links about 50 of them, 92 s of its CPU by process accounting
-# (a warm run), and -w cut one link (backends/iptables) from 6.2 to 4.2 s of CPU.
-TEST_FLAGS  ?= -count=1 -timeout 30m -ldflags=-w
+TEST_FLAGS  ?= -count=1 -timeout 30m
 # The longest test packages, named first: `go test -json` starts the packages' runs in the order they
 # are listed (./... lists each package once), so these start as soon as their own test binaries are
 # built instead of after every package before them in the alphabet, and the short ones fill the other
