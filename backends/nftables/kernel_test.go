@@ -14,6 +14,7 @@ import (
 
 	"sigs.k8s.io/knftables"
 
+	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
@@ -546,5 +547,71 @@ func TestKernelUpgradeFromMapLookup(t *testing.T) {
 			t.Fatalf("after the upgrade:\n%s\nwant (cold apply):\n%s", got, want)
 		}
 		t.Logf("%s: old layout rewritten; the table now tests membership on %s", f, set)
+	})
+}
+
+// TestKernelReadsOverNetlink: the backend as the agent builds it (New with zero Options) reads its
+// tables back over netlink. With no nft on PATH, a scrape reads real packet counts and a Verify after
+// someone else's commit (so the generation moved and the tables must be listed, elements included)
+// finds them in sync, which only holds if the listed elements decode exactly as the model renders
+// them. The lister itself: a missing table is isNotFound, anonymous sets are not objects of ours.
+func TestKernelReadsOverNetlink(t *testing.T) {
+	eachFamily(t, "nnm-rd", func(t *testing.T, ns *testenv.NS, f rules.Family) {
+		ctx := context.Background()
+		b, err := New(Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ext, inv := externalIPRuleset(f, threeEntries(f)), invalidDropRuleset(f)
+		applyIn(ctx, t, ns, b, ext, inv)
+		const probe = 3
+		inNS(t, ns, func() error { return sendUDP(addrs(f, "127.0.0.2:9999", "[::1]:9999"), probe) })
+		nf := string(nftFamily(f))
+		ns.MustExec("nft", "add table "+nf+" someone-else")
+		ns.MustExec("nft", "add table "+nf+" nnm-anon")
+		ns.MustExec("nft", "add chain "+nf+" nnm-anon c")
+		ns.MustExec("nft", "add rule "+nf+" nnm-anon c "+addrs(f, "ip daddr { 192.0.2.1, 192.0.2.2 }", "ip6 daddr { 2001:db8::1, 2001:db8::2 }")+" drop")
+
+		t.Setenv("PATH", t.TempDir())
+		inNS(t, ns, func() error {
+			c, err := b.Counters(ctx, inv.Fix, f)
+			if err != nil {
+				return err
+			}
+			if got := c["probe"].Packets; got != probe {
+				return fmt.Errorf("probe counter over netlink = %d packets, want %d", got, probe)
+			}
+			for _, rs := range []*rules.Ruleset{ext, inv} {
+				res, err := b.Reconcile(ctx, rs.Fix, f, rs, backend.Verify)
+				if err != nil {
+					return fmt.Errorf("verify %s without nft: %w", rs.Fix, err)
+				}
+				if !res.ReadBack || res.Applied || res.Repaired {
+					return fmt.Errorf("verify %s after a foreign commit = %+v, want listed and in sync", rs.Fix, res)
+				}
+			}
+			l, err := newNetlinkLister(nftFamily(f), "nnm-anon")
+			if err != nil {
+				return err
+			}
+			all, err := l.ListAll(ctx)
+			if err != nil {
+				return err
+			}
+			if len(all["set"])+len(all["map"]) != 0 || !slices.Equal(all["chain"], []string{"c"}) {
+				return fmt.Errorf("nnm-anon lists %v, want chain c and no set (the rule's set is anonymous)", all)
+			}
+			missing, err := newNetlinkLister(nftFamily(f), "nnm-missing")
+			if err != nil {
+				return err
+			}
+			if _, err := missing.ListAll(ctx); !isNotFound(err) {
+				return fmt.Errorf("listing a missing table: %v, want a not-found error", err)
+			}
+			if c, err := b.Counters(ctx, "absent-fix", f); err != nil || len(c) != 0 {
+				return fmt.Errorf("counters of a fix without a table = %v, %v; want none, no error", c, err)
+			}
+			return nil
+		})
 	})
 }

@@ -78,7 +78,11 @@ func (l netlinkLister) open() (*gnft.Conn, *gnft.Table, error) {
 	return conn, t, nil
 }
 
-func (l netlinkLister) fail(what string, err error) error {
+// wrap names what was being listed; nil stays nil.
+func (l netlinkLister) wrap(what string, err error) error {
+	if err == nil {
+		return nil
+	}
 	return fmt.Errorf("list the %s of table %s %s over netlink: %w", what, l.family, l.table, err)
 }
 
@@ -95,40 +99,30 @@ func (l netlinkLister) ListAll(context.Context) (map[string][]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := map[string][]string{}
-	chains, err := l.chains(conn, t)
-	if err != nil {
+	chains, cerr := l.chains(conn, t)
+	sets, serr := conn.GetSets(t)
+	counters, oerr := l.counters(conn, t)
+	flowtables, ferr := conn.ListFlowtables(t)
+	if err := errors.Join(cerr, l.wrap("sets", serr), oerr, l.wrap("flowtables", ferr)); err != nil {
 		return nil, err
 	}
+	out := map[string][]string{}
+	add := func(typ, name string) { out[typ] = append(out[typ], name) }
 	for _, c := range chains {
-		out["chain"] = append(out["chain"], c.Name)
-	}
-	sets, err := conn.GetSets(t)
-	if err != nil {
-		return nil, l.fail("sets", err)
+		add("chain", c.Name)
 	}
 	for _, s := range sets {
-		switch {
-		case s.Anonymous:
-		case s.IsMap:
-			out["map"] = append(out["map"], s.Name)
-		default:
-			out["set"] = append(out["set"], s.Name)
+		if s.IsMap && !s.Anonymous {
+			add("map", s.Name)
+		} else if !s.Anonymous {
+			add("set", s.Name)
 		}
 	}
-	counters, err := l.counters(conn, t)
-	if err != nil {
-		return nil, err
-	}
 	for _, c := range counters {
-		out["counter"] = append(out["counter"], c.Name)
+		add("counter", c.Name)
 	}
-	fts, err := conn.ListFlowtables(t)
-	if err != nil {
-		return nil, l.fail("flowtables", err)
-	}
-	for _, f := range fts {
-		out["flowtable"] = append(out["flowtable"], f.Name)
+	for _, f := range flowtables {
+		add("flowtable", f.Name)
 	}
 	return out, nil
 }
@@ -136,7 +130,7 @@ func (l netlinkLister) ListAll(context.Context) (map[string][]string, error) {
 func (l netlinkLister) chains(conn *gnft.Conn, t *gnft.Table) ([]*gnft.Chain, error) {
 	all, err := conn.ListChainsOfTableFamily(t.Family)
 	if err != nil {
-		return nil, l.fail("chains", err)
+		return nil, l.wrap("chains", err)
 	}
 	var out []*gnft.Chain
 	for _, c := range all {
@@ -169,7 +163,7 @@ func (l netlinkLister) ListRules(_ context.Context, chain string) ([]*knftables.
 	for _, name := range names {
 		rs, err := conn.GetRules(t, &gnft.Chain{Name: name, Table: t})
 		if err != nil {
-			return nil, l.fail("rules of chain "+name, err)
+			return nil, l.wrap("rules of chain "+name, err)
 		}
 		for _, r := range rs {
 			kr := &knftables.Rule{Chain: name, Handle: knftables.PtrTo(int(r.Handle))}
@@ -192,11 +186,11 @@ func (l netlinkLister) ListElements(_ context.Context, objectType, name string) 
 	}
 	s, err := conn.GetSetByName(t, name)
 	if err != nil {
-		return nil, l.fail(objectType+" "+name, err)
+		return nil, l.wrap(objectType+" "+name, err)
 	}
 	els, err := conn.GetSetElements(s)
 	if err != nil {
-		return nil, l.fail("elements of "+objectType+" "+name, err)
+		return nil, l.wrap("elements of "+objectType+" "+name, err)
 	}
 	out := make([]*knftables.Element, 0, len(els))
 	for _, e := range els {
@@ -233,7 +227,7 @@ func (l netlinkLister) ListCounters(context.Context) ([]*knftables.Counter, erro
 func (l netlinkLister) counters(conn *gnft.Conn, t *gnft.Table) ([]*gnft.CounterObj, error) {
 	objs, err := conn.GetObjects(t)
 	if err != nil {
-		return nil, l.fail("named objects", err)
+		return nil, l.wrap("named objects", err)
 	}
 	var out []*gnft.CounterObj
 	for _, o := range objs {

@@ -41,8 +41,8 @@ type Options struct {
 	// NewInterface returns the knftables interface for one table. Nil means knftables.New, which runs
 	// `nft` (once at creation to check that nftables works, then once per transaction or listing).
 	NewInterface func(family knftables.Family, table string) (knftables.Interface, error)
-	// ListTables returns the names of all tables of one family (every owner's). Nil means
-	// `nft --json list tables <family>`. Cleanup uses it, and remove for a table this process never
+	// ListTables returns the names of all tables of one family (every owner's). Nil means a table
+	// dump over netlink (listRealTables). Cleanup uses it, and remove for a table this process never
 	// touched.
 	ListTables func(ctx context.Context, family knftables.Family) ([]string, error)
 	// NewLister returns what reads one table back (Lister). Nil means netlinkLister when NewInterface
@@ -56,11 +56,9 @@ type Options struct {
 
 // Backend programs rulesets as nftables tables. It is safe for concurrent use.
 type Backend struct {
-	log          *slog.Logger
-	newInterface func(family knftables.Family, table string) (knftables.Interface, error)
-	listTables   func(ctx context.Context, family knftables.Family) ([]string, error)
-	newLister    func(family knftables.Family, table string) (Lister, error)
-	gen          nfgen.Func
+	// opts are New's options with the defaults filled in (NewLister stays nil with a fake kernel).
+	opts Options
+	log  *slog.Logger
 	// loadMaps loads a new table's maps over netlink (the real kernel only; see netlink.go).
 	loadMaps func(m *model) error
 
@@ -88,32 +86,26 @@ type applied struct {
 
 // New returns a Backend. It does no I/O: nft is first run by the first call that needs the kernel.
 func New(opts Options) (*Backend, error) {
-	b := &Backend{
-		log:          opts.Logger,
-		newInterface: opts.NewInterface,
-		listTables:   opts.ListTables,
-		newLister:    opts.NewLister,
-		gen:          opts.Generation,
-		ifaces:       map[tableKey]knftables.Interface{},
-	}
-	if b.gen == nil && b.newInterface == nil {
-		b.gen = nfgen.Get
-	}
+	b := &Backend{log: opts.Logger, ifaces: map[tableKey]knftables.Interface{}}
 	if b.log == nil {
 		b.log = slog.Default()
 	}
 	b.log = b.log.With("backend", Name)
-	b.driver = backend.NewDriver[*applied](ops{b}, b.gen, b.log)
-	if b.newInterface == nil {
-		b.newInterface = newRealInterface
+	if opts.NewInterface == nil {
+		opts.NewInterface = newRealInterface
 		b.loadMaps = loadMaps
-		if b.newLister == nil {
-			b.newLister = newNetlinkLister
+		if opts.Generation == nil {
+			opts.Generation = nfgen.Get
+		}
+		if opts.NewLister == nil {
+			opts.NewLister = newNetlinkLister
 		}
 	}
-	if b.listTables == nil {
-		b.listTables = listRealTables
+	if opts.ListTables == nil {
+		opts.ListTables = listRealTables
 	}
+	b.opts = opts
+	b.driver = backend.NewDriver[*applied](ops{b}, opts.Generation, b.log)
 	return b, nil
 }
 
@@ -143,7 +135,7 @@ func (b *Backend) iface(k tableKey) (knftables.Interface, error) {
 	if nft != nil {
 		return nft, nil
 	}
-	nft, err := b.newInterface(k.family, k.table)
+	nft, err := b.opts.NewInterface(k.family, k.table)
 	if err != nil {
 		return nil, err
 	}
@@ -159,8 +151,8 @@ func (b *Backend) iface(k tableKey) (knftables.Interface, error) {
 // reader returns what reads table k back: a Lister of its own when there is one (netlink, on the
 // real kernel: no nft run and no interface needed), else the table's knftables interface.
 func (b *Backend) reader(k tableKey) (Lister, error) {
-	if b.newLister != nil {
-		return b.newLister(k.family, k.table)
+	if b.opts.NewLister != nil {
+		return b.opts.NewLister(k.family, k.table)
 	}
 	return b.iface(k)
 }
@@ -508,7 +500,7 @@ func (o ops) Remove(ctx context.Context, u backend.Unit, prev backend.Prev[*appl
 		// interface (nft --version, nft --check) and deleting would run nft three times. At start
 		// this is most of the fixed cost before the first rules reach the kernel.
 		step.ReadBack = true
-		names, err := b.listTables(ctx, k.family)
+		names, err := b.opts.ListTables(ctx, k.family)
 		if err == nil && !slices.Contains(names, k.table) {
 			return step, nil
 		}
@@ -666,7 +658,7 @@ func (b *Backend) ownTables(ctx context.Context) ([]tableKey, error) {
 	var out []tableKey
 	var errs []error
 	for _, family := range []knftables.Family{knftables.IPv4Family, knftables.IPv6Family} {
-		names, err := b.listTables(ctx, family)
+		names, err := b.opts.ListTables(ctx, family)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("nftables backend: list %s tables: %w", family, err))
 			continue

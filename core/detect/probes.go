@@ -113,21 +113,15 @@ func NFTTables(context.Context) ([]string, error) {
 
 // nftFamilyName is a table family as nft writes it.
 func nftFamilyName(f gnft.TableFamily) string {
-	switch f {
-	case gnft.TableFamilyIPv4:
-		return "ip"
-	case gnft.TableFamilyIPv6:
-		return "ip6"
-	case gnft.TableFamilyINet:
-		return "inet"
-	case gnft.TableFamilyARP:
-		return "arp"
-	case gnft.TableFamilyBridge:
-		return "bridge"
-	case gnft.TableFamilyNetdev:
-		return "netdev"
+	if name, ok := nftFamilyNames[f]; ok {
+		return name
 	}
 	return fmt.Sprintf("family-%d", f)
+}
+
+var nftFamilyNames = map[gnft.TableFamily]string{
+	gnft.TableFamilyIPv4: "ip", gnft.TableFamilyIPv6: "ip6", gnft.TableFamilyINet: "inet",
+	gnft.TableFamilyARP: "arp", gnft.TableFamilyBridge: "bridge", gnft.TableFamilyNetdev: "netdev",
 }
 
 // IptablesSave runs iptables-<variant>-save (ip6tables-… for ipv6), for one table or all.
