@@ -39,7 +39,7 @@ const Name = backend.NFTables
 type Options struct {
 	Logger *slog.Logger
 	// NewInterface returns the knftables interface for one table. Nil means knftables.New, which runs
-	// `nft` (once at creation to check that nftables works, then once per transaction or listing).
+	// `nft` (twice at creation to check that nftables works, then once per transaction).
 	NewInterface func(family knftables.Family, table string) (knftables.Interface, error)
 	// ListTables returns the names of all tables of one family (every owner's). Nil means a table
 	// dump over netlink (listRealTables). Cleanup uses it, and remove for a table this process never
