@@ -32,8 +32,9 @@ TEST_FLAGS  ?= -count=1 -timeout 30m
 # The longest test packages, named first: `go test -json` starts the packages' runs in the order they
 # are listed (./... lists each package once), so these start as soon as their own test binaries are
 # built instead of after every package before them in the alphabet, and the short ones fill the other
-# slot. In the 2-core runs of issue #22 (2026-12-02, after the nftables reads over netlink): e2e/vm
-# 204-245 s, e2e 220-228 s, dataplane 67-94 s, backends/iptables 58-78 s; everything else under 40 s. The VM lane's guest is the part most
+# slot. In the 2-core runs of issue #22 (2026-12-02, five runs after the nftables reads over
+# netlink): e2e/vm 159-245 s, e2e 206-228 s, dataplane 62-94 s, backends/iptables 56-78 s;
+# everything else under 40 s. The VM lane's guest is the part most
 # sensitive to other load: with a busy loop beside a run, kube-proxy's first sync in the guest took
 # 2m30s and the lane 9m30s of its 12-minute timeout.
 # go test's default of one package slot per CPU (-p 2) stays: a running package holds its slot, so

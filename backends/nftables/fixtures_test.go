@@ -177,11 +177,6 @@ func (r *recorder) listed() {
 	r.mu.Unlock()
 }
 
-func (r *recorder) List(ctx context.Context, objectType string) ([]string, error) {
-	r.listed()
-	return r.lister.List(ctx, objectType)
-}
-
 func (r *recorder) ListAll(ctx context.Context) (map[string][]string, error) {
 	r.listed()
 	return r.lister.ListAll(ctx)
@@ -199,6 +194,16 @@ func (r *recorder) ListElements(ctx context.Context, objectType, name string) ([
 
 func (r *recorder) ListCounters(ctx context.Context) ([]*knftables.Counter, error) {
 	r.listed()
+	// knftables v0.0.22's Fake dereferences its table without checking it exists; the real kernel
+	// (netlinkLister) says "not found", and so does this.
+	if f, ok := r.lister.(*knftables.Fake); ok {
+		f.RLock()
+		absent := f.Table == nil
+		f.RUnlock()
+		if absent {
+			return nil, errNoTable
+		}
+	}
 	return r.lister.ListCounters(ctx)
 }
 

@@ -551,10 +551,12 @@ func TestKernelUpgradeFromMapLookup(t *testing.T) {
 }
 
 // TestKernelReadsOverNetlink: the backend as the agent builds it (New with zero Options) reads its
-// tables back over netlink. With no nft on PATH, a scrape reads real packet counts and a Verify after
+// tables back over netlink. A backend made after PATH was emptied has no nft to run at all (the first
+// one's cached interfaces know nft's absolute path): it reads the real packet count in a scrape, and
+// lists the map with its elements exactly as the model renders them. The first backend's Verify after
 // someone else's commit (so the generation moved and the tables must be listed, elements included)
-// finds them in sync, which only holds if the listed elements decode exactly as the model renders
-// them. The lister itself: a missing table is isNotFound, anonymous sets are not objects of ours.
+// finds both tables in sync. The lister itself: a missing table is isNotFound, anonymous sets are not
+// objects of ours.
 func TestKernelReadsOverNetlink(t *testing.T) {
 	eachFamily(t, "nnm-rd", func(t *testing.T, ns *testenv.NS, f rules.Family) {
 		ctx := context.Background()
@@ -573,13 +575,36 @@ func TestKernelReadsOverNetlink(t *testing.T) {
 		ns.MustExec("nft", "add rule "+nf+" nnm-anon c "+addrs(f, "ip daddr { 192.0.2.1, 192.0.2.2 }", "ip6 daddr { 2001:db8::1, 2001:db8::2 }")+" drop")
 
 		t.Setenv("PATH", t.TempDir())
+		fresh, err := New(Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
 		inNS(t, ns, func() error {
-			c, err := b.Counters(ctx, inv.Fix, f)
+			c, err := fresh.Counters(ctx, inv.Fix, f)
 			if err != nil {
 				return err
 			}
 			if got := c["probe"].Packets; got != probe {
 				return fmt.Errorf("probe counter over netlink = %d packets, want %d", got, probe)
+			}
+			k, err := keyOf(ext.Fix, f)
+			if err != nil {
+				return err
+			}
+			r, err := fresh.reader(k)
+			if err != nil {
+				return err
+			}
+			listed, err := snapshot(ctx, r, true)
+			if err != nil {
+				return fmt.Errorf("list %s without nft: %w", k.table, err)
+			}
+			m, err := build(ext)
+			if err != nil {
+				return err
+			}
+			if want := (&tableState{}).withElements(m); !listed.sameElements(want) {
+				return fmt.Errorf("elements listed over netlink:\n%v\nwant (the model):\n%v", listed.elements, want.elements)
 			}
 			for _, rs := range []*rules.Ruleset{ext, inv} {
 				res, err := b.Reconcile(ctx, rs.Fix, f, rs, backend.Verify)

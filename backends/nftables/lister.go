@@ -20,7 +20,6 @@ import (
 // it uses. On the real kernel it is netlinkLister; with a fake kernel (Options.NewInterface set and
 // Options.NewLister nil) it is the table's knftables interface itself.
 type Lister interface {
-	List(ctx context.Context, objectType string) ([]string, error)
 	ListAll(ctx context.Context) (map[string][]string, error)
 	ListRules(ctx context.Context, chain string) ([]*knftables.Rule, error)
 	ListElements(ctx context.Context, objectType, name string) ([]*knftables.Element, error)
@@ -38,7 +37,7 @@ func isNotFound(err error) bool { return errors.Is(err, errNoTable) || knftables
 // netlinkLister lists one of our tables over netlink (github.com/google/nftables), in the calling
 // thread's network namespace, with the answers knftables' `nft --json` listings give for our
 // objects. Why not `nft`: every listing is an nft process, and the backend lists after each
-// transaction, on every Verify whose generation moved and twice per scrape. In the e2e suite that
+// transaction, on every Verify whose generation moved and on every scrape. In the e2e suite that
 // was 1,500 nft runs costing 42 s of CPU; under the VM lane's emulation each costs about a second.
 // knftables' own UseNetlink covers List and ListAll only (see realOptions for why it is not used).
 //
@@ -84,14 +83,6 @@ func (l netlinkLister) wrap(what string, err error) error {
 		return nil
 	}
 	return fmt.Errorf("list the %s of table %s %s over netlink: %w", what, l.family, l.table, err)
-}
-
-func (l netlinkLister) List(ctx context.Context, objectType string) ([]string, error) {
-	all, err := l.ListAll(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return all[objectType], nil
 }
 
 func (l netlinkLister) ListAll(context.Context) (map[string][]string, error) {

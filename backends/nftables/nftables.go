@@ -540,12 +540,10 @@ func (b *Backend) Counters(ctx context.Context, fix string, family rules.Family)
 		return nil, err
 	}
 	out := map[string]backend.Counter{}
-	if _, err := nft.List(ctx, "counter"); isNotFound(err) {
+	cs, err := nft.ListCounters(ctx) // one listing per scrape: the table lookup says "not found"
+	if isNotFound(err) {
 		return out, nil // no table, no counters
-	} else if err != nil {
-		return nil, fmt.Errorf("nftables backend: list counters of %s %s: %w", k.family, k.table, err)
 	}
-	cs, err := nft.ListCounters(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("nftables backend: list counters of %s %s: %w", k.family, k.table, err)
 	}
