@@ -5,8 +5,6 @@ import (
 	"fmt"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"net/netip"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -42,12 +40,12 @@ func nthAddr(base netip.Addr, i int) netip.Addr {
 }
 
 type cluster struct {
-	client  kubernetes.Interface
-	workers int
-	have    int // scale Services svc-00000 .. svc-<have-1> exist with their ingress IP
+	cp     *controlplane.ControlPlane
+	client kubernetes.Interface
+	have   int // scale Services svc-00000 .. svc-<have-1> exist with their ingress IP
 }
 
-func newCluster(cp *controlplane.ControlPlane, workers int) (*cluster, error) {
+func newCluster(cp *controlplane.ControlPlane) (*cluster, error) {
 	cfg := cp.AdminRESTConfig()
 	cfg.QPS, cfg.Burst = 5000, 10000
 	cfg.ContentType = "application/vnd.kubernetes.protobuf"
@@ -60,15 +58,18 @@ func newCluster(cp *controlplane.ControlPlane, workers int) (*cluster, error) {
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("create namespace: %w", err)
 	}
-	return &cluster{client: client, workers: workers}, nil
+	return &cluster{cp: cp, client: client}, nil
 }
 
 // Every scale Service has externalTrafficPolicy Local, so the apiserver gives it a health-check node
 // port: the range must hold the largest N (the control plane's default, 20000-65535, stops at 45,536).
 const scaleNodePortRange = "1024-65535"
 
-// scaleNodePorts is how many Services the range holds.
-var scaleNodePorts = utilnet.ParsePortRangeOrDie(scaleNodePortRange).Size
+var (
+	scaleNodePortSpan = utilnet.ParsePortRangeOrDie(scaleNodePortRange)
+	// scaleNodePortBase is the range's first port; scaleNodePorts is how many Services it holds.
+	scaleNodePortBase, scaleNodePorts = scaleNodePortSpan.Base, scaleNodePortSpan.Size
+)
 
 // lbService is a LoadBalancer Service as the scale test wants it: externalTrafficPolicy Local (so the
 // apiserver allocates a health-check node port from the node-port range), no node ports for the
@@ -98,51 +99,11 @@ func withIngress(svc *corev1.Service, ip netip.Addr) *corev1.Service {
 	return out
 }
 
-// ensureServices creates scale Services up to n (with their ingress IPs) with parallel workers.
-func (c *cluster) ensureServices(ctx context.Context, n int) error {
-	if n <= c.have {
-		return nil
-	}
-	var next atomic.Int64
-	next.Store(int64(c.have))
-	var wg sync.WaitGroup
-	errs := make(chan error, c.workers)
-	for w := 0; w < c.workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= n || ctx.Err() != nil {
-					return
-				}
-				if i > 0 && i%2000 == 0 {
-					logf("creating Service %d of %d", i, n)
-				}
-				if err := c.createScale(ctx, i); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	c.have = n
-	return nil
-}
-
 // createScale creates the i-th scale Service with its ingress IP. A loaded machine makes the
 // apiserver time out now and then (a write that timed out may still have happened): such errors are
 // retried, and a Service that already exists is taken as it is.
 func (c *cluster) createScale(ctx context.Context, i int) error {
-	name := fmt.Sprintf("svc-%05d", i)
+	name := scaleName(i)
 	svcs := c.client.CoreV1().Services(namespace)
 	var svc *corev1.Service
 	err := retry(ctx, func() error {

@@ -34,7 +34,6 @@ type options struct {
 	idle          time.Duration
 	minSyncPeriod time.Duration
 	agentLogLevel string
-	workers       int
 	out           string
 	floorRuns     int
 	runs          int
@@ -58,7 +57,6 @@ func main() {
 	flag.DurationVar(&o.idle, "idle", 60*time.Second, "window for idle CPU at the largest N")
 	flag.DurationVar(&o.minSyncPeriod, "min-sync-period", 0, "agent --min-sync-period (0: changes are not rate limited; they are spaced apart anyway)")
 	flag.StringVar(&o.agentLogLevel, "agent-log-level", "info", "agent --log-level (debug shows every pass and read-back in the agent's log)")
-	flag.IntVar(&o.workers, "workers", 16, "parallel API writers when creating Services")
 	flag.StringVar(&o.out, "out", "", "also write the result table (markdown) to this file")
 	flag.IntVar(&o.floorRuns, "floor-runs", 3, "floor measurements per figure (median)")
 	flag.IntVar(&o.runs, "runs", 3, "measure every backend at every N this many times, each with a fresh agent and node namespace (the Services are created once)")
@@ -144,17 +142,17 @@ func run(ctx context.Context, o options) error {
 	defer cp.Close()
 	logf("control plane up in %v (node-port range %s)", time.Since(start).Round(time.Millisecond), scaleNodePortRange)
 
-	c, err := newCluster(cp, o.workers)
+	c, err := newCluster(cp)
 	if err != nil {
 		return err
 	}
 	var results []*result
 	for _, n := range o.sizes {
 		t0 := time.Now()
-		if err := c.ensureServices(ctx, n); err != nil {
+		if err := c.seedServices(ctx, n); err != nil {
 			return err
 		}
-		logf("%d LoadBalancer Services exist (created the missing ones in %v)", n, time.Since(t0).Round(time.Millisecond))
+		logf("%d LoadBalancer Services exist (wrote the missing ones in %v)", n, time.Since(t0).Round(time.Millisecond))
 		for run := 1; run <= o.runs; run++ {
 			for _, be := range o.backends {
 				before := loadAvg()

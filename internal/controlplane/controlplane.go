@@ -196,8 +196,15 @@ func (c *ControlPlane) startEtcd(ctx context.Context) error {
 	c.mu.Lock()
 	c.etcd = p
 	c.mu.Unlock()
-	client := &http.Client{Transport: &http.Transport{DialContext: testenv.DialContext(testenv.Path(c.netns), nil)}, Timeout: 2 * time.Second}
-	return c.waitReady(ctx, p, client, etcdURL+"/health", nil)
+	url, client := c.Etcd()
+	client.Timeout = 2 * time.Second
+	return c.waitReady(ctx, p, client, url+"/health", nil)
+}
+
+// Etcd returns etcd's client URL and an HTTP client that reaches it inside the control plane's
+// netns: etcd's JSON gateway (/v3/kv/...), for writing objects past the apiserver in bulk.
+func (c *ControlPlane) Etcd() (string, *http.Client) {
+	return etcdURL, &http.Client{Transport: &http.Transport{DialContext: testenv.DialContext(testenv.Path(c.netns), nil)}}
 }
 
 func (c *ControlPlane) etcdArgs() []string {
