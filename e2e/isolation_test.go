@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/cmd/network-node-manager/app"
 	"github.com/network-node-manager/network-node-manager/core/watch"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
@@ -265,6 +266,14 @@ func (n *node) checkIsolated(ok, failing, why string, neverSynced bool) {
 		}
 	}
 	m := n.metrics()
+	// The agent's GC goal (app.DefaultGCPercent) unless this process hands it a GOGC.
+	want := float64(app.DefaultGCPercent)
+	if v, set := os.LookupEnv("GOGC"); set {
+		want, _ = strconv.ParseFloat(v, 64)
+	}
+	if v, found := m.Value("go_gc_gogc_percent"); !found || v != want {
+		n.t.Errorf("go_gc_gogc_percent = %v (exported %v), want %v", v, found, want)
+	}
 	if v := m.Sum("nnm_sync_errors_total", "fix", ok); v != 0 {
 		n.t.Errorf("nnm_sync_errors_total{fix=%q} = %v, want 0", ok, v)
 	}

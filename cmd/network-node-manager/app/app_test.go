@@ -65,3 +65,18 @@ func TestVersionCommand(t *testing.T) {
 		}
 	}
 }
+
+// The agent sets its own GC goal only when GOGC is not set.
+func TestGCPercent(t *testing.T) {
+	env := map[string]string{}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	if p, ok := gcPercent(lookup); !ok || p != DefaultGCPercent {
+		t.Errorf("without GOGC: gcPercent = %d, %v; want %d, true", p, ok, DefaultGCPercent)
+	}
+	for _, v := range []string{"100", "off", ""} {
+		env["GOGC"] = v
+		if p, ok := gcPercent(lookup); ok {
+			t.Errorf("GOGC=%q: gcPercent = %d, true; want GOGC left alone", v, p)
+		}
+	}
+}
