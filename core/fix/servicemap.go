@@ -90,6 +90,9 @@ type svcRef struct {
 type serviceMapState[In comparable] struct {
 	in   In
 	svcs []svcRef // sorted by namespace/name
+	// spare is the previous call's svcs, reused for the next one's: with 10,000 Services every
+	// change would otherwise allocate a new slice of them (160 KB per change and map).
+	spare []svcRef
 	// owner is, per key, the Service that has it: the first in namespace/name order of those that
 	// want it. contested lists, for the rare keys more than one Service wants, all of them in that
 	// order (owner[k] == contested[k][0]).
@@ -127,7 +130,10 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 		}
 		return e
 	}
-	next := make([]svcRef, 0, len(services))
+	next := st.spare[:0]
+	if cap(next) < len(services) {
+		next = make([]svcRef, 0, len(services))
+	}
 	i := 0
 	for _, svc := range services {
 		if j := len(next); j > 0 && CompareServices(next[j-1].obj, svc) == 0 {
@@ -156,7 +162,8 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 	for _, r := range st.svcs[i:] {
 		removed = appendState(removed, r)
 	}
-	st.svcs = next
+	clear(next[len(next):cap(next)]) // no stale pointers past the end keep old Services alive
+	st.svcs, st.spare = next, st.svcs
 
 	// Update the owners, remembering who had each touched key before.
 	before := map[entryKey]*svcState{}
