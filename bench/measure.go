@@ -53,7 +53,7 @@ func (r *result) summary() string {
 		}
 	}
 	if r.hwmKB > 0 {
-		s += fmt.Sprintf("; peak RSS %.1f MB (%.1f MB by the end of the cold start)", float64(r.hwmKB)/1024, float64(r.coldHWMKB)/1024)
+		s += fmt.Sprintf("; peak RSS %.1f MiB (%.1f MiB by the end of the cold start)", float64(r.hwmKB)/1024, float64(r.coldHWMKB)/1024)
 	}
 	if r.idleWin > 0 {
 		s += fmt.Sprintf("; idle CPU %v over %v", ms(r.idleCPU), r.idleWin)

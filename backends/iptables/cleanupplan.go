@@ -13,22 +13,16 @@ import (
 func cleanupMatch(c string) bool { return isOurs(c) || strings.HasPrefix(c, PredecessorChainPrefix) }
 
 // CleanupPlan implements backend.CleanupPlanner: the chains Cleanup would delete, in both families
-// and every table, from one iptables-save each; nothing is changed.
+// and every table, from one iptables-save each (two where there is something to delete); nothing is changed.
 func (b *Backend) CleanupPlan(ctx context.Context) ([]string, error) {
 	var out []string
 	var errs []error
 	for _, f := range rules.Families {
-		raw, err := b.saveRaw(ctx, f)
+		d, err := b.dumpDeclaring(ctx, f, cleanupMatch)
 		if err != nil {
 			errs = append(errs, err)
-			continue
 		}
-		if !declares(raw, cleanupMatch) {
-			continue
-		}
-		d, err := parseDump(b.Binary(f, "save"), raw)
-		if err != nil {
-			errs = append(errs, err)
+		if d == nil {
 			continue
 		}
 		for _, t := range d.tables {
