@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"net/netip"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"

@@ -26,7 +26,7 @@ func TestDeclScanner(t *testing.T) {
 		{"with the predecessor's chain", withPredecessor, true},
 	} {
 		for _, chunk := range []int{1, 7, 4096, len(tc.out)} {
-			s := &declScanner{match: pred}
+			s := newDeclScanner(pred)
 			for rest := tc.out; len(rest) > 0; {
 				n := min(chunk, len(rest))
 				if w, err := s.Write([]byte(rest[:n])); w != n || err != nil {
@@ -37,8 +37,8 @@ func TestDeclScanner(t *testing.T) {
 			if s.found != tc.want {
 				t.Errorf("%s, writes of %d bytes: found = %v, want %v", tc.name, chunk, s.found, tc.want)
 			}
-			if cap(s.line) > 1024 {
-				t.Errorf("%s, writes of %d bytes: holds %d bytes, want one line", tc.name, chunk, cap(s.line))
+			if cap(s.part) > 1024 {
+				t.Errorf("%s, writes of %d bytes: holds %d bytes, want one line", tc.name, chunk, cap(s.part))
 			}
 		}
 	}

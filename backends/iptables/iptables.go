@@ -611,7 +611,7 @@ func (b *Backend) save(ctx context.Context, family rules.Family) (*dump, error) 
 // whole (the rule removal needs every jump to the chains).
 func (b *Backend) dumpDeclaring(ctx context.Context, family rules.Family, match func(string) bool) (*dump, error) {
 	bin := b.Binary(family, "save")
-	scan := &declScanner{match: match}
+	scan := newDeclScanner(match)
 	if stderr, err := b.run.Run(ctx, bin, []string{"-c"}, nil, scan); err != nil {
 		return nil, fmt.Errorf("%s -c: %w: %s", bin, err, strings.TrimSpace(string(stderr)))
 	}
@@ -637,30 +637,21 @@ func parseDump(bin string, out []byte) (*dump, error) {
 }
 
 // declScanner is written iptables-save output and reports whether it declares a chain
-// (":NAME POLICY [p:b]") whose name matches, keeping only the line being written.
+// (":NAME POLICY [p:b]") whose name matches, holding only the line being written.
 type declScanner struct {
-	match func(string) bool
-	line  []byte
+	lineWriter
 	found bool
 }
 
-func (s *declScanner) Write(p []byte) (int, error) {
-	n := len(p)
-	for len(p) > 0 {
-		i := bytes.IndexByte(p, '\n')
-		if i < 0 {
-			s.line = append(s.line, p...)
-			break
+func newDeclScanner(match func(string) bool) *declScanner {
+	s := &declScanner{}
+	s.each = func(line []byte) {
+		if !s.found && len(line) > 1 && line[0] == ':' {
+			name, _, _ := bytes.Cut(line[1:], []byte(" "))
+			s.found = match(string(bytes.TrimSpace(name)))
 		}
-		s.line = append(s.line, p[:i]...)
-		p = p[i+1:]
-		if len(s.line) > 1 && s.line[0] == ':' && !s.found {
-			name, _, _ := bytes.Cut(s.line[1:], []byte(" "))
-			s.found = s.match(string(bytes.TrimSpace(name)))
-		}
-		s.line = s.line[:0]
 	}
-	return n, nil
+	return s
 }
 
 // list runs iptables -S CHAIN: the chain's rules in iptables-save's format, without reading the

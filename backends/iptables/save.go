@@ -77,42 +77,58 @@ func parseSave(out string) (*dump, error) {
 	return p.finish()
 }
 
-// saveParser parses iptables-save output line by line. As an io.Writer it takes the output as the
-// command writes it, so the dump's text is never held whole; everything it keeps is copied out of
-// the lines it was given.
-type saveParser struct {
-	d    *dump
-	cur  *table
-	sums map[*chain]*maphash.Hash
-	n    int    // lines seen
-	part []byte // the start of a line whose end has not been written yet
-	err  error
+// lineWriter is an io.Writer that hands each complete line written to it (without its newline,
+// valid only during the call) to each, holding only the start of a line not yet ended. It never
+// fails: the command's output is consumed to its end.
+type lineWriter struct {
+	each func(line []byte)
+	part []byte
 }
 
-func newSaveParser() *saveParser {
-	return &saveParser{d: &dump{}, sums: map[*chain]*maphash.Hash{}}
-}
-
-// Write implements io.Writer. It never fails: a parse error is kept for finish, and the command's
-// output is consumed to its end.
-func (p *saveParser) Write(b []byte) (int, error) {
+func (w *lineWriter) Write(b []byte) (int, error) {
 	n := len(b)
 	for len(b) > 0 {
 		i := bytes.IndexByte(b, '\n')
 		if i < 0 {
-			p.part = append(p.part, b...)
+			w.part = append(w.part, b...)
 			break
 		}
 		line := b[:i]
-		if len(p.part) > 0 {
-			p.part = append(p.part, line...)
-			line = p.part
+		if len(w.part) > 0 {
+			w.part = append(w.part, line...)
+			line = w.part
 		}
-		p.line(unsafe.String(unsafe.SliceData(line), len(line)))
-		p.part = p.part[:0]
+		w.each(line)
+		w.part = w.part[:0]
 		b = b[i+1:]
 	}
 	return n, nil
+}
+
+// flush hands over the line left unterminated, if any.
+func (w *lineWriter) flush() {
+	if len(w.part) > 0 {
+		w.each(w.part)
+		w.part = nil
+	}
+}
+
+// saveParser parses iptables-save output line by line. As an io.Writer it takes the output as the
+// command writes it, so the dump's text is never held whole; everything it keeps is copied out of
+// the lines it was given. A parse error is kept for finish.
+type saveParser struct {
+	lineWriter
+	d    *dump
+	cur  *table
+	sums map[*chain]*maphash.Hash
+	n    int // lines seen
+	err  error
+}
+
+func newSaveParser() *saveParser {
+	p := &saveParser{d: &dump{}, sums: map[*chain]*maphash.Hash{}}
+	p.each = func(line []byte) { p.line(unsafe.String(unsafe.SliceData(line), len(line))) }
+	return p
 }
 
 // line parses one line; raw is only valid during the call.
@@ -170,10 +186,7 @@ func (p *saveParser) parse(line string) error {
 
 // finish ends the parse: the line left unterminated, if any, and the digests.
 func (p *saveParser) finish() (*dump, error) {
-	if len(p.part) > 0 {
-		p.line(string(p.part))
-		p.part = nil
-	}
+	p.flush()
 	if p.err != nil {
 		return nil, p.err
 	}
