@@ -234,7 +234,7 @@ func (c *cluster) free(ctx context.Context) (*freeAddrs, *freePorts, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	ips := &freeAddrs{prefix: prefix, next_: prefix.Addr().Next(), used: map[netip.Addr]bool{}}
+	ips := &freeAddrs{prefix: prefix, at: prefix.Addr().Next(), used: map[netip.Addr]bool{}}
 	addrs, err := c.client.NetworkingV1().IPAddresses().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, nil, fmt.Errorf("list IPAddresses: %w", err)
@@ -244,7 +244,7 @@ func (c *cluster) free(ctx context.Context) (*freeAddrs, *freePorts, error) {
 			ips.used[ip] = true
 		}
 	}
-	ports := &freePorts{next_: scaleNodePortBase, used: map[int]bool{}}
+	ports := &freePorts{at: scaleNodePortBase, used: map[int]bool{}}
 	svcs, err := c.client.CoreV1().Services(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, nil, fmt.Errorf("list Services: %w", err)
@@ -260,14 +260,14 @@ func (c *cluster) free(ctx context.Context) (*freeAddrs, *freePorts, error) {
 
 type freeAddrs struct {
 	prefix netip.Prefix
-	next_  netip.Addr
+	at     netip.Addr
 	used   map[netip.Addr]bool
 }
 
 func (f *freeAddrs) next() (netip.Addr, bool) {
-	for ; f.prefix.Contains(f.next_); f.next_ = f.next_.Next() {
-		if a := f.next_; !f.used[a] && f.prefix.Contains(a.Next()) { // not the broadcast address
-			f.next_ = a.Next()
+	for ; f.prefix.Contains(f.at); f.at = f.at.Next() {
+		if a := f.at; !f.used[a] && f.prefix.Contains(a.Next()) { // not the broadcast address
+			f.at = a.Next()
 			return a, true
 		}
 	}
@@ -275,14 +275,14 @@ func (f *freeAddrs) next() (netip.Addr, bool) {
 }
 
 type freePorts struct {
-	next_ int
-	used  map[int]bool
+	at   int
+	used map[int]bool
 }
 
 func (f *freePorts) next() (int, bool) {
-	for ; f.next_ < scaleNodePortBase+scaleNodePorts; f.next_++ {
-		if p := f.next_; !f.used[p] {
-			f.next_++
+	for ; f.at < scaleNodePortBase+scaleNodePorts; f.at++ {
+		if p := f.at; !f.used[p] {
+			f.at++
 			return p, true
 		}
 	}

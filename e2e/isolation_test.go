@@ -269,7 +269,12 @@ func (n *node) checkIsolated(ok, failing, why string, neverSynced bool) {
 	// The agent's GC goal (app.DefaultGCPercent) unless this process hands it a GOGC.
 	want := float64(app.DefaultGCPercent)
 	if v, set := os.LookupEnv("GOGC"); set {
-		want, _ = strconv.ParseFloat(v, 64)
+		want = 100 // the runtime's default, for "" and anything unparsable
+		if p, err := strconv.ParseFloat(v, 64); err == nil {
+			want = p
+		} else if v == "off" {
+			want = -1
+		}
 	}
 	if v, found := m.Value("go_gc_gogc_percent"); !found || v != want {
 		n.t.Errorf("go_gc_gogc_percent = %v (exported %v), want %v", v, found, want)

@@ -90,8 +90,8 @@ type svcRef struct {
 type serviceMapState[In comparable] struct {
 	in   In
 	svcs []svcRef // sorted by namespace/name
-	// spare is the previous call's svcs, reused for the next one's: with 10,000 Services every
-	// change would otherwise allocate a new slice of them (160 KB per change and map).
+	// spare is the previous call's svcs, cleared, reused for the next one's: with 10,000 Services
+	// every change would otherwise allocate a new slice of them (160 KB per change and map).
 	spare []svcRef
 	// owner is, per key, the Service that has it: the first in namespace/name order of those that
 	// want it. contested lists, for the rare keys more than one Service wants, all of them in that
@@ -162,8 +162,8 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 	for _, r := range st.svcs[i:] {
 		removed = appendState(removed, r)
 	}
-	clear(next[len(next):cap(next)]) // no stale pointers past the end keep old Services alive
 	st.svcs, st.spare = next, st.svcs
+	clear(st.spare[:cap(st.spare)]) // Services that left are not kept alive by the spare
 
 	// Update the owners, remembering who had each touched key before.
 	before := map[entryKey]*svcState{}

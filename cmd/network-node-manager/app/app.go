@@ -84,7 +84,7 @@ func inputs(cmd *cobra.Command, version string) core.Inputs {
 // was live after the last collection before the next one starts, where Go's default lets it double.
 // The agent allocates in bursts (a cold start lists and programs every Service at once, a change
 // rebuilds a map's sorted entries) and holds little between them, so the goal, not the live heap,
-// sets its peak RSS: at 10,000 Services 6-8 MiB less (BENCHMARKS.md, "#21 closing runs"), for
+// sets its peak RSS: at 10,000 Services 4-8 MiB less (BENCHMARKS.md, "#21 closing runs"), for
 // collections twice as often during the bursts (the iptables cold start may be slower by part of
 // that: not resolved there). GOGC, when set, is left alone.
 const DefaultGCPercent = 50
