@@ -1,14 +1,18 @@
 package iptables
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/netip"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,43 +23,92 @@ import (
 // TestKernelIncrementalEqualsScratch: a random sequence of map changes (entries added, removed and
 // re-pointed, buckets filled and emptied), reconciled one after another, leaves our chains in the
 // kernel exactly as reconciling each step's ruleset without a record does (a fresh backend in a
-// second namespace), and the record stays true: the incremental backend has no nf_tables
-// generation, so each Verify reads the kernel back and must find nothing to repair or send.
+// second namespace), and the record stays true: each Verify after a change finds nothing to repair
+// or send. Two ways of knowing the kernel: without a generation (every Verify reads the kernel back,
+// and a bucket that changes is always rewritten: no change is built on positions the backend has
+// not seen), and, with iptables-nft, the namespace's nf_tables generation (buckets are edited in
+// place, and some steps must have been).
 func TestKernelIncrementalEqualsScratch(t *testing.T) {
 	for _, v := range []Variant{NFT, Legacy} {
 		for _, f := range rules.Families {
-			t.Run(string(v)+"-"+string(f), func(t *testing.T) {
-				ctx := context.Background()
-				inc, scratch := newKernel(t, v, f), newKernel(t, v, f)
-				b := mustBackend(t, Options{Variant: v, Runner: inc.run, Generation: func() (uint32, error) {
-					return 0, errors.New("no generation: Verify reads the kernel")
-				}})
-				seed := uint64(time.Now().UnixNano())
-				t.Logf("seed %d", seed)
-				rnd := rand.New(rand.NewPCG(seed, 1))
-				var entries []rules.MapEntry
-				for step := range 30 {
-					entries = mutateEntries(rnd, f, entries)
-					rs := externalIP(f)
-					rs.Maps[0].Entries = entries
-					if err := apply(ctx, b, rs); err != nil {
-						t.Fatalf("step %d: %v", step, err)
-					}
-					res, err := verify(ctx, b, rs)
-					if err != nil || res.Repaired || res.Applied {
-						t.Fatalf("step %d: Verify after the change = %+v, %v; the record does not match the kernel", step, res, err)
-					}
-					fresh := mustBackend(t, Options{Variant: v, Runner: scratch.run})
-					if err := apply(ctx, fresh, rs); err != nil {
-						t.Fatalf("step %d: from scratch: %v", step, err)
-					}
-					if got, want := ours(inc.save()), ours(scratch.save()); got != want {
-						t.Fatalf("step %d (%d entries): incremental kernel state differs from a reconcile from scratch:\n%s\nwant:\n%s", step, len(entries), got, want)
-					}
+			for _, gen := range []bool{false, true} {
+				if gen && v == Legacy {
+					continue // legacy iptables has no generation
 				}
-			})
+				name := string(v) + "-" + string(f) + map[bool]string{false: "", true: "-generation"}[gen]
+				t.Run(name, func(t *testing.T) { incrementalEqualsScratch(t, v, f, gen) })
+			}
 		}
 	}
+}
+
+func incrementalEqualsScratch(t *testing.T, v Variant, f rules.Family, gen bool) {
+	ctx := context.Background()
+	inc, scratch := newKernel(t, v, f), newKernel(t, v, f)
+	rec := &restoreRecorder{Runner: inc.run}
+	opts := Options{Variant: v, Runner: rec, Generation: func() (uint32, error) {
+		return 0, errors.New("no generation: Verify reads the kernel")
+	}}
+	if gen {
+		opts.Generation = inc.generation
+	}
+	b := mustBackend(t, opts)
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rnd := rand.New(rand.NewPCG(seed, 1))
+	var entries []rules.MapEntry
+	edited := 0
+	for step := range 40 {
+		entries = mutateEntries(rnd, f, entries)
+		rs := externalIP(f)
+		rs.Maps[0].Entries = entries
+		rec.inputs = nil
+		if err := apply(ctx, b, rs); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		for _, in := range rec.inputs {
+			if strings.Contains(in, "\n-I NNM-") {
+				edited++
+				break
+			}
+		}
+		res, err := verify(ctx, b, rs)
+		if err != nil || res.Repaired || res.Applied {
+			t.Fatalf("step %d: Verify after the change = %+v, %v; the record does not match the kernel", step, res, err)
+		}
+		fresh := mustBackend(t, Options{Variant: v, Runner: scratch.run})
+		if err := apply(ctx, fresh, rs); err != nil {
+			t.Fatalf("step %d: from scratch: %v", step, err)
+		}
+		if got, want := ours(inc.save()), ours(scratch.save()); got != want {
+			t.Fatalf("step %d (%d entries): incremental kernel state differs from a reconcile from scratch:\n%s\nwant:\n%s", step, len(entries), got, want)
+		}
+	}
+	switch {
+	case !gen && edited > 0:
+		t.Errorf("%d changes edited a bucket in place without a generation to prove the record exact", edited)
+	case gen && edited == 0:
+		t.Errorf("no change edited a bucket in place (every one rewrote its buckets)")
+	}
+	t.Logf("%d of 40 changes edited buckets in place", edited)
+}
+
+// restoreRecorder keeps the input of every iptables-restore it runs.
+type restoreRecorder struct {
+	Runner
+	inputs []string
+}
+
+func (r *restoreRecorder) Run(ctx context.Context, name string, args []string, stdin io.Reader, stdout io.Writer) ([]byte, error) {
+	if stdin != nil && strings.HasSuffix(name, "-restore") {
+		in, err := io.ReadAll(stdin)
+		if err != nil {
+			return nil, err
+		}
+		r.inputs = append(r.inputs, string(in))
+		stdin = bytes.NewReader(in)
+	}
+	return r.Runner.Run(ctx, name, args, stdin, stdout)
 }
 
 // ours is the part of an iptables-save that is ours.
@@ -248,4 +301,122 @@ func sampleMax(f func() uint64) (stop func() uint64) {
 		}
 	}()
 	return func() uint64 { close(done); return <-res }
+}
+
+// TestKernelBucketEdit: with the nf_tables generation, a change of one entry edits its bucket in
+// place (deletes and positioned inserts, the bucket not re-declared) and leaves what a reconcile from
+// scratch leaves; after someone else changed the bucket (a foreign rule inserted into it, which moves
+// the generation) the next change rewrites the bucket whole, so the foreign rule is gone and nothing
+// is built on positions the backend has not seen.
+func TestKernelBucketEdit(t *testing.T) {
+	for _, f := range rules.Families {
+		t.Run(string(f), func(t *testing.T) {
+			ctx := context.Background()
+			k, scratch := newKernel(t, NFT, f), newKernel(t, NFT, f)
+			rec := &restoreRecorder{Runner: k.run}
+			b := mustBackend(t, Options{Variant: NFT, Runner: rec, Generation: k.generation})
+			entries := scaleEntries(f, 12) // one bucket
+			bucket := bucketName("EXTIP-DNAT", 1, bucketPrefix(entries[0].Addr))
+			rs := func() *rules.Ruleset {
+				r := externalIP(f)
+				r.Maps[0].Entries = append([]rules.MapEntry(nil), entries...)
+				return r
+			}
+			mustApply(t, b, rs())
+			check := func(what string, wantEdit bool) {
+				t.Helper()
+				if len(rec.inputs) != 1 {
+					t.Fatalf("%s: %d restores, want 1", what, len(rec.inputs))
+				}
+				in := rec.inputs[0]
+				declared := strings.Contains(in, ":"+bucket+" ")
+				edits := strings.Contains(in, "\n-I "+bucket+" ") || strings.Contains(in, "\n-D "+bucket+" ")
+				edited, rewritten := edits && !declared, declared && !edits
+				if edited != wantEdit || rewritten == wantEdit {
+					t.Errorf("%s: edited in place %v, rewritten %v; want edited %v. Restore input:\n%s", what, edited, rewritten, wantEdit, in)
+				}
+				if err := apply(ctx, mustBackend(t, Options{Variant: NFT, Runner: scratch.run}), rs()); err != nil {
+					t.Fatal(err)
+				}
+				if got, want := ours(k.save()), ours(scratch.save()); got != want {
+					t.Errorf("%s: the kernel differs from a reconcile from scratch:\n%s\nwant:\n%s", what, got, want)
+				}
+				if res, err := verify(ctx, b, rs()); err != nil || res.Applied || res.Repaired {
+					t.Errorf("%s: Verify = %+v, %v; want nothing to repair", what, res, err)
+				}
+				rec.inputs = nil
+			}
+			rec.inputs = nil
+			entries[5].To = netip.AddrPortFrom(entries[5].To.Addr(), entries[5].To.Port()+1)
+			mustApply(t, b, rs())
+			check("one entry re-pointed", true)
+
+			entries = append(entries[:3], entries[4:]...)
+			mustApply(t, b, rs())
+			check("one entry removed", true)
+
+			k.ipt("-t", "nat", "-I", bucket, "1", "-p", "udp", "-m", "comment", "--comment", "foreign", "-j", "RETURN")
+			entries[7].To = netip.AddrPortFrom(entries[7].To.Addr(), entries[7].To.Port()+1)
+			mustApply(t, b, rs())
+			check("one entry re-pointed after a foreign rule entered the bucket", false)
+			mustLack(t, k.save(), "foreign")
+		})
+	}
+}
+
+// TestBucketEdit: the edit, played on old as iptables would (delete by spec, then insert at each
+// position), yields now; and the cases that must be rewritten instead are refused.
+func TestBucketEdit(t *testing.T) {
+	l := func(specs ...string) []string {
+		out := make([]string, len(specs))
+		for i, s := range specs {
+			out[i] = "-A B -d " + s
+		}
+		return out
+	}
+	base := l("a", "b", "c", "d", "e", "f", "g", "h")
+	for _, tc := range []struct {
+		name string
+		now  []string
+		ok   bool
+	}{
+		{"one added in the middle", l("a", "b", "c", "x", "d", "e", "f", "g", "h"), true},
+		{"one added first and one last", l("x", "a", "b", "c", "d", "e", "f", "g", "h", "y"), true},
+		{"one removed", l("a", "b", "d", "e", "f", "g", "h"), true},
+		{"one replaced", l("a", "b", "c", "x", "e", "f", "g", "h"), true},
+		{"two replaced far apart (a MARK and a DNAT rule)", l("a", "x", "c", "d", "e", "f", "y", "h"), true},
+		{"unchanged", base, true},
+		{"the rules that stay change order", l("b", "a", "c", "d", "e", "f", "g", "h"), false},
+		{"a rule twice", l("a", "b", "c", "d", "e", "f", "g", "h", "h"), false},
+		{"more than half changes", l("a", "b", "w", "x", "y", "z", "g", "h"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, ok := bucketEdit(base, tc.now)
+			if ok != tc.ok {
+				t.Fatalf("ok = %v, want %v (edit %+v)", ok, tc.ok, e)
+			}
+			if !ok {
+				return
+			}
+			chain := append([]string(nil), base...)
+			for _, d := range e.deletes {
+				i := slices.Index(chain, "-A "+strings.TrimPrefix(d, "-D "))
+				if i < 0 {
+					t.Fatalf("%q deletes a rule that is not there", d)
+				}
+				chain = slices.Delete(chain, i, i+1)
+			}
+			for _, in := range e.inserts {
+				f := strings.SplitN(in, " ", 4) // -I B n spec
+				n, err := strconv.Atoi(f[2])
+				if err != nil || n < 1 || n > len(chain)+1 {
+					t.Fatalf("%q: position out of the chain of %d rules", in, len(chain))
+				}
+				chain = slices.Insert(chain, n-1, "-A "+f[1]+" "+f[3])
+			}
+			if !slices.Equal(chain, tc.now) {
+				t.Errorf("the edit %+v yields\n%v\nwant\n%v", e, chain, tc.now)
+			}
+		})
+	}
 }

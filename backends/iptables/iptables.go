@@ -203,12 +203,13 @@ func (o ops) Matches(ctx context.Context, u backend.Unit, rec *record) (bool, er
 	return d.state(rec.chains, rec.precede).equal(rec.state), nil
 }
 
-func (o ops) Update(ctx context.Context, u backend.Unit, rec *record, from, rs *rules.Ruleset) (backend.Step[*record], error) {
+func (o ops) Update(ctx context.Context, u backend.Unit, prev backend.Prev[*record], from, rs *rules.Ruleset) (backend.Step[*record], error) {
+	rec := prev.Rec
 	if err := rs.Validate(); err != nil {
 		return backend.Step[*record]{}, err
 	}
 	if from.SameExceptEntries(rs) {
-		if step, err := o.b.applyEntries(ctx, from, rs, rec); step.Done || err != nil {
+		if step, err := o.b.applyEntries(ctx, from, rs, rec, prev.Exact); step.Done || err != nil {
 			return step, err
 		}
 	}
@@ -386,16 +387,23 @@ func (b *Backend) applyChanged(ctx context.Context, rs *rules.Ruleset, r *render
 		stale = append(stale, c)
 	}
 	sort.Slice(stale, func(i, j int) bool { return stale[i].String() < stale[j].String() })
-	return b.rewriteChains(ctx, rs, changed, stale, prev, r.record(countersOf(rs)))
+	return b.rewriteChains(ctx, rs, changed, nil, stale, prev, r.record(countersOf(rs)))
 }
 
-// rewriteChains rewrites the changed chains and deletes the stale ones with one iptables-restore;
-// the step's Finish lists the rewritten chains for the record nrec (whose rendering the caller
-// filled in). It returns backend.ErrStale, having changed nothing, when the restore failed.
-func (b *Backend) rewriteChains(ctx context.Context, rs *rules.Ruleset, changed []*rchain, stale []tchain, prev, nrec *record) (backend.Step[*record], error) {
+// rewriteChains rewrites the changed chains (or edits those that edits has an edit for) and deletes
+// the stale ones with one iptables-restore; the step's Finish lists the changed chains for the
+// record nrec (whose rendering the caller filled in). It returns backend.ErrStale, having changed
+// nothing, when the restore failed (an edit's delete names a rule that is not there, an insert a
+// position beyond the chain's end).
+func (b *Backend) rewriteChains(ctx context.Context, rs *rules.Ruleset, changed []*rchain, edits map[tchain]edit, stale []tchain, prev, nrec *record) (backend.Step[*record], error) {
 	p := plan{}
 	for _, c := range changed {
 		ops := p.table(c.table)
+		if e, ok := edits[c.key()]; ok {
+			ops.deletes = append(ops.deletes, e.deletes...)
+			ops.inserts = append(ops.inserts, e.inserts...)
+			continue
+		}
 		ops.decls = append(ops.decls, c.name)
 		ops.appends = append(ops.appends, c.lines...)
 	}
@@ -407,7 +415,7 @@ func (b *Backend) rewriteChains(ctx context.Context, rs *rules.Ruleset, changed 
 		b.log.Warn("rewriting changed chains failed", "fix", rs.Fix, "family", rs.Family, "error", err)
 		return backend.Step[*record]{}, backend.ErrStale
 	}
-	b.log.Info("rules applied", "fix", rs.Fix, "family", rs.Family, "rewritten_chains", len(changed), "removed_chains", len(stale), "rules", rs.RuleCount())
+	b.log.Info("rules applied", "fix", rs.Fix, "family", rs.Family, "rewritten_chains", len(changed)-len(edits), "edited_chains", len(edits), "removed_chains", len(stale), "rules", rs.RuleCount())
 	// iptables-nft-restore commits once per table section, each with a real change here.
 	step := backend.Step[*record]{Done: true, Applied: true, Commits: p.commits(), Rec: nrec}
 	step.Finish = func(ctx context.Context) (*record, error) {

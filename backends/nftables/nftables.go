@@ -219,7 +219,8 @@ func (o ops) Matches(ctx context.Context, u backend.Unit, rec *applied) (bool, e
 	return now.equal(rec.seen.withElements(rec.model)), nil
 }
 
-func (o ops) Update(ctx context.Context, u backend.Unit, rec *applied, _, desired *rules.Ruleset) (backend.Step[*applied], error) {
+func (o ops) Update(ctx context.Context, u backend.Unit, prev backend.Prev[*applied], _, desired *rules.Ruleset) (backend.Step[*applied], error) {
+	rec := prev.Rec
 	var step backend.Step[*applied]
 	m, err := build(desired)
 	if err != nil {

@@ -30,13 +30,14 @@ type Ops[R any] interface {
 	// Matches reads the unit's objects back and reports whether they still are what rec recorded.
 	// It changes nothing.
 	Matches(ctx context.Context, u Unit, rec R) (bool, error)
-	// Update changes the kernel from rec (made from the ruleset from), trusted without reading the
-	// kernel first, to desired: the cheap way for a change of the kind it knows (map entries, the
-	// contents of some chains). It
-	// returns Step.Done false, having changed nothing, for a change of another kind, and ErrStale,
-	// having changed nothing, when the kernel refused a change built from rec (the record was wrong;
-	// the Driver then calls Apply).
-	Update(ctx context.Context, u Unit, rec R, from, desired *rules.Ruleset) (Step[R], error)
+	// Update changes the kernel from prev.Rec (made from the ruleset from), trusted without reading
+	// the kernel first, to desired: the cheap way for a change of the kind it knows (map entries, the
+	// contents of some chains). prev.Exact says the generation proves the kernel still is the record;
+	// only then may Update send a change whose result depends on what it does not overwrite (rules
+	// inserted at positions). It returns Step.Done false, having changed nothing, for a change of
+	// another kind, and ErrStale, having changed nothing, when the kernel refused a change built from
+	// the record (the record was wrong; the Driver then calls Apply).
+	Update(ctx context.Context, u Unit, prev Prev[R], from, desired *rules.Ruleset) (Step[R], error)
 	// Apply makes the kernel hold desired for the unit, whatever it holds now. prev is the last
 	// record: Trusted when it is known to match the kernel (Apply may then build its change from it
 	// without reading), Known when there is one at all (it names objects the unit made). On error
@@ -47,11 +48,14 @@ type Ops[R any] interface {
 	Remove(ctx context.Context, u Unit, prev Prev[R]) (Step[R], error)
 }
 
-// Prev is the record a Driver hands to Apply and Remove.
+// Prev is the record a Driver hands to Update, Apply and Remove.
 type Prev[R any] struct {
 	Rec     R
 	Known   bool
 	Trusted bool
+	// Exact: the nf_tables generation has not moved since Rec was last found to match the kernel
+	// (or since our own commit that Rec records), so nothing else has changed the kernel meanwhile.
+	Exact bool
 }
 
 // Step says what one operation did.
@@ -238,7 +242,8 @@ func (d *Driver[R]) apply(ctx context.Context, u Unit, st *unitState[R], desired
 	}
 	if trusted {
 		// Update changes the kernel without reading it first: nothing to cancel.
-		step, err := d.ops.Update(context.WithoutCancel(ctx), u, v.rec, v.rs, desired)
+		prev := Prev[R]{Rec: v.rec, Known: true, Trusted: true, Exact: v.stamp.Is(g0, genOK)}
+		step, err := d.ops.Update(context.WithoutCancel(ctx), u, prev, v.rs, desired)
 		switch {
 		case errors.Is(err, ErrStale):
 			d.log.Info("a change built from our record was refused; reading the kernel and applying in full", "fix", u.Fix, "family", u.Family)

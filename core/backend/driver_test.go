@@ -59,10 +59,11 @@ func (k *kernel) Matches(ctx context.Context, u backend.Unit, rec int) (bool, er
 	return k.held[u] == rec, nil
 }
 
-func (k *kernel) Update(ctx context.Context, u backend.Unit, rec int, from, desired *rules.Ruleset) (backend.Step[int], error) {
+func (k *kernel) Update(ctx context.Context, u backend.Unit, prev backend.Prev[int], from, desired *rules.Ruleset) (backend.Step[int], error) {
 	k.enter("update", u)
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	k.lastPre = prev
 	if k.stale {
 		k.stale = false
 		return backend.Step[int]{}, backend.ErrStale
@@ -182,6 +183,47 @@ func TestDriverTrustVerifyAndStamps(t *testing.T) {
 	}
 	if !k.lastPre.Known || k.lastPre.Trusted {
 		t.Errorf("the repair's Apply got %+v; want the record known and not trusted", k.lastPre)
+	}
+}
+
+// TestDriverUpdateExact: Update is told the record is exact only while the generation proves that
+// nothing but our own commits changed the kernel since the record last matched it.
+func TestDriverUpdateExact(t *testing.T) {
+	k := newKernel()
+	d := backend.NewDriver[int](k, k.generation, slog.New(slog.DiscardHandler))
+	n, chains := 1, 1
+	update := func() backend.Prev[int] {
+		t.Helper()
+		n++
+		if res := mustReconcile(t, d, ruleset("a", n, chains), backend.Trust); !res.Applied || !equalCalls(k.take(), "update") {
+			t.Fatalf("change %d: %+v; want one Update", n, res)
+		}
+		return k.lastPre
+	}
+	mustReconcile(t, d, ruleset("a", n, 1), backend.Trust)
+	k.take()
+	for _, step := range []struct {
+		name  string
+		pre   func()
+		exact bool
+	}{
+		{"after the apply that stamped the record", nil, true},
+		{"after our own update alone moved the generation", nil, true},
+		{"after a foreign commit", k.foreign, false},
+		{"after an update that followed a foreign commit (never stamped)", nil, false},
+		{"after a Verify found the record true", func() { mustReconcile(t, d, ruleset("a", n, 1), backend.Verify); k.take() }, true},
+		{"after an update that needed an Apply (stamped: nothing committed while it read back)", func() {
+			chains = 2
+			mustReconcile(t, d, ruleset("a", n, chains), backend.Trust)
+			k.take()
+		}, true},
+	} {
+		if step.pre != nil {
+			step.pre()
+		}
+		if prev := update(); prev.Exact != step.exact || !prev.Known || !prev.Trusted {
+			t.Errorf("Update %s: got %+v, want Exact %v (known, trusted)", step.name, prev, step.exact)
+		}
 	}
 }
 

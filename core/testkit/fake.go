@@ -98,7 +98,7 @@ func (o fakeOps) Matches(ctx context.Context, u backend.Unit, _ struct{}) (bool,
 }
 
 // Update never applies: every change is a whole apply (counted by ApplyCalls).
-func (fakeOps) Update(context.Context, backend.Unit, struct{}, *rules.Ruleset, *rules.Ruleset) (backend.Step[struct{}], error) {
+func (fakeOps) Update(context.Context, backend.Unit, backend.Prev[struct{}], *rules.Ruleset, *rules.Ruleset) (backend.Step[struct{}], error) {
 	return backend.Step[struct{}]{}, nil
 }
 
