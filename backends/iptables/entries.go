@@ -41,9 +41,9 @@ func (c *rchain) digest() uint64 {
 // only on which buckets exist) and the touched buckets in full, so the cost follows the change, not
 // the number of entries. With one iptables-restore it rewrites what differs from the record, adds
 // buckets that appear and deletes buckets that disappear. When exact (the generation shows the
-// kernel still is the record), a bucket that stays is edited in place instead of rewritten: its
-// rules that go are deleted and those that come are inserted at their positions (bucketEdit), which
-// costs iptables-nft-restore half of a 500-rule bucket's rewrite. It returns false without having
+// kernel still is the record) and only existing buckets change, they are edited in place instead of
+// rewritten: their rules that go are deleted and those that come are inserted at their positions
+// (bucketEdit), which costs iptables-nft-restore half of a 500-rule bucket's rewrite. It returns false without having
 // changed anything when the record does not match the old rendering, and errShortWay when the
 // restore failed.
 func (b *Backend) applyEntries(ctx context.Context, from, rs *rules.Ruleset, prev *record, exact bool) (backend.Step[*record], error) {
@@ -127,6 +127,12 @@ func (b *Backend) applyEntries(ctx context.Context, from, rs *rules.Ruleset, pre
 	}
 	if len(changed) == 0 && len(stale) == 0 {
 		return backend.Step[*record]{Done: true, Rec: prev}, nil
+	}
+	if len(stale) > 0 || len(edits) != len(changed) {
+		// A restore that also declares, flushes or deletes a chain and edits another took
+		// iptables-nft-restore 190-250 ms at 10,000 entries instead of 20-45: all chains are
+		// then rewritten.
+		clear(edits)
 	}
 	sort.Slice(changed, func(i, j int) bool { return changed[i].name < changed[j].name })
 	sort.Slice(stale, func(i, j int) bool { return stale[i].String() < stale[j].String() })

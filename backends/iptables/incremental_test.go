@@ -331,7 +331,7 @@ func TestKernelBucketEdit(t *testing.T) {
 				in := rec.inputs[0]
 				declared := strings.Contains(in, ":"+bucket+" ")
 				edits := strings.Contains(in, "\n-I "+bucket+" ") || strings.Contains(in, "\n-D "+bucket+" ")
-				edited, rewritten := edits && !declared, declared && !edits
+				edited, rewritten := edits && !declared, declared && !strings.Contains(in, "\n-I ") && !strings.Contains(in, "\n-D ")
 				if edited != wantEdit || rewritten == wantEdit {
 					t.Errorf("%s: edited in place %v, rewritten %v; want edited %v. Restore input:\n%s", what, edited, rewritten, wantEdit, in)
 				}
@@ -354,6 +354,15 @@ func TestKernelBucketEdit(t *testing.T) {
 			entries = append(entries[:3], entries[4:]...)
 			mustApply(t, b, rs())
 			check("one entry removed", true)
+
+			// Another bucket appears (its dispatch rule rewrites the dispatching chain) while an
+			// entry of the first changes: every changed chain is rewritten, none edited.
+			other := entries[0]
+			other.Addr = netip.MustParseAddr(map[rules.Family]string{rules.IPv4: "198.51.100.9", rules.IPv6: "2001:db8:ffff::9"}[f])
+			entries = append(entries, other)
+			entries[2].To = netip.AddrPortFrom(entries[2].To.Addr(), entries[2].To.Port()+1)
+			mustApply(t, b, rs())
+			check("a bucket added and one entry re-pointed", false)
 
 			k.ipt("-t", "nat", "-I", bucket, "1", "-p", "udp", "-m", "comment", "--comment", "foreign", "-j", "RETURN")
 			entries[7].To = netip.AddrPortFrom(entries[7].To.Addr(), entries[7].To.Port()+1)
