@@ -62,6 +62,7 @@ type Engine struct {
 
 	mu       sync.Mutex // guards everything below and the units' status fields
 	cfg      *config.Config
+	cfgGen   uint64 // counts the configurations taken (configure)
 	env      fix.Env
 	families []rules.Family
 	podCIDRs []netip.Prefix

@@ -73,6 +73,7 @@ type countFix struct {
 	fail      error
 	optErr    error
 	observed  int
+	computed  int // Rules calls
 }
 
 func (f *countFix) ID() string                       { return f.id }
@@ -85,6 +86,7 @@ func (f *countFix) Observe(context.Context, rules.Family, fix.Report) {
 	f.observed++
 }
 func (f *countFix) Rules(snap *fix.Snapshot, fam rules.Family) (*rules.Ruleset, fix.Report, error) {
+	f.computed++
 	if f.fail != nil {
 		return nil, fix.Report{}, f.fail
 	}
@@ -162,6 +164,86 @@ func newHarness(t *testing.T, cfg *config.Config, fixes ...fix.Fix) *harness {
 
 func svc(name string, ips ...string) *fix.Service {
 	return fix.ServiceFrom(testkit.Service("default", name, testkit.ClusterIPs(ips...), testkit.Ports(testkit.TCP(80))))
+}
+
+// versionedSource is a memSource that numbers its states (watch.Versioned).
+type versionedSource struct {
+	*memSource
+	version atomic.Uint64
+}
+
+func (s *versionedSource) Version() uint64 { return s.version.Load() }
+
+func (s *versionedSource) set(svcs ...*fix.Service) {
+	s.mu.Lock()
+	s.svcs = svcs
+	s.mu.Unlock()
+	s.version.Add(1)
+	select {
+	case s.changes <- struct{}{}:
+	default:
+	}
+}
+
+// TestRulesComputedOncePerState: over a versioned source, a pass whose inputs did not change (the
+// periodic Verify of an idle node) reuses the fix's last rules instead of computing them over every
+// Service again, and still verifies the kernel; a change of the source or of the configuration, and
+// a failed computation, make the next pass compute. Without versions every pass computes.
+func TestRulesComputedOncePerState(t *testing.T) {
+	ctx := context.Background()
+	f := &countFix{id: "count", defaultOn: true}
+	src := &versionedSource{memSource: newMemSource()}
+	be := testkit.NewFakeBackend()
+	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Backend: be, Source: src})
+	units := len(e.units)
+	src.set(svc("a", "10.96.0.1", "fd00::1"))
+	step := func(name string, full bool, wantComputed int) {
+		t.Helper()
+		f.computed = 0
+		if e.SyncOnce(ctx, full) {
+			t.Fatalf("%s: a pass failed", name)
+		}
+		if f.computed != wantComputed {
+			t.Errorf("%s: Rules computed %d times, want %d", name, f.computed, wantComputed)
+		}
+	}
+	step("first pass", true, units)
+	step("a Verify with nothing changed", true, 0)
+	step("a change pass with nothing changed", false, 0)
+	be.Tamper("count", rules.IPv4)
+	applies := be.ApplyCalls()
+	step("a Verify after tampering, nothing changed in the API", true, 0)
+	if be.ApplyCalls() != applies+1 {
+		t.Errorf("the Verify did not repair the tampered rules from the reused ruleset (%d applies, want %d)", be.ApplyCalls(), applies+1)
+	}
+	src.set(svc("a", "10.96.0.1", "fd00::1"), svc("b", "10.96.0.2"))
+	step("a pass after a Service was added", false, units)
+	if rs := be.Ruleset("count", rules.IPv4); rs == nil || len(rs.Chains[0].Rules) != 2 {
+		t.Errorf("the new Service's rule is not programmed: %v", rs)
+	}
+	step("the pass after that", true, 0)
+	c := config.Defaults()
+	if !e.applyConfig(ctx, &c) {
+		t.Fatal("config rejected")
+	}
+	step("a pass after a reload", true, units)
+	f.fail = errors.New("broken")
+	src.set(svc("a", "10.96.0.1", "fd00::1"))
+	f.computed = 0
+	if failed := e.SyncOnce(ctx, false); !failed || f.computed != units {
+		t.Fatalf("a failing computation: pass failed %v, Rules computed %d times; want failed, %d", failed, f.computed, units)
+	}
+	f.fail = nil
+	step("a pass after a failed computation", false, units)
+
+	plain := &countFix{id: "count", defaultOn: true}
+	e2 := mustNew(t, Options{Fixes: []fix.Fix{plain}, Source: newMemSource()})
+	e2.SyncOnce(ctx, true)
+	plain.computed = 0
+	e2.SyncOnce(ctx, true)
+	if plain.computed != units {
+		t.Errorf("without versions a pass computed %d times, want %d", plain.computed, units)
+	}
 }
 
 func TestSyncAppliesOnlyChangesAndRepairsDrift(t *testing.T) {

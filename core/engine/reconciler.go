@@ -11,6 +11,8 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/core/watch"
 )
 
 // SyncOnce runs one pass of every unit in turn, in the caller's goroutine (tests, `plan`). A full
@@ -67,12 +69,10 @@ func (e *Engine) sync(ctx context.Context, u *unit, full bool) (err error) {
 	id, fam, bname := u.st.fix.ID(), u.family, e.be.Name()
 	start := e.now()
 	defer func() { err = e.account(ctx, u, bname, start, err) }()
-	snap := e.snapshot(needsOf(u.st.fix))
-	rs, report, err := u.st.rules.Rules(snap, fam)
+	rs, report, err := e.computeRules(u)
 	if err != nil {
 		return fmt.Errorf("compute rules: %w", err)
 	}
-	e.report(u, report)
 	mode := backend.Trust
 	if full {
 		mode = backend.Verify
@@ -97,6 +97,32 @@ func (e *Engine) sync(ctx context.Context, u *unit, full bool) (err error) {
 		o.Observe(ctx, fam, report)
 	}
 	return nil
+}
+
+// computeRules returns the unit's ruleset for what the source holds now. Rules is pure, so when neither
+// the source (watch.Versioned) nor the configuration changed since the unit's last successful
+// computation, that result is returned as it was: a periodic Verify of an idle node costs no
+// computation over every Service (nor the garbage it would leave). Call with u.run held.
+func (e *Engine) computeRules(u *unit) (*rules.Ruleset, fix.Report, error) {
+	vs, versioned := e.source.(watch.Versioned)
+	var version uint64
+	if versioned {
+		version = vs.Version() // read before the snapshot: the snapshot is at least this new
+	}
+	e.mu.Lock()
+	cfgGen := e.cfgGen
+	e.mu.Unlock()
+	if c := &u.computed; versioned && c.valid && c.version == version && c.cfgGen == cfgGen {
+		return c.rs, c.report, nil
+	}
+	u.computed = computed{}
+	rs, report, err := u.st.rules.Rules(e.snapshot(needsOf(u.st.fix)), u.family)
+	if err != nil {
+		return nil, fix.Report{}, err
+	}
+	e.report(u, report)
+	u.computed = computed{valid: versioned, version: version, cfgGen: cfgGen, rs: rs, report: report}
+	return rs, report, nil
 }
 
 // ensure runs one Ensure of an Actuator, with the same metrics and logs as sync.

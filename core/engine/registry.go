@@ -48,6 +48,18 @@ type unit struct {
 	more bool
 	beat time.Time // the worker's last heartbeat
 	busy time.Time // when the pass in progress started (zero: none)
+
+	// computed is the fix's last successful Rules in this family; guarded by run.
+	computed computed
+}
+
+// computed is what a RuleFix's Rules returned for the inputs at (source version, config generation).
+type computed struct {
+	valid   bool
+	version uint64
+	cfgGen  uint64
+	rs      *rules.Ruleset
+	report  fix.Report
 }
 
 func newUnit(st *fixState, fam rules.Family) *unit {
@@ -144,6 +156,7 @@ func (e *Engine) configure(cfg *config.Config) error {
 		}
 	}
 	e.cfg = cfg
+	e.cfgGen++
 	e.families = cfg.ParsedFamilies()
 	e.podCIDRs = pods
 	e.serviceCIDRs = svcCIDRs

@@ -30,6 +30,8 @@ type Informers struct {
 	log       *slog.Logger
 
 	changes chan struct{}
+	// version counts the changes signalled (Version).
+	version atomic.Uint64
 
 	mu          sync.Mutex
 	client      kube.Interface  // made by the first Start that needs a watch
@@ -264,7 +266,9 @@ func transform(obj any) (any, error) {
 	return obj, nil
 }
 
+// notify signals a change of what the source holds; the caches are updated before it is called.
 func (s *Informers) notify() {
+	s.version.Add(1)
 	select {
 	case s.changes <- struct{}{}:
 	default:
@@ -406,6 +410,9 @@ func (s *Informers) Pods() []*corev1.Pod {
 
 // Changes signals changes.
 func (s *Informers) Changes() <-chan struct{} { return s.changes }
+
+// Version implements Versioned: it moves with every change signalled.
+func (s *Informers) Version() uint64 { return s.version.Load() }
 
 // Stop stops the informers and waits for them, at most stopWait.
 func (s *Informers) Stop() {

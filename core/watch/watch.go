@@ -35,6 +35,15 @@ type Source interface {
 	Stop()
 }
 
+// Versioned is implemented by sources that number their states, so that a pass whose inputs did
+// not change can reuse what it computed from them.
+type Versioned interface {
+	// Version returns a number that differs from every earlier one once anything the source holds
+	// has changed. It moves after the change is visible through Services, Node, Pods and the rest,
+	// so a state read after reading a version is at least as new as that version.
+	Version() uint64
+}
+
 // SortServices orders Services by namespace/name.
 func SortServices(svcs []*fix.Service) { slices.SortStableFunc(svcs, fix.CompareServices) }
 

@@ -145,6 +145,7 @@ func TestInformersSnapshotAndChanges(t *testing.T) {
 		t.Fatalf("node not seen: %+v", n)
 	}
 	drainChanges(s)
+	v0 := s.Version()
 	if _, err := cs.CoreV1().Services("c").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "c", Name: "new"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -152,6 +153,10 @@ func TestInformersSnapshotAndChanges(t *testing.T) {
 	case <-s.Changes():
 	case <-ctx.Done():
 		t.Fatal("no change signalled after a Service was created")
+	}
+	// The version moved with the signal, and only after the change was visible.
+	if v := s.Version(); v == v0 || len(s.Services()) != 3 {
+		t.Fatalf("after the signal: version %d (before %d), %d Services; want a new version and 3 Services", v, v0, len(s.Services()))
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for len(s.Services()) != 3 {
