@@ -3,6 +3,7 @@ package nftables
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -108,4 +109,54 @@ func TestKernelListTablesOverNetlink(t *testing.T) {
 	if _, err := listRealTables(context.Background(), knftables.InetFamily); err == nil {
 		t.Fatal("listRealTables accepted the inet family, which the backend never uses")
 	}
+}
+
+// TestKernelElementsOverNetlink: changes of map entries alone go over netlink as one transaction
+// (sendElementDiff, what the real kernel's backend does) and no nft runs for them; after each the
+// table is exactly what one nft -f of the same ruleset makes in a fresh namespace, elements'
+// comments included. When the kernel refuses the transaction (an element to delete is gone: someone
+// deleted it), nothing of it is applied and the table is rewritten from a listing.
+func TestKernelElementsOverNetlink(t *testing.T) {
+	eachFamily(t, "nnm-el", func(t *testing.T, ns *testenv.NS, f rules.Family) {
+		ctx := context.Background()
+		ref := testenv.New(t, "nnm-elref")
+		k := newRealKernel()
+		b := k.backend(t)
+		sends := 0
+		b.sendElements = func(old, m *model) (int, error) { sends++; return sendElementDiff(old, m) }
+		entries := manyEntries(f, 300)
+		rs := func() *rules.Ruleset { return externalIPRuleset(f, slices.Clone(entries)) }
+		applyIn(ctx, t, ns, b, rs())
+		table := TableName(rs().Fix)
+		rec := k.rec(nftFamily(f), table)
+		// check applies the entries now: one netlink transaction, and nft runs only for a rewrite.
+		check := func(what string, rewrite bool) {
+			t.Helper()
+			n, s := rec.count(), sends
+			applyIn(ctx, t, ns, b, rs())
+			if sends-s != 1 || (rec.count() > n) != rewrite {
+				t.Fatalf("%s: %d netlink transactions and %d nft transactions, want 1 and a rewrite %v", what, sends-s, rec.count()-n, rewrite)
+			}
+			ref.MustExec("nft", "flush", "ruleset")
+			applyIn(ctx, t, ref, newRealKernel().backend(t), rs())
+			if got, want := listTable(t, ns, f, table), listTable(t, ref, f, table); got != want {
+				t.Fatalf("%s: the table differs from one nft -f of the same ruleset:\n%s\nwant:\n%s", what, got, want)
+			}
+		}
+		entries = append(entries, entry(f, 1000, rules.UDP, 53, 53), entry(f, 1001, rules.TCP, 443, 8443))
+		check("two entries added", false)
+		entries = slices.Delete(entries, 10, 13)
+		check("three entries deleted", false)
+		entries[20].To = netip.AddrPortFrom(entries[20].To.Addr(), 9999)
+		entries[20].Comment += " moved"
+		check("one entry re-pointed (same key)", false)
+		entries = append(slices.Delete(entries, 0, 1), entry(f, 1002, rules.TCP, 80, 80))
+		entries[40].To = netip.AddrPortFrom(entries[40].To.Addr(), 7777)
+		check("deleted, added and re-pointed in one change", false)
+
+		gone := element("external-ips", entries[50])
+		ns.MustExec("nft", "delete", "element", string(nftFamily(f)), table, "external-ips", "{ "+strings.Join(gone.Key, " . ")+" }")
+		entries = slices.Delete(entries, 50, 51)
+		check("an entry deleted that someone deleted first", true)
+	})
 }

@@ -61,6 +61,9 @@ type Backend struct {
 	log  *slog.Logger
 	// loadMaps loads a new table's maps over netlink (the real kernel only; see netlink.go).
 	loadMaps func(m *model) error
+	// sendElements sends a change of map entries over netlink (the real kernel only; see
+	// netlink.go); with a fake kernel element changes go through knftables.
+	sendElements func(old, m *model) (operations int, err error)
 
 	driver *backend.Driver[*applied]
 	// imu guards ifaces only; no lock is held while nft runs.
@@ -93,7 +96,7 @@ func New(opts Options) (*Backend, error) {
 	b.log = b.log.With("backend", Name)
 	if opts.NewInterface == nil {
 		opts.NewInterface = newRealInterface
-		b.loadMaps = loadMaps
+		b.loadMaps, b.sendElements = loadMaps, sendElementDiff
 		if opts.Generation == nil {
 			opts.Generation = nfgen.Get
 		}
@@ -233,20 +236,31 @@ func (o ops) Update(ctx context.Context, u backend.Unit, prev backend.Prev[*appl
 	if sameEntries(rec.model, m) {
 		return step, nil
 	}
-	_, nft, err := o.b.table(u)
+	n, err := o.b.applyElements(ctx, u, rec.model, m)
 	if err != nil {
-		return backend.Step[*applied]{}, err
-	}
-	tx := nft.NewTransaction()
-	writeElementDiff(tx, rec.model, m)
-	if err := nft.Run(ctx, tx); err != nil {
 		o.b.log.Info("map update failed, rewriting the table", "fix", u.Fix, "family", u.Family, "err", err)
 		return backend.Step[*applied]{}, backend.ErrStale
 	}
 	// An element transaction is one commit with at least one real change.
 	step.Applied, step.Commits = true, 1
-	o.b.log.Debug("applied map changes", "fix", u.Fix, "family", u.Family, "operations", tx.NumOperations())
+	o.b.log.Debug("applied map changes", "fix", u.Fix, "family", u.Family, "operations", n)
 	return step, nil
+}
+
+// applyElements sends the element operations that turn old's maps into m's (the same shape) as
+// one transaction: over netlink on the real kernel (sendElementDiff), else with the table's
+// knftables interface.
+func (b *Backend) applyElements(ctx context.Context, u backend.Unit, old, m *model) (int, error) {
+	if b.sendElements != nil {
+		return b.sendElements(old, m)
+	}
+	_, nft, err := b.table(u)
+	if err != nil {
+		return 0, err
+	}
+	tx := nft.NewTransaction()
+	writeElementDiff(tx, old, m)
+	return tx.NumOperations(), nft.Run(ctx, tx)
 }
 
 func (o ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*applied], desired *rules.Ruleset) (backend.Step[*applied], error) {
