@@ -43,9 +43,9 @@ func (c *rchain) digest() uint64 {
 // buckets that appear and deletes buckets that disappear. When exact (the generation shows the
 // kernel still is the record) and only existing buckets change, they are edited in place instead of
 // rewritten: their rules that go are deleted and those that come are inserted at their positions
-// (bucketEdit), which costs iptables-nft-restore half of a 500-rule bucket's rewrite. It returns false without having
-// changed anything when the record does not match the old rendering, and errShortWay when the
-// restore failed.
+// (bucketEdit), which costs iptables-nft-restore half of a 500-rule bucket's rewrite. It returns
+// false without having changed anything when the record does not match the old rendering, and
+// backend.ErrStale when the restore failed.
 func (b *Backend) applyEntries(ctx context.Context, from, rs *rules.Ruleset, prev *record, exact bool) (backend.Step[*record], error) {
 	var no backend.Step[*record] // not this way: nothing changed
 	touched := changedBuckets(from, rs)

@@ -99,10 +99,10 @@ func (e *Engine) sync(ctx context.Context, u *unit, full bool) (err error) {
 	return nil
 }
 
-// computeRules returns the unit's ruleset for what the source holds now. Rules is pure, so when neither
-// the source (watch.Versioned) nor the configuration changed since the unit's last successful
-// computation, that result is returned as it was: a periodic Verify of an idle node costs no
-// computation over every Service (nor the garbage it would leave). Call with u.run held.
+// computeRules returns the unit's ruleset for what the source holds now. Rules is pure, so when
+// neither the source (watch.Versioned) nor the configuration changed since the unit's last
+// successful computation, that result is returned as it was: a periodic Verify of an idle node costs
+// no computation over every Service (nor the garbage it would leave). Call with u.run held.
 func (e *Engine) computeRules(u *unit) (*rules.Ruleset, fix.Report, error) {
 	vs, versioned := e.source.(watch.Versioned)
 	var version uint64
