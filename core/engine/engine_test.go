@@ -166,19 +166,35 @@ func svc(name string, ips ...string) *fix.Service {
 	return fix.ServiceFrom(testkit.Service("default", name, testkit.ClusterIPs(ips...), testkit.Ports(testkit.TCP(80))))
 }
 
-// versionedSource is a memSource that numbers its states (watch.Versioned).
+// versionedSource is a memSource that numbers its states per watch (watch.Versioned).
 type versionedSource struct {
 	*memSource
-	version atomic.Uint64
+	services, pods atomic.Uint64
 }
 
-func (s *versionedSource) Version() uint64 { return s.version.Load() }
+func (s *versionedSource) Version(needs fix.Needs) uint64 {
+	var v uint64
+	if needs.Services {
+		v += s.services.Load()
+	}
+	if needs.Pods {
+		v += s.pods.Load()
+	}
+	return v
+}
 
 func (s *versionedSource) set(svcs ...*fix.Service) {
 	s.mu.Lock()
 	s.svcs = svcs
 	s.mu.Unlock()
-	s.version.Add(1)
+	s.services.Add(1)
+	s.signal()
+}
+
+// podChanged is a change of a Pod, which countFix does not read.
+func (s *versionedSource) podChanged() { s.pods.Add(1); s.signal() }
+
+func (s *versionedSource) signal() {
 	select {
 	case s.changes <- struct{}{}:
 	default:
@@ -186,7 +202,7 @@ func (s *versionedSource) set(svcs ...*fix.Service) {
 }
 
 // TestRulesComputedOncePerState: over a versioned source, a pass whose inputs did not change (the
-// periodic Verify of an idle node) reuses the fix's last rules instead of computing them over every
+// periodic Verify of an idle node, a change of a watch the fix does not read) reuses the fix's last rules instead of computing them over every
 // Service again, and still verifies the kernel; a change of the source or of the configuration, and
 // a failed computation, make the next pass compute. Without versions every pass computes.
 func TestRulesComputedOncePerState(t *testing.T) {
@@ -210,6 +226,8 @@ func TestRulesComputedOncePerState(t *testing.T) {
 	step("first pass", true, units)
 	step("a Verify with nothing changed", true, 0)
 	step("a change pass with nothing changed", false, 0)
+	src.podChanged()
+	step("a pass after a change of a watch the fix does not read", false, 0)
 	be.Tamper("count", rules.IPv4)
 	applies := be.ApplyCalls()
 	step("a Verify after tampering, nothing changed in the API", true, 0)

@@ -107,7 +107,7 @@ func (e *Engine) computeRules(u *unit) (*rules.Ruleset, fix.Report, error) {
 	vs, versioned := e.source.(watch.Versioned)
 	var version uint64
 	if versioned {
-		version = vs.Version() // read before the snapshot: the snapshot is at least this new
+		version = vs.Version(needsOf(u.st.fix)) // read before the snapshot: the snapshot is at least this new
 	}
 	e.mu.Lock()
 	cfgGen := e.cfgGen

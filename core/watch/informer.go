@@ -30,8 +30,8 @@ type Informers struct {
 	log       *slog.Logger
 
 	changes chan struct{}
-	// version counts the changes signalled (Version).
-	version atomic.Uint64
+	// versions count the changes signalled, per watch (Version).
+	versions struct{ services, node, pods, serviceCIDRs atomic.Uint64 }
 
 	mu          sync.Mutex
 	client      kube.Interface  // made by the first Start that needs a watch
@@ -99,17 +99,21 @@ func (s *Informers) Start(ctx context.Context, needs fix.Needs) error {
 		s.ctx, s.cancel = context.WithCancel(ctx)
 	}
 	client := s.client
-	handler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { s.notify() },
-		UpdateFunc: func(old, cur any) { s.notify() },
-		DeleteFunc: func(any) { s.notify() },
+	// handler signals every change of a watch whose version is v.
+	handler := func(v *atomic.Uint64) cache.ResourceEventHandler {
+		return cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { s.notify(v) },
+			UpdateFunc: func(old, cur any) { s.notify(v) },
+			DeleteFunc: func(any) { s.notify(v) },
+		}
 	}
 	if missing.Services {
 		inf := newInformer(client, kube.Services, "")
+		v := &s.versions.services
 		svcHandler := cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { s.services.set(obj, false); s.notify() },
-			UpdateFunc: func(_, cur any) { s.services.set(cur, false); s.notify() },
-			DeleteFunc: func(obj any) { s.services.set(obj, true); s.notify() },
+			AddFunc:    func(obj any) { s.services.set(obj, false); s.notify(v) },
+			UpdateFunc: func(_, cur any) { s.services.set(cur, false); s.notify(v) },
+			DeleteFunc: func(obj any) { s.services.set(obj, true); s.notify(v) },
 		}
 		if err := s.start(s.ctx, inf, svcHandler, &s.svcStore, &s.svcSync); err != nil {
 			return err
@@ -117,14 +121,14 @@ func (s *Informers) Start(ctx context.Context, needs fix.Needs) error {
 	}
 	if missing.Node {
 		inf := newInformer(client, kube.Nodes, fields.OneTermEqualSelector("metadata.name", s.nodeName).String())
-		if err := s.start(s.ctx, inf, handler, &s.nodeStore, &s.nodeSync); err != nil {
+		if err := s.start(s.ctx, inf, handler(&s.versions.node), &s.nodeStore, &s.nodeSync); err != nil {
 			return err
 		}
 	}
 	if missing.Pods {
 		// Only this node's Pods: the API server filters by spec.nodeName, as the kubelet's watch does.
 		inf := newInformer(client, kube.Pods, fields.OneTermEqualSelector("spec.nodeName", s.nodeName).String())
-		if err := s.start(s.ctx, inf, handler, &s.podStore, &s.podSync); err != nil {
+		if err := s.start(s.ctx, inf, handler(&s.versions.pods), &s.podStore, &s.podSync); err != nil {
 			return err
 		}
 	}
@@ -133,7 +137,7 @@ func (s *Informers) Start(ctx context.Context, needs fix.Needs) error {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.watchServiceCIDRs(s.ctx, client, handler)
+			s.watchServiceCIDRs(s.ctx, client, handler(&s.versions.serviceCIDRs))
 		}()
 	}
 	if !s.startedOnce {
@@ -266,9 +270,10 @@ func transform(obj any) (any, error) {
 	return obj, nil
 }
 
-// notify signals a change of what the source holds; the caches are updated before it is called.
-func (s *Informers) notify() {
-	s.version.Add(1)
+// notify signals a change of what the source holds and moves the version v of the watch that
+// changed; the caches are updated before it is called.
+func (s *Informers) notify(v *atomic.Uint64) {
+	v.Add(1)
 	select {
 	case s.changes <- struct{}{}:
 	default:
@@ -411,8 +416,21 @@ func (s *Informers) Pods() []*corev1.Pod {
 // Changes signals changes.
 func (s *Informers) Changes() <-chan struct{} { return s.changes }
 
-// Version implements Versioned: it moves with every change signalled.
-func (s *Informers) Version() uint64 { return s.version.Load() }
+// Version implements Versioned: the sum of the change counts of the watches needs reads and the
+// Node's.
+func (s *Informers) Version(needs fix.Needs) uint64 {
+	v := s.versions.node.Load()
+	if needs.Services {
+		v += s.versions.services.Load()
+	}
+	if needs.Pods {
+		v += s.versions.pods.Load()
+	}
+	if needs.ServiceCIDRs {
+		v += s.versions.serviceCIDRs.Load()
+	}
+	return v
+}
 
 // Stop stops the informers and waits for them, at most stopWait.
 func (s *Informers) Stop() {

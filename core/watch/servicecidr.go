@@ -44,7 +44,7 @@ func (s *Informers) watchServiceCIDRs(ctx context.Context, client kube.Interface
 			s.cidrs.mu.Unlock()
 			if !served {
 				s.log.Info("the API server has no ServiceCIDR objects (networking.k8s.io/v1); the configured serviceCIDRs are used")
-				s.notify()
+				s.notify(&s.versions.serviceCIDRs)
 				return
 			}
 			break

@@ -38,10 +38,11 @@ type Source interface {
 // Versioned is implemented by sources that number their states, so that a pass whose inputs did
 // not change can reuse what it computed from them.
 type Versioned interface {
-	// Version returns a number that differs from every earlier one once anything the source holds
-	// has changed. It moves after the change is visible through Services, Node, Pods and the rest,
-	// so a state read after reading a version is at least as new as that version.
-	Version() uint64
+	// Version returns a number that differs from every earlier one once anything that needs reads,
+	// or the Node (every snapshot holds it), has changed; changes of other watches leave it as it
+	// is. It moves after the change is visible through Services, Node, Pods and the rest, so a state
+	// read after reading a version is at least as new as that version.
+	Version(needs fix.Needs) uint64
 }
 
 // SortServices orders Services by namespace/name.

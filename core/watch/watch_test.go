@@ -145,7 +145,8 @@ func TestInformersSnapshotAndChanges(t *testing.T) {
 		t.Fatalf("node not seen: %+v", n)
 	}
 	drainChanges(s)
-	v0 := s.Version()
+	svcNeeds, podNeeds := fix.Needs{Services: true}, fix.Needs{Pods: true}
+	v0, p0 := s.Version(svcNeeds), s.Version(podNeeds)
 	if _, err := cs.CoreV1().Services("c").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "c", Name: "new"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -154,9 +155,13 @@ func TestInformersSnapshotAndChanges(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("no change signalled after a Service was created")
 	}
-	// The version moved with the signal, and only after the change was visible.
-	if v := s.Version(); v == v0 || len(s.Services()) != 3 {
+	// The Services' version moved with the signal, and only after the change was visible; the
+	// version of what reads Pods (and the Node) did not.
+	if v := s.Version(svcNeeds); v == v0 || len(s.Services()) != 3 {
 		t.Fatalf("after the signal: version %d (before %d), %d Services; want a new version and 3 Services", v, v0, len(s.Services()))
+	}
+	if p := s.Version(podNeeds); p != p0 {
+		t.Fatalf("a Service event moved the version of what reads Pods: %d → %d", p0, p)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for len(s.Services()) != 3 {
