@@ -45,19 +45,13 @@ func loadMaps(m *model) error {
 	if err != nil {
 		return err
 	}
-	tf, addr, err := netlinkFamily(m.family)
+	t, addr, err := netlinkTable(m)
 	if err != nil {
 		return err
 	}
-	t := &gnft.Table{Name: m.table, Family: tf}
 	conn.AddTable(t)
 	for _, mm := range m.maps {
-		key := gnft.MustConcatSetType(addr, gnft.TypeInetProto, gnft.TypeInetService)
-		// Concatenation stays false: with it google/nftables sets NFT_SET_CONCAT, which nft sets
-		// only for interval sets, and a later `nft -f` "add map" of the same map then fails with
-		// EEXIST (the definitions differ).
-		dmap := &gnft.Set{Table: t, Name: mm.m.Name, IsMap: true, KeyType: key, DataType: gnft.MustConcatSetType(addr, gnft.TypeInetService)}
-		set := &gnft.Set{Table: t, Name: mm.keys.Name, KeyType: key}
+		dmap, set := mapSets(t, addr, mm)
 		if err := conn.AddSet(dmap, nil); err != nil {
 			return err
 		}
@@ -67,23 +61,15 @@ func loadMaps(m *model) error {
 		elems := make([]gnft.SetElement, len(mm.entries))
 		keys := make([]gnft.SetElement, len(mm.entries))
 		for i, e := range mm.entries {
-			k, v, err := encodeEntry(e)
-			if err != nil {
+			if elems[i], keys[i], err = setElement(e); err != nil {
 				return err
 			}
-			elems[i] = gnft.SetElement{Key: k, Val: v}
-			if e.Comment != "" {
-				elems[i].Comment = commentText(e.Comment)
-			}
-			keys[i] = gnft.SetElement{Key: k}
 		}
-		for _, p := range pages(elems) {
-			if err := conn.SetAddElements(dmap, elems[p[0]:p[1]]); err != nil {
-				return err
-			}
-			if err := conn.SetAddElements(set, keys[p[0]:p[1]]); err != nil {
-				return err
-			}
+		if err := sendPaged(conn.SetAddElements, dmap, elems); err != nil {
+			return err
+		}
+		if err := sendPaged(conn.SetAddElements, set, keys); err != nil {
+			return err
 		}
 	}
 	if err := conn.Flush(); err != nil {
@@ -92,15 +78,61 @@ func loadMaps(m *model) error {
 	return nil
 }
 
+// netlinkTable is m's table as google/nftables names it, and the type of an address in it.
+func netlinkTable(m *model) (*gnft.Table, gnft.SetDatatype, error) {
+	tf, addr, err := netlinkFamily(m.family)
+	if err != nil {
+		return nil, addr, err
+	}
+	return &gnft.Table{Name: m.table, Family: tf}, addr, nil
+}
+
+// mapSets are mm's map (address . protocol . port : address . port) and its companion key set in
+// table t, as writeFull's `add map`/`add set` make them. Concatenation stays false: with it
+// google/nftables sets NFT_SET_CONCAT, which nft sets only for interval sets, and a later `nft -f`
+// "add map" of the same map then fails with EEXIST (the definitions differ).
+func mapSets(t *gnft.Table, addr gnft.SetDatatype, mm mapModel) (dmap, keys *gnft.Set) {
+	key := gnft.MustConcatSetType(addr, gnft.TypeInetProto, gnft.TypeInetService)
+	dmap = &gnft.Set{Table: t, Name: mm.m.Name, IsMap: true, KeyType: key, DataType: gnft.MustConcatSetType(addr, gnft.TypeInetService)}
+	return dmap, &gnft.Set{Table: t, Name: mm.keys.Name, KeyType: key}
+}
+
+// setElement is e as a map element (key, value and comment, as element() gives nft) and as its key
+// set's element.
+func setElement(e rules.MapEntry) (elem, key gnft.SetElement, err error) {
+	k, v, err := encodeEntry(e)
+	if err != nil {
+		return elem, key, err
+	}
+	elem = gnft.SetElement{Key: k, Val: v}
+	if e.Comment != "" {
+		elem.Comment = commentText(e.Comment)
+	}
+	return elem, gnft.SetElement{Key: k}, nil
+}
+
+// sendPaged queues elems for s with send (SetAddElements, SetDeleteElements), one page at a time.
+func sendPaged(send func(*gnft.Set, []gnft.SetElement) error, s *gnft.Set, elems []gnft.SetElement) error {
+	if len(elems) == 0 {
+		return nil
+	}
+	for _, p := range pages(elems) {
+		if err := send(s, elems[p[0]:p[1]]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // sendElementDiff sends the element operations that turn old's maps into m's (the same shape: the
 // same table, maps and sets) as one netlink transaction in the calling thread's network namespace:
-// the deletes, then the adds, of map elements and of their keys in the companion sets, exactly the
-// objects writeElementDiff gives `nft -f`. The kernel applies all or none; an element to delete
-// that is not there fails the whole transaction. The socket is closed after the commit, in the
-// background: closing a netlink socket right after an element deletion waited ~11 ms in the kernel
-// (BENCHMARKS.md, "nftables transport"), time the change need not wait for.
+// the deletes, then the adds, of map elements and of their keys in the companion sets, the objects
+// writeElementDiff gives `nft -f` (both walk diffElements). The kernel applies all or none; an
+// element to delete that is not there fails the whole transaction. The socket is closed after the
+// commit, in the background: closing a netlink socket right after an element deletion waited ~11 ms
+// in the kernel (BENCHMARKS.md, "nftables transport"), time the change need not wait for.
 func sendElementDiff(old, m *model) (operations int, err error) {
-	tf, addr, err := netlinkFamily(m.family)
+	t, addr, err := netlinkTable(m)
 	if err != nil {
 		return 0, err
 	}
@@ -109,55 +141,38 @@ func sendElementDiff(old, m *model) (operations int, err error) {
 		return 0, err
 	}
 	defer func() { go conn.CloseLasting() }()
-	t := &gnft.Table{Name: m.table, Family: tf}
-	key := gnft.MustConcatSetType(addr, gnft.TypeInetProto, gnft.TypeInetService)
-	for i := range m.maps {
-		dmap := &gnft.Set{Table: t, Name: m.maps[i].m.Name, IsMap: true, KeyType: key, DataType: gnft.MustConcatSetType(addr, gnft.TypeInetService)}
-		set := &gnft.Set{Table: t, Name: m.maps[i].keys.Name, KeyType: key}
+	for i, mm := range m.maps {
+		dmap, set := mapSets(t, addr, mm)
 		var delElems, delKeys, addElems, addKeys []gnft.SetElement
 		var encErr error
-		del := func(e rules.MapEntry, withKey bool) {
-			k, _, err := encodeEntry(e)
+		diffElements(old, m, i, func(e rules.MapEntry, withKey, add bool) {
+			elem, key, err := setElement(e)
 			encErr = errors.Join(encErr, err)
-			delElems = append(delElems, gnft.SetElement{Key: k})
-			if withKey {
-				delKeys = append(delKeys, gnft.SetElement{Key: k})
+			switch {
+			case add:
+				addElems = append(addElems, elem)
+				if withKey {
+					addKeys = append(addKeys, key)
+				}
+			default:
+				delElems = append(delElems, key) // a delete names the key only
+				if withKey {
+					delKeys = append(delKeys, key)
+				}
 			}
-		}
-		add := func(e rules.MapEntry, withKey bool) {
-			k, v, err := encodeEntry(e)
-			encErr = errors.Join(encErr, err)
-			el := gnft.SetElement{Key: k, Val: v}
-			if e.Comment != "" {
-				el.Comment = commentText(e.Comment)
-			}
-			addElems = append(addElems, el)
-			if withKey {
-				addKeys = append(addKeys, gnft.SetElement{Key: k})
-			}
-		}
-		rules.DiffEntries(old.maps[i].entries, m.maps[i].entries,
-			func(e rules.MapEntry) { del(e, true) },
-			func(e rules.MapEntry) { add(e, true) },
-			func(was, is rules.MapEntry) { del(was, false); add(is, false) })
+		})
 		if encErr != nil {
 			return 0, encErr
 		}
-		for _, op := range []struct {
-			send  func(*gnft.Set, []gnft.SetElement) error
-			s     *gnft.Set
-			elems []gnft.SetElement
-		}{{conn.SetDeleteElements, dmap, delElems}, {conn.SetDeleteElements, set, delKeys}, {conn.SetAddElements, dmap, addElems}, {conn.SetAddElements, set, addKeys}} {
-			if len(op.elems) == 0 {
-				continue
+		for _, err := range []error{
+			sendPaged(conn.SetDeleteElements, dmap, delElems), sendPaged(conn.SetDeleteElements, set, delKeys),
+			sendPaged(conn.SetAddElements, dmap, addElems), sendPaged(conn.SetAddElements, set, addKeys),
+		} {
+			if err != nil {
+				return 0, err
 			}
-			for _, p := range pages(op.elems) {
-				if err := op.send(op.s, op.elems[p[0]:p[1]]); err != nil {
-					return 0, err
-				}
-			}
-			operations += len(op.elems)
 		}
+		operations += len(delElems) + len(delKeys) + len(addElems) + len(addKeys)
 	}
 	if operations == 0 {
 		return 0, nil

@@ -507,26 +507,34 @@ func writeElementDiff(tx *knftables.Transaction, old, m *model) bool {
 	changed := false
 	for i := range m.maps {
 		name, set := m.maps[i].m.Name, m.maps[i].keys.Name
-		del := func(e rules.MapEntry, withKey bool) {
+		diffElements(old, m, i, func(e rules.MapEntry, withKey, add bool) {
 			el := element(name, e)
-			tx.Delete(&knftables.Element{Map: name, Key: el.Key})
-			if withKey {
-				tx.Delete(&knftables.Element{Set: set, Key: el.Key})
+			switch {
+			case add:
+				tx.Add(&el)
+				if withKey {
+					tx.Add(&knftables.Element{Set: set, Key: el.Key})
+				}
+			default:
+				tx.Delete(&knftables.Element{Map: name, Key: el.Key})
+				if withKey {
+					tx.Delete(&knftables.Element{Set: set, Key: el.Key})
+				}
 			}
 			changed = true
-		}
-		add := func(e rules.MapEntry, withKey bool) {
-			el := element(name, e)
-			tx.Add(&el)
-			if withKey {
-				tx.Add(&knftables.Element{Set: set, Key: el.Key})
-			}
-			changed = true
-		}
-		rules.DiffEntries(old.maps[i].entries, m.maps[i].entries,
-			func(e rules.MapEntry) { del(e, true) },
-			func(e rules.MapEntry) { add(e, true) },
-			func(was, is rules.MapEntry) { del(was, false); add(is, false) })
+		})
 	}
 	return changed
+}
+
+// diffElements calls op for each element operation that turns old's map i into m's, walking both
+// sorted entry lists side by side: an entry gone is deleted, a new one added, each with its key in
+// the companion set (withKey); a changed entry (same key, other data or comment) is deleted from
+// the map and added again, since nft refuses to add a key that exists with other data, and its key
+// stays in the set.
+func diffElements(old, m *model, i int, op func(e rules.MapEntry, withKey, add bool)) {
+	rules.DiffEntries(old.maps[i].entries, m.maps[i].entries,
+		func(e rules.MapEntry) { op(e, true, false) },
+		func(e rules.MapEntry) { op(e, true, true) },
+		func(was, is rules.MapEntry) { op(was, false, false); op(is, false, true) })
 }
