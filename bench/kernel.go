@@ -144,7 +144,6 @@ func (iptKernel) addOne(nsPath string, ip netip.Addr) error {
 	return testenv.Do(nsPath, func() error {
 		cmd := exec.Command("iptables-nft-restore", "-w", "5", "--noflush")
 		cmd.Stdin = strings.NewReader(fmt.Sprintf("*nat\n"+
-			"-A NNM-EXTIP-DNAT -d %[1]s/32 -p tcp -m tcp --dport %[2]d -j MARK --or-mark 0x1000\n"+
 			"-A NNM-EXTIP-DNAT -d %[1]s/32 -p tcp -m tcp --dport %[2]d -j DNAT --to-destination 10.96.0.1:%[2]d\n"+
 			"COMMIT\n", ip, svcPort))
 		if out, err := cmd.CombinedOutput(); err != nil {

@@ -53,7 +53,7 @@ func render(m machine, o options, rs []*result) string {
 	}
 	if len(full) > 0 {
 		fmt.Fprintf(&b, "\nChange latency at N = %d, API write started → nf_tables commit after which the kernel shows the change (%d changes of each kind, one at a time):\n\n", full[0].n, o.changes)
-		b.WriteString("Floors: \"one-entry floor\" is one process adding one entry to the full ruleset (`nft add element`, or `iptables-restore --noflush` appending 2 rules); \"full floor\" is the cold-start floor above.\n\n")
+		b.WriteString("Floors: \"one-entry floor\" is one process adding one entry to the full ruleset (`nft add element`, or `iptables-restore --noflush` appending its DNAT rule); \"full floor\" is the cold-start floor above.\n\n")
 		b.WriteString("| run | backend | change | p50 | p99 | max | one-entry floor | p99 / one-entry floor | p99 / full floor | target p99 ≤ 50 ms |\n")
 		b.WriteString("|---:|---|---|---:|---:|---:|---:|---:|---:|---|\n")
 		for _, r := range full {

@@ -69,6 +69,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/network-node-manager/network-node-manager/fixes/ipvsexternalipdnat"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
@@ -82,11 +83,12 @@ type extipPlan struct {
 	extIP        netip.Addr // default/web ingress (VIP)
 	proxyExtIP   netip.Addr // default/proxied ingress (Proxy)
 	backend      netip.Addr
+	pod          netip.Addr // the pod's address: what the backend sees when nothing masquerades
 }
 
 var extipPlans = []extipPlan{
-	{"ipv4", ip("10.96.0.10"), ip("10.96.0.11"), ip("203.0.113.10"), ip("203.0.113.11"), ip("198.51.100.2")},
-	{"ipv6", ip("fd00:10:96::a"), ip("fd00:10:96::b"), ip("2001:db8::10"), ip("2001:db8::11"), ip("2001:db8:2::2")},
+	{"ipv4", ip("10.96.0.10"), ip("10.96.0.11"), ip("203.0.113.10"), ip("203.0.113.11"), ip("198.51.100.2"), ip("10.244.1.2")},
+	{"ipv6", ip("fd00:10:96::a"), ip("fd00:10:96::b"), ip("2001:db8::10"), ip("2001:db8::11"), ip("2001:db8:2::2"), ip("fd00:10:244:1::2")},
 }
 
 func ip(s string) netip.Addr { return netip.MustParseAddr(s) }
@@ -95,20 +97,27 @@ func ap(a netip.Addr, port uint16) netip.AddrPort { return netip.AddrPortFrom(a,
 
 const (
 	backendPort = 8080
-	podCIDRs    = "10.244.1.0/24,fd00:10:244:1::/64"
+	// peerPort is the backend's second server: it answers with the client's address as it arrives.
+	peerPort = 8081
+	podCIDRs = "10.244.1.0/24,fd00:10:244:1::/64"
 )
 
 // ipvsEmuRuleset rejects what reaches the External-IP virtual servers as IPVS does without a real
-// server (eTP=Local and no local endpoint): drop, ICMP port unreachable.
-const ipvsEmuRuleset = `
+// server (eTP=Local and no local endpoint): drop, ICMP port unreachable. Its counter marked-dnat
+// counts the packets from the pod that arrive at a Cluster-IP carrying the fix's masquerade bit
+// (only the first packet of a connection passes nat, so only it is marked).
+var ipvsEmuRuleset = fmt.Sprintf(`
 table inet ipvs-emu {
+	counter marked-dnat { }
 	chain input {
 		type filter hook input priority 0; policy accept;
+		iifname "pod0" meta mark & 0x%08[1]x == 0x%08[1]x ip daddr 10.96.0.10 counter name "marked-dnat"
+		iifname "pod0" meta mark & 0x%08[1]x == 0x%08[1]x ip6 daddr fd00:10:96::a counter name "marked-dnat"
 		ip daddr . tcp dport { 203.0.113.10 . 80, 203.0.113.11 . 80 } counter reject with icmpx type port-unreachable
 		ip6 daddr . tcp dport { 2001:db8::10 . 80, 2001:db8::11 . 80 } counter reject with icmpx type port-unreachable
 	}
 }
-`
+`, ipvsexternalipdnat.DefaultMasqueradeMark)
 
 // seedCluster creates the two Services and sets their load-balancer status.
 func seedCluster(ctx context.Context, cp *controlplane.ControlPlane) error {
@@ -182,6 +191,10 @@ func newExtIPTopo(t *testing.T) *extipTopo {
 	}
 	tp.pod.MustExec("ip", "route", "add", "default", "via", "10.244.1.1")
 	tp.pod.MustExec("ip", "-6", "route", "add", "default", "via", "fd00:10:244:1::1")
+	// The backend routes pod addresses back through the node, as a cluster network would: a pod's
+	// connection to it arrives with the pod's address unless the node masquerades it.
+	tp.backend.MustExec("ip", "route", "add", "10.244.1.0/24", "via", "198.51.100.1")
+	tp.backend.MustExec("ip", "-6", "route", "add", "fd00:10:244:1::/64", "via", "2001:db8:2::1")
 	tp.node.MustExec("sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
 	tp.node.NftLoad(ipvsEmuRuleset)
 
@@ -200,15 +213,52 @@ func newExtIPTopo(t *testing.T) *extipTopo {
 // backendBody is what the backend in ns answers.
 func backendBody(ns *testenv.NS) string { return "hello from " + ns.Name + "\n" }
 
-// serveBackend answers every connection on :backendPort (both families) with backendBody and closes it.
+// serveBackend answers every connection on :backendPort (both families) with backendBody, and on
+// :peerPort with the client's address (peerBody), and closes it.
 func serveBackend(t *testing.T, ns *testenv.NS) {
-	ln := ns.Listen(t, fmt.Sprintf(":%d", backendPort))
-	body := backendBody(ns)
-	testenv.Serve(ln, func(c net.Conn) {
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		_, _ = io.WriteString(c, body)
-		c.Close()
-	})
+	for port, body := range map[int]func(net.Conn) string{
+		backendPort: func(net.Conn) string { return backendBody(ns) },
+		peerPort: func(c net.Conn) string {
+			return peerBody(netip.MustParseAddrPort(c.RemoteAddr().String()).Addr().Unmap())
+		},
+	} {
+		testenv.Serve(ns.Listen(t, fmt.Sprintf(":%d", port)), func(c net.Conn) {
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			_, _ = io.WriteString(c, body(c))
+			c.Close()
+		})
+	}
+}
+
+// peerBody is what the backend's peerPort answers to a client whose packets arrive from a.
+func peerBody(a netip.Addr) string { return "you are " + a.String() + "\n" }
+
+// checkNotMasqueraded fails t unless a pod's connection to the backend itself (no Service address,
+// forwarded by the node) arrives with the pod's own source address: the fix's mark must not stay on
+// traffic it did not DNAT, or its postrouting rule would masquerade it.
+func checkNotMasqueraded(t *testing.T, label string, tp *extipTopo) {
+	t.Helper()
+	for _, p := range extipPlans {
+		body, err := fetch(t.Context(), tp.pod, ap(p.backend, peerPort), probeTimeout)
+		if want := peerBody(p.pod); err != nil || body != want {
+			t.Errorf("%s: %s pod → backend %s:%d (no Service): %q, %v; want %q (not masqueraded)", label, p.family, p.backend, peerPort, body, err, want)
+		}
+	}
+}
+
+// markedDNAT reads the emulation's marked-dnat counter in node.
+func markedDNAT(t *testing.T, node *testenv.NS) int {
+	t.Helper()
+	out := node.MustExec("nft", "list", "counter", "inet", "ipvs-emu", "marked-dnat")
+	i := strings.Index(out, "packets ")
+	if i < 0 {
+		t.Fatalf("no packet count in %q", out)
+	}
+	var n int
+	if _, err := fmt.Sscanf(out[i:], "packets %d", &n); err != nil {
+		t.Fatalf("packet count in %q: %v", out, err)
+	}
+	return n
 }
 
 // startForwarder listens on each key of routes inside node and relays every connection to the
@@ -328,6 +378,7 @@ func TestExternalIPFromInside(t *testing.T) {
 				tp.fromBoth(p.family, "External-IP", ap(p.extIP, 80), false))
 		}
 		runProbes(t, "without agent", backendBody(tp.backend), probes)
+		checkNotMasqueraded(t, "without agent", tp)
 	})
 	if !reproduced {
 		t.Fatal("the problem did not reproduce without the agent, so the runs with the agent would prove nothing")
@@ -365,6 +416,12 @@ func TestExternalIPFromInside(t *testing.T) {
 					tp.fromBoth(p.family, "ipMode Proxy External-IP", ap(p.proxyExtIP, 80), false))
 			}
 			runProbes(t, "with agent ("+be+")", want, probes)
+			// The fix sets its mark ahead of the lookup and clears it behind: DNATed connections keep
+			// it (one connection per family from the pod above), the others lose it.
+			if n := markedDNAT(t, tp.node); n < len(extipPlans) {
+				t.Errorf("with agent (%s): %d pod packets reached a Cluster-IP with the masquerade bit, want at least %d (one per family)", be, n, len(extipPlans))
+			}
+			checkNotMasqueraded(t, "with agent ("+be+")", tp)
 			m := agent.MetricsT(t)
 			for _, p := range extipPlans {
 				v, ok := m.Value("nnm_ipvs_externalip_dnat_ips", "family", p.family)

@@ -362,9 +362,9 @@ func appliedOnFake(t *testing.T, rs *rules.Ruleset) (*fakeRunner, *Backend) {
 
 func TestApplyRewritesOnlyChangedBucket(t *testing.T) {
 	ctx := context.Background()
-	oneRun := func() *rules.Ruleset { // one lookup run (MARK + DNAT) over two buckets
+	oneRun := func() *rules.Ruleset { // one lookup run (mark, DNAT, unmark) over two buckets
 		rs := externalIPSharded(rules.IPv4)
-		rs.Chains[2].Rules = rs.Chains[2].Rules[:2]
+		rs.Chains[2].Rules = rs.Chains[2].Rules[:3]
 		return rs
 	}
 	f, b := appliedOnFake(t, oneRun())
@@ -376,7 +376,6 @@ func TestApplyRewritesOnlyChangedBucket(t *testing.T) {
 	want := []call{
 		{name: "iptables-nft-restore", args: "-w 5 --noflush", stdin: `*nat
 :NNM-EXTIP-DNAT-C6336400 - [0:0]
--A NNM-EXTIP-DNAT-C6336400 -d 198.51.100.7/32 -p tcp -m tcp --dport 80 -m comment --comment "ipvs-externalip-dnat: default/c:http" -j MARK --or-mark 0x8000
 -A NNM-EXTIP-DNAT-C6336400 -d 198.51.100.7/32 -p tcp -m tcp --dport 80 -m comment --comment "ipvs-externalip-dnat/dnat: default/c:http" -j DNAT --to-destination 10.96.0.99:80
 COMMIT
 `},
@@ -404,7 +403,9 @@ func TestApplyRemovesEmptiedBucket(t *testing.T) {
 	}
 	want := `*nat
 :NNM-EXTIP-DNAT - [0:0]
+-A NNM-EXTIP-DNAT -m comment --comment "ipvs-externalip-dnat: mark for masquerade" -j MARK --or-mark 0x8000
 -A NNM-EXTIP-DNAT -d 203.0.113.0/24 -m comment --comment "ipvs-externalip-dnat: lookup external-ips 203.0.113.0/24" -j NNM-EXTIP-DNAT-CB007100
+-A NNM-EXTIP-DNAT -m comment --comment "ipvs-externalip-dnat: not DNATed" -j MARK --and-mark 0xffff7fff
 -A NNM-EXTIP-DNAT -p udp -m comment --comment "ipvs-externalip-dnat: udp is not ours" -j RETURN
 -A NNM-EXTIP-DNAT -d 203.0.113.0/24 -m comment --comment "ipvs-externalip-dnat: lookup external-ips 203.0.113.0/24" -j NNM-EXTIP-DNAT2-CB007100
 -F NNM-EXTIP-DNAT-C6336400

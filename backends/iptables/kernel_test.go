@@ -782,7 +782,7 @@ func TestKernelBuckets(t *testing.T) {
 		}
 
 		// A rule deleted inside a bucket: Verify notices and restores it.
-		k.ipt("-t", "nat", "-D", buckets[0], "2")
+		k.ipt("-t", "nat", "-D", buckets[0], "1")
 		if ok, err := inSync(ctx, b, rs(0)); err != nil || ok {
 			t.Errorf("Verify after deleting a rule in a bucket found it in sync (%v, %v)", ok, err)
 		}

@@ -265,7 +265,7 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 				continue
 			}
 			// A run of consecutive rules on the same map shares its buckets: inside a bucket the
-			// rules keep their order (all MARK rules of the bucket's entries, then all DNAT rules).
+			// rules keep their order (say all MARK rules of the bucket's entries, then all DNAT rules).
 			run++
 			lookup := r.Match.Lookup
 			buckets := map[netip.Prefix]*rchain{}
@@ -366,7 +366,8 @@ func (l *lineBuf) line(chain string, spec []byte) string {
 
 // render passes emit the spec (after "-A CHAIN") of each kernel rule that stands for r, with the
 // destination address it matches, if any: one per source prefix and per map entry, and a MARK rule
-// before the verdict rule when r sets a mark and has a verdict. spec is only valid during the call.
+// before the verdict rule when r sets or clears a mark and has a verdict. spec is only valid during
+// the call.
 func (l *lineBuf) render(rs *rules.Ruleset, c rules.Chain, r rules.Rule, emit func(dst netip.Addr, spec []byte) error) error {
 	m := r.Match
 	for _, ifp := range []string{m.InInterfacePrefix, m.OutInterfacePrefix} {
@@ -404,12 +405,16 @@ func (l *lineBuf) render(rs *rules.Ruleset, c rules.Chain, r rules.Rule, emit fu
 				withComment := func(counter string) []byte {
 					return appendQuoted(append(b[:matchLen], " -m comment --comment "...), ruleComment(rs.Fix, counter, tg.comment))
 				}
-				if r.SetMark != 0 {
+				if r.SetMark != 0 || r.ClearMark != 0 {
 					counter := r.Counter
 					if r.Verdict.Kind != rules.Continue {
 						counter = ""
 					}
-					b = strconv.AppendUint(append(withComment(counter), " -j MARK --or-mark 0x"...), uint64(r.SetMark), 16)
+					if r.SetMark != 0 {
+						b = strconv.AppendUint(append(withComment(counter), " -j MARK --or-mark 0x"...), uint64(r.SetMark), 16)
+					} else {
+						b = strconv.AppendUint(append(withComment(counter), " -j MARK --and-mark 0x"...), uint64(^r.ClearMark), 16)
+					}
 					l.spec = b
 					if err := emit(tg.dst, bytes.TrimSpace(b)); err != nil {
 						return err

@@ -90,8 +90,9 @@ func externalIP(family rules.Family) *rules.Ruleset {
 				{Match: rules.Match{SrcAddrType: rules.Local}, Verdict: rules.Verdict{Kind: rules.Jump, Chain: "EXTIP-DNAT"}, Comment: "host network"},
 			}},
 			{Name: "EXTIP-DNAT", Type: rules.NAT, Rules: []rules.Rule{
-				{Match: rules.Match{Lookup: "external-ips"}, SetMark: mark, Comment: "mark for masquerade"},
+				{SetMark: mark, Comment: "mark for masquerade"},
 				{Match: rules.Match{Lookup: "external-ips"}, Verdict: rules.Verdict{Kind: rules.DNATLookup}, Counter: "dnat"},
+				{ClearMark: mark, Comment: "not DNATed"},
 			}},
 			{Name: "EXTIP-MASQ", Type: rules.NAT, Hook: rules.Postrouting, Rules: []rules.Rule{
 				{Match: rules.Match{Mark: mark}, Verdict: rules.Verdict{Kind: rules.Masquerade}, Counter: "masqueraded", Comment: "masquerade what we DNATed"},
@@ -121,6 +122,7 @@ func externalIPSharded(family rules.Family) *rules.Ruleset {
 	dnat := &rs.Chains[2]
 	dnat.Rules = append(dnat.Rules,
 		rules.Rule{Match: rules.Match{Protocol: rules.UDP}, Verdict: rules.Verdict{Kind: rules.Return}, Comment: "udp is not ours"},
+		rules.Rule{Match: rules.Match{Lookup: "external-ips", SrcAddrType: rules.Local}, SetMark: 0x4000_0000, Comment: "second run, marked per entry"},
 		rules.Rule{Match: rules.Match{Lookup: "external-ips", SrcAddrType: rules.Local}, Verdict: rules.Verdict{Kind: rules.DNATLookup}, Comment: "second run"},
 	)
 	return rs
@@ -137,6 +139,7 @@ func kitchenSink(family rules.Family) *rules.Ruleset {
 			{Match: rules.Match{Protocol: rules.SCTP}, Verdict: rules.Verdict{Kind: rules.Drop}, Comment: "any sctp"},
 			{Match: rules.Match{CTStates: []rules.CTState{rules.CTNew, rules.CTRelated}, Mark: 0x1}, SetMark: 0x2, Verdict: rules.Verdict{Kind: rules.Accept}, Counter: "new-marked"},
 			{Match: rules.Match{SrcPrefixes: []netip.Prefix{pfx("198.51.100.7/24", "2001:db8:1::7/64")}}, Counter: "seen"},
+			{Match: rules.Match{Mark: 0x2}, ClearMark: 0x1, Comment: "clear a bit"},
 		}},
 		{Name: "SINK-DNAT", Type: rules.NAT, Hook: rules.Prerouting, Rules: []rules.Rule{
 			{Match: rules.Match{DstAddr: addr("192.0.2.2", "2001:db8::2"), Protocol: rules.TCP, DstPort: 80}, Verdict: rules.Verdict{Kind: rules.DNAT, To: netip.AddrPortFrom(addr("10.96.0.10", "fd00:96::10"), 8080)}},

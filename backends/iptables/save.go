@@ -37,7 +37,7 @@ type chain struct {
 // keep reports whether a parsed rule of chain c stays in the dump. Built-in chains keep every rule
 // (jump positions are decided there); user chains keep the rules that jump to a chain we manage (ours
 // or the predecessor's: ownership, removal, state) and, in our chains, the counted ones (Counters).
-// The rest, at 10,000 map entries 20,000 bucket rules of ours per dump (and on a real node every
+// The rest, at 10,000 map entries 10,000 bucket rules of ours per dump (and on a real node every
 // rule of kube-proxy's), is only digested: sum.
 func (c *chain) keep(r *savedRule) bool {
 	return c.builtin() || cleanupMatch(r.target) || (isOurs(c.name) && counted(r.comment))

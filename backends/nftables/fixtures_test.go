@@ -115,6 +115,7 @@ func miscRuleset(f rules.Family) *rules.Ruleset {
 				{Match: rules.Match{CTStates: []rules.CTState{rules.CTEstablished, rules.CTRelated}}, Verdict: rules.Verdict{Kind: rules.Accept}},
 				{Match: rules.Match{InInterfacePrefix: "eth", Protocol: rules.TCP, DstPort: 22}, Verdict: rules.Verdict{Kind: rules.Jump, Chain: "MISC-SSH"}},
 				{Match: rules.Match{Mark: 0x1}, SetMark: 0x2, Comment: "mark only"},
+				{Match: rules.Match{Mark: 0x2}, ClearMark: 0x1, Comment: "clear a bit"},
 			}},
 			{Name: "MISC-SSH", Type: rules.Filter, Rules: []rules.Rule{
 				{Match: rules.Match{SrcPrefixes: []netip.Prefix{pf(addrs(f, "192.0.2.0/24", "2001:db8:2::/48"))}}, Verdict: rules.Verdict{Kind: rules.Return}},

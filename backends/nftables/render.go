@@ -280,6 +280,9 @@ func ruleText(f fam, c rules.Chain, r rules.Rule) (string, error) {
 	if r.SetMark != 0 {
 		p = append(p, fmt.Sprintf("meta mark set meta mark | 0x%08x", r.SetMark))
 	}
+	if r.ClearMark != 0 {
+		p = append(p, fmt.Sprintf("meta mark set meta mark & 0x%08x", ^r.ClearMark))
+	}
 	p, err := appendVerdict(p, f, m, r.Verdict, lookupKey)
 	if err != nil {
 		return "", err

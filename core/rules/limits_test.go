@@ -72,6 +72,7 @@ func TestValidateLimits(t *testing.T) {
 		"long interface prefix": rs(Rule{Match: Match{InInterfacePrefix: strings.Repeat("x", MaxInterfacePrefix+1)}, Verdict: drop}),
 		"4in6 source":           rs(Rule{Match: Match{SrcPrefixes: []netip.Prefix{netip.MustParsePrefix("::ffff:10.0.0.0/104")}}, Verdict: drop}),
 		"long comment":          rs(Rule{Verdict: drop, Comment: strings.Repeat("c", MaxComment+1)}),
+		"set and clear mark":    rs(Rule{SetMark: 0x1000, ClearMark: 0x2000}),
 		"long entry comment": rs(Rule{Verdict: drop}, MapEntry{Addr: netip.MustParseAddr("192.0.2.1"), Protocol: TCP, Port: 80,
 			To: netip.MustParseAddrPort("10.0.0.1:80"), Comment: strings.Repeat("c", MaxComment+1)}),
 	} {

@@ -180,7 +180,8 @@ const Local AddrType = "local"
 type VerdictKind string
 
 const (
-	// Continue only applies the rule's side effects (SetMark, counter) and goes on to the next rule.
+	// Continue only applies the rule's side effects (SetMark, ClearMark, counter) and goes on to the
+	// next rule.
 	Continue   VerdictKind = ""
 	Accept     VerdictKind = "accept"
 	Drop       VerdictKind = "drop"
@@ -243,7 +244,11 @@ type Rule struct {
 	Match Match
 	// SetMark ORs these bits into the packet mark before the verdict.
 	SetMark uint32
-	Verdict Verdict
+	// ClearMark clears these bits of the packet mark before the verdict (not in a rule with SetMark).
+	// A mark set ahead of a terminal lookup and cleared after it marks exactly the packets the
+	// lookup took, with one rule per map entry in iptables instead of two.
+	ClearMark uint32
+	Verdict   Verdict
 	// Counter names a counter whose packets/bytes backends can report (see Backend.Counters).
 	// Names are unique within a Ruleset.
 	Counter string
@@ -494,6 +499,9 @@ func (rs *Ruleset) validateRule(c Chain, r Rule, chains map[string]bool, maps ma
 	}
 	if len(r.Comment) > MaxComment {
 		return fmt.Errorf("comment longer than %d bytes", MaxComment)
+	}
+	if r.SetMark != 0 && r.ClearMark != 0 {
+		return fmt.Errorf("a rule that both sets and clears mark bits (0x%x, 0x%x): use one rule for each", r.SetMark, r.ClearMark)
 	}
 	switch r.Verdict.Kind {
 	case Continue, Accept, Drop, Return:

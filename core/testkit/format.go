@@ -109,6 +109,9 @@ func FormatRule(r rules.Rule) string {
 	if r.SetMark != 0 {
 		parts = append(parts, fmt.Sprintf("set-mark 0x%08x", r.SetMark))
 	}
+	if r.ClearMark != 0 {
+		parts = append(parts, fmt.Sprintf("clear-mark 0x%08x", r.ClearMark))
+	}
 	parts = append(parts, "->", formatVerdict(r.Verdict, m.Lookup))
 	if r.Counter != "" {
 		parts = append(parts, "counter="+r.Counter)

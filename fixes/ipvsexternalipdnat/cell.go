@@ -41,7 +41,9 @@ var kubeProxyMarks = map[uint32]string{
 
 // Config is the fix's configuration (keys under fixes.ipvs-externalip-dnat).
 type Config struct {
-	// MasqueradeMark is the single mark bit set on DNATed packets and masqueraded in postrouting.
+	// MasqueradeMark is the single mark bit set on DNATed packets and masqueraded in postrouting. It
+	// must be this fix's alone: the fix also clears it on the traffic it sees (from pods, from the
+	// host) and does not DNAT.
 	MasqueradeMark uint32 `mapstructure:"masqueradeMark"`
 	// FromPods catches traffic of local pods in prerouting (source in this node's pod CIDRs, or from
 	// an interface starting with PodInterfacePrefix).

@@ -145,9 +145,15 @@ func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fi
 		}}})
 	}
 	rs.Chains = append(rs.Chains,
+		// The mark is set ahead of the lookup and cleared behind it: a DNAT ends the packet's walk
+		// through nat, so only the packets the lookup took keep it. In iptables the lookup is a rule
+		// per entry and every rule added makes the kernel validate all rules reachable from the
+		// hooks (twice here: prerouting and output), so one rule per entry instead of a mark rule
+		// and a DNAT rule halves both that and the rules kept.
 		rules.Chain{Name: ChainDNAT, Type: rules.NAT, Rules: []rules.Rule{
-			{Match: rules.Match{Lookup: MapName}, SetMark: cfg.MasqueradeMark, Comment: "mark for masquerade"},
+			{SetMark: cfg.MasqueradeMark, Comment: "mark for masquerade"},
 			{Match: rules.Match{Lookup: MapName}, Verdict: rules.Verdict{Kind: rules.DNATLookup}, Comment: "External-IP to Cluster-IP"},
+			{ClearMark: cfg.MasqueradeMark, Comment: "not DNATed: no masquerade"},
 		}},
 		rules.Chain{Name: ChainPostrouting, Type: rules.NAT, Hook: rules.Postrouting, Rules: []rules.Rule{
 			{Match: rules.Match{Mark: cfg.MasqueradeMark}, Verdict: rules.Verdict{Kind: rules.Masquerade}, Comment: "masquerade"},
