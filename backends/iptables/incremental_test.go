@@ -178,7 +178,7 @@ func mutateEntries(rnd *rand.Rand, f rules.Family, in []rules.MapEntry) []rules.
 	return uniq
 }
 
-// BenchmarkApply10k: one change among 10,000 map entries (20,000 kernel rules in 40 buckets), as
+// BenchmarkApply10k: one change among 10,000 map entries (10,000 kernel rules in 40 buckets), as
 // one Service changing at the scale of `make bench`: one bucket is rendered and rewritten.
 func BenchmarkApply10k(b *testing.B) {
 	ctx := context.Background()
@@ -212,7 +212,7 @@ func BenchmarkApply10k(b *testing.B) {
 	}
 }
 
-// BenchmarkRender10k: the full rendering of 10,000 map entries (20,000 rules), what the cold
+// BenchmarkRender10k: the full rendering of 10,000 map entries (10,000 rules), what the cold
 // start and a change of chains cost on the Go side before iptables-restore runs.
 func BenchmarkRender10k(b *testing.B) {
 	rs := externalIP(rules.IPv4)
