@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -113,10 +114,17 @@ func TestReloadStartsTheWatchesOfAnEnabledFix(t *testing.T) {
 		t.Errorf("Ready = %v; want the fix waiting for its watches", err)
 	}
 	src.sync()
-	agenttest.Until(t, wait, func() bool { return f.ensures.Load() > 0 && enabled() == 1 })
-	if err := e.Ready(); err != nil {
-		t.Errorf("Ready = %v after the watch synced", err)
-	}
+	// Ready clears when the first pass has been accounted, just after the fix's Ensure ran: wait
+	// for both rather than read Ready the moment Ensure has been counted (a race under load).
+	agenttest.Eventually(t, wait, func() error {
+		if f.ensures.Load() == 0 || enabled() != 1 {
+			return fmt.Errorf("the fix has not run (ensures %d, nnm_fix_enabled %v)", f.ensures.Load(), enabled())
+		}
+		if err := e.Ready(); err != nil {
+			return fmt.Errorf("Ready = %w after the watch synced", err)
+		}
+		return nil
+	})
 }
 
 // A reload that enables a fix whose watch cannot be started is rejected, naming the fix and the
