@@ -106,10 +106,6 @@ type serviceMapState[In comparable] struct {
 func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In) ServiceMapResult {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if !slices.IsSortedFunc(services, CompareServices) {
-		services = slices.Clone(services)
-		slices.SortStableFunc(services, CompareServices)
-	}
 	st := m.fams[family]
 	if st == nil || st.in != in {
 		st = &serviceMapState[In]{in: in, owner: map[entryKey]*svcState{}, contested: map[entryKey][]*svcState{}}
@@ -118,10 +114,7 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 		return st.result
 	}
 
-	// Walk the previous and the new Services side by side; a Service whose object changed is
-	// removed and added again. wanted holds the entries computed in this call.
-	var removed, added []*svcState
-	wanted := map[*svcState][]rules.MapEntry{}
+	wanted := map[*svcState][]rules.MapEntry{} // the entries computed in this call
 	entriesOf := func(s *svcState) []rules.MapEntry {
 		e, ok := wanted[s]
 		if !ok {
@@ -130,42 +123,20 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 		}
 		return e
 	}
-	next := st.spare[:0]
-	if cap(next) < len(services) {
-		next = make([]svcRef, 0, len(services))
+	w, sorted := m.walk(st, services, family, in, wanted)
+	if !sorted {
+		services = slices.Clone(services)
+		slices.SortStableFunc(services, CompareServices)
+		clear(wanted)
+		w, _ = m.walk(st, services, family, in, wanted)
 	}
-	i := 0
-	for _, svc := range services {
-		if j := len(next); j > 0 && CompareServices(next[j-1].obj, svc) == 0 {
-			continue // a duplicate name: the first object counts
-		}
-		for i < len(st.svcs) && CompareServices(st.svcs[i].obj, svc) < 0 {
-			removed = appendState(removed, st.svcs[i])
-			i++
-		}
-		if i < len(st.svcs) && CompareServices(st.svcs[i].obj, svc) == 0 {
-			if st.svcs[i].obj == svc {
-				next = append(next, st.svcs[i])
-				i++
-				continue
-			}
-			removed = appendState(removed, st.svcs[i])
-			i++
-		}
-		s, entries := m.compute(svc, family, in)
-		if s.st != nil {
-			wanted[s.st] = entries
-		}
-		added = appendState(added, s)
-		next = append(next, s)
-	}
-	for _, r := range st.svcs[i:] {
-		removed = appendState(removed, r)
-	}
-	st.svcs, st.spare = next, st.svcs
+	removed, added := w.removed, w.added
+	st.svcs, st.spare = w.next, st.svcs
 	clear(st.spare[:cap(st.spare)]) // Services that left are not kept alive by the spare
 
-	// Update the owners, remembering who had each touched key before.
+	// Update the owners, remembering who had each touched key before. A map that had no entries
+	// (the first call) knows that without a record: every key is new.
+	fresh := len(st.owner) == 0
 	before := map[entryKey]*svcState{}
 	for _, s := range removed {
 		entries := entriesOf(s)
@@ -181,7 +152,7 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 		entries := wanted[s]
 		for e := range entries {
 			k := keyOf(&entries[e])
-			if _, ok := before[k]; !ok {
+			if _, ok := before[k]; !ok && !fresh {
 				before[k] = st.owner[k]
 			}
 			st.claim(k, s)
@@ -193,7 +164,17 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 		key   entryKey
 		entry *rules.MapEntry // nil: the key leaves the map
 	}
-	var changes []change
+	n := len(before)
+	if fresh {
+		n = len(st.owner)
+	}
+	changes := make([]change, 0, n)
+	if fresh {
+		for k, now := range st.owner { // none of them was in the map (removed Services had no entries)
+			now.wins++
+			changes = append(changes, change{key: k, entry: entryOf(entriesOf(now), k)})
+		}
+	}
 	for k, old := range before {
 		now := st.owner[k]
 		if now == old {
@@ -230,6 +211,69 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 	}
 	st.result.Report = st.report(entriesOf)
 	return st.result
+}
+
+// walked is what changed between the previous Services of a map and the new ones.
+type walked struct {
+	next           []svcRef // the new Services' states, in order
+	removed, added []*svcState
+}
+
+// walk goes through the previous Services (st.svcs) and services side by side; a Service whose
+// object changed is removed and added again, and wanted gets the entries computed for the added.
+// Services that were there before and still are, one after the other, are recognised by pointer
+// alone: with 10,000 Services a change then compares names only around the Services that changed.
+// It returns false, having changed nothing in st, when services is not sorted by namespace/name.
+func (m *ServiceMap[In]) walk(st *serviceMapState[In], services []*Service, family rules.Family, in In, wanted map[*svcState][]rules.MapEntry) (walked, bool) {
+	w := walked{next: st.spare[:0]}
+	if cap(w.next) < len(services) {
+		// Room for some more: a Service created at a time would otherwise need a new slice of
+		// them all (160 KB at 10,000) in every call.
+		w.next = make([]svcRef, 0, len(services)+len(services)/8)
+	}
+	i := 0
+	kept := false // the previous element of services was st.svcs[i-1], kept
+	for k, svc := range services {
+		if kept && i < len(st.svcs) && st.svcs[i].obj == svc {
+			// st.svcs[i-1] and st.svcs[i] are in order and distinct: nothing to compare.
+			w.next = append(w.next, st.svcs[i])
+			i++
+			continue
+		}
+		kept = false
+		if k > 0 {
+			switch c := CompareServices(services[k-1], svc); {
+			case c > 0:
+				return w, false
+			case c == 0:
+				continue // a duplicate name: the first object counts
+			}
+		}
+		for i < len(st.svcs) && CompareServices(st.svcs[i].obj, svc) < 0 {
+			w.removed = appendState(w.removed, st.svcs[i])
+			i++
+		}
+		if i < len(st.svcs) && CompareServices(st.svcs[i].obj, svc) == 0 {
+			if st.svcs[i].obj == svc {
+				w.next = append(w.next, st.svcs[i])
+				i++
+				kept = true
+				continue
+			}
+			w.removed = appendState(w.removed, st.svcs[i])
+			i++
+		}
+		s, entries := m.compute(svc, family, in)
+		if s.st != nil {
+			wanted[s.st] = entries
+		}
+		w.added = appendState(w.added, s)
+		w.next = append(w.next, s)
+	}
+	for _, r := range st.svcs[i:] {
+		w.removed = appendState(w.removed, r)
+	}
+	return w, true
 }
 
 // claim adds s to the Services that want k.
@@ -305,13 +349,21 @@ func (m *ServiceMap[In]) compute(svc *Service, family rules.Family, in In) (svcR
 // has it once, the first time).
 func (m *ServiceMap[In]) wanted(svc *Service, family rules.Family, in In) ([]rules.MapEntry, []Skip) {
 	entries, skipped := m.entries(svc, family, in)
-	out := make([]rules.MapEntry, 0, len(entries))
-	for _, e := range entries {
-		if entryOf(out, keyOf(&e)) == nil {
-			out = append(out, e)
+	for i := range entries {
+		if entryOf(entries[:i], keyOf(&entries[i])) == nil {
+			continue
 		}
+		// A key twice (rare): a copy without the repeats. Without, the function's own slice is
+		// kept: no copy per Service.
+		out := make([]rules.MapEntry, 0, len(entries))
+		for _, e := range entries {
+			if entryOf(out, keyOf(&e)) == nil {
+				out = append(out, e)
+			}
+		}
+		return out, skipped
 	}
-	return out, skipped
+	return entries, skipped
 }
 
 // entryOf returns the entry of k in entries.

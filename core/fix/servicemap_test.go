@@ -62,3 +62,44 @@ func TestServiceMapRecomputesOnlyChanged(t *testing.T) {
 	}
 	check("other inputs", 8080, 999, 998)
 }
+
+// TestServiceMapUnsortedInput: Services out of namespace/name order, and a name given twice (the
+// first object counts), give what the sorted list gives, in a first call and in a later one that
+// recognises most Services by pointer.
+func TestServiceMapUnsortedInput(t *testing.T) {
+	perService := func(svc *fix.Service, fam rules.Family, _ int) ([]rules.MapEntry, []fix.Skip) {
+		a := svc.Ingress[0].IP
+		return []rules.MapEntry{{Addr: a, Protocol: rules.TCP, Port: 80, To: netip.AddrPortFrom(netip.MustParseAddr("10.96.0.1"), 80)}}, nil
+	}
+	lb := func(name, ip string) *fix.Service {
+		return fix.ServiceFrom(tk.Service("default", name, tk.LoadBalancer(ip)))
+	}
+	var sorted []*fix.Service
+	for i := range 20 {
+		sorted = append(sorted, lb(fmt.Sprintf("s%02d", i), fmt.Sprintf("172.16.0.%d", i+1)))
+	}
+	twin := lb("s07", "192.0.2.7") // same name as sorted[7], given after it: ignored
+	want := fix.NewServiceMap(perService).Update(sorted, rules.IPv4, 0)
+
+	m := fix.NewServiceMap(perService)
+	shuffled := func() []*fix.Service {
+		out := append([]*fix.Service{}, sorted[10:]...)
+		out = append(out, sorted[:10]...)
+		return append(out, twin) // after sorted[7]: stable sorting keeps sorted[7] first
+	}
+	for _, call := range []string{"first", "second"} {
+		in := shuffled()
+		got := m.Update(in, rules.IPv4, 0)
+		if fmt.Sprint(got.Entries) != fmt.Sprint(want.Entries) || got.Report.Covered != want.Report.Covered {
+			t.Fatalf("%s call: unsorted input gave %v (%d covered), sorted %v (%d)", call, got.Entries, got.Report.Covered, want.Entries, want.Report.Covered)
+		}
+		if in[0] != sorted[10] {
+			t.Fatalf("%s call: the caller's slice was reordered", call)
+		}
+	}
+	// A sorted list with a duplicate after the Services kept by pointer: the first object counts.
+	withTwin := append(append(append([]*fix.Service{}, sorted[:8]...), twin), sorted[8:]...)
+	if got := m.Update(withTwin, rules.IPv4, 0); fmt.Sprint(got.Entries) != fmt.Sprint(want.Entries) {
+		t.Fatalf("a duplicate name after kept Services changed the map: %v", got.Entries)
+	}
+}

@@ -97,4 +97,17 @@ func TestParseHookAndProtocol(t *testing.T) {
 	if _, err := ParseProtocol("icmp"); err == nil || err.Error() != `unknown protocol "icmp" (want tcp, udp or sctp)` {
 		t.Errorf("ParseProtocol(icmp) error = %v", err)
 	}
+	// Only ASCII letters fold (a long s, which strings.EqualFold folds to s, is not an s), and a
+	// name is not a prefix of another.
+	for _, bad := range []string{"\u017Fctp", "tc", "tcpp", "t\u0000p"} {
+		if p, err := ParseProtocol(bad); err == nil {
+			t.Errorf("ParseProtocol(%q) = %q, want an error", bad, p)
+		}
+	}
+	if p, err := ParseProtocol("tCp"); err != nil || p != TCP {
+		t.Errorf("ParseProtocol(tCp) = %q, %v", p, err)
+	}
+	if n := testing.AllocsPerRun(100, func() { _, _ = ParseProtocol("TCP") }); n != 0 {
+		t.Errorf("ParseProtocol(TCP) allocates %v times", n)
+	}
 }

@@ -89,8 +89,10 @@ const (
 
 // ParseHook accepts a hook name in any case.
 func ParseHook(s string) (Hook, error) {
-	return parseName(s, "netfilter hook", Prerouting, Input, Forward, Output, Postrouting)
+	return parseName(s, "netfilter hook", hooks...)
 }
+
+var hooks = []Hook{Prerouting, Input, Forward, Output, Postrouting}
 
 // Protocol is a transport protocol. The empty Protocol matches any protocol.
 type Protocol string
@@ -103,15 +105,19 @@ const (
 
 // ParseProtocol accepts tcp, udp and sctp in any case.
 func ParseProtocol(s string) (Protocol, error) {
-	return parseName(s, "protocol", TCP, UDP, SCTP)
+	return parseName(s, "protocol", protocols...) // a variable: a variadic list here was allocated per call
 }
+
+var protocols = []Protocol{TCP, UDP, SCTP}
 
 // parseName accepts one of names in any case, with surrounding space; what says in the error what
 // kind of name s is not.
 func parseName[T ~string](s, what string, names ...T) (T, error) {
-	v := T(strings.ToLower(strings.TrimSpace(s)))
-	if slices.Contains(names, v) {
-		return v, nil
+	v := strings.TrimSpace(s)
+	for _, n := range names {
+		if equalFoldASCII(v, string(n)) {
+			return n, nil
+		}
 	}
 	want := make([]string, len(names))
 	for i, n := range names {
@@ -119,6 +125,25 @@ func parseName[T ~string](s, what string, names ...T) (T, error) {
 	}
 	last := len(want) - 1
 	return "", fmt.Errorf("unknown %s %q (want %s or %s)", what, s, strings.Join(want[:last], ", "), want[last])
+}
+
+// equalFoldASCII says whether s is lower (a lower-case ASCII name) in any ASCII case. Unlike
+// strings.EqualFold it folds nothing else (a long s is not an s), and unlike strings.ToLower it
+// copies nothing: protocols are parsed for every port of every Service.
+func equalFoldASCII(s, lower string) bool {
+	if len(s) != len(lower) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != lower[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // CTState is a conntrack state.

@@ -253,15 +253,16 @@ func externalIPs(svc *fix.Service, family rules.Family, g *guard, skip func(reas
 			}
 		}
 	}
-	// check returns raw unmapped, and whether it is of family and g lets it through.
-	check := func(field string, raw netip.Addr) (netip.Addr, bool) {
+	// check returns raw unmapped, and whether it is of family and g lets it through; field names
+	// it in a skip (formatted only then: this runs for every address of every Service).
+	check := func(field func() string, raw netip.Addr) (netip.Addr, bool) {
 		a := raw.Unmap()
 		if !family.Contains(a) {
 			return a, false
 		}
 		if reason, detail := g.check(raw); reason != "" {
 			if !refused[raw] {
-				skip(reason, field+": "+detail)
+				skip(reason, field()+": "+detail)
 			}
 			refused[raw] = true
 			return a, false
@@ -271,7 +272,7 @@ func externalIPs(svc *fix.Service, family rules.Family, g *guard, skip func(reas
 	if svc.Type == fix.ServiceTypeLoadBalancer {
 		invalid("status.loadBalancer.ingress")
 		for i, ing := range svc.Ingress {
-			a, ok := check(fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), ing.IP)
+			a, ok := check(func() string { return fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i) }, ing.IP)
 			if !ok {
 				continue
 			}
@@ -287,7 +288,7 @@ func externalIPs(svc *fix.Service, family rules.Family, g *guard, skip func(reas
 	}
 	invalid("spec.externalIPs")
 	for i, raw := range svc.ExternalIPs {
-		a, ok := check(fmt.Sprintf("spec.externalIPs[%d]", i), raw)
+		a, ok := check(func() string { return fmt.Sprintf("spec.externalIPs[%d]", i) }, raw)
 		switch {
 		case !ok:
 		case !g.spec:
