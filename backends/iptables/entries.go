@@ -104,7 +104,7 @@ func (b *Backend) applyEntries(ctx context.Context, from, rs *rules.Ruleset, pre
 		}
 		changed = append(changed, c)
 		if o := was[k]; exact && o != nil && c.parent != "" {
-			if e, ok := bucketEdit(o.lines, c.lines); ok {
+			if e, ok := bucketEdit(o.lines, c.lines, c.unordered); ok {
 				edits[k] = e
 			}
 		}
@@ -141,15 +141,18 @@ func (b *Backend) applyEntries(ctx context.Context, from, rs *rules.Ruleset, pre
 }
 
 // edit turns a chain's rules into others in place: deletes ("-D CHAIN spec", each of a rule that is
-// there) first, then inserts ("-I CHAIN n spec", at ascending final positions).
+// there) first, then inserts ("-I CHAIN n spec", at ascending final positions, or "-A CHAIN spec").
 type edit struct{ deletes, inserts []string }
 
 // bucketEdit returns the edit that turns the rules old into now (both "-A CHAIN spec" lines of one
 // chain), or false when a rewrite is the better way: a line occurs twice (a delete by spec would be
 // ambiguous), the rules that stay change their order, or the edit would touch more than half of now.
 // Deleting what goes leaves the rules that stay, in now's order; inserting each new rule at its index
-// in now, lowest first, then yields now exactly.
-func bucketEdit(old, now []string) (edit, bool) {
+// in now, lowest first, then yields now exactly. In an unordered chain (rchain.unordered) the new
+// rules are appended instead: iptables-nft then needs no listing of the chain to place them (with
+// 10,000 rules reachable from the hooks, 11-15 ms from the process's start to the commit against
+// 14-17 ms for an insert at a position), and the chain holds now's rules in another order.
+func bucketEdit(old, now []string, unordered bool) (edit, bool) {
 	var e edit
 	inOld := make(map[string]bool, len(old))
 	for _, l := range old {
@@ -176,10 +179,14 @@ func bucketEdit(old, now []string) (edit, bool) {
 	j := 0
 	for i, l := range now {
 		if inOld[l] {
-			if kept[j] != l {
+			if !unordered && kept[j] != l {
 				return e, false
 			}
 			j++
+			continue
+		}
+		if unordered {
+			e.inserts = append(e.inserts, l)
 			continue
 		}
 		chain, spec, _ := strings.Cut(strings.TrimPrefix(l, "-A "), " ")

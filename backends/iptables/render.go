@@ -185,6 +185,10 @@ type rchain struct {
 	parent      string
 	prefix      netip.Prefix // a bucket's destination prefix
 	lookup      string       // a bucket's map
+	// unordered: a bucket of a run of one lookup rule. Its lines then are that rule for distinct
+	// map keys (address, protocol, port), so no packet matches two of them with different
+	// results, and their order in the kernel does not matter.
+	unordered bool
 }
 
 func (c *rchain) key() tchain { return tchain{c.table, c.name} }
@@ -282,6 +286,7 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 				bc.lines = append(bc.lines, ln.line(bc.name, spec))
 				return nil
 			}
+			first := i
 			for ; i < len(c.Rules) && c.Rules[i].Match.Lookup == lookup; i++ {
 				if err := ln.render(rs, c, c.Rules[i], inBucket); err != nil {
 					return nil, nil, fmt.Errorf("chain %s rule %d: %w", c.Name, i+1, err)
@@ -294,6 +299,7 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 			sort.Slice(prefixes, func(a, b int) bool { return prefixes[a].Addr().Less(prefixes[b].Addr()) })
 			for _, p := range prefixes {
 				bc := buckets[p]
+				bc.unordered = i-first == 1
 				parent.lines = append(parent.lines, fmt.Sprintf("-A %s -d %s -m comment --comment %s -j %s",
 					name, p, quote(ruleComment(rs.Fix, "", "lookup "+lookup+" "+p.String())), bc.name))
 				out = append(out, bc)

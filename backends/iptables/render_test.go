@@ -268,3 +268,28 @@ func TestBucketNames(t *testing.T) {
 		t.Errorf("two IPv6 buckets share the name %s", a)
 	}
 }
+
+// TestUnorderedBuckets: the buckets of a run of one lookup rule are unordered (appended to in
+// place), those of a longer run (a MARK rule per entry ahead of the DNAT rules) keep their order, and
+// chains that are not buckets are never unordered.
+func TestUnorderedBuckets(t *testing.T) {
+	for _, f := range rules.Families {
+		chains, _, err := renderChains(externalIPSharded(f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs := map[bool]int{}
+		for _, c := range chains {
+			first := c.parent != "" && strings.HasPrefix(c.name, "NNM-EXTIP-DNAT-")
+			if c.unordered != first {
+				t.Errorf("%s: chain %s (parent %q) unordered = %v, want %v", f, c.name, c.parent, c.unordered, first)
+			}
+			if c.parent != "" {
+				runs[first]++
+			}
+		}
+		if runs[true] == 0 || runs[false] == 0 {
+			t.Errorf("%s: buckets of the first run %d, of the second %d: want both", f, runs[true], runs[false])
+		}
+	}
+}
