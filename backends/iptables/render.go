@@ -185,9 +185,11 @@ type rchain struct {
 	parent      string
 	prefix      netip.Prefix // a bucket's destination prefix
 	lookup      string       // a bucket's map
-	// unordered: a bucket of a run of one lookup rule. Its lines then are that rule for distinct
-	// map keys (address, protocol, port), so no packet matches two of them with different
-	// results, and their order in the kernel does not matter.
+	// unordered: a bucket of a run of one lookup rule that renders one line per key (no mark set
+	// or cleared ahead of a verdict, which would be a MARK line before each verdict line). Its
+	// lines then are that rule for distinct map keys (address, protocol, port), or source
+	// prefixes with the same verdict, so no packet matches two of them with different results, and
+	// their order in the kernel does not matter.
 	unordered bool
 }
 
@@ -299,7 +301,7 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 			sort.Slice(prefixes, func(a, b int) bool { return prefixes[a].Addr().Less(prefixes[b].Addr()) })
 			for _, p := range prefixes {
 				bc := buckets[p]
-				bc.unordered = i-first == 1
+				bc.unordered = i-first == 1 && oneLinePerKey(c.Rules[first])
 				parent.lines = append(parent.lines, fmt.Sprintf("-A %s -d %s -m comment --comment %s -j %s",
 					name, p, quote(ruleComment(rs.Fix, "", "lookup "+lookup+" "+p.String())), bc.name))
 				out = append(out, bc)
@@ -317,6 +319,12 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 		seen[c.key()] = true
 	}
 	return out, jumps, nil
+}
+
+// oneLinePerKey says whether r renders one kernel rule per destination and source prefix: not a
+// MARK rule ahead of its verdict rule.
+func oneLinePerKey(r rules.Rule) bool {
+	return (r.SetMark == 0 && r.ClearMark == 0) || r.Verdict.Kind == rules.Continue
 }
 
 // planRuleset renders the chains of rs (declarations and rules) and, for a kernel without any of them,

@@ -291,5 +291,17 @@ func TestUnorderedBuckets(t *testing.T) {
 		if runs[true] == 0 || runs[false] == 0 {
 			t.Errorf("%s: buckets of the first run %d, of the second %d: want both", f, runs[true], runs[false])
 		}
+		// One lookup rule that marks and DNATs renders a MARK line ahead of each DNAT line: ordered.
+		rs := externalIP(f)
+		rs.Chains[2].Rules[1].SetMark = 0x4000_0000
+		chains, _, err = renderChains(rs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range chains {
+			if c.unordered {
+				t.Errorf("%s: chain %s of a marking lookup rule is unordered", f, c.name)
+			}
+		}
 	}
 }
