@@ -155,6 +155,11 @@ func run(ctx context.Context, o options) error {
 		logf("%d LoadBalancer Services exist (wrote the missing ones in %v)", n, time.Since(t0).Round(time.Millisecond))
 		for run := 1; run <= o.runs; run++ {
 			for _, be := range o.backends {
+				share, waited, err := waitQuiet(ctx)
+				if err != nil {
+					return err
+				}
+				logf("machine settled: %.0f%% idle over the last second after %v", 100*share, waited.Round(time.Second))
 				before := loadAvg()
 				r, err := measure(ctx, cp, c, o, be, n, run, n == largest)
 				if err != nil {
