@@ -159,7 +159,11 @@ func run(ctx context.Context, o options) error {
 				if err != nil {
 					return err
 				}
-				logf("machine settled: %.0f%% idle over the last second after %v", 100*share, waited.Round(time.Second))
+				if share >= quietIdle {
+					logf("machine settled: %.0f%% idle over the last second after %v", 100*share, waited.Round(time.Second))
+				} else {
+					logf("machine did not settle: %.0f%% idle over the last second after %v; starting anyway", 100*share, waited.Round(time.Second))
+				}
 				before := loadAvg()
 				r, err := measure(ctx, cp, c, o, be, n, run, n == largest)
 				if err != nil {

@@ -20,7 +20,8 @@ const (
 	quietMax    = 30 * time.Second
 )
 
-// cpuIdle reads the machine's total and idle (idle + iowait) jiffies from /proc/stat.
+// cpuIdle reads the machine's total and idle (idle + iowait) jiffies from /proc/stat. The total is
+// the first eight fields (user … steal): guest and guest_nice are already counted in user and nice.
 func cpuIdle() (total, idle uint64, err error) {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
@@ -31,7 +32,11 @@ func cpuIdle() (total, idle uint64, err error) {
 	if len(f) < 6 || f[0] != "cpu" {
 		return 0, 0, fmt.Errorf("/proc/stat: unexpected first line %q", line)
 	}
-	for i, s := range f[1:] {
+	fields := f[1:]
+	if len(fields) > 8 {
+		fields = fields[:8]
+	}
+	for i, s := range fields {
 		v, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
 			return 0, 0, fmt.Errorf("/proc/stat: field %d: %w", i+1, err)
