@@ -240,10 +240,15 @@ func testStaleUDP(t *testing.T, cs kubernetes.Interface, p plan) {
 		}
 		return conntrack.Entry{}, false
 	}
-	toB, ok := entryTo(p.podB, 8126)
-	if !ok {
-		t.Fatal("no conntrack entry for the flow to pod B")
-	}
+	// The flow to B is sent from a goroutine of its own: its first packet may come after A's.
+	var toB conntrack.Entry
+	agenttest.Eventually(t, 5*time.Second, func() error {
+		var ok bool
+		if toB, ok = entryTo(p.podB, 8126); !ok {
+			return errors.New("no conntrack entry for the flow to pod B")
+		}
+		return nil
+	})
 
 	// Without the fix: pod A's Pod is deleted (its entry is stale), the DNAT now points to B.
 	createPodOn(t, cs, nodeName, "a-"+string(p.family), p.podA)
