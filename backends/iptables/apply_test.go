@@ -3,8 +3,11 @@ package iptables
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/netip"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -19,12 +22,19 @@ type call struct {
 	stdin string
 }
 
-// fakeRunner answers iptables-save with a canned dump per binary and records every call.
+// fakeRunner is a small xtables in memory, one per binary family ("iptables-nft",
+// "ip6tables-legacy", …), loaded from dumps (keyed by the save binary) on first use. It answers
+// iptables-save -c, iptables -t T -S CHAIN and iptables-restore --noflush (applied all or nothing,
+// with the tool's "line N failed" on an input it cannot apply) and records every call. Rules are
+// matched by their text, as iptables-save prints them. restoreErr fails every restore, failRestores
+// the next that many, without applying them.
 type fakeRunner struct {
 	dumps         map[string]string
 	restoreErr    error
 	restoreStderr string
+	failRestores  int
 	calls         []call
+	kernels       map[string]*xtables
 }
 
 func (f *fakeRunner) Run(_ context.Context, name string, args []string, stdin io.Reader, stdout io.Writer) ([]byte, error) {
@@ -37,14 +47,219 @@ func (f *fakeRunner) Run(_ context.Context, name string, args []string, stdin io
 		in = string(b)
 	}
 	f.calls = append(f.calls, call{name, strings.Join(args, " "), in})
-	if strings.HasSuffix(name, "-save") {
-		_, err := io.WriteString(stdout, f.dumps[name])
+	family := strings.TrimSuffix(strings.TrimSuffix(name, "-save"), "-restore")
+	k, err := f.kernel(family)
+	if err != nil {
 		return nil, err
 	}
-	if f.restoreErr != nil {
-		return []byte(f.restoreStderr), f.restoreErr
+	switch {
+	case strings.HasSuffix(name, "-save"):
+		_, err := io.WriteString(stdout, k.save())
+		return nil, err
+	case strings.HasSuffix(name, "-restore"):
+		if f.restoreErr != nil {
+			return []byte(f.restoreStderr), f.restoreErr
+		}
+		if f.failRestores > 0 {
+			f.failRestores--
+			return []byte("iptables-restore: line 2 failed"), errors.New("exit status 1")
+		}
+		next := k.clone()
+		if n, err := next.restore(in); err != nil {
+			return []byte(fmt.Sprintf("iptables-restore: line %d failed: %v", n, err)), errors.New("exit status 1")
+		}
+		f.kernels[family] = next
+		return nil, nil
 	}
-	return nil, nil
+	if len(args) == 6 && args[2] == "-t" && args[4] == "-S" {
+		out, err := k.list(args[3], args[5])
+		if err != nil {
+			return []byte("iptables: " + err.Error()), errors.New("exit status 1")
+		}
+		_, err = io.WriteString(stdout, out)
+		return nil, err
+	}
+	return nil, fmt.Errorf("fakeRunner: unexpected call %s %v", name, args)
+}
+
+func (f *fakeRunner) kernel(family string) (*xtables, error) {
+	if k := f.kernels[family]; k != nil {
+		return k, nil
+	}
+	if f.kernels == nil {
+		f.kernels = map[string]*xtables{}
+	}
+	k := &xtables{}
+	if d, ok := f.dumps[family+"-save"]; ok {
+		if n, err := k.restore(d); err != nil {
+			return nil, fmt.Errorf("fakeRunner: dump of %s, line %d: %w", family, n, err)
+		}
+	}
+	f.kernels[family] = k
+	return k, nil
+}
+
+// xtables holds tables in the order they appeared, each with its chains in order.
+type xtables struct{ tables []*xtTable }
+
+type xtTable struct {
+	name   string
+	chains []*xtChain
+}
+
+type xtChain struct {
+	name, policy, counters string
+	rules                  []xtRule
+}
+
+type xtRule struct{ counters, spec string }
+
+func (k *xtables) clone() *xtables {
+	c := &xtables{}
+	for _, t := range k.tables {
+		ct := &xtTable{name: t.name}
+		for _, ch := range t.chains {
+			cc := *ch
+			cc.rules = slices.Clone(ch.rules)
+			ct.chains = append(ct.chains, &cc)
+		}
+		c.tables = append(c.tables, ct)
+	}
+	return c
+}
+
+func (k *xtables) table(name string) *xtTable {
+	for _, t := range k.tables {
+		if t.name == name {
+			return t
+		}
+	}
+	t := &xtTable{name: name}
+	for _, c := range builtins[name] {
+		t.chains = append(t.chains, &xtChain{name: c, policy: "ACCEPT", counters: "[0:0]"})
+	}
+	k.tables = append(k.tables, t)
+	return t
+}
+
+// builtins are the chains a table has from the moment it is used.
+var builtins = map[string][]string{
+	"filter": {"INPUT", "FORWARD", "OUTPUT"},
+	"nat":    {"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"},
+	"mangle": {"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"},
+	"raw":    {"PREROUTING", "OUTPUT"},
+}
+
+func (t *xtTable) chain(name string) *xtChain {
+	for _, c := range t.chains {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// restore applies iptables-save/iptables-restore --noflush text: declaring a chain creates it or
+// flushes it. It returns the number of the line it failed on.
+func (k *xtables) restore(in string) (int, error) {
+	var t *xtTable
+	for i, line := range strings.Split(in, "\n") {
+		n := i + 1
+		if line == "" || strings.HasPrefix(line, "#") || line == "COMMIT" {
+			continue
+		}
+		if name, ok := strings.CutPrefix(line, "*"); ok {
+			t = k.table(name)
+			continue
+		}
+		if t == nil {
+			return n, errors.New("no table")
+		}
+		if decl, ok := strings.CutPrefix(line, ":"); ok {
+			f := strings.Fields(decl)
+			if len(f) != 3 {
+				return n, errors.New("bad chain declaration")
+			}
+			if c := t.chain(f[0]); c != nil {
+				c.policy, c.counters, c.rules = f[1], f[2], nil
+				continue
+			}
+			t.chains = append(t.chains, &xtChain{name: f[0], policy: f[1], counters: f[2]})
+			continue
+		}
+		counters := "[0:0]"
+		if strings.HasPrefix(line, "[") {
+			counters, line, _ = strings.Cut(line, " ")
+		}
+		op, rest, _ := strings.Cut(line, " ")
+		name, spec, _ := strings.Cut(rest, " ")
+		c := t.chain(name)
+		if c == nil {
+			return n, fmt.Errorf("no chain %s", name)
+		}
+		switch op {
+		case "-A":
+			c.rules = append(c.rules, xtRule{counters, spec})
+		case "-I":
+			pos, after, _ := strings.Cut(spec, " ")
+			p, err := strconv.Atoi(pos)
+			if err != nil || p < 1 || p > len(c.rules)+1 {
+				return n, fmt.Errorf("bad position %q", pos)
+			}
+			c.rules = slices.Insert(c.rules, p-1, xtRule{counters, after})
+		case "-D":
+			i := slices.IndexFunc(c.rules, func(r xtRule) bool { return r.spec == spec })
+			if i < 0 {
+				return n, errors.New("no such rule")
+			}
+			c.rules = slices.Delete(c.rules, i, i+1)
+		case "-F":
+			c.rules = nil
+		case "-X":
+			if c.policy != "-" || len(c.rules) > 0 {
+				return n, fmt.Errorf("cannot delete chain %s", name)
+			}
+			t.chains = slices.DeleteFunc(t.chains, func(x *xtChain) bool { return x == c })
+		default:
+			return n, fmt.Errorf("unknown command %s", op)
+		}
+	}
+	return 0, nil
+}
+
+func (k *xtables) save() string {
+	var b strings.Builder
+	b.WriteString("# Generated by fakeRunner\n")
+	for _, t := range k.tables {
+		fmt.Fprintf(&b, "*%s\n", t.name)
+		for _, c := range t.chains {
+			fmt.Fprintf(&b, ":%s %s %s\n", c.name, c.policy, c.counters)
+		}
+		for _, c := range t.chains {
+			for _, r := range c.rules {
+				fmt.Fprintf(&b, "%s -A %s %s\n", r.counters, c.name, r.spec)
+			}
+		}
+		b.WriteString("COMMIT\n")
+	}
+	return b.String()
+}
+
+func (k *xtables) list(table, chain string) (string, error) {
+	c := k.table(table).chain(chain)
+	if c == nil {
+		return "", errors.New("No chain/target/match by that name.")
+	}
+	var b strings.Builder
+	if c.policy == "-" {
+		fmt.Fprintf(&b, "-N %s\n", c.name)
+	} else {
+		fmt.Fprintf(&b, "-P %s %s\n", c.name, c.policy)
+	}
+	for _, r := range c.rules {
+		fmt.Fprintf(&b, "-A %s %s\n", c.name, r.spec)
+	}
+	return b.String(), nil
 }
 
 func (f *fakeRunner) restores() []call {
@@ -424,8 +639,7 @@ COMMIT
 func TestApplyChangedFallsBack(t *testing.T) {
 	ctx := context.Background()
 	f, b := appliedOnFake(t, externalIPSharded(rules.IPv4))
-	failing := &failOnce{fakeRunner: f}
-	b.run = failing
+	f.failRestores = 1
 	changed := externalIPSharded(rules.IPv4)
 	changed.Maps[0].Entries = changed.Maps[0].Entries[1:]
 	if err := apply(ctx, b, changed); err != nil {
@@ -438,19 +652,4 @@ func TestApplyChangedFallsBack(t *testing.T) {
 	if diff := cmp.Diff([]string{"iptables-nft-restore", "iptables-nft-save", "iptables-nft-restore", "iptables-nft-save"}, names); diff != "" {
 		t.Errorf("calls (-want +got):\n%s", diff)
 	}
-}
-
-// failOnce fails the first restore.
-type failOnce struct {
-	*fakeRunner
-	failed bool
-}
-
-func (f *failOnce) Run(ctx context.Context, name string, args []string, stdin io.Reader, stdout io.Writer) ([]byte, error) {
-	stderr, err := f.fakeRunner.Run(ctx, name, args, stdin, stdout)
-	if strings.HasSuffix(name, "-restore") && !f.failed {
-		f.failed = true
-		return []byte("iptables-restore: line 2 failed"), errors.New("exit status 1")
-	}
-	return stderr, err
 }
