@@ -281,6 +281,9 @@ func (o ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*recor
 		if err != nil {
 			return nil, err
 		}
+		if err := after.holds(rs.Fix, rchains, jumps, r.precede); err != nil {
+			return nil, fmt.Errorf("%w: %v", backend.ErrInterfered, err)
+		}
 		rec.state = after.state(rec.chains, rec.precede)
 		return rec, nil
 	}
@@ -433,6 +436,9 @@ func (b *Backend) rewriteChains(ctx context.Context, rs *rules.Ruleset, changed 
 			saved, err := b.list(ctx, rs.Family, c.table, c.name)
 			if err != nil {
 				return nil, err
+			}
+			if len(saved) != len(c.lines) {
+				return nil, fmt.Errorf("%w: chain %s holds %d rules, %d were applied", backend.ErrInterfered, c.key(), len(saved), len(c.lines))
 			}
 			st.own[c.key()] = chainState(c.name, saved)
 		}

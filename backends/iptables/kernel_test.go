@@ -25,11 +25,17 @@ import (
 type nsRunner struct {
 	ns    *testenv.NS
 	calls testkit.Counts
+	// after, when set, is called after each run (with the run's error).
+	after func(name string, err error)
 }
 
 func (r *nsRunner) Run(ctx context.Context, name string, args []string, stdin io.Reader, stdout io.Writer) ([]byte, error) {
 	r.calls.Add(name)
-	return r.ns.Run(ctx, name, args, stdin, stdout)
+	stderr, err := r.ns.Run(ctx, name, args, stdin, stdout)
+	if r.after != nil {
+		r.after(name, err)
+	}
+	return stderr, err
 }
 
 // reset returns the calls per binary since the last reset.
@@ -866,5 +872,49 @@ func TestKernelFirstInsertLeavesForeignJumpsFirst(t *testing.T) {
 		if got := order("OUTPUT"); len(got) != 2 || got[0] != "cali-OUTPUT" {
 			t.Errorf("nat OUTPUT jumps = %v, want cali-OUTPUT first, then ours", got)
 		}
+	})
+}
+
+// TestKernelInterferenceBeforeReadBack: someone else changes our rules right after our restore,
+// before the backend reads the kernel back for its record (the e2e flush scenario once landed
+// there). The read-back must not become the record: Verify would then find the damage matching and
+// leave it. The Driver applies again, and the kernel holds the rules.
+func TestKernelInterferenceBeforeReadBack(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, k *kernel) {
+		ctx := context.Background()
+		b := k.backend()
+		chain := KernelChain("PROBE-OUTPUT")
+		jump := []string{"-D", "OUTPUT", "-m", "comment", "--comment", jumpCommentPrefix + "loopback-count", "-j", chain}
+		// interfere runs cmd once, right after the next successful restore.
+		interfere := func(cmd ...string) {
+			k.run.after = func(name string, err error) {
+				if err == nil && name == k.bin("restore") {
+					k.run.after = nil
+					k.ipt(cmd...)
+				}
+			}
+		}
+		check := func(what, rule string, rs *rules.Ruleset) {
+			t.Helper()
+			if k.run.after != nil {
+				t.Fatalf("%s: no restore ran", what)
+			}
+			mustContain(t, k.save(), "-A OUTPUT -m comment --comment \"network-node-manager:loopback-count\" -j "+chain, rule)
+			k.ipt("-N", "FOREIGN-"+rule[len(rule)-4:]) // an unrelated commit: Verify reads the kernel
+			if res, err := verify(ctx, b, rs); err != nil || res.Repaired {
+				t.Fatalf("%s: Verify found %+v, %v; want the record true to the kernel", what, res, err)
+			}
+		}
+		rs := loopbackCount(k.family)
+		interfere(jump...)
+		mustApply(t, b, rs)
+		check("the jump deleted after the first apply", "--dport 7777", rs)
+
+		// A change of the chain's rules alone goes the short way (rewrite the chain, list it).
+		rs2 := loopbackCount(k.family)
+		rs2.Chains[0].Rules[0].Match.DstPort = probePort + 1
+		interfere("-F", chain)
+		mustApply(t, b, rs2)
+		check("the chain flushed after its rewrite", "--dport 7778", rs2)
 	})
 }

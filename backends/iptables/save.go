@@ -32,6 +32,8 @@ type chain struct {
 	rules []*savedRule
 	// sum is, for one of our chains, the digest of all its rules (chainState).
 	sum uint64
+	// n is how many rules the chain holds (kept or not).
+	n int
 }
 
 // keep reports whether a parsed rule of chain c stays in the dump. Built-in chains keep every rule
@@ -173,6 +175,7 @@ func (p *saveParser) parse(line string) error {
 		if c == nil {
 			return errors.New("rule in undeclared chain")
 		}
+		c.n++
 		if h := p.sums[c]; h != nil {
 			writeRule(h, r)
 		}
@@ -365,9 +368,57 @@ func (d *dump) owned(fix string) map[tchain]bool {
 	return out
 }
 
-func (d *dump) has(k tchain) bool {
-	t := d.table(k.table)
-	return t != nil && t.byName[k.chain] != nil
+func (d *dump) has(k tchain) bool { return d.chain(k) != nil }
+
+func (d *dump) chain(k tchain) *chain {
+	if t := d.table(k.table); t != nil {
+		return t.byName[k.chain]
+	}
+	return nil
+}
+
+// holds says how the kernel differs from what an apply of fix just made of it (nil: it does not):
+// a chain missing or holding another number of rules than was rendered, or a jump into one missing,
+// altered or standing behind a chain it must precede. Run on the read-back after an apply, it tells
+// a record made of our change from one that took in someone else's change committed between our
+// restore and the read-back (a flush, a deleted jump). A foreign rule replaced by another in one of
+// our chains keeps the count and is not seen here; Verify compares digests later.
+func (d *dump) holds(fix string, chains []*rchain, jumps []hookJump, prec precedence) error {
+	for _, rc := range chains {
+		c := d.chain(rc.key())
+		switch {
+		case c == nil:
+			return fmt.Errorf("chain %s is missing", rc.key())
+		case c.n != len(rc.lines):
+			return fmt.Errorf("chain %s holds %d rules, %d were applied", rc.key(), c.n, len(rc.lines))
+		}
+	}
+	for _, j := range jumps {
+		if !d.hasJump(fix, j, prec) {
+			return fmt.Errorf("the jump from %s %s to %s is missing or behind %s", j.table, j.builtin, j.chain, prec.list(tchain{j.table, j.chain}))
+		}
+	}
+	return nil
+}
+
+// hasJump reports whether j, as fix renders it, stands in its built-in chain, not behind a chain it
+// must precede.
+func (d *dump) hasJump(fix string, j hookJump, prec precedence) bool {
+	c := d.chain(tchain{j.table, j.builtin})
+	if c == nil {
+		return false
+	}
+	seen := map[string]bool{} // foreign chains jumped to so far
+	spec := jumpSpec(fix, j.chain)
+	for _, r := range c.rules {
+		switch {
+		case r.target == j.chain && r.spec == spec:
+			return !prec.blocked(tchain{j.table, j.chain}, seen)
+		case r.target != "" && !isOurs(r.target):
+			seen[r.target] = true
+		}
+	}
+	return false
 }
 
 // kstate is the kernel's view of a set of chains, counters excluded: per chain its declaration and

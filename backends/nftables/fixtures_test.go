@@ -155,6 +155,14 @@ type recorder struct {
 	lists  int // List* calls
 	// inject, if set, may change a transaction before it runs or fail it.
 	inject func(tx *knftables.Transaction) error
+	// after, if set, is called after a transaction ran without error.
+	after func()
+}
+
+func (r *recorder) setAfter(fn func()) {
+	r.mu.Lock()
+	r.after = fn
+	r.mu.Unlock()
 }
 
 func (r *recorder) Run(ctx context.Context, tx *knftables.Transaction) error {
@@ -168,8 +176,13 @@ func (r *recorder) Run(ctx context.Context, tx *knftables.Transaction) error {
 	}
 	r.mu.Lock()
 	r.sent = append(r.sent, tx.String())
+	after := r.after
 	r.mu.Unlock()
-	return r.Interface.Run(ctx, tx)
+	err := r.Interface.Run(ctx, tx)
+	if err == nil && after != nil {
+		after()
+	}
+	return err
 }
 
 func (r *recorder) listed() {

@@ -640,3 +640,44 @@ func TestKernelReadsOverNetlink(t *testing.T) {
 		})
 	})
 }
+
+// TestKernelInterferenceBeforeReadBack: someone flushes our table right after our transaction,
+// before the backend lists it back for its record (see the iptables test of that name). The listing
+// must not become the record: Verify would then find the empty chains matching. The Driver applies
+// again, and the table is what an undisturbed apply makes.
+func TestKernelInterferenceBeforeReadBack(t *testing.T) {
+	eachFamily(t, "nnm-nft", func(t *testing.T, ns *testenv.NS, f rules.Family) {
+		ctx := context.Background()
+		nf := string(nftFamily(f))
+		inv := invalidDropRuleset(f)
+		table := TableName(inv.Fix)
+		applyIn(ctx, t, ns, newRealKernel().backend(t), inv)
+		want := listTable(t, ns, f, table)
+		ns.MustExec("nft", "delete table "+nf+" "+table)
+
+		k := newRealKernel()
+		b := k.backend(t)
+		rec := k.rec(nftFamily(f), table)
+		flushed := false
+		rec.setAfter(func() {
+			rec.setAfter(nil)
+			ns.MustExec("nft", "flush table "+nf+" "+table)
+			flushed = true
+		})
+		applyIn(ctx, t, ns, b, inv)
+		if !flushed {
+			t.Fatal("no transaction ran")
+		}
+		if got := listTable(t, ns, f, table); got != want {
+			t.Fatalf("after a flush between our transaction and its read-back:\n%s\nwant:\n%s", got, want)
+		}
+		ns.MustExec("nft", "add table "+nf+" someone-else") // moves the generation: Verify lists
+		inNS(t, ns, func() error {
+			res, err := verify(ctx, b, inv)
+			if err == nil && res.Repaired {
+				err = fmt.Errorf("Verify repaired %+v: the record was not the kernel", res)
+			}
+			return err
+		})
+	})
+}

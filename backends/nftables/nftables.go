@@ -316,6 +316,9 @@ func (o ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*appli
 		if err != nil {
 			return nil, fmt.Errorf("nftables backend: applied, but cannot read table %s %s back (the next reconcile rewrites it): %w", k.family, k.table, err)
 		}
+		if err := seen.holds(m); err != nil {
+			return nil, fmt.Errorf("%w: table %s %s: %v", backend.ErrInterfered, k.family, k.table, err)
+		}
 		return &applied{model: m, seen: seen}, nil
 	}
 	return step, nil
@@ -388,6 +391,10 @@ type tableState struct {
 	objects string
 	// rules: see listRules.
 	rules string
+	// names: the sorted names of the table's objects by type ("chain", "map", ...), and perChain
+	// how many rules each chain holds (nil when the table is absent).
+	names    map[string][]string
+	perChain map[string]int
 	// elements: per map and set, its sorted elements with values and comments (nil: not listed).
 	elements map[string]string
 }
@@ -402,6 +409,33 @@ func (s *tableState) sameElements(o *tableState) bool {
 		}
 	}
 	return true
+}
+
+// holds says how s differs from what an Apply of m just made of the table (nil: it does not):
+// other chains, maps, sets or counters, or a chain holding another number of rules. Run on the
+// read-back after an Apply, it tells a record made of our transaction from one that took in someone
+// else's change committed between our transaction and the read-back (a flushed chain, a deleted
+// table).
+func (s *tableState) holds(m *model) error {
+	want := map[string][]string{}
+	for _, c := range m.chains {
+		want["chain"] = append(want["chain"], c.chain.Name)
+		if n := s.perChain[c.chain.Name]; n != len(c.rules) {
+			return fmt.Errorf("chain %s holds %d rules, %d were applied", c.chain.Name, n, len(c.rules))
+		}
+	}
+	for _, mm := range m.maps {
+		want["map"] = append(want["map"], mm.m.Name)
+		want["set"] = append(want["set"], mm.keys.Name)
+	}
+	want["counter"] = m.counters
+	for _, typ := range []string{"chain", "map", "set", "counter"} {
+		w := slices.Sorted(slices.Values(want[typ]))
+		if !slices.Equal(w, s.names[typ]) {
+			return fmt.Errorf("the table's %ss are [%s], [%s] were applied", typ, strings.Join(s.names[typ], " "), strings.Join(w, " "))
+		}
+	}
+	return nil
 }
 
 func (s *tableState) equal(o *tableState) bool {
@@ -441,13 +475,13 @@ func elementLines(els []*knftables.Element) string {
 
 // listRules describes the rules of our table by chain, handle and comment: any rule added,
 // deleted or replaced gets a new handle. One `nft --json --terse list table` run.
-func listRules(ctx context.Context, nft Lister) (string, error) {
+func listRules(ctx context.Context, nft Lister) (string, map[string]int, error) {
 	rs, err := nft.ListRules(ctx, "")
 	if isNotFound(err) {
-		return "absent", nil
+		return "absent", nil, nil
 	}
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	perChain := map[string][]string{}
 	for _, r := range rs {
@@ -461,10 +495,12 @@ func listRules(ctx context.Context, nft Lister) (string, error) {
 		perChain[r.Chain] = append(perChain[r.Chain], fmt.Sprintf("%d %q", h, c))
 	}
 	var sb strings.Builder
+	counts := make(map[string]int, len(perChain))
 	for _, ch := range slices.Sorted(maps.Keys(perChain)) {
 		fmt.Fprintf(&sb, "chain %s: %s\n", ch, strings.Join(perChain[ch], ", "))
+		counts[ch] = len(perChain[ch])
 	}
-	return sb.String(), nil
+	return sb.String(), counts, nil
 }
 
 // snapshot lists our table: object names, rules, and (withElements) every map's elements.
@@ -477,12 +513,14 @@ func snapshot(ctx context.Context, nft Lister, withElements bool) (*tableState, 
 		return nil, err
 	}
 	var sb strings.Builder
+	st := &tableState{names: map[string][]string{}}
 	for _, typ := range []string{"chain", "map", "set", "counter", "flowtable"} {
 		names := slices.Sorted(slices.Values(objs[typ]))
 		fmt.Fprintf(&sb, "%s %s\n", typ, strings.Join(names, " "))
+		st.names[typ] = names
 	}
-	st := &tableState{objects: sb.String()}
-	if st.rules, err = listRules(ctx, nft); err != nil {
+	st.objects = sb.String()
+	if st.rules, st.perChain, err = listRules(ctx, nft); err != nil {
 		return nil, err
 	}
 	if !withElements {

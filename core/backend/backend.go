@@ -57,7 +57,8 @@ func (m Mode) String() string {
 type Result struct {
 	// Applied: a transaction changed the kernel.
 	Applied bool
-	// Repaired: Verify found our objects changed or deleted behind our back and restored them.
+	// Repaired: our objects were found changed or deleted behind our back (by Verify, or in the
+	// read-back right after our own change: ErrInterfered) and were restored.
 	Repaired bool
 	// ReadBack: the kernel's state was listed (iptables-save, nft list …) during the call.
 	ReadBack bool

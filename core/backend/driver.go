@@ -84,6 +84,12 @@ type Step[R any] struct {
 // ErrStale is returned by Ops.Update when the kernel refused a change built from the record.
 var ErrStale = errors.New("the kernel refused a change built from the record")
 
+// ErrInterfered is returned (wrapped, naming the difference) by a Step's Finish when the read-back
+// does not hold what the change just made: someone else changed the unit's objects between our
+// commit and the read-back (a flush, a deleted jump). Such a read-back must not become the record,
+// which Verify would then find matching: the Driver drops the record and applies once more.
+var ErrInterfered = errors.New("our objects changed between the change and its read-back")
+
 // Driver is the reconcile logic every backend shares: per unit it keeps the record of the last
 // change, the last ruleset reconciled, a known-absent stamp, and a lock, and it decides when the
 // record is trusted, when the kernel is read back, and which operation makes the change.
@@ -249,30 +255,63 @@ func (d *Driver[R]) apply(ctx context.Context, u Unit, st *unitState[R], desired
 			d.log.Info("a change built from our record was refused; reading the kernel and applying in full", "fix", u.Fix, "family", u.Family)
 			trusted = false
 		case err != nil:
-			d.set(st, v.rec, false, nil, nfgen.Stamp{})
+			d.drop(st)
 			return res, err
 		case step.Done:
 			res.Applied, res.ReadBack = step.Applied, res.ReadBack || step.ReadBack
-			return res, d.finish(context.WithoutCancel(ctx), st, desired, step, g0, genOK, &v.stamp)
-		}
-	}
-	step, err := d.ops.Apply(ctx, u, Prev[R]{Rec: v.rec, Known: v.known, Trusted: trusted}, desired)
-	res.Applied, res.ReadBack = step.Applied, res.ReadBack || step.ReadBack
-	if err != nil {
-		if ctx.Err() != nil && !step.Applied {
-			if res.Repaired {
-				d.set(st, v.rec, false, nil, nfgen.Stamp{}) // the record was found wrong
+			err := d.finish(context.WithoutCancel(ctx), st, desired, step, g0, genOK, &v.stamp)
+			if !errors.Is(err, ErrInterfered) {
+				return res, err
 			}
-			return res, ctx.Err() // cancelled while reading: nothing changed
+			d.interfered(u, err)
+			res.Repaired, trusted = true, false
+			v.rec, v.known = step.Rec, true // names the objects the update made
 		}
-		// The change is atomic: the kernel holds what it held, which the record describes unless
-		// Matches found it changed or the operation is not sure (Step.Unsure).
-		if res.Repaired || step.Unsure {
-			d.set(st, v.rec, false, nil, nfgen.Stamp{})
-		}
-		return res, err
 	}
-	return res, d.finish(context.WithoutCancel(ctx), st, desired, step, g0, genOK, nil)
+	return d.applyFull(ctx, u, st, desired, Prev[R]{Rec: v.rec, Known: v.known, Trusted: trusted}, g0, genOK, res)
+}
+
+// applyFull makes the change with Ops.Apply, and once more when its read-back shows that someone
+// changed our objects right after it (ErrInterfered).
+func (d *Driver[R]) applyFull(ctx context.Context, u Unit, st *unitState[R], desired *rules.Ruleset, prev Prev[R], g0 uint32, genOK bool, res Result) (Result, error) {
+	for attempt := 1; ; attempt++ {
+		step, err := d.ops.Apply(ctx, u, prev, desired)
+		res.Applied, res.ReadBack = res.Applied || step.Applied, res.ReadBack || step.ReadBack
+		if err != nil {
+			if ctx.Err() != nil && !step.Applied {
+				if res.Repaired {
+					d.drop(st) // the record was found wrong
+				}
+				return res, ctx.Err() // cancelled while reading: nothing changed
+			}
+			// The change is atomic: the kernel holds what it held, which the record describes unless
+			// it was found changed or the operation is not sure (Step.Unsure).
+			if res.Repaired || step.Unsure {
+				d.drop(st)
+			}
+			return res, err
+		}
+		err = d.finish(context.WithoutCancel(ctx), st, desired, step, g0, genOK, nil)
+		if attempt > 1 || !errors.Is(err, ErrInterfered) {
+			return res, err
+		}
+		// Once more, from a listing: someone changed our objects right after we did. A second
+		// interference is returned (the record stays dropped; the next reconcile reads the kernel).
+		d.interfered(u, err)
+		res.Repaired = true
+		prev = Prev[R]{Rec: step.Rec, Known: true}
+		g0, genOK = d.generation()
+	}
+}
+
+// drop forgets the unit's record: the next reconcile reads the kernel.
+func (d *Driver[R]) drop(st *unitState[R]) {
+	var zero R
+	d.set(st, zero, false, nil, nfgen.Stamp{})
+}
+
+func (d *Driver[R]) interfered(u Unit, err error) {
+	d.log.Info("our rules changed right after we applied them; applying again", "fix", u.Fix, "family", u.Family, "err", err)
 }
 
 // finish records a successful step. An Update (prev: the stamp of the record it started from) that
@@ -291,7 +330,7 @@ func (d *Driver[R]) finish(ctx context.Context, st *unitState[R], desired *rules
 	if step.Finish != nil {
 		var err error
 		if rec, err = step.Finish(ctx); err != nil {
-			d.set(st, rec, false, nil, nfgen.Stamp{})
+			d.drop(st)
 			return err
 		}
 	}
@@ -327,7 +366,7 @@ func (d *Driver[R]) remove(ctx context.Context, u Unit, st *unitState[R], mode M
 		if ctx.Err() != nil && !step.Applied {
 			return res, ctx.Err()
 		}
-		d.set(st, v.rec, false, nil, nfgen.Stamp{})
+		d.drop(st)
 		return res, err
 	}
 	g1, ok1 := d.generation()

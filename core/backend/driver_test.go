@@ -3,6 +3,7 @@ package backend_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"testing"
@@ -27,6 +28,24 @@ type kernel struct {
 	stale    bool
 	applyErr error
 	unsure   bool
+	// race, when set, is called (without mu) between a change and its read-back (Step.Finish).
+	race func(u backend.Unit)
+}
+
+// finish is a Step.Finish that reads back what u holds and, like the real backends, refuses a
+// read-back that is not the n rules just applied.
+func (k *kernel) finish(u backend.Unit, n int) func(context.Context) (int, error) {
+	return func(context.Context) (int, error) {
+		if k.race != nil {
+			k.race(u)
+		}
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		if got := k.held[u]; got != n {
+			return got, fmt.Errorf("%w: %d rules, %d applied", backend.ErrInterfered, got, n)
+		}
+		return n, nil
+	}
 }
 
 func newKernel() *kernel {
@@ -71,9 +90,10 @@ func (k *kernel) Update(ctx context.Context, u backend.Unit, prev backend.Prev[i
 	if len(from.Chains) != len(desired.Chains) {
 		return backend.Step[int]{}, nil // not a change Update makes
 	}
-	k.held[u] = desired.RuleCount()
+	n := desired.RuleCount()
+	k.held[u] = n
 	k.gen++
-	return backend.Step[int]{Done: true, Applied: true, Commits: 1, Rec: desired.RuleCount()}, nil
+	return backend.Step[int]{Done: true, Applied: true, Commits: 1, Rec: n, Finish: k.finish(u, n)}, nil
 }
 
 func (k *kernel) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[int], desired *rules.Ruleset) (backend.Step[int], error) {
@@ -87,7 +107,7 @@ func (k *kernel) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[in
 	k.held[u] = desired.RuleCount()
 	k.gen++
 	n := desired.RuleCount()
-	return backend.Step[int]{Applied: true, ReadBack: true, Rec: n, Finish: func(context.Context) (int, error) { return n, nil }}, nil
+	return backend.Step[int]{Applied: true, ReadBack: true, Rec: n, Finish: k.finish(u, n)}, nil
 }
 
 func (k *kernel) Remove(ctx context.Context, u backend.Unit, prev backend.Prev[int]) (backend.Step[int], error) {
@@ -331,5 +351,51 @@ func TestDriverBlockedUnitDelaysNoOther(t *testing.T) {
 	}
 	if n, _ := d.Record(a); n != 2 {
 		t.Errorf("record after the blocked change: %d rules, want 2", n)
+	}
+}
+
+// TestDriverInterference: someone changes a unit's objects between our change and its read-back
+// (the test's flush lands right after our restore). The read-back must not become the record, which
+// later Verifies would find matching: the Driver applies once more; a second interference is an
+// error and leaves no record.
+func TestDriverInterference(t *testing.T) {
+	k := newKernel()
+	d := backend.NewDriver[int](k, k.generation, slog.New(slog.DiscardHandler))
+	u := backend.Unit{Fix: "a", Family: rules.IPv4}
+	races := 0
+	k.race = func(v backend.Unit) {
+		if v == u && races > 0 {
+			races--
+			k.tamper(u)
+		}
+	}
+	held := func() int { k.mu.Lock(); defer k.mu.Unlock(); return k.held[u] }
+
+	races = 1
+	if res := mustReconcile(t, d, ruleset("a", 1, 1), backend.Trust); !res.Repaired || !res.Applied || !equalCalls(k.take(), "apply", "apply") || held() != 1 {
+		t.Fatalf("an apply interfered with once: %+v, kernel holds %d; want a second apply and 1 rule", res, held())
+	}
+	if res := mustReconcile(t, d, ruleset("a", 1, 1), backend.Verify); res.Repaired || len(k.take()) != 0 {
+		t.Fatalf("Verify after the second apply: %+v; want the stamped record to hold", res)
+	}
+
+	races = 1
+	if res := mustReconcile(t, d, ruleset("a", 2, 1), backend.Trust); !res.Repaired || !equalCalls(k.take(), "update", "apply") || held() != 2 {
+		t.Fatalf("an update interfered with: %+v, kernel holds %d; want an apply after it and 2 rules", res, held())
+	}
+	if !k.lastPre.Known || k.lastPre.Trusted {
+		t.Errorf("the Apply after an interfered update got %+v; want the record known and not trusted", k.lastPre)
+	}
+
+	races = 2
+	_, err := d.Reconcile(context.Background(), "a", rules.IPv4, ruleset("a", 3, 2), backend.Trust)
+	if !errors.Is(err, backend.ErrInterfered) || !equalCalls(k.take(), "update", "apply", "apply") {
+		t.Fatalf("interfered with twice: %v; want ErrInterfered after two applies", err)
+	}
+	if _, ok := d.Record(u); ok {
+		t.Error("a record survived a second interference")
+	}
+	if res := mustReconcile(t, d, ruleset("a", 3, 2), backend.Trust); !res.Applied || !equalCalls(k.take(), "apply") || held() != 3 {
+		t.Fatalf("the reconcile after: %+v, kernel holds %d; want an apply of 3 rules", res, held())
 	}
 }
