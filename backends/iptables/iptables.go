@@ -326,20 +326,17 @@ func placeJumps(p plan, d *dump, fix string, jumps []hookJump, prec precedence) 
 			if !c.builtin() {
 				continue
 			}
-			seen := map[string]bool{} // foreign chains jumped to so far in c
-			for _, r := range c.rules {
+			c.walk(func(r *savedRule, before map[string]bool) bool {
 				j := hookJump{t.name, c.name, r.target}
 				switch {
 				case r.comment != jumpCommentPrefix+fix || !isOurs(r.target):
-					if !isOurs(r.target) && r.target != "" {
-						seen[r.target] = true
-					}
-				case want[j] && !have[j] && r.spec == jumpSpec(fix, r.target) && !prec.blocked(tchain{t.name, r.target}, seen):
+				case want[j] && !have[j] && r.spec == jumpSpec(fix, r.target) && !prec.blocked(tchain{t.name, r.target}, before):
 					have[j] = true
 				default:
 					p.table(t.name).deletes = append(p.table(t.name).deletes, "-D "+c.name+" "+r.spec)
 				}
-			}
+				return true
+			})
 		}
 	}
 	for _, j := range jumps {

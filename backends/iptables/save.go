@@ -408,17 +408,33 @@ func (d *dump) hasJump(fix string, j hookJump, prec precedence) bool {
 	if c == nil {
 		return false
 	}
-	seen := map[string]bool{} // foreign chains jumped to so far
-	spec := jumpSpec(fix, j.chain)
+	spec, found := jumpSpec(fix, j.chain), false
+	c.walk(func(r *savedRule, before map[string]bool) bool {
+		if r.target == j.chain && r.spec == spec {
+			found = !prec.blocked(tchain{j.table, j.chain}, before)
+			return false
+		}
+		return true
+	})
+	return found
+}
+
+// walk calls fn for each rule of c, in order, with the foreign chains (not ours) that the rules
+// before it jump to (nil for none), until fn returns false: what decides whether a jump of ours
+// stands behind a chain it must precede (precedence.blocked).
+func (c *chain) walk(fn func(r *savedRule, before map[string]bool) bool) {
+	var before map[string]bool
 	for _, r := range c.rules {
-		switch {
-		case r.target == j.chain && r.spec == spec:
-			return !prec.blocked(tchain{j.table, j.chain}, seen)
-		case r.target != "" && !isOurs(r.target):
-			seen[r.target] = true
+		if !fn(r, before) {
+			return
+		}
+		if r.target != "" && !isOurs(r.target) {
+			if before == nil {
+				before = map[string]bool{}
+			}
+			before[r.target] = true
 		}
 	}
-	return false
 }
 
 // kstate is the kernel's view of a set of chains, counters excluded: per chain its declaration and
@@ -462,22 +478,16 @@ func (d *dump) state(chains map[tchain]bool, precede precedence) kstate {
 				st.own[k] = c.sum
 				continue
 			}
-			var seen map[string]bool // foreign chains jumped to so far, in a built-in chain
-			for _, r := range c.rules {
-				target := tchain{t.name, r.target}
-				if chains[target] {
+			c.walk(func(r *savedRule, before map[string]bool) bool {
+				if target := (tchain{t.name, r.target}); chains[target] {
 					mark := ""
-					if c.builtin() && precede.blocked(target, seen) {
+					if c.builtin() && precede.blocked(target, before) {
 						mark = " #behind " + precede.list(target)
 					}
 					fmt.Fprintf(&others, "%s%s\n", r.line(), mark)
-				} else if c.builtin() && r.target != "" && !isOurs(r.target) && len(precede) > 0 {
-					if seen == nil {
-						seen = map[string]bool{}
-					}
-					seen[r.target] = true
 				}
-			}
+				return true
+			})
 		}
 		if others.Len() > 0 {
 			st.others[t.name] = others.String()

@@ -387,13 +387,11 @@ func (m *model) existing() *existing {
 // tableState describes our table as the kernel holds it. Counter values are left out, so traffic
 // does not make a table look changed.
 type tableState struct {
-	// objects: the names of the table's chains, maps, counters (and anything else in it).
-	objects string
-	// rules: see listRules.
-	rules string
-	// names: the sorted names of the table's objects by type ("chain", "map", ...), and perChain
-	// how many rules each chain holds (nil when the table is absent).
-	names    map[string][]string
+	// names: the sorted names of the table's chains, maps, counters (and anything else in it) by
+	// type ("chain", "map", ...); nil when the table is absent.
+	names map[string][]string
+	// rules: see listRules; perChain: how many rules each chain holds.
+	rules    string
 	perChain map[string]int
 	// elements: per map and set, its sorted elements with values and comments (nil: not listed).
 	elements map[string]string
@@ -439,12 +437,13 @@ func (s *tableState) holds(m *model) error {
 }
 
 func (s *tableState) equal(o *tableState) bool {
-	return s.objects == o.objects && s.rules == o.rules && s.sameElements(o)
+	return (s.names == nil) == (o.names == nil) && maps.EqualFunc(s.names, o.names, slices.Equal[[]string]) &&
+		s.rules == o.rules && s.sameElements(o)
 }
 
 // withElements is s after an element-only transaction that made the maps and sets hold m's elements.
 func (s *tableState) withElements(m *model) *tableState {
-	out := &tableState{objects: s.objects, rules: s.rules, elements: map[string]string{}}
+	out := &tableState{names: s.names, rules: s.rules, perChain: s.perChain, elements: map[string]string{}}
 	lines := func(elem func(rules.MapEntry) knftables.Element, entries []rules.MapEntry) string {
 		els := make([]*knftables.Element, len(entries))
 		for i, e := range entries {
@@ -507,19 +506,15 @@ func listRules(ctx context.Context, nft Lister) (string, map[string]int, error) 
 func snapshot(ctx context.Context, nft Lister, withElements bool) (*tableState, error) {
 	objs, err := nft.ListAll(ctx)
 	if isNotFound(err) {
-		return &tableState{objects: "absent", rules: "absent"}, nil
+		return &tableState{rules: "absent"}, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	var sb strings.Builder
 	st := &tableState{names: map[string][]string{}}
 	for _, typ := range []string{"chain", "map", "set", "counter", "flowtable"} {
-		names := slices.Sorted(slices.Values(objs[typ]))
-		fmt.Fprintf(&sb, "%s %s\n", typ, strings.Join(names, " "))
-		st.names[typ] = names
+		st.names[typ] = slices.Sorted(slices.Values(objs[typ]))
 	}
-	st.objects = sb.String()
 	if st.rules, st.perChain, err = listRules(ctx, nft); err != nil {
 		return nil, err
 	}
