@@ -10,9 +10,10 @@
 
 SHELL       := /bin/bash
 GO          ?= go
-# The version: git describe on a release tag, else CHANGELOG.md's latest release as a pre-release
-# (hack/version.sh says how). COMMIT is stamped next to it (`network-node-manager version`).
-VERSION     ?= $(shell ./hack/version.sh)
+# The version: CHANGELOG.md's latest release as a pre-release of this commit (v0.1.0-dev.g<commit>);
+# with RELEASE=1, and always for `make release`, the release itself (v0.1.0), the tag the manifests
+# run (hack/version.sh says how). COMMIT is stamped next to it (`network-node-manager version`).
+VERSION     ?= $(shell ./hack/version.sh $(if $(filter 1,$(RELEASE)),--release))
 COMMIT      ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
 BIN         := $(CURDIR)/bin
 AGENT       := $(BIN)/network-node-manager
@@ -154,13 +155,14 @@ fmt:
 
 ## image: the container image network-node-manager:$(VERSION) and :latest for this machine's
 ## architecture in buildah's local storage, without a Docker engine (hack/image.sh: debootstrap
-## bookworm + iptables + nftables, as the Dockerfile).
+## bookworm + iptables + nftables, as the Dockerfile). A pre-release tag; RELEASE=1 for the release's.
 image: image-deps
 	VERSION=$(VERSION) COMMIT=$(COMMIT) ./hack/image.sh
 
 ## release: network-node-manager:$(VERSION) for linux/amd64 and linux/arm64 as one manifest list, with
 ## OCI labels, without a Docker engine; prints the platforms, the binaries' file types and each
 ## image's `version` (arm64 under qemu-user). Slow (debootstrap per architecture): not in make test.
+release: RELEASE = 1
 release: image-deps
 	VERSION=$(VERSION) COMMIT=$(COMMIT) ./hack/release.sh
 

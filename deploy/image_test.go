@@ -269,14 +269,22 @@ func runImage(t *testing.T, cp *controlplane.ControlPlane, ds *appsv1.DaemonSet,
 	// The kernel: the fixes' rules in the chosen backend, and the sysctl.
 	switch backend {
 	case "iptables":
-		out := ns.MustExec("iptables-nft-save", "-t", "filter")
-		if !strings.Contains(out, ":"+iptables.ChainPrefix) {
-			t.Errorf("iptables-nft-save shows no %s chain:\n%s", iptables.ChainPrefix, out)
+		// invalid-drop's chains are in mangle (before any filter-table ACCEPT), ipvs-externalip-dnat's
+		// in nat: every table of the whole save, not one named table, so a fix moving its chains to
+		// another table does not fail this check (it failed when invalid-drop left filter).
+		out := ns.MustExec("iptables-nft-save")
+		got := chainTables(out, iptables.ChainPrefix)
+		for _, table := range []string{"mangle", "nat"} {
+			if !slices.Contains(got, table) {
+				t.Errorf("iptables-nft-save: no %s chain in the %s table (%s chains in %v):\n%s", iptables.ChainPrefix, table, iptables.ChainPrefix, got, out)
+			}
 		}
 	case "nftables":
 		out := ns.MustExec("nft", "list", "tables")
-		if !strings.Contains(out, nftables.TableName("invalid-drop")) {
-			t.Errorf("nft list tables shows no %s:\n%s", nftables.TableName("invalid-drop"), out)
+		for _, id := range []string{"invalid-drop", "ipvs-externalip-dnat"} {
+			if !strings.Contains(out, nftables.TableName(id)) {
+				t.Errorf("nft list tables shows no %s:\n%s", nftables.TableName(id), out)
+			}
 		}
 	}
 	if v := strings.TrimSpace(ns.MustExec("cat", "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal")); v != "1" {
@@ -364,6 +372,22 @@ func runImage(t *testing.T, cp *controlplane.ControlPlane, ds *appsv1.DaemonSet,
 	if !t.Failed() {
 		t.Logf("%s: uninstall cleanup container: nf_conntrack_tcp_be_liberal back to %s, rules gone", backend, liberalBefore)
 	}
+}
+
+// chainTables returns the tables of an iptables-save output that hold a chain whose name starts with
+// prefix, in the order they appear.
+func chainTables(save, prefix string) []string {
+	var tables []string
+	table := ""
+	for line := range strings.Lines(save) {
+		switch {
+		case strings.HasPrefix(line, "*"):
+			table = strings.TrimSpace(line[1:])
+		case strings.HasPrefix(line, ":"+prefix) && !slices.Contains(tables, table):
+			tables = append(tables, table)
+		}
+	}
+	return tables
 }
 
 // containerRun is one container of a pod spec, run from the image's root filesystem the way a

@@ -231,21 +231,23 @@ func setImages(t *testing.T, o object, images []imageSetting) object {
 		for j, c := range cs {
 			cm := c.(map[string]any)
 			ref, _ := cm["image"].(string)
-			name := ref
+			name, tag := ref, ""
 			if k := strings.LastIndexAny(ref, ":@"); k > strings.LastIndex(ref, "/") {
-				name = ref[:k]
+				name, tag = ref[:k], ref[k:]
 			}
 			for _, im := range images {
 				if im.Name != name {
 					continue
 				}
+				// As kustomize: newName alone keeps the tag (an overlay naming the registry keeps
+				// components/release's tag), newTag alone keeps the name.
 				if im.NewName != "" {
 					name = im.NewName
 				}
-				ref = name
 				if im.NewTag != "" {
-					ref += ":" + im.NewTag
+					tag = ":" + im.NewTag
 				}
+				ref = name + tag
 				cm["image"] = ref
 				cs[j] = cm
 				changed = true
@@ -449,7 +451,7 @@ func TestDaemonSet(t *testing.T) {
 	check(ds.Namespace == sa.Namespace && cm.Namespace == sa.Namespace, "DaemonSet, ConfigMap, ServiceAccount in different namespaces")
 	us := ds.Spec.UpdateStrategy
 	check(us.Type == appsv1.RollingUpdateDaemonSetStrategyType && us.RollingUpdate != nil && us.RollingUpdate.MaxUnavailable != nil &&
-		us.RollingUpdate.MaxUnavailable.String() == "10%", "updateStrategy = %+v", us)
+		us.RollingUpdate.MaxUnavailable.String() == "1", "updateStrategy = %+v, want maxUnavailable 1 (one node at a time, daemonset.yaml says why)", us)
 	check(ds.Spec.Selector != nil && fmt.Sprint(ds.Spec.Selector.MatchLabels) == fmt.Sprint(ds.Spec.Template.Labels),
 		"selector %v must equal the pod labels %v", ds.Spec.Selector, ds.Spec.Template.Labels)
 	if len(spec.Containers) != 1 {
@@ -558,8 +560,11 @@ func releaseVersion(t *testing.T) string {
 
 // TestImageTagIsTheRelease: every container of every manifest set the docs apply — the agent, its
 // overlays, both uninstall kustomizations — runs network-node-manager at the release's tag (never
-// latest, never untagged), and runs only on Linux nodes. components/release holds the tag once.
+// latest, never untagged), and runs only on Linux nodes. components/release holds the tag once. And
+// the image docs/deploy.md tells you to build is that tag, pushed and run by the overlays it writes
+// (checkDocsInstall).
 func TestImageTagIsTheRelease(t *testing.T) {
+	t.Run("docs/deploy.md install and uninstall", func(t *testing.T) { checkDocsInstall(t, releaseVersion(t)) })
 	want := "network-node-manager:" + releaseVersion(t)
 	for _, set := range slices.Sorted(maps.Keys(manifestSets)) {
 		pods := 0

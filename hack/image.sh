@@ -26,7 +26,10 @@
 # image after a code change takes seconds.
 #
 # Environment:
-#   VERSION          main.version and the default tag (default: hack/version.sh)
+#   VERSION          main.version and the default tag (default: hack/version.sh, a pre-release of
+#                    this commit; RELEASE=1: hack/version.sh --release, the manifests' tag). A release
+#                    version (vX.Y.Z, no pre-release part) names a commit: it is refused from a tree
+#                    with uncommitted changes (NNM_ALLOW_DIRTY_RELEASE=1 overrides, for tests only)
 #   COMMIT           main.commit (default: git rev-parse --short=12 HEAD)
 #   ARCH             Debian/Go architecture: amd64, arm64 (default: the build machine's)
 #   TAG              image tag (default: $VERSION, plus :latest for the build machine's architecture)
@@ -37,7 +40,17 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${NNM_BIN_DIR:-$ROOT/bin}"
-VERSION="${VERSION:-$("$ROOT/hack/version.sh")}"
+if [[ "${RELEASE:-}" == 1 ]]; then
+	VERSION="${VERSION:-$("$ROOT/hack/version.sh" --release)}"
+else
+	VERSION="${VERSION:-$("$ROOT/hack/version.sh")}"
+fi
+# A release tag must be the image of a commit, the same bytes whoever builds it.
+if [[ "$VERSION" =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ && "${NNM_ALLOW_DIRTY_RELEASE:-}" != 1 ]] &&
+	! git -C "$ROOT" diff --quiet HEAD -- 2>/dev/null; then
+	echo "hack/image.sh: $VERSION is a release tag, and this tree has uncommitted changes: commit them, or build a pre-release (make image without RELEASE=1)" >&2
+	exit 1
+fi
 COMMIT="${COMMIT:-$(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null || true)}"
 HOST_ARCH="$(dpkg --print-architecture)"
 ARCH="${ARCH:-$HOST_ARCH}"

@@ -5,13 +5,15 @@
 # list's platforms, the file types of the agent, iptables and nft in each image, and each image's
 # agent printing `version` (arm64 under qemu-user).
 #
-#   make release                          VERSION from hack/version.sh
+#   make release                          VERSION from hack/version.sh --release: CHANGELOG.md's latest
+#                                         release, the tag deploy/components/release runs
 #   buildah manifest push --all network-node-manager:$VERSION docker://REGISTRY/network-node-manager:$VERSION
 #
-# Environment: VERSION, COMMIT (as hack/image.sh), ARCHES (default "amd64 arm64").
+# Environment: VERSION, COMMIT (as hack/image.sh; a release VERSION needs a clean tree), ARCHES
+# (default "amd64 arm64"; ARCHES=amd64 for one).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-export VERSION="${VERSION:-$("$ROOT/hack/version.sh")}"
+export VERSION="${VERSION:-$("$ROOT/hack/version.sh" --release)}"
 export COMMIT="${COMMIT:-$(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null || true)}"
 ARCHES="${ARCHES:-amd64 arm64}"
 IMAGE=network-node-manager

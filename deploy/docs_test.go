@@ -1,0 +1,295 @@
+package deploy
+
+import (
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/network-node-manager/network-node-manager/cmd/network-node-manager/app"
+	"github.com/network-node-manager/network-node-manager/fixes"
+)
+
+// docBlock returns the ```sh block that follows <!-- marker --> in docs/deploy.md: the one place those
+// commands are written (the cluster lane runs the same blocks on real nodes).
+func docBlock(t *testing.T, marker string) string {
+	t.Helper()
+	data, err := os.ReadFile("../docs/deploy.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)<!-- " + regexp.QuoteMeta(marker) + " -->\\s*```sh\\n(.*?)```").FindSubmatch(data)
+	if m == nil {
+		t.Fatalf("docs/deploy.md: no ```sh block after <!-- %s -->", marker)
+	}
+	return string(m[1])
+}
+
+// recordedRun runs script with bash -e in dir, with make, buildah and kubectl replaced by stubs that
+// record their arguments (kubectl get prints one pod name), and returns the calls, one per line.
+func recordedRun(t *testing.T, dir, script string) []string {
+	t.Helper()
+	stubs := t.TempDir()
+	calls := filepath.Join(stubs, "calls")
+	for _, tool := range []string{"make", "buildah", "kubectl"} {
+		stub := "#!/bin/sh\nprintf '%s\\n' \"" + tool + " $*\" >>\"$DOC_CALLS\"\n"
+		if tool == "kubectl" {
+			stub += "case \" $* \" in *' get '*) echo pod/network-node-manager-x7k2p ;; esac\n"
+		}
+		if err := os.WriteFile(filepath.Join(stubs, tool), []byte(stub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command("bash", "-euo", "pipefail", "-c", script)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"), "DOC_CALLS="+calls)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the docs' block fails: %v\n%s\nblock:\n%s", err, out, script)
+	}
+	data, err := os.ReadFile(calls)
+	if err != nil {
+		t.Fatalf("the block ran none of make, buildah, kubectl: %v", err)
+	}
+	return strings.Split(strings.TrimSpace(string(data)), "\n")
+}
+
+// madeTag is the image tag `make ARGS` builds: the VERSION the Makefile hands hack/image.sh or
+// hack/release.sh, read from `make -n` (which runs neither).
+func madeTag(t *testing.T, args []string) string {
+	t.Helper()
+	cmd := exec.Command("make", append([]string{"-n", "--no-print-directory", "-C", ".."}, args...)...)
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, "VERSION=") && !strings.HasPrefix(e, "RELEASE=") && !strings.HasPrefix(e, "MAKEFLAGS=") {
+			cmd.Env = append(cmd.Env, e)
+		}
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("make -n %v: %v\n%s", args, err, out)
+	}
+	m := regexp.MustCompile(`(?m)\bVERSION=(\S+) .*\./hack/(?:image|release)\.sh`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("make %v builds no image (no hack/image.sh or hack/release.sh in make -n):\n%s", args, out)
+	}
+	return string(m[1])
+}
+
+// podImages returns every container image of the pod templates among objs.
+func podImages(t *testing.T, objs []object) []string {
+	t.Helper()
+	var out []string
+	for _, o := range objs {
+		if pod := podSpec(t, o); pod != nil {
+			for _, c := range append(slices.Clone(pod.InitContainers), pod.Containers...) {
+				out = append(out, c.Image)
+			}
+		}
+	}
+	return out
+}
+
+// kubectlArgs splits a recorded kubectl call into its namespace (-n) and the rest.
+func kubectlArgs(call string) (ns string, rest []string) {
+	f := strings.Fields(strings.TrimPrefix(call, "kubectl "))
+	for i := 0; i < len(f); i++ {
+		if f[i] == "-n" && i+1 < len(f) {
+			ns = f[i+1]
+			i++
+			continue
+		}
+		rest = append(rest, f[i])
+	}
+	return ns, rest
+}
+
+// flagValue returns the value of -x V or --x=V in args.
+func flagValue(args []string, short, long string) string {
+	for i, a := range args {
+		if a == short && i+1 < len(args) {
+			return args[i+1]
+		}
+		if v, ok := strings.CutPrefix(a, long+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// checkKubectl checks a recorded kubectl call against what the docs' overlays render in dir:
+// apply/delete -k name a kustomization; rollout status, logs -l/-c and get pods -l name objects,
+// labels and containers that exist in the namespace given. applied collects what was applied.
+func checkKubectl(t *testing.T, dir, call string, applied map[string][]object) {
+	t.Helper()
+	ns, args := kubectlArgs(call)
+	if len(args) == 0 {
+		t.Errorf("%q: no kubectl verb", call)
+		return
+	}
+	var daemonSets []*appsv1.DaemonSet
+	for _, objs := range applied {
+		for _, o := range objs {
+			if o.u.GetKind() == "DaemonSet" {
+				daemonSets = append(daemonSets, typed[appsv1.DaemonSet](t, o))
+			}
+		}
+	}
+	withLabel := func(sel string) *appsv1.DaemonSet {
+		k, v, _ := strings.Cut(sel, "=")
+		for _, ds := range daemonSets {
+			if ds.Namespace == ns && ds.Spec.Template.Labels[k] == v {
+				return ds
+			}
+		}
+		t.Errorf("%q: no pods in namespace %q carry the label %s in what the docs applied", call, ns, sel)
+		return nil
+	}
+	switch args[0] {
+	case "apply", "delete":
+		k := flagValue(args, "-k", "--kustomize")
+		if k == "" {
+			t.Errorf("%q: the docs apply only kustomizations (-k)", call)
+			return
+		}
+		objs := render(t, filepath.Join(dir, k))
+		if args[0] == "apply" {
+			applied[k] = objs
+		} else if _, ok := applied[k]; !ok {
+			t.Errorf("%q deletes what the docs never applied", call)
+		}
+	case "rollout":
+		name, ok := strings.CutPrefix(args[len(args)-1], "daemonset/")
+		if !ok || !slices.ContainsFunc(daemonSets, func(ds *appsv1.DaemonSet) bool { return ds.Name == name && ds.Namespace == ns }) {
+			t.Errorf("%q: no DaemonSet %s/%s among what the docs applied", call, ns, args[len(args)-1])
+		}
+	case "logs":
+		if ds := withLabel(flagValue(args, "-l", "--selector")); ds != nil {
+			c := flagValue(args, "-c", "--container")
+			spec := ds.Spec.Template.Spec
+			if !slices.ContainsFunc(append(slices.Clone(spec.InitContainers), spec.Containers...), func(x corev1.Container) bool { return x.Name == c }) {
+				t.Errorf("%q: DaemonSet %s has no container %q", call, ds.Name, c)
+			}
+		}
+	case "get":
+		withLabel(flagValue(args, "-l", "--selector"))
+	case "exec":
+		i := slices.Index(args, "--")
+		if i < 0 || i+1 >= len(args) {
+			t.Errorf("%q: exec without -- COMMAND", call)
+			return
+		}
+		checkAgentCommand(t, call, args[i+1:], daemonSets)
+	default:
+		t.Errorf("%q: teach this test kubectl %s", call, args[0])
+	}
+}
+
+// checkAgentCommand: argv runs in the agent's container, so it must be the image's binary, on the
+// image's PATH, with a subcommand and flags the binary has, and a --config the container mounts.
+func checkAgentCommand(t *testing.T, call string, argv []string, daemonSets []*appsv1.DaemonSet) {
+	t.Helper()
+	img, err := os.ReadFile("../hack/image.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if argv[0] != "network-node-manager" || !strings.Contains(string(img), `"$mnt/usr/local/bin/network-node-manager"`) ||
+		!regexp.MustCompile(`--env PATH=\S*:/usr/local/bin:`).Match(img) {
+		t.Errorf("%q: the image has network-node-manager in /usr/local/bin, on its PATH; the command is %q", call, argv[0])
+	}
+	root := app.NewCommand("test", fixes.Standard)
+	cmd, rest, err := root.Find(argv[1:])
+	if err != nil || cmd == root {
+		t.Errorf("%q: %v is not a command of the agent: %v", call, argv[1:], err)
+		return
+	}
+	if err := cmd.ParseFlags(rest); err != nil {
+		t.Errorf("%q: %v", call, err)
+	}
+	if cfg := flagValue(argv, "", "--config"); cfg != "" {
+		i := slices.IndexFunc(daemonSets, func(ds *appsv1.DaemonSet) bool { return ds.Name == "network-node-manager" })
+		if i < 0 {
+			t.Errorf("%q: the agent's DaemonSet was not applied", call)
+			return
+		}
+		c := daemonSets[i].Spec.Template.Spec.Containers[0]
+		if !slices.Contains(c.Args, "--config="+cfg) {
+			t.Errorf("%q: --config=%s is not the file the agent container reads (args %v)", call, cfg, c.Args)
+		}
+	}
+}
+
+// checkDocsInstall runs docs/deploy.md's install, dry-run and uninstall blocks in order, in a copy of
+// the checkout's layout, with the tools recorded: the tag `make` builds is the release (the tag the
+// manifests run), that tag is the one pushed, every kustomization the blocks apply runs exactly the
+// pushed image, and every kubectl call names objects, labels, containers and agent flags that exist.
+func checkDocsInstall(t *testing.T, release string) {
+	dir := t.TempDir()
+	for _, p := range []string{"deploy", "hack", "CHANGELOG.md"} {
+		abs, err := filepath.Abs(filepath.Join("..", p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(abs, filepath.Join(dir, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	applied := map[string][]object{}
+	var built, pushed string
+	for _, marker := range []string{"install-steps", "dry-run-steps", "uninstall-steps"} {
+		for _, call := range recordedRun(t, dir, docBlock(t, marker)) {
+			f := strings.Fields(call)
+			switch f[0] {
+			case "make":
+				built = madeTag(t, f[1:])
+				if built != release {
+					t.Errorf("docs/deploy.md %s: %q builds network-node-manager:%s, the manifests run %s", marker, call, built, release)
+				}
+			case "buildah":
+				// buildah manifest push --all SRC docker://DST
+				if len(f) != 6 || f[1] != "manifest" || f[2] != "push" || f[3] != "--all" || !strings.HasPrefix(f[5], "docker://") {
+					t.Errorf("docs/deploy.md %s: %q is not `buildah manifest push --all SRC docker://DST`", marker, call)
+					continue
+				}
+				if want := "network-node-manager:" + built; f[4] != want {
+					t.Errorf("docs/deploy.md %s: pushes %s, but make built %s", marker, f[4], want)
+				}
+				pushed = strings.TrimPrefix(f[5], "docker://")
+				if !strings.HasSuffix(pushed, "/network-node-manager:"+release) {
+					t.Errorf("docs/deploy.md %s: pushes to %s, want REGISTRY/network-node-manager:%s", marker, pushed, release)
+				}
+			case "kubectl":
+				checkKubectl(t, dir, call, applied)
+			}
+		}
+	}
+	if pushed == "" || len(applied) < 2 {
+		t.Fatalf("the docs' blocks push %q and apply %d kustomizations: want one push, an install and an uninstall", pushed, len(applied))
+	}
+	for k, objs := range applied {
+		images := podImages(t, objs)
+		if len(images) == 0 {
+			t.Errorf("%s: no pod template", k)
+		}
+		for _, img := range images {
+			if img != pushed {
+				t.Errorf("%s runs %s, the docs pushed %s", k, img, pushed)
+			}
+		}
+	}
+	t.Logf("make builds %s, pushed as %s; applied %v", built, pushed, slices.Sorted(maps.Keys(applied)))
+}
+
+func TestChainTables(t *testing.T) {
+	save := "# Generated\n*mangle\n:PREROUTING ACCEPT [0:0]\n:NNM-INVALID-DROP-INPUT - [0:0]\nCOMMIT\n*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n" +
+		"*nat\n:NNM-IPVS-EXTERNALIP-DNAT - [0:0]\n:NNM-X - [0:0]\nCOMMIT\n"
+	if got := chainTables(save, "NNM-"); fmt.Sprint(got) != "[mangle nat]" {
+		t.Errorf("chainTables = %v, want [mangle nat]", got)
+	}
+}
