@@ -101,7 +101,7 @@ test-vm: build controlplane vm
 
 ## test-felix: the Felix lane (e2e/felix, issue #20): the real Calico Felix (iptables-nft and nftables
 ## modes) beside the agent (both backends, both families) for NNM_FELIX_DURATION (default 60s). Needs
-## Calico's and libbpf's git repositories (CALICO_GIT_DIR, LIBBPF_GIT_DIR; see hack/felix/build.sh),
+## Calico's and libbpf's git repositories (CALICO_GIT_DIR, LIBBPF_GIT_DIR, both required; hack/felix/build.sh),
 ## which builds Felix once into /var/cache/network-node-manager/felix/. Opt-in: not part of `make test`.
 ## The four lanes run side by side (-parallel 4; go test would run only GOMAXPROCS of them at once).
 FELIX_TEST_FLAGS ?= -count=1 -timeout 90m -parallel 4

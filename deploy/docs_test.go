@@ -293,3 +293,123 @@ func TestChainTables(t *testing.T) {
 		t.Errorf("chainTables = %v, want [mangle nat]", got)
 	}
 }
+
+// docFiles are the pages that quote the install's numbers: the front door, docs/, the fixes' pages,
+// SECURITY.md and BENCHMARKS.md (CHANGELOG.md records history and may quote old values).
+func docFiles(t *testing.T) []string {
+	t.Helper()
+	files := []string{"../README.md", "../SECURITY.md", "../BENCHMARKS.md", "../CONTRIBUTING.md"}
+	for _, glob := range []string{"../docs/*.md", "../fixes/*/README.md"} {
+		m, err := filepath.Glob(glob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, m...)
+	}
+	return files
+}
+
+// TestDocsQuoteTheManifests: every memory request and limit, CPU request, GOMEMLIMIT, maxUnavailable,
+// agent port (94xx) and release image tag that a page quotes is the value deploy/base runs, and
+// docs/deploy.md, the one page that explains them, quotes each (TestImageTagIsTheRelease does the
+// same for the tag the docs build).
+func TestDocsQuoteTheManifests(t *testing.T) {
+	objs := render(t, "base")
+	ds := typed[appsv1.DaemonSet](t, find(t, objs, "DaemonSet", "network-node-manager"))
+	c := ds.Spec.Template.Spec.Containers[0]
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	var ports []string
+	for _, p := range c.Ports {
+		ports = append(ports, fmt.Sprint(p.ContainerPort))
+	}
+	facts := []struct {
+		name string
+		re   *regexp.Regexp
+		ok   func(string) bool
+		want string
+	}{
+		{"memory request", regexp.MustCompile(`memory request (\d+[KMG]i)\b`), nil, c.Resources.Requests.Memory().String()},
+		{"memory limit", regexp.MustCompile(`memory limit (\d+[KMG]i)\b|\b(\d+[KMG]i) (?:memory )?limit\b`), nil, c.Resources.Limits.Memory().String()},
+		{"CPU request", regexp.MustCompile(`CPU request (\d+m?)\b`), nil, c.Resources.Requests.Cpu().String()},
+		{"GOMEMLIMIT", regexp.MustCompile(`GOMEMLIMIT=(\d+[KMG]iB)\b`), nil, env["GOMEMLIMIT"]},
+		{"maxUnavailable", regexp.MustCompile(`maxUnavailable:? (\d+ ?%?)`), nil, ds.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable.String()},
+		{"agent port", regexp.MustCompile(`(?:\bport |:)(94\d\d)\b`), func(v string) bool { return slices.Contains(ports, v) }, strings.Join(ports, " or ")},
+		{"release image tag", regexp.MustCompile(`network-node-manager:(v\d+\.\d+\.\d+)\b(?:[^-.]|$)|newTag: (v\S+)`), nil, releaseVersion(t)},
+	}
+	quotedInDeploy := map[string]bool{}
+	for _, file := range docFiles(t) {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Sentences wrap: match across line ends (same offsets, so the line number stays right).
+		text := strings.ReplaceAll(string(data), "\n", " ")
+		for _, f := range facts {
+			for _, m := range f.re.FindAllStringSubmatchIndex(text, -1) {
+				var v string
+				for i := 2; i < len(m); i += 2 {
+					if m[i] >= 0 {
+						v += text[m[i]:m[i+1]]
+					}
+				}
+				v = strings.ReplaceAll(v, " ", "")
+				good := v == f.want
+				if f.ok != nil {
+					good = f.ok(v)
+				}
+				if !good {
+					t.Errorf("%s:%d quotes %s %s, deploy/base runs %s: %q", strings.TrimPrefix(file, "../"),
+						strings.Count(string(data[:m[0]]), "\n")+1, f.name, v, f.want, text[m[0]:m[1]])
+				}
+				if filepath.Base(file) == "deploy.md" {
+					quotedInDeploy[f.name] = true
+				}
+			}
+		}
+	}
+	for _, f := range facts {
+		if !quotedInDeploy[f.name] && f.name != "release image tag" {
+			t.Errorf("docs/deploy.md does not quote the %s (%s): it is the page that explains the DaemonSet's numbers", f.name, f.want)
+		}
+	}
+}
+
+// TestNoBuildMachinePaths: no file of the repository names a path that exists only on the machine it
+// was written on (a checkout, a home directory, a mirror); scripts take such paths from required
+// environment variables. Pages (*.md) also name no /tmp file: a figure's command must be in the tree.
+func TestNoBuildMachinePaths(t *testing.T) {
+	out, err := exec.Command("git", "-C", "..", "ls-files", "--cached", "--others", "--exclude-standard").Output()
+	if err != nil {
+		t.Fatalf("git ls-files: %v", err)
+	}
+	dirs := []string{"work", "root", "home", "Users", "mnt", "srv", "opt"}
+	machine := regexp.MustCompile("(?:^|[\\s\"'`(=,\\[])(/(?:" + strings.Join(dirs, "|") + ")/[^\\s`'\",;)]*)")
+	tmp := regexp.MustCompile("(?:^|[\\s\"'`(=,\\[])(/tmp/[^\\s`'\",;)]*)")
+	self, _ := filepath.Abs("docs_test.go")
+	checked := 0
+	for _, f := range strings.Fields(string(out)) {
+		p := filepath.Join("..", f)
+		if abs, _ := filepath.Abs(p); abs == self || strings.HasPrefix(f, "bin/") {
+			continue
+		}
+		data, err := os.ReadFile(p)
+		if err != nil || slices.Contains(data, 0) {
+			continue // deleted in the work tree, or binary
+		}
+		checked++
+		for n, line := range strings.Split(string(data), "\n") {
+			if m := machine.FindStringSubmatch(line); m != nil {
+				t.Errorf("%s:%d names %s, a path of one machine: take it from a required environment variable", f, n+1, m[1])
+			}
+			if m := tmp.FindStringSubmatch(line); m != nil && strings.HasSuffix(f, ".md") {
+				t.Errorf("%s:%d names %s: a page's command must use files in the tree", f, n+1, m[1])
+			}
+		}
+	}
+	if checked < 100 {
+		t.Fatalf("checked only %d files: git ls-files did not list the repository", checked)
+	}
+}

@@ -645,6 +645,9 @@ func checkSecurity(t *testing.T, c corev1.Container, what string) {
 	if sc.Privileged != nil && *sc.Privileged {
 		t.Errorf("%s: must not be privileged", what)
 	}
+	if sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("%s: seccompProfile %+v, want RuntimeDefault (SECURITY.md says so)", what, sc.SeccompProfile)
+	}
 }
 
 // loadConfigMap loads the shipped config file the way the agent does, and builds the engine with every

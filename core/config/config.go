@@ -69,7 +69,7 @@ type Config struct {
 	// HealthzAddress serves /healthz and /readyz over plain HTTP; empty serves them on MetricsAddress.
 	HealthzAddress string `mapstructure:"healthzAddress"`
 	// ProcSysPath is where the agent reads and writes sysctls (/proc/sys). A container's /proc/sys is
-	// read-only, so deploy/base mounts the node's /proc/sys/net at /host/proc/sys/net and sets this.
+	// read-only, so components/conntrack-liberal mounts the node's /proc/sys/net at /host/proc/sys/net and sets this.
 	ProcSysPath string `mapstructure:"procSysPath"`
 	// LogLevel is debug, info, warn or error; a reload applies it.
 	LogLevel string `mapstructure:"logLevel"`
@@ -137,7 +137,7 @@ var Keys = []Key{
 	{Key: "healthzAddress", Flag: "healthz-address", Default: "", Doc: "on `metricsAddress`", Restart: true,
 		Help: "`/healthz`, `/readyz` over plain HTTP (`0.0.0.0:9485` in deploy/base)"},
 	{Key: "procSysPath", Flag: "proc-sys-path", Default: "/proc/sys", Restart: true,
-		Help: "the sysctl tree the agent writes; a container's `/proc/sys` is read-only, so deploy/base mounts the node's `/proc/sys/net` at `/host/proc/sys/net`"},
+		Help: "the sysctl tree the agent writes; a container's `/proc/sys` is read-only, so components/conntrack-liberal mounts the node's `/proc/sys/net` at `/host/proc/sys/net` and sets this"},
 	{Key: "logLevel", Flag: "log-level", Default: "info", Help: "`debug`, `info`, `warn`, `error`"},
 	{Key: "logFormat", Flag: "log-format", Default: "text", Restart: true, Help: "`text`, `json`; client-go's log lines use it too"},
 }

@@ -7,8 +7,9 @@
 #   hack/felix/build.sh --env    only print the path of felix.env
 #
 # Inputs (git directories; a bare mirror is enough, nothing is checked out):
-#   CALICO_GIT_DIR   Calico's repository   (default /work/.mirror/projectcalico+calico/repo)
-#   LIBBPF_GIT_DIR   libbpf's repository   (default /work/.mirror/libbpf+libbpf/repo)
+#   CALICO_GIT_DIR   Calico's repository (required; e.g. a bare clone of
+#                    https://github.com/projectcalico/calico)
+#   LIBBPF_GIT_DIR   libbpf's repository (required; e.g. a bare clone of https://github.com/libbpf/libbpf)
 #   CALICO_COMMIT    the Calico commit to build (default: the pinned one below, the one the lane was
 #                    tested with); libbpf's version is read from that commit's metadata.mk
 #                    (LIBBPF_VERSION), as Calico's own build does.
@@ -28,8 +29,9 @@ set -euo pipefail
 
 # The Calico commit the lane was tested with (master, 2026-08-22).
 CALICO_COMMIT="${CALICO_COMMIT:-87c15906f20c4ca1fda55af92295e7678b0cc0b2}"
-CALICO_GIT_DIR="${CALICO_GIT_DIR:-/work/.mirror/projectcalico+calico/repo}"
-LIBBPF_GIT_DIR="${LIBBPF_GIT_DIR:-/work/.mirror/libbpf+libbpf/repo}"
+# Where the two repositories are is the machine's business, not the tree's: no default.
+[[ -n "${CALICO_GIT_DIR:-}" ]] || { echo "hack/felix/build.sh: set CALICO_GIT_DIR to the git directory of a clone of Calico (git clone --bare https://github.com/projectcalico/calico)" >&2; exit 1; }
+[[ -n "${LIBBPF_GIT_DIR:-}" ]] || { echo "hack/felix/build.sh: set LIBBPF_GIT_DIR to the git directory of a clone of libbpf (git clone --bare https://github.com/libbpf/libbpf)" >&2; exit 1; }
 GO="${GO:-go}"
 
 # What the cgo build needs, and ipset, which Felix runs (it panics without it, in both data plane
