@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -317,6 +318,27 @@ func runImage(t *testing.T, cp *controlplane.ControlPlane, ds *appsv1.DaemonSet,
 		}
 	}
 
+	// docs/deploy.md's dry run as `kubectl exec` runs it: a second process in the agent's container
+	// (the image's PATH, the container's mounts, environment and capabilities), with exactly the
+	// command and flags the page gives. It must list the rules the agent made and change nothing.
+	argv := docsExecArgv(t)
+	execC := c
+	execC.Args = argv[1:]
+	execScript := containerScript(t, containerRun{dir: filepath.Join(dir, "exec"), hostRoot: hostRoot, rootfs: rootfs,
+		pod: ds.Spec.Template.Spec, c: execC, cm: cm, files: files, env: env, entrypoint: argv[:1],
+		mounts: []string{saDir + " /var/run/secrets/kubernetes.io/serviceaccount ro"}})
+	before := ruleState(t, ns, backend)
+	dry, err := ns.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", execScript).CombinedOutput()
+	if err != nil {
+		t.Errorf("docs/deploy.md's %v in the agent's container: %v\n%s", argv, err, dry)
+	}
+	if n := regexp.MustCompile(`dry run: (\d+) chains or tables to remove; nothing was changed`).FindSubmatch(dry); n == nil || string(n[1]) == "0" {
+		t.Errorf("docs/deploy.md's %v lists nothing to remove on a node the agent programmed:\n%s", argv, dry)
+	}
+	if after := ruleState(t, ns, backend); after != before {
+		t.Errorf("the dry run changed the rules:\nbefore\n%s\nafter\n%s", before, after)
+	}
+
 	// Events on the Node, through the in-cluster config and deploy/base's events Role.
 	agenttest.Eventually(t, 30*time.Second, func() error {
 		l, err := admin.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
@@ -372,6 +394,32 @@ func runImage(t *testing.T, cp *controlplane.ControlPlane, ds *appsv1.DaemonSet,
 	if !t.Failed() {
 		t.Logf("%s: uninstall cleanup container: nf_conntrack_tcp_be_liberal back to %s, rules gone", backend, liberalBefore)
 	}
+}
+
+// docsExecArgv is the command docs/deploy.md's dry-run block runs in the agent's container (after
+// `kubectl exec POD --`).
+func docsExecArgv(t *testing.T) []string {
+	t.Helper()
+	for line := range strings.Lines(docBlock(t, "dry-run-steps")) {
+		if _, cmd, ok := strings.Cut(line, " exec "); ok && strings.HasPrefix(line, "kubectl ") {
+			if _, argv, ok := strings.Cut(cmd, " -- "); ok {
+				return strings.Fields(argv)
+			}
+		}
+	}
+	t.Fatal("docs/deploy.md's dry-run block has no `kubectl ... exec POD -- COMMAND`")
+	return nil
+}
+
+// ruleState is the node's ruleset of one backend, as its save or list tool prints it (counters
+// zeroed out, so packets do not count as a change).
+func ruleState(t *testing.T, ns *testenv.NS, backend string) string {
+	t.Helper()
+	if backend == "nftables" {
+		return regexp.MustCompile(`packets \d+ bytes \d+`).ReplaceAllString(ns.MustExec("nft", "list", "ruleset"), "")
+	}
+	out := ns.MustExec("iptables-nft-save")
+	return regexp.MustCompile(`(?m)^#.*$|\[\d+:\d+\]`).ReplaceAllString(out, "")
 }
 
 // chainTables returns the tables of an iptables-save output that hold a chain whose name starts with
