@@ -1,9 +1,10 @@
 # network-node-manager image: a static Go binary on Debian bookworm-slim with the netfilter tools the
 # agent drives (iptables-nft, iptables-legacy, ip6tables-*, their -save/-restore, and nft).
 #
-#   docker build --build-arg VERSION=$(hack/version.sh) --build-arg COMMIT=$(git rev-parse --short=12 HEAD) \
-#     -t network-node-manager:$(hack/version.sh) .          (make image does the same without Docker;
-#   make release builds linux/amd64 and linux/arm64)
+#   docker build --build-arg VERSION=$(hack/version.sh --release) --build-arg COMMIT=$(git rev-parse --short=12 HEAD) \
+#     -t network-node-manager:$(hack/version.sh --release) .   (the release's tag, which the manifests run;
+#   hack/version.sh without --release for a pre-release of the commit. make image and make release
+#   do the same without Docker, make release for linux/amd64 and linux/arm64)
 #
 # Runtime needs (see deploy/base/daemonset.yaml): root in the host network namespace with only
 # CAP_NET_ADMIN (+ CAP_NET_RAW for iptables-legacy), read-only root filesystem, and the host's

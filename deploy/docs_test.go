@@ -33,6 +33,32 @@ func docBlock(t *testing.T, marker string) string {
 	return string(m[1])
 }
 
+// docsLayout is a directory laid out as the checkout the docs' commands run in (deploy/, hack/,
+// CHANGELOG.md), where they may write their overlays.
+func docsLayout(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, p := range []string{"deploy", "hack", "CHANGELOG.md"} {
+		abs, err := filepath.Abs(filepath.Join("..", p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(abs, filepath.Join(dir, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// docsOverlays runs docs/deploy.md's install block (tools recorded, not run) and returns the
+// directory holding the overlays it wrote (my-cluster/…).
+func docsOverlays(t *testing.T) string {
+	t.Helper()
+	dir := docsLayout(t)
+	recordedRun(t, dir, docBlock(t, "install-steps"))
+	return dir
+}
+
 // recordedRun runs script with bash -e in dir, with make, buildah and kubectl replaced by stubs that
 // record their arguments (kubectl get prints one pod name), and returns the calls, one per line.
 func recordedRun(t *testing.T, dir, script string) []string {
@@ -230,16 +256,7 @@ func checkAgentCommand(t *testing.T, call string, argv []string, daemonSets []*a
 // manifests run), that tag is the one pushed, every kustomization the blocks apply runs exactly the
 // pushed image, and every kubectl call names objects, labels, containers and agent flags that exist.
 func checkDocsInstall(t *testing.T, release string) {
-	dir := t.TempDir()
-	for _, p := range []string{"deploy", "hack", "CHANGELOG.md"} {
-		abs, err := filepath.Abs(filepath.Join("..", p))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Symlink(abs, filepath.Join(dir, p)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := docsLayout(t)
 	applied := map[string][]object{}
 	var built, pushed string
 	for _, marker := range []string{"install-steps", "dry-run-steps", "uninstall-steps"} {

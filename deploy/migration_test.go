@@ -3,6 +3,7 @@ package deploy
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -170,7 +171,7 @@ func TestMigrationFromPredecessor(t *testing.T) {
 		deleteDS   = regexp.MustCompile(`^kubectl -n (\S+) delete daemonset (\S+)$`)
 		deleteCRB  = regexp.MustCompile(`^kubectl delete clusterrolebinding (\S+)$`)
 		deleteCR   = regexp.MustCompile(`^kubectl delete clusterrole (\S+)$`)
-		applyK     = regexp.MustCompile(`^kubectl apply -k deploy/(\S+)$`)
+		applyK     = regexp.MustCompile(`^kubectl apply -k (\S+)$`)
 		rollout    = regexp.MustCompile(`^kubectl -n \S+ rollout status daemonset/\S+$`)
 		getBinding = regexp.MustCompile(`^kubectl get clusterrolebindings,rolebindings -A -o wide$`)
 	)
@@ -186,7 +187,14 @@ func TestMigrationFromPredecessor(t *testing.T) {
 		case deleteCR.MatchString(step):
 			err = cs.RbacV1().ClusterRoles().Delete(ctx, deleteCR.FindStringSubmatch(step)[1], metav1.DeleteOptions{})
 		case applyK.MatchString(step):
-			for _, o := range render(t, applyK.FindStringSubmatch(step)[1]) {
+			// deploy/… of the checkout, or an overlay the install steps write (my-cluster/install).
+			k := applyK.FindStringSubmatch(step)[1]
+			if rel, ok := strings.CutPrefix(k, "deploy/"); ok {
+				k = rel
+			} else {
+				k = filepath.Join(docsOverlays(t), k)
+			}
+			for _, o := range render(t, k) {
 				if err = a.Apply(ctx, o.u, false); err != nil {
 					break
 				}
