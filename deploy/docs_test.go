@@ -430,3 +430,75 @@ func TestNoBuildMachinePaths(t *testing.T) {
 		t.Fatalf("checked only %d files: git ls-files did not list the repository", checked)
 	}
 }
+
+// TestREADMEIsTheFrontDoor: README.md stays the page an operator reads first: at most 150 lines, no
+// table cell a page long, the two set-up commands, and links to where the rest went.
+func TestREADMEIsTheFrontDoor(t *testing.T) {
+	data, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(data)
+	if n := strings.Count(text, "\n"); n > 150 {
+		t.Errorf("README.md has %d lines, at most 150: developer material goes to docs/development.md or CONTRIBUTING.md", n)
+	}
+	for n, line := range strings.Split(text, "\n") {
+		for _, cell := range strings.Split(line, "|") {
+			if len(cell) > 500 {
+				t.Errorf("README.md:%d has a table cell of %d characters: put the detail in the linked page", n+1, len(cell))
+			}
+		}
+	}
+	for _, want := range []string{"DEMO_ONCE=1 make demo", "make test ", "docs/deploy.md#install", "docs/deploy.md#support-matrix",
+		"docs/operations.md", "docs/development.md", "SECURITY.md", "CONTRIBUTING.md", "BENCHMARKS.md"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("README.md does not show %q", want)
+		}
+	}
+}
+
+// TestBenchmarksOneCurrentTable: BENCHMARKS.md opens with one table of current figures, each row
+// naming the command (a letter defined above the table) that measures it, and no page is a dated
+// diary: no heading carries a date (the history is in git and CHANGELOG.md).
+func TestBenchmarksOneCurrentTable(t *testing.T) {
+	data, err := os.ReadFile("../BENCHMARKS.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, current, ok := strings.Cut(string(data), "\n## Current figures\n")
+	if !ok {
+		t.Fatal("BENCHMARKS.md has no section \"Current figures\"")
+	}
+	current, _, _ = strings.Cut(current, "\n## ")
+	commands := map[string]bool{}
+	for _, m := range regexp.MustCompile("(?m)^- \\*\\*([A-Z])\\*\\* `[^`]+`").FindAllStringSubmatch(current, -1) {
+		commands[m[1]] = true
+	}
+	rows := 0
+	for _, line := range strings.Split(current, "\n") {
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		if !strings.HasPrefix(line, "| ") || len(cells) < 3 || strings.HasPrefix(line, "| figure") {
+			continue
+		}
+		rows++
+		if cmd := strings.TrimSpace(cells[len(cells)-1]); !commands[cmd] {
+			t.Errorf("BENCHMARKS.md row %q names command %q, which is not among the commands listed (%v)", cells[0], cmd, slices.Sorted(maps.Keys(commands)))
+		}
+	}
+	if rows < 5 || len(commands) == 0 {
+		t.Errorf("BENCHMARKS.md's current table has %d rows and %d commands", rows, len(commands))
+	}
+	if strings.Count(string(data), "\n| figure") != 1 {
+		t.Error("BENCHMARKS.md must hold one table of figures")
+	}
+	dated := regexp.MustCompile(`(?m)^#+ .*\b20\d\d-\d\d-\d\d\b`)
+	for _, f := range docFiles(t) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range dated.FindAllString(string(b), -1) {
+			t.Errorf("%s: dated heading %q: a page says what is, git and CHANGELOG.md say when", strings.TrimPrefix(f, "../"), h)
+		}
+	}
+}
