@@ -502,3 +502,37 @@ func TestBenchmarksOneCurrentTable(t *testing.T) {
 		}
 	}
 }
+
+// TestDocsAgentCommandsParse: every agent command line in the pages' shell blocks (bin/network-node-manager
+// plan …, network-node-manager cleanup …) names a subcommand and flags the binary has.
+func TestDocsAgentCommandsParse(t *testing.T) {
+	block := regexp.MustCompile("(?s)```sh\\n(.*?)```")
+	cmdLine := regexp.MustCompile(`(?:^|[\s/])network-node-manager ((?:run|plan|cleanup|version)\b[^#|;&]*)`)
+	root := app.NewCommand("test", fixes.Standard)
+	n := 0
+	for _, f := range docFiles(t) {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range block.FindAllStringSubmatch(string(data), -1) {
+			for line := range strings.Lines(b[1]) {
+				m := cmdLine.FindStringSubmatch(line)
+				if m == nil {
+					continue
+				}
+				n++
+				cmd, rest, err := root.Find(strings.Fields(m[1]))
+				if err == nil {
+					err = cmd.ParseFlags(rest)
+				}
+				if err != nil {
+					t.Errorf("%s: %q: %v", strings.TrimPrefix(f, "../"), strings.TrimSpace(line), err)
+				}
+			}
+		}
+	}
+	if n < 2 {
+		t.Errorf("found %d agent command lines in the pages' shell blocks, want at least plan and cleanup --dry-run", n)
+	}
+}
