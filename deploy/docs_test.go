@@ -13,6 +13,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 
 	"github.com/network-node-manager/network-node-manager/cmd/network-node-manager/app"
 	"github.com/network-node-manager/network-node-manager/fixes"
@@ -534,5 +535,80 @@ func TestDocsAgentCommandsParse(t *testing.T) {
 	}
 	if n < 2 {
 		t.Errorf("found %d agent command lines in the pages' shell blocks, want at least plan and cleanup --dry-run", n)
+	}
+}
+
+// TestSecurityListsEveryGrant: SECURITY.md's table of the agent's API permissions has a row per
+// rule that deploy/base and its stale-udp-conntrack component grant the agent's ServiceAccount (the
+// resource, each verb and the role), and no row for a resource they do not grant.
+func TestSecurityListsEveryGrant(t *testing.T) {
+	data, err := os.ReadFile("../SECURITY.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "| `") {
+			rows = append(rows, line)
+		}
+	}
+	objs := render(t, "overlays/stale-udp-conntrack")
+	bound := map[string]bool{} // "ClusterRole/name", "Role/ns/name" bound to the agent
+	for _, o := range objs {
+		if k := o.u.GetKind(); k == "ClusterRoleBinding" || k == "RoleBinding" {
+			b := typed[rbacv1.RoleBinding](t, o)
+			for _, s := range b.Subjects {
+				if s.Kind == "ServiceAccount" && s.Name == agentSA && s.Namespace == agentNS {
+					key := b.RoleRef.Kind + "/" + b.RoleRef.Name
+					if b.RoleRef.Kind == "Role" {
+						key = "Role/" + b.Namespace + "/" + b.RoleRef.Name
+					}
+					bound[key] = true
+				}
+			}
+		}
+	}
+	granted := map[string]bool{}
+	for _, o := range objs {
+		k := o.u.GetKind()
+		if k != "ClusterRole" && k != "Role" {
+			continue
+		}
+		role := typed[rbacv1.ClusterRole](t, o)
+		name, key := role.Name, k+"/"+role.Name
+		if k == "Role" {
+			name, key = role.Namespace+"/"+role.Name, "Role/"+role.Namespace+"/"+role.Name
+		}
+		if !bound[key] {
+			continue
+		}
+		for _, r := range role.Rules {
+			for _, res := range r.Resources {
+				granted[res] = true
+				i := slices.IndexFunc(rows, func(row string) bool {
+					if !strings.Contains(row, "`"+res+"`") || !strings.Contains(row, "`"+name+"`") {
+						return false
+					}
+					for _, v := range r.Verbs {
+						if !regexp.MustCompile(`\b` + v + `\b`).MatchString(row) {
+							return false
+						}
+					}
+					return true
+				})
+				if i < 0 {
+					t.Errorf("SECURITY.md has no row for %s %v %v (%s %s)", res, r.Verbs, r.ResourceNames, k, name)
+				}
+			}
+		}
+	}
+	for _, row := range rows {
+		res := strings.Trim(strings.Fields(strings.TrimPrefix(row, "| "))[0], "`")
+		if res == "networking.k8s.io" || res == "authentication.k8s.io" || res == "events.k8s.io" {
+			res = strings.Trim(strings.Fields(strings.TrimPrefix(row, "| "))[1], "`")
+		}
+		if !granted[res] {
+			t.Errorf("SECURITY.md lists %q, which the manifests do not grant the agent: %s", res, row)
+		}
 	}
 }
