@@ -552,10 +552,20 @@ func TestNewValidates(t *testing.T) {
 	}
 }
 
-func TestParseSaveRejectsGarbage(t *testing.T) {
+// TestParseSaveSkipsGarbage: lines that are no iptables-save rule are left out and counted, never
+// an error that would fail every unit of the family (issue #41 row 6); the lines around them count.
+func TestParseSaveSkipsGarbage(t *testing.T) {
 	for _, in := range []string{"-A INPUT -j ACCEPT\n", "*filter\n-A NOPE -j ACCEPT\n", "*filter\n:INPUT ACCEPT [0:0]\n[1:x] -A INPUT\n", "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -m comment --comment \"open\n"} {
-		if _, err := parseSave(in); err == nil {
-			t.Errorf("parseSave(%q) succeeded", in)
+		d, err := parseSave(in + "*nat\n:NNM-X - [0:0]\n-A NNM-X -j DROP\nCOMMIT\n")
+		if err != nil {
+			t.Errorf("parseSave(%q): %v", in, err)
+			continue
+		}
+		if d.unparsed != 1 || d.firstUnparsed == "" {
+			t.Errorf("parseSave(%q): %d lines left out (%q), want 1", in, d.unparsed, d.firstUnparsed)
+		}
+		if c := d.chain(tchain{"nat", "NNM-X"}); c == nil || c.n != 1 {
+			t.Errorf("parseSave(%q): the nat table after it is %+v", in, d.table("nat"))
 		}
 	}
 }

@@ -57,6 +57,11 @@ type Backend struct {
 	// jumps in the built-in chains (whose positions are computed from that reading) and chain
 	// ownership. Updates of a unit's own chains, read-backs and counters never wait for it.
 	shared sync.Mutex
+
+	// umu guards unparsed: per iptables-save binary, the first line of its last dump that could not
+	// be parsed ("" for none), so that they are logged when they change, not on every read.
+	umu      sync.Mutex
+	unparsed map[string]string
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -611,7 +616,25 @@ func (b *Backend) save(ctx context.Context, family rules.Family) (*dump, error) 
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", bin, err)
 	}
+	b.noteUnparsed(bin, d)
 	return d, nil
+}
+
+// noteUnparsed logs the lines of a dump that could not be parsed (foreign ones: ours always parse),
+// once per binary until they change.
+func (b *Backend) noteUnparsed(bin string, d *dump) {
+	b.umu.Lock()
+	defer b.umu.Unlock()
+	if b.unparsed == nil {
+		b.unparsed = map[string]string{}
+	}
+	if b.unparsed[bin] == d.firstUnparsed {
+		return
+	}
+	b.unparsed[bin] = d.firstUnparsed
+	if d.unparsed > 0 {
+		b.log.Warn("lines of iptables-save that cannot be parsed are left out (they are not ours; our rules are still found)", "binary", bin, "lines", d.unparsed, "first", d.firstUnparsed)
+	}
 }
 
 // dumpDeclaring returns iptables-save's dump of family if it declares a chain whose name matches,
@@ -644,7 +667,7 @@ func parseDump(bin string, out []byte) (*dump, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", bin, err)
 	}
-	return d, nil
+	return d, nil // dumpDeclaring's second dump: save logged the first
 }
 
 // declScanner is written iptables-save output and reports whether it declares a chain

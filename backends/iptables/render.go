@@ -224,7 +224,14 @@ func bucketPrefix(a netip.Addr) netip.Prefix {
 // of chain: "NNM-" + chain + "-" + the /24's address in hex (NNM-EXTIP-DNAT-CB007100 for
 // 203.0.113.0/24), or 12 hex digits of a SHA-256 of the /120 for IPv6. A chain name too long for the
 // 28-character limit is shortened to its start plus 5 hex digits of its hash.
-func bucketName(chain string, run int, p netip.Prefix) string {
+func bucketName(chain string, run int, p netip.Prefix) string { return bucketNameTry(chain, run, p, 0) }
+
+// bucketNameTry is bucketName's try-th candidate. The IPv6 names are 48 bits of a hash that anyone
+// who may write a Service's ingress IPs can make collide (two /120s of one tenant's Service did, issue
+// #41); the hex of an IPv4 /24 cannot. renderChains takes, for a name already given to a prefix of
+// lower address, the next try, whose hash also covers the try's number: a collision renames the
+// higher prefix's bucket, never fails the ruleset.
+func bucketNameTry(chain string, run int, p netip.Prefix, try int) string {
 	base := chain
 	if run > 1 {
 		base += strconv.Itoa(run)
@@ -234,7 +241,11 @@ func bucketName(chain string, run int, p netip.Prefix) string {
 		b := a.As4()
 		suffix = fmt.Sprintf("%02X%02X%02X%02X", b[0], b[1], b[2], b[3])
 	} else {
-		h := sha256.Sum256([]byte(p.String()))
+		in := p.String()
+		if try > 0 {
+			in += "#" + strconv.Itoa(try)
+		}
+		h := sha256.Sum256([]byte(in))
 		suffix = strings.ToUpper(hex.EncodeToString(h[:6]))
 	}
 	maxBase := maxChainName - len(ChainPrefix) - 1 - len(suffix)
@@ -251,6 +262,10 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 	var out []*rchain
 	var jumps []hookJump
 	var ln lineBuf
+	names := map[tchain]bool{} // the kernel names given so far
+	for _, c := range rs.Chains {
+		names[tchain{tableOf(c.Type), KernelChain(c.Name)}] = true
+	}
 	for _, c := range rs.Chains {
 		t := tableOf(c.Type)
 		name := KernelChain(c.Name)
@@ -275,6 +290,7 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 			run++
 			lookup := r.Match.Lookup
 			buckets := map[netip.Prefix]*rchain{}
+			runNames := bucketNames(rs, c, i, t, run, names)
 			inBucket := func(dst netip.Addr, spec []byte) error {
 				if !dst.IsValid() {
 					return errors.New("map entry without an address")
@@ -282,7 +298,7 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 				p := bucketPrefix(dst)
 				bc := buckets[p]
 				if bc == nil {
-					bc = &rchain{table: t, name: bucketName(c.Name, run, p), parent: name, prefix: p, lookup: lookup}
+					bc = &rchain{table: t, name: runNames[p], parent: name, prefix: p, lookup: lookup}
 					buckets[p] = bc
 				}
 				bc.lines = append(bc.lines, ln.line(bc.name, spec))
@@ -319,6 +335,41 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 		seen[c.key()] = true
 	}
 	return out, jumps, nil
+}
+
+// bucketNames names the buckets of the lookup run that starts at rule first of chain c (the run-th of
+// the chain, in table t): every prefix that an entry the run expands falls in, in address order, gets
+// bucketName unless a chain already in names has it (a collision), else its next try. names gets
+// the names given.
+func bucketNames(rs *rules.Ruleset, c rules.Chain, first int, t string, run int, names map[tchain]bool) map[netip.Prefix]string {
+	lookup := c.Rules[first].Match.Lookup
+	m := rs.Map(lookup)
+	if m == nil {
+		return nil
+	}
+	var prefixes []netip.Prefix
+	for _, e := range m.Sorted() { // sorted by address: a bucket's entries are consecutive
+		p := bucketPrefix(e.Addr)
+		if len(prefixes) > 0 && prefixes[len(prefixes)-1] == p {
+			continue
+		}
+		for i := first; i < len(c.Rules) && c.Rules[i].Match.Lookup == lookup; i++ {
+			if expands(c.Rules[i].Match, &e) {
+				prefixes = append(prefixes, p)
+				break
+			}
+		}
+	}
+	out := make(map[netip.Prefix]string, len(prefixes))
+	for _, p := range prefixes {
+		n := bucketName(c.Name, run, p)
+		for try := 1; names[tchain{t, n}]; try++ {
+			n = bucketNameTry(c.Name, run, p, try)
+		}
+		names[tchain{t, n}] = true
+		out[p] = n
+	}
+	return out
 }
 
 // oneLinePerKey says whether r renders one kernel rule per destination and source prefix: not a

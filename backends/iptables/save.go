@@ -16,6 +16,10 @@ import (
 // dump is a parsed `iptables-save -c`.
 type dump struct {
 	tables []*table
+	// unparsed counts the lines left out because they could not be parsed (see saveParser), the
+	// first of them described in firstUnparsed.
+	unparsed      int
+	firstUnparsed string
 }
 
 type table struct {
@@ -117,15 +121,30 @@ func (w *lineWriter) flush() {
 
 // saveParser parses iptables-save output line by line. As an io.Writer it takes the output as the
 // command writes it, so the dump's text is never held whole; everything it keeps is copied out of
-// the lines it was given. A parse error is kept for finish.
+// the lines it was given.
+//
+// Any text iptables accepts in a foreign rule must not fail the parse, and no foreign line fails
+// it: iptables-save prints a comment (or a log prefix) as it is inside double quotes, newlines
+// included (`--comment $'evil\nline'` gives the two lines `... --comment "evil` and `line" -j
+// ACCEPT`), so a rule line whose quote is still open at its end goes on in the next lines, up to
+// maxQuoted bytes (a comment has 255 at most, escapes double them). A line that cannot be parsed
+// (a quote that does not close in that span, a rule in an undeclared chain, anything else) is left
+// out of the dump and counted in dump.unparsed; in one of our chains it still counts as a rule of
+// the chain and goes into its digest, so a Verify sees it as a difference.
 type saveParser struct {
 	lineWriter
 	d    *dump
 	cur  *table
 	sums map[*chain]*maphash.Hash
 	n    int // lines seen
-	err  error
+	// open holds the lines of a rule whose quoted argument has not closed yet (copies).
+	open      []string
+	openBytes int
 }
+
+// maxQuoted bounds how far a quoted argument of iptables-save output may span lines: twice the
+// longest comment (every byte escaped) and room for the rest of the rule.
+const maxQuoted = 2*maxComment + 256
 
 func newSaveParser() *saveParser {
 	p := &saveParser{d: &dump{}, sums: map[*chain]*maphash.Hash{}}
@@ -133,15 +152,81 @@ func newSaveParser() *saveParser {
 	return p
 }
 
-// line parses one line; raw is only valid during the call.
+// line parses one line of output (with or without its newline); raw is only valid during the call.
 func (p *saveParser) line(raw string) {
 	p.n++
-	line := strings.TrimSpace(raw)
-	if p.err != nil || line == "" || strings.HasPrefix(line, "#") {
+	raw = strings.TrimSuffix(raw, "\n")
+	if len(p.open) > 0 {
+		p.open = append(p.open, strings.Clone(raw))
+		p.openBytes += len(raw) + 1
+		joined := strings.Join(p.open, "\n")
+		if _, err := parseRule(strings.TrimSpace(joined)); errors.Is(err, errOpenQuote) {
+			if p.openBytes > maxQuoted {
+				p.closeOpen()
+			}
+			return
+		}
+		p.open, p.openBytes = nil, 0
+		p.logical(joined)
 		return
 	}
-	if err := p.parse(line); err != nil {
-		p.err = fmt.Errorf("iptables-save line %d %q: %s", p.n, line, err)
+	p.logical(raw)
+}
+
+// closeOpen gives up on the open quote: its first line is unparsable, the lines after it are parsed
+// again on their own.
+func (p *saveParser) closeOpen() {
+	lines := p.open
+	p.open, p.openBytes = nil, 0
+	p.unparsable(strings.TrimSpace(lines[0]), errOpenQuote)
+	p.n -= len(lines) - 1
+	for _, l := range lines[1:] {
+		p.line(l)
+	}
+}
+
+// logical parses one logical line (a rule with quoted newlines is one).
+func (p *saveParser) logical(raw string) {
+	line := strings.TrimSpace(raw)
+	if line == "" || strings.HasPrefix(line, "#") {
+		return
+	}
+	err := p.parse(line)
+	switch {
+	case err == nil:
+	case errors.Is(err, errOpenQuote) && (line[0] == '[' || strings.HasPrefix(line, "-A ")):
+		p.open, p.openBytes = []string{strings.Clone(raw)}, len(raw)
+	default:
+		p.unparsable(line, err)
+	}
+}
+
+// unparsable leaves a line out of the dump. A rule of one of our chains still counts there (its
+// number of rules and its digest), so that it shows as a difference.
+func (p *saveParser) unparsable(line string, err error) {
+	p.d.unparsed++
+	if p.d.firstUnparsed == "" {
+		p.d.firstUnparsed = fmt.Sprintf("line %d %.200q: %v", p.n, line, err)
+	}
+	if p.cur == nil {
+		return
+	}
+	rest := line
+	if rest[0] == '[' {
+		if end := strings.IndexByte(rest, ']'); end >= 0 {
+			rest = strings.TrimSpace(rest[end+1:])
+		}
+	}
+	rest, ok := strings.CutPrefix(rest, "-A ")
+	if !ok {
+		return
+	}
+	name, spec, _ := strings.Cut(rest, " ")
+	if c := p.cur.byName[name]; c != nil {
+		c.n++
+		if h := p.sums[c]; h != nil {
+			writeRule(h, &savedRule{chain: name, spec: spec})
+		}
 	}
 }
 
@@ -190,8 +275,8 @@ func (p *saveParser) parse(line string) error {
 // finish ends the parse: the line left unterminated, if any, and the digests.
 func (p *saveParser) finish() (*dump, error) {
 	p.flush()
-	if p.err != nil {
-		return nil, p.err
+	for len(p.open) > 0 {
+		p.closeOpen()
 	}
 	for c, h := range p.sums {
 		c.sum = h.Sum64()
@@ -234,8 +319,12 @@ func parseRule(line string) (*savedRule, error) {
 	return r, err
 }
 
-// splitArgs splits a rule spec the way iptables-restore does: whitespace separates arguments, double
-// quotes group them, and inside quotes a backslash escapes the next character.
+// errOpenQuote is a rule whose quoted argument does not close on its line.
+var errOpenQuote = errors.New("unterminated quote")
+
+// splitArgs splits a rule spec the way iptables-save writes it: whitespace separates arguments, an
+// argument that starts with a double quote is quoted up to the next unescaped one, and inside quotes
+// a backslash escapes the next character.
 func splitArgs(s string) ([]string, error) {
 	var args []string
 	err := eachArg(s, func(arg string) { args = append(args, arg) })
@@ -245,30 +334,34 @@ func splitArgs(s string) ([]string, error) {
 	return args, nil
 }
 
+// literalAfter are the options whose value iptables-save prints as it is, never quoted: chain names,
+// which may hold a double quote (`iptables -N 'a"b'` is accepted; its jumps print as `-j a"b`).
+func literalAfter(opt string) bool {
+	switch opt {
+	case "-A", "-j", "-g", "--jump", "--goto", "--append":
+		return true
+	}
+	return false
+}
+
 // eachArg calls fn with each argument of s, split as splitArgs says. An argument without quotes is
-// a substring of s: parsing 20,000 saved rules allocates only for quoted ones.
+// a substring of s: parsing 20,000 saved rules allocates only for quoted ones. A double quote inside
+// an argument that did not start with one, or in a chain name (literalAfter), is an ordinary
+// character.
 func eachArg(s string, fn func(arg string)) error {
 	var cur strings.Builder
 	start := -1 // start of the current argument while it is a plain substring
 	inArg, quoted, escaped, built := false, false, false, false
+	prev := ""
 	flush := func(end int) {
 		if built {
-			fn(cur.String())
+			prev = cur.String()
 			cur.Reset()
 		} else {
-			fn(s[start:end])
+			prev = s[start:end]
 		}
+		fn(prev)
 		inArg, built, start = false, false, -1
-	}
-	// toBuilder switches the current argument to the builder (it has quotes or escapes).
-	toBuilder := func(i int) {
-		if !built {
-			cur.Grow(len(s) - max(start, 0)) // the argument's length at most: one allocation
-			if start >= 0 {
-				cur.WriteString(s[start:i])
-			}
-			built = true
-		}
 	}
 	for i := 0; i < len(s); i++ {
 		ch := s[i]
@@ -282,16 +375,13 @@ func eachArg(s string, fn func(arg string)) error {
 			quoted = false
 		case quoted:
 			cur.WriteByte(ch)
-		case ch == '"':
-			if !inArg {
-				start = i
-			}
-			toBuilder(i)
-			quoted, inArg = true, true
 		case ch == ' ' || ch == '\t':
 			if inArg {
 				flush(i)
 			}
+		case !inArg && ch == '"' && !literalAfter(prev):
+			cur.Grow(len(s) - i) // the argument's length at most: one allocation
+			quoted, inArg, built = true, true, true
 		default:
 			if !inArg {
 				start = i
@@ -303,7 +393,7 @@ func eachArg(s string, fn func(arg string)) error {
 		}
 	}
 	if quoted {
-		return fmt.Errorf("unterminated quote")
+		return errOpenQuote
 	}
 	if inArg {
 		flush(len(s))
