@@ -64,6 +64,8 @@ func main() {
 	useManifest := flag.Bool("manifest", false, "run the agent with the DaemonSet's environment (deploy/base/daemonset.yaml, e.g. GOMEMLIMIT) and compare its peak RSS with the DaemonSet's memory limit")
 	ctSizes := flag.String("conntrack", "", "instead of the Services benchmark: the peak RSS of stale-udp-conntrack with conntrack tables of these sizes (e.g. 100000,250000); with -manifest under the DaemonSet's GOMEMLIMIT")
 	ctOld := flag.Bool("conntrack-old", false, "with -conntrack: measure the dump main had before issue 19 (every DNAT entry held) instead of the fix")
+	hostile := flag.String("hostile", "", "instead of the Services benchmark: <services>x<ports> LoadBalancer Services of one tenant (issue #41 row 2), e.g. 4x30000; with -manifest under the DaemonSet's settings")
+	flag.StringVar(&o.agentBin, "agent-bin", "", "the agent binary (default bin/network-node-manager)")
 	flag.StringVar(&o.profileDir, "profile", "", "build the agent with -tags profile and write heap profiles (after the cold start, the changes and the idle window) to this directory")
 	flag.Parse()
 	if *agentEnv != "" {
@@ -121,6 +123,13 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *hostile != "" {
+		if err := runHostile(ctx, o, *hostile); err != nil {
+			log.Printf("bench failed: %v", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(ctx, o); err != nil {
 		log.Printf("bench failed: %v", err)
 		os.Exit(1)

@@ -1,5 +1,7 @@
 package engine
 
+import "github.com/network-node-manager/network-node-manager/core/fix"
+
 // Notifier hears what operators want to see on the Node (core/events posts it as Kubernetes
 // Events). Its methods are called from the workers and the dispatcher and must not block.
 type Notifier interface {
@@ -14,18 +16,21 @@ type Notifier interface {
 	FixSynced(fix string)
 	// FixSyncFailed: a sync of one of the fix's units failed.
 	FixSyncFailed(fix string, err error)
+	// ObjectSkipped: a fix newly left an object out (fix.Skip) in family ("" for an Actuator).
+	ObjectSkipped(fix, family string, skip fix.Skip)
 	// ConfigRejected: a new configuration was not taken.
 	ConfigRejected(err error)
 }
 
 type nopNotifier struct{}
 
-func (nopNotifier) FixEnabled(string)           {}
-func (nopNotifier) FixDisabled(string)          {}
-func (nopNotifier) FixRefused(string, error)    {}
-func (nopNotifier) FixSynced(string)            {}
-func (nopNotifier) FixSyncFailed(string, error) {}
-func (nopNotifier) ConfigRejected(error)        {}
+func (nopNotifier) FixEnabled(string)                      {}
+func (nopNotifier) FixDisabled(string)                     {}
+func (nopNotifier) FixRefused(string, error)               {}
+func (nopNotifier) FixSynced(string)                       {}
+func (nopNotifier) FixSyncFailed(string, error)            {}
+func (nopNotifier) ObjectSkipped(string, string, fix.Skip) {}
+func (nopNotifier) ConfigRejected(error)                   {}
 
 // announce tells the notifier how the fixes' states changed from before (nil: at start, every
 // enabled or refused fix is news). A refusal is told once, not on every reload that keeps it.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 )
 
@@ -24,12 +25,13 @@ func (r *recNotifier) add(reason, fix string) {
 	defer r.mu.Unlock()
 	r.got = append(r.got, reason+" "+fix)
 }
-func (r *recNotifier) FixEnabled(f string)             { r.add("FixEnabled", f) }
-func (r *recNotifier) FixDisabled(f string)            { r.add("FixDisabled", f) }
-func (r *recNotifier) FixRefused(f string, _ error)    { r.add("FixRefused", f) }
-func (r *recNotifier) FixSynced(f string)              { r.add("FixSynced", f) }
-func (r *recNotifier) FixSyncFailed(f string, _ error) { r.add("FixSyncFailed", f) }
-func (r *recNotifier) ConfigRejected(err error)        { r.add("ConfigRejected", err.Error()) }
+func (r *recNotifier) FixEnabled(f string)                   { r.add("FixEnabled", f) }
+func (r *recNotifier) FixDisabled(f string)                  { r.add("FixDisabled", f) }
+func (r *recNotifier) FixRefused(f string, _ error)          { r.add("FixRefused", f) }
+func (r *recNotifier) FixSynced(f string)                    { r.add("FixSynced", f) }
+func (r *recNotifier) FixSyncFailed(f string, _ error)       { r.add("FixSyncFailed", f) }
+func (r *recNotifier) ObjectSkipped(f, _ string, _ fix.Skip) { r.add("ObjectSkipped", f) }
+func (r *recNotifier) ConfigRejected(err error)              { r.add("ConfigRejected", err.Error()) }
 func (r *recNotifier) take() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -242,13 +242,21 @@ func (e *Engine) report(u *unit, r fix.Report) {
 		fmt.Fprintf(&sig, "%s|%s|%s\n", s.Object, s.Reason, s.Detail)
 	}
 	e.mu.Lock()
-	changed := u.skipSig != sig.String()
+	prev := u.skipSig
+	changed := prev != sig.String()
 	u.skipSig = sig.String()
 	e.mu.Unlock()
 	if changed {
 		e.m.Skipped.DeletePartialMatch(map[string]string{"fix": id, "family": fam})
+		was := map[string]bool{}
+		for l := range strings.Lines(prev) {
+			was[l] = true
+		}
 		for _, s := range r.Skipped {
 			e.log.Warn("skipped", "fix", id, "family", fam, "object", s.Object, "reason", s.Reason, "detail", s.Detail)
+			if s.Object != "" && !was[s.Object+"|"+s.Reason+"|"+s.Detail+"\n"] {
+				e.notify.ObjectSkipped(id, fam, s) // an Event naming the object, for new skips only
+			}
 		}
 	}
 	for reason, n := range byReason {

@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
+	fixpkg "github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/kube"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
@@ -41,6 +42,9 @@ const (
 	FixSynced = "FixSynced"
 	// FixSyncFailed (Warning): applying a fix's rules or node state failed; the previous state stays.
 	FixSyncFailed = "FixSyncFailed"
+	// ObjectSkipped (Warning): a fix left an object out (a Service over a budget, an address it never
+	// DNATs, …); the note names the object, the family and the reason.
+	ObjectSkipped = "ObjectSkipped"
 	// FixRefused (Warning): the config enabled a fix that refuses to run in this environment (the
 	// DNAT fix outside IPVS mode); nnm_fix_refused is 1.
 	FixRefused = "FixRefused"
@@ -53,7 +57,7 @@ const (
 )
 
 // Reasons are all of the above, in the order README.md's table lists them.
-var Reasons = []string{FixEnabled, FixDisabled, FixRefused, FixSynced, FixSyncFailed, PredecessorTakenOver, ConfigReloadRejected}
+var Reasons = []string{FixEnabled, FixDisabled, FixRefused, FixSynced, FixSyncFailed, ObjectSkipped, PredecessorTakenOver, ConfigReloadRejected}
 
 // Actions of the events that are not about one fix. An event about a fix has the fix id as its
 // action: the broadcaster keys its series on the action, so two fixes' events never merge.
@@ -154,6 +158,16 @@ func (r *Recorder) FixSynced(fix string) {
 // FixSyncFailed says that a sync of fix failed.
 func (r *Recorder) FixSyncFailed(fix string, err error) {
 	r.post(corev1.EventTypeWarning, FixSyncFailed, fix, "%v", err)
+}
+
+// ObjectSkipped says that fix newly left skip.Object out in family. The bound is per fix: a
+// thousand Services skipped at once give Burst Events and a count of the others.
+func (r *Recorder) ObjectSkipped(fix, family string, skip fixpkg.Skip) {
+	where := ""
+	if family != "" {
+		where = " (" + family + ")"
+	}
+	r.post(corev1.EventTypeWarning, ObjectSkipped, fix, "%s skipped %s%s: %s: %s", fix, skip.Object, where, skip.Reason, skip.Detail)
 }
 
 // ConfigRejected says that a changed configuration was not taken.

@@ -32,6 +32,7 @@ const ReasonConflict = "conflict"
 // call with a different In recomputes every Service.
 type ServiceMap[In comparable] struct {
 	entries func(svc *Service, family rules.Family, in In) ([]rules.MapEntry, []Skip)
+	budget  Budget
 
 	mu   sync.Mutex
 	fams map[rules.Family]*serviceMapState[In]
@@ -52,7 +53,13 @@ type ServiceMapResult struct {
 // Service wants in family (in its order of preference) and what of it was left out. It must be
 // pure. A Skip's Object may be left empty; it is then set to the Service's namespace/name.
 func NewServiceMap[In comparable](entries func(svc *Service, family rules.Family, in In) ([]rules.MapEntry, []Skip)) *ServiceMap[In] {
-	return &ServiceMap[In]{entries: entries, fams: map[rules.Family]*serviceMapState[In]{}}
+	return &ServiceMap[In]{entries: entries, budget: DefaultBudget, fams: map[rules.Family]*serviceMapState[In]{}}
+}
+
+// WithBudget replaces the map's Budget (DefaultBudget); before the first Update.
+func (m *ServiceMap[In]) WithBudget(b Budget) *ServiceMap[In] {
+	m.budget = b
+	return m
 }
 
 type entryKey struct {
@@ -76,6 +83,9 @@ type svcState struct {
 	skipped []Skip // the per-Service function's own skips
 	n       int32  // how many distinct entries it wants
 	wins    int32  // how many of them are in the map (the others lost a conflict)
+	// admitted: the Budget lets its entries in (they are claimed); over holds the reason when not.
+	admitted bool
+	over     *Skip
 }
 
 func (s *svcState) name() string { return s.obj.Key() }
@@ -99,6 +109,8 @@ type serviceMapState[In comparable] struct {
 	owner     map[entryKey]*svcState
 	contested map[entryKey][]*svcState
 	result    ServiceMapResult
+	// total is how many entries the budget let in (for the other families' PerMap).
+	total int
 }
 
 // Update returns the map and report for services (sorted by namespace/name, as Snapshot.Services
@@ -138,7 +150,7 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 	// (the first call) knows that without a record: every key is new.
 	fresh := len(st.owner) == 0
 	before := map[entryKey]*svcState{}
-	for _, s := range removed {
+	releaseAll := func(s *svcState) {
 		entries := entriesOf(s)
 		for e := range entries {
 			k := keyOf(&entries[e])
@@ -148,8 +160,19 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 			st.release(k, s)
 		}
 	}
-	for _, s := range added {
-		entries := wanted[s]
+	for _, s := range removed {
+		if s.admitted {
+			releaseAll(s)
+		}
+	}
+	// The Budget decides, in namespace/name order, whose entries get in: a Service that was in and
+	// no longer is (an earlier one grew) releases its keys, one that gets in claims them.
+	letIn, letOut := m.admit(st, family, added)
+	for _, s := range letOut {
+		releaseAll(s)
+	}
+	for _, s := range letIn {
+		entries := entriesOf(s)
 		for e := range entries {
 			k := keyOf(&entries[e])
 			if _, ok := before[k]; !ok && !fresh {
@@ -211,6 +234,63 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 	}
 	st.result.Report = st.report(entriesOf)
 	return st.result
+}
+
+// admit applies the budget to st.svcs (the new Services, in namespace/name order; PerMap less what
+// the map's other families hold): it sets each state's
+// admitted and over, and returns the states whose keys must now be claimed (added ones let in, and
+// kept ones let in again) and those whose keys must be released (kept ones no longer let in). added
+// are the states computed in this call, which hold no keys yet.
+func (m *ServiceMap[In]) admit(st *serviceMapState[In], family rules.Family, added []*svcState) (in, out []*svcState) {
+	total := 0
+	svcs := st.svcs
+	other := 0 // what the map's other families hold
+	for f, o := range m.fams {
+		if f != family {
+			other += o.total
+		}
+	}
+	defer func() { st.total = total }()
+	isNew := make(map[*svcState]bool, len(added))
+	for _, s := range added {
+		isNew[s] = true
+	}
+	b := m.budget
+	var nsUsed int
+	ns := ""
+	for _, ref := range svcs {
+		s := ref.st
+		if s == nil || s.n == 0 {
+			continue
+		}
+		if s.obj.Namespace != ns {
+			ns, nsUsed = s.obj.Namespace, 0
+		}
+		n := int(s.n)
+		var over *Skip
+		if sk, ok := serviceBudgetSkip(s.name(), n, b.PerService); ok {
+			over = &sk
+		}
+		switch {
+		case over != nil:
+		case nsUsed+n > b.PerNamespace:
+			over = &Skip{Object: s.name(), Reason: ReasonNamespaceBudget, Detail: fmt.Sprintf("the Service wants %d entries and the Services before it in namespace %s have %d of the %d one namespace may have (fix.MaxEntriesPerNamespace); none of them is programmed", n, ns, nsUsed, b.PerNamespace)}
+		case other+total+n > b.PerMap:
+			over = &Skip{Object: s.name(), Reason: ReasonFixBudget, Detail: fmt.Sprintf("the Service wants %d entries and the fix has %d of the %d it may program in all families (fix.MaxEntriesPerFix); none of them is programmed", n, other+total, b.PerMap)}
+		default:
+			nsUsed += n
+			total += n
+		}
+		was := s.admitted && !isNew[s]
+		s.admitted, s.over = over == nil, over
+		switch {
+		case s.admitted && !was:
+			in = append(in, s)
+		case !s.admitted && was:
+			out = append(out, s)
+		}
+	}
+	return in, out
 }
 
 // walked is what changed between the previous Services of a map and the new ones.
@@ -394,6 +474,10 @@ func (st *serviceMapState[In]) report(entriesOf func(*svcState) []rules.MapEntry
 			r.Covered++
 		}
 		r.Skipped = append(r.Skipped, s.skipped...)
+		if s.over != nil {
+			r.Skipped = append(r.Skipped, *s.over)
+			continue
+		}
 		if s.wins == s.n {
 			continue
 		}

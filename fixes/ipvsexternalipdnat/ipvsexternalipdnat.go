@@ -212,6 +212,10 @@ func serviceEntries(svc *fix.Service, family rules.Family, g *guard) ([]rules.Ma
 	if !ok {
 		return nil, skips
 	}
+	// Addresses × ports can be millions in one Service the API accepts: refuse it before making them.
+	if sk, over := fix.OverServiceBudget(len(ext) * countPorts(svc)); over {
+		return nil, append(skips, sk)
+	}
 	name := svc.Key()
 	var entries []rules.MapEntry
 	for _, p := range svc.Ports {
@@ -333,6 +337,17 @@ func clusterIPOf(svc *fix.Service, family rules.Family, skip func(reason, detail
 	}
 	skip(ReasonNoClusterIP, fmt.Sprintf("the Service has %s External-IPs but no %s Cluster-IP", family, family))
 	return netip.Addr{}, false
+}
+
+// countPorts is how many ports of svc get entries (serviceEntries' checks, without their skips).
+func countPorts(svc *fix.Service) int {
+	n := 0
+	for _, p := range svc.Ports {
+		if _, err := rules.ParseProtocol(string(p.Protocol)); (p.Protocol == "" || err == nil) && p.Port > 0 && p.Port <= 65535 {
+			n++
+		}
+	}
+	return n
 }
 
 func portName(p fix.ServicePort) string {

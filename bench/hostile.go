@@ -1,0 +1,270 @@
+package main
+
+// The hostile-Services memory run of issue #41 row 2: one tenant's LoadBalancer Services with tens
+// of thousands of ports each (the API accepts them), against the real apiserver, with the agent
+// under the DaemonSet's settings (-manifest: GOMEMLIMIT and the memory limit of
+// deploy/base/daemonset.yaml). It measures the agent's peak RSS (VmHWM) through the cold start and an
+// update of every hostile Service, and how long invalid-drop, which reads nothing from the API,
+// takes to be in the kernel in both families beside it.
+//
+//	go run ./bench -hostile 4x30000 -manifest -backends iptables,nftables -runs 3
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/controlplane"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
+)
+
+// hostileNamespace holds the tenant's Services.
+const hostileNamespace = "tenant"
+
+// Ingress IPs of the hostile Services: 172.20.0.0 + i + 1 (first address), updated to 172.21.0.0 + i + 1.
+var (
+	hostileBase   = netip.MustParseAddr("172.20.0.0")
+	hostileUpdate = netip.MustParseAddr("172.21.0.0")
+)
+
+// parseHostile reads "<services>x<ports>".
+func parseHostile(s string) (services, ports int, err error) {
+	a, b, ok := strings.Cut(s, "x")
+	if ok {
+		services, err = strconv.Atoi(a)
+		if err == nil {
+			ports, err = strconv.Atoi(b)
+		}
+	}
+	if !ok || err != nil || services <= 0 || ports <= 0 || ports > 65535 {
+		return 0, 0, fmt.Errorf("-hostile %q: want <services>x<ports>, e.g. 4x30000", s)
+	}
+	return services, ports, nil
+}
+
+func hostileService(i, ports int) *corev1.Service {
+	svc := lbService(fmt.Sprintf("hostile-%d", i))
+	svc.Namespace = hostileNamespace
+	svc.Spec.Ports = make([]corev1.ServicePort, ports)
+	for p := range ports {
+		svc.Spec.Ports[p] = corev1.ServicePort{Name: "p" + strconv.Itoa(p+1), Protocol: corev1.ProtocolTCP,
+			Port: int32(p + 1), TargetPort: intstr.FromInt32(int32(p + 1))}
+	}
+	return svc
+}
+
+// createHostile creates the Services with their ingress IP (base + i + 1).
+func (c *cluster) createHostile(ctx context.Context, services, ports int, base netip.Addr) error {
+	_, err := c.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: hostileNamespace}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	svcs := c.client.CoreV1().Services(hostileNamespace)
+	for i := range services {
+		var svc *corev1.Service
+		err := retry(ctx, func() error {
+			var err error
+			svc, err = svcs.Create(ctx, hostileService(i, ports), metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) {
+				svc, err = svcs.Get(ctx, hostileService(i, ports).Name, metav1.GetOptions{})
+			}
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("create hostile-%d: %w", i, err)
+		}
+		if err := c.setHostileIngress(ctx, svc.Name, nthAddr(base, i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *cluster) setHostileIngress(ctx context.Context, name string, ip netip.Addr) error {
+	svcs := c.client.CoreV1().Services(hostileNamespace)
+	return retry(ctx, func() error {
+		cur, err := svcs.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		_, err = svcs.UpdateStatus(ctx, withIngress(cur, ip), metav1.UpdateOptions{})
+		return err
+	})
+}
+
+type hostileResult struct {
+	backend            string
+	run                int
+	dropBoth           time.Duration // start → invalid-drop in the kernel, both families
+	extipDone          time.Duration // start → the DNAT fix's first sync (or its skip) reported
+	entries            float64       // DNAT entries programmed (ipv4)
+	skipped            string        // nnm_fix_objects_skipped of the DNAT fix
+	coldHWM, updateHWM int64         // kB
+	updateTook         time.Duration
+}
+
+// runHostile runs the hostile-Services measurement.
+func runHostile(ctx context.Context, o options, spec string) error {
+	services, ports, err := parseHostile(spec)
+	if err != nil {
+		return err
+	}
+	cp, err := controlplane.Start(ctx, controlplane.Options{})
+	if err != nil {
+		return fmt.Errorf("start control plane: %w", err)
+	}
+	defer cp.Close()
+	c, err := newCluster(cp)
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	if err := c.createHostile(ctx, services, ports, hostileBase); err != nil {
+		return err
+	}
+	logf("%d Services × %d ports in namespace %s (%v)", services, ports, hostileNamespace, time.Since(t0).Round(time.Millisecond))
+	var rs []*hostileResult
+	for run := 1; run <= o.runs; run++ {
+		for _, be := range o.backends {
+			r, err := measureHostile(ctx, cp, c, o, be, run, services)
+			if err != nil {
+				return fmt.Errorf("%s run %d: %w", be, run, err)
+			}
+			rs = append(rs, r)
+		}
+	}
+	var b strings.Builder
+	limit := "no limit"
+	if o.manifest != nil {
+		limit = o.manifest.limit.String()
+	}
+	fmt.Fprintf(&b, "hostile Services: %d × %d TCP ports in one namespace, one ingress IPv4 each; agent env %s; memory limit %s\n\n", services, ports, envText(o.agentEnv), limit)
+	b.WriteString("| backend | run | invalid-drop in the kernel (both families) | DNAT fix synced | DNAT entries | skipped | peak RSS cold | peak RSS after update | spare under the limit | update applied |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rs {
+		spare := "—"
+		if o.manifest != nil {
+			lim := o.manifest.limit.Value() / 1024
+			spare = fmt.Sprintf("%.1f MiB (%.0f %%)", float64(lim-r.updateHWM)/1024, 100*float64(lim-r.updateHWM)/float64(lim))
+		}
+		fmt.Fprintf(&b, "| %s | %d | %v | %v | %.0f | %s | %.1f MiB | %.1f MiB | %s | %v |\n", r.backend, r.run,
+			r.dropBoth.Round(time.Millisecond), r.extipDone.Round(time.Millisecond), r.entries, r.skipped,
+			float64(r.coldHWM)/1024, float64(r.updateHWM)/1024, spare, r.updateTook.Round(time.Millisecond))
+	}
+	fmt.Println()
+	fmt.Println(b.String())
+	if o.out != "" {
+		return os.WriteFile(o.out, []byte(b.String()), 0o644)
+	}
+	return nil
+}
+
+func measureHostile(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o options, be string, run, services int) (*hostileResult, error) {
+	r := &hostileResult{backend: be, run: run}
+	ns := fmt.Sprintf("nnmh-%s-%d", be[:3], run)
+	_ = testenv.Delete(ctx, ns)
+	if err := testenv.Create(ctx, ns); err != nil {
+		return nil, err
+	}
+	defer testenv.Delete(context.Background(), ns)
+	kc, err := cp.ConnectNamespace(ns)
+	if err != nil {
+		return nil, err
+	}
+	defer cp.DisconnectNamespace(ns)
+	if _, _, err := waitQuiet(ctx); err != nil {
+		return nil, err
+	}
+	args := []string{"--kubeconfig", kc, "--node-name", "bench-node", "--backend", be, "--iptables-variant", "nft",
+		"--proxy-mode", "ipvs", "--pod-cidrs", "10.244.0.0/24,fd00:10:244::/64", "--log-level", o.agentLogLevel}
+	t0 := time.Now()
+	a, err := agenttest.Start(agenttest.Options{Netns: ns, Bin: o.agentBin, Args: args, Env: o.agentEnv})
+	if err != nil {
+		return nil, err
+	}
+	defer a.Stop(agenttest.StopGrace)
+	var dropDone, extDone bool
+	deadline := time.Now().Add(20 * time.Minute)
+	for !(dropDone && extDone) {
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("not done after 20 minutes (invalid-drop %v, DNAT fix %v)\n%s", dropDone, extDone, a.LogTail(20))
+		}
+		if err := a.Exited(); err != nil {
+			return nil, fmt.Errorf("agent exited: %w\n%s", err, a.LogTail(20))
+		}
+		// A fix's last-success timestamp is set once every family of it synced.
+		m, err := a.Metrics(ctx)
+		if err == nil && !dropDone {
+			if v, ok := m.Value("nnm_last_successful_sync_timestamp_seconds", "fix", "invalid-drop"); ok && v > 0 {
+				dropDone, r.dropBoth = true, time.Since(t0)
+			}
+		}
+		if !extDone {
+			if err == nil {
+				if v, ok := m.Value("nnm_last_successful_sync_timestamp_seconds", "fix", "ipvs-externalip-dnat"); ok && v > 0 {
+					extDone, r.extipDone = true, time.Since(t0)
+					r.entries, _ = m.Value("nnm_ipvs_externalip_dnat_ips", "family", "ipv4")
+					if v, ok := m.Value("nnm_rules_programmed", "fix", "ipvs-externalip-dnat", "backend", be, "family", "ipv4"); ok {
+						r.entries = v
+					}
+					var skips []string
+					for _, s := range m.Find("nnm_fix_objects_skipped", "fix", "ipvs-externalip-dnat") {
+						skips = append(skips, s.String())
+					}
+					r.skipped = strings.Join(skips, "; ")
+				}
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second) // the read-back after the cold start
+	if r.coldHWM, _, err = memory(a.PID()); err != nil {
+		return nil, err
+	}
+	logf("%s run %d: invalid-drop %v, DNAT fix %v, cold peak %.1f MiB", be, run, r.dropBoth.Round(time.Millisecond), r.extipDone.Round(time.Millisecond), float64(r.coldHWM)/1024)
+
+	// Every hostile Service changes its ingress IP (and back, for the next run).
+	m0, _ := a.Metrics(ctx)
+	before := m0.Sum("nnm_syncs_total", "fix", "ipvs-externalip-dnat")
+	t1 := time.Now()
+	base := hostileUpdate
+	if run%2 == 0 {
+		base = hostileBase
+	}
+	for i := range services {
+		if err := c.setHostileIngress(ctx, fmt.Sprintf("hostile-%d", i), nthAddr(base, i)); err != nil {
+			return nil, err
+		}
+	}
+	if err := agenttest.Poll(ctx, 20*time.Minute, 100*time.Millisecond, func() error {
+		if err := a.Exited(); err != nil {
+			return agenttest.Permanent(fmt.Errorf("agent exited: %w\n%s", err, a.LogTail(20)))
+		}
+		m, err := a.Metrics(ctx)
+		if err != nil {
+			return err
+		}
+		if m.Sum("nnm_syncs_total", "fix", "ipvs-externalip-dnat") < before+2 {
+			return fmt.Errorf("no sync of the DNAT fix since the update")
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	time.Sleep(5 * time.Second) // later syncs of the same burst
+	r.updateTook = time.Since(t1)
+	if r.updateHWM, _, err = memory(a.PID()); err != nil {
+		return nil, err
+	}
+	logf("%s run %d: after the update, peak %.1f MiB", be, run, float64(r.updateHWM)/1024)
+	return r, nil
+}

@@ -1,0 +1,70 @@
+package fix
+
+import "fmt"
+
+// Budgets bound what the Services of one tenant can make the agent hold and program through a
+// ServiceMap (issue #41: four LoadBalancer Services of 30,000 ports each, which the API accepts,
+// took the agent to 214 MB against the DaemonSet's 128Mi limit). Entries are counted as the
+// per-Service function wants them (distinct keys), in namespace/name order: a Service whose entries
+// do not fit is skipped whole, with a reason naming it, and every other Service is programmed.
+//
+// The figures come from the memory limit (deploy/base/daemonset.yaml: 128Mi, GOMEMLIMIT 64MiB) and
+// what an entry costs the agent at its peak, measured against the real apiserver and kernel
+// (`go run ./bench -hostile …`, BENCHMARKS.md "Hostile Services (#41)"):
+//
+//   - the target is a peak RSS of at most 96 MiB, 25 % under the limit;
+//   - the process floor (both backends, nothing programmed) is 22-24 MiB;
+//   - the scale runs of 50,000 Services of one entry each peaked at 81.8 MiB (iptables) and
+//     86.4 MiB (nftables) with the DaemonSet's settings: 1.3 KiB per Service and entry above the
+//     floor, so 50,000 entries in all (both families together, each entry with a Service of its
+//     own, the most expensive shape) is the most the fix may program within the target;
+//   - an entry of a Service with many entries costs less than that (no Service of its own); the
+//     hostile runs measure it.
+//
+// Every overflow is a Skip with one of the reasons below; the engine counts them in
+// nnm_fix_objects_skipped and logs them with the Service's name.
+const (
+	// MaxEntriesPerService is the most entries one Service may have (its External-IPs × its
+	// ports, per family). The API bounds neither (a 1.5 MB object holds 30,000 ports, or 1,000 IPs ×
+	// 1,000 ports = a million entries); 5,000 is far above any Service seen in practice and a tenth
+	// of MaxEntriesPerFix.
+	MaxEntriesPerService = 5000
+	// MaxEntriesPerNamespace is the most entries the Services of one namespace may have together
+	// (per family): one tenant can take at most half of MaxEntriesPerFix.
+	MaxEntriesPerNamespace = 25000
+	// MaxEntriesPerFix is the most entries one fix's map may have, both families together (see
+	// above).
+	MaxEntriesPerFix = 50000
+)
+
+// The skip reasons of the budgets.
+const (
+	ReasonServiceBudget   = "service-budget"
+	ReasonNamespaceBudget = "namespace-budget"
+	ReasonFixBudget       = "fix-budget"
+)
+
+// Budget is what a ServiceMap lets in; DefaultBudget unless ServiceMap.WithBudget says otherwise.
+type Budget struct {
+	// PerService and PerNamespace bound the entries of one Service and of one namespace's Services in
+	// one family; PerMap bounds the entries of the map in all families together.
+	PerService, PerNamespace, PerMap int
+}
+
+// DefaultBudget is the budget of the constants above.
+var DefaultBudget = Budget{PerService: MaxEntriesPerService, PerNamespace: MaxEntriesPerNamespace, PerMap: MaxEntriesPerFix}
+
+// OverServiceBudget returns the skip of a Service that would want n entries when n is above
+// MaxEntriesPerService, so that a per-Service function can refuse a Service before it makes its
+// entries (n = addresses × ports can be millions); ServiceMap applies the same bound to what it is
+// given.
+func OverServiceBudget(n int) (Skip, bool) {
+	return serviceBudgetSkip("", n, MaxEntriesPerService)
+}
+
+func serviceBudgetSkip(object string, n, limit int) (Skip, bool) {
+	if n <= limit {
+		return Skip{}, false
+	}
+	return Skip{Object: object, Reason: ReasonServiceBudget, Detail: fmt.Sprintf("the Service wants %d entries, more than the %d one Service may have (fix.MaxEntriesPerService); none of them is programmed", n, limit)}, true
+}

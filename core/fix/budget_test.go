@@ -1,0 +1,131 @@
+package fix_test
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+	tk "github.com/network-node-manager/network-node-manager/core/testkit"
+)
+
+// budgetEntries is a per-Service function that wants one entry per port (the port number) at the
+// Service's first ingress IP of the family.
+func budgetEntries(svc *fix.Service, fam rules.Family, _ int) ([]rules.MapEntry, []fix.Skip) {
+	var out []rules.MapEntry
+	for _, ing := range svc.Ingress {
+		if !fam.Contains(ing.IP) {
+			continue
+		}
+		to := netip.MustParseAddr(map[rules.Family]string{rules.IPv4: "10.96.0.1", rules.IPv6: "fd00:96::1"}[fam])
+		for _, p := range svc.Ports {
+			out = append(out, rules.MapEntry{Addr: ing.IP, Protocol: rules.TCP, Port: uint16(p.Port), To: netip.AddrPortFrom(to, uint16(p.Port))})
+		}
+	}
+	return out, nil
+}
+
+// svcPorts is a Service with n TCP ports 1..n at the given ingress IPs.
+func svcPorts(ns, name string, n int, ips ...string) *fix.Service {
+	var ports []tk.PortSpec
+	for p := range n {
+		ports = append(ports, tk.PortSpec{Name: fmt.Sprint("p", p+1), Port: int32(p + 1)})
+	}
+	return fix.ServiceFrom(tk.Service(ns, name, tk.LoadBalancer(ips...), tk.Ports(ports...)))
+}
+
+// skipsOf is the report's skips as "object reason", sorted.
+func skipsOf(r fix.ServiceMapResult) []string {
+	var out []string
+	for _, s := range r.Report.Skipped {
+		out = append(out, s.Object+" "+s.Reason)
+		if !strings.Contains(s.Detail, "none of them is programmed") {
+			panic("a budget skip's detail does not say what happened: " + s.Detail)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestServiceMapBudget (issue #41 row 2): a Service over PerService is skipped whole, the Services
+// of a namespace past PerNamespace and of the map past PerMap (both families together) are skipped
+// in namespace/name order, each with its reason and name, and every other Service keeps its
+// entries. When an earlier Service grows, a later one is pushed out; when it shrinks, the later one
+// is let in again. Each incremental result equals a computation from scratch.
+func TestServiceMapBudget(t *testing.T) {
+	b := fix.Budget{PerService: 10, PerNamespace: 15, PerMap: 30}
+	m := fix.NewServiceMap(budgetEntries).WithBudget(b)
+	// From scratch, as the engine runs the units: ipv4 first (its share of PerMap is taken first).
+	scratch := func(svcs []*fix.Service, fam rules.Family) fix.ServiceMapResult {
+		sm := fix.NewServiceMap(budgetEntries).WithBudget(b)
+		if fam == rules.IPv6 {
+			sm.Update(svcs, rules.IPv4, 0)
+		}
+		return sm.Update(svcs, fam, 0)
+	}
+	svcs := []*fix.Service{
+		svcPorts("a", "big", 11, "203.0.113.1"),     // over PerService
+		svcPorts("a", "one", 8, "203.0.113.2"),      // a: 8
+		svcPorts("a", "two", 8, "203.0.113.3"),      // a: 16 > 15: namespace budget
+		svcPorts("a", "three", 7, "203.0.113.4"),    // a: 15
+		svcPorts("b", "one", 10, "203.0.113.5"),     // map: 25
+		svcPorts("c", "one", 6, "203.0.113.6"),      // map: 31 > 30: fix budget
+		svcPorts("c", "small", 5, "203.0.113.7"),    // map: 30
+		svcPorts("d", "v6", 4, "2001:db8::1"),       // ipv6 only
+		svcPorts("d", "zz", 0, "203.0.113.8"),       // no entries: never a budget skip
+		svcPorts("a", "nine", 10, "203.0.113.9"),    // sorted between a/big and a/one
+		svcPorts("c", "alpha", 1, "203.0.113.10"),   // c/alpha before c/one
+		svcPorts("b", "aaaa", 0, "203.0.113.11"),    // nothing
+		svcPorts("e", "late", 1, "203.0.113.12"),    // after the map is full
+		svcPorts("a", "a-first", 3, "203.0.113.13"), // a: 3
+	}
+	tk.SortServices(svcs)
+	check := func(what string, fam rules.Family, wantEntries int, wantSkips ...string) {
+		t.Helper()
+		got := m.Update(svcs, fam, 0)
+		slices.Sort(wantSkips)
+		if len(got.Entries) != wantEntries || !slices.Equal(skipsOf(got), wantSkips) {
+			t.Errorf("%s (%s): %d entries, skips %q; want %d, %q", what, fam, len(got.Entries), skipsOf(got), wantEntries, wantSkips)
+		}
+		if s := scratch(svcs, fam); fmt.Sprint(s.Entries) != fmt.Sprint(got.Entries) || fmt.Sprint(skipsOf(s)) != fmt.Sprint(skipsOf(got)) {
+			t.Errorf("%s (%s): incremental result differs from scratch:\n%v %q\n%v %q", what, fam, got.Entries, skipsOf(got), s.Entries, skipsOf(s))
+		}
+	}
+	// a: a-first 3, big over, nine 10 (13), one 8 (21 > 15: over), three 7 (20: over), two 8 (over).
+	// b: one 10 (map 23). c: alpha 1 (24), one 6 (30), small 5 (35 > 30: over). e/late 1 (31: over).
+	check("cold", rules.IPv4, 30,
+		"a/big service-budget", "a/one namespace-budget", "a/three namespace-budget", "a/two namespace-budget",
+		"c/small fix-budget", "e/late fix-budget")
+	// The ipv6 map has only d/v6, but the map's budget is shared: ipv4 holds all 30.
+	check("the other family, budget used up", rules.IPv6, 0, "d/v6 fix-budget")
+
+	// a/nine shrinks to 2: a/one (8, a: 13) gets in, then a/three (7, a: 20) does not; the map has
+	// 3+2+8+10+1+6 = 30, so c/small stays out.
+	for i, s := range svcs {
+		if s.Key() == "a/nine" {
+			svcs[i] = svcPorts("a", "nine", 2, "203.0.113.9")
+		}
+	}
+	check("an earlier Service shrank", rules.IPv4, 30,
+		"a/big service-budget", "a/three namespace-budget", "a/two namespace-budget", "c/small fix-budget", "e/late fix-budget")
+
+	// b/one leaves: c/small (5) and e/late (1) fit again (map 3+2+8+1+6+5+1 = 26).
+	svcs = slices.DeleteFunc(svcs, func(s *fix.Service) bool { return s.Key() == "b/one" })
+	check("a Service left", rules.IPv4, 26, "a/big service-budget", "a/three namespace-budget", "a/two namespace-budget")
+	// ipv6 now finds room (30 - 26 = 4): d/v6 is let in at its next update.
+	check("the other family, room again", rules.IPv6, 4)
+}
+
+// TestOverServiceBudget: the bound a per-Service function checks before making its entries is
+// MaxEntriesPerService.
+func TestOverServiceBudget(t *testing.T) {
+	if _, over := fix.OverServiceBudget(fix.MaxEntriesPerService); over {
+		t.Error("MaxEntriesPerService entries are over the budget")
+	}
+	if s, over := fix.OverServiceBudget(fix.MaxEntriesPerService + 1); !over || s.Reason != fix.ReasonServiceBudget {
+		t.Errorf("one entry more: %+v, %v", s, over)
+	}
+}
