@@ -25,7 +25,6 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // hostileNamespace holds the tenant's Services.
@@ -170,17 +169,12 @@ func runHostile(ctx context.Context, o options, spec string) error {
 
 func measureHostile(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o options, be string, run, services int) (*hostileResult, error) {
 	r := &hostileResult{backend: be, run: run}
-	ns := fmt.Sprintf("nnmh-%s-%d", be[:3], run)
-	_ = testenv.Delete(ctx, ns)
-	if err := testenv.Create(ctx, ns); err != nil {
-		return nil, err
-	}
-	defer testenv.Delete(context.Background(), ns)
-	kc, err := cp.ConnectNamespace(ns)
+	kc, done, err := nodeNamespace(ctx, cp, fmt.Sprintf("nnmh-%s-%d", be[:3], run))
 	if err != nil {
 		return nil, err
 	}
-	defer cp.DisconnectNamespace(ns)
+	defer done()
+	ns := fmt.Sprintf("nnmh-%s-%d", be[:3], run)
 	if _, _, err := waitQuiet(ctx); err != nil {
 		return nil, err
 	}

@@ -91,16 +91,11 @@ func measure(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o o
 	r := &result{backend: be, n: n, run: run, latency: map[string][]time.Duration{}}
 	k := kernelFor(be)
 	ns := fmt.Sprintf("nnmb-%s-%d", be[:3], n)
-	_ = testenv.Delete(ctx, ns)
-	if err := testenv.Create(ctx, ns); err != nil {
-		return nil, err
-	}
-	defer testenv.Delete(context.Background(), ns)
-	kc, err := cp.ConnectNamespace(ns)
+	kc, done, err := nodeNamespace(ctx, cp, ns)
 	if err != nil {
 		return nil, err
 	}
-	defer cp.DisconnectNamespace(ns)
+	defer done()
 	w, err := newGenWatcher(testenv.Path(ns))
 	if err != nil {
 		return nil, err
@@ -199,6 +194,24 @@ func measure(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o o
 		return nil, err
 	}
 	return r, nil
+}
+
+// nodeNamespace makes the node namespace ns afresh and connects it to the control plane; done
+// disconnects and deletes it.
+func nodeNamespace(ctx context.Context, cp *controlplane.ControlPlane, ns string) (kubeconfig string, done func(), err error) {
+	_ = testenv.Delete(ctx, ns)
+	if err := testenv.Create(ctx, ns); err != nil {
+		return "", nil, err
+	}
+	kc, err := cp.ConnectNamespace(ns)
+	if err != nil {
+		_ = testenv.Delete(context.Background(), ns)
+		return "", nil, err
+	}
+	return kc, func() {
+		_ = cp.DisconnectNamespace(ns)
+		_ = testenv.Delete(context.Background(), ns)
+	}, nil
 }
 
 // changes measures create, update and delete of one Service at a time: from the start of the API
