@@ -660,3 +660,41 @@ func TestVersionScript(t *testing.T) {
 		}
 	}
 }
+
+// TestDocsKubectlNamesExist: every object a page's kubectl command names (daemonset/…, job/…,
+// configmap …, secret …) is one the manifests the docs apply create, in the namespace the command
+// gives.
+func TestDocsKubectlNamesExist(t *testing.T) {
+	have := map[string]bool{} // "kind namespace/name"
+	for _, load := range manifestSets {
+		for _, o := range load(t) {
+			have[strings.ToLower(o.u.GetKind())+" "+o.u.GetNamespace()+"/"+o.u.GetName()] = true
+		}
+	}
+	kubectl := regexp.MustCompile("kubectl[^`\\n]*")
+	named := regexp.MustCompile(`\b(daemonset|job)/([a-z0-9-]+)|\b(configmap|secret) ([a-z0-9-]+)`)
+	ns := regexp.MustCompile(`-n ([a-z0-9-]+)`)
+	n := 0
+	for _, f := range docFiles(t) {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cmd := range kubectl.FindAllString(string(data), -1) {
+			namespace := "default"
+			if m := ns.FindStringSubmatch(cmd); m != nil {
+				namespace = m[1]
+			}
+			for _, m := range named.FindAllStringSubmatch(cmd, -1) {
+				kind, name := m[1]+m[3], m[2]+m[4]
+				n++
+				if !have[kind+" "+namespace+"/"+name] {
+					t.Errorf("%s: %q names %s %s/%s, which no manifest set the docs apply creates", strings.TrimPrefix(f, "../"), cmd, kind, namespace, name)
+				}
+			}
+		}
+	}
+	if n < 5 {
+		t.Errorf("found %d named objects in the pages' kubectl commands", n)
+	}
+}
