@@ -106,3 +106,17 @@ nnm_deb_unpack() {
 	rm -rf "$tmp"
 	return "$rc"
 }
+
+# nnm_kube_version_ldflags DIR prints the -X flags that stamp the k8s.io/kubernetes release required by
+# the tools module in DIR into /version and the clients' user agent, as upstream's hack/lib/version.sh
+# does (v1.36.x instead of v0.0.0-master).
+nnm_kube_version_ldflags() {
+	local v major minor f p
+	v="$(cd "$1" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
+	major="${v#v}"; major="${major%%.*}"
+	minor="${v#v*.}"; minor="${minor%%.*}"
+	for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		f+=" -X $p.gitVersion=$v -X $p.gitMajor=$major -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+	done
+	echo "$f"
+}
