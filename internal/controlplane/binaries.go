@@ -21,17 +21,21 @@ const buildHint = "run `make controlplane` (hack/build-controlplane.sh) to build
 // binaries holds the absolute paths of the executables the control plane needs.
 type binaries struct {
 	etcd, apiserver, ip string
+	// with Options.Controllers only
+	controllerManager, scheduler string
 }
 
 // CheckPrerequisites reports why a control plane cannot start on this machine
 // (not root, no `ip netns`, binaries missing), wrapping ErrUnavailable, or nil.
 // binDir may be empty to use the default location (see Options.BinDir).
 func CheckPrerequisites(binDir string) error {
-	_, err := findBinaries(binDir)
+	_, err := findBinaries(binDir, false)
 	return err
 }
 
-func findBinaries(binDir string) (binaries, error) {
+// findBinaries locates the binaries; with controllers also kube-controller-manager and
+// kube-scheduler.
+func findBinaries(binDir string, controllers bool) (binaries, error) {
 	if os.Geteuid() != 0 {
 		return binaries{}, fmt.Errorf("%w: needs root to create network namespaces (euid %d)", ErrUnavailable, os.Geteuid())
 	}
@@ -50,6 +54,14 @@ func findBinaries(binDir string) (binaries, error) {
 	for _, p := range []string{b.etcd, b.apiserver} {
 		if err := checkExecutable(p); err != nil {
 			return binaries{}, fmt.Errorf("%w: %v; %s", ErrUnavailable, err, buildHint)
+		}
+	}
+	if controllers {
+		b.controllerManager, b.scheduler = filepath.Join(dir, "kube-controller-manager"), filepath.Join(dir, "kube-scheduler")
+		for _, p := range []string{b.controllerManager, b.scheduler} {
+			if err := checkExecutable(p); err != nil {
+				return binaries{}, fmt.Errorf("%w: %v; run hack/cluster/build.sh (make test-cluster builds them)", ErrUnavailable, err)
+			}
 		}
 	}
 	return b, nil

@@ -5,8 +5,10 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"k8s.io/client-go/util/cert"
 	"k8s.io/client-go/util/keyutil"
@@ -19,6 +21,7 @@ const serverName = "kubernetes"
 // credentials are the files the apiserver needs, written into dir.
 type credentials struct {
 	caPEM      []byte // CA that signed the serving certificate
+	caFile     string // caPEM as a file (kube-controller-manager's --root-ca-file)
 	tlsCert    string // serving certificate (PEM file)
 	tlsKey     string // serving key (PEM file)
 	saKey      string // ServiceAccount token signing key (PEM file), also read for verification
@@ -26,16 +29,31 @@ type credentials struct {
 	adminToken string
 }
 
-func writeCredentials(dir string) (*credentials, error) {
+// serviceCIDRs is the apiserver's --service-cluster-ip-range: the first address of each range is the
+// Cluster-IP of Service default/kubernetes, which Pods dial without a server name (in-cluster config),
+// so the serving certificate holds it too.
+func writeCredentials(dir, serviceCIDRs string) (*credentials, error) {
+	var ips []net.IP
+	for _, r := range strings.Split(serviceCIDRs, ",") {
+		p, err := netip.ParsePrefix(strings.TrimSpace(r))
+		if err != nil {
+			return nil, fmt.Errorf("service cluster IP range %q: %w", r, err)
+		}
+		ips = append(ips, net.IP(p.Masked().Addr().Next().AsSlice()))
+	}
 	c := &credentials{
+		caFile:    filepath.Join(dir, "ca.crt"),
 		tlsCert:   filepath.Join(dir, "serving.crt"),
 		tlsKey:    filepath.Join(dir, "serving.key"),
 		saKey:     filepath.Join(dir, "sa.key"),
 		tokenFile: filepath.Join(dir, "tokens.csv"),
 	}
 	var err error
-	if c.caPEM, err = writeServingCert(c.tlsCert, c.tlsKey); err != nil {
+	if c.caPEM, err = writeServingCert(c.tlsCert, c.tlsKey, ips); err != nil {
 		return nil, fmt.Errorf("serving certificate: %w", err)
+	}
+	if err = os.WriteFile(c.caFile, c.caPEM, 0o644); err != nil {
+		return nil, fmt.Errorf("CA file: %w", err)
 	}
 	if err = writeServiceAccountKey(c.saKey); err != nil {
 		return nil, fmt.Errorf("service account key: %w", err)
@@ -52,10 +70,10 @@ func writeCredentials(dir string) (*credentials, error) {
 }
 
 // writeServingCert creates a CA and a serving certificate signed by it (client-go's util/cert) and
-// returns the CA certificate in PEM.
-func writeServingCert(certPath, keyPath string) ([]byte, error) {
+// returns the CA certificate in PEM. The certificate holds the loopback addresses and extraIPs.
+func writeServingCert(certPath, keyPath string, extraIPs []net.IP) ([]byte, error) {
 	chain, key, err := cert.GenerateSelfSignedCertKey(serverName,
-		[]net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		append([]net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, extraIPs...),
 		[]string{"kubernetes.default", "kubernetes.default.svc", "localhost"})
 	if err != nil {
 		return nil, err

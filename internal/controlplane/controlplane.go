@@ -55,6 +55,11 @@ type Options struct {
 	ServiceNodePortRange string
 	// ExtraAPIServerArgs are appended to kube-apiserver's flags (later flags win).
 	ExtraAPIServerArgs []string
+	// Controllers also runs kube-controller-manager and kube-scheduler (from BinDir) and turns the
+	// ServiceAccount admission plugin on: what a cluster with kubelets needs (DaemonSets scheduled,
+	// ServiceAccounts and their token volumes, EndpointSlices, kube-root-ca.crt). The cluster lane
+	// (e2e/cluster) sets it.
+	Controllers bool
 }
 
 func (o *Options) setDefaults() {
@@ -89,9 +94,11 @@ type ControlPlane struct {
 	mu        sync.Mutex
 	etcd      *process
 	apiserver *process
-	nodes     map[string]*nodeConn // by node netns name
-	nextNode  int                  // next /30 index in nodeLinkRange
-	closed    bool
+	// kube-controller-manager and kube-scheduler (Options.Controllers)
+	controllers []*process
+	nodes       map[string]*nodeConn // by node netns name
+	nextNode    int                  // next /30 index in nodeLinkRange
+	closed      bool
 }
 
 // nodeConn is the wiring of one node netns to the control plane.
@@ -105,7 +112,7 @@ type nodeConn struct {
 // is removed again.
 func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 	opts.setDefaults()
-	bins, err := findBinaries(opts.BinDir)
+	bins, err := findBinaries(opts.BinDir, opts.Controllers)
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +134,36 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 	if err := c.StartAPIServer(ctx); err != nil {
 		return nil, err
 	}
+	if opts.Controllers {
+		if err := c.startControllers(); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
+}
+
+// startControllers starts kube-controller-manager and kube-scheduler with the admin kubeconfig; the
+// caller waits for what it needs of them (a Node's pods, a ServiceAccount).
+func (c *ControlPlane) startControllers() error {
+	kc := "--kubeconfig=" + c.adminKubeconfig
+	for _, argv := range [][]string{
+		{c.bins.controllerManager, kc, "--leader-elect=false", "--bind-address=127.0.0.1",
+			"--use-service-account-credentials=false",
+			// The token controller fills kubernetes.io/service-account-token Secrets; the root CA
+			// is published to every namespace as kube-root-ca.crt (the Pods' token volumes).
+			"--service-account-private-key-file=" + c.creds.saKey, "--root-ca-file=" + c.creds.caFile},
+		{c.bins.scheduler, kc, "--leader-elect=false", "--bind-address=127.0.0.1"},
+	} {
+		name := filepath.Base(argv[0])
+		p, err := startProcess(c.netns, name, c.logPath(name), argv)
+		if err != nil {
+			return err
+		}
+		c.mu.Lock()
+		c.controllers = append(c.controllers, p)
+		c.mu.Unlock()
+	}
+	return nil
 }
 
 // prepare creates the data dir, credentials, netns and host link, and the
@@ -145,7 +181,7 @@ func (c *ControlPlane) prepare(ctx context.Context) error {
 	if err := c.makeDataDir(); err != nil {
 		return err
 	}
-	if c.creds, err = writeCredentials(c.dataDir); err != nil {
+	if c.creds, err = writeCredentials(c.dataDir, c.opts.ServiceClusterIPRange); err != nil {
 		return err
 	}
 	if testenv.Exists(c.netns) {
@@ -241,11 +277,13 @@ func (c *ControlPlane) apiserverArgs() []string {
 		"--service-account-issuer=" + ServiceAccountIssuer,
 		"--service-account-key-file=" + cr.saKey,
 		"--service-account-signing-key-file=" + cr.saKey,
-		// No token controller runs, so pods must not require one.
-		"--disable-admission-plugins=ServiceAccount",
 		"--service-cluster-ip-range=" + c.opts.ServiceClusterIPRange,
 		"--service-node-port-range=" + c.opts.ServiceNodePortRange,
 		"--profiling=false",
+	}
+	if !c.opts.Controllers {
+		// No token controller runs, so pods must not require one.
+		args = append(args, "--disable-admission-plugins=ServiceAccount")
 	}
 	return append(args, c.opts.ExtraAPIServerArgs...)
 }
@@ -456,10 +494,13 @@ func (c *ControlPlane) Close() error {
 		return nil
 	}
 	c.closed = true
-	apiserver, etcd, nodes := c.apiserver, c.etcd, c.nodes
-	c.apiserver, c.etcd, c.nodes = nil, nil, nil
+	apiserver, etcd, nodes, controllers := c.apiserver, c.etcd, c.nodes, c.controllers
+	c.apiserver, c.etcd, c.nodes, c.controllers = nil, nil, nil, nil
 	c.mu.Unlock()
 
+	for _, p := range controllers {
+		p.stop(stopGrace)
+	}
 	apiserver.stop(stopGrace)
 	etcd.stop(stopGrace)
 	ctx := context.Background()

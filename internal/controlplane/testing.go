@@ -38,5 +38,9 @@ func StartT(tb testing.TB, opts Options) *ControlPlane {
 
 // LogTails returns the last lines of the etcd and kube-apiserver logs.
 func (c *ControlPlane) LogTails() string {
-	return tailFile(c.logPath("etcd"), 30) + "\n" + tailFile(c.logPath("kube-apiserver"), 30)
+	s := tailFile(c.logPath("etcd"), 30) + "\n" + tailFile(c.logPath("kube-apiserver"), 30)
+	if c.opts.Controllers {
+		s += "\n" + tailFile(c.logPath("kube-controller-manager"), 30) + "\n" + tailFile(c.logPath("kube-scheduler"), 30)
+	}
+	return s
 }
