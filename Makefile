@@ -63,6 +63,7 @@ export NNM_BIN_DIR := $(BIN)
 all: build
 
 include Makefile.controlplane.mk
+include Makefile.cluster.mk
 
 ## deps: install missing system packages (root on Debian); otherwise say what is missing.
 deps:

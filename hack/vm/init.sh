@@ -16,11 +16,12 @@ mount -t 9p -o "$opts" nnmmods /lib/modules || echo "nnm-init: cannot mount the 
 mount -t 9p -o "$opts,cache=loose" hostroot /host || echo "nnm-init: cannot mount the host root share"
 echo /bin/modprobe >/proc/sys/kernel/modprobe
 
-run= modules=
+run= modules= root=
 for w in $(cat /proc/cmdline); do
 	case "$w" in
 	nnm.run=*) run="${w#nnm.run=}" ;;
 	nnm.modules=*) modules="${w#nnm.modules=}" ;;
+	nnm.root=*) root="${w#nnm.root=}" ;;
 	esac
 done
 for m in $(echo "$modules" | tr , ' '); do modprobe "$m" || echo "nnm-init: modprobe $m failed"; done
@@ -37,6 +38,20 @@ mount -t tmpfs -o mode=0755 run /host/run
 mkdir -p /host/run/tmp /host/dev/pts /host/dev/shm
 mount -t devpts devpts /host/dev/pts 2>/dev/null
 mount -t tmpfs shm /host/dev/shm
+
+# nnm.root=switch (the cluster lane, hack/cluster/node.sh): the host's root becomes the root of the
+# mount namespace (switch_root) instead of a chroot, so that a container runtime's pivot_root and its
+# exec into a container (setns to the container's mount namespace) see the container's root; the
+# modules tree is then mounted below its /run and the kernel loads modules with the host's kmod
+# (modprobe -d: the host's /lib/modules is not the guest kernel's and is read-only).
+if [ "$root" = switch ] && [ -n "$run" ]; then
+	mkdir -p /host/run/nnm-modules/lib/modules
+	mount --bind /lib/modules /host/run/nnm-modules/lib/modules || echo "nnm-init: cannot bind the modules tree into the new root"
+	printf '#!/bin/sh\nexec /sbin/modprobe -d /run/nnm-modules "$@"\n' >/host/run/nnm-modprobe
+	chmod 0755 /host/run/nnm-modprobe
+	echo /run/nnm-modprobe >/proc/sys/kernel/modprobe
+	exec switch_root /host /bin/busybox sh -c "TMPDIR=/run/tmp HOME=/run/tmp /bin/sh '$run'; echo NNM-VM-EXIT=\$?; sync; /bin/busybox poweroff -f"
+fi
 
 rc=1
 if [ -n "$run" ]; then

@@ -1,0 +1,30 @@
+# The cluster lane (issue #38): a two-node Kubernetes cluster of qemu guests without Docker, the agent
+# installed as docs/deploy.md says, the fixes proven with real Pods (e2e/cluster). Included by the
+# Makefile.
+#
+#   make test-cluster              both kube-proxy modes (IPVS, nftables), one cluster each
+#   NNM_CLUSTER_MODES=ipvs make test-cluster
+
+# What the nodes run from this machine's root (shared read-only into the guests), as
+# "probe:debian-package": containerd 1.6 (kubelet 1.36 accepts it: e2e/cluster/doc.go), runc, the
+# CNI reference plugins.
+CLUSTER_DEPS := containerd:containerd runc:runc /usr/lib/cni/bridge:containernetworking-plugins
+CLUSTER_TEST_FLAGS ?= -count=1 -timeout 60m
+
+.PHONY: cluster test-cluster
+
+## cluster: everything the cluster lane needs: the packages, the VM lane's kernel and initramfs
+## (a failure here fails, unlike `make vm`), kubelet, kube-controller-manager, kube-scheduler and
+## kubectl (hack/cluster/build.sh), the pause and workload images (hack/cluster/images.sh). The
+## agent's image is built by docs/deploy.md's install steps themselves (make release), in the test.
+cluster: build controlplane image-deps
+	@$(MAKE) --no-print-directory deps SYSTEM_DEPS="$(CLUSTER_DEPS)"
+	./hack/vm/prepare.sh >/dev/null
+	./hack/cluster/build.sh
+	./hack/cluster/images.sh
+
+## test-cluster: the cluster lane; prints how long it took. Fails (never skips) when a part cannot start.
+test-cluster: cluster
+	@start=$$(date +%s); rc=0; \
+		NNM_CLUSTER=1 NNM_REQUIRE_KERNEL=1 NNM_AGENT_BIN=$(AGENT) $(GO) test $(CLUSTER_TEST_FLAGS) -v ./e2e/cluster/ || rc=$$?; \
+		echo "make test-cluster: the lane's tests took $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
