@@ -143,10 +143,8 @@ func runMode(t *testing.T, p prerequisites, mode string) []row {
 func outcome(got string, err error) string {
 	if err != nil {
 		why := lastLine(err.Error())
-		for _, line := range strings.Split(err.Error(), "\n") {
-			if strings.HasPrefix(line, "workload: ") {
-				why = line // the client's own account, not kubectl's exit status
-			}
+		if _, w, ok := strings.Cut(err.Error(), "workload: "); ok {
+			why, _, _ = strings.Cut(w, "\n") // the client's own account, not kubectl's exit status
 		}
 		if strings.Contains(why, "i/o timeout") || strings.Contains(why, "no answer") {
 			return "times out (" + why + ")"
