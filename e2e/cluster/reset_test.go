@@ -134,9 +134,21 @@ func injectReset(t *testing.T, c *Cluster, ext *testenv.NS, port uint16) resetRe
 			t.Errorf("server: %v", err)
 		}
 	}
-	r.rsts = len(capture.Filter(func(pk rawtcp.Packet) bool {
-		return !pk.Outgoing && pk.Has(rawtcp.RST) && pk.Src == r.masq && !pk.Time.Before(sent)
-	}))
+	// The capture reads in the background: give a reset's RST time to reach it.
+	rsts := func() int {
+		return len(capture.Filter(func(pk rawtcp.Packet) bool {
+			return !pk.Outgoing && pk.Has(rawtcp.RST) && pk.Src == r.masq && !pk.Time.Before(sent)
+		}))
+	}
+	if r.reset() {
+		_ = agenttest.Poll(ctx, 2*time.Second, 20*time.Millisecond, func() error {
+			if rsts() == 0 {
+				return errors.New("no RST captured yet")
+			}
+			return nil
+		})
+	}
+	r.rsts = rsts()
 	select {
 	case res := <-clientDone:
 		if res.err != nil {
