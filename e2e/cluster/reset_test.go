@@ -96,22 +96,9 @@ func injectReset(t *testing.T, c *Cluster, ext *testenv.NS, port uint16) resetRe
 	if _, err := conn.Write([]byte("pong\n")); err != nil {
 		t.Fatal(err)
 	}
-	fromServer := func(pk rawtcp.Packet) bool { return pk.Outgoing && pk.Src == server && pk.Dst == r.masq }
-	if err := agenttest.Poll(ctx, 2*time.Second, 20*time.Millisecond, func() error {
-		for _, pk := range capture.Filter(fromServer) {
-			if string(pk.Payload) == "pong\n" {
-				return nil
-			}
-		}
-		return errors.New("no pong from the server yet")
-	}); err != nil {
-		t.Fatalf("capture did not see the server's pong (%v); captured:\n%s", err, resettest.Packets(capture.Packets()))
-	}
-	out := capture.Filter(fromServer)
-	last := out[len(out)-1]
-	seg := rawtcp.Segment{
-		Src: server, Dst: r.masq, Seq: last.SeqEnd() + resettest.OutOfWindow, Ack: last.Ack,
-		Flags: rawtcp.ACK | rawtcp.PSH, Window: last.Window, Payload: []byte("out of window\n"),
+	last, seg, err := resettest.CraftAfterPong(ctx, capture, server, r.masq)
+	if err != nil {
+		t.Fatal(err)
 	}
 	sent := time.Now()
 	if err := ext.Do(func() error { return rawtcp.Send(seg) }); err != nil {

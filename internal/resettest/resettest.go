@@ -36,6 +36,7 @@
 package resettest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -246,26 +247,11 @@ func Inject(t *testing.T, tp *Topo, p Plan, expectReset bool) *Injection {
 		t.Fatalf("client: %v", err)
 	}
 
-	// The server's last segment tells its snd_nxt (seq + length) and rcv_nxt (its ACK).
-	fromServer := func(pk rawtcp.Packet) bool { return pk.Outgoing && pk.Src == p.Server && pk.Dst == in.Masq }
-	if err := agenttest.Poll(ctx, 2*time.Second, 20*time.Millisecond, func() error {
-		for _, pk := range capture.Filter(fromServer) {
-			if string(pk.Payload) == "pong\n" {
-				return nil
-			}
-		}
-		return errors.New("no pong from the server yet")
-	}); err != nil {
-		t.Fatalf("capture did not see the server's pong (%v); captured:\n%s", err, Packets(capture.Packets()))
+	last, seg, err := CraftAfterPong(ctx, capture, p.Server, in.Masq)
+	if err != nil {
+		t.Fatal(err)
 	}
-	out := capture.Filter(fromServer)
-	last := out[len(out)-1]
-	in.Segment = rawtcp.Segment{
-		Src: p.Server, Dst: in.Masq,
-		Seq: last.SeqEnd() + OutOfWindow, Ack: last.Ack,
-		Flags: rawtcp.ACK | rawtcp.PSH, Window: last.Window,
-		Payload: []byte("out of window\n"),
-	}
+	in.Segment = seg
 
 	ctBefore := conntrackInvalid(t, tp.Node)
 	extBefore := nftCounter(t, tp.Node, "invalid-from-ext")
@@ -298,6 +284,31 @@ func Inject(t *testing.T, tp *Topo, p Plan, expectReset bool) *Injection {
 		return !pk.Outgoing && pk.Has(rawtcp.RST) && pk.Src == in.Masq && !pk.Time.Before(sent)
 	})
 	return in
+}
+
+// CraftAfterPong waits until capture (on the server's link) saw the server's "pong\n" to masq and
+// returns the server's last segment and the out-of-window segment made from it: its snd_nxt (seq +
+// length) plus OutOfWindow, and its rcv_nxt (its ACK). The cluster lane (e2e/cluster) uses it too.
+func CraftAfterPong(ctx context.Context, capture *rawtcp.Capture, server, masq netip.AddrPort) (rawtcp.Packet, rawtcp.Segment, error) {
+	fromServer := func(pk rawtcp.Packet) bool { return pk.Outgoing && pk.Src == server && pk.Dst == masq }
+	if err := agenttest.Poll(ctx, 2*time.Second, 20*time.Millisecond, func() error {
+		for _, pk := range capture.Filter(fromServer) {
+			if string(pk.Payload) == "pong\n" {
+				return nil
+			}
+		}
+		return errors.New("no pong from the server yet")
+	}); err != nil {
+		return rawtcp.Packet{}, rawtcp.Segment{}, fmt.Errorf("capture did not see the server's pong (%v); captured:\n%s", err, Packets(capture.Packets()))
+	}
+	out := capture.Filter(fromServer)
+	last := out[len(out)-1]
+	return last, rawtcp.Segment{
+		Src: server, Dst: masq,
+		Seq: last.SeqEnd() + OutOfWindow, Ack: last.Ack,
+		Flags: rawtcp.ACK | rawtcp.PSH, Window: last.Window,
+		Payload: []byte("out of window\n"),
+	}, nil
 }
 
 // Reproduced checks the problem: the segment was INVALID, the node answered it with exactly one RST,
