@@ -275,16 +275,20 @@ func (k *kernel) newInterface(family knftables.Family, table string) (knftables.
 	return r, nil
 }
 
-func (k *kernel) listTables(ctx context.Context, family knftables.Family) ([]string, error) {
+func (k *kernel) listTables(ctx context.Context, family knftables.Family) ([]TableInfo, error) {
 	if k.real {
 		return listRealTables(ctx, family)
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var out []string
+	var out []TableInfo
 	for key, f := range k.fakes {
 		if key.family == family && f.Table != nil {
-			out = append(out, key.table)
+			t := TableInfo{Name: key.table}
+			if f.Table.Comment != nil {
+				t.Comment = *f.Table.Comment
+			}
+			out = append(out, t)
 		}
 	}
 	return out, nil

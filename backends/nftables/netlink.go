@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	gnft "github.com/google/nftables"
+	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
@@ -236,4 +237,54 @@ func encodeEntry(e rules.MapEntry) (key, val []byte, err error) {
 	key = append(binary.BigEndian.AppendUint16(key, e.Port), 0, 0)
 	val = append(binary.BigEndian.AppendUint16(e.To.Addr().Unmap().AsSlice(), to), 0, 0)
 	return key, val, nil
+}
+
+// nftaTableUserdata is NFTA_TABLE_USERDATA (linux/netfilter/nf_tables.h), which x/sys/unix lacks.
+const nftaTableUserdata = 0x6
+
+// dumpTables lists the tables of one netlink family (NFPROTO_*) with their comments: a dump of
+// NFT_MSG_GETTABLE, whose answers carry NFTA_TABLE_NAME and NFTA_TABLE_USERDATA (libnftnl's TLV,
+// the comment under type 0, as a rule's).
+func dumpTables(family byte) ([]TableInfo, error) {
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	msgs, err := conn.Execute(netlink.Message{
+		Header: netlink.Header{
+			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETTABLE),
+			Flags: netlink.Request | netlink.Dump,
+		},
+		Data: []byte{family, unix.NFNETLINK_V0, 0, 0}, // struct nfgenmsg, res_id 0
+	})
+	if err != nil {
+		return nil, err
+	}
+	var out []TableInfo
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return nil, err
+		}
+		var t TableInfo
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_TABLE_NAME:
+				t.Name = ad.String()
+			case nftaTableUserdata:
+				t.Comment, _ = userdata.GetString(ad.Bytes(), userdata.TypeComment)
+			}
+		}
+		if err := ad.Err(); err != nil {
+			return nil, err
+		}
+		if t.Name != "" {
+			out = append(out, t)
+		}
+	}
+	return out, nil
 }

@@ -81,10 +81,11 @@ func TestKernelListTablesOverNetlink(t *testing.T) {
 	ns := testenv.New(t, "nnm-lt")
 	list := func(f knftables.Family) []string {
 		t.Helper()
-		var names []string
-		if err := ns.Do(func() (err error) { names, err = listRealTables(context.Background(), f); return err }); err != nil {
+		var tables []TableInfo
+		if err := ns.Do(func() (err error) { tables, err = listRealTables(context.Background(), f); return err }); err != nil {
 			t.Fatal(err)
 		}
+		names := tableNames(tables)
 		slices.Sort(names)
 		return names
 	}

@@ -24,7 +24,6 @@ import (
 	"strings"
 	"sync"
 
-	gnft "github.com/google/nftables"
 	"sigs.k8s.io/knftables"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
@@ -41,10 +40,10 @@ type Options struct {
 	// NewInterface returns the knftables interface for one table. Nil means knftables.New, which runs
 	// `nft` (twice at creation to check that nftables works, then once per transaction).
 	NewInterface func(family knftables.Family, table string) (knftables.Interface, error)
-	// ListTables returns the names of all tables of one family (every owner's). Nil means a table
-	// dump over netlink (listRealTables). Cleanup uses it, and remove for a table this process never
-	// touched.
-	ListTables func(ctx context.Context, family knftables.Family) ([]string, error)
+	// ListTables returns all tables of one family (every owner's), with their comments. Nil means a
+	// table dump over netlink (listRealTables). Cleanup uses it, and remove for a table this process
+	// never touched.
+	ListTables func(ctx context.Context, family knftables.Family) ([]TableInfo, error)
 	// NewLister returns what reads one table back (Lister). Nil means netlinkLister when NewInterface
 	// is nil too (the real kernel), and the table's knftables interface otherwise (a fake kernel).
 	NewLister func(family knftables.Family, table string) (Lister, error)
@@ -330,6 +329,14 @@ func (o ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*appli
 func (b *Backend) write(ctx context.Context, nft knftables.Interface, m *model, ex *existing, log *slog.Logger) (*knftables.Transaction, error) {
 	loaded := false
 	if ex == nil && b.loadMaps != nil && len(m.maps) > 0 {
+		// The table is made with its owner comment first: loadMaps creates it over netlink
+		// without one (google/nftables sets no table userdata), and a comment cannot be added to
+		// an existing table. One nft run more, for a new table only.
+		mk := nft.NewTransaction()
+		mk.Add(m.tableObject())
+		if err := nft.Run(ctx, mk); err != nil {
+			return mk, err
+		}
 		if err := b.loadMaps(m); err != nil {
 			log.Info("cannot load the maps over netlink; nft -f sends them with the rest", "err", err)
 		} else {
@@ -548,8 +555,8 @@ func (o ops) Remove(ctx context.Context, u backend.Unit, prev backend.Prev[*appl
 		// interface (nft --version, nft --check) and deleting would run nft three times. At start
 		// this is most of the fixed cost before the first rules reach the kernel.
 		step.ReadBack = true
-		names, err := b.opts.ListTables(ctx, k.family)
-		if err == nil && !slices.Contains(names, k.table) {
+		tables, err := b.opts.ListTables(ctx, k.family)
+		if err == nil && !slices.Contains(tableNames(tables), k.table) {
 			return step, nil
 		}
 		if ctx.Err() != nil {
@@ -662,28 +669,47 @@ func newRealInterface(family knftables.Family, table string) (knftables.Interfac
 }
 
 // listRealTables is the default Options.ListTables. It asks the kernel for the family's tables over
-// netlink (a table dump, github.com/google/nftables) in the calling thread's network namespace.
+// netlink (a table dump: NFT_MSG_GETTABLE) in the calling thread's network namespace, with each
+// table's comment (its userdata, which github.com/google/nftables does not decode).
 // `nft --json list tables` is not used: nft fetches the whole ruleset for it, rules included, and
 // beside kube-proxy's or our own 30,000 iptables-nft rules one listing cost 6.4 s of CPU (5.2 s
 // of it in the kernel) for ip and as much for an empty ip6 (BENCHMARKS.md, 30,000 Services).
-func listRealTables(_ context.Context, family knftables.Family) ([]string, error) {
+func listRealTables(_ context.Context, family knftables.Family) ([]TableInfo, error) {
 	fam, _, err := netlinkFamily(family)
 	if err != nil {
 		return nil, fmt.Errorf("list tables: %w", err)
 	}
-	conn, err := gnft.New()
-	if err != nil {
-		return nil, fmt.Errorf("nftables backend: list %s tables: %w", family, err)
-	}
-	tables, err := conn.ListTablesOfFamily(fam)
+	tables, err := dumpTables(byte(fam))
 	if err != nil {
 		return nil, fmt.Errorf("nftables backend: list %s tables (kernel without nf_tables, or no CAP_NET_ADMIN?): %w", family, err)
 	}
-	names := make([]string, 0, len(tables))
-	for _, t := range tables {
-		names = append(names, t.Name)
+	return tables, nil
+}
+
+// TableInfo is one table of the kernel: its name and its comment ("" for none).
+type TableInfo struct {
+	Name, Comment string
+}
+
+// tableNames is the names of tables.
+func tableNames(tables []TableInfo) []string {
+	out := make([]string, len(tables))
+	for i, t := range tables {
+		out[i] = t.Name
 	}
-	return names, nil
+	return out
+}
+
+// OwnerComment is the comment on every table this backend makes, and what makes a table ours: a
+// table named nnm-<something> without it is someone else's (issue #41: an iptables-backend agent
+// deleted a foreign `ip nnm-thirdparty-…` table at start, by its name alone).
+func OwnerComment(fix string) string { return ownerPrefix + fix }
+
+const ownerPrefix = "network-node-manager:"
+
+// ours says whether t is a table of this backend (see OwnerComment).
+func ours(t TableInfo) bool {
+	return strings.HasPrefix(t.Name, TablePrefix) && t.Comment == OwnerComment(strings.TrimPrefix(t.Name, TablePrefix))
 }
 
 // explain adds the likely cause to nft errors whose text alone is cryptic.
@@ -704,15 +730,15 @@ func (b *Backend) ownTables(ctx context.Context) ([]tableKey, error) {
 	var out []tableKey
 	var errs []error
 	for _, family := range []knftables.Family{knftables.IPv4Family, knftables.IPv6Family} {
-		names, err := b.opts.ListTables(ctx, family)
+		tables, err := b.opts.ListTables(ctx, family)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("nftables backend: list %s tables: %w", family, err))
 			continue
 		}
-		sort.Strings(names)
-		for _, name := range names {
-			if strings.HasPrefix(name, TablePrefix) {
-				out = append(out, tableKey{family: family, table: name})
+		sort.Slice(tables, func(i, j int) bool { return tables[i].Name < tables[j].Name })
+		for _, t := range tables {
+			if ours(t) {
+				out = append(out, tableKey{family: family, table: t.Name})
 			}
 		}
 	}

@@ -282,8 +282,8 @@ func TestMissingNFTIsAClearError(t *testing.T) {
 	}
 	// Listing tables needs no nft (netlink); removing one does. The listing is this test's, so
 	// the host's own tables are never read.
-	b, err = New(Options{ListTables: func(_ context.Context, f knftables.Family) ([]string, error) {
-		return []string{TableName("invalid-drop")}, nil
+	b, err = New(Options{ListTables: func(_ context.Context, f knftables.Family) ([]TableInfo, error) {
+		return []TableInfo{{Name: TableName("invalid-drop"), Comment: OwnerComment("invalid-drop")}}, nil
 	}})
 	if err != nil {
 		t.Fatal(err)

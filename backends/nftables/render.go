@@ -72,6 +72,13 @@ type model struct {
 	maps     []mapModel
 }
 
+// tableObject is m's table with its owner comment (OwnerComment). nftables keeps a table's comment
+// from its creation on: `add table` with a comment on an existing table leaves it as it was.
+func (m *model) tableObject() *knftables.Table {
+	c := OwnerComment(strings.TrimPrefix(m.table, TablePrefix))
+	return &knftables.Table{Comment: &c}
+}
+
 type chainModel struct {
 	chain knftables.Chain
 	rules []knftables.Rule
@@ -376,7 +383,7 @@ type existing struct {
 // ours in the kernel) and !loaded it is exactly what Render shows; loaded says that loadMaps has
 // just created the (new) table's maps and sets with their elements.
 func writeFull(tx *knftables.Transaction, m *model, ex *existing, loaded bool) {
-	tx.Add(&knftables.Table{})
+	tx.Add(m.tableObject())
 	desiredChains := map[string]*knftables.Chain{}
 	for i := range m.chains {
 		desiredChains[m.chains[i].chain.Name] = &m.chains[i].chain
