@@ -7,7 +7,7 @@ package main
 // update of every hostile Service, and how long invalid-drop, which reads nothing from the API,
 // takes to be in the kernel in both families beside it.
 //
-//	go run ./bench -hostile 4x30000 -manifest -backends iptables,nftables -runs 3
+//	go run ./bench -hostile 4x30000,12x5000 -manifest -backends iptables,nftables -runs 3
 
 import (
 	"context"
@@ -27,72 +27,83 @@ import (
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 )
 
-// hostileNamespace holds the tenant's Services.
-const hostileNamespace = "tenant"
-
-// Ingress IPs of the hostile Services: 172.20.0.0 + i + 1 (first address), updated to 172.21.0.0 + i + 1.
+// Ingress IPs of the hostile Services: 172.20.0.0 + k + 1 for the k-th Service (first address),
+// updated to 172.21.0.0 + k + 1.
 var (
 	hostileBase   = netip.MustParseAddr("172.20.0.0")
 	hostileUpdate = netip.MustParseAddr("172.21.0.0")
 )
 
-// parseHostile reads "<services>x<ports>".
-func parseHostile(s string) (services, ports int, err error) {
-	a, b, ok := strings.Cut(s, "x")
-	if ok {
-		services, err = strconv.Atoi(a)
-		if err == nil {
-			ports, err = strconv.Atoi(b)
-		}
-	}
-	if !ok || err != nil || services <= 0 || ports <= 0 || ports > 65535 {
-		return 0, 0, fmt.Errorf("-hostile %q: want <services>x<ports>, e.g. 4x30000", s)
-	}
-	return services, ports, nil
+// hostileSvc is one hostile Service: its namespace, name and number of ports.
+type hostileSvc struct {
+	ns, name string
+	ports    int
 }
 
-func hostileService(i, ports int) *corev1.Service {
-	svc := lbService(fmt.Sprintf("hostile-%d", i))
-	svc.Namespace = hostileNamespace
-	svc.Spec.Ports = make([]corev1.ServicePort, ports)
-	for p := range ports {
+// parseHostile reads "<services>x<ports>[,<services>x<ports>...]": the first group's Services are
+// all in namespace "tenant" (one tenant's: what the per-Service and per-namespace budgets meet),
+// every Service of a later group in a namespace of its own, "tenant-<group>-<i>" (what only the
+// per-fix budget meets).
+func parseHostile(spec string) ([]hostileSvc, error) {
+	var out []hostileSvc
+	for g, s := range strings.Split(spec, ",") {
+		a, b, ok := strings.Cut(strings.TrimSpace(s), "x")
+		services, err := strconv.Atoi(a)
+		ports, err2 := strconv.Atoi(b)
+		if !ok || err != nil || err2 != nil || services <= 0 || ports <= 0 || ports > 65535 {
+			return nil, fmt.Errorf("-hostile %q: want <services>x<ports>[,...], e.g. 4x30000,12x5000", spec)
+		}
+		for i := range services {
+			ns := "tenant"
+			if g > 0 {
+				ns = fmt.Sprintf("tenant-%d-%d", g, i)
+			}
+			out = append(out, hostileSvc{ns: ns, name: fmt.Sprintf("hostile-%d-%d", g, i), ports: ports})
+		}
+	}
+	return out, nil
+}
+
+func (h hostileSvc) object() *corev1.Service {
+	svc := lbService(h.name)
+	svc.Namespace = h.ns
+	svc.Spec.Ports = make([]corev1.ServicePort, h.ports)
+	for p := range h.ports {
 		svc.Spec.Ports[p] = corev1.ServicePort{Name: "p" + strconv.Itoa(p+1), Protocol: corev1.ProtocolTCP,
 			Port: int32(p + 1), TargetPort: intstr.FromInt32(int32(p + 1))}
 	}
 	return svc
 }
 
-// createHostile creates the Services with their ingress IP (base + i + 1).
-func (c *cluster) createHostile(ctx context.Context, services, ports int, base netip.Addr) error {
-	_, err := c.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: hostileNamespace}}, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	svcs := c.client.CoreV1().Services(hostileNamespace)
-	for i := range services {
-		var svc *corev1.Service
-		err := retry(ctx, func() error {
-			var err error
-			svc, err = svcs.Create(ctx, hostileService(i, ports), metav1.CreateOptions{})
+// createHostile creates the Services, the k-th with ingress IP base + k + 1.
+func (c *cluster) createHostile(ctx context.Context, hs []hostileSvc, base netip.Addr) error {
+	for k, h := range hs {
+		_, err := c.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: h.ns}}, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+		svcs := c.client.CoreV1().Services(h.ns)
+		err = retry(ctx, func() error {
+			_, err := svcs.Create(ctx, h.object(), metav1.CreateOptions{})
 			if apierrors.IsAlreadyExists(err) {
-				svc, err = svcs.Get(ctx, hostileService(i, ports).Name, metav1.GetOptions{})
+				err = nil
 			}
 			return err
 		})
 		if err != nil {
-			return fmt.Errorf("create hostile-%d: %w", i, err)
+			return fmt.Errorf("create %s/%s: %w", h.ns, h.name, err)
 		}
-		if err := c.setHostileIngress(ctx, svc.Name, nthAddr(base, i)); err != nil {
+		if err := c.setHostileIngress(ctx, h, nthAddr(base, k)); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (c *cluster) setHostileIngress(ctx context.Context, name string, ip netip.Addr) error {
-	svcs := c.client.CoreV1().Services(hostileNamespace)
+func (c *cluster) setHostileIngress(ctx context.Context, h hostileSvc, ip netip.Addr) error {
+	svcs := c.client.CoreV1().Services(h.ns)
 	return retry(ctx, func() error {
-		cur, err := svcs.Get(ctx, name, metav1.GetOptions{})
+		cur, err := svcs.Get(ctx, h.name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -114,7 +125,7 @@ type hostileResult struct {
 
 // runHostile runs the hostile-Services measurement.
 func runHostile(ctx context.Context, o options, spec string) error {
-	services, ports, err := parseHostile(spec)
+	hs, err := parseHostile(spec)
 	if err != nil {
 		return err
 	}
@@ -128,14 +139,14 @@ func runHostile(ctx context.Context, o options, spec string) error {
 		return err
 	}
 	t0 := time.Now()
-	if err := c.createHostile(ctx, services, ports, hostileBase); err != nil {
+	if err := c.createHostile(ctx, hs, hostileBase); err != nil {
 		return err
 	}
-	logf("%d Services × %d ports in namespace %s (%v)", services, ports, hostileNamespace, time.Since(t0).Round(time.Millisecond))
+	logf("hostile Services %s created (%v)", spec, time.Since(t0).Round(time.Millisecond))
 	var rs []*hostileResult
 	for run := 1; run <= o.runs; run++ {
 		for _, be := range o.backends {
-			r, err := measureHostile(ctx, cp, c, o, be, run, services)
+			r, err := measureHostile(ctx, cp, c, o, be, run, hs)
 			if err != nil {
 				return fmt.Errorf("%s run %d: %w", be, run, err)
 			}
@@ -147,7 +158,7 @@ func runHostile(ctx context.Context, o options, spec string) error {
 	if o.manifest != nil {
 		limit = o.manifest.limit.String()
 	}
-	fmt.Fprintf(&b, "hostile Services: %d × %d TCP ports in one namespace, one ingress IPv4 each; agent env %s; memory limit %s\n\n", services, ports, envText(o.agentEnv), limit)
+	fmt.Fprintf(&b, "hostile Services %s (Services x TCP ports; the first group in one namespace, the others one namespace each), one ingress IPv4 each; agent env %s; memory limit %s\n\n", spec, envText(o.agentEnv), limit)
 	b.WriteString("| backend | run | invalid-drop in the kernel (both families) | DNAT fix synced | DNAT entries | skipped | peak RSS cold | peak RSS after update | spare under the limit | update applied |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		spare := "—"
@@ -167,7 +178,7 @@ func runHostile(ctx context.Context, o options, spec string) error {
 	return nil
 }
 
-func measureHostile(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o options, be string, run, services int) (*hostileResult, error) {
+func measureHostile(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o options, be string, run int, hs []hostileSvc) (*hostileResult, error) {
 	r := &hostileResult{backend: be, run: run}
 	kc, done, err := nodeNamespace(ctx, cp, fmt.Sprintf("nnmh-%s-%d", be[:3], run))
 	if err != nil {
@@ -234,8 +245,8 @@ func measureHostile(ctx context.Context, cp *controlplane.ControlPlane, c *clust
 	if run%2 == 0 {
 		base = hostileBase
 	}
-	for i := range services {
-		if err := c.setHostileIngress(ctx, fmt.Sprintf("hostile-%d", i), nthAddr(base, i)); err != nil {
+	for k, h := range hs {
+		if err := c.setHostileIngress(ctx, h, nthAddr(base, k)); err != nil {
 			return nil, err
 		}
 	}

@@ -174,3 +174,38 @@ func TestKernelForeignCommentNewline(t *testing.T) {
 		}
 	})
 }
+
+// TestKernelForeignNNMChains (issue #41 row 10, iptables side): an NNM- chain that no jump of ours
+// leads to is someone else's: RemoveAll (what a nftables-backend agent runs at start), CleanupPlan and
+// Cleanup leave it and the rule jumping to it, and remove ours. On main at d0ea2ac they deleted
+// every NNM- chain by its name.
+func TestKernelForeignNNMChains(t *testing.T) {
+	ctx := context.Background()
+	forEachKernel(t, func(t *testing.T, k *kernel) {
+		k.ipt("-N", "NNM-THIRDPARTY")
+		k.ipt("-A", "NNM-THIRDPARTY", "-m", "comment", "--comment", "invalid-drop: looks like ours", "-j", "RETURN")
+		k.ipt("-A", "INPUT", "-m", "comment", "--comment", "thirdparty", "-j", "NNM-THIRDPARTY")
+		k.ipt("-t", "nat", "-N", "NNM-EMPTY")
+		mustApply(t, k.backend(), invalidDrop(k.family), externalIP(k.family))
+		plan, err := k.backend().CleanupPlan(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if text := strings.Join(plan, "\n"); strings.Contains(text, "NNM-THIRDPARTY") || strings.Contains(text, "NNM-EMPTY") || !strings.Contains(text, "NNM-INVALID-INPUT") {
+			t.Errorf("CleanupPlan = %q, want our chains only", text)
+		}
+		if _, err := k.backend().RemoveAll(ctx, k.family); err != nil {
+			t.Fatal(err)
+		}
+		s := k.save()
+		mustContain(t, s, ":NNM-THIRDPARTY", "-A INPUT -m comment --comment thirdparty -j NNM-THIRDPARTY", ":NNM-EMPTY")
+		mustLack(t, s, "NNM-INVALID", "NNM-EXTIP")
+		mustApply(t, k.backend(), invalidDrop(k.family))
+		if err := k.backend().Cleanup(ctx); err != nil {
+			t.Fatal(err)
+		}
+		s = k.save()
+		mustContain(t, s, ":NNM-THIRDPARTY", ":NNM-EMPTY")
+		mustLack(t, s, "NNM-INVALID")
+	})
+}

@@ -563,7 +563,7 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// RemoveAll deletes every NNM- chain in every table of family, with every rule jumping to them, and
+// RemoveAll deletes every NNM- chain of ours (removable) in every table of family, with every rule jumping to them, and
 // returns how many chains it removed: what this backend left when the agent runs with the nftables
 // backend now (backends.Leftovers). Unlike Cleanup it leaves the predecessor's chains alone.
 func (b *Backend) RemoveAll(ctx context.Context, family rules.Family) (removed int, err error) {
@@ -585,14 +585,7 @@ func (b *Backend) cleanup(ctx context.Context, family rules.Family, match func(s
 	if err != nil || d == nil {
 		return 0, err
 	}
-	gone := map[tchain]bool{}
-	for _, t := range d.tables {
-		for _, c := range t.chains {
-			if !c.builtin() && match(c.name) {
-				gone[tchain{t.name, c.name}] = true
-			}
-		}
-	}
+	gone := removable(d, match)
 	p := plan{}
 	removeChains(p, d, gone, nil)
 	if p.commits() > 0 {
