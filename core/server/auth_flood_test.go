@@ -11,11 +11,6 @@ import (
 	"testing"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
-	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/network-node-manager/network-node-manager/core"
 	"github.com/network-node-manager/network-node-manager/core/config"
 	"github.com/network-node-manager/network-node-manager/core/kube"
@@ -59,26 +54,7 @@ func fromAddr(src string) *http.Client {
 func TestGarbageTokensDoNotStarveAScrape(t *testing.T) {
 	cp := controlplane.StartT(t, controlplane.Options{})
 	ctx := t.Context()
-	admin := cp.AdminClient()
-
-	// The scraper: a ServiceAccount allowed to get /metrics, as deploy/components/podmonitor sets up.
-	if _, err := admin.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "scraper"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "flood-metrics-reader"},
-		Rules: []rbacv1.PolicyRule{{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "flood-metrics-reader"},
-		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "flood-metrics-reader"},
-		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: "default", Name: "scraper"}}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := admin.CoreV1().ServiceAccounts("default").CreateToken(ctx, "scraper", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	scraperToken := tr.Status.Token
+	token := scraperToken(t, cp)
 
 	// The agent's client (QPS and burst as in production), counting its TokenReviews.
 	rc, err := core.RestConfig(&config.Config{Kubeconfig: cp.AdminKubeconfig()})
@@ -91,7 +67,11 @@ func TestGarbageTokensDoNotStarveAScrape(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := servertest.StartDelegated(t, agentClient, "nnm_flood_test", server.Options{})
+	// All 500 connections come from one address: the per-source connection cap
+	// (TestIdleFloodDoesNotStarveProbesOrScrape) is lifted so that the review budget is measured.
+	limits := server.DefaultLimits
+	limits.MaxConnsPerSource = 0
+	s := servertest.StartDelegated(t, agentClient, "nnm_flood_test", server.Options{Limits: limits})
 	url := "https://" + s.Addr() + "/metrics"
 
 	// The flood: 500 connections from 127.0.0.1, each with its own garbage token.
@@ -125,7 +105,7 @@ func TestGarbageTokensDoNotStarveAScrape(t *testing.T) {
 
 	// A legitimate scrape, its token not cached yet, from another address, in the middle of the flood.
 	scrapeStart := time.Now()
-	code, body, err := testenv.Get(ctx, fromAddr("127.0.0.2"), url, scraperToken)
+	code, body, err := testenv.Get(ctx, fromAddr("127.0.0.2"), url, token)
 	took := time.Since(scrapeStart)
 	wg.Wait()
 	floodTook := time.Since(start)

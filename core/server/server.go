@@ -37,16 +37,26 @@ type Limits struct {
 	WriteTimeout      time.Duration // the response (a /metrics scrape)
 	IdleTimeout       time.Duration // a keep-alive connection between requests
 	MaxHeaderBytes    int
+	// MaxConns and MaxConnsPerSource cap the connections a listener holds, in all and from one
+	// source (an IPv4 address, an IPv6 /64: Source); 0 is no cap. A source at its cap is refused;
+	// at the listener's cap an idle connection of the source holding the most is closed to admit a
+	// source holding fewer (connLimiter), so a flood of idle connections cannot keep a kubelet probe
+	// or a scrape out.
+	MaxConns, MaxConnsPerSource int
 }
 
 // DefaultLimits fit a scrape every few seconds and kubelet probes; 16 KiB of headers leaves room for a
-// service account token.
+// service account token. 256 connections of ~20 KiB each (goroutine, buffers, TLS state) bound a
+// listener's share of the agent's memory to ~5 MiB; a scraper or the kubelet needs one or two
+// connections at a time. docs/deploy.md lists them for operators.
 var DefaultLimits = Limits{
 	ReadHeaderTimeout: 5 * time.Second,
 	ReadTimeout:       10 * time.Second,
 	WriteTimeout:      30 * time.Second,
 	IdleTimeout:       90 * time.Second,
 	MaxHeaderBytes:    16 << 10,
+	MaxConns:          256,
+	MaxConnsPerSource: 16,
 }
 
 // Options say where and how to serve.
@@ -67,8 +77,10 @@ type Options struct {
 type listener struct {
 	name, addr string
 	tls        *tls.Config
+	limits     Limits
 	srv        *http.Server
 	ln         net.Listener
+	conns      *connLimiter
 	done       chan struct{}
 }
 
@@ -107,8 +119,9 @@ func New(opts Options, reg *prometheus.Registry, checks Checks, log *slog.Logger
 }
 
 func newListener(name, addr string, tlsCfg *tls.Config, h http.Handler, l Limits, log *slog.Logger) *listener {
-	return &listener{name: name, addr: addr, tls: tlsCfg, srv: &http.Server{
-		Handler: h,
+	return &listener{name: name, addr: addr, tls: tlsCfg, limits: l, srv: &http.Server{
+		Handler:     serving(h),
+		ConnContext: connContext,
 		// Handshake errors of scanners and plain-HTTP clients are not the agent's problem.
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 		TLSConfig:         tlsCfg,
@@ -175,6 +188,17 @@ func (s *Server) Addr() string { return s.metrics.address() }
 // HealthzAddr is the probe listener's address, "" when the probes share the metrics listener.
 func (s *Server) HealthzAddr() string { return s.healthz.address() }
 
+// Conns is the number of connections the metrics and the probe listener hold (0 for one not
+// started).
+func (s *Server) Conns() (metrics, healthz int) { return s.metrics.held(), s.healthz.held() }
+
+func (l *listener) held() int {
+	if l == nil || l.conns == nil {
+		return 0
+	}
+	return l.conns.Held()
+}
+
 func (l *listener) address() string {
 	if l == nil || l.ln == nil {
 		return ""
@@ -201,6 +225,8 @@ func (l *listener) start(log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("%s server: %w", l.name, err)
 	}
+	l.conns = newConnLimiter(ln, l.limits.MaxConns, l.limits.MaxConnsPerSource)
+	ln = l.conns
 	scheme := "http"
 	if l.tls != nil {
 		ln = tls.NewListener(ln, l.tls)
