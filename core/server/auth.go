@@ -7,8 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -38,15 +38,23 @@ import (
 // Unknown tokens are bounded so that garbage cannot crowd out a legitimate scrape (#19: 500 unique
 // garbage tokens each cost a TokenReview through the QPS-limited client, and a legitimate uncached
 // scrape then waited 9.6 s or failed): a rejected token is remembered in a cache of its own (a flood
-// cannot evict the accepted tokens), and each source address may have a token reviewed at most
-// ReviewsPerSecond times a second (burst ReviewBurst); beyond that it gets 429 without a review.
+// cannot evict the accepted tokens), and each source (an IPv4 address, an IPv6 /64: Source) may have
+// a token reviewed at most ReviewsPerSecond times a second (burst ReviewBurst); beyond that it gets
+// 429 without a review. All sources together have GlobalReviewsPerSecond (burst GlobalReviewBurst),
+// below the client's QPS, so that reviews never queue in the client's rate limiter behind each
+// other (#41: a legitimate scrape got 403 after 5 s there) nor starve the watches; a source that
+// was authorized to get the metrics in the last TrustedFor is not held to the global ceiling (a
+// scraper whose token rotates during a flood from many sources still gets its review), only to its
+// own budget. (Authenticated is not enough: any Pod has a service account token that authenticates.)
 type Delegated struct {
 	client   kube.Interface
 	log      *slog.Logger
 	ttl      time.Duration
 	cache    *cache.LRUExpireCache // accepted tokens and authorization answers
 	rejected *cache.LRUExpireCache // tokens the API server did not authenticate
-	sources  *cache.LRUExpireCache // source address → *rate.Limiter of its TokenReviews
+	sources  *cache.LRUExpireCache // Source → *rate.Limiter of its TokenReviews
+	trusted  *cache.LRUExpireCache // Source that was authorized → true
+	global   *rate.Limiter         // TokenReviews of untrusted sources, all together
 	mu       sync.Mutex            // one limiter per source
 }
 
@@ -63,15 +71,29 @@ const (
 	ReviewBurst      = 5
 )
 
+// GlobalReviewsPerSecond and GlobalReviewBurst bound the TokenReviews of all sources not trusted
+// together; the client's QPS is 20 (burst 40, core.RestConfig), so a flood never holds more than a
+// quarter of it. TrustedFor is how long a source stays trusted after a request from it was
+// authorized.
+const (
+	GlobalReviewsPerSecond = 5
+	GlobalReviewBurst      = 10
+	TrustedFor             = time.Hour
+)
+
 // NewDelegated returns the filter using client (the agent's own identity, which needs tokenreviews
 // create and subjectaccessreviews create).
 func NewDelegated(client kube.Interface, log *slog.Logger) *Delegated {
 	return &Delegated{client: client, log: log, ttl: CacheTTL, cache: cache.NewLRUExpireCache(cacheSize),
-		rejected: cache.NewLRUExpireCache(cacheSize), sources: cache.NewLRUExpireCache(cacheSize)}
+		rejected: cache.NewLRUExpireCache(cacheSize), sources: cache.NewLRUExpireCache(cacheSize),
+		trusted: cache.NewLRUExpireCache(cacheSize), global: rate.NewLimiter(GlobalReviewsPerSecond, GlobalReviewBurst)}
 }
 
-// errTooManyReviews: the source has had its share of TokenReviews.
-var errTooManyReviews = errors.New("too many unknown tokens from this address")
+// errTooManyReviews: the source (or all sources) had their share of TokenReviews.
+var (
+	errTooManyReviews       = errors.New("too many unknown tokens from this address")
+	errTooManyReviewsGlobal = fmt.Errorf("%w: too many unknown tokens from all addresses", errTooManyReviews)
+)
 
 type authnResult struct {
 	ok   bool
@@ -124,6 +146,7 @@ func (d *Delegated) Wrap(h http.Handler) http.Handler {
 			http.Error(w, msg, http.StatusForbidden)
 			return
 		}
+		d.trusted.Add(source(r), true, TrustedFor)
 		h.ServeHTTP(w, r)
 	})
 }
@@ -134,16 +157,10 @@ func bearer(r *http.Request) (string, bool) {
 	return token, ok && strings.EqualFold(scheme, "Bearer") && token != ""
 }
 
-// source is the client's address without the port.
-func source(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
-}
+// source is the client's Source.
+func source(r *http.Request) netip.Prefix { return sourceOf(r.RemoteAddr) }
 
-func (d *Delegated) authenticate(ctx context.Context, token, from string) (authnv1.UserInfo, bool, error) {
+func (d *Delegated) authenticate(ctx context.Context, token string, from netip.Prefix) (authnv1.UserInfo, bool, error) {
 	sum := sha256.Sum256([]byte(token))
 	key := "authn/" + hex.EncodeToString(sum[:])
 	if v, ok := d.cache.Get(key); ok {
@@ -155,6 +172,9 @@ func (d *Delegated) authenticate(ctx context.Context, token, from string) (authn
 	}
 	if !d.limiter(from).Allow() {
 		return authnv1.UserInfo{}, false, errTooManyReviews
+	}
+	if _, trusted := d.trusted.Get(from); !trusted && !d.global.Allow() {
+		return authnv1.UserInfo{}, false, errTooManyReviewsGlobal
 	}
 	tr, err := d.client.CreateTokenReview(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token}})
 	if err != nil {
@@ -169,8 +189,8 @@ func (d *Delegated) authenticate(ctx context.Context, token, from string) (authn
 	return res.user, res.ok, nil
 }
 
-// limiter returns the TokenReview budget of a source address (the LRU forgets idle sources).
-func (d *Delegated) limiter(from string) *rate.Limiter {
+// limiter returns the TokenReview budget of a source (the LRU forgets idle sources).
+func (d *Delegated) limiter(from netip.Prefix) *rate.Limiter {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if v, ok := d.sources.Get(from); ok {
