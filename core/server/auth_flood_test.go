@@ -11,9 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/core"
-	"github.com/network-node-manager/network-node-manager/core/config"
-	"github.com/network-node-manager/network-node-manager/core/kube"
 	"github.com/network-node-manager/network-node-manager/core/server"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 	"github.com/network-node-manager/network-node-manager/internal/servertest"
@@ -56,22 +53,14 @@ func TestGarbageTokensDoNotStarveAScrape(t *testing.T) {
 	ctx := t.Context()
 	token := scraperToken(t, cp)
 
-	// The agent's client (QPS and burst as in production), counting its TokenReviews.
-	rc, err := core.RestConfig(&config.Config{Kubeconfig: cp.AdminKubeconfig()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The agent's client, counting its TokenReviews.
 	var reviews atomic.Int64
-	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return countReviews{rt, &reviews} })
-	agentClient, err := kube.New(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	client := agentClient(t, cp, &reviews)
 	// All 500 connections come from one address: the per-source connection cap
 	// (TestIdleFloodDoesNotStarveProbesOrScrape) is lifted so that the review budget is measured.
 	limits := server.DefaultLimits
 	limits.MaxConnsPerSource = 0
-	s := servertest.StartDelegated(t, agentClient, "nnm_flood_test", server.Options{Limits: limits})
+	s := servertest.StartDelegated(t, client, "nnm_flood_test", server.Options{Limits: limits})
 	url := "https://" + s.Addr() + "/metrics"
 
 	// The flood: 500 connections from 127.0.0.1, each with its own garbage token.

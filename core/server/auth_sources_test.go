@@ -11,9 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/core"
-	"github.com/network-node-manager/network-node-manager/core/config"
-	"github.com/network-node-manager/network-node-manager/core/kube"
 	"github.com/network-node-manager/network-node-manager/core/server"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 	"github.com/network-node-manager/network-node-manager/internal/servertest"
@@ -32,16 +29,8 @@ import (
 func TestReviewBudgetPerSlash64AndGlobal(t *testing.T) {
 	cp := controlplane.StartT(t, controlplane.Options{})
 	token := scraperToken(t, cp)
-	rc, err := core.RestConfig(&config.Config{Kubeconfig: cp.AdminKubeconfig()})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var reviews atomic.Int64
-	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return countReviews{rt, &reviews} })
-	client, err := kube.New(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	client := agentClient(t, cp, &reviews)
 
 	ns := testenv.NewNoDAD(t, "nnm-rv")
 	var batch strings.Builder

@@ -16,9 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/core"
-	"github.com/network-node-manager/network-node-manager/core/config"
-	"github.com/network-node-manager/network-node-manager/core/kube"
 	"github.com/network-node-manager/network-node-manager/core/server"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 	"github.com/network-node-manager/network-node-manager/internal/servertest"
@@ -37,14 +34,7 @@ import (
 func TestIdleFloodDoesNotStarveProbesOrScrape(t *testing.T) {
 	cp := controlplane.StartT(t, controlplane.Options{})
 	token := scraperToken(t, cp)
-	rc, err := core.RestConfig(&config.Config{Kubeconfig: cp.AdminKubeconfig()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := kube.New(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	client := agentClient(t, cp, new(atomic.Int64))
 	s := servertest.StartDelegated(t, client, "nnm_idle_flood_test", server.Options{HealthzAddress: "127.0.0.1:0"})
 	probeAddr, metricsAddr := s.HealthzAddr(), s.Addr()
 

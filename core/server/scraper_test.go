@@ -1,6 +1,8 @@
 package server_test
 
 import (
+	"net/http"
+	"sync/atomic"
 	"testing"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -9,6 +11,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/network-node-manager/network-node-manager/core"
+	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/core/kube"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 )
 
@@ -41,4 +46,20 @@ func newScraperToken(t *testing.T, admin kubernetes.Interface) string {
 		t.Fatal(err)
 	}
 	return tr.Status.Token
+}
+
+// agentClient is the agent's API client on cp (core.RestConfig: QPS and burst as in production),
+// counting its TokenReviews in reviews.
+func agentClient(t *testing.T, cp *controlplane.ControlPlane, reviews *atomic.Int64) kube.Interface {
+	t.Helper()
+	rc, err := core.RestConfig(&config.Config{Kubeconfig: cp.AdminKubeconfig()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return countReviews{rt, reviews} })
+	client, err := kube.New(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
 }
