@@ -30,6 +30,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/kube"
 	"github.com/network-node-manager/network-node-manager/core/logging"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
+	"github.com/network-node-manager/network-node-manager/core/nodelock"
 	"github.com/network-node-manager/network-node-manager/core/server"
 	"github.com/network-node-manager/network-node-manager/core/sysctl"
 	"github.com/network-node-manager/network-node-manager/core/watch"
@@ -67,6 +68,8 @@ var Module = fx.Module("core",
 // and the Events posted on the Node.
 var Agent = fx.Options(
 	Module,
+	// First: nothing is programmed, taken over or cleaned up while another agent holds the node.
+	fx.Invoke(TakeNodeLock),
 	fx.Provide(NewServer, RunProbes, NewEvents),
 	// client-go logs through klog; in the agent its lines join the agent's stream and format.
 	fx.Invoke(logging.RouteKlog),
@@ -76,6 +79,24 @@ var Agent = fx.Options(
 		lc.Append(fx.Hook{OnStart: e.Start, OnStop: e.Stop})
 	}),
 )
+
+// TakeNodeLock takes the node-local lock (core/nodelock) when the agent starts, before any other
+// start hook, and gives it up when it stops: with another agent on the node's network namespace the
+// start fails with an error naming that agent, and this one programs nothing.
+func TakeNodeLock(lc fx.Lifecycle, log *slog.Logger) {
+	var l *nodelock.Lock
+	lc.Append(fx.Hook{
+		OnStart: func(context.Context) error {
+			var err error
+			if l, err = nodelock.Acquire(nodelock.Dir); err != nil {
+				return err
+			}
+			log.Info("holding the node lock", "file", l.File())
+			return nil
+		},
+		OnStop: func(context.Context) error { return l.Release() },
+	})
+}
 
 // LoadConfig loads the configuration against the registered fix ids.
 func LoadConfig(in Inputs, ids fix.IDs) (*config.Config, error) {

@@ -1,0 +1,127 @@
+package e2e
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+)
+
+// TestSecondAgentLeavesTheFirstAlone (#41 rows 5 and 9): a second agent started by hand with the
+// defaults beside a running one (same network namespace, same API server and Node) used to remove
+// the running agent's External-IP DNAT at its start (21 s without it), and two nftables agents with
+// the same config rewrote each other's objects endlessly (24 repairs per agent per minute). Now the
+// second agent finds the node lock held: it exits with an error naming the holder and programs
+// nothing. Sampled every 100 ms from before its start until 5 s after it ended, the first agent's
+// DNAT entries and both fixes' chains are never missing, and the first agent repairs nothing; a
+// second agent with exactly the first one's flags is refused the same way.
+func TestSecondAgentLeavesTheFirstAlone(t *testing.T) {
+	eachBackend(t, func(t *testing.T, c *cluster, be string) {
+		n := startNode(t, c, be, nodeOptions{})
+		svcs := newServices(t, c, "lock-"+be)
+		svc := svcs.create(lbService("", "web"))
+		svcs.setIngress("web", "203.0.41.10")
+		wantEntry := want(svc, "203.0.41.10", "tcp", 80)
+		n.expectEntries(converge, wantEntry)
+		repairsBefore := n.repairs()
+
+		// Sample the first agent's rules every 100 ms until told to stop.
+		var mu sync.Mutex
+		samples, missing, longest, run := 0, 0, 0, 0
+		var firstMiss string
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(100 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+				err := n.fixPresent(fixExtIP, "ipv4")
+				if err == nil {
+					err = n.fixPresent(fixDrop, "ipv4")
+				}
+				if err == nil {
+					var got []string
+					if got, err = n.dnatEntries("ipv4"); err == nil && !slices.Contains(got, wantEntry) {
+						err = fmt.Errorf("DNAT entry %s missing: %q", wantEntry, got)
+					}
+				}
+				mu.Lock()
+				samples++
+				if err != nil {
+					missing++
+					run++
+					longest = max(longest, run)
+					if firstMiss == "" {
+						firstMiss = err.Error()
+					}
+				} else {
+					run = 0
+				}
+				mu.Unlock()
+			}
+		}()
+
+		kubeconfig := n.args[slices.Index(n.args, "--kubeconfig")+1]
+		for i, args := range [][]string{
+			// By hand, with the defaults: backend and proxy mode auto, no config file.
+			{"--kubeconfig", kubeconfig, "--node-name", n.name},
+			// Exactly the first agent's flags (but its own metrics port).
+			slices.Clone(n.args),
+		} {
+			second, err := agenttest.Start(agenttest.Options{Netns: n.ns.Name, Args: args, MetricsPort: 9490 + i})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ended := agenttest.Poll(t.Context(), 20*time.Second, 100*time.Millisecond, func() error {
+				if second.Exited() == nil {
+					return fmt.Errorf("the second agent still runs")
+				}
+				return nil
+			})
+			logs := second.Logs()
+			if ended != nil {
+				_ = second.Kill()
+				t.Errorf("%s, second agent %d: it ran for 20 s beside the first (want it refused at start); its log:\n%s", be, i, second.LogTail(30))
+				continue
+			}
+			holder := fmt.Sprintf("pid %d", n.agent.PID())
+			if !strings.Contains(logs, "another agent programs this node's network namespace") || !strings.Contains(logs, holder) {
+				t.Errorf("%s, second agent %d: its log does not say that %s holds the node; log:\n%s", be, i, holder, second.LogTail(30))
+			}
+		}
+		time.Sleep(5 * time.Second)
+		close(stop)
+		wg.Wait()
+		repairs := n.repairs() - repairsBefore
+		t.Logf("%s: %d samples at 100 ms, %d without the first agent's rules (longest run %d); the first agent's repairs meanwhile: %v",
+			be, samples, missing, longest, repairs)
+		if missing > 0 {
+			t.Errorf("%s: the first agent's rules were missing in %d of %d samples (longest %d); first: %s", be, missing, samples, longest, firstMiss)
+		}
+		if repairs > 0 {
+			t.Errorf("%s: the first agent repaired %v times while the second ran", be, repairs)
+		}
+		n.expectEntries(converge, wantEntry)
+	})
+}
+
+// repairs is the agent's nnm_sync_repairs_total, all fixes and families together.
+func (n *node) repairs() float64 {
+	n.t.Helper()
+	total := 0.0
+	for _, s := range n.metrics().Find("nnm_sync_repairs_total") {
+		total += s.Value
+	}
+	return total
+}
