@@ -28,6 +28,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/fixes/staleudpconntrack"
 	"github.com/network-node-manager/network-node-manager/internal/ctfill"
@@ -133,18 +134,20 @@ func conntrackChild(spec string) error {
 		if err != nil {
 			return err
 		}
-		pods := func(k int) []*corev1.Pod {
+		podsOf := func(k int) *fix.Snapshot {
 			var out []*corev1.Pod
 			for i := range k {
 				out = append(out, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("p%d", i)},
 					Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: podAddr(i).String()}}}})
 			}
-			return out
+			snap := fix.NewSnapshot(fix.Env{}, nil)
+			pods.Table.Set(snap, out)
+			return snap
 		}
-		if _, err := f.Ensure(ctx, &fix.Snapshot{Pods: pods(livePods + gonePods)}, true); err != nil {
+		if _, err := f.Ensure(ctx, podsOf(livePods+gonePods), true); err != nil {
 			return err
 		}
-		snap := &fix.Snapshot{Pods: pods(livePods)}
+		snap := podsOf(livePods)
 		for more, full := true, false; more; full = false {
 			res, err := f.Ensure(ctx, snap, full)
 			if err != nil {

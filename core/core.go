@@ -1,5 +1,5 @@
-// Package core wires the agent: configuration, metrics, the watch source, the sync engine and the
-// HTTP endpoints. Fix modules and a rule backend join the graph from outside (see cmd/ and
+// Package core wires the agent: configuration, metrics, the input modules (core/inputs) on a watch
+// hub, the sync engine and the HTTP endpoints. Fix modules and a rule backend join the graph from outside (see cmd/ and
 // examples/custom-agent): the core only knows the contracts in core/fix and core/backend.
 package core
 
@@ -27,6 +27,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/engine"
 	"github.com/network-node-manager/network-node-manager/core/events"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs"
 	"github.com/network-node-manager/network-node-manager/core/kube"
 	"github.com/network-node-manager/network-node-manager/core/logging"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
@@ -46,9 +47,11 @@ type Inputs struct {
 	Version string
 }
 
-// Module provides configuration, logging, metrics, sysctl access, detection and the engine. The
-// graph still needs a backend.Backend, a watch.Source and fix modules.
+// Module provides configuration, logging, metrics, sysctl access, detection, the input modules and
+// the engine. The graph still needs a backend.Backend, a *watch.Hub (Hub or FileHub) and fix
+// modules.
 var Module = fx.Module("core",
+	inputs.Module,
 	fx.Provide(
 		LoadConfig,
 		NewLogger,
@@ -190,7 +193,8 @@ type EngineParams struct {
 	fx.In
 	Fixes   []fix.Fix `group:"fixes"`
 	Backend backend.Backend
-	Source  watch.Source
+	Hub     *watch.Hub
+	Inputs  []watch.Input `group:"inputs"`
 	Config  *config.Config
 	Env     fix.Env
 	Metrics *metrics.Sync
@@ -210,7 +214,7 @@ type EventsIn struct {
 // NewEngine builds the engine; it validates and configures every fix. Its readiness is exported as
 // nnm_agent_ready.
 func NewEngine(p EngineParams) (*engine.Engine, error) {
-	o := engine.Options{Fixes: p.Fixes, Backend: p.Backend, Source: p.Source,
+	o := engine.Options{Fixes: p.Fixes, Backend: p.Backend, Hub: p.Hub, Inputs: p.Inputs,
 		Config: p.Config, Env: p.Env, Metrics: p.Metrics, Log: p.Log}
 	if p.Events.Recorder != nil {
 		o.Notify = p.Events.Recorder
@@ -267,7 +271,7 @@ func NewEvents(lc fx.Lifecycle, cfg *config.Config, log *slog.Logger, api *APICl
 // (RestConfig: QPS 20, burst 40) instead of making a client each. It is made on first use, with
 // client-go's loading rules (RestConfig), so an agent that needs no API (no fix reads a watch, no
 // kubeconfig) never makes one. Its transport logs the requests that got no answer or were throttled,
-// through the watch source's WrapTransport once InformerSource has set it (SetWrap).
+// through the watch hub's WrapTransport once Hub has set it (SetWrap).
 type APIClient struct {
 	cfg  *config.Config
 	once sync.Once
@@ -325,20 +329,45 @@ func RestConfig(cfg *config.Config) (*rest.Config, error) {
 	return rc, nil
 }
 
-// InformerSource is the production watch.Source, on the agent's API client, whose transport then
-// logs the requests that got no answer (watch.Informers.WrapTransport).
-func InformerSource(cfg *config.Config, log *slog.Logger, api *APIClient) watch.Source {
-	s := watch.NewInformers(api.Get, cfg.NodeName, log)
-	api.SetWrap(s.WrapTransport)
-	return s
+// Hub is the production watch.Hub, on the agent's API client, whose transport then logs the
+// requests that got no answer (watch.Hub.WrapTransport).
+func Hub(cfg *config.Config, log *slog.Logger, api *APIClient) *watch.Hub {
+	h := watch.NewHub(api.Get, cfg.NodeName, log)
+	api.SetWrap(h.WrapTransport)
+	return h
 }
 
-// FileSource reads Services from a YAML file (for `plan`).
-func FileSource(path string) func() (watch.Source, error) {
-	return func() (watch.Source, error) {
+// FileHub serves the objects of a YAML file to the inputs (for `plan`): Services, and the other
+// kinds the inputs watch. Without a configured node name, the file's one Node is this node.
+func FileHub(path string) func(cfg *config.Config, log *slog.Logger, in watch.Inputs) (*watch.Hub, error) {
+	return func(cfg *config.Config, log *slog.Logger, in watch.Inputs) (*watch.Hub, error) {
 		if strings.TrimSpace(path) == "" {
 			return nil, fmt.Errorf("plan: --services FILE is required")
 		}
-		return watch.LoadFile(path)
+		f, err := watch.LoadFile(path, InputResources(in.Inputs))
+		if err != nil {
+			return nil, err
+		}
+		return FileHubOf(f, cfg, log), nil
 	}
+}
+
+// FileHubOf is a Hub over the objects of f.
+func FileHubOf(f *watch.File, cfg *config.Config, log *slog.Logger) *watch.Hub {
+	nodeName := cfg.NodeName
+	if nodeName == "" {
+		nodeName = f.NodeName
+	}
+	return watch.NewHub(func() (kube.Interface, error) { return f, nil }, nodeName, log)
+}
+
+// InputResources lists the resources the inputs watch.
+func InputResources(inputs []watch.Input) []kube.Resource {
+	var out []kube.Resource
+	for _, in := range inputs {
+		if w, ok := in.(watch.Watcher); ok {
+			out = append(out, w.Resources()...)
+		}
+	}
+	return out
 }

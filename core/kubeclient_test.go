@@ -62,7 +62,7 @@ func TestKubeconfigLoadingRules(t *testing.T) {
 }
 
 // One client per process (#21): every Get returns the same client, all of its requests go through
-// one transport, and a wrap set after the client was made (InformerSource after RunProbes) sees
+// one transport, and a wrap set after the client was made (Hub after RunProbes) sees
 // them.
 func TestAPIClientIsShared(t *testing.T) {
 	var requests atomic.Int32

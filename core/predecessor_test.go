@@ -54,10 +54,6 @@ func save(t *testing.T, ns *testenv.NS, bin string) string {
 // the app.
 func agentApp(t *testing.T, ns *testenv.NS, variant iptables.Variant, env []string, extra ...fx.Option) *fxtest.App {
 	t.Helper()
-	src, err := watch.ParseFile("empty", []byte("apiVersion: v1\nkind: List\nitems: []\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	return fxtest.New(t, append([]fx.Option{fx.NopLogger,
 		invaliddrop.Module,
 		core.Module,
@@ -67,7 +63,7 @@ func agentApp(t *testing.T, ns *testenv.NS, variant iptables.Variant, env []stri
 		fx.Provide(func() (backend.Backend, error) {
 			return iptables.New(iptables.Options{Variant: variant, Runner: ns})
 		}),
-		fx.Provide(func() watch.Source { return src }),
+		fx.Provide(watch.Offline),
 		fx.Invoke(core.CleanPredecessor),
 		fx.Invoke(func(lc fx.Lifecycle, en *engine.Engine) { lc.Append(fx.Hook{OnStart: en.Start, OnStop: en.Stop}) }),
 	}, extra...)...)

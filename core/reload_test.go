@@ -18,6 +18,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/config"
 	"github.com/network-node-manager/network-node-manager/core/engine"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/watch"
@@ -155,13 +156,17 @@ func TestConfigReloadRejectsWhatBackendsCannotRender(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, err := watch.LoadFile("../examples/services.yaml")
+	ins, err := inputs.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	file, err := watch.LoadFile("../examples/services.yaml", InputResources(ins))
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := metrics.NewSync(prometheus.NewRegistry())
 	be := testkit.NewFakeBackend()
-	e, err := engine.New(engine.Options{Fixes: []fix.Fix{f}, Backend: be, Source: src, Config: cfg,
+	e, err := engine.New(engine.Options{Fixes: []fix.Fix{f}, Backend: be, Hub: FileHubOf(file, cfg, slog.New(slog.DiscardHandler)), Inputs: ins, Config: cfg,
 		Env: fix.Env{ProxyMode: "ipvs"}, Metrics: m, Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

@@ -660,15 +660,11 @@ func loadConfigMap(t *testing.T, cm *corev1.ConfigMap) *config.Config {
 	}
 	var cfg *config.Config
 	var e *engine.Engine
-	src, err := watch.ParseFile("empty", []byte("apiVersion: v1\nkind: List\nitems: []\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	app := fx.New(fx.NopLogger, fixes.Standard, core.Module,
 		fx.Supply(core.Inputs{Environ: []string{"NNM_CONFIG=" + file, "NNM_NODE_NAME=node-1"}}),
 		fx.Supply(&detect.Probes{}),
 		fx.Provide(func() backend.Backend { return testkit.NewFakeBackend() }),
-		fx.Provide(func() watch.Source { return src }),
+		fx.Provide(watch.Offline),
 		fx.Populate(&cfg, &e))
 	if err := app.Err(); err != nil {
 		t.Fatalf("the ConfigMap's config.yaml does not load: %v", err)

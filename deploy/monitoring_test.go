@@ -164,7 +164,7 @@ func registeredMetrics(t *testing.T) map[string][]string {
 	var e *engine.Engine // fx constructs only what is asked for: the engine pulls in every fix and metric
 	app := fx.New(fx.NopLogger, fixes.Standard, core.Module,
 		fx.Supply(core.Inputs{Environ: []string{"NNM_PROXY_MODE=ipvs", "NNM_FIXES_CONNTRACK_LIBERAL_ENABLED=false"}, Version: "test"}),
-		fx.Provide(core.FileSource("../examples/services.yaml")),
+		fx.Provide(core.FileHub("../examples/services.yaml")),
 		fx.Provide(func() backend.Backend { return testkit.NewFakeBackend() }),
 		fx.Populate(&reg, &e),
 	)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/backends"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/services"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 )
@@ -47,8 +48,9 @@ func FuzzServiceRules(f *testing.F) {
 			testkit.WithNode(testkit.Node("node-a", testkit.PodCIDRs(split(podCIDRs)...))),
 			testkit.WithProxyMode("ipvs"),
 			testkit.WithServices(svc))
-		snap.Services = append(snap.Services, base.Services...)
-		testkit.SortServices(snap.Services)
+		svcs := append(services.Table.Get(snap), services.Table.Get(base)...)
+		testkit.SortServices(svcs)
+		services.Table.Set(snap, svcs)
 		for _, fi := range all {
 			rf, ok := fi.(fix.RuleFix)
 			if !ok {

@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -38,7 +37,9 @@ import (
 type Options struct {
 	Fixes   []fix.Fix
 	Backend backend.Backend
-	Source  watch.Source
+	// Inputs provide the tables the fixes read (fix.Fix.Reads), on Hub.
+	Inputs  []watch.Input
+	Hub     *watch.Hub
 	Config  *config.Config
 	Env     fix.Env
 	Metrics *metrics.Sync
@@ -52,7 +53,8 @@ type Options struct {
 // Engine runs the workers. Create it with New, then Start and Stop it (fx lifecycle).
 type Engine struct {
 	be     backend.Backend
-	source watch.Source
+	hub    *watch.Hub
+	inputs []watch.Input
 	m      *metrics.Sync
 	log    *slog.Logger
 	notify Notifier
@@ -65,11 +67,8 @@ type Engine struct {
 	cfgGen   uint64 // counts the configurations taken (configure)
 	env      fix.Env
 	families []rules.Family
-	podCIDRs []netip.Prefix
-	// serviceCIDRs are the configured serviceCIDRs (used when the API has no ServiceCIDR objects).
-	serviceCIDRs []netip.Prefix
-	// podCIDRSource is where the last snapshot's pod CIDRs came from ("node", "config"), for logging.
-	podCIDRSource string
+	// inputsStarted are the inputs whose Start succeeded.
+	inputsStarted map[watch.Input]bool
 	fixes         []*fixState
 	units         []*unit
 	started       time.Time
@@ -82,8 +81,8 @@ type Engine struct {
 
 // New validates the options and configures every fix. It does no I/O.
 func New(o Options) (*Engine, error) {
-	if o.Backend == nil || o.Source == nil || o.Config == nil || o.Metrics == nil {
-		return nil, errors.New("engine: backend, source, config and metrics are required")
+	if o.Backend == nil || o.Hub == nil || o.Config == nil || o.Metrics == nil {
+		return nil, errors.New("engine: backend, hub, config and metrics are required")
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()
@@ -94,10 +93,14 @@ func New(o Options) (*Engine, error) {
 	if o.Notify == nil {
 		o.Notify = nopNotifier{}
 	}
-	e := &Engine{be: o.Backend, source: o.Source, m: o.Metrics, log: o.Log, now: o.Now, notify: o.Notify,
-		reconfig: make(chan *config.Config, 1), env: o.Env}
+	e := &Engine{be: o.Backend, hub: o.Hub, inputs: o.Inputs, m: o.Metrics, log: o.Log, now: o.Now, notify: o.Notify,
+		reconfig: make(chan *config.Config, 1), env: o.Env, inputsStarted: map[watch.Input]bool{}}
+	byTable, err := indexInputs(o.Inputs)
+	if err != nil {
+		return nil, err
+	}
 	for _, f := range o.Fixes {
-		st, err := register(f, e.fixes)
+		st, err := register(f, e.fixes, byTable)
 		if err != nil {
 			return nil, err
 		}
@@ -126,11 +129,11 @@ func (e *Engine) Start(ctx context.Context) error {
 	for _, u := range e.units {
 		u.beat = e.started
 	}
-	needs := e.needsLocked()
+	reads := e.readLocked()
 	e.mu.Unlock()
 	// The workers outlive the Start hook's context: they have their own, cancelled by Stop.
 	loopCtx, cancel := context.WithCancel(context.Background())
-	if err := e.source.Start(loopCtx, needs); err != nil {
+	if _, err := e.startInputs(reads); err != nil {
 		e.log.Error("cannot start the watches; fixes that read the API wait, the others run", "err", err)
 		e.mu.Lock()
 		e.watchErr = fmt.Errorf("watches not started: %w", err)
@@ -151,16 +154,18 @@ func (e *Engine) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop ends the workers and the watches and waits for them. Rules stay in the kernel.
+// Stop ends the workers and the watches (also those Load started) and waits for them. Rules stay in
+// the kernel.
 func (e *Engine) Stop(ctx context.Context) error {
 	if e.cancel == nil {
+		e.hub.Stop() // inputs that Load started
 		return nil
 	}
 	e.cancel()
 	if !waitgroup.Until(&e.wg, ctx.Done()) {
 		return ctx.Err()
 	}
-	e.source.Stop()
+	e.hub.Stop()
 	return nil
 }
 

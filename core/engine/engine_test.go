@@ -1,14 +1,10 @@
 package engine
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
-	"net/netip"
-	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,48 +18,15 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/config"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
+	"github.com/network-node-manager/network-node-manager/core/inputs/services"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
-	"github.com/network-node-manager/network-node-manager/core/watch"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// memSource is an in-memory watch.Source.
-type memSource struct {
-	mu      sync.Mutex
-	svcs    []*fix.Service
-	node    *corev1.Node
-	pods    []*corev1.Pod
-	changes chan struct{}
-	needs   fix.Needs
-	stopped bool
-}
-
-func newMemSource() *memSource { return &memSource{changes: make(chan struct{}, 1)} }
-
-func (s *memSource) Start(_ context.Context, n fix.Needs) error { s.needs = n; return nil }
-func (s *memSource) WaitForSync(context.Context) error          { return nil }
-func (s *memSource) Services() []*fix.Service {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.svcs
-}
-func (s *memSource) Node() *corev1.Node       { return s.node }
-func (s *memSource) Pods() []*corev1.Pod      { return s.pods }
-func (s *memSource) Changes() <-chan struct{} { return s.changes }
-func (s *memSource) Stop()                    { s.stopped = true }
-func (s *memSource) set(svcs ...*fix.Service) {
-	s.mu.Lock()
-	s.svcs = svcs
-	s.mu.Unlock()
-	select {
-	case s.changes <- struct{}{}:
-	default:
-	}
-}
 
 // countFix drops traffic to each Service's first ClusterIP of the family: one rule per Service.
 type countFix struct {
@@ -79,7 +42,7 @@ type countFix struct {
 func (f *countFix) ID() string                       { return f.id }
 func (f *countFix) Description() string              { return "test fix" }
 func (f *countFix) DefaultEnabled(fix.Env) bool      { return f.defaultOn }
-func (f *countFix) Needs() fix.Needs                 { return fix.Needs{Services: true} }
+func (f *countFix) Reads() []fix.TableRef            { return []fix.TableRef{services.Table} }
 func (f *countFix) Configure(o map[string]any) error { return f.optErr }
 func (f *countFix) Check(fix.Env) error              { return f.refuse }
 func (f *countFix) Observe(context.Context, rules.Family, fix.Report) {
@@ -92,7 +55,7 @@ func (f *countFix) Rules(snap *fix.Snapshot, fam rules.Family) (*rules.Ruleset, 
 	}
 	c := rules.Chain{Name: "T-" + strings.ToUpper(f.id), Type: rules.Filter, Hook: rules.Input}
 	rep := fix.Report{}
-	for _, s := range snap.Services {
+	for _, s := range services.Table.Get(snap) {
 		for _, a := range s.ClusterIPs {
 			if !fam.Contains(a) {
 				continue
@@ -110,8 +73,9 @@ func testOptions(o Options) Options {
 	if o.Backend == nil {
 		o.Backend = testkit.NewFakeBackend()
 	}
-	if o.Source == nil {
-		o.Source = newMemSource()
+	if o.Hub == nil {
+		src := newMemSource()
+		o.Hub, o.Inputs = src.hub, src.inputs()
 	}
 	if o.Config == nil {
 		c := config.Defaults()
@@ -158,7 +122,7 @@ func (h *harness) setFixes(t *testing.T, fixes map[string]map[string]any) {
 func newHarness(t *testing.T, cfg *config.Config, fixes ...fix.Fix) *harness {
 	t.Helper()
 	h := &harness{be: testkit.NewFakeBackend(), src: newMemSource(), m: metrics.NewSync(prometheus.NewRegistry()), now: time.Unix(1000, 0)}
-	h.e = mustNew(t, Options{Fixes: fixes, Backend: h.be, Source: h.src, Config: cfg, Metrics: h.m, Now: func() time.Time { return h.now }})
+	h.e = mustNew(t, Options{Fixes: fixes, Backend: h.be, Hub: h.src.hub, Inputs: h.src.inputs(), Config: cfg, Metrics: h.m, Now: func() time.Time { return h.now }})
 	return h
 }
 
@@ -166,51 +130,16 @@ func svc(name string, ips ...string) *fix.Service {
 	return fix.ServiceFrom(testkit.Service("default", name, testkit.ClusterIPs(ips...), testkit.Ports(testkit.TCP(80))))
 }
 
-// versionedSource is a memSource that numbers its states per watch (watch.Versioned).
-type versionedSource struct {
-	*memSource
-	services, pods atomic.Uint64
-}
-
-func (s *versionedSource) Version(needs fix.Needs) uint64 {
-	var v uint64
-	if needs.Services {
-		v += s.services.Load()
-	}
-	if needs.Pods {
-		v += s.pods.Load()
-	}
-	return v
-}
-
-func (s *versionedSource) set(svcs ...*fix.Service) {
-	s.mu.Lock()
-	s.svcs = svcs
-	s.mu.Unlock()
-	s.services.Add(1)
-	s.signal()
-}
-
-// podChanged is a change of a Pod, which countFix does not read.
-func (s *versionedSource) podChanged() { s.pods.Add(1); s.signal() }
-
-func (s *versionedSource) signal() {
-	select {
-	case s.changes <- struct{}{}:
-	default:
-	}
-}
-
-// TestRulesComputedOncePerState: over a versioned source, a pass whose inputs did not change (the
+// TestRulesComputedOncePerState: a pass whose inputs did not change (the
 // periodic Verify of an idle node, a change of a watch the fix does not read) reuses the fix's last rules instead of computing them over every
 // Service again, and still verifies the kernel; a change of the source or of the configuration, and
-// a failed computation, make the next pass compute. Without versions every pass computes.
+// a failed computation, make the next pass compute.
 func TestRulesComputedOncePerState(t *testing.T) {
 	ctx := context.Background()
 	f := &countFix{id: "count", defaultOn: true}
-	src := &versionedSource{memSource: newMemSource()}
+	src := newMemSource()
 	be := testkit.NewFakeBackend()
-	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Backend: be, Source: src})
+	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Backend: be, Hub: src.hub, Inputs: src.inputs()})
 	units := len(e.units)
 	src.set(svc("a", "10.96.0.1", "fd00::1"))
 	step := func(name string, full bool, wantComputed int) {
@@ -226,7 +155,7 @@ func TestRulesComputedOncePerState(t *testing.T) {
 	step("first pass", true, units)
 	step("a Verify with nothing changed", true, 0)
 	step("a change pass with nothing changed", false, 0)
-	src.podChanged()
+	src.pods.set(nil)
 	step("a pass after a change of a watch the fix does not read", false, 0)
 	be.Tamper("count", rules.IPv4)
 	applies := be.ApplyCalls()
@@ -253,15 +182,6 @@ func TestRulesComputedOncePerState(t *testing.T) {
 	}
 	f.fail = nil
 	step("a pass after a failed computation", false, units)
-
-	plain := &countFix{id: "count", defaultOn: true}
-	e2 := mustNew(t, Options{Fixes: []fix.Fix{plain}, Source: newMemSource()})
-	e2.SyncOnce(ctx, true)
-	plain.computed = 0
-	e2.SyncOnce(ctx, true)
-	if plain.computed != units {
-		t.Errorf("without versions a pass computed %d times, want %d", plain.computed, units)
-	}
 }
 
 func TestSyncAppliesOnlyChangesAndRepairsDrift(t *testing.T) {
@@ -354,6 +274,7 @@ func TestHealthAndReadiness(t *testing.T) {
 		t.Fatalf("healthy within 2 x syncPeriod: %v", err)
 	}
 	f.fail = errors.New("broken")
+	h.src.set(svc("a", "10.96.0.1")) // a change: the rules are computed again, and fail
 	h.e.SyncOnce(context.Background(), true)
 	h.now = h.now.Add(2 * time.Second)
 	err := h.e.Healthy()
@@ -436,7 +357,7 @@ func TestLoopCoalescesAndStops(t *testing.T) {
 	if err := h.e.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if !h.src.stopped {
+	if !h.src.stopped() {
 		t.Fatal("source not stopped")
 	}
 	if h.be.Ruleset("count", rules.IPv4) == nil {
@@ -447,26 +368,16 @@ func TestLoopCoalescesAndStops(t *testing.T) {
 // wait bounds every wait for the engine's workers (agenttest.Until).
 const wait = 20 * time.Second
 
-func TestPodCIDRsPreferNode(t *testing.T) {
-	cfgd := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}
-	n := testkit.Node("n1", testkit.PodCIDRs("10.244.1.0/24", "fd00:244:1::/64"))
-	if got := PodCIDRs(n, cfgd); len(got) != 2 || got[0].String() != "10.244.1.0/24" {
-		t.Fatalf("node CIDRs not preferred: %v", got)
-	}
-	if got := PodCIDRs(testkit.Node("n2"), cfgd); len(got) != 1 || got[0] != cfgd[0] {
-		t.Fatalf("config CIDRs not used as fallback: %v", got)
-	}
-}
-
 // nodeFix is a fix.Actuator: it keeps a pretend node setting at "on" and counts what the engine asks.
 type nodeFix struct {
 	id        string
 	defaultOn bool
 	fail      error
 
-	needs    fix.Needs
+	reads    []fix.TableRef
 	value    string // the pretend node state
 	ensures  []bool // the full flag of every Ensure
+	snaps    []*fix.Snapshot
 	reverts  int
 	observed []rules.Family
 }
@@ -474,10 +385,11 @@ type nodeFix struct {
 func (f *nodeFix) ID() string                       { return f.id }
 func (f *nodeFix) Description() string              { return "test actuator" }
 func (f *nodeFix) DefaultEnabled(fix.Env) bool      { return f.defaultOn }
-func (f *nodeFix) Needs() fix.Needs                 { return f.needs }
+func (f *nodeFix) Reads() []fix.TableRef            { return f.reads }
 func (f *nodeFix) Configure(o map[string]any) error { return nil }
-func (f *nodeFix) Ensure(_ context.Context, _ *fix.Snapshot, full bool) (fix.Result, error) {
+func (f *nodeFix) Ensure(_ context.Context, snap *fix.Snapshot, full bool) (fix.Result, error) {
 	f.ensures = append(f.ensures, full)
+	f.snaps = append(f.snaps, snap)
 	if f.fail != nil {
 		return fix.Result{}, f.fail
 	}
@@ -565,7 +477,7 @@ type neitherFix struct{ id string }
 func (f *neitherFix) ID() string                       { return f.id }
 func (f *neitherFix) Description() string              { return "no repair" }
 func (f *neitherFix) DefaultEnabled(fix.Env) bool      { return true }
-func (f *neitherFix) Needs() fix.Needs                 { return fix.Needs{} }
+func (f *neitherFix) Reads() []fix.TableRef            { return nil }
 func (f *neitherFix) Configure(o map[string]any) error { return nil }
 
 // TestRegistryRefusesAFixThatIsNeitherOrBoth: a fix is a RuleFix or an Actuator; the engine refuses
@@ -764,87 +676,37 @@ func TestHealthCountsFromEnabling(t *testing.T) {
 	}
 }
 
-// A Node deleted under the agent makes the snapshot fall back to the configured pod CIDRs, and that
-// is logged once, not silently and not on every sync (#15 item 8).
-func TestNodeGoneFallbackIsLoggedOnce(t *testing.T) {
-	c := config.Defaults()
-	c.PodCIDRs = []string{"10.0.0.0/24"}
-	var logs bytes.Buffer
-	src := newMemSource()
-	src.node = testkit.Node("n1", testkit.PodCIDRs("10.244.1.0/24"))
-	e := mustNew(t, Options{Source: src, Config: &c, Log: slog.New(slog.NewTextHandler(&logs, nil))})
-	if got := e.Snapshot().PodCIDRs; len(got) != 1 || got[0].String() != "10.244.1.0/24" {
-		t.Fatalf("with the Node: %v", got)
+// A fix that reads this node's Pods gets the Pods input started and the Pods in its snapshot; a
+// snapshot for fixes that do not read them carries none, and their input is not started.
+func TestPodsOnlyWhenRead(t *testing.T) {
+	reader := &nodeFix{id: "pod-reader", defaultOn: true, reads: []fix.TableRef{pods.Table}}
+	h := newHarness(t, nil, reader)
+	h.src.pods.set([]*corev1.Pod{{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "p"}}})
+	if got := strings.Join(h.e.Reads(), ","); got != "Pods" {
+		t.Fatalf("Reads = %s, want Pods", got)
 	}
-	src.node = nil
-	for range 3 {
-		if got := e.Snapshot().PodCIDRs; len(got) != 1 || got[0].String() != "10.0.0.0/24" {
-			t.Fatalf("without the Node: %v", got)
-		}
+	h.e.SyncOnce(context.Background(), true)
+	if h.src.pods.startCount() != 1 || h.src.services.startCount() != 0 {
+		t.Errorf("inputs started: Pods %d, Services %d; want the Pods once, not the Services", h.src.pods.startCount(), h.src.services.startCount())
 	}
-	if n := strings.Count(logs.String(), "the Node object is gone"); n != 1 {
-		t.Errorf("the fallback was logged %d times, want once:\n%s", n, logs.String())
+	if snap := h.e.Snapshot(); len(pods.Table.Get(snap)) != 1 {
+		t.Fatalf("snapshot Pods = %v", pods.Table.Get(snap))
 	}
-	if !strings.Contains(logs.String(), "10.0.0.0/24") {
-		t.Errorf("the log does not name the configured pod CIDRs:\n%s", logs.String())
-	}
-}
-
-// A fix that needs this node's Pods gets the Pods watch started and the Pods in its snapshot; a
-// snapshot for fixes that do not need them carries none.
-func TestPodsOnlyWhenNeeded(t *testing.T) {
-	pods := &nodeFix{id: "pod-reader", defaultOn: true, needs: fix.Needs{Pods: true}}
-	h := newHarness(t, nil, pods)
-	h.src.pods = []*corev1.Pod{{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "p"}}}
-	if n := h.e.Needs(); !n.Pods || n.Services {
-		t.Fatalf("Needs = %+v, want Pods", n)
-	}
-	if snap := h.e.Snapshot(); len(snap.Pods) != 1 {
-		t.Fatalf("snapshot Pods = %v", snap.Pods)
+	if len(reader.snaps) == 0 || len(pods.Table.Get(reader.snaps[len(reader.snaps)-1])) != 1 {
+		t.Fatalf("the fix's Ensure did not see the Pods")
 	}
 	other := newHarness(t, nil, &nodeFix{id: "other", defaultOn: true})
-	other.src.pods = h.src.pods
-	if n, snap := other.e.Needs(), other.e.Snapshot(); n.Pods || snap.Pods != nil {
-		t.Fatalf("Needs = %+v, Pods %v; want none", n, snap.Pods)
+	other.src.pods.set(pods.Table.Get(h.e.Snapshot()))
+	if r, snap := other.e.Reads(), other.e.Snapshot(); len(r) != 0 || pods.Table.Get(snap) != nil {
+		t.Fatalf("Reads = %v, Pods %v; want none", r, pods.Table.Get(snap))
 	}
 }
 
-// cidrSource is a memSource that watches ServiceCIDR objects.
-type cidrSource struct {
-	*memSource
-	cidrs  []netip.Prefix
-	served bool
-}
-
-func (s *cidrSource) ServiceCIDRs() ([]netip.Prefix, bool) { return s.cidrs, s.served }
-
-// A fix that needs the Service CIDRs gets those of the ServiceCIDR objects where the source has
-// them, else the configured serviceCIDRs (an API without ServiceCIDR objects, a source that does not
-// watch them, or no object at all); a fix that does not need them gets none (#19).
-func TestServiceCIDRsPreferAPI(t *testing.T) {
-	c := config.Defaults()
-	c.ServiceCIDRs = []string{"10.96.0.0/12"}
-	api := []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:10:96::/112")}
-	snapshot := func(src watch.Source, needs fix.Needs) []netip.Prefix {
-		t.Helper()
-		e := mustNew(t, Options{Source: src, Config: &c, Fixes: []fix.Fix{&nodeFix{id: "reader", defaultOn: true, needs: needs}}})
-		return e.Snapshot().ServiceCIDRs
-	}
-	configured := []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}
-	for _, tc := range []struct {
-		name  string
-		src   watch.Source
-		needs fix.Needs
-		want  []netip.Prefix
-	}{
-		{"served", &cidrSource{newMemSource(), api, true}, fix.Needs{ServiceCIDRs: true}, api},
-		{"not served", &cidrSource{newMemSource(), nil, false}, fix.Needs{ServiceCIDRs: true}, configured},
-		{"served, no object", &cidrSource{newMemSource(), nil, true}, fix.Needs{ServiceCIDRs: true}, configured},
-		{"source without them", newMemSource(), fix.Needs{ServiceCIDRs: true}, configured},
-		{"not needed", &cidrSource{newMemSource(), api, true}, fix.Needs{Services: true}, nil},
-	} {
-		if got := snapshot(tc.src, tc.needs); !slices.Equal(got, tc.want) {
-			t.Errorf("%s: snapshot ServiceCIDRs = %v, want %v", tc.name, got, tc.want)
-		}
+// A fix that reads a table no input module provides is refused at New, naming the fix and the table.
+func TestFixReadingAnUnprovidedTableIsRefused(t *testing.T) {
+	f := &nodeFix{id: "reader", defaultOn: true, reads: []fix.TableRef{fix.NewTable[[]string]("EndpointSlices")}}
+	_, err := New(testOptions(Options{Fixes: []fix.Fix{f}}))
+	if err == nil || !strings.Contains(err.Error(), "fix reader reads the table EndpointSlices, which no input module provides") {
+		t.Fatalf("New = %v; want the unprovided table named", err)
 	}
 }

@@ -3,21 +3,24 @@ package engine
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"strings"
 	"time"
-
-	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/core/watch"
 )
 
-// SyncOnce runs one pass of every unit in turn, in the caller's goroutine (tests, `plan`). A full
-// pass verifies the kernel and retries pending removals. It reports whether any unit failed.
+// SyncOnce runs one pass of every unit in turn, in the caller's goroutine (tests), after starting
+// the inputs the enabled fixes read (Load also waits for them). A full pass verifies the kernel and
+// retries pending removals. It reports whether any unit failed.
 func (e *Engine) SyncOnce(ctx context.Context, full bool) (failed bool) {
+	e.mu.Lock()
+	ins := e.readLocked()
+	e.mu.Unlock()
+	if _, err := e.startInputs(ins); err != nil {
+		e.log.Error("cannot start the watches; fixes that read them wait", "err", err)
+	}
 	for _, u := range e.units {
 		e.mu.Lock()
 		run := e.wantedLocked(u) || (full && !u.removed)
@@ -99,29 +102,25 @@ func (e *Engine) sync(ctx context.Context, u *unit, full bool) (err error) {
 	return nil
 }
 
-// computeRules returns the unit's ruleset for what the source holds now. Rules is pure, so when
-// neither the source (watch.Versioned) nor the configuration changed since the unit's last
-// successful computation, that result is returned as it was: a periodic Verify of an idle node costs
-// no computation over every Service (nor the garbage it would leave). Call with u.run held.
+// computeRules returns the unit's ruleset for what its fix's inputs hold now. Rules is pure, so when
+// neither those inputs' revisions nor the configuration changed since the unit's last successful
+// computation, that result is returned as it was: a periodic Verify of an idle node costs no
+// computation over every Service (nor the garbage it would leave). Call with u.run held.
 func (e *Engine) computeRules(u *unit) (*rules.Ruleset, fix.Report, error) {
-	vs, versioned := e.source.(watch.Versioned)
-	var version uint64
-	if versioned {
-		version = vs.Version(needsOf(u.st.fix)) // read before the snapshot: the snapshot is at least this new
-	}
+	version := revision(u.st.reads) // read before the snapshot: the snapshot is at least this new
 	e.mu.Lock()
 	cfgGen := e.cfgGen
 	e.mu.Unlock()
-	if c := &u.computed; versioned && c.valid && c.version == version && c.cfgGen == cfgGen {
+	if c := &u.computed; c.valid && c.version == version && c.cfgGen == cfgGen {
 		return c.rs, c.report, nil
 	}
 	u.computed = computed{}
-	rs, report, err := u.st.rules.Rules(e.snapshot(needsOf(u.st.fix)), u.family)
+	rs, report, err := u.st.rules.Rules(e.snapshot(u.st.reads), u.family)
 	if err != nil {
 		return nil, fix.Report{}, err
 	}
 	e.report(u, report)
-	u.computed = computed{valid: versioned, version: version, cfgGen: cfgGen, rs: rs, report: report}
+	u.computed = computed{valid: true, version: version, cfgGen: cfgGen, rs: rs, report: report}
 	return rs, report, nil
 }
 
@@ -130,7 +129,7 @@ func (e *Engine) ensure(ctx context.Context, u *unit, a fix.Actuator, full bool)
 	id := u.st.fix.ID()
 	start := e.now()
 	defer func() { err = e.account(ctx, u, fix.NodeBackend, start, err) }()
-	res, err := a.Ensure(ctx, e.snapshot(needsOf(u.st.fix)), full)
+	res, err := a.Ensure(ctx, e.snapshot(u.st.reads), full)
 	if err != nil {
 		return fmt.Errorf("ensure: %w", err)
 	}
@@ -262,88 +261,4 @@ func (e *Engine) report(u *unit, r fix.Report) {
 	for reason, n := range byReason {
 		e.m.Skipped.WithLabelValues(id, fam, reason).Set(float64(n))
 	}
-}
-
-// Snapshot builds the view that the enabled fixes see now.
-func (e *Engine) Snapshot() *fix.Snapshot {
-	return e.snapshot(e.Needs())
-}
-
-// snapshot builds the view of what needs asks for.
-func (e *Engine) snapshot(needs fix.Needs) *fix.Snapshot {
-	e.mu.Lock()
-	env := e.env
-	cfgCIDRs := e.podCIDRs
-	cfgServiceCIDRs := e.serviceCIDRs
-	e.mu.Unlock()
-	snap := &fix.Snapshot{Env: env}
-	if needs.Services {
-		snap.Services = e.source.Services()
-	}
-	if needs.Pods {
-		snap.Pods = e.source.Pods()
-	}
-	// The Node (nil unless some fix watches it) is always offered: pod CIDRs come from it.
-	snap.Node = e.source.Node()
-	snap.PodCIDRs = PodCIDRs(snap.Node, nil)
-	from := "node"
-	if len(snap.PodCIDRs) == 0 {
-		snap.PodCIDRs, from = cfgCIDRs, "config"
-	}
-	e.notePodCIDRSource(from, snap.Node != nil, snap.PodCIDRs)
-	if needs.ServiceCIDRs {
-		snap.ServiceCIDRs = cfgServiceCIDRs
-		if src, ok := e.source.(serviceCIDRSource); ok {
-			if cidrs, served := src.ServiceCIDRs(); served && len(cidrs) > 0 {
-				snap.ServiceCIDRs = cidrs
-			}
-		}
-	}
-	return snap
-}
-
-// serviceCIDRSource is implemented by sources that watch the ServiceCIDR objects (watch.Informers).
-type serviceCIDRSource interface {
-	ServiceCIDRs() (cidrs []netip.Prefix, served bool)
-}
-
-// notePodCIDRSource logs once when the pod CIDRs change between the Node's and the configured ones
-// (e.g. the Node object was deleted under the agent), not on every sync.
-func (e *Engine) notePodCIDRSource(from string, haveNode bool, cidrs []netip.Prefix) {
-	e.mu.Lock()
-	prev := e.podCIDRSource
-	e.podCIDRSource = from
-	e.mu.Unlock()
-	switch {
-	case from == prev:
-	case from == "node":
-		e.log.Info("pod CIDRs from the Node object", "podCIDRs", cidrs)
-	case prev == "node" && !haveNode:
-		e.log.Warn("the Node object is gone; falling back to the configured podCIDRs", "podCIDRs", cidrs)
-	case prev == "node":
-		e.log.Warn("the Node object has no spec.podCIDRs any more; falling back to the configured podCIDRs", "podCIDRs", cidrs)
-	default:
-		e.log.Info("the Node object has no pod CIDRs (yet); using the configured podCIDRs", "podCIDRs", cidrs, "nodeSeen", haveNode)
-	}
-}
-
-// PodCIDRs returns the node's spec.podCIDRs when it has any, else the configured ones.
-func PodCIDRs(node *corev1.Node, configured []netip.Prefix) []netip.Prefix {
-	if node != nil {
-		var out []netip.Prefix
-		for _, s := range node.Spec.PodCIDRs {
-			if p, err := netip.ParsePrefix(s); err == nil {
-				out = append(out, p.Masked())
-			}
-		}
-		if len(out) == 0 && node.Spec.PodCIDR != "" {
-			if p, err := netip.ParsePrefix(node.Spec.PodCIDR); err == nil {
-				out = append(out, p.Masked())
-			}
-		}
-		if len(out) > 0 {
-			return out
-		}
-	}
-	return configured
 }

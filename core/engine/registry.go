@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -10,14 +11,17 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/config"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/core/watch"
 )
 
 // fixState is one registered fix and what the config says about it.
 type fixState struct {
 	fix fix.Fix
 	// Exactly one of rules and act is set: the contract the fix implements (fix.As).
-	rules   fix.RuleFix
-	act     fix.Actuator
+	rules fix.RuleFix
+	act   fix.Actuator
+	// reads are the inputs of the tables the fix reads (Fix.Reads), sorted by table name.
+	reads   []watch.Input
 	enabled bool
 	refusal error
 	// enabledAt is when the fix last went from disabled to enabled (health counts from there).
@@ -47,13 +51,14 @@ type unit struct {
 	// more: the Actuator's last Ensure stopped at a bound with work left (fix.Result.More).
 	more bool
 	beat time.Time // the worker's last heartbeat
+	seen uint64    // the revision of its fix's inputs when changes were last handed out (wake)
 	busy time.Time // when the pass in progress started (zero: none)
 
 	// computed is the fix's last successful Rules in this family; guarded by run.
 	computed computed
 }
 
-// computed is what a RuleFix's Rules returned for the inputs at (source version, config generation).
+// computed is what a RuleFix's Rules returned for the inputs at (their revision, config generation).
 type computed struct {
 	valid   bool
 	version uint64
@@ -80,8 +85,9 @@ func (u *unit) String() string {
 
 // register checks f against the fixes registered before it and makes its state: a RuleFix gets a
 // unit per family, an Actuator one unit without a family. A fix whose id is not kebab-case or taken,
-// or that is neither or both a RuleFix and an Actuator, is refused with an error naming it.
-func register(f fix.Fix, registered []*fixState) (*fixState, error) {
+// that is neither or both a RuleFix and an Actuator, or that reads a table no input provides, is
+// refused with an error naming it.
+func register(f fix.Fix, registered []*fixState, byTable map[string]watch.Input) (*fixState, error) {
 	id := f.ID()
 	if !rules.ValidFixID(id) {
 		return nil, fmt.Errorf("engine: fix id %q (%T) is not kebab-case", id, f)
@@ -95,7 +101,11 @@ func register(f fix.Fix, registered []*fixState) (*fixState, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	st := &fixState{fix: f, rules: r, act: a}
+	reads, err := resolveReads(f, byTable)
+	if err != nil {
+		return nil, err
+	}
+	st := &fixState{fix: f, rules: r, act: a, reads: reads}
 	if a != nil {
 		st.units = []*unit{newUnit(st, "")}
 	} else {
@@ -133,14 +143,6 @@ func signal(c chan struct{}) {
 // configure takes a configuration: validates every fix's options and works out which fixes run.
 // Nothing changes unless every fix accepted its options. Call with e.mu held (or before Start).
 func (e *Engine) configure(cfg *config.Config) error {
-	pods, err := cfg.ParsedPodCIDRs()
-	if err != nil {
-		return err
-	}
-	svcCIDRs, err := cfg.ParsedServiceCIDRs()
-	if err != nil {
-		return err
-	}
 	for i, st := range e.fixes {
 		if err := st.fix.Configure(cfg.FixOptions(st.fix.ID())); err != nil {
 			// Fixes configured before this one took the new options: give them the running ones
@@ -158,8 +160,7 @@ func (e *Engine) configure(cfg *config.Config) error {
 	e.cfg = cfg
 	e.cfgGen++
 	e.families = cfg.ParsedFamilies()
-	e.podCIDRs = pods
-	e.serviceCIDRs = svcCIDRs
+	configureInputs(e.inputs, cfg)
 	for _, st := range e.fixes {
 		id := st.fix.ID()
 		enabled, explicit := cfg.FixEnabled(id)
@@ -186,7 +187,7 @@ func (e *Engine) configure(cfg *config.Config) error {
 		for i, u := range st.units {
 			if e.wantedLocked(u) {
 				u.removed = false
-				if !wasWanted[i] && needsOf(st.fix) != (fix.Needs{}) {
+				if !wasWanted[i] && len(st.reads) > 0 {
 					// Until its worker has seen the watches synced, the unit does nothing.
 					u.waiting = true
 				}
@@ -230,36 +231,6 @@ func (e *Engine) Refusals() []error {
 	return out
 }
 
-// Needs is what the enabled fixes read.
-func (e *Engine) Needs() fix.Needs {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.needsLocked()
-}
-
-func (e *Engine) needsLocked() fix.Needs {
-	var n fix.Needs
-	for _, st := range e.fixes {
-		if st.enabled {
-			n = merge(n, needsOf(st.fix))
-		}
-	}
-	return n
-}
-
-// needsOf is what a fix's snapshot is built from: the Node gives pod CIDRs, which the snapshot
-// offers to every fix that reads Services.
-func needsOf(f fix.Fix) fix.Needs {
-	n := f.Needs()
-	n.Node = n.Node || n.Services
-	return n
-}
-
-func merge(a, b fix.Needs) fix.Needs {
-	return fix.Needs{Services: a.Services || b.Services, Node: a.Node || b.Node, Pods: a.Pods || b.Pods,
-		ServiceCIDRs: a.ServiceCIDRs || b.ServiceCIDRs}
-}
-
 func (e *Engine) minSyncPeriod() time.Duration {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -280,13 +251,19 @@ func (e *Engine) applyConfig(ctx context.Context, cfg *config.Config) bool {
 	before := e.Statuses()
 	e.mu.Lock()
 	old := e.cfg
-	oldNeeds := e.needsLocked()
+	oldReads := e.readLocked()
 	err := e.configure(cfg)
-	needs := e.needsLocked()
+	reads := e.readLocked()
 	e.mu.Unlock()
-	if err == nil && needs != oldNeeds && merge(needs, oldNeeds) != oldNeeds {
-		if serr := e.source.Start(ctx, needs); serr != nil {
-			err = fmt.Errorf("config: %s: cannot start the watches they read (%s): %w", e.newlyNeeding(oldNeeds), describeNeeds(needs), serr)
+	var added []watch.Input
+	for _, in := range reads {
+		if !slices.Contains(oldReads, in) {
+			added = append(added, in)
+		}
+	}
+	if err == nil && len(added) > 0 {
+		if _, serr := e.startInputs(added); serr != nil {
+			err = fmt.Errorf("config: %s: cannot start the watches they read (%s): %w", e.newlyReading(oldReads), describe(added), serr)
 			e.mu.Lock()
 			if rerr := e.configure(old); rerr != nil {
 				e.log.Error("cannot restore the running configuration", "err", rerr)
@@ -296,7 +273,7 @@ func (e *Engine) applyConfig(ctx context.Context, cfg *config.Config) bool {
 			e.mu.Lock()
 			e.watchErr = nil
 			e.mu.Unlock()
-			e.log.Info("started the watches the new set of fixes reads", "needs", describeNeeds(needs))
+			e.log.Info("started the watches the new set of fixes reads", "tables", describe(added))
 		}
 	}
 	if err != nil {
@@ -320,34 +297,21 @@ func (e *Engine) applyConfig(ctx context.Context, cfg *config.Config) bool {
 	return true
 }
 
-// newlyNeeding names the enabled fixes that read a watch outside old ("fix mss-clamp (Node)").
-func (e *Engine) newlyNeeding(old fix.Needs) string {
+// newlyReading names the enabled fixes that read a table outside old ("fix mss-clamp (Node)").
+func (e *Engine) newlyReading(old []watch.Input) string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var out []string
 	for _, st := range e.fixes {
-		n := needsOf(st.fix)
-		extra := fix.Needs{Services: n.Services && !old.Services, Node: n.Node && !old.Node, Pods: n.Pods && !old.Pods}
-		if st.enabled && extra != (fix.Needs{}) {
-			out = append(out, fmt.Sprintf("fix %s (%s)", st.fix.ID(), describeNeeds(extra)))
+		var extra []watch.Input
+		for _, in := range st.reads {
+			if !slices.Contains(old, in) {
+				extra = append(extra, in)
+			}
 		}
-	}
-	return strings.Join(out, ", ")
-}
-
-// describeNeeds names the watches of n: "Services, Node".
-func describeNeeds(n fix.Needs) string {
-	var out []string
-	for _, w := range []struct {
-		on   bool
-		name string
-	}{{n.Services, "Services"}, {n.Node, "Node"}, {n.Pods, "Pods"}} {
-		if w.on {
-			out = append(out, w.name)
+		if st.enabled && len(extra) > 0 {
+			out = append(out, fmt.Sprintf("fix %s (%s)", st.fix.ID(), describe(extra)))
 		}
-	}
-	if len(out) == 0 {
-		return "none"
 	}
 	return strings.Join(out, ", ")
 }

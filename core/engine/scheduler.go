@@ -5,25 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/network-node-manager/network-node-manager/core/fix"
 )
 
 // heartbeatEvery is how often an idle worker says it is alive (see Alive).
 var heartbeatEvery = time.Second
 
-// needsSyncer is implemented by sources that tell about the watches of some needs only, so that a
-// fix reading the Node does not wait for the Services list.
-type needsSyncer interface {
-	// NeedsSynced returns nil when the watches of needs have their first list, else why not.
-	NeedsSynced(needs fix.Needs) error
-}
-
-// needsSynced returns nil when the watches u's fix reads have synced (or it reads none), else why
-// not. A unit must not act before: a fix would judge an empty list of Pods or no Node as the truth.
+// needsSynced returns nil when the inputs u's fix reads hold their first state (or it reads none),
+// else why not. A unit must not act before: a fix would judge an empty list of Pods or no Node as
+// the truth.
 func (e *Engine) needsSynced(u *unit) error {
-	needs := needsOf(u.st.fix)
-	if needs == (fix.Needs{}) {
+	if len(u.st.reads) == 0 {
 		return nil
 	}
 	e.mu.Lock()
@@ -32,24 +23,18 @@ func (e *Engine) needsSynced(u *unit) error {
 	if watchErr != nil {
 		return watchErr
 	}
-	if ns, ok := e.source.(needsSyncer); ok {
-		return ns.NeedsSynced(needs)
-	}
-	done, cancel := context.WithCancel(context.Background())
-	cancel()
-	return e.source.WaitForSync(done)
+	return inputsSynced(u.st.reads)
 }
 
-// dispatch hands every change of the watches to every worker and takes new configurations.
+// dispatch hands the changes of the inputs to the workers of the units that read them, and takes
+// new configurations.
 func (e *Engine) dispatch(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-e.source.Changes():
-			for _, u := range e.units {
-				signal(u.kick)
-			}
+		case <-e.hub.Changes():
+			e.wake()
 		case cfg := <-e.reconfig:
 			e.applyConfig(ctx, cfg)
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,49 +14,10 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/config"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 )
-
-// lazySource is a memSource whose watches run only once Start asked for them, and sync only when
-// the test says so (the informers' contract: Start adds what is missing).
-type lazySource struct {
-	*memSource
-	mu       sync.Mutex
-	started  fix.Needs
-	synced   bool
-	startErr error
-	starts   []fix.Needs
-}
-
-func (s *lazySource) Start(_ context.Context, n fix.Needs) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.starts = append(s.starts, n)
-	if s.startErr != nil {
-		return s.startErr
-	}
-	s.started = merge(s.started, n)
-	return nil
-}
-
-func (s *lazySource) NeedsSynced(n fix.Needs) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if merge(s.started, n) != s.started {
-		return errors.New("Pods (not started)")
-	}
-	if !s.synced {
-		return errors.New("Pods")
-	}
-	return nil
-}
-
-func (s *lazySource) sync() {
-	s.mu.Lock()
-	s.synced = true
-	s.mu.Unlock()
-}
 
 // podsFix is an Actuator that reads this node's Pods, like stale-udp-conntrack.
 type podsFix struct {
@@ -68,11 +28,11 @@ type podsFix struct {
 func (f *podsFix) ID() string                       { return "reads-pods" }
 func (f *podsFix) Description() string              { return "test actuator reading Pods" }
 func (f *podsFix) DefaultEnabled(fix.Env) bool      { return false }
-func (f *podsFix) Needs() fix.Needs                 { return fix.Needs{Pods: true} }
+func (f *podsFix) Reads() []fix.TableRef            { return []fix.TableRef{pods.Table} }
 func (f *podsFix) Configure(o map[string]any) error { return nil }
 func (f *podsFix) Ensure(_ context.Context, snap *fix.Snapshot, _ bool) (fix.Result, error) {
 	f.ensures.Add(1)
-	f.pods.Store(int32(len(snap.Pods)))
+	f.pods.Store(int32(len(pods.Table.Get(snap))))
 	return fix.Result{}, nil
 }
 func (f *podsFix) Revert(context.Context) error { return nil }
@@ -81,13 +41,14 @@ func (f *podsFix) Revert(context.Context) error { return nil }
 // it waits, nnm_fix_enabled is 0 and /readyz and the status say why. Before, the reload only logged
 // "restart the agent" and the fix ran on an empty Pod list (issue 19, item 3).
 func TestReloadStartsTheWatchesOfAnEnabledFix(t *testing.T) {
-	src := &lazySource{memSource: newMemSource()}
+	src := newMemSource()
+	src.pods.unsynced = errors.New("Pods")
 	f := &podsFix{}
 	reg := prometheus.NewRegistry()
 	m := metrics.NewSync(reg)
 	c := config.Defaults()
 	c.MinSyncPeriod = 10 * time.Millisecond
-	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Source: src, Config: &c, Metrics: m})
+	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Hub: src.hub, Inputs: src.inputs(), Config: &c, Metrics: m})
 	if err := e.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -98,11 +59,7 @@ func TestReloadStartsTheWatchesOfAnEnabledFix(t *testing.T) {
 	on.MinSyncPeriod = c.MinSyncPeriod
 	on.Fixes = map[string]map[string]any{"reads-pods": {"enabled": true}}
 	e.Reconfigure(&on)
-	agenttest.Until(t, wait, func() bool {
-		src.mu.Lock()
-		defer src.mu.Unlock()
-		return src.started.Pods
-	})
+	agenttest.Until(t, wait, func() bool { return src.pods.startCount() > 0 })
 	time.Sleep(200 * time.Millisecond) // the worker had every chance to run
 	if n := f.ensures.Load(); n != 0 {
 		t.Fatalf("the fix ran %d times before its Pods watch synced", n)
@@ -113,7 +70,7 @@ func TestReloadStartsTheWatchesOfAnEnabledFix(t *testing.T) {
 	if err := e.Ready(); err == nil || !strings.Contains(err.Error(), "waiting for the watches it reads") {
 		t.Errorf("Ready = %v; want the fix waiting for its watches", err)
 	}
-	src.sync()
+	src.pods.setSynced(nil)
 	// Ready clears when the first pass has been accounted, just after the fix's Ensure ran: wait
 	// for both rather than read Ready the moment Ensure has been counted (a race under load).
 	agenttest.Eventually(t, wait, func() error {
@@ -130,12 +87,13 @@ func TestReloadStartsTheWatchesOfAnEnabledFix(t *testing.T) {
 // A reload that enables a fix whose watch cannot be started is rejected, naming the fix and the
 // watch; the running set stays (the fix stays disabled) and the rejection is counted.
 func TestReloadRejectedWhenWatchesCannotStart(t *testing.T) {
-	src := &lazySource{memSource: newMemSource(), startErr: errors.New("no API client")}
+	src := newMemSource()
+	src.pods.startErr = errors.New("no API client")
 	f := &podsFix{}
 	m := metrics.NewSync(prometheus.NewRegistry())
 	c := config.Defaults()
 	rejected := &rejections{}
-	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Source: src, Config: &c, Metrics: m, Notify: rejected})
+	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Hub: src.hub, Inputs: src.inputs(), Config: &c, Metrics: m, Notify: rejected})
 	on := config.Defaults()
 	on.Fixes = map[string]map[string]any{"reads-pods": {"enabled": true}}
 	if e.applyConfig(context.Background(), &on) {
@@ -172,8 +130,8 @@ type moreFix struct {
 	left atomic.Int32
 }
 
-func (f *moreFix) ID() string       { return "bounded" }
-func (f *moreFix) Needs() fix.Needs { return fix.Needs{} }
+func (f *moreFix) ID() string            { return "bounded" }
+func (f *moreFix) Reads() []fix.TableRef { return nil }
 func (f *moreFix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Result, error) {
 	f.ensures.Add(1)
 	return fix.Result{More: f.left.Add(-1) > 0}, nil

@@ -14,7 +14,6 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
-	"github.com/network-node-manager/network-node-manager/core/watch"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 )
 
@@ -44,13 +43,13 @@ type running struct {
 }
 
 // launch starts an engine on be and src, with fixes, for IPv4 only and a short minSyncPeriod.
-func launch(t *testing.T, be *testkit.FakeBackend, src watch.Source, fixes ...fix.Fix) *running {
+func launch(t *testing.T, be *testkit.FakeBackend, src *memSource, fixes ...fix.Fix) *running {
 	t.Helper()
 	c := config.Defaults()
 	c.Families = []string{"ipv4"}
 	c.MinSyncPeriod = 10 * time.Millisecond
 	r := &running{be: be, clk: &clock{now: time.Unix(1000, 0)}}
-	e := mustNew(t, Options{Fixes: fixes, Backend: be, Source: src, Config: &c, Now: r.clk.Now})
+	e := mustNew(t, Options{Fixes: fixes, Backend: be, Hub: src.hub, Inputs: src.inputs(), Config: &c, Now: r.clk.Now})
 	r.e = e
 	t.Cleanup(func() {
 		be.OnReconcile(nil)
@@ -189,23 +188,16 @@ func TestFailingBackendKeepsLiveness(t *testing.T) {
 	}
 }
 
-// blockedSource is a source whose watches never sync (no API server reachable).
-type blockedSource struct{ *memSource }
-
-func (blockedSource) WaitForSync(ctx context.Context) error {
-	<-ctx.Done()
-	return ctx.Err()
-}
-
 // needsNothing is a countFix that reads no watch (like invalid-drop).
 type needsNothing struct{ countFix }
 
-func (*needsNothing) Needs() fix.Needs { return fix.Needs{} }
+func (*needsNothing) Reads() []fix.TableRef { return nil }
 
 // A fix that reads nothing from the API is programmed although the watches never sync; the fix
 // that reads Services waits, and says why.
 func TestFixWithoutNeedsDoesNotWaitForTheAPI(t *testing.T) {
-	src := blockedSource{newMemSource()}
+	src := newMemSource()
+	src.services.unsynced = errors.New("Services") // no API server reachable: never synced
 	local := &needsNothing{countFix{id: "local", defaultOn: true}}
 	api := &countFix{id: "reads-services", defaultOn: true}
 	r2 := launch(t, testkit.NewFakeBackend(), src, local, api)

@@ -39,7 +39,7 @@ type Params struct {
 //
 //	var spec = fix.Spec[Config, settings]{
 //		ID: ID, Description: "…", Default: defaultConfig, Parse: parse,
-//		Needs: fix.Needs{Node: true},
+//		Reads: []fix.TableRef{node.PodCIDRs},
 //	}
 type Spec[C, S any] struct {
 	// ID is the kebab-case fix id (Fix.ID).
@@ -52,14 +52,14 @@ type Spec[C, S any] struct {
 	// Parse validates a decoded configuration and returns what the fix works with; its errors name
 	// the option (fixes.<id>.<key>). Nil takes C as it is (S must then be C).
 	Parse func(C) (S, error)
-	// Needs lists the watches the fix reads (Fix.Needs).
-	Needs Needs
+	// Reads lists the tables the fix reads (Fix.Reads).
+	Reads []TableRef
 	// DefaultEnabled says whether the fix runs when the configuration does not say (Fix.DefaultEnabled);
 	// nil means it does not.
 	DefaultEnabled func(Env) bool
 }
 
-// Base implements Fix (ID, Description, DefaultEnabled, Needs, Configure) from a Spec, holds the
+// Base implements Fix (ID, Description, DefaultEnabled, Reads, Configure) from a Spec, holds the
 // validated options (Config) and the fix's logger. A fix embeds it and adds only what is its own:
 // Rules (a RuleFix) or Ensure and Revert (an Actuator), and the optional Checker and Observer.
 //
@@ -130,8 +130,8 @@ func (b *Base[C, S]) DefaultEnabled(env Env) bool {
 	return b.spec.DefaultEnabled != nil && b.spec.DefaultEnabled(env)
 }
 
-// Needs is the Spec's Needs.
-func (b *Base[C, S]) Needs() Needs { return b.spec.Needs }
+// Reads is the Spec's Reads.
+func (b *Base[C, S]) Reads() []TableRef { return b.spec.Reads }
 
 // Configure decodes options over the Spec's defaults and parses them; on error the previous
 // configuration stays.

@@ -22,7 +22,7 @@ func baseSpec() Spec[testConfig, int] {
 			}
 			return c.Limit * len(c.Hooks), nil
 		},
-		Needs: Needs{Node: true},
+		Reads: []TableRef{testTable},
 	}
 }
 
@@ -36,8 +36,8 @@ func TestBase(t *testing.T) {
 	if err := f.Init(baseSpec(), Params{Registry: reg, Logger: slog.New(slog.NewTextHandler(logs, nil))}, g); err != nil {
 		t.Fatal(err)
 	}
-	if f.ID() != "base-test" || f.Description() != "a fix for the test" || f.Needs() != (Needs{Node: true}) || f.DefaultEnabled(Env{}) {
-		t.Errorf("Base does not report its Spec: %q %q %+v %v", f.ID(), f.Description(), f.Needs(), f.DefaultEnabled(Env{}))
+	if f.ID() != "base-test" || f.Description() != "a fix for the test" || len(f.Reads()) != 1 || f.Reads()[0].Name() != "Test" || f.DefaultEnabled(Env{}) {
+		t.Errorf("Base does not report its Spec: %q %q %+v %v", f.ID(), f.Description(), f.Reads(), f.DefaultEnabled(Env{}))
 	}
 	if f.Config() != 2 {
 		t.Errorf("Config() = %d, want the parsed defaults 2", f.Config())
@@ -86,5 +86,22 @@ func TestBaseSpecErrors(t *testing.T) {
 	// Without Default the configuration starts from the zero value.
 	if err := plain.Init(Spec[testConfig, testConfig]{ID: "plain", Description: "d"}, Params{}); err != nil || plain.Config().Limit != 0 || plain.Config().Hooks != nil {
 		t.Errorf("Init without Default: %v, %+v, want the zero configuration", err, plain.Config())
+	}
+}
+
+var testTable = NewTable[[]string]("Test")
+
+func TestTableGetSet(t *testing.T) {
+	s := NewSnapshot(Env{}, nil)
+	if got := testTable.Get(s); got != nil {
+		t.Errorf("Get of a table the snapshot lacks = %v, want nil", got)
+	}
+	testTable.Set(s, []string{"a"})
+	if got := testTable.Get(s); len(got) != 1 || got[0] != "a" {
+		t.Errorf("Get after Set = %v", got)
+	}
+	// A table of another type under the same name reads as absent, not as a panic.
+	if got := NewTable[int]("Test").Get(s); got != 0 {
+		t.Errorf("Get of a table of another type = %v, want 0", got)
 	}
 }

@@ -13,42 +13,67 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
 
 	"github.com/go-viper/mapstructure/v2"
 	"go.uber.org/fx"
-	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/errtree"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
-// Snapshot is a consistent view of what fixes may look at. Fixes must not modify it.
+// Snapshot is a consistent view of what fixes may look at: the tables the fix reads (Fix.Reads),
+// each as its input module had it when the snapshot was built, and what the core knows about the
+// node. Fixes read a table with its Get and must not modify what it returns.
 type Snapshot struct {
-	// Services sorted by namespace/name, in the compact form fixes read (see Service). Only set
-	// when a running fix Needs Services.
-	Services []*Service
-	// Node is this node's Node object, nil when unknown (no node name, or not yet seen).
-	Node *corev1.Node
-	// Pods are the Pods scheduled to this node (spec.nodeName), sorted by namespace/name and
-	// stripped to identity, phase and addresses (watch.StripPod). Only set when a running fix Needs
-	// Pods.
-	Pods []*corev1.Pod
-	// PodCIDRs are the pod address ranges of this node: node.spec.podCIDRs, else the configured ones.
-	PodCIDRs []netip.Prefix
-	// ServiceCIDRs are the cluster's Service (Cluster-IP) ranges: those of the ServiceCIDR objects
-	// (networking.k8s.io/v1) when the API has any, else the configured serviceCIDRs. Only set when
-	// a running fix Needs ServiceCIDRs.
-	ServiceCIDRs []netip.Prefix
 	// Env is what the core knows about the node.
-	Env Env
+	Env    Env
+	tables map[string]any
 }
 
-// PodCIDRsOf returns the pod CIDRs of one family.
-func (s *Snapshot) PodCIDRsOf(f rules.Family) []netip.Prefix { return f.Prefixes(s.PodCIDRs) }
+// NewSnapshot returns a snapshot of env and tables (table name → value of the table's type). The
+// engine builds one per pass; tests build theirs with testkit.Snapshot.
+func NewSnapshot(env Env, tables map[string]any) *Snapshot {
+	return &Snapshot{Env: env, tables: tables}
+}
+
+// Clone returns a copy of s that a Table's Set changes without changing s (the values are shared).
+func (s *Snapshot) Clone() *Snapshot {
+	return &Snapshot{Env: s.Env, tables: maps.Clone(s.tables)}
+}
+
+// Table names an input: a table of the cluster of type T (the Services, this node's Node, …) that
+// one input module provides, with a revision and a change feed. A fix lists the tables it reads in
+// Spec.Reads and reads them from its Snapshot with Get. The name is the table's one id: in logs,
+// errors and readiness ("waiting for Services").
+type Table[T any] struct{ name string }
+
+// NewTable returns the table called name (an input module declares it once, as a package variable).
+func NewTable[T any](name string) Table[T] { return Table[T]{name: name} }
+
+// Name is the table's name.
+func (t Table[T]) Name() string { return t.name }
+
+// Get returns the table's value in s: the zero T when s does not hold the table (the fix does not
+// read it, or its input has nothing yet).
+func (t Table[T]) Get(s *Snapshot) T {
+	v, _ := s.tables[t.name].(T)
+	return v
+}
+
+// Set puts v into s as the table's value (tests; the engine builds snapshots with NewSnapshot).
+func (t Table[T]) Set(s *Snapshot, v T) {
+	if s.tables == nil {
+		s.tables = map[string]any{}
+	}
+	s.tables[t.name] = v
+}
+
+// TableRef is a Table of any type: what Spec.Reads lists.
+type TableRef interface{ Name() string }
 
 // Env describes the node the agent runs on.
 type Env struct {
@@ -56,17 +81,6 @@ type Env struct {
 	ProxyMode string
 	// NodeName is this node's name ("" when not configured).
 	NodeName string
-}
-
-// Needs says which watches a fix uses; the core starts only the informers that running fixes need.
-type Needs struct {
-	Services bool
-	Node     bool
-	// Pods: the Pods of this node (a watch with field selector spec.nodeName).
-	Pods bool
-	// ServiceCIDRs: the cluster's ServiceCIDR objects (networking.k8s.io/v1), where the API serves
-	// them; the configured serviceCIDRs otherwise.
-	ServiceCIDRs bool
 }
 
 // Skip is an object a fix left out, with the reason (a short kebab-case word, used as metric label).
@@ -85,8 +99,8 @@ type Report struct {
 	Skipped []Skip
 }
 
-// Fix is what every independently registered repair has: its identity, its options and what it
-// reads. A fix is also exactly one of RuleFix (it wants netfilter rules) or Actuator (it changes other
+// Fix is what every independently registered repair has: its identity, its options and the tables
+// it reads. A fix is also exactly one of RuleFix (it wants netfilter rules) or Actuator (it changes other
 // node state); the engine refuses a fix that is neither or both (see As).
 type Fix interface {
 	// ID is the fix's kebab-case id: its config key (fixes.<id>), metric label and log field.
@@ -98,8 +112,9 @@ type Fix interface {
 	// Configure validates and takes the fix's options (the keys under fixes.<id>, "enabled" removed).
 	// It is called before the first sync and on every config change; on error the old options stay.
 	Configure(options map[string]any) error
-	// Needs lists the watches the fix reads.
-	Needs() Needs
+	// Reads lists the tables the fix reads: the engine watches only what running fixes read, waits
+	// for them before the fix's first pass, and runs the fix again when one of them changed.
+	Reads() []TableRef
 }
 
 // RuleFix is a fix whose repair is netfilter rules. The engine asks it for its rules in every

@@ -1,6 +1,7 @@
 // Package kube is the agent's Kubernetes API client: the few calls the agent makes, over REST clients
-// of only the API groups it uses (core/v1, networking.k8s.io/v1, events.k8s.io/v1,
-// authentication.k8s.io/v1, authorization.k8s.io/v1), decoded with a scheme of those groups.
+// of only the API groups it uses (core/v1, events.k8s.io/v1, authentication.k8s.io/v1,
+// authorization.k8s.io/v1, and the groups of the resources the input modules watch, each decoded
+// with a scheme of its own group).
 //
 // client-go's kubernetes.Clientset, its informer factory, discovery client and events broadcaster
 // all import k8s.io/client-go/kubernetes/scheme, which registers the types of every API group (55
@@ -13,13 +14,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"sync"
 	"time"
 
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
-	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -47,42 +49,37 @@ type Interface interface {
 	PatchEvent(ctx context.Context, namespace, name string, pt types.PatchType, data []byte) (*eventsv1.Event, error)
 }
 
-// Resource is a resource the agent watches.
-type Resource int
-
-// The watched resources.
-const (
-	Services Resource = iota
-	Nodes
-	Pods
-	ServiceCIDRs
-)
-
-// Example returns an empty object of r (for informers).
-func (r Resource) Example() runtime.Object {
-	return [...]func() runtime.Object{
-		func() runtime.Object { return &corev1.Service{} }, func() runtime.Object { return &corev1.Node{} },
-		func() runtime.Object { return &corev1.Pod{} }, func() runtime.Object { return &networkingv1.ServiceCIDR{} },
-	}[r]()
+// Resource is a kind of object the agent lists and watches: an input module declares its own (the
+// set is open), and the client makes a REST client of its group version when it is first watched.
+type Resource struct {
+	// GroupVersion is the API group version that serves it ("v1", "discovery.k8s.io/v1").
+	GroupVersion schema.GroupVersion
+	// Name is the resource's plural name in URLs ("services").
+	Name string
+	// Kind is the object's kind ("Service"), as in YAML documents.
+	Kind string
+	// Namespaced: its objects live in namespaces (Services, Pods), not cluster-wide (Nodes).
+	Namespaced bool
+	// New returns an empty object; NewList an empty list of them.
+	New, NewList func() runtime.Object
+	// AddToScheme registers the group version's types (the API package's AddToScheme).
+	AddToScheme func(*runtime.Scheme) error
 }
 
-func (r Resource) String() string { return [...]string{"services", "nodes", "pods", "servicecidrs"}[r] }
+func (r Resource) String() string { return r.Name }
 
-func (r Resource) newList() runtime.Object {
-	return [...]func() runtime.Object{
-		func() runtime.Object { return &corev1.ServiceList{} }, func() runtime.Object { return &corev1.NodeList{} },
-		func() runtime.Object { return &corev1.PodList{} }, func() runtime.Object { return &networkingv1.ServiceCIDRList{} },
-	}[r]()
+// GroupVersionResource is the resource's group, version and name.
+func (r Resource) GroupVersionResource() schema.GroupVersionResource {
+	return r.GroupVersion.WithResource(r.Name)
 }
 
 var (
-	scheme         = runtime.NewScheme()
-	codecs         = serializer.NewCodecFactory(scheme)
-	parameterCodec = runtime.NewParameterCodec(scheme)
+	scheme = runtime.NewScheme()
+	codecs = serializer.NewCodecFactory(scheme)
 )
 
 func init() {
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, networkingv1.AddToScheme, eventsv1.AddToScheme,
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, eventsv1.AddToScheme,
 		authnv1.AddToScheme, authzv1.AddToScheme} {
 		utilruntime.Must(add(scheme))
 	}
@@ -92,7 +89,18 @@ func init() {
 // Client is the agent's implementation of Interface: one HTTP client and one rate limiter (the
 // config's QPS and burst) shared by the REST clients of its groups, as a clientset shares them.
 type Client struct {
-	core, networking, events, authn, authz rest.Interface
+	core, events, authn, authz rest.Interface
+
+	cfg        *rest.Config
+	httpClient *http.Client
+	mu         sync.Mutex
+	watched    map[schema.GroupVersion]groupClient // the REST clients of watched resources' groups
+}
+
+// groupClient is the REST client of one watched group version and the codec of its list options.
+type groupClient struct {
+	rest   rest.Interface
+	params runtime.ParameterCodec
 }
 
 var _ Interface = (*Client)(nil)
@@ -110,14 +118,13 @@ func New(rc *rest.Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{}
+	c := &Client{cfg: cfg, httpClient: httpClient, watched: map[schema.GroupVersion]groupClient{}}
 	for _, g := range []struct {
 		to      *rest.Interface
 		gv      schema.GroupVersion
 		apiPath string
 	}{
 		{&c.core, corev1.SchemeGroupVersion, "/api"},
-		{&c.networking, networkingv1.SchemeGroupVersion, "/apis"},
 		{&c.events, eventsv1.SchemeGroupVersion, "/apis"},
 		{&c.authn, authnv1.SchemeGroupVersion, "/apis"},
 		{&c.authz, authzv1.SchemeGroupVersion, "/apis"},
@@ -132,20 +139,51 @@ func New(rc *rest.Config) (*Client, error) {
 	return c, nil
 }
 
+// restClient returns the REST client of r's group version, made on first use over the client's
+// connections and rate limiter, decoding with a scheme of that group alone.
+func (c *Client) restClient(r Resource) (groupClient, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if gc, ok := c.watched[r.GroupVersion]; ok {
+		return gc, nil
+	}
+	s := runtime.NewScheme()
+	if err := r.AddToScheme(s); err != nil {
+		return groupClient{}, fmt.Errorf("kubernetes client for %s: %w", r.GroupVersion, err)
+	}
+	metav1.AddToGroupVersion(s, schema.GroupVersion{Version: "v1"})
+	gc := *c.cfg
+	gv := r.GroupVersion
+	gc.GroupVersion, gc.APIPath = &gv, "/apis"
+	if gv.Group == "" {
+		gc.APIPath = "/api"
+	}
+	gc.NegotiatedSerializer = serializer.NewCodecFactory(s).WithoutConversion()
+	rc, err := rest.RESTClientForConfigAndClient(&gc, c.httpClient)
+	if err != nil {
+		return groupClient{}, fmt.Errorf("kubernetes client for %s: %w", gv, err)
+	}
+	c.watched[gv] = groupClient{rest: rc, params: runtime.NewParameterCodec(s)}
+	return c.watched[gv], nil
+}
+
 // ListWatch lists and watches r as client-go's informers do (the reflector may ask for a streaming
 // list through the watch: the options pass through).
 func (c *Client) ListWatch(r Resource, fieldSelector string) cache.ListerWatcher {
-	rc := c.core
-	if r == ServiceCIDRs {
-		rc = c.networking
+	gc, err := c.restClient(r)
+	if err != nil {
+		return &cache.ListWatch{
+			ListWithContextFunc:  func(context.Context, metav1.ListOptions) (runtime.Object, error) { return nil, err },
+			WatchFuncWithContext: func(context.Context, metav1.ListOptions) (watch.Interface, error) { return nil, err },
+		}
 	}
 	return &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			if fieldSelector != "" {
 				opts.FieldSelector = fieldSelector
 			}
-			list := r.newList()
-			err := rc.Get().Resource(r.String()).VersionedParams(&opts, parameterCodec).Do(ctx).Into(list)
+			list := r.NewList()
+			err := gc.rest.Get().Resource(r.Name).VersionedParams(&opts, gc.params).Do(ctx).Into(list)
 			return list, err
 		},
 		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
@@ -153,7 +191,7 @@ func (c *Client) ListWatch(r Resource, fieldSelector string) cache.ListerWatcher
 				opts.FieldSelector = fieldSelector
 			}
 			opts.Watch = true
-			req := rc.Get().Resource(r.String()).VersionedParams(&opts, parameterCodec)
+			req := gc.rest.Get().Resource(r.Name).VersionedParams(&opts, gc.params)
 			if opts.TimeoutSeconds != nil {
 				req = req.Timeout(time.Duration(*opts.TimeoutSeconds) * time.Second)
 			}

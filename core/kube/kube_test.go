@@ -11,12 +11,18 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/network-node-manager/network-node-manager/core/kube"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 )
+
+// services is the Resource of core/v1 Services, as an input module declares it.
+var services = kube.Resource{GroupVersion: corev1.SchemeGroupVersion, Name: "services", Kind: "Service",
+	New: func() runtime.Object { return &corev1.Service{} }, NewList: func() runtime.Object { return &corev1.ServiceList{} },
+	AddToScheme: corev1.AddToScheme}
 
 // Every call of the agent's client against the real API server, in protobuf as the agent speaks it:
 // an informer on its ListWatch (with a field selector) sees a Service created after it synced,
@@ -33,8 +39,8 @@ func TestClientAgainstTheAPIServer(t *testing.T) {
 	defer cancel()
 	admin := cp.AdminClient()
 
-	inf := cache.NewSharedIndexInformerWithOptions(c.ListWatch(kube.Services, fields.OneTermEqualSelector("metadata.namespace", "default").String()),
-		kube.Services.Example(), cache.SharedIndexInformerOptions{})
+	inf := cache.NewSharedIndexInformerWithOptions(c.ListWatch(services, fields.OneTermEqualSelector("metadata.namespace", "default").String()),
+		services.New(), cache.SharedIndexInformerOptions{})
 	go inf.RunWithContext(ctx)
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		t.Fatal("informer did not sync")

@@ -18,11 +18,16 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/node"
+	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
+	"github.com/network-node-manager/network-node-manager/core/inputs/servicecidrs"
+	"github.com/network-node-manager/network-node-manager/core/inputs/services"
 )
 
 // PortSpec is one Service port; build it with TCP, UDP, SCTP and Named.
@@ -181,59 +186,75 @@ func PodCIDRs(cidrs ...string) func(*corev1.Node) {
 }
 
 // Snapshot builds a snapshot changed by mods, then sorts Services by namespace/name as the core does.
-// When no mod set Snapshot.PodCIDRs, they are taken from the Node's spec.podCIDRs (unparsable ones
-// are left out), as the core does when no pod CIDR is configured.
+// When no mod set the pod CIDRs (node.PodCIDRs), they are taken from the Node's spec.podCIDRs
+// (unparsable ones are left out), as the core does when no pod CIDR is configured.
 func Snapshot(mods ...func(*fix.Snapshot)) *fix.Snapshot {
-	s := with(&fix.Snapshot{}, mods)
-	SortServices(s.Services)
-	if s.PodCIDRs == nil && s.Node != nil {
-		for _, c := range s.Node.Spec.PodCIDRs {
-			if p, err := netip.ParsePrefix(c); err == nil {
-				s.PodCIDRs = append(s.PodCIDRs, p.Masked())
-			}
+	s := with(fix.NewSnapshot(fix.Env{}, nil), mods)
+	SortServices(services.Table.Get(s))
+	if node.PodCIDRs.Get(s) == nil {
+		if cidrs := node.FromNode(node.Table.Get(s)); cidrs != nil {
+			node.PodCIDRs.Set(s, cidrs)
 		}
 	}
 	return s
 }
 
-// WithServices adds Services to the snapshot, in the compact form the core hands to fixes
-// (fix.ServiceFrom); each call makes new objects.
+// WithServices adds Services to the snapshot (services.Table), in the compact form the core hands
+// to fixes (fix.ServiceFrom); each call makes new objects.
 func WithServices(svcs ...*corev1.Service) func(*fix.Snapshot) {
 	return func(s *fix.Snapshot) {
+		list := services.Table.Get(s)
 		for _, svc := range svcs {
-			s.Services = append(s.Services, fix.ServiceFrom(svc))
+			list = append(list, fix.ServiceFrom(svc))
 		}
+		services.Table.Set(s, list)
 	}
 }
 
-// WithNode sets the snapshot's Node (and Env.NodeName).
+// WithNode sets the snapshot's Node (node.Table, and Env.NodeName).
 func WithNode(n *corev1.Node) func(*fix.Snapshot) {
 	return func(s *fix.Snapshot) {
-		s.Node = n
+		node.Table.Set(s, n)
 		if n != nil {
 			s.Env.NodeName = n.Name
 		}
 	}
 }
 
-// WithPodCIDRs sets the snapshot's pod CIDRs explicitly (as if configured); it panics on a bad prefix.
-// Called with no argument it records "no pod CIDR" and stops the Node's from being used.
+// WithPodCIDRs sets the snapshot's pod CIDRs (node.PodCIDRs) explicitly (as if configured); it
+// panics on a bad prefix. Called with no argument it records "no pod CIDR" and stops the Node's from
+// being used.
 func WithPodCIDRs(cidrs ...string) func(*fix.Snapshot) {
 	return func(s *fix.Snapshot) {
-		s.PodCIDRs = []netip.Prefix{}
+		out := []netip.Prefix{}
 		for _, c := range cidrs {
-			s.PodCIDRs = append(s.PodCIDRs, netip.MustParsePrefix(c))
+			out = append(out, netip.MustParsePrefix(c))
 		}
+		node.PodCIDRs.Set(s, out)
 	}
 }
 
-// WithServiceCIDRs sets the cluster's Service CIDRs (as if from ServiceCIDR objects or configured);
-// it panics on a bad prefix.
+// WithServiceCIDRs sets the cluster's Service CIDRs (servicecidrs.Table: as if from ServiceCIDR
+// objects or configured); it panics on a bad prefix.
 func WithServiceCIDRs(cidrs ...string) func(*fix.Snapshot) {
 	return func(s *fix.Snapshot) {
+		out := servicecidrs.Table.Get(s)
 		for _, c := range cidrs {
-			s.ServiceCIDRs = append(s.ServiceCIDRs, netip.MustParsePrefix(c))
+			out = append(out, netip.MustParsePrefix(c))
 		}
+		servicecidrs.Table.Set(s, out)
+	}
+}
+
+// WithPods sets this node's Pods (pods.Table), stripped and sorted as the core hands them.
+func WithPods(ps ...*corev1.Pod) func(*fix.Snapshot) {
+	return func(s *fix.Snapshot) {
+		out := slices.Clone(pods.Table.Get(s))
+		for _, p := range ps {
+			out = append(out, pods.StripPod(p))
+		}
+		pods.Sort(out)
+		pods.Table.Set(s, out)
 	}
 }
 
@@ -247,3 +268,12 @@ func SortServices(svcs []*fix.Service) { slices.SortStableFunc(svcs, fix.Compare
 
 // Key is "namespace/name" of a Service, as fixes name it in Skip.Object.
 func Key(svc *corev1.Service) string { return fmt.Sprintf("%s/%s", svc.Namespace, svc.Name) }
+
+// Reads names the tables f reads, in the order its Spec lists them: "Services, Node" ("" for none).
+func Reads(f fix.Fix) string {
+	var names []string
+	for _, t := range f.Reads() {
+		names = append(names, t.Name())
+	}
+	return strings.Join(names, ", ")
+}

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/services"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -60,13 +61,15 @@ func CheckIncremental(t *testing.T, newFix func() fix.RuleFix, o IncrementalOpti
 			}
 			// An unchanged Service is the same compact object in every snapshot, as the watch keeps it.
 			snap := Snapshot(WithNode(node))
+			var list []*fix.Service
 			for _, s := range cluster {
 				if compact[s] == nil {
 					compact[s] = fix.ServiceFrom(s)
 				}
-				snap.Services = append(snap.Services, compact[s])
+				list = append(list, compact[s])
 			}
-			SortServices(snap.Services)
+			SortServices(list)
+			services.Table.Set(snap, list)
 			got, want := rulesDump(t, live, snap), rulesDump(t, newFix(), snap)
 			if got != want {
 				t.Fatalf("seed %d step %d: the long-lived fix differs from a fresh one after these events:\n  %s\n--- long-lived:\n%s\n--- fresh:\n%s",

@@ -14,6 +14,8 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/node"
+	"github.com/network-node-manager/network-node-manager/core/inputs/services"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -285,14 +287,15 @@ func TestBuilders(t *testing.T) {
 		WithNode(Node("node-a", PodCIDRs("10.244.1.0/24", "fd00:10:244:1::/64"))),
 		WithProxyMode("ipvs"),
 	)
+	svcs := services.Table.Get(snap)
 	var names []string
-	for _, s := range snap.Services {
+	for _, s := range svcs {
 		names = append(names, s.Key())
 	}
 	if got := strings.Join(names, " "); got != "a/ext a/z b/web" {
 		t.Errorf("services not sorted: %s", got)
 	}
-	web := snap.Services[2]
+	web := svcs[2]
 	if web.Type != fix.ServiceTypeLoadBalancer || len(web.ClusterIPs) != 2 || web.ClusterIPs[0] != netip.MustParseAddr("10.96.0.10") ||
 		!web.LocalTrafficPolicy || len(web.Ports) != 3 || web.Ports[0].Name != "http" || web.Ports[1].Protocol != corev1.ProtocolUDP {
 		t.Errorf("web built wrong: %+v", web)
@@ -300,17 +303,17 @@ func TestBuilders(t *testing.T) {
 	if ing := web.Ingress; len(ing) != 2 || ing[0].Proxy || !ing[1].Proxy || ing[1].IP != netip.MustParseAddr("203.0.113.11") {
 		t.Errorf("ingress built wrong: %+v", ing)
 	}
-	if !snap.Services[1].Headless || len(snap.Services[1].ClusterIPs) != 0 || snap.Services[0].Type != fix.ServiceTypeExternalName {
-		t.Errorf("headless or ExternalName built wrong: %+v %+v", snap.Services[1], snap.Services[0])
+	if !svcs[1].Headless || len(svcs[1].ClusterIPs) != 0 || svcs[0].Type != fix.ServiceTypeExternalName {
+		t.Errorf("headless or ExternalName built wrong: %+v %+v", svcs[1], svcs[0])
 	}
-	if got := snap.PodCIDRsOf(rules.IPv6); len(got) != 1 || got[0].String() != "fd00:10:244:1::/64" {
-		t.Errorf("pod CIDRs from node: %v", snap.PodCIDRs)
+	if got := rules.IPv6.Prefixes(node.PodCIDRs.Get(snap)); len(got) != 1 || got[0].String() != "fd00:10:244:1::/64" {
+		t.Errorf("pod CIDRs from node: %v", node.PodCIDRs.Get(snap))
 	}
 	if snap.Env.NodeName != "node-a" || snap.Env.ProxyMode != "ipvs" {
 		t.Errorf("env: %+v", snap.Env)
 	}
-	if s := Snapshot(WithNode(Node("n", PodCIDRs("10.0.0.0/24"))), WithPodCIDRs()); len(s.PodCIDRs) != 0 {
-		t.Errorf("WithPodCIDRs() should override the node: %v", s.PodCIDRs)
+	if s := Snapshot(WithNode(Node("n", PodCIDRs("10.0.0.0/24"))), WithPodCIDRs()); len(node.PodCIDRs.Get(s)) != 0 {
+		t.Errorf("WithPodCIDRs() should override the node: %v", node.PodCIDRs.Get(s))
 	}
 }
 

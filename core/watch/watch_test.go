@@ -1,16 +1,13 @@
-package watch
+package watch_test
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -21,20 +18,20 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/kube"
 	"github.com/network-node-manager/network-node-manager/core/kube/kubetest"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
+	"github.com/network-node-manager/network-node-manager/core/watch"
 )
 
 func TestFileSourceReadsExample(t *testing.T) {
-	f, err := LoadFile("../../examples/services.yaml")
+	f, err := watch.LoadFile("../../examples/services.yaml", resources(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	svcs := f.Services()
+	svcs := fileView(t, f).Services()
 	if len(svcs) != 5 {
 		t.Fatalf("want the 5 example Services, got %d", len(svcs))
 	}
@@ -44,7 +41,7 @@ func TestFileSourceReadsExample(t *testing.T) {
 			t.Fatalf("Services not sorted: %s/%s before %s/%s", a.Namespace, a.Name, b.Namespace, b.Name)
 		}
 	}
-	if n := f.Node(); n == nil || len(n.Spec.PodCIDRs) != 2 {
+	if n := fileView(t, f).Node(); n == nil || len(n.Spec.PodCIDRs) != 2 {
 		t.Fatalf("Node with two pod CIDRs expected, got %+v", n)
 	}
 }
@@ -59,7 +56,7 @@ func TestFileSourceErrorsNameTheDocument(t *testing.T) {
 		"second doc":    {"apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\nkind: Secret\n", "document 2"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := ParseFile("x.yaml", []byte(c.doc))
+			_, err := watch.ParseFile("x.yaml", []byte(c.doc), resources(t))
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("want an error containing %q, got %v", c.want, err)
 			}
@@ -80,11 +77,11 @@ items:
     metadata: {name: a, namespace: x, annotations: {big: value}}
     spec: {clusterIP: 10.96.0.1}
 `
-	f, err := ParseFile("list.yaml", []byte(doc))
+	f, err := watch.ParseFile("list.yaml", []byte(doc), resources(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	svcs := f.Services()
+	svcs := fileView(t, f).Services()
 	if len(svcs) != 2 || svcs[0].Namespace != "default" || svcs[1].Name != "a" {
 		t.Fatalf("list not read with the default namespace: %+v", svcs)
 	}
@@ -93,29 +90,11 @@ items:
 	}
 }
 
-func TestStripNodeKeepsWhatFixesRead(t *testing.T) {
-	in := &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"l": "v"}, ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}},
-		Spec:       corev1.NodeSpec{PodCIDR: "10.244.1.0/24", PodCIDRs: []string{"10.244.1.0/24", "fd00:10:244:1::/64"}},
-		Status: corev1.NodeStatus{
-			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.1.5"}, {Type: corev1.NodeExternalIP, Address: "2001:db8::5"}},
-			Images:    []corev1.ContainerImage{{Names: []string{strings.Repeat("x", 1000)}}},
-		},
-	}
-	out := StripNode(in)
-	if out.Labels != nil || out.ManagedFields != nil || out.Status.Images != nil {
-		t.Fatalf("not stripped: %+v", out)
-	}
-	if len(out.Spec.PodCIDRs) != 2 || len(out.Status.Addresses) != 2 || out.Status.Addresses[1].Address != "2001:db8::5" {
-		t.Fatalf("lost what fixes read: %+v", out)
-	}
-}
-
 func TestInformersWatchOnlyWhatIsNeeded(t *testing.T) {
 	called := false
-	s := NewInformers(func() (kube.Interface, error) { called = true; return kubetest.From(fake.NewClientset()), nil }, "n1",
+	s := newInformers(func() (kube.Interface, error) { called = true; return kubetest.From(fake.NewClientset()), nil }, "n1",
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err := s.Start(context.Background(), fix.Needs{}); err != nil {
+	if err := s.Start(context.Background(), needs{}); err != nil {
 		t.Fatal(err)
 	}
 	defer s.Stop()
@@ -133,7 +112,7 @@ func TestInformersSnapshotAndChanges(t *testing.T) {
 		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "y"}},
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Spec: corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}}},
 	)
-	s, ctx := startInformers(t, fakeClient(cs), fix.Needs{Services: true, Node: true})
+	s, ctx := startInformers(t, fakeClient(cs), needs{Services: true, Node: true})
 	if err := s.WaitForSync(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +124,7 @@ func TestInformersSnapshotAndChanges(t *testing.T) {
 		t.Fatalf("node not seen: %+v", n)
 	}
 	drainChanges(s)
-	svcNeeds, podNeeds := fix.Needs{Services: true}, fix.Needs{Pods: true}
+	svcNeeds, podNeeds := needs{Services: true}, needs{Pods: true}
 	v0, p0 := s.Version(svcNeeds), s.Version(podNeeds)
 	if _, err := cs.CoreV1().Services("c").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "c", Name: "new"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -174,7 +153,7 @@ func TestInformersSnapshotAndChanges(t *testing.T) {
 	// the list handed out before is not modified.
 	now := s.Services()
 	if len(now) != 3 || now[0] != svcs[0] || now[1] != svcs[1] || now[2].Namespace != "c" || len(svcs) != 2 {
-		t.Fatalf("want a/y and b/z unchanged before c/new, and the old list intact: before %v, now %v", names(svcs), names(now))
+		t.Fatalf("want a/y and b/z unchanged before c/new, and the old list intact: before %d, now %d Services", len(svcs), len(now))
 	}
 }
 
@@ -186,56 +165,7 @@ func names(svcs []*fix.Service) []string {
 	return out
 }
 
-// TestSortedServicesMergesEvents: after random adds, updates and deletes (also in batches between two
-// lists), the list equals the sorted set of the latest objects, untouched objects keep their
-// identity, and lists handed out earlier stay as they were.
-func TestSortedServicesMergesEvents(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	var s sortedServices
-	want := map[string]*fix.Service{}
-	type handed struct {
-		list []*fix.Service
-		keys []string
-	}
-	var lists []handed
-	for step := range 2000 {
-		ns, name := fmt.Sprint("ns", rng.IntN(3)), fmt.Sprint("s", rng.IntN(40))
-		key := ns + "/" + name
-		switch rng.IntN(4) {
-		case 0:
-			delete(want, key)
-			var obj any = &cachedService{Namespace: ns, Name: name}
-			if rng.IntN(2) == 0 {
-				obj = cache.DeletedFinalStateUnknown{Key: key, Obj: obj}
-			}
-			s.set(obj, true)
-		default:
-			svc := &fix.Service{Namespace: ns, Name: name, ResourceVersion: fmt.Sprint(step)}
-			want[key] = svc
-			s.set((*cachedService)(svc), false)
-		}
-		if rng.IntN(5) != 0 {
-			continue // several events between two lists
-		}
-		got := s.list()
-		var wantList []*fix.Service
-		for _, svc := range want {
-			wantList = append(wantList, svc)
-		}
-		SortServices(wantList)
-		if !slices.Equal(got, wantList) {
-			t.Fatalf("step %d: got %v, want %v", step, names(got), names(wantList))
-		}
-		lists = append(lists, handed{got, names(got)})
-	}
-	for i, h := range lists {
-		if !slices.Equal(names(h.list), h.keys) {
-			t.Fatalf("list %d was modified after it was handed out", i)
-		}
-	}
-}
-
-func drainChanges(s *Informers) {
+func drainChanges(s *informers) {
 	for {
 		select {
 		case <-s.Changes():
@@ -254,7 +184,7 @@ func TestInformersPodsStrippedAndSorted(t *testing.T) {
 		}
 	}
 	cs := fake.NewClientset(pod("b", "p2", "10.244.1.3"), pod("a", "p1", "10.244.1.2"))
-	s, ctx := startInformers(t, fakeClient(cs), fix.Needs{Pods: true})
+	s, ctx := startInformers(t, fakeClient(cs), needs{Pods: true})
 	if err := s.WaitForSync(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -272,9 +202,9 @@ func TestInformersPodsStrippedAndSorted(t *testing.T) {
 
 // startInformers starts informers for node n1 on the clients of newClient, watching needs, with a
 // context that ends after 10 s; both end with the test.
-func startInformers(t *testing.T, newClient func() (kube.Interface, error), needs fix.Needs) (*Informers, context.Context) {
+func startInformers(t *testing.T, newClient func() (kube.Interface, error), needs needs) (*informers, context.Context) {
 	t.Helper()
-	s := NewInformers(newClient, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s := newInformers(newClient, "n1", slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
 	if err := s.Start(ctx, needs); err != nil {
@@ -315,10 +245,10 @@ func TestUnreachableAPIServerIsLoggedOnce(t *testing.T) {
 	ln.Close() // nothing listens there now: connection refused
 	var failures atomic.Int64
 	var logs testkit.LogBuffer
-	var s *Informers
-	s = NewInformers(func() (kube.Interface, error) {
+	var s *informers
+	s = newInformers(func() (kube.Interface, error) {
 		rc := &rest.Config{Host: "http://" + addr}
-		rc.Wrap(s.WrapTransport)
+		rc.Wrap(s.hub.WrapTransport)
 		rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { // around WrapTransport: counts every failure
 			return roundTripFunc(func(req *http.Request) (*http.Response, error) {
 				resp, err := rt.RoundTrip(req)
@@ -330,7 +260,7 @@ func TestUnreachableAPIServerIsLoggedOnce(t *testing.T) {
 		})
 		return kube.New(rc)
 	}, "n1", slog.New(slog.NewTextHandler(&logs, nil)))
-	if err := s.Start(context.Background(), fix.Needs{Services: true, Node: true}); err != nil {
+	if err := s.Start(context.Background(), needs{Services: true, Node: true}); err != nil {
 		t.Fatal(err)
 	}
 	defer s.Stop()
@@ -364,13 +294,13 @@ func TestThrottlingIsLogged(t *testing.T) {
 	}))
 	defer srv.Close()
 	var logs testkit.LogBuffer
-	var s *Informers
-	s = NewInformers(func() (kube.Interface, error) {
+	var s *informers
+	s = newInformers(func() (kube.Interface, error) {
 		rc := &rest.Config{Host: srv.URL}
-		rc.Wrap(s.WrapTransport)
+		rc.Wrap(s.hub.WrapTransport)
 		return kube.New(rc)
 	}, "n1", slog.New(slog.NewTextHandler(&logs, nil)))
-	if err := s.Start(context.Background(), fix.Needs{Services: true}); err != nil {
+	if err := s.Start(context.Background(), needs{Services: true}); err != nil {
 		t.Fatal(err)
 	}
 	defer s.Stop()
@@ -394,66 +324,39 @@ func TestInformersStartAddsWatches(t *testing.T) {
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.244.1.2"}}}}
 	cs := fake.NewClientset(node, pod)
 	clients := 0
-	s, ctx := startInformers(t, func() (kube.Interface, error) { clients++; return kubetest.From(cs), nil }, fix.Needs{Services: true})
-	if err := s.WaitForNeeds(ctx, fix.Needs{Services: true}); err != nil {
+	s, ctx := startInformers(t, func() (kube.Interface, error) { clients++; return kubetest.From(cs), nil }, needs{Services: true})
+	if err := s.WaitForNeeds(ctx, needs{Services: true}); err != nil {
 		t.Fatal(err)
 	}
-	err := s.NeedsSynced(fix.Needs{Node: true, Pods: true})
+	err := s.NeedsSynced(needs{Node: true, Pods: true})
 	if err == nil || !strings.Contains(err.Error(), "Node (not started)") || !strings.Contains(err.Error(), "Pods (not started)") {
 		t.Fatalf("NeedsSynced before the watches started = %v; want both named as not started", err)
 	}
-	if err := s.Start(ctx, fix.Needs{Services: true, Node: true, Pods: true}); err != nil {
+	if err := s.Start(ctx, needs{Services: true, Node: true, Pods: true}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.WaitForNeeds(ctx, fix.Needs{Node: true, Pods: true}); err != nil {
+	if err := s.WaitForNeeds(ctx, needs{Node: true, Pods: true}); err != nil {
 		t.Fatal(err)
 	}
 	if s.Node() == nil || len(s.Pods()) != 1 || clients != 1 {
 		t.Fatalf("after the second Start: node %v, pods %v, clients made %d (want 1)", s.Node(), s.Pods(), clients)
 	}
-	if got := s.Started(); got != (fix.Needs{Services: true, Node: true, Pods: true}) {
+	if got := s.Started(); got != (needs{Services: true, Node: true, Pods: true}) {
 		t.Fatalf("Started = %+v", got)
 	}
 }
 
 // Without a node name the Pods watch cannot run: a fix reading Pods is never told it synced.
 func TestInformersPodsWithoutNodeNameNeverSync(t *testing.T) {
-	s := NewInformers(func() (kube.Interface, error) { return kubetest.From(fake.NewClientset()), nil }, "", slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err := s.Start(context.Background(), fix.Needs{Pods: true, Node: true}); err != nil {
+	s := newInformers(func() (kube.Interface, error) { return kubetest.From(fake.NewClientset()), nil }, "", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := s.Start(context.Background(), needs{Pods: true, Node: true}); err != nil {
 		t.Fatal(err)
 	}
 	defer s.Stop()
-	if err := s.NeedsSynced(fix.Needs{Pods: true}); err == nil || !strings.Contains(err.Error(), "no node name") {
+	if err := s.NeedsSynced(needs{Pods: true}); err == nil || !strings.Contains(err.Error(), "no node name") {
 		t.Fatalf("NeedsSynced(Pods) without a node name = %v", err)
 	}
-	if err := s.NeedsSynced(fix.Needs{Node: true}); err != nil {
+	if err := s.NeedsSynced(needs{Node: true}); err != nil {
 		t.Fatalf("the Node without a node name (configured pod CIDRs) = %v; want nil", err)
-	}
-}
-
-// "watches synced" (the scale benchmark's list/sync figure) waits for every started watch, not only
-// for those of the fix that asked first: a fix that reads only the Node is ready while the Services
-// are still being listed.
-func TestWatchesSyncedWaitsForEveryWatch(t *testing.T) {
-	var logs testkit.LogBuffer
-	s := NewInformers(nil, "n1", slog.New(slog.NewTextHandler(&logs, nil)))
-	var servicesListed atomic.Bool
-	s.svcSync, s.nodeSync = servicesListed.Load, func() bool { return true }
-	s.svcStore = cache.NewStore(cache.MetaNamespaceKeyFunc)
-	if err := s.NeedsSynced(fix.Needs{Node: true}); err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(logs.String(), "watches synced") {
-		t.Fatalf("logged before the Services were listed: %s", logs.String())
-	}
-	if err := s.NeedsSynced(fix.Needs{Services: true}); err == nil {
-		t.Fatal("the Services are not listed yet: want an error")
-	}
-	servicesListed.Store(true)
-	if err := s.NeedsSynced(fix.Needs{Services: true, Node: true}); err != nil {
-		t.Fatal(err)
-	}
-	if n := strings.Count(logs.String(), "watches synced"); n != 1 {
-		t.Fatalf("want one line once everything is listed, got %d: %s", n, logs.String())
 	}
 }

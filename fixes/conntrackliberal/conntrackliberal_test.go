@@ -222,7 +222,7 @@ func TestStatic(t *testing.T) {
 			t.Errorf("DefaultEnabled(%q): invalid-drop is the default strategy", mode)
 		}
 	}
-	if e.Fix.Needs() != (fix.Needs{}) || e.Fix.ID() != ID || !rules.ValidFixID(ID) || e.Fix.Description() == "" {
+	if testkit.Reads(e.Fix) != "" || e.Fix.ID() != ID || !rules.ValidFixID(ID) || e.Fix.Description() == "" {
 		t.Error("bad needs, id or description")
 	}
 	if _, a, err := fix.As(e.Fix); a == nil || err != nil {
@@ -277,14 +277,10 @@ func TestWithInvalidDropThroughTheEngine(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		src, err := watch.ParseFile("none", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
 		c := config.Defaults()
 		c.Fixes = map[string]map[string]any{ID: {"enabled": enabled, "stateDir": stateDir}}
 		a.m = metrics.NewSync(a.reg)
-		a.e, err = engine.New(engine.Options{Fixes: []fix.Fix{id, cl}, Backend: a.be, Source: src, Config: &c, Metrics: a.m, Log: quiet})
+		a.e, err = engine.New(engine.Options{Fixes: []fix.Fix{id, cl}, Backend: a.be, Hub: watch.Offline(quiet), Config: &c, Metrics: a.m, Log: quiet})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -71,8 +71,8 @@ func TestStatic(t *testing.T) {
 			t.Errorf("DefaultEnabled(%q) = false", mode)
 		}
 	}
-	if e.Fix.Needs() != (fix.Needs{}) {
-		t.Errorf("Needs = %+v, want nothing", e.Fix.Needs())
+	if got := testkit.Reads(e.Fix); got != "" {
+		t.Errorf("Reads = %s, want nothing", got)
 	}
 	if e.Fix.ID() != "invalid-drop" || !rules.ValidFixID(e.Fix.ID()) || e.Fix.Description() == "" {
 		t.Error("bad id or description")

@@ -7,6 +7,9 @@ import (
 	"net/netip"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/node"
+	"github.com/network-node-manager/network-node-manager/core/inputs/servicecidrs"
+	"github.com/network-node-manager/network-node-manager/core/inputs/services"
 )
 
 // ID is the fix id: config key fixes.ipvs-externalip-dnat, metric label, log field, rule comments.
@@ -23,7 +26,7 @@ var spec = fix.Spec[Config, Config]{
 	Description:    "IPVS mode: DNAT node-local traffic for Service External-IPs to the Cluster-IP so eTP=Local Services stay reachable from the node (kubernetes#75262)",
 	Default:        func() Config { return Config{MasqueradeMark: DefaultMasqueradeMark, FromPods: true, FromHost: true} },
 	Parse:          validate,
-	Needs:          fix.Needs{Services: true, Node: true, ServiceCIDRs: true},
+	Reads:          []fix.TableRef{services.Table, node.Table, node.PodCIDRs, servicecidrs.Table},
 	DefaultEnabled: func(env fix.Env) bool { return env.ProxyMode == "ipvs" },
 }
 

@@ -8,6 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/node"
+	"github.com/network-node-manager/network-node-manager/core/inputs/servicecidrs"
 	"github.com/network-node-manager/network-node-manager/core/netaddr"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
@@ -58,9 +60,9 @@ type guard struct {
 }
 
 func newGuard(cfg Config, snap *fix.Snapshot, clusterIPs []rules.MapEntry) guard {
-	g := guard{allowed: cfg.allowed, spec: cfg.SpecExternalIPs, podCIDRs: snap.PodCIDRs, serviceCIDRs: snap.ServiceCIDRs}
-	if snap.Node != nil {
-		for _, na := range snap.Node.Status.Addresses {
+	g := guard{allowed: cfg.allowed, spec: cfg.SpecExternalIPs, podCIDRs: node.PodCIDRs.Get(snap), serviceCIDRs: servicecidrs.Table.Get(snap)}
+	if node.Table.Get(snap) != nil {
+		for _, na := range node.Table.Get(snap).Status.Addresses {
 			if na.Type != corev1.NodeInternalIP && na.Type != corev1.NodeExternalIP {
 				continue
 			}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs/node"
+	"github.com/network-node-manager/network-node-manager/core/inputs/servicecidrs"
 	"github.com/network-node-manager/network-node-manager/core/netaddr"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	tk "github.com/network-node-manager/network-node-manager/core/testkit"
@@ -51,7 +53,7 @@ func FuzzNoRefusedEntry(f *testing.F) {
 				if _, refused := netaddr.NeverDNAT(e.Addr); refused {
 					t.Errorf("%s: entry for the never-DNAT address %s (inputs %q)", fam, e.Addr, inputs)
 				}
-				for _, p := range append(slices.Clone(snap.PodCIDRs), snap.ServiceCIDRs...) {
+				for _, p := range append(slices.Clone(node.PodCIDRs.Get(snap)), servicecidrs.Table.Get(snap)...) {
 					if p.Contains(e.Addr) {
 						t.Errorf("%s: entry for %s in the pod CIDR %s", fam, e.Addr, p)
 					}

@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/services"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	tk "github.com/network-node-manager/network-node-manager/core/testkit"
 )
@@ -178,15 +179,17 @@ func TestRulesPure(t *testing.T) {
 			tk.Service("b", "z", tk.ClusterIPs("10.96.0.3"), tk.ExternalIPs("203.0.113.11"), tk.Ports(tk.TCP(80))),
 		}
 		s := tk.Snapshot(tk.WithNode(nodeA))
+		var svcs []*fix.Service
 		for _, i := range order {
-			s.Services = append(s.Services, fix.ServiceFrom(all[i])) // deliberately not sorted
+			svcs = append(svcs, fix.ServiceFrom(all[i])) // deliberately not sorted
 		}
+		services.Table.Set(s, svcs)
 		return s
 	}
 	e := tk.NewFixEnv(t, New, nil)
 	snap := mk(2, 1, 0)
 	got := e.Dump(snap)
-	if !reflect.DeepEqual(mk(2, 1, 0).Services[0], snap.Services[0]) {
+	if !reflect.DeepEqual(services.Table.Get(mk(2, 1, 0))[0], services.Table.Get(snap)[0]) {
 		t.Error("Rules modified a Service of the snapshot")
 	}
 	if want := e.Dump(mk(0, 1, 2)); got != want {
@@ -253,8 +256,8 @@ func TestEnvironment(t *testing.T) {
 			t.Errorf("Check(%q) = %v", mode, err)
 		}
 	}
-	if f.Needs() != (fix.Needs{Services: true, Node: true, ServiceCIDRs: true}) {
-		t.Errorf("Needs = %+v", f.Needs())
+	if got := tk.Reads(f); got != "Services, Node, PodCIDRs, ServiceCIDRs" {
+		t.Errorf("Reads = %s", got)
 	}
 	if !rules.ValidFixID(f.ID()) || f.ID() != "ipvs-externalip-dnat" || f.Description() == "" {
 		t.Error("bad id or description")
@@ -355,9 +358,9 @@ func BenchmarkRulesOneNewService10k(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := range b.N {
-				s := *snap
-				s.Services = append(slices.Clip(snap.Services), fix.ServiceFrom(svc(10000+i%5000)))
-				if _, _, err := f.Rules(&s, rules.IPv4); err != nil {
+				s := snap.Clone()
+				services.Table.Set(s, append(slices.Clip(services.Table.Get(snap)), fix.ServiceFrom(svc(10000+i%5000))))
+				if _, _, err := f.Rules(s, rules.IPv4); err != nil {
 					b.Fatal(err)
 				}
 			}

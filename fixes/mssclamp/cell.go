@@ -3,7 +3,10 @@
 // path-MTU black hole when ICMP "fragmentation needed" is filtered on the way (Calico #7651).
 package mssclamp
 
-import "github.com/network-node-manager/network-node-manager/core/fix"
+import (
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/node"
+)
 
 // ID is the fix id: config key fixes.mss-clamp, metric label, log field, rule comments.
 const ID = "mss-clamp"
@@ -18,7 +21,7 @@ var spec = fix.Spec[Config, Config]{
 	ID:          ID,
 	Description: "clamp the TCP MSS of forwarded pod SYN and SYN-ACK segments to the route's MTU so large transfers do not stall in a PMTU black hole (Calico #7651)",
 	Parse:       parse,
-	Needs:       fix.Needs{Node: true},
+	Reads:       []fix.TableRef{node.PodCIDRs},
 }
 
 // Config is the fix's configuration (keys under fixes.mss-clamp).

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/node"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -64,7 +65,7 @@ func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fi
 		from.InInterfacePrefix, to.OutInterfacePrefix = cfg.PodInterfacePrefix, cfg.PodInterfacePrefix
 		scope = "interfaces " + cfg.PodInterfacePrefix + "*"
 	} else {
-		pods := snap.PodCIDRsOf(family)
+		pods := family.Prefixes(node.PodCIDRs.Get(snap))
 		if len(pods) == 0 {
 			return nil, fix.Report{Skipped: []fix.Skip{{
 				Object: string(family), Reason: "no-pod-cidr",

@@ -63,8 +63,8 @@ func TestStatic(t *testing.T) {
 			t.Errorf("DefaultEnabled(%q) = true, want off by default", mode)
 		}
 	}
-	if e.Fix.Needs() != (fix.Needs{Node: true}) {
-		t.Errorf("Needs = %+v, want the Node", e.Fix.Needs())
+	if got := testkit.Reads(e.Fix); got != "PodCIDRs" {
+		t.Errorf("Reads = %s, want the pod CIDRs", got)
 	}
 	if !rules.ValidFixID(e.Fix.ID()) || e.Fix.Description() == "" {
 		t.Error("bad id or description")

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
 )
 
 // ID is the fix id: config key fixes.stale-udp-conntrack, metric label, log field.
@@ -26,7 +27,7 @@ var spec = fix.Spec[Config, Config]{
 		return Config{MaxDeletesPerPass: 1000, MinDumpInterval: 200 * time.Millisecond, Retention: 5 * time.Minute}
 	},
 	Parse: parse,
-	Needs: fix.Needs{Pods: true},
+	Reads: []fix.TableRef{pods.Table},
 }
 
 // Config is the fix's configuration (keys under fixes.stale-udp-conntrack).

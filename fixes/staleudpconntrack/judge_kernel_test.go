@@ -19,6 +19,8 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/engine"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+	"github.com/network-node-manager/network-node-manager/core/inputs/node"
 	"github.com/network-node-manager/network-node-manager/core/kube"
 	"github.com/network-node-manager/network-node-manager/core/kube/kubetest"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
@@ -67,7 +69,7 @@ type nodeReader struct{}
 func (nodeReader) ID() string                     { return "node-reader" }
 func (nodeReader) Description() string            { return "reads the Node" }
 func (nodeReader) DefaultEnabled(fix.Env) bool    { return true }
-func (nodeReader) Needs() fix.Needs               { return fix.Needs{Node: true} }
+func (nodeReader) Reads() []fix.TableRef          { return []fix.TableRef{node.Table} }
 func (nodeReader) Configure(map[string]any) error { return nil }
 func (nodeReader) Rules(*fix.Snapshot, rules.Family) (*rules.Ruleset, fix.Report, error) {
 	return nil, fix.Report{}, nil
@@ -182,9 +184,13 @@ func runEngine(t *testing.T, cs kubernetes.Interface, c *config.Config, ct connt
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := watch.NewInformers(func() (kube.Interface, error) { return kubetest.From(cs), nil }, c.NodeName, log)
+	hub := watch.NewHub(func() (kube.Interface, error) { return kubetest.From(cs), nil }, c.NodeName, log)
+	ins, err := inputs.All()
+	if err != nil {
+		t.Fatal(err)
+	}
 	m := metrics.NewSync(reg)
-	e, err := engine.New(engine.Options{Fixes: append([]fix.Fix{f}, others...), Backend: testkit.NewFakeBackend(), Source: src,
+	e, err := engine.New(engine.Options{Fixes: append([]fix.Fix{f}, others...), Backend: testkit.NewFakeBackend(), Hub: hub, Inputs: ins,
 		Config: c, Env: fix.Env{NodeName: c.NodeName}, Metrics: m, Log: log})
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -120,7 +121,7 @@ func LiveAddrs(pods []*corev1.Pod) map[netip.Addr]bool {
 // this node, a pod of another node, an address never seen held) is never deleted.
 func (f *Fix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Result, error) {
 	cfg := f.Config()
-	live := LiveAddrs(snap.Pods)
+	live := LiveAddrs(pods.Table.Get(snap))
 	now := f.now()
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -21,6 +21,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 )
@@ -65,9 +66,9 @@ func newEnv(t *testing.T, options map[string]any, entries ...conntrack.Entry) *t
 }
 
 // ensure runs one pass of the fix on a dual-stack node whose live Pods are pods.
-func ensure(e *testkit.FixEnv[*Fix], full bool, pods ...*corev1.Pod) fix.Result {
+func ensure(e *testkit.FixEnv[*Fix], full bool, live ...*corev1.Pod) fix.Result {
 	snap := testkit.Snapshot(dualNode)
-	snap.Pods = pods
+	pods.Table.Set(snap, live)
 	return e.Ensure(snap, full)
 }
 
@@ -121,8 +122,8 @@ func TestNeverJudgesAddressesNotSeenGoing(t *testing.T) {
 	left := entry(rules.UDP, "192.0.2.7:40006", "198.51.100.1:8125", "10.244.1.12:8125") // its Pod was gone before the fix started
 	e := newEnv(t, nil, remote4, left, toA4)
 	snap := testkit.Snapshot(testkit.WithNode(testkit.Node("node-a")), testkit.WithPodCIDRs("10.244.0.0/16"))
-	for i, pods := range [][]*corev1.Pod{{podA}, {}, {}, {podB}} {
-		snap.Pods = pods
+	for i, live := range [][]*corev1.Pod{{podA}, {}, {}, {podB}} {
+		pods.Table.Set(snap, live)
 		e.Ensure(snap, true)
 		if i == 0 && len(e.Conntrack.Entries()) != 3 {
 			t.Fatalf("first pass deleted entries: %v", e.Conntrack.Entries())
@@ -269,8 +270,8 @@ func TestStatic(t *testing.T) {
 	if e.Fix.DefaultEnabled(fix.Env{ProxyMode: "iptables"}) {
 		t.Error("on by default")
 	}
-	if e.Fix.Needs() != (fix.Needs{Pods: true}) {
-		t.Errorf("Needs = %+v", e.Fix.Needs())
+	if got := testkit.Reads(e.Fix); got != "Pods" {
+		t.Errorf("Reads = %s", got)
 	}
 	if e.Fix.Check(fix.Env{}) == nil || e.Fix.Check(fix.Env{NodeName: "n1"}) != nil {
 		t.Error("Check must refuse exactly a missing node name")

@@ -107,7 +107,7 @@ func runCommand(version string, fixModules fx.Option) *cobra.Command {
 			}
 			app, err := buildApp(fixModules, core.Agent, backends.Module, backends.Takeover,
 				fx.Supply(inputs(cmd, version)),
-				fx.Provide(core.InformerSource),
+				fx.Provide(core.Hub),
 				fx.Invoke(core.WatchConfig),
 			)
 			if err != nil {
@@ -144,7 +144,7 @@ func planCommand(version string, fixModules fx.Option) *cobra.Command {
 			var cfg *config.Config
 			if _, err := buildApp(fixModules, core.Module, backends.Module,
 				fx.Supply(inputs(cmd, version)),
-				fx.Provide(core.FileSource(servicesFile)),
+				fx.Provide(core.FileHub(servicesFile)),
 				fx.Populate(&e, &cfg),
 			); err != nil {
 				return err
@@ -161,6 +161,9 @@ func planCommand(version string, fixModules fx.Option) *cobra.Command {
 	return cmd
 }
 
+// planLoadTimeout bounds how long `plan` waits for the inputs to read the file's objects.
+const planLoadTimeout = 30 * time.Second
+
 func printPlan(w io.Writer, e *engine.Engine, cfg *config.Config, names []string) error {
 	for _, st := range e.Statuses() {
 		switch {
@@ -173,6 +176,12 @@ func printPlan(w io.Writer, e *engine.Engine, cfg *config.Config, names []string
 		default:
 			fmt.Fprintf(w, "# fix %s: enabled\n", st.Fix)
 		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), planLoadTimeout)
+	defer cancel()
+	defer func() { _ = e.Stop(ctx) }()
+	if err := e.Load(ctx); err != nil {
+		return fmt.Errorf("plan: reading the file's objects: %w", err)
 	}
 	sets, reports, err := e.Plan()
 	if err != nil {

@@ -24,7 +24,7 @@ type nodeFix struct {
 func (f *nodeFix) ID() string                       { return f.id }
 func (f *nodeFix) Description() string              { return "" }
 func (f *nodeFix) DefaultEnabled(fix.Env) bool      { return false }
-func (f *nodeFix) Needs() fix.Needs                 { return fix.Needs{} }
+func (f *nodeFix) Reads() []fix.TableRef            { return nil }
 func (f *nodeFix) Configure(o map[string]any) error { f.opts = o; return nil }
 func (f *nodeFix) Ensure(context.Context, *fix.Snapshot, bool) (fix.Result, error) {
 	return fix.Result{}, nil

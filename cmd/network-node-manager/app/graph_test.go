@@ -23,7 +23,7 @@ const examples = "../../../examples/"
 func TestRunGraphValidates(t *testing.T) {
 	err := fx.ValidateApp(fixes.Standard, core.Agent, backends.Module,
 		fx.Supply(core.Inputs{Environ: []string{"NNM_PROXY_MODE=ipvs"}}),
-		fx.Provide(core.InformerSource),
+		fx.Provide(core.Hub),
 		fx.Invoke(core.WatchConfig),
 	)
 	if err != nil {
@@ -38,13 +38,17 @@ func TestMetricsPassPromlint(t *testing.T) {
 	fake := testkit.NewFakeBackend()
 	app := fx.New(quiet(), fixes.Standard, core.Module, backends.Module,
 		fx.Supply(core.Inputs{Environ: []string{"NNM_PROXY_MODE=ipvs", "NNM_FIXES_CONNTRACK_LIBERAL_ENABLED=false"}, Version: "test"}),
-		fx.Provide(core.FileSource(examples+"services.yaml")),
+		fx.Provide(core.FileHub(examples+"services.yaml")),
 		fx.Decorate(func(backend.Backend) backend.Backend { return fake }),
 		fx.Populate(&reg, &e),
 	)
 	if err := app.Err(); err != nil {
 		t.Fatal(err)
 	}
+	if err := e.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer e.Stop(context.Background())
 	if failed := e.SyncOnce(context.Background(), true); failed {
 		t.Fatal("sync against the fake backend failed")
 	}

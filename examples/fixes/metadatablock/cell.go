@@ -7,7 +7,10 @@
 // README.md in the sections every fix README has. See CONTRIBUTING.md at the repository root.
 package metadatablock
 
-import "github.com/network-node-manager/network-node-manager/core/fix"
+import (
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/node"
+)
 
 // ID is the fix id: config key fixes.metadata-block, metric label, log field, rule comments.
 const ID = "metadata-block"
@@ -16,13 +19,13 @@ const ID = "metadata-block"
 var Module = fix.Module(spec, New)
 
 // spec declares the fix to the core. It is off by default (blocking is a policy choice the cluster
-// owner makes) and reads the Node, for its pod CIDRs (which the core puts in Snapshot.PodCIDRs).
+// owner makes) and reads the Node, for its pod CIDRs (the table node.PodCIDRs).
 var spec = fix.Spec[Config, settings]{
 	ID:          ID,
 	Description: "drop traffic from this node's pods to cloud metadata addresses (169.254.169.254), keeping the node's own access",
 	Default:     func() Config { return Config{Addresses: []string{"169.254.169.254"}} },
 	Parse:       parse,
-	Needs:       fix.Needs{Node: true},
+	Reads:       []fix.TableRef{node.PodCIDRs},
 }
 
 // Config is the fix's configuration (keys under fixes.metadata-block).

@@ -50,7 +50,7 @@ func TestConfigErrors(t *testing.T) {
 
 func TestStatic(t *testing.T) {
 	f := testkit.NewFixEnv(t, New, nil).Fix
-	if f.DefaultEnabled(fix.Env{ProxyMode: "ipvs"}) || f.Needs() != (fix.Needs{Node: true}) || !rules.ValidFixID(f.ID()) || f.Description() == "" {
+	if f.DefaultEnabled(fix.Env{ProxyMode: "ipvs"}) || testkit.Reads(f) != "PodCIDRs" || !rules.ValidFixID(f.ID()) || f.Description() == "" {
 		t.Error("bad default, needs, id or description")
 	}
 }

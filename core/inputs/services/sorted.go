@@ -1,4 +1,4 @@
-package watch
+package services
 
 import (
 	"cmp"
@@ -24,6 +24,7 @@ type sortedServices struct {
 
 type svcKey struct{ namespace, name string }
 
+// set takes one informer event: the Service obj, deleted or not.
 func (s *sortedServices) set(obj any, deleted bool) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj, deleted = d.Obj, true

@@ -1,4 +1,4 @@
-package watch
+package services_test
 
 import (
 	"fmt"
@@ -13,6 +13,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/servicecidrs"
+	"github.com/network-node-manager/network-node-manager/core/inputs/services"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/fixes/ipvsexternalipdnat"
 )
@@ -24,7 +26,7 @@ import (
 // sorted list snapshots hand out, and the state ipvs-externalip-dnat keeps for it after an IPv4
 // Rules call (both fix.ServiceMaps, the map entries of the ruleset, which the nftables backend
 // keeps as they are). Live heap is HeapAlloc after a forced GC, before and after each step.
-// Run: go test -run - -bench MemoryPerService -benchtime 1x ./core/watch
+// Run: go test -run - -bench MemoryPerService -benchtime 1x ./core/inputs/services
 func BenchmarkMemoryPerService(b *testing.B) {
 	for _, n := range []int{10000, 50000} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
@@ -38,28 +40,31 @@ func BenchmarkMemoryPerService(b *testing.B) {
 			for range b.N {
 				h0 := liveHeap()
 				store := cache.NewIndexer(cache.DeletionHandlingMetaNamespaceKeyFunc, cache.Indexers{})
-				var sorted sortedServices
+				set, list := services.NewSorted()
 				for _, blob := range blobs {
 					var s corev1.Service
 					if err := s.Unmarshal(blob); err != nil {
 						b.Fatal(err)
 					}
-					obj, err := transform(&s)
+					obj, err := services.Transform(&s)
 					if err != nil {
 						b.Fatal(err)
 					}
 					if err := store.Add(obj); err != nil {
 						b.Fatal(err)
 					}
-					sorted.set(obj, false)
+					set(obj, false)
 				}
-				svcs := sorted.list()
+				svcs := list()
 				h1 := liveHeap()
 				f, err := ipvsexternalipdnat.New(fix.Params{Registry: prometheus.NewRegistry()})
 				if err != nil {
 					b.Fatal(err)
 				}
-				rs, _, err := f.Rules(&fix.Snapshot{Services: svcs, ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}}, rules.IPv4)
+				snap := fix.NewSnapshot(fix.Env{}, nil)
+				services.Table.Set(snap, svcs)
+				servicecidrs.Table.Set(snap, []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")})
+				rs, _, err := f.Rules(snap, rules.IPv4)
 				if err != nil || len(rs.Maps[0].Entries) != n {
 					b.Fatalf("%d entries, %v", len(rs.Maps[0].Entries), err)
 				}

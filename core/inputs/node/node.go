@@ -1,0 +1,207 @@
+// Package node is the input of this node's Node object (Table) and of the pod CIDRs fixes read
+// from it (PodCIDRs): the Node's spec.podCIDRs, else the configured podCIDRs.
+package node
+
+import (
+	"net/netip"
+	"sync"
+
+	"go.uber.org/fx"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/kube"
+	"github.com/network-node-manager/network-node-manager/core/watch"
+)
+
+// Table is this node's Node object, stripped (StripNode); nil when unknown (no node name, or not
+// seen yet).
+var Table = fix.NewTable[*corev1.Node]("Node")
+
+// PodCIDRs are this node's pod address ranges: the Node's spec.podCIDRs when it has any, else the
+// configured podCIDRs. Read one family with rules.Family.Prefixes.
+var PodCIDRs = fix.NewTable[[]netip.Prefix]("PodCIDRs")
+
+// Resource is core/v1 Nodes.
+var Resource = kube.Resource{GroupVersion: corev1.SchemeGroupVersion, Name: "nodes", Kind: "Node",
+	New: func() runtime.Object { return &corev1.Node{} }, NewList: func() runtime.Object { return &corev1.NodeList{} },
+	AddToScheme: corev1.AddToScheme}
+
+// Module provides both inputs.
+var Module = fx.Module("input-node",
+	fx.Provide(New),
+	watch.Provide(func(n *Input) *Input { return n }),
+	watch.Provide(NewPodCIDRs),
+)
+
+// Input fills Table: an informer of the one Node named like this node (field selector
+// metadata.name).
+type Input struct {
+	watch.Feed
+	mu       sync.Mutex
+	hub      *watch.Hub
+	nodeName string
+}
+
+// New returns the Node input; it does no I/O.
+func New() *Input { return &Input{} }
+
+// Table is Table.
+func (in *Input) Table() fix.TableRef { return Table }
+
+// Resources are the Nodes.
+func (in *Input) Resources() []kube.Resource { return []kube.Resource{Resource} }
+
+// Start starts the informer of this node's Node. Without a node name there is none, and the
+// table stays empty (synced: pod CIDRs then come from the configuration).
+func (in *Input) Start(h *watch.Hub) error {
+	in.mu.Lock()
+	first := in.hub == nil
+	in.hub, in.nodeName = h, h.NodeName()
+	in.mu.Unlock()
+	if h.NodeName() == "" {
+		if first {
+			h.Log().Warn("no node name configured: pod CIDRs come from the configuration only (set nodeName / NNM_NODE_NAME)")
+		}
+		return nil
+	}
+	return in.Watch(h, Resource, fields.OneTermEqualSelector("metadata.name", h.NodeName()).String(), transform, nil)
+}
+
+// Synced says whether the Node was listed; without a node name it never will be, which is no
+// reason to wait.
+func (in *Input) Synced() error {
+	in.mu.Lock()
+	noName := in.hub != nil && in.nodeName == ""
+	in.mu.Unlock()
+	if noName {
+		return nil
+	}
+	return in.Feed.Synced(Table.Name())
+}
+
+// Value is the Node (*corev1.Node), nil when unknown.
+func (in *Input) Value() any { return in.node() }
+
+func (in *Input) node() *corev1.Node {
+	store := in.Store()
+	if store == nil {
+		return nil
+	}
+	in.mu.Lock()
+	name := in.nodeName
+	in.mu.Unlock()
+	o, ok, _ := store.GetByKey(name)
+	if !ok {
+		return nil
+	}
+	return o.(*corev1.Node)
+}
+
+func transform(obj any) (any, error) {
+	if n, ok := obj.(*corev1.Node); ok {
+		return StripNode(n), nil
+	}
+	return obj, nil
+}
+
+// StripNode keeps identity, pod CIDRs and the node's addresses (status.addresses: a DNAT fix must
+// never take them over).
+func StripNode(n *corev1.Node) *corev1.Node {
+	out := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion}}
+	out.Spec.PodCIDR = n.Spec.PodCIDR
+	out.Spec.PodCIDRs = n.Spec.PodCIDRs
+	out.Status.Addresses = n.Status.Addresses
+	return out
+}
+
+// PodCIDRsInput fills PodCIDRs from the Node input and the configuration.
+type PodCIDRsInput struct {
+	node       *Input
+	configured watch.Configured[[]netip.Prefix]
+
+	mu     sync.Mutex
+	log    func(from string, haveNode bool, cidrs []netip.Prefix)
+	source string // where the last value came from ("node", "config"), for logging
+}
+
+// NewPodCIDRs returns the pod CIDR input over the Node input.
+func NewPodCIDRs(n *Input) *PodCIDRsInput { return &PodCIDRsInput{node: n} }
+
+// Table is PodCIDRs.
+func (in *PodCIDRsInput) Table() fix.TableRef { return PodCIDRs }
+
+// Configure takes the configured podCIDRs (the fallback).
+func (in *PodCIDRsInput) Configure(cfg *config.Config) {
+	p, _ := cfg.ParsedPodCIDRs() // validated when loaded
+	in.configured.Set(p)
+}
+
+// Start starts the Node input.
+func (in *PodCIDRsInput) Start(h *watch.Hub) error {
+	in.mu.Lock()
+	in.log = func(from string, haveNode bool, cidrs []netip.Prefix) { logSource(h, from, in.source, haveNode, cidrs) }
+	in.mu.Unlock()
+	return in.node.Start(h)
+}
+
+// Synced is the Node input's.
+func (in *PodCIDRsInput) Synced() error { return in.node.Synced() }
+
+// Revision moves with the Node's and the configuration's.
+func (in *PodCIDRsInput) Revision() uint64 { return in.node.Revision() + in.configured.Revision() }
+
+// Value is the pod CIDRs ([]netip.Prefix).
+func (in *PodCIDRsInput) Value() any {
+	n := in.node.node()
+	cidrs, from := FromNode(n), "node"
+	if len(cidrs) == 0 {
+		cidrs, from = in.configured.Get(), "config"
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.log != nil && from != in.source {
+		in.log(from, n != nil, cidrs)
+	}
+	in.source = from
+	return cidrs
+}
+
+// logSource logs once when the pod CIDRs change between the Node's and the configured ones (e.g.
+// the Node object was deleted under the agent), not on every pass.
+func logSource(h *watch.Hub, from, prev string, haveNode bool, cidrs []netip.Prefix) {
+	log := h.Log()
+	switch {
+	case from == "node":
+		log.Info("pod CIDRs from the Node object", "podCIDRs", cidrs)
+	case prev == "node" && !haveNode:
+		log.Warn("the Node object is gone; falling back to the configured podCIDRs", "podCIDRs", cidrs)
+	case prev == "node":
+		log.Warn("the Node object has no spec.podCIDRs any more; falling back to the configured podCIDRs", "podCIDRs", cidrs)
+	default:
+		log.Info("the Node object has no pod CIDRs (yet); using the configured podCIDRs", "podCIDRs", cidrs, "nodeSeen", haveNode)
+	}
+}
+
+// FromNode returns the node's spec.podCIDRs (else spec.podCIDR), masked; nil for none or a nil node.
+func FromNode(node *corev1.Node) []netip.Prefix {
+	if node == nil {
+		return nil
+	}
+	var out []netip.Prefix
+	for _, s := range node.Spec.PodCIDRs {
+		if p, err := netip.ParsePrefix(s); err == nil {
+			out = append(out, p.Masked())
+		}
+	}
+	if len(out) == 0 && node.Spec.PodCIDR != "" {
+		if p, err := netip.ParsePrefix(node.Spec.PodCIDR); err == nil {
+			out = append(out, p.Masked())
+		}
+	}
+	return out
+}

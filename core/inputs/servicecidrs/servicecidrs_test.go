@@ -1,0 +1,88 @@
+package servicecidrs
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/core/kube"
+	"github.com/network-node-manager/network-node-manager/core/kube/kubetest"
+	"github.com/network-node-manager/network-node-manager/core/watch"
+)
+
+func serviceCIDR(name string, cidrs ...string) *networkingv1.ServiceCIDR {
+	return &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{"x": "y"}},
+		Spec: networkingv1.ServiceCIDRSpec{CIDRs: cidrs}}
+}
+
+// start runs the input on cs with serviceCIDRs 10.96.0.0/12 configured, until it synced.
+func start(t *testing.T, cs *fake.Clientset) (*Input, context.Context) {
+	t.Helper()
+	h := watch.NewHub(func() (kube.Interface, error) { return kubetest.From(cs), nil }, "n1", slog.New(slog.DiscardHandler))
+	t.Cleanup(h.Stop)
+	in := New()
+	c := config.Defaults()
+	c.ServiceCIDRs = []string{"10.96.0.0/12"}
+	in.Configure(&c)
+	if err := in.Start(h); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	for in.Synced() != nil {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("not synced: %v", in.Synced())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return in, ctx
+}
+
+// Where discovery lists servicecidrs, the table holds the ranges of every ServiceCIDR object
+// (sorted, masked, without duplicates), and a new object shows up with a new revision.
+func TestServiceCIDRsServed(t *testing.T) {
+	cs := fake.NewClientset(serviceCIDR("kubernetes", "10.96.0.0/16", "fd00:10:96::/112"), serviceCIDR("extra", "10.100.0.0/24", "10.96.0.0/16"))
+	cs.Resources = []*metav1.APIResourceList{{GroupVersion: "networking.k8s.io/v1", APIResources: []metav1.APIResource{{Name: "servicecidrs"}}}}
+	in, ctx := start(t, cs)
+	want := []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("10.100.0.0/24"), netip.MustParsePrefix("fd00:10:96::/112")}
+	if got := in.Value().([]netip.Prefix); !slices.Equal(got, want) {
+		t.Fatalf("Value = %v; want %v", got, want)
+	}
+	rev := in.Revision()
+	if _, err := cs.NetworkingV1().ServiceCIDRs().Create(ctx, serviceCIDR("more", "10.200.0.0/24"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for !slices.Contains(in.Value().([]netip.Prefix), netip.MustParsePrefix("10.200.0.0/24")) {
+		select {
+		case <-ctx.Done():
+			t.Fatal("a new ServiceCIDR object never showed up")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if in.Revision() == rev {
+		t.Error("the revision did not move with the new object")
+	}
+}
+
+// An API without ServiceCIDR objects, or one that has none, does not hold the input up: it holds
+// the configured serviceCIDRs.
+func TestServiceCIDRsFallBackToTheConfiguration(t *testing.T) {
+	configured := []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}
+	for name, served := range map[string]string{"not served": "ingresses", "no object": "servicecidrs"} {
+		cs := fake.NewClientset()
+		cs.Resources = []*metav1.APIResourceList{{GroupVersion: "networking.k8s.io/v1", APIResources: []metav1.APIResource{{Name: served}}}}
+		in, _ := start(t, cs)
+		if got := in.Value().([]netip.Prefix); !slices.Equal(got, configured) {
+			t.Errorf("%s: Value = %v; want the configured %v", name, got, configured)
+		}
+	}
+}
