@@ -6,6 +6,7 @@ package inputs
 import (
 	"go.uber.org/fx"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs/endpointslices"
 	"github.com/network-node-manager/network-node-manager/core/inputs/node"
 	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
 	"github.com/network-node-manager/network-node-manager/core/inputs/servicecidrs"
@@ -19,6 +20,7 @@ var Module = fx.Options(
 	node.Module,
 	pods.Module,
 	servicecidrs.Module,
+	endpointslices.Module,
 )
 
 // All builds every input of Module outside an agent's graph (tests, tools).
