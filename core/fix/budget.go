@@ -9,17 +9,21 @@ import "fmt"
 // do not fit is skipped whole, with a reason naming it, and every other Service is programmed.
 //
 // The figures come from the memory limit (deploy/base/daemonset.yaml: 128Mi, GOMEMLIMIT 64MiB) and
-// what an entry costs the agent at its peak, measured against the real apiserver and kernel
-// (`go run ./bench -hostile …`, BENCHMARKS.md "Hostile Services (#41)"):
+// what an entry costs the agent at its peak, measured against the real apiserver and kernel with
+// the DaemonSet's settings (`go run ./bench -hostile 4x30000,12x5000 -manifest`, peak RSS = VmHWM
+// through the cold start and an update of every hostile Service, 2026-12-03, a loaded 2-core machine):
 //
 //   - the target is a peak RSS of at most 96 MiB, 25 % under the limit;
-//   - the process floor (both backends, nothing programmed) is 22-24 MiB;
-//   - the scale runs of 50,000 Services of one entry each peaked at 81.8 MiB (iptables) and
-//     86.4 MiB (nftables) with the DaemonSet's settings: 1.3 KiB per Service and entry above the
-//     floor, so 50,000 entries in all (both families together, each entry with a Service of its
-//     own, the most expensive shape) is the most the fix may program within the target;
-//   - an entry of a Service with many entries costs less than that (no Service of its own); the
-//     hostile runs measure it.
+//   - the floor a tenant can make without any entry: four 30,000-port Services, cached and
+//     refused, 54.3-64.8 MiB (iptables), 61.4 MiB (nftables);
+//   - an entry costs 0.4-0.55 KiB at the peak on top of that (50,000 entries: 73.4-91.5 MiB with
+//     iptables, 81.1 MiB with nftables), and 0.8-1.05 KiB when 120,000 of them are programmed
+//     without budgets (159.3 and 184.3 MiB: the agent of d0ea2ac; GOMEMLIMIT no longer holds the
+//     heap there);
+//   - so (96 − 65) MiB at 0.55-0.65 KiB per entry is 50,000-57,000 entries: MaxEntriesPerFix is
+//     50,000, both families together (the fix renders and applies its families at once). It is
+//     also what the scale runs of 50,000 one-entry Services measured within the limit (81.8 and
+//     86.4 MiB).
 //
 // Every overflow is a Skip with one of the reasons below; the engine counts them in
 // nnm_fix_objects_skipped and logs them with the Service's name.
