@@ -29,11 +29,11 @@ func Selected(r detect.Result, log *slog.Logger) (backend.Backend, error) {
 	return New(r.Backend, r.IptablesVariant, log)
 }
 
-// Leftovers is what `run` removes after its first sync: everything of ours that the backend it does
-// not run holds, in both families. With the iptables backend that is the nnm-* nftables tables; with
-// the nftables backend the NNM- chains of the node's iptables variant (the predecessor's NMANAGER_
-// chains stay for `cleanup`, as with nftables they always did). `cleanup` removes both backends'
-// objects regardless.
+// Leftovers is what `run` removes once its own rules are in (core.CleanPredecessor, fix by fix):
+// what the backend it does not run holds of a fix (all of it for fix ""), in both families. With the
+// iptables backend that is the nnm-* nftables tables; with the nftables backend the NNM- chains of
+// the node's iptables variant (the predecessor's NMANAGER_ chains stay for `cleanup`, as with
+// nftables they always did). `cleanup` removes both backends' objects regardless.
 func Leftovers(r detect.Result, log *slog.Logger) (core.Leftovers, error) {
 	switch r.Backend {
 	case backend.IPTables:
@@ -41,17 +41,26 @@ func Leftovers(r detect.Result, log *slog.Logger) (core.Leftovers, error) {
 		if err != nil {
 			return nil, err
 		}
-		return other.RemoveAll, nil
+		return func(ctx context.Context, fix string) (int, error) {
+			if fix == "" {
+				return other.RemoveAll(ctx)
+			}
+			return other.RemoveFix(ctx, fix)
+		}, nil
 	case backend.NFTables:
 		other, err := iptables.New(iptables.Options{Variant: iptables.Variant(r.IptablesVariant), Logger: log})
 		if err != nil {
 			return nil, err
 		}
-		return func(ctx context.Context) (int, error) {
+		return func(ctx context.Context, fix string) (int, error) {
 			total := 0
 			var errs []error
 			for _, f := range rules.Families {
-				n, err := other.RemoveAll(ctx, f)
+				remove := func() (int, error) { return other.RemoveFix(ctx, f, fix) }
+				if fix == "" {
+					remove = func() (int, error) { return other.RemoveAll(ctx, f) }
+				}
+				n, err := remove()
 				total += n
 				errs = append(errs, err)
 			}

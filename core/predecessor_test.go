@@ -148,31 +148,37 @@ func TestPredecessorKeptWithoutEnabledFix(t *testing.T) {
 	}
 }
 
-// The other backend's leftovers (core.Leftovers) are removed once, and only after the first fix
-// synced: at that moment our chains are already in the kernel, so a backend switch never leaves
-// the node without the fix.
+// The other backend's leftovers (core.Leftovers) are removed once per fix, and only after that fix
+// synced (then the rest): at that moment our chains are already in the kernel, so a backend switch
+// never leaves the node without the fix.
 func TestLeftoversAfterFirstSync(t *testing.T) {
 	testenv.Require(t, "iptables-nft")
 	ns := testenv.New(t, "nnm-left")
-	calls := make(chan string, 4)
+	type call struct{ fix, kernel string }
+	calls := make(chan call, 4)
 	app := agentApp(t, ns, iptables.NFT, []string{"NNM_MIN_SYNC_PERIOD=0s", "NNM_FIXES_IPVS_EXTERNALIP_DNAT_ENABLED=false"},
-		fx.Supply(core.Leftovers(func(context.Context) (int, error) {
-			calls <- save(t, ns, "iptables-nft")
+		fx.Supply(core.Leftovers(func(_ context.Context, fix string) (int, error) {
+			calls <- call{fix, save(t, ns, "iptables-nft")}
 			return 1, nil
 		})))
 	app.RequireStart()
 	defer app.RequireStop()
-	select {
-	case at := <-calls:
-		if !strings.Contains(at, "-j NNM-INVALID-INPUT") {
-			t.Fatalf("the leftovers were removed before our first sync; the kernel then held:\n%s", at)
+	for _, fix := range []string{"invalid-drop", ""} {
+		select {
+		case c := <-calls:
+			if c.fix != fix {
+				t.Fatalf("leftovers removed for %q, want %q", c.fix, fix)
+			}
+			if !strings.Contains(c.kernel, "-j NNM-INVALID-INPUT") {
+				t.Fatalf("the leftovers of %q were removed before our first sync; the kernel then held:\n%s", fix, c.kernel)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatalf("the other backend's leftovers of %q were not removed within 15s of the start", fix)
 		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("the other backend's leftovers were not removed within 15s of the start")
 	}
 	time.Sleep(2 * predecessorPollForTest)
 	if n := len(calls); n != 0 {
-		t.Fatalf("the leftovers were removed %d more times; want once per process", n)
+		t.Fatalf("the leftovers were removed %d more times; want once per fix and process", n)
 	}
 }
 

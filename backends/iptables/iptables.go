@@ -572,20 +572,39 @@ func (b *Backend) RemoveAll(ctx context.Context, family rules.Family) (removed i
 	return removed, err
 }
 
-// CleanupPredecessor removes the chains of Kakao's network-node-manager (NMANAGER_*, any table) and
-// the rules jumping to them in family, leaving ours alone. It returns how many chains it removed.
-func (b *Backend) CleanupPredecessor(ctx context.Context, family rules.Family) (int, error) {
-	return b.cleanup(ctx, family, func(c string) bool { return strings.HasPrefix(c, PredecessorChainPrefix) })
+// CleanupPredecessor removes the chains of Kakao's network-node-manager (NMANAGER_*, any table) for
+// which match is true (nil: all) and the rules jumping to them in family, leaving ours alone. It
+// returns how many chains it removed (core.PredecessorCleaner).
+func (b *Backend) CleanupPredecessor(ctx context.Context, family rules.Family, match func(chain string) bool) (int, error) {
+	return b.cleanup(ctx, family, func(c string) bool {
+		return strings.HasPrefix(c, PredecessorChainPrefix) && (match == nil || match(c))
+	})
+}
+
+// RemoveFix deletes the NNM- chains of fix in every table of family (those the kernel says it owns:
+// jumped to by its commented rules from the built-in chains, and what they reach), with every rule
+// jumping to them, and returns how many it removed: the one fix's share of RemoveAll, once the
+// nftables backend has that fix's replacement in (backends.Leftovers).
+func (b *Backend) RemoveFix(ctx context.Context, family rules.Family, fix string) (removed int, err error) {
+	removed, err = b.remove(ctx, family, isOurs, func(d *dump) map[tchain]bool { return d.owned(fix) })
+	b.driver.Forget(func(u backend.Unit) bool { return u.Family == family && u.Fix == fix })
+	return removed, err
 }
 
 func (b *Backend) cleanup(ctx context.Context, family rules.Family, match func(string) bool) (removed int, err error) {
+	return b.remove(ctx, family, match, func(d *dump) map[tchain]bool { return removable(d, match) })
+}
+
+// remove deletes the chains pick chooses from family's dump (taken when it declares a chain whose
+// name matches) and every rule jumping to them.
+func (b *Backend) remove(ctx context.Context, family rules.Family, match func(string) bool, pick func(*dump) map[tchain]bool) (removed int, err error) {
 	b.shared.Lock()
 	defer b.shared.Unlock()
 	d, err := b.dumpDeclaring(ctx, family, match)
 	if err != nil || d == nil {
 		return 0, err
 	}
-	gone := removable(d, match)
+	gone := pick(d)
 	p := plan{}
 	removeChains(p, d, gone, nil)
 	if p.commits() > 0 {

@@ -455,7 +455,7 @@ func TestCleanupPredecessorOnly(t *testing.T) {
 		k.addPredecessor()
 		b := k.backend()
 		mustApply(t, b, invalidDrop(k.family))
-		n, err := b.CleanupPredecessor(context.Background(), k.family)
+		n, err := b.CleanupPredecessor(context.Background(), k.family, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -631,10 +631,26 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 // and the removal of what this backend left when the agent runs with the iptables backend now
 // (backends.Leftovers).
 func (b *Backend) RemoveAll(ctx context.Context) (removed int, err error) {
+	defer b.driver.Forget(nil)
+	return b.removeTables(ctx, func(tableKey) bool { return true })
+}
+
+// RemoveFix deletes fix's tables (ip and ip6 nnm-<fix>) and returns how many there were: the one
+// fix's share of RemoveAll, once the iptables backend has that fix's replacement in
+// (backends.Leftovers).
+func (b *Backend) RemoveFix(ctx context.Context, fix string) (removed int, err error) {
+	defer b.driver.Forget(func(u backend.Unit) bool { return u.Fix == fix })
+	return b.removeTables(ctx, func(k tableKey) bool { return k.table == TableName(fix) })
+}
+
+// removeTables deletes the tables of ours that pick chooses and returns how many there were.
+func (b *Backend) removeTables(ctx context.Context, pick func(tableKey) bool) (removed int, err error) {
 	keys, err := b.ownTables(ctx)
 	errs := []error{err}
-	defer b.driver.Forget(nil)
 	for _, k := range keys {
+		if !pick(k) {
+			continue
+		}
 		gone, err := b.removeTable(ctx, k)
 		if err != nil {
 			errs = append(errs, err)
