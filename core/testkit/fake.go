@@ -22,9 +22,15 @@ import (
 // DNAT reachable from a hook other than prerouting/output, masquerade reachable from a hook other
 // than postrouting, and a path-MTU MSS clamp reachable from a hook before the routing decision. A rejected Apply leaves the state unchanged.
 //
-// It runs on the production reconcile driver (backend.Driver), like the real backends: Trust takes
-// the record for the state and applies nothing when the desired ruleset equals it; Verify first
-// "reads back" (counted by ReadBacks) and repairs what Tamper changed.
+// It runs on the production reconcile driver (backend.Driver), like the real backends, and its
+// operations take the Driver's every branch: Trust takes the record for the state and applies
+// nothing when the desired ruleset equals it; a change goes through Update, which the fake refuses
+// as stale (backend.ErrStale) when Tamper changed the objects behind the record, so the Driver
+// applies in full; Verify first "reads back" (counted by ReadBacks) and repairs what Tamper
+// changed. With UseGeneration the fake numbers its commits like the nf_tables generation, so a
+// Verify while nothing else committed proves "unchanged" without a read-back, and Tamper moves it;
+// InterfereAfterApply makes someone change the objects right after our commit (the read-back finds
+// it: backend.ErrInterfered, and the Driver applies once more).
 //
 // Counters behave like kernel rule counters: every successful apply of (fix, family) resets them to
 // zero (the chains are rewritten); SetCounter stands in for traffic.
@@ -40,6 +46,11 @@ type FakeBackend struct {
 	applies    int
 	failed     int
 	reads      int
+	// gen counts the commits (ours, and Tamper's), read by the Driver when useGen is set.
+	stale     int // Updates refused as stale
+	gen       uint32
+	useGen    bool
+	interfere map[fakeKey]int // changes right after our next commits (InterfereAfterApply)
 }
 
 type fakeKey = backend.Unit
@@ -49,12 +60,41 @@ var _ backend.Backend = (*FakeBackend)(nil)
 // NewFakeBackend returns an empty FakeBackend.
 func NewFakeBackend() *FakeBackend {
 	f := &FakeBackend{
-		state:    map[fakeKey]*rules.Ruleset{},
-		counters: map[fakeKey]map[string]backend.Counter{},
-		tampered: map[fakeKey]bool{},
+		state:     map[fakeKey]*rules.Ruleset{},
+		counters:  map[fakeKey]map[string]backend.Counter{},
+		tampered:  map[fakeKey]bool{},
+		interfere: map[fakeKey]int{},
 	}
-	f.driver = backend.NewDriver[struct{}](fakeOps{f}, nil, slog.New(slog.DiscardHandler))
+	f.driver = backend.NewDriver[struct{}](fakeOps{f}, f.generation, slog.New(slog.DiscardHandler))
 	return f
+}
+
+var errNoGeneration = errors.New("fake: no generation (UseGeneration)")
+
+// generation is the fake's nf_tables generation: none unless UseGeneration.
+func (f *FakeBackend) generation() (uint32, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.useGen {
+		return 0, errNoGeneration
+	}
+	return f.gen, nil
+}
+
+// UseGeneration makes the fake number its commits as the nf_tables generation does: a Verify while
+// the generation has not moved since the record was stamped reads nothing back.
+func (f *FakeBackend) UseGeneration() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.useGen = true
+}
+
+// InterfereAfterApply makes someone change the objects of (fix, family) right after each of our
+// next n commits there (a flush between our commit and its read-back): the read-back finds it.
+func (f *FakeBackend) InterfereAfterApply(fix string, family rules.Family, n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.interfere[fakeKey{Fix: fix, Family: family}] = n
 }
 
 // Name is "fake".
@@ -83,7 +123,7 @@ func (f *FakeBackend) Reconcile(ctx context.Context, fix string, family rules.Fa
 	return f.driver.Reconcile(ctx, fix, family, desired, mode)
 }
 
-// fakeOps are the fake's backend.Ops. It has no generation: every Verify reads back (Matches).
+// fakeOps are the fake's backend.Ops. Without UseGeneration every Verify reads back (Matches).
 type fakeOps struct{ f *FakeBackend }
 
 func (o fakeOps) Matches(ctx context.Context, u backend.Unit, _ struct{}) (bool, error) {
@@ -97,9 +137,17 @@ func (o fakeOps) Matches(ctx context.Context, u backend.Unit, _ struct{}) (bool,
 	return !f.tampered[fakeKey(u)], nil
 }
 
-// Update never applies: every change is a whole apply (counted by ApplyCalls).
-func (fakeOps) Update(context.Context, backend.Unit, backend.Prev[struct{}], *rules.Ruleset, *rules.Ruleset) (backend.Step[struct{}], error) {
-	return backend.Step[struct{}]{}, nil
+// Update makes the change from the record without reading: refused as stale (nothing changed) when
+// Tamper changed the objects behind the record, as a kernel refuses a delete of what is gone.
+func (o fakeOps) Update(_ context.Context, u backend.Unit, _ backend.Prev[struct{}], _, desired *rules.Ruleset) (backend.Step[struct{}], error) {
+	f := o.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.tampered[fakeKey(u)] {
+		f.stale++
+		return backend.Step[struct{}]{}, backend.ErrStale
+	}
+	return f.commit(u, desired, true)
 }
 
 func (o fakeOps) Apply(ctx context.Context, u backend.Unit, _ backend.Prev[struct{}], desired *rules.Ruleset) (backend.Step[struct{}], error) {
@@ -109,12 +157,29 @@ func (o fakeOps) Apply(ctx context.Context, u backend.Unit, _ backend.Prev[struc
 	if err := ctx.Err(); err != nil {
 		return backend.Step[struct{}]{}, err
 	}
+	return f.commit(u, desired, false)
+}
+
+// commit writes desired for u (counted by ApplyCalls) as one commit; its read-back (Step.Finish)
+// finds what InterfereAfterApply scripted. Call with f.mu held.
+func (f *FakeBackend) commit(u backend.Unit, desired *rules.Ruleset, update bool) (backend.Step[struct{}], error) {
 	f.applies++
 	if err := f.apply(desired); err != nil {
 		f.failed++
-		return backend.Step[struct{}]{Unsure: true}, err
+		return backend.Step[struct{}]{Unsure: !update}, err
 	}
-	return backend.Step[struct{}]{Applied: true}, nil
+	f.gen++
+	k := fakeKey(u)
+	step := backend.Step[struct{}]{Done: update, Applied: true, Commits: 1}
+	if f.interfere[k] > 0 {
+		f.interfere[k]--
+		f.tampered[k] = true
+		f.gen++ // someone else's commit, right after ours
+		step.Finish = func(context.Context) (struct{}, error) {
+			return struct{}{}, fmt.Errorf("fake: %s was changed after our commit: %w", u, backend.ErrInterfered)
+		}
+	}
+	return step, nil
 }
 
 func (o fakeOps) Remove(ctx context.Context, u backend.Unit, _ backend.Prev[struct{}]) (backend.Step[struct{}], error) {
@@ -126,7 +191,10 @@ func (o fakeOps) Remove(ctx context.Context, u backend.Unit, _ backend.Prev[stru
 	delete(f.state, k)
 	delete(f.counters, k)
 	delete(f.tampered, k)
-	return backend.Step[struct{}]{Applied: there}, nil
+	if there {
+		f.gen++
+	}
+	return backend.Step[struct{}]{Applied: there, Commits: boolInt(there)}, nil
 }
 
 func (f *FakeBackend) apply(rs *rules.Ruleset) error {
@@ -168,6 +236,14 @@ func (f *FakeBackend) OnReconcile(hook func(ctx context.Context, fix string, fam
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.hook = hook
+}
+
+// StaleRefusals counts the changes built from the record that the fake refused (backend.ErrStale)
+// because Tamper had changed the objects behind it.
+func (f *FakeBackend) StaleRefusals() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.stale
 }
 
 // ReadBacks counts the Verify reconciles that read the state back.
@@ -235,12 +311,21 @@ func (f *FakeBackend) SetCounter(fix string, family rules.Family, name string, c
 	return nil
 }
 
-// Tamper simulates someone flushing or changing the objects of (fix, family): the next Verify
-// reconcile finds it and repairs it.
+// Tamper simulates someone flushing or changing the objects of (fix, family) (a commit: it moves
+// the generation): the next Verify reconcile finds it and repairs it, and a change built from the
+// record is refused as stale.
 func (f *FakeBackend) Tamper(fix string, family rules.Family) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.tampered[fakeKey{Fix: fix, Family: family}] = true
+	f.gen++
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // ApplyCalls counts the applies that Reconcile attempted (rulesets written), failed ones included.
