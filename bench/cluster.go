@@ -13,13 +13,52 @@ import (
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 )
 
 const (
+	// namespace holds the Services of the change-latency phase (chg-NNNN). It sorts before every
+	// scale namespace, so a budget that is full at the largest N lets the change Services in first.
 	namespace = "bench"
 	svcPort   = 80
 )
+
+// The scale Services are spread over namespaces of at most scalePerNamespace each: core/fix
+// programs at most fix.MaxEntriesPerNamespace entries per family for one namespace's Services (one
+// entry per scale Service), and half of it leaves room without coming near it.
+const scalePerNamespace = fix.MaxEntriesPerNamespace / 2
+
+// scaleNamespace is the namespace of the i-th scale Service: bench-scale-0 holds svc-00000 ..
+// svc-<scalePerNamespace-1>, and so on.
+func scaleNamespace(i int) string { return fmt.Sprintf("bench-scale-%d", i/scalePerNamespace) }
+
+// scaleNamespaces are the namespaces the first n scale Services live in.
+func scaleNamespaces(n int) []string {
+	var out []string
+	for i := 0; i < n; i += scalePerNamespace {
+		out = append(out, scaleNamespace(i))
+	}
+	return out
+}
+
+// ensureNamespaces creates the namespaces of the first n scale Services through the API (taking
+// those that exist), before any Service is written into them, through the API or into etcd.
+func (c *cluster) ensureNamespaces(ctx context.Context, n int) error {
+	for _, ns := range scaleNamespaces(n) {
+		err := retry(ctx, func() error {
+			_, err := c.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) {
+				err = nil
+			}
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("create namespace %s: %w", ns, err)
+		}
+	}
+	return nil
+}
 
 // Address plan (documentation and private ranges, never routed anywhere: the agent only puts them
 // into rules inside a throw-away namespace).
@@ -103,19 +142,21 @@ func withIngress(svc *corev1.Service, ip netip.Addr) *corev1.Service {
 // apiserver time out now and then (a write that timed out may still have happened): such errors are
 // retried, and a Service that already exists is taken as it is.
 func (c *cluster) createScale(ctx context.Context, i int) error {
-	name := scaleName(i)
-	svcs := c.client.CoreV1().Services(namespace)
+	name, ns := scaleName(i), scaleNamespace(i)
+	svcs := c.client.CoreV1().Services(ns)
+	obj := lbService(name)
+	obj.Namespace = ns
 	var svc *corev1.Service
 	err := retry(ctx, func() error {
 		var err error
-		svc, err = svcs.Create(ctx, lbService(name), metav1.CreateOptions{})
+		svc, err = svcs.Create(ctx, obj, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
 			svc, err = svcs.Get(ctx, name, metav1.GetOptions{})
 		}
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("create %s: %w", name, err)
+		return fmt.Errorf("create %s/%s: %w", ns, name, err)
 	}
 	err = retry(ctx, func() error {
 		_, err := svcs.UpdateStatus(ctx, withIngress(svc, nthAddr(scaleBase, i)), metav1.UpdateOptions{})
@@ -127,7 +168,7 @@ func (c *cluster) createScale(ctx context.Context, i int) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("status of %s: %w", name, err)
+		return fmt.Errorf("status of %s/%s: %w", ns, name, err)
 	}
 	return nil
 }

@@ -23,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 )
@@ -143,6 +144,9 @@ func run(ctx context.Context, o options) error {
 	largest := o.sizes[len(o.sizes)-1]
 	if largest > scaleNodePorts {
 		return fmt.Errorf("-n %d: every scale Service takes a health-check node port and the range %s holds %d", largest, scaleNodePortRange, scaleNodePorts)
+	}
+	if largest > fix.MaxEntriesPerFix {
+		return fmt.Errorf("-n %d: one entry per scale Service, and the fix programs at most %d (fix.MaxEntriesPerFix): the cold start would never see all of them", largest, fix.MaxEntriesPerFix)
 	}
 	cp, err := controlplane.Start(ctx, controlplane.Options{ServiceNodePortRange: scaleNodePortRange})
 	if err != nil {

@@ -136,9 +136,12 @@ func encodeForStorage(obj runtime.Object) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// seedServices brings the scale Services up to n: svc-00000 through the API (the template), the
-// others written into etcd, then waits until the apiserver lists all n.
+// seedServices brings the scale Services up to n: their namespaces first, then svc-00000 through the
+// API (the template), the others written into etcd, then waits until the apiserver lists all n.
 func (c *cluster) seedServices(ctx context.Context, n int) error {
+	if err := c.ensureNamespaces(ctx, max(n, 1)); err != nil {
+		return err
+	}
 	if c.have == 0 {
 		if err := c.createScale(ctx, 0); err != nil {
 			return err
@@ -171,7 +174,7 @@ func (c *cluster) seedServices(ctx context.Context, n int) error {
 		for _, kv := range []struct {
 			key string
 			obj runtime.Object
-		}{{etcdIPAddressKey + addr.Name, addr}, {etcdServicesKey + namespace + "/" + svc.Name, svc}} {
+		}{{etcdIPAddressKey + addr.Name, addr}, {etcdServicesKey + svc.Namespace + "/" + svc.Name, svc}} {
 			b, err := encodeForStorage(kv.obj)
 			if err != nil {
 				return err
@@ -197,7 +200,7 @@ func (c *cluster) seedServices(ctx context.Context, n int) error {
 
 // templates returns svc-00000 and its IPAddress as the apiserver stored them.
 func (c *cluster) templates(ctx context.Context) (*corev1.Service, *networkingv1.IPAddress, error) {
-	tmpl, err := c.client.CoreV1().Services(namespace).Get(ctx, scaleName(0), metav1.GetOptions{})
+	tmpl, err := c.client.CoreV1().Services(scaleNamespace(0)).Get(ctx, scaleName(0), metav1.GetOptions{})
 	if err != nil {
 		return nil, nil, fmt.Errorf("template Service: %w", err)
 	}
@@ -208,12 +211,13 @@ func (c *cluster) templates(ctx context.Context) (*corev1.Service, *networkingv1
 	return tmpl, ipTmpl, nil
 }
 
-// seededService is the i-th scale Service and its IPAddress, copied from the templates.
+// seededService is the i-th scale Service (in scaleNamespace(i)) and its IPAddress, copied from the
+// templates.
 func seededService(tmpl *corev1.Service, ipTmpl *networkingv1.IPAddress, i int, ip netip.Addr, port int) (*corev1.Service, *networkingv1.IPAddress) {
 	name := scaleName(i)
 	svc := tmpl.DeepCopy()
 	svc.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}
-	svc.Name, svc.UID, svc.ResourceVersion = name, uuid.NewUUID(), ""
+	svc.Namespace, svc.Name, svc.UID, svc.ResourceVersion = scaleNamespace(i), name, uuid.NewUUID(), ""
 	svc.Spec.Selector = map[string]string{"app": name}
 	svc.Spec.ClusterIP, svc.Spec.ClusterIPs = ip.String(), []string{ip.String()}
 	svc.Spec.HealthCheckNodePort = int32(port)
@@ -222,7 +226,7 @@ func seededService(tmpl *corev1.Service, ipTmpl *networkingv1.IPAddress, i int, 
 	addr := ipTmpl.DeepCopy()
 	addr.TypeMeta = metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "IPAddress"}
 	addr.Name, addr.UID, addr.ResourceVersion = ip.String(), uuid.NewUUID(), ""
-	addr.Spec.ParentRef.Name = name
+	addr.Spec.ParentRef.Namespace, addr.Spec.ParentRef.Name = svc.Namespace, name
 	return svc, addr
 }
 
@@ -323,16 +327,19 @@ func (c *cluster) markNodePorts(ctx context.Context, etcd etcdKV, ports []int) e
 	return etcd.put(ctx, [][2][]byte{{[]byte(etcdNodePortsKey), out}})
 }
 
-// waitListed waits until the apiserver lists n scale Services.
+// waitListed waits until the apiserver lists n scale Services in their namespaces.
 func (c *cluster) waitListed(ctx context.Context, n int) error {
 	return agenttest.Poll(ctx, 5*time.Minute, 200*time.Millisecond, func() error {
-		l, err := c.client.CoreV1().Services(namespace).List(ctx, metav1.ListOptions{Limit: 1})
-		if err != nil {
-			return err
-		}
-		got := len(l.Items)
-		if l.RemainingItemCount != nil {
-			got += int(*l.RemainingItemCount)
+		got := 0
+		for _, ns := range scaleNamespaces(n) {
+			l, err := c.client.CoreV1().Services(ns).List(ctx, metav1.ListOptions{Limit: 1})
+			if err != nil {
+				return err
+			}
+			got += len(l.Items)
+			if l.RemainingItemCount != nil {
+				got += int(*l.RemainingItemCount)
+			}
 		}
 		if got < n {
 			return fmt.Errorf("the apiserver lists %d of the %d scale Services written to etcd", got, n)
