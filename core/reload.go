@@ -134,6 +134,9 @@ func (w *configWatcher) stop(context.Context) error {
 // validated when the file loaded.
 func reloadApply(level *slog.LevelVar, log *slog.Logger, reconfigure func(*config.Config)) func(*config.Config) {
 	return func(c *config.Config) {
+		for _, w := range c.Warnings {
+			log.Warn("config: " + w)
+		}
 		if l, err := logging.ParseLevel(c.LogLevel); err == nil && l != level.Level() {
 			old := level.Level()
 			level.Set(l)

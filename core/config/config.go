@@ -1,6 +1,8 @@
 // Package config loads the agent's configuration with viper from a file, the environment (NNM_…) and
 // flags, in rising order of precedence, and validates it strictly: an unknown key or a value that does
-// not parse stops start-up with an error that names the key.
+// not parse stops start-up with an error that names the key. The one exception is a file that declares
+// a configVersion newer than Version: its unknown keys are taken for keys of a newer agent, logged and
+// ignored (see Version).
 package config
 
 import (
@@ -84,12 +86,33 @@ type Config struct {
 	// the kubeconfig key, then these, then the in-cluster config). Not a config key.
 	KubeconfigPaths []string `mapstructure:"-"`
 	// Warnings are problems that do not stop start-up (e.g. an NNM_ variable that is no config key:
-	// the test harnesses set some of their own), logged by the agent at start.
+	// the test harnesses set some of their own; a key of a newer configVersion), logged by the agent
+	// at start and on a reload.
 	Warnings []string `mapstructure:"-"`
+	// FileVersion is the configVersion the file declares (Version when it declares none, or without
+	// a file). Not a config key of its own: it is read from the file only.
+	FileVersion int `mapstructure:"-"`
+
+	// ignored are the options of a fix that ConfigureFix dropped as keys of a newer configVersion;
+	// FixOptions leaves them out.
+	ignored map[string][]string
 
 	// origins say where every key that is set was set, for errors.
 	origins origins
 }
+
+// Version is the newest configVersion this agent understands: the version of the configuration
+// format, raised when a release adds a key. A file's top-level configVersion says which version it
+// is written for (none means Version). Unknown keys in a file at or below Version are errors, so a
+// typo still stops start-up with "did you mean"; in a file of a newer version they are keys this
+// agent predates (an old pod restarted after the ConfigMap gained a key for a newer release), so
+// each is logged as a warning and ignored while every key the agent knows is still validated.
+// Keys from the environment and flags are always checked strictly: they belong to the agent's own
+// manifest, written for this agent's version, so an unknown one there is a mistake.
+const Version = 1
+
+// VersionKey is the file's top-level key that declares its Version.
+const VersionKey = "configVersion"
 
 // Key is one top-level configuration key. Keys is the one table from which the flags, the
 // environment names, the defaults, the decoding of lists, the restart-only set and the README's
@@ -311,9 +334,13 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string) (*Config, error)
 	if file == "" {
 		file = env["NNM_CONFIG"]
 	}
+	version := Version
 	if file != "" {
 		settings, err := readFile(file, o)
 		if err != nil {
+			return nil, err
+		}
+		if version, err = fileVersion(settings, o); err != nil {
 			return nil, err
 		}
 		if err := v.MergeConfigMap(settings); err != nil {
@@ -374,7 +401,8 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string) (*Config, error)
 	}
 
 	settings := v.AllSettings()
-	if err := checkKeys(v, settings, fixIDs, o); err != nil {
+	ignored, err := checkKeys(v, settings, fixIDs, o, version)
+	if err != nil {
 		return nil, err
 	}
 	cfg := Config{}
@@ -383,7 +411,8 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string) (*Config, error)
 	}
 	cfg.File = file
 	cfg.KubeconfigPaths = filepath.SplitList(env[KubeconfigEnv])
-	cfg.Warnings = unknownEnv(env, fixIDs)
+	cfg.Warnings = append(unknownEnv(env, fixIDs), ignored...)
+	cfg.FileVersion = version
 	cfg.Fixes = normalizeFixes(cfg.Fixes, fixIDs)
 	cfg.origins = o
 	if err := cfg.Validate(); err != nil {
@@ -531,15 +560,48 @@ func (o origins) at(key string) (string, string) {
 	return key, ""
 }
 
-// errorf is the one shape of a configuration error, from every source: the key as the user wrote
-// it, where (file line, environment variable or flag), then the problem, which shows the value and
-// what is accepted.
-func (o origins) errorf(key, format string, args ...any) error {
+// fileVersion takes VersionKey out of the file's settings (it is no viper key) and returns it:
+// Version when the file has none, else a whole number of at least 1.
+func fileVersion(settings map[string]any, o origins) (int, error) {
+	for name, val := range settings {
+		if !strings.EqualFold(name, VersionKey) {
+			continue
+		}
+		delete(settings, name)
+		n, ok := val.(int)
+		if !ok || n < 1 {
+			return 0, o.errorf(VersionKey, "%s is not a configuration version; accepted: a whole number from 1 (this agent reads up to %d)", fix.ShowValue(val), Version)
+		}
+		return n, nil
+	}
+	return Version, nil
+}
+
+// newerKey is the warning for a key of a file whose configVersion is newer than Version.
+func (o origins) newerKey(key string, version int) string {
+	return fmt.Sprintf("%s: unknown to this agent, which reads configVersion up to %d; the file declares configVersion %d, so it is taken for a key of a newer version and ignored", o.place(key), Version, version)
+}
+
+// fromFile reports whether the value of key that counts was set in the config file.
+func (o origins) fromFile(key string) bool {
+	_, where := o.at(key)
+	return strings.HasPrefix(where, "line ")
+}
+
+// place is the key as written and where it was set: "fixes.invalid-drop.hook (line 3)".
+func (o origins) place(key string) string {
 	written, where := o.at(key)
 	if where != "" {
 		where = " (" + where + ")"
 	}
-	return fmt.Errorf("config: %s%s: %s", shownKey(written), where, fmt.Sprintf(format, args...))
+	return shownKey(written) + where
+}
+
+// errorf is the one shape of a configuration error, from every source: the key as the user wrote
+// it, where (file line, environment variable or flag), then the problem, which shows the value and
+// what is accepted.
+func (o origins) errorf(key, format string, args ...any) error {
+	return fmt.Errorf("config: %s: %s", o.place(key), fmt.Sprintf(format, args...))
 }
 
 // decodeError words what the decoder still finds after checkKeys (it checked every top-level
@@ -630,8 +692,12 @@ func applyFixFlags(v *viper.Viper, fs *pflag.FlagSet, o origins) error {
 
 // checkKeys rejects keys that are not configuration keys and values of the wrong kind (a list for a
 // single value, a word for a duration, a fix's section that is not a mapping), before decoding, so
-// that the errors show the value and what is accepted rather than what the decoder says.
-func checkKeys(v *viper.Viper, settings map[string]any, fixIDs []string, o origins) error {
+// that the errors show the value and what is accepted rather than what the decoder says. When the
+// file's version is newer than Version, an unknown key or fix id whose value comes from the file is
+// removed from settings instead and returned as a warning.
+func checkKeys(v *viper.Viper, settings map[string]any, fixIDs []string, o origins, version int) ([]string, error) {
+	newer := func(key string) bool { return version > Version && o.fromFile(key) }
+	var warnings []string
 	names := []string{"fixes"}
 	known := map[string]Key{}
 	for _, k := range Keys {
@@ -639,14 +705,23 @@ func checkKeys(v *viper.Viper, settings map[string]any, fixIDs []string, o origi
 		known[strings.ToLower(k.Key)] = k
 	}
 	var errs []error
+	unknown := map[string]bool{} // top-level keys of a newer version, removed from settings
 	for _, key := range v.AllKeys() {
-		if top, _, _ := strings.Cut(key, "."); top == "fixes" {
-			continue
-		}
-		if top, _, _ := strings.Cut(key, "."); known[top].Key == "" {
+		top, _, _ := strings.Cut(key, ".")
+		switch {
+		case top == "fixes" || known[top].Key != "":
+		case top == strings.ToLower(VersionKey):
+			errs = append(errs, o.errorf(key, "set only in the config file, where it says which configuration version the file is written for"))
+		case newer(key):
+			warnings = append(warnings, o.newerKey(key, version))
+			unknown[top] = true
+		default:
 			written, _ := o.at(key)
 			errs = append(errs, o.errorf(key, "%s", fix.UnknownKey("key", written, names)))
 		}
+	}
+	for top := range unknown {
+		delete(settings, top)
 	}
 	for _, k := range Keys {
 		val, ok := settings[strings.ToLower(k.Key)]
@@ -658,19 +733,24 @@ func checkKeys(v *viper.Viper, settings map[string]any, fixIDs []string, o origi
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return err
+		return nil, err
 	}
 	fixes, ok := settings["fixes"]
 	if !ok || fixes == nil {
-		return nil
+		return warnings, nil
 	}
 	sections, ok := fixes.(map[string]any)
 	if !ok {
-		return o.errorf("fixes", "%s is not a mapping of fix ids such as {invalid-drop: {enabled: true}}", fix.ShowValue(fixes))
+		return nil, o.errorf("fixes", "%s is not a mapping of fix ids such as {invalid-drop: {enabled: true}}", fix.ShowValue(fixes))
 	}
 	for _, id := range slices.Sorted(maps.Keys(sections)) {
 		key := "fixes." + id
 		if !slices.Contains(fixIDs, id) {
+			if newer(key) && allFromFile(sections[id], key, o) {
+				warnings = append(warnings, o.newerKey(key, version))
+				delete(sections, id)
+				continue
+			}
 			errs = append(errs, o.errorf(key, "%s", fix.UnknownKey("fix", id, fixIDs)))
 			continue
 		}
@@ -680,7 +760,25 @@ func checkKeys(v *viper.Viper, settings map[string]any, fixIDs []string, o origi
 			}
 		}
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return warnings, nil
+}
+
+// allFromFile reports whether key and every key under val were set in the config file (an unknown
+// fix's section may have been extended by --set or --enable-fix, which are checked strictly).
+func allFromFile(val any, key string, o origins) bool {
+	if !o.fromFile(key) {
+		return false
+	}
+	m, _ := val.(map[string]any)
+	for k, sub := range m {
+		if !allFromFile(sub, key+"."+k, o) {
+			return false
+		}
+	}
+	return true
 }
 
 // applyLegacyPodCIDRs sets podCIDRs from POD_CIDR_IPV4 / POD_CIDR_IPV6 unless NNM_POD_CIDRS is set.
@@ -874,15 +972,54 @@ func (c *Config) FixEnabled(id string) (enabled, set bool) {
 	return b, err == nil
 }
 
-// FixOptions returns the options of a fix without "enabled".
+// FixOptions returns the options of a fix without "enabled" and without the options ConfigureFix
+// ignored.
 func (c *Config) FixOptions(id string) map[string]any {
 	out := map[string]any{}
 	for k, val := range c.Fixes[id] {
-		if !strings.EqualFold(k, "enabled") {
+		if !strings.EqualFold(k, "enabled") && !slices.Contains(c.ignored[id], k) {
 			out[k] = val
 		}
 	}
 	return out
+}
+
+// ConfigureFix hands the fix's options to configure (the fix's Configure) and returns its error in
+// the configuration's shape (FixError). For a file of a newer configVersion (see Version), options
+// the fix does not know that the file set are keys of a newer agent: configure is called again
+// without them, they are returned as warnings, and FixOptions leaves them out from then on.
+func (c *Config) ConfigureFix(id string, configure func(map[string]any) error) ([]string, error) {
+	err := configure(c.FixOptions(id))
+	if err == nil || c.FileVersion <= Version {
+		return nil, c.fixError(id, err)
+	}
+	var drop, warnings []string
+	for _, e := range errtree.Leaves(err) {
+		var oe *fix.OptionError
+		// fix.UnknownKey's wording is what tells an option the fix does not know.
+		if errors.As(e, &oe) && strings.HasPrefix(oe.Problem, "unknown key;") && c.origins.fromFile("fixes."+id+"."+oe.Key) {
+			drop = append(drop, oe.Key)
+			warnings = append(warnings, c.origins.newerKey("fixes."+id+"."+oe.Key, c.FileVersion))
+		}
+	}
+	if len(drop) == 0 {
+		return nil, c.FixError(id, err)
+	}
+	if c.ignored == nil {
+		c.ignored = map[string][]string{}
+	}
+	c.ignored[id] = append(c.ignored[id], drop...)
+	if err := configure(c.FixOptions(id)); err != nil {
+		return nil, c.FixError(id, err)
+	}
+	return warnings, nil
+}
+
+func (c *Config) fixError(id string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return c.FixError(id, err)
 }
 
 func parseBool(val any) (bool, error) {

@@ -144,7 +144,11 @@ func signal(c chan struct{}) {
 // Nothing changes unless every fix accepted its options. Call with e.mu held (or before Start).
 func (e *Engine) configure(cfg *config.Config) error {
 	for i, st := range e.fixes {
-		if err := st.fix.Configure(cfg.FixOptions(st.fix.ID())); err != nil {
+		ignored, err := cfg.ConfigureFix(st.fix.ID(), st.fix.Configure)
+		for _, w := range ignored {
+			e.log.Warn("config: " + w)
+		}
+		if err != nil {
 			// Fixes configured before this one took the new options: give them the running ones
 			// back, so that a rejected configuration changes nothing.
 			if e.cfg != nil {
@@ -154,7 +158,7 @@ func (e *Engine) configure(cfg *config.Config) error {
 					}
 				}
 			}
-			return cfg.FixError(st.fix.ID(), err)
+			return err
 		}
 	}
 	e.cfg = cfg

@@ -311,7 +311,11 @@ func RevertNodeState(ctx context.Context, fixes []fix.Fix, cfg *config.Config, l
 		if !ok {
 			continue
 		}
-		if err := f.Configure(cfg.FixOptions(f.ID())); err != nil {
+		ignored, err := cfg.ConfigureFix(f.ID(), f.Configure)
+		for _, w := range ignored {
+			log.Warn("config: " + w)
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("fix %s: %w", f.ID(), err))
 			continue
 		}
