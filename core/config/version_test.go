@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -160,5 +161,18 @@ func TestMalformedConfigVersionFails(t *testing.T) {
 		if err == nil || !strings.HasPrefix(err.Error(), "config: configVersion ") || !strings.HasSuffix(err.Error(), want) {
 			t.Errorf("%q: got %v, want …%s", body, err, want)
 		}
+	}
+}
+
+// The README's row of configVersion (no variable, no flag, so TestREADMETable does not compare it)
+// shows Version as its default.
+func TestREADMEShowsConfigVersion(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("| `%s` | — | — (file only) | scalar | `%d` | reload |", VersionKey, Version)
+	if !strings.Contains(string(b), want) {
+		t.Errorf("README.md lacks the row starting %q", want)
 	}
 }
