@@ -188,6 +188,11 @@ func (e *Engine) Load(ctx context.Context) error {
 	if _, err := e.startInputs(ins); err != nil {
 		return fmt.Errorf("watches not started: %w", err)
 	}
+	return waitSynced(ctx, ins)
+}
+
+// waitSynced waits until every input of ins holds its first state, or ctx ends (then why not).
+func waitSynced(ctx context.Context, ins []watch.Input) error {
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for {

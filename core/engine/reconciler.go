@@ -11,15 +11,26 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
+// syncOnceWait bounds how long SyncOnce waits for the inputs it started to list.
+const syncOnceWait = 10 * time.Second
+
 // SyncOnce runs one pass of every unit in turn, in the caller's goroutine (tests), after starting
-// the inputs the enabled fixes read (Load also waits for them). A full pass verifies the kernel and
+// the inputs the enabled fixes read and waiting (at most syncOnceWait) for those it started. A full pass verifies the kernel and
 // retries pending removals. It reports whether any unit failed.
 func (e *Engine) SyncOnce(ctx context.Context, full bool) (failed bool) {
 	e.mu.Lock()
 	ins := e.readLocked()
 	e.mu.Unlock()
-	if _, err := e.startInputs(ins); err != nil {
+	started, err := e.startInputs(ins)
+	if err != nil {
 		e.log.Error("cannot start the watches; fixes that read them wait", "err", err)
+	}
+	if len(started) > 0 {
+		// Inputs started here (a file's objects, a test's API) get a bounded wait for their
+		// first list; a unit whose inputs have not synced after it waits, as always.
+		wctx, cancel := context.WithTimeout(ctx, syncOnceWait)
+		_ = waitSynced(wctx, started)
+		cancel()
 	}
 	for _, u := range e.units {
 		e.mu.Lock()
