@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -27,12 +28,10 @@ func TestSecondAgentLeavesTheFirstAlone(t *testing.T) {
 		svcs.setIngress("web", "203.0.41.10")
 		wantEntry := want(svc, "203.0.41.10", "tcp", 80)
 		n.expectEntries(converge, wantEntry)
-		repairsBefore := n.repairs()
+		repairsBefore := n.metrics().Sum("nnm_sync_repairs_total")
 
 		// Sample the first agent's rules every 100 ms until told to stop.
-		var mu sync.Mutex
-		samples, missing, longest, run := 0, 0, 0, 0
-		var firstMiss string
+		var g gap
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		wg.Add(1)
@@ -46,29 +45,11 @@ func TestSecondAgentLeavesTheFirstAlone(t *testing.T) {
 					return
 				case <-tick.C:
 				}
-				err := n.fixPresent(fixExtIP, "ipv4")
-				if err == nil {
-					err = n.fixPresent(fixDrop, "ipv4")
+				err := errors.Join(n.fixPresent(fixExtIP, "ipv4"), n.fixPresent(fixDrop, "ipv4"))
+				if got, derr := n.dnatEntries("ipv4"); err == nil && (derr != nil || !slices.Contains(got, wantEntry)) {
+					err = fmt.Errorf("DNAT entry %s missing: %q %v", wantEntry, got, derr)
 				}
-				if err == nil {
-					var got []string
-					if got, err = n.dnatEntries("ipv4"); err == nil && !slices.Contains(got, wantEntry) {
-						err = fmt.Errorf("DNAT entry %s missing: %q", wantEntry, got)
-					}
-				}
-				mu.Lock()
-				samples++
-				if err != nil {
-					missing++
-					run++
-					longest = max(longest, run)
-					if firstMiss == "" {
-						firstMiss = err.Error()
-					}
-				} else {
-					run = 0
-				}
-				mu.Unlock()
+				g.sample(err == nil, fmt.Sprint(err))
 			}
 		}()
 
@@ -103,25 +84,15 @@ func TestSecondAgentLeavesTheFirstAlone(t *testing.T) {
 		time.Sleep(5 * time.Second)
 		close(stop)
 		wg.Wait()
-		repairs := n.repairs() - repairsBefore
+		repairs := n.metrics().Sum("nnm_sync_repairs_total") - repairsBefore
 		t.Logf("%s: %d samples at 100 ms, %d without the first agent's rules (longest run %d); the first agent's repairs meanwhile: %v",
-			be, samples, missing, longest, repairs)
-		if missing > 0 {
-			t.Errorf("%s: the first agent's rules were missing in %d of %d samples (longest %d); first: %s", be, missing, samples, longest, firstMiss)
+			be, g.samples, g.missing, g.longest, repairs)
+		if g.missing > 0 {
+			t.Errorf("%s: the first agent's rules were missing in %d of %d samples (longest %d); first: %s", be, g.missing, g.samples, g.longest, g.first)
 		}
 		if repairs > 0 {
 			t.Errorf("%s: the first agent repaired %v times while the second ran", be, repairs)
 		}
 		n.expectEntries(converge, wantEntry)
 	})
-}
-
-// repairs is the agent's nnm_sync_repairs_total, all fixes and families together.
-func (n *node) repairs() float64 {
-	n.t.Helper()
-	total := 0.0
-	for _, s := range n.metrics().Find("nnm_sync_repairs_total") {
-		total += s.Value
-	}
-	return total
 }
