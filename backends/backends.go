@@ -12,10 +12,10 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/backends/iptables"
 	"github.com/network-node-manager/network-node-manager/backends/nftables"
-	"github.com/network-node-manager/network-node-manager/core"
 	"github.com/network-node-manager/network-node-manager/core/backend"
-	"github.com/network-node-manager/network-node-manager/core/detect"
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/internal/agent"
+	"github.com/network-node-manager/network-node-manager/internal/detect"
 )
 
 // Names lists the backends in a stable order.
@@ -29,12 +29,12 @@ func Selected(r detect.Result, log *slog.Logger) (backend.Backend, error) {
 	return New(r.Backend, r.IptablesVariant, log)
 }
 
-// Leftovers is what `run` removes once its own rules are in (core.CleanPredecessor, fix by fix):
+// Leftovers is what `run` removes once its own rules are in (agent.CleanPredecessor, fix by fix):
 // what the backend it does not run holds of a fix (all of it for fix ""), in both families. With the
 // iptables backend that is the nnm-* nftables tables; with the nftables backend the NNM- chains of
 // the node's iptables variant (the predecessor's NMANAGER_ chains stay for `cleanup`, as with
 // nftables they always did). `cleanup` removes both backends' objects regardless.
-func Leftovers(r detect.Result, log *slog.Logger) (core.Leftovers, error) {
+func Leftovers(r detect.Result, log *slog.Logger) (agent.Leftovers, error) {
 	switch r.Backend {
 	case backend.IPTables:
 		other, err := nftables.New(nftables.Options{Logger: log})
@@ -70,7 +70,7 @@ func Leftovers(r detect.Result, log *slog.Logger) (core.Leftovers, error) {
 	return nil, fmt.Errorf("unknown backend %q (want iptables or nftables)", r.Backend)
 }
 
-// Takeover provides Leftovers to the graph of `run` (core.CleanPredecessor calls it).
+// Takeover provides Leftovers to the graph of `run` (agent.CleanPredecessor calls it).
 var Takeover = fx.Provide(Leftovers)
 
 // New returns the named backend. It does no I/O.

@@ -15,7 +15,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 
-	"github.com/network-node-manager/network-node-manager/core/config"
+	"github.com/network-node-manager/network-node-manager/internal/config"
 )
 
 // No Docker engine runs in CI, so the image cannot be built there. This test checks the Dockerfile

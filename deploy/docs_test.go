@@ -15,7 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 
-	"github.com/network-node-manager/network-node-manager/cmd/network-node-manager/app"
+	"github.com/network-node-manager/network-node-manager/core/app"
 	"github.com/network-node-manager/network-node-manager/fixes"
 )
 

@@ -27,10 +27,10 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/backends/iptables"
 	"github.com/network-node-manager/network-node-manager/backends/nftables"
-	"github.com/network-node-manager/network-node-manager/core/events"
 	"github.com/network-node-manager/network-node-manager/fixes/conntrackliberal"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
+	"github.com/network-node-manager/network-node-manager/internal/events"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 

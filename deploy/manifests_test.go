@@ -33,19 +33,19 @@ import (
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"sigs.k8s.io/yaml"
 
-	"github.com/network-node-manager/network-node-manager/cmd/network-node-manager/app"
-	"github.com/network-node-manager/network-node-manager/core"
+	"github.com/network-node-manager/network-node-manager/core/app"
 	"github.com/network-node-manager/network-node-manager/core/backend"
-	"github.com/network-node-manager/network-node-manager/core/config"
-	"github.com/network-node-manager/network-node-manager/core/detect"
-	"github.com/network-node-manager/network-node-manager/core/engine"
-	"github.com/network-node-manager/network-node-manager/core/kube/kubetest"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
-	"github.com/network-node-manager/network-node-manager/core/watch"
 	"github.com/network-node-manager/network-node-manager/fixes"
 	"github.com/network-node-manager/network-node-manager/fixes/conntrackliberal"
+	"github.com/network-node-manager/network-node-manager/internal/agent"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/config"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
+	"github.com/network-node-manager/network-node-manager/internal/detect"
+	"github.com/network-node-manager/network-node-manager/internal/engine"
+	"github.com/network-node-manager/network-node-manager/internal/kube/kubetest"
+	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
 
 // ---- a kustomize renderer for what our kustomizations use ----
@@ -660,8 +660,8 @@ func loadConfigMap(t *testing.T, cm *corev1.ConfigMap) *config.Config {
 	}
 	var cfg *config.Config
 	var e *engine.Engine
-	app := fx.New(fx.NopLogger, fixes.Standard, core.Module,
-		fx.Supply(core.Inputs{Environ: []string{"NNM_CONFIG=" + file, "NNM_NODE_NAME=node-1"}}),
+	app := fx.New(fx.NopLogger, fixes.Standard, agent.Module,
+		fx.Supply(agent.Inputs{Environ: []string{"NNM_CONFIG=" + file, "NNM_NODE_NAME=node-1"}}),
 		fx.Supply(&detect.Probes{}),
 		fx.Provide(func() backend.Backend { return testkit.NewFakeBackend() }),
 		fx.Provide(watch.Offline),

@@ -15,13 +15,13 @@ import (
 	"go.uber.org/fx"
 	"sigs.k8s.io/yaml"
 
-	"github.com/network-node-manager/network-node-manager/core"
 	"github.com/network-node-manager/network-node-manager/core/backend"
-	"github.com/network-node-manager/network-node-manager/core/engine"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/fixes"
+	"github.com/network-node-manager/network-node-manager/internal/agent"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
+	"github.com/network-node-manager/network-node-manager/internal/engine"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
@@ -162,9 +162,9 @@ func registeredMetrics(t *testing.T) map[string][]string {
 	t.Helper()
 	var reg *prometheus.Registry
 	var e *engine.Engine // fx constructs only what is asked for: the engine pulls in every fix and metric
-	app := fx.New(fx.NopLogger, fixes.Standard, core.Module,
-		fx.Supply(core.Inputs{Environ: []string{"NNM_PROXY_MODE=ipvs", "NNM_FIXES_CONNTRACK_LIBERAL_ENABLED=false"}, Version: "test"}),
-		fx.Provide(core.FileHub("../examples/services.yaml")),
+	app := fx.New(fx.NopLogger, fixes.Standard, agent.Module,
+		fx.Supply(agent.Inputs{Environ: []string{"NNM_PROXY_MODE=ipvs", "NNM_FIXES_CONNTRACK_LIBERAL_ENABLED=false"}, Version: "test"}),
+		fx.Provide(agent.FileHub("../examples/services.yaml")),
 		fx.Provide(func() backend.Backend { return testkit.NewFakeBackend() }),
 		fx.Populate(&reg, &e),
 	)

@@ -18,10 +18,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/cmd/network-node-manager/app"
-	"github.com/network-node-manager/network-node-manager/core/watch"
+	"github.com/network-node-manager/network-node-manager/core/app"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
 
 const (

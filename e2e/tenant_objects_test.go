@@ -24,9 +24,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/network-node-manager/network-node-manager/core/events"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/events"
 )
 
 // TestBucketNameCollisionService (issue #41 row 1): a dual-stack Service whose two IPv6 ingress

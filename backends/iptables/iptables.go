@@ -17,8 +17,8 @@ import (
 	"unsafe"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
-	"github.com/network-node-manager/network-node-manager/core/nfgen"
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/internal/nfgen"
 )
 
 // Variant selects the iptables binaries: iptables-nft-* or iptables-legacy-*. Never mix them on a node.

@@ -14,10 +14,10 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/network-node-manager/network-node-manager/core/nfgen"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/internal/insertfirst"
+	"github.com/network-node-manager/network-node-manager/internal/nfgen"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 

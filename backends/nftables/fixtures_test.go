@@ -22,9 +22,9 @@ import (
 
 	"sigs.k8s.io/knftables"
 
-	"github.com/network-node-manager/network-node-manager/core/nfgen"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	tk "github.com/network-node-manager/network-node-manager/core/testkit"
+	"github.com/network-node-manager/network-node-manager/internal/nfgen"
 )
 
 // golden compares got with testdata/<name>.golden; `go test -update` (testkit's flag) rewrites it.

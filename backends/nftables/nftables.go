@@ -27,8 +27,8 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
-	"github.com/network-node-manager/network-node-manager/core/nfgen"
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/internal/nfgen"
 )
 
 // Name is the backend's name as it labels metrics.

@@ -7,8 +7,8 @@ import (
 	"log/slog"
 	"sync"
 
-	"github.com/network-node-manager/network-node-manager/core/nfgen"
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/internal/nfgen"
 )
 
 // Unit is one (fix, family): what one Reconcile is about, and what the Driver keeps a record and a

@@ -21,8 +21,8 @@ import (
 	"github.com/go-viper/mapstructure/v2"
 	"go.uber.org/fx"
 
-	"github.com/network-node-manager/network-node-manager/core/errtree"
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/internal/errtree"
 )
 
 // Snapshot is a consistent view of what fixes may look at: the tables the fix reads (Fix.Reads),
@@ -190,6 +190,11 @@ type Result struct {
 
 // NodeBackend is the backend label of an Actuator's sync metrics.
 const NodeBackend = "node"
+
+// StateDir is the agent's directory on the node's tmpfs /run, mounted from the node by deploy/base
+// (the "state" volume): the agent's node-local lock, and state a fix remembers across restarts
+// (conntrack-liberal keeps the sysctl value it found there).
+const StateDir = "/run/network-node-manager"
 
 // Module registers a fix with the agent, in an fx module named after spec.ID: the id (known before
 // any fix is constructed, so that the configuration can be checked against the registered ids) and

@@ -11,7 +11,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
 	"github.com/network-node-manager/network-node-manager/core/inputs/servicecidrs"
 	"github.com/network-node-manager/network-node-manager/core/inputs/services"
-	"github.com/network-node-manager/network-node-manager/core/watch"
+	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
 
 // Module provides every input.

@@ -8,7 +8,6 @@ package conntrackliberal
 
 import (
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/nodelock"
 )
 
 // ID is the fix id: config key fixes.conntrack-liberal, metric label, log field.
@@ -28,7 +27,7 @@ var spec = fix.Spec[Config, Config]{
 
 // DefaultStateDir is where the value found before the fix changed it is remembered. It is on tmpfs
 // on every systemd host: cleared by a reboot, which also resets the sysctl to the kernel's default.
-const DefaultStateDir = nodelock.Dir
+const DefaultStateDir = fix.StateDir
 
 // Config is the fix's configuration (keys under fixes.conntrack-liberal).
 type Config struct {

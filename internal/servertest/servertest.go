@@ -1,4 +1,4 @@
-// Package servertest runs the agent's HTTP server (core/server) in the test process as deploy/base
+// Package servertest runs the agent's HTTP server (internal/server) in the test process as deploy/base
 // configures it: /metrics over HTTPS with a self-signed certificate, behind delegated authentication
 // and authorization through a real API server.
 package servertest
@@ -11,8 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/network-node-manager/network-node-manager/core/kube"
-	"github.com/network-node-manager/network-node-manager/core/server"
+	"github.com/network-node-manager/network-node-manager/internal/kube"
+	"github.com/network-node-manager/network-node-manager/internal/server"
 )
 
 // StartDelegated starts the server with opts (MetricsAddress defaults to 127.0.0.1:0; TLS and Auth

@@ -12,10 +12,10 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/network-node-manager/network-node-manager/core/config"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/kube"
-	"github.com/network-node-manager/network-node-manager/core/watch"
+	"github.com/network-node-manager/network-node-manager/internal/config"
+	"github.com/network-node-manager/network-node-manager/internal/kube"
+	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
 
 // Table is this node's Node object, stripped (StripNode); nil when unknown (no node name, or not

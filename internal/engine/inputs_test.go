@@ -1,0 +1,105 @@
+package engine
+
+import (
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/node"
+	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
+	"github.com/network-node-manager/network-node-manager/core/inputs/servicecidrs"
+	"github.com/network-node-manager/network-node-manager/core/inputs/services"
+	"github.com/network-node-manager/network-node-manager/internal/watch"
+)
+
+// memInput is an in-memory watch.Input of one table: set changes it (and moves its revision).
+type memInput struct {
+	table fix.TableRef
+
+	mu       sync.Mutex
+	val      any
+	starts   int
+	startErr error // what Start returns
+	unsynced error // what Synced returns once started (nil: synced)
+	hub      *watch.Hub
+	rev      atomic.Uint64
+}
+
+func newMemInput(t fix.TableRef) *memInput { return &memInput{table: t} }
+
+func (m *memInput) Table() fix.TableRef { return m.table }
+func (m *memInput) Start(h *watch.Hub) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.starts++
+	if m.startErr != nil {
+		return m.startErr
+	}
+	m.hub = h
+	return nil
+}
+func (m *memInput) Synced() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.hub == nil {
+		return errors.New(m.table.Name() + " (not started)")
+	}
+	return m.unsynced
+}
+func (m *memInput) Revision() uint64 { return m.rev.Load() }
+func (m *memInput) Value() any {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.val
+}
+
+// set makes v the table's value and tells the engine.
+func (m *memInput) set(v any) { m.update(func() { m.val = v }) }
+
+// setSynced says whether the input has its first state (err: why not).
+func (m *memInput) setSynced(err error) { m.update(func() { m.unsynced = err }) }
+
+// update changes the input with change, moves its revision and tells the engine.
+func (m *memInput) update(change func()) {
+	m.mu.Lock()
+	change()
+	hub := m.hub
+	m.mu.Unlock()
+	m.rev.Add(1)
+	if hub != nil {
+		hub.Changed()
+	}
+}
+
+func (m *memInput) startCount() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.starts
+}
+
+// memSource is the tables the engine tests read, in memory, on a hub without an API client.
+type memSource struct {
+	hub                                   *watch.Hub
+	services, node, pods, cidrs, podCIDRs *memInput
+}
+
+func newMemSource() *memSource {
+	return &memSource{hub: watch.Offline(slog.New(slog.DiscardHandler)),
+		services: newMemInput(services.Table), node: newMemInput(node.Table), pods: newMemInput(pods.Table),
+		cidrs: newMemInput(servicecidrs.Table), podCIDRs: newMemInput(node.PodCIDRs)}
+}
+
+func (s *memSource) inputs() []watch.Input {
+	return []watch.Input{s.services, s.node, s.pods, s.cidrs, s.podCIDRs}
+}
+
+// set makes svcs the Services.
+func (s *memSource) set(svcs ...*fix.Service) { s.services.set(svcs) }
+
+// stopped says whether the engine stopped the hub.
+func (s *memSource) stopped() bool {
+	_, err := s.hub.Client()
+	return err != nil && !errors.Is(err, watch.ErrNoAPI)
+}

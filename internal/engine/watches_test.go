@@ -1,0 +1,159 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
+	"github.com/network-node-manager/network-node-manager/core/metrics"
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/config"
+)
+
+// podsFix is an Actuator that reads this node's Pods, like stale-udp-conntrack.
+type podsFix struct {
+	ensures atomic.Int32
+	pods    atomic.Int32 // Pods in the snapshot of the last Ensure
+}
+
+func (f *podsFix) ID() string                       { return "reads-pods" }
+func (f *podsFix) Description() string              { return "test actuator reading Pods" }
+func (f *podsFix) DefaultEnabled(fix.Env) bool      { return false }
+func (f *podsFix) Reads() []fix.TableRef            { return []fix.TableRef{pods.Table} }
+func (f *podsFix) Configure(o map[string]any) error { return nil }
+func (f *podsFix) Ensure(_ context.Context, snap *fix.Snapshot, _ bool) (fix.Result, error) {
+	f.ensures.Add(1)
+	f.pods.Store(int32(len(pods.Table.Get(snap))))
+	return fix.Result{}, nil
+}
+func (f *podsFix) Revert(context.Context) error { return nil }
+
+// A fix enabled by a reload gets its watch started, and does nothing until the watch synced; while
+// it waits, nnm_fix_enabled is 0 and /readyz and the status say why. Before, the reload only logged
+// "restart the agent" and the fix ran on an empty Pod list (issue 19, item 3).
+func TestReloadStartsTheWatchesOfAnEnabledFix(t *testing.T) {
+	src := newMemSource()
+	src.pods.unsynced = errors.New("Pods")
+	f := &podsFix{}
+	reg := prometheus.NewRegistry()
+	m := metrics.NewSync(reg)
+	c := config.Defaults()
+	c.MinSyncPeriod = 10 * time.Millisecond
+	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Hub: src.hub, Inputs: src.inputs(), Config: &c, Metrics: m})
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Stop(context.Background()) })
+	enabled := func() float64 { return testutil.ToFloat64(m.Enabled.WithLabelValues("reads-pods")) }
+
+	on := config.Defaults()
+	on.MinSyncPeriod = c.MinSyncPeriod
+	on.Fixes = map[string]map[string]any{"reads-pods": {"enabled": true}}
+	e.Reconfigure(&on)
+	agenttest.Until(t, wait, func() bool { return src.pods.startCount() > 0 })
+	time.Sleep(200 * time.Millisecond) // the worker had every chance to run
+	if n := f.ensures.Load(); n != 0 {
+		t.Fatalf("the fix ran %d times before its Pods watch synced", n)
+	}
+	if v := enabled(); v != 0 {
+		t.Errorf("nnm_fix_enabled = %v while the fix waits for its watch, want 0", v)
+	}
+	if err := e.Ready(); err == nil || !strings.Contains(err.Error(), "waiting for the watches it reads") {
+		t.Errorf("Ready = %v; want the fix waiting for its watches", err)
+	}
+	src.pods.setSynced(nil)
+	// Ready clears when the first pass has been accounted, just after the fix's Ensure ran: wait
+	// for both rather than read Ready the moment Ensure has been counted (a race under load).
+	agenttest.Eventually(t, wait, func() error {
+		if f.ensures.Load() == 0 || enabled() != 1 {
+			return fmt.Errorf("the fix has not run (ensures %d, nnm_fix_enabled %v)", f.ensures.Load(), enabled())
+		}
+		if err := e.Ready(); err != nil {
+			return fmt.Errorf("Ready = %w after the watch synced", err)
+		}
+		return nil
+	})
+}
+
+// A reload that enables a fix whose watch cannot be started is rejected, naming the fix and the
+// watch; the running set stays (the fix stays disabled) and the rejection is counted.
+func TestReloadRejectedWhenWatchesCannotStart(t *testing.T) {
+	src := newMemSource()
+	src.pods.startErr = errors.New("no API client")
+	f := &podsFix{}
+	m := metrics.NewSync(prometheus.NewRegistry())
+	c := config.Defaults()
+	rejected := &rejections{}
+	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Hub: src.hub, Inputs: src.inputs(), Config: &c, Metrics: m, Notify: rejected})
+	on := config.Defaults()
+	on.Fixes = map[string]map[string]any{"reads-pods": {"enabled": true}}
+	if e.applyConfig(context.Background(), &on) {
+		t.Fatal("a reload whose watches cannot start was taken")
+	}
+	if st := e.Statuses(); st[0].Enabled {
+		t.Error("the fix is enabled after the rejected reload")
+	}
+	if len(rejected.errs) != 1 || !strings.Contains(rejected.errs[0].Error(), "fix reads-pods (Pods)") ||
+		!strings.Contains(rejected.errs[0].Error(), "no API client") {
+		t.Errorf("ConfigRejected got %v; want one error naming the fix, its watch and the cause", rejected.errs)
+	}
+	if v := testutil.ToFloat64(m.Enabled.WithLabelValues("reads-pods")); v != 0 {
+		t.Errorf("nnm_fix_enabled = %v, want 0", v)
+	}
+	if v := testutil.ToFloat64(m.ConfigReloads.WithLabelValues("error")); v != 1 {
+		t.Errorf("config_reloads_total{result=error} = %v, want 1", v)
+	}
+	if e.SyncOnce(context.Background(), true) || f.ensures.Load() != 0 {
+		t.Error("the fix of the rejected reload ran")
+	}
+}
+
+type rejections struct {
+	nopNotifier
+	errs []error
+}
+
+func (r *rejections) ConfigRejected(err error) { r.errs = append(r.errs, err) }
+
+// moreFix is an Actuator whose passes stop at a bound with work left (fix.Result.More) a few times.
+type moreFix struct {
+	podsFix
+	left atomic.Int32
+}
+
+func (f *moreFix) ID() string            { return "bounded" }
+func (f *moreFix) Reads() []fix.TableRef { return nil }
+func (f *moreFix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Result, error) {
+	f.ensures.Add(1)
+	return fix.Result{More: f.left.Add(-1) > 0}, nil
+}
+
+// A pass that stops at its bound with work left is followed by the next one after minSyncPeriod,
+// not after the next syncPeriod (issue 19, item 5: the next batch waited a whole syncPeriod).
+func TestMoreRunsTheNextPassSoon(t *testing.T) {
+	f := &moreFix{}
+	f.left.Store(4)
+	c := config.Defaults()
+	c.MinSyncPeriod = 10 * time.Millisecond
+	c.SyncPeriod = time.Hour
+	c.Fixes = map[string]map[string]any{"bounded": {"enabled": true}}
+	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Config: &c})
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Stop(context.Background()) })
+	agenttest.Until(t, wait, func() bool { return f.ensures.Load() >= 4 })
+	time.Sleep(100 * time.Millisecond)
+	if n := f.ensures.Load(); n != 4 {
+		t.Errorf("%d passes; want 4 (three with work left, then the one that finished), none after", n)
+	}
+}

@@ -1,0 +1,187 @@
+// Package watch is the machinery the input modules share to fill their tables from the cluster: a
+// Hub runs their informers on the agent's one API client (or on a file's objects, for `plan`),
+// logs API errors once per cause, and carries one coalesced change signal to the engine. It knows no
+// input: each table (fix.Table) is provided by an input module (core/inputs/…) as an Input.
+package watch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/fx"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/internal/config"
+	"github.com/network-node-manager/network-node-manager/internal/kube"
+	"github.com/network-node-manager/network-node-manager/internal/waitgroup"
+)
+
+// Input is what an input module provides (the fx group "inputs", see Provide): one table, filled
+// from the API through a Hub, with a revision and the Hub's change signal.
+type Input interface {
+	// Table is the table it fills.
+	Table() fix.TableRef
+	// Start begins filling the table through h; later calls do nothing. It does not block: h.Stop
+	// ends what it started. An error means the table cannot be filled (no API client).
+	Start(h *Hub) error
+	// Synced returns nil once the table holds its first complete state (a fix must not act on a
+	// partial one), else why not.
+	Synced() error
+	// Revision moves after every change that Value shows, and after Start and Configure: read it
+	// before Value, and the value is at least that new.
+	Revision() uint64
+	// Value returns the table's current contents, of the table's type. Callers must not modify it.
+	Value() any
+}
+
+// Configurable is implemented by inputs that read the agent's configuration (a configured fallback,
+// such as podCIDRs). The engine calls Configure before the first Start and after every accepted
+// reload; the configuration is already validated.
+type Configurable interface {
+	Configure(cfg *config.Config)
+}
+
+// Watcher is implemented by inputs that list objects of the API: the resources they watch, whose
+// kinds a file for `plan` may hold.
+type Watcher interface {
+	Resources() []kube.Resource
+}
+
+// Provide registers an input module's constructor: its Input joins the "inputs" group.
+//
+//	var Module = fx.Module("services", watch.Provide(New))
+func Provide(newInput any) fx.Option {
+	return fx.Provide(fx.Annotate(newInput, fx.As(new(Input)), fx.ResultTags(`group:"inputs"`)))
+}
+
+// Inputs is embedded by constructors that receive every registered input.
+type Inputs struct {
+	fx.In
+	Inputs []Input `group:"inputs"`
+}
+
+// Hub runs the inputs' informers. It does no I/O until an input starts one, and makes the API
+// client only then, so an agent whose fixes read nothing needs no API server.
+type Hub struct {
+	newClient func() (kube.Interface, error)
+	nodeName  string
+	log       *slog.Logger
+	changes   chan struct{}
+
+	mu       sync.Mutex
+	client   kube.Interface
+	ctx      context.Context // the informers' context, cancelled by Stop
+	cancel   context.CancelFunc
+	stopped  bool
+	started  time.Time // when the first informer started, for the "watches synced" log line
+	synced   bool      // that line was logged
+	watches  []started
+	wg       sync.WaitGroup
+	apiErrs  *apiErrorLog
+	wrapped  atomic.Bool // WrapTransport is in the client's transport
+	fileMode bool
+}
+
+// started is one informer the hub runs.
+type started struct {
+	r      kube.Resource
+	store  cache.Store
+	synced cache.InformerSynced
+}
+
+// NewHub returns a Hub on the client newClient makes (once, on first use). nodeName is this node's
+// name ("" when not configured: inputs of this node's objects then cannot watch).
+func NewHub(newClient func() (kube.Interface, error), nodeName string, log *slog.Logger) *Hub {
+	if log == nil {
+		log = slog.Default()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Hub{newClient: newClient, nodeName: nodeName, log: log, changes: make(chan struct{}, 1),
+		ctx: ctx, cancel: cancel, apiErrs: newAPIErrorLog(log)}
+}
+
+// NodeName is this node's name, "" when unknown.
+func (h *Hub) NodeName() string { return h.nodeName }
+
+// Log is the agent's logger.
+func (h *Hub) Log() *slog.Logger { return h.log }
+
+// Client returns the API client, made on the first call.
+func (h *Hub) Client() (kube.Interface, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.clientLocked()
+}
+
+func (h *Hub) clientLocked() (kube.Interface, error) {
+	if h.stopped {
+		return nil, fmt.Errorf("watch: stopped")
+	}
+	if h.client == nil {
+		c, err := h.newClient()
+		if err != nil {
+			return nil, err
+		}
+		h.client = c
+	}
+	return h.client, nil
+}
+
+// Go runs f in the background until Stop, with the hub's context and client (e.g. a discovery that
+// decides whether an informer can run).
+func (h *Hub) Go(f func(ctx context.Context, client kube.Interface)) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	client, err := h.clientLocked()
+	if err != nil {
+		return err
+	}
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		f(h.ctx, client)
+	}()
+	return nil
+}
+
+// Changed signals the engine that some table changed; the input has moved its revision before.
+func (h *Hub) Changed() {
+	select {
+	case h.changes <- struct{}{}:
+	default:
+	}
+}
+
+// Changes receives a value (coalesced) after any table changed.
+func (h *Hub) Changes() <-chan struct{} { return h.changes }
+
+// Stop ends the informers and whatever Go started, and waits for them, at most stopWait.
+func (h *Hub) Stop() {
+	h.mu.Lock()
+	h.stopped = true
+	h.mu.Unlock()
+	h.cancel()
+	if !waitgroup.Until(&h.wg, time.After(stopWait)) {
+		// client-go's streaming list sleeps out its retry backoff (up to 30 s) without watching the
+		// stop channel when the API server refuses connections; the process is ending anyway.
+		h.log.Warn("watches still retrying the API server; not waiting for them", "after", stopWait)
+	}
+}
+
+// stopWait bounds how long Stop waits for the informers to end.
+const stopWait = 2 * time.Second
+
+// ErrNoAPI is why the inputs of an Offline hub cannot start.
+var ErrNoAPI = errors.New("no API client")
+
+// Offline returns a Hub without an API client: its inputs cannot start (ErrNoAPI). For engines
+// whose fixes read no table.
+func Offline(log *slog.Logger) *Hub {
+	return NewHub(func() (kube.Interface, error) { return nil, ErrNoAPI }, "", log)
+}
