@@ -232,7 +232,7 @@ func Decode(options map[string]any, out any) error {
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		f, ok := fields[normalizeKey(k)]
+		f, ok := fields[NormalizeKey(k)]
 		if !ok {
 			errs = append(errs, &OptionError{Key: k, Problem: UnknownKey("key", k, append([]string{"enabled"}, names...))})
 		} else if p := ValueProblem(options[k], f.Type); p != "" {
@@ -246,7 +246,7 @@ func Decode(options map[string]any, out any) error {
 		Result:           out,
 		ErrorUnused:      true,
 		WeaklyTypedInput: true,
-		MatchName:        func(key, field string) bool { return normalizeKey(key) == normalizeKey(field) },
+		MatchName:        func(key, field string) bool { return NormalizeKey(key) == NormalizeKey(field) },
 		DecodeHook: mapstructure.ComposeDecodeHookFunc(
 			mapstructure.StringToTimeDurationHookFunc(),
 			mapstructure.StringToSliceHookFunc(","),
@@ -276,7 +276,10 @@ func DecodeError(err error) error {
 	return errors.Join(errs...)
 }
 
-func normalizeKey(s string) string {
+// NormalizeKey is the one spelling under which option keys compare (Decode, Nearest and the
+// configuration's own decoder): lower case without '-' and '_', so maxEntries, max-entries and
+// MAX_ENTRIES (an environment variable's) are one key.
+func NormalizeKey(s string) string {
 	return strings.ToLower(strings.NewReplacer("-", "", "_", "").Replace(s))
 }
 

@@ -37,7 +37,7 @@ func UnknownKey(noun, key string, known []string) string {
 func Nearest(key string, known []string) string {
 	best, bestD := "", max(2, len(key)/3)+1
 	for _, k := range known {
-		if d := distance(normalizeKey(key), normalizeKey(k)); d < bestD {
+		if d := distance(NormalizeKey(key), NormalizeKey(k)); d < bestD {
 			best, bestD = k, d
 		}
 	}
@@ -179,7 +179,7 @@ func optionFields(t reflect.Type) (map[string]reflect.StructField, []string) {
 		if name == "" {
 			name = f.Name
 		}
-		fields[normalizeKey(name)] = f
+		fields[NormalizeKey(name)] = f
 		names = append(names, name)
 	}
 	return fields, names

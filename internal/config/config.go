@@ -99,6 +99,12 @@ type Config struct {
 
 	// origins say where every key that is set was set, for errors.
 	origins origins
+
+	// overrides are the file's nodeOverrides (of a base configuration); base and override are set
+	// on a configuration ForNode made: the one it was made from, and the entry it applied.
+	overrides []NodeOverride
+	base      *Config
+	override  Override
 }
 
 // Version is the newest configVersion this agent understands: the version of the configuration
@@ -209,7 +215,7 @@ func decode(in map[string]any, out *Config) error {
 		Result:           out,
 		ErrorUnused:      true,
 		WeaklyTypedInput: true,
-		MatchName:        func(key, field string) bool { return strings.EqualFold(key, field) },
+		MatchName:        func(key, field string) bool { return NormalizeKey(key) == NormalizeKey(field) },
 		DecodeHook: mapstructure.ComposeDecodeHookFunc(
 			mapstructure.StringToTimeDurationHookFunc(),
 			splitListHook,
@@ -335,6 +341,8 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string) (*Config, error)
 		file = env["NNM_CONFIG"]
 	}
 	version := Version
+	var overrides []NodeOverride
+	var overrideWarnings []string
 	if file != "" {
 		settings, err := readFile(file, o)
 		if err != nil {
@@ -342,6 +350,16 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string) (*Config, error)
 		}
 		if version, err = fileVersion(settings, o); err != nil {
 			return nil, err
+		}
+		// nodeOverrides is no viper key: viper would fold the case of the label keys in its
+		// selectors, which Kubernetes compares exactly.
+		for name, val := range settings {
+			if strings.EqualFold(name, NodeOverridesKey) {
+				delete(settings, name)
+				if overrides, overrideWarnings, err = parseNodeOverrides(val, fixIDs, o, version); err != nil {
+					return nil, err
+				}
+			}
 		}
 		if err := v.MergeConfigMap(settings); err != nil {
 			return nil, fmt.Errorf("config file %s: %w", file, err)
@@ -362,7 +380,7 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string) (*Config, error)
 		section := map[string]any{}
 		for name, val := range env {
 			if rest, ok := strings.CutPrefix(name, prefix); ok && rest != "" {
-				opt := strings.ToLower(strings.ReplaceAll(rest, "_", ""))
+				opt := NormalizeKey(rest)
 				section[opt] = val
 				o.set("fixes."+id+"."+opt, name)
 			}
@@ -411,7 +429,8 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string) (*Config, error)
 	}
 	cfg.File = file
 	cfg.KubeconfigPaths = filepath.SplitList(env[KubeconfigEnv])
-	cfg.Warnings = append(unknownEnv(env, fixIDs), ignored...)
+	cfg.Warnings = append(append(unknownEnv(env, fixIDs), ignored...), overrideWarnings...)
+	cfg.overrides = overrides
 	cfg.FileVersion = version
 	cfg.Fixes = normalizeFixes(cfg.Fixes, fixIDs)
 	cfg.origins = o
@@ -479,9 +498,20 @@ func readFile(file string, o origins) (map[string]any, error) {
 				return fmt.Errorf("config: %s is set twice (%s and %d)", shownKey(written), strings.Replace(prev.where, "line", "lines", 1), line)
 			}
 			o.set(written, fmt.Sprintf("line %d", line))
-			if n.Content[i+1].Kind == yaml.MappingNode {
-				if err := walk(n.Content[i+1], written+"."); err != nil {
+			switch val := n.Content[i+1]; val.Kind {
+			case yaml.MappingNode:
+				if err := walk(val, written+"."); err != nil {
 					return err
+				}
+			case yaml.SequenceNode:
+				// Entries of a list (nodeOverrides) are named written[i].
+				for j, item := range val.Content {
+					o.set(fmt.Sprintf("%s[%d]", written, j), fmt.Sprintf("line %d", item.Line))
+					if item.Kind == yaml.MappingNode {
+						if err := walk(item, fmt.Sprintf("%s[%d].", written, j)); err != nil {
+							return err
+						}
+					}
 				}
 			}
 		}
@@ -531,7 +561,7 @@ var (
 	yamlLine = regexp.MustCompile(`line (\d+)`)
 	// keyName is what a configuration key can look like; other "keys" (a line of a credentials
 	// file that YAML read as a key) are not repeated in errors.
-	keyName = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+	keyName = regexp.MustCompile(`^[A-Za-z0-9_.\[\]/-]{1,96}$`)
 )
 
 // shownKey returns the key for an error message, or a placeholder when it does not look like one.
@@ -712,6 +742,8 @@ func checkKeys(v *viper.Viper, settings map[string]any, fixIDs []string, o origi
 		case top == "fixes" || known[top].Key != "":
 		case top == strings.ToLower(VersionKey):
 			errs = append(errs, o.errorf(key, "set only in the config file, where it says which configuration version the file is written for"))
+		case top == strings.ToLower(NodeOverridesKey):
+			errs = append(errs, o.errorf(key, "set only in the config file (a list of {nodeSelector, fixes} entries)"))
 		case newer(key):
 			warnings = append(warnings, o.newerKey(key, version))
 			unknown[top] = true

@@ -1,0 +1,299 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
+)
+
+// NodeOverridesKey is the file's top-level list of per-node settings: each entry has a nodeSelector
+// (a Kubernetes label selector: matchLabels, matchExpressions) and fixes (fixes.<id> settings laid
+// over the file's own). On a node, the first entry whose selector matches the Node's labels
+// applies; none matching leaves the base configuration. It is set only in the file (no flag or
+// environment variable): a list of selectors is no single value.
+const NodeOverridesKey = "nodeOverrides"
+
+// NodeOverride is one entry of nodeOverrides, validated.
+type NodeOverride struct {
+	// Index is the entry's place in the list, from 0: nodeOverrides[Index].
+	Index int
+	// NodeSelector is the selector as written.
+	NodeSelector metav1.LabelSelector
+	// Fixes are the fixes.<id> settings the entry lays over the base ones, option by option.
+	Fixes map[string]map[string]any
+
+	selector labels.Selector
+}
+
+// Selector is the entry's selector in Kubernetes' text form ("pool=canary,zone in (a,b)"); an empty
+// selector, which selects every node, is "(every node)".
+func (o NodeOverride) Selector() string {
+	if s := o.selector.String(); s != "" {
+		return s
+	}
+	return "(every node)"
+}
+
+// Matches reports whether the entry's selector selects a node with these labels.
+func (o NodeOverride) Matches(nodeLabels map[string]string) bool {
+	return o.selector.Matches(labels.Set(nodeLabels))
+}
+
+// Override says which entry of nodeOverrides a configuration applies on a node.
+type Override struct {
+	// Index is the entry (nodeOverrides[Index]); -1 when none applies.
+	Index int
+	// Selector is the entry's selector (NodeOverride.Selector); "" when none applies.
+	Selector string
+}
+
+// None is the Override of a node that no entry selects (or of a configuration without entries).
+var None = Override{Index: -1}
+
+// Applies reports whether an entry applies.
+func (o Override) Applies() bool { return o.Index >= 0 }
+
+// String is "override 0 (pool=canary)" or "no override".
+func (o Override) String() string {
+	if !o.Applies() {
+		return "no override"
+	}
+	return fmt.Sprintf("override %d (%s)", o.Index, o.Selector)
+}
+
+// NodeOverrides are the validated entries of the base configuration's nodeOverrides.
+func (c *Config) NodeOverrides() []NodeOverride { return c.Base().overrides }
+
+// Base is the configuration as loaded, before any node override (c itself when c is one).
+func (c *Config) Base() *Config {
+	if c.base != nil {
+		return c.base
+	}
+	return c
+}
+
+// Override is the entry of nodeOverrides this configuration applies (None for a base one).
+func (c *Config) Override() Override {
+	if c.base == nil {
+		return None
+	}
+	return c.override
+}
+
+// ResolveOverride returns the first entry of nodeOverrides that selects a node with these labels,
+// else None. nil labels (the Node is not known) select nothing: the base configuration applies.
+func (c *Config) ResolveOverride(nodeLabels map[string]string) Override {
+	if nodeLabels == nil {
+		return None
+	}
+	for _, o := range c.NodeOverrides() {
+		if o.Matches(nodeLabels) {
+			return Override{Index: o.Index, Selector: o.Selector()}
+		}
+	}
+	return None
+}
+
+// ForNode is the configuration in effect on a node with these labels: the base configuration with
+// the fixes settings of the first matching entry of nodeOverrides laid over it, option by option
+// (keys matched as fix options are, NormalizeKey), and which entry that is. Errors about an
+// option an entry set name it as nodeOverrides[i].fixes.<id>.<key> and its line. The result's Base
+// is the base configuration, so ForNode may be called on a result again; a configuration no entry
+// applies to is a copy of the base with Override None. The agent gives the engine the result, and
+// `plan` and `diagnose` show its Override.
+func (c *Config) ForNode(nodeLabels map[string]string) (*Config, Override) {
+	base := c.Base()
+	ov := base.ResolveOverride(nodeLabels)
+	eff := *base
+	eff.base, eff.override = base, ov
+	eff.ignored = nil
+	eff.origins = maps.Clone(base.origins)
+	eff.Fixes = map[string]map[string]any{}
+	for id, opts := range base.Fixes {
+		eff.Fixes[id] = maps.Clone(opts)
+	}
+	if !ov.Applies() {
+		return &eff, ov
+	}
+	entry := base.overrides[ov.Index]
+	for _, id := range slices.Sorted(maps.Keys(entry.Fixes)) {
+		section := eff.Fixes[id]
+		if section == nil {
+			section = map[string]any{}
+			eff.Fixes[id] = section
+		}
+		for _, k := range slices.Sorted(maps.Keys(entry.Fixes[id])) {
+			for old := range section {
+				if NormalizeKey(old) == NormalizeKey(k) {
+					delete(section, old)
+				}
+			}
+			section[k] = entry.Fixes[id][k]
+			written := fmt.Sprintf("%s[%d].fixes.%s.%s", NodeOverridesKey, ov.Index, id, k)
+			_, where := base.origins.at(written)
+			eff.origins[strings.ToLower("fixes."+id+"."+k)] = origin{written: written, where: where}
+		}
+	}
+	return &eff, ov
+}
+
+// NormalizeKey is the one spelling under which keys of fix options compare: lower case, without
+// '-' and '_' (podInterfacePrefix, pod-interface-prefix and POD_INTERFACE_PREFIX are one option).
+// It is fix.NormalizeKey, which fix.Decode matches options with.
+func NormalizeKey(key string) string { return fix.NormalizeKey(key) }
+
+// parseNodeOverrides validates the file's nodeOverrides (val as YAML read it). Errors name the entry
+// and the field: nodeOverrides[1].nodeSelector.matchExpressions (line 9): …
+func parseNodeOverrides(val any, fixIDs []string, o origins, version int) ([]NodeOverride, []string, error) {
+	newer := func(key string) bool { return version > Version && o.fromFile(key) }
+	if val == nil {
+		return nil, nil, nil
+	}
+	list, ok := val.([]any)
+	if !ok {
+		return nil, nil, o.errorf(NodeOverridesKey, "%s is not a list of {nodeSelector: …, fixes: …} entries", fix.ShowValue(val))
+	}
+	var out []NodeOverride
+	var warnings []string
+	var errs []error
+	for i, item := range list {
+		at := fmt.Sprintf("%s[%d]", NodeOverridesKey, i)
+		m, ok := item.(map[string]any)
+		if !ok {
+			errs = append(errs, o.errorf(at, "%s is not a mapping such as {nodeSelector: {matchLabels: {pool: canary}}, fixes: {mss-clamp: {enabled: true}}}", fix.ShowValue(item)))
+			continue
+		}
+		entry := NodeOverride{Index: i, Fixes: map[string]map[string]any{}}
+		var sel any
+		haveSel := false
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			switch {
+			case strings.EqualFold(k, "nodeSelector"):
+				sel, haveSel = m[k], true
+			case strings.EqualFold(k, "fixes"):
+				w, err := overrideFixes(m[k], at+"."+k, fixIDs, o, newer, version, entry.Fixes)
+				warnings = append(warnings, w...)
+				if err != nil {
+					errs = append(errs, err)
+				}
+			case newer(at + "." + k):
+				warnings = append(warnings, o.newerKey(at+"."+k, version))
+			default:
+				errs = append(errs, o.errorf(at+"."+k, "%s", fix.UnknownKey("key", k, []string{"nodeSelector", "fixes"})))
+			}
+		}
+		if !haveSel || sel == nil {
+			errs = append(errs, o.errorf(at, "no nodeSelector; accepted: a label selector such as {matchLabels: {pool: canary}} ({} selects every node)"))
+			continue
+		}
+		s, err := labelSelector(sel, at+".nodeSelector", o)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		entry.NodeSelector = s
+		if entry.selector, err = metav1.LabelSelectorAsSelector(&s); err != nil {
+			errs = append(errs, o.errorf(at+".nodeSelector", "%v", err))
+			continue
+		}
+		out = append(out, entry)
+	}
+	if len(errs) > 0 {
+		return nil, nil, errors.Join(errs...)
+	}
+	return out, warnings, nil
+}
+
+// labelSelector reads a metav1.LabelSelector strictly: only matchLabels and matchExpressions, each
+// expression only key, operator and values.
+func labelSelector(val any, at string, o origins) (metav1.LabelSelector, error) {
+	var s metav1.LabelSelector
+	m, ok := val.(map[string]any)
+	if !ok {
+		return s, o.errorf(at, "%s is not a label selector such as {matchLabels: {pool: canary}}", fix.ShowValue(val))
+	}
+	for k := range m {
+		if k != "matchLabels" && k != "matchExpressions" {
+			return s, o.errorf(at+"."+k, "%s", fix.UnknownKey("key", k, []string{"matchLabels", "matchExpressions"}))
+		}
+	}
+	if exprs, ok := m["matchExpressions"].([]any); ok {
+		for j, e := range exprs {
+			em, ok := e.(map[string]any)
+			if !ok {
+				return s, o.errorf(fmt.Sprintf("%s.matchExpressions[%d]", at, j), "%s is not a mapping such as {key: pool, operator: In, values: [canary]}", fix.ShowValue(e))
+			}
+			for k := range em {
+				if k != "key" && k != "operator" && k != "values" {
+					return s, o.errorf(fmt.Sprintf("%s.matchExpressions[%d].%s", at, j, k), "%s", fix.UnknownKey("key", k, []string{"key", "operator", "values"}))
+				}
+			}
+		}
+	}
+	data, err := json.Marshal(m)
+	if err != nil {
+		return s, o.errorf(at, "not a label selector: %v", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		field := at
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			field = at + "." + te.Field
+		}
+		return s, o.errorf(field, "not a label selector such as {matchLabels: {pool: canary}} or {matchExpressions: [{key: pool, operator: In, values: [canary]}]}")
+	}
+	return s, nil
+}
+
+// overrideFixes checks an entry's fixes (a mapping of registered fix ids to mappings; enabled true or
+// false) into out. The options themselves are checked by the fix wherever the entry applies, as
+// the base ones are.
+func overrideFixes(val any, at string, fixIDs []string, o origins, newer func(string) bool, version int, out map[string]map[string]any) ([]string, error) {
+	if val == nil {
+		return nil, nil
+	}
+	sections, ok := val.(map[string]any)
+	if !ok {
+		return nil, o.errorf(at, "%s is not a mapping of fix ids such as {mss-clamp: {enabled: true}}", fix.ShowValue(val))
+	}
+	var warnings []string
+	var errs []error
+	for _, id := range slices.Sorted(maps.Keys(sections)) {
+		key := at + "." + id
+		if !slices.Contains(fixIDs, id) {
+			if newer(key) {
+				warnings = append(warnings, o.newerKey(key, version))
+				continue
+			}
+			errs = append(errs, o.errorf(key, "%s", fix.UnknownKey("fix", id, fixIDs)))
+			continue
+		}
+		section, ok := sections[id].(map[string]any)
+		if sections[id] != nil && !ok {
+			errs = append(errs, o.errorf(key, "%s is not a mapping such as {enabled: true}", fix.ShowValue(sections[id])))
+			continue
+		}
+		out[id] = map[string]any{}
+		for k, v := range section {
+			if strings.EqualFold(k, "enabled") {
+				if _, err := parseBool(v); err != nil {
+					errs = append(errs, o.errorf(key+"."+k, "%s is not true or false", fix.ShowValue(v)))
+					continue
+				}
+			}
+			out[id][k] = v
+		}
+	}
+	return warnings, errors.Join(errs...)
+}
