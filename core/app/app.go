@@ -28,10 +28,12 @@ import (
 	"github.com/network-node-manager/network-node-manager/backends"
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/node"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/internal/agent"
 	"github.com/network-node-manager/network-node-manager/internal/config"
 	"github.com/network-node-manager/network-node-manager/internal/engine"
+	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
 
 // Build identifies the binary; the linker sets its parts (-X main.version=…, -X main.commit=…).
@@ -105,7 +107,7 @@ func runCommand(version string, fixModules fx.Option) *cobra.Command {
 			if p, ok := gcPercent(os.LookupEnv); ok {
 				debug.SetGCPercent(p)
 			}
-			app, err := buildApp(fixModules, agent.Agent, backends.Module, backends.Takeover,
+			app, err := buildApp(fixModules, agent.Agent, agent.Overrides, backends.Module, backends.Takeover,
 				fx.Supply(inputs(cmd, version)),
 				fx.Provide(agent.Hub),
 				fx.Invoke(agent.WatchConfig),
@@ -142,11 +144,17 @@ func planCommand(version string, fixModules fx.Option) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var e *engine.Engine
 			var cfg *config.Config
+			var n *node.Input
+			var hub *watch.Hub
 			if _, err := buildApp(fixModules, agent.Module, backends.Module,
 				fx.Supply(inputs(cmd, version)),
 				fx.Provide(agent.FileHub(servicesFile)),
-				fx.Populate(&e, &cfg),
+				fx.Populate(&e, &cfg, &n, &hub),
 			); err != nil {
+				return err
+			}
+			cfg, err := planForNode(cmd.Context(), cmd.OutOrStdout(), e, cfg, n, hub)
+			if err != nil {
 				return err
 			}
 			names := backends.Names

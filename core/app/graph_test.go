@@ -21,7 +21,7 @@ const examples = "../../examples/"
 
 // The graph that `run` builds is complete: every dependency of every constructor is provided.
 func TestRunGraphValidates(t *testing.T) {
-	err := fx.ValidateApp(fixes.Standard, agent.Agent, backends.Module,
+	err := fx.ValidateApp(fixes.Standard, agent.Agent, agent.Overrides, backends.Module,
 		fx.Supply(agent.Inputs{Environ: []string{"NNM_PROXY_MODE=ipvs"}}),
 		fx.Provide(agent.Hub),
 		fx.Invoke(agent.WatchConfig),

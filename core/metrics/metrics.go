@@ -49,6 +49,8 @@ type Sync struct {
 	Skipped       *prometheus.GaugeVec
 	Info          *prometheus.GaugeVec
 	ConfigReloads *prometheus.CounterVec
+	// NodeOverride is 1 for the entry of the config file's nodeOverrides that applies on this node.
+	NodeOverride *prometheus.GaugeVec
 }
 
 // NewSync creates and registers the engine's metrics on reg.
@@ -92,9 +94,12 @@ func NewSync(reg prometheus.Registerer) *Sync {
 		ConfigReloads: CounterVec("config_reloads_total",
 			"Config file reloads by result (success or error).",
 			"result"),
+		NodeOverride: GaugeVec("config_node_override",
+			"1 for the entry of the config file's nodeOverrides that applies on this node (override is its index from 0, or none).",
+			"override"),
 	}
 	reg.MustRegister(m.Duration, m.Syncs, m.Errors, m.Repairs, m.Rules, m.LastSuccess, m.Enabled,
-		m.Refused, m.Covered, m.Skipped, m.Info, m.ConfigReloads)
+		m.Refused, m.Covered, m.Skipped, m.Info, m.ConfigReloads, m.NodeOverride)
 	return m
 }
 

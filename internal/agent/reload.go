@@ -15,7 +15,6 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/internal/config"
-	"github.com/network-node-manager/network-node-manager/internal/engine"
 	"github.com/network-node-manager/network-node-manager/internal/logging"
 )
 
@@ -27,12 +26,15 @@ import (
 // viper.WatchConfig is not used: it re-reads into one viper instance (our Load merges the file with
 // the environment and flags each time and must be able to refuse the result as a whole), it has no
 // debounce, and its goroutine cannot be stopped, which an fx Stop hook and goleak need.
-func WatchConfig(lc fx.Lifecycle, cfg *config.Config, in Inputs, ids fix.IDs, e *engine.Engine, m *metrics.Sync, ev EventsIn, log *slog.Logger, level *slog.LevelVar) {
+//
+// The loaded file goes to the engine through NodeOverrides, which resolves its nodeOverrides for
+// this node: the engine takes the configuration in effect here.
+func WatchConfig(lc fx.Lifecycle, cfg *config.Config, in Inputs, ids fix.IDs, o *NodeOverrides, m *metrics.Sync, ev EventsIn, log *slog.Logger, level *slog.LevelVar) {
 	if cfg.File == "" {
 		return
 	}
 	w := &configWatcher{file: cfg.File, load: func() (*config.Config, error) { return config.Load(in.Flags, in.Environ, ids.IDs) },
-		apply: reloadApply(level, log, e.Reconfigure), rejected: ev.Recorder.ConfigRejected, m: m, log: log, quiet: reloadQuiet, maxWait: reloadMaxWait}
+		apply: reloadApply(level, log, o.Apply), rejected: ev.Recorder.ConfigRejected, m: m, log: log, quiet: reloadQuiet, maxWait: reloadMaxWait}
 	lc.Append(fx.Hook{OnStart: w.start, OnStop: w.stop})
 }
 

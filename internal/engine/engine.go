@@ -117,6 +117,18 @@ func New(o Options) (*Engine, error) {
 	return e, nil
 }
 
+// Configure takes cfg in place of the configuration New took, before Start: for a configuration
+// known only once the graph is built (the agent's, once this node's labels have chosen its
+// nodeOverrides entry). Every fix validates its options as in New; after Start, Reconfigure.
+func (e *Engine) Configure(cfg *config.Config) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.started.IsZero() {
+		return errors.New("engine: Configure after Start; use Reconfigure")
+	}
+	return e.configure(cfg)
+}
+
 // Start starts the watches and one worker per unit. It returns at once. Watches that cannot be
 // started (no API client) are logged; the fixes that need them wait, the others run.
 func (e *Engine) Start(ctx context.Context) error {

@@ -4,6 +4,7 @@ package node
 
 import (
 	"net/netip"
+	"slices"
 	"sync"
 
 	"go.uber.org/fx"
@@ -45,6 +46,8 @@ type Input struct {
 	mu       sync.Mutex
 	hub      *watch.Hub
 	nodeName string
+	// onChange hear the Node after each event (OnChange).
+	onChange []func(*corev1.Node)
 }
 
 // New returns the Node input; it does no I/O.
@@ -69,8 +72,33 @@ func (in *Input) Start(h *watch.Hub) error {
 		}
 		return nil
 	}
-	return in.Watch(h, Resource, fields.OneTermEqualSelector("metadata.name", h.NodeName()).String(), transform, nil)
+	return in.Watch(h, Resource, fields.OneTermEqualSelector("metadata.name", h.NodeName()).String(), transform, in.event)
 }
+
+// OnChange registers f to hear this node's Node (stripped; nil when it was deleted) after every
+// event of the informer, from the informer's goroutine: f must not block. The agent re-resolves
+// the configuration's nodeOverrides with it when the Node's labels change.
+func (in *Input) OnChange(f func(*corev1.Node)) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.onChange = append(in.onChange, f)
+}
+
+func (in *Input) event(obj any, deleted bool) {
+	n, _ := obj.(*corev1.Node)
+	if deleted {
+		n = nil
+	}
+	in.mu.Lock()
+	subs := slices.Clone(in.onChange)
+	in.mu.Unlock()
+	for _, f := range subs {
+		f(n)
+	}
+}
+
+// Node is this node's Node object (stripped, StripNode), nil when unknown. Callers must not modify it.
+func (in *Input) Node() *corev1.Node { return in.node() }
 
 // Synced says whether the Node was listed; without a node name it never will be, which is no
 // reason to wait.
@@ -109,10 +137,10 @@ func transform(obj any) (any, error) {
 	return obj, nil
 }
 
-// StripNode keeps identity, pod CIDRs and the node's addresses (status.addresses: a DNAT fix must
-// never take them over).
+// StripNode keeps identity, labels (the configuration's nodeOverrides select nodes by them), pod
+// CIDRs and the node's addresses (status.addresses: a DNAT fix must never take them over).
 func StripNode(n *corev1.Node) *corev1.Node {
-	out := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion}}
+	out := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels}}
 	out.Spec.PodCIDR = n.Spec.PodCIDR
 	out.Spec.PodCIDRs = n.Spec.PodCIDRs
 	out.Status.Addresses = n.Status.Addresses

@@ -29,8 +29,11 @@ func TestStripNodeKeepsWhatFixesRead(t *testing.T) {
 		},
 	}
 	out := StripNode(in)
-	if out.Labels != nil || out.ManagedFields != nil || out.Status.Images != nil {
+	if out.ManagedFields != nil || out.Status.Images != nil {
 		t.Fatalf("not stripped: %+v", out)
+	}
+	if out.Labels["l"] != "v" {
+		t.Fatalf("lost the labels (nodeOverrides select by them): %+v", out.Labels)
 	}
 	if len(out.Spec.PodCIDRs) != 2 || len(out.Status.Addresses) != 2 || out.Status.Addresses[1].Address != "2001:db8::5" {
 		t.Fatalf("lost what fixes read: %+v", out)
