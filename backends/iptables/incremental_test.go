@@ -105,13 +105,14 @@ func incrementalEqualsScratch(t *testing.T, v Variant, f rules.Family, gen bool)
 }
 
 // oursUnordered is ours with the rules of each bucket of externalIPSharded's first run (one DNAT
-// rule: NNM-EXTIP-DNAT-<prefix>) sorted: their order in the kernel depends on the edits that made
+// rule: NNM-EXTIP-DNAT-<prefix>) and of its masquerade by original destination (one MASQUERADE
+// rule: NNM-EXTIP-MASQ-<prefix>) sorted: their order in the kernel depends on the edits that made
 // them. The second run's buckets (NNM-EXTIP-DNAT2-<prefix>: a MARK rule per entry, then a DNAT rule
 // per entry) keep their order.
 func oursUnordered(save string) string {
 	lines := strings.Split(strings.TrimSuffix(ours(save), "\n"), "\n")
 	chainOf := func(l string) string {
-		if f := strings.Fields(l); len(f) > 1 && f[0] == "-A" && strings.HasPrefix(f[1], "NNM-EXTIP-DNAT-") {
+		if f := strings.Fields(l); len(f) > 1 && f[0] == "-A" && (strings.HasPrefix(f[1], "NNM-EXTIP-DNAT-") || strings.HasPrefix(f[1], "NNM-EXTIP-MASQ-")) {
 			return f[1]
 		}
 		return ""

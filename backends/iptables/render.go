@@ -288,7 +288,7 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 			// A run of consecutive rules on the same map shares its buckets: inside a bucket the
 			// rules keep their order (say all MARK rules of the bucket's entries, then all DNAT rules).
 			run++
-			lookup := r.Match.Lookup
+			lookup, key := r.Match.Lookup, r.Match.LookupKey
 			buckets := map[netip.Prefix]*rchain{}
 			runNames := bucketNames(rs, c, i, t, run, names)
 			inBucket := func(dst netip.Addr, spec []byte) error {
@@ -305,7 +305,7 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 				return nil
 			}
 			first := i
-			for ; i < len(c.Rules) && c.Rules[i].Match.Lookup == lookup; i++ {
+			for ; i < len(c.Rules) && sameRun(c.Rules[i].Match, r.Match); i++ {
 				if err := ln.render(rs, c, c.Rules[i], inBucket); err != nil {
 					return nil, nil, fmt.Errorf("chain %s rule %d: %w", c.Name, i+1, err)
 				}
@@ -318,8 +318,12 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 			for _, p := range prefixes {
 				bc := buckets[p]
 				bc.unordered = i-first == 1 && oneLinePerKey(c.Rules[first])
-				parent.lines = append(parent.lines, fmt.Sprintf("-A %s -d %s -m comment --comment %s -j %s",
-					name, p, quote(ruleComment(rs.Fix, "", "lookup "+lookup+" "+p.String())), bc.name))
+				dispatch, what := "-d", "lookup "+lookup+" "
+				if key == rules.LookupCTOriginal {
+					dispatch, what = "-m conntrack --ctorigdst", "lookup "+lookup+" by original destination "
+				}
+				parent.lines = append(parent.lines, fmt.Sprintf("-A %s %s %s -m comment --comment %s -j %s",
+					name, dispatch, p, quote(ruleComment(rs.Fix, "", what+p.String())), bc.name))
 				out = append(out, bc)
 			}
 		}
@@ -337,13 +341,18 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 	return out, jumps, nil
 }
 
+// sameRun says whether two lookup matches belong to one run of bucket chains: the same map, looked
+// up by the same key (a bucket dispatches on the packet's destination or on the connection's
+// original one).
+func sameRun(a, b rules.Match) bool { return a.Lookup == b.Lookup && a.LookupKey == b.LookupKey }
+
 // bucketNames names the buckets of the lookup run that starts at rule first of chain c (the run-th of
 // the chain, in table t): every prefix that an entry the run expands falls in, in address order, gets
 // bucketName unless a chain already in names has it (a collision), else its next try. names gets
 // the names given.
 func bucketNames(rs *rules.Ruleset, c rules.Chain, first int, t string, run int, names map[tchain]bool) map[netip.Prefix]string {
-	lookup := c.Rules[first].Match.Lookup
-	m := rs.Map(lookup)
+	head := c.Rules[first].Match
+	m := rs.Map(head.Lookup)
 	if m == nil {
 		return nil
 	}
@@ -353,7 +362,7 @@ func bucketNames(rs *rules.Ruleset, c rules.Chain, first int, t string, run int,
 		if len(prefixes) > 0 && prefixes[len(prefixes)-1] == p {
 			continue
 		}
-		for i := first; i < len(c.Rules) && c.Rules[i].Match.Lookup == lookup; i++ {
+		for i := first; i < len(c.Rules) && sameRun(c.Rules[i].Match, head); i++ {
 			if expands(c.Rules[i].Match, &e) {
 				prefixes = append(prefixes, p)
 				break
@@ -417,6 +426,9 @@ type target struct {
 	to       netip.AddrPort
 	comment  string
 	fromEntr bool
+	// ctOrig: dst, proto and port are the connection's original destination (a LookupCTOriginal
+	// entry), matched with -m conntrack, not the packet's.
+	ctOrig bool
 }
 
 // lineBuf is the scratch space of a rendering: every kernel rule is assembled in it and leaves it as
@@ -456,7 +468,7 @@ func (l *lineBuf) render(rs *rules.Ruleset, c rules.Chain, r rules.Rule, emit fu
 			return fmt.Errorf("dnat to a port needs Match.Protocol")
 		}
 		dsts := m.DstPrefixes
-		if tg.dst.IsValid() {
+		if tg.dst.IsValid() && !tg.ctOrig {
 			a := tg.dst.Unmap()
 			dsts = []netip.Prefix{netip.PrefixFrom(a, a.BitLen())}
 		}
@@ -519,7 +531,7 @@ func appendMatch(b []byte, m rules.Match, tg target, p, d netip.Prefix) []byte {
 	if m.OutInterfacePrefix != "" {
 		b = append(append(append(b, " -o "...), m.OutInterfacePrefix...), '+')
 	}
-	if tg.proto != "" {
+	if tg.proto != "" && !tg.ctOrig {
 		b = append(append(b, " -p "...), tg.proto...)
 		if tg.port != 0 || m.TCPFlags.Mask != 0 {
 			b = append(append(b, " -m "...), tg.proto...)
@@ -541,6 +553,19 @@ func appendMatch(b []byte, m rules.Match, tg target, p, d netip.Prefix) []byte {
 				b = append(b, ',')
 			}
 			b = append(b, strings.ToUpper(string(s))...)
+		}
+	}
+	// A conntrack status and the original destination share one match (its options are ANDed); the
+	// states above are a list of alternatives, so they stay a match of their own.
+	if m.CTStatus != "" || tg.ctOrig {
+		b = append(b, " -m conntrack"...)
+		if m.CTStatus != "" {
+			b = append(append(b, " --ctstate "...), strings.ToUpper(string(m.CTStatus))...)
+		}
+		if tg.ctOrig {
+			b = append(append(b, " --ctproto "...), tg.proto...)
+			b = tg.dst.Unmap().AppendTo(append(b, " --ctorigdst "...))
+			b = strconv.AppendUint(append(b, " --ctorigdstport "...), uint64(tg.port), 10)
 		}
 	}
 	if m.Mark != 0 {
@@ -565,7 +590,7 @@ func targetsOf(rs *rules.Ruleset, r rules.Rule) iter.Seq[target] {
 			if cm == "" {
 				cm = r.Comment
 			}
-			if !yield(target{dst: e.Addr, proto: e.Protocol, port: e.Port, to: e.To, comment: cm, fromEntr: true}) {
+			if !yield(target{dst: e.Addr, proto: e.Protocol, port: e.Port, to: e.To, comment: cm, fromEntr: true, ctOrig: m.LookupKey == rules.LookupCTOriginal}) {
 				return
 			}
 		}

@@ -125,6 +125,11 @@ func externalIPSharded(family rules.Family) *rules.Ruleset {
 		rules.Rule{Match: rules.Match{Lookup: "external-ips", SrcAddrType: rules.Local}, SetMark: 0x4000_0000, Comment: "second run, marked per entry"},
 		rules.Rule{Match: rules.Match{Lookup: "external-ips", SrcAddrType: rules.Local}, Verdict: rules.Verdict{Kind: rules.DNATLookup}, Comment: "second run"},
 	)
+	// A lookup by the connection's original destination: buckets of its own, dispatched by
+	// -m conntrack --ctorigdst (issue #41: masquerade what was DNATed without a mark).
+	masq := &rs.Chains[3]
+	masq.Rules = append(masq.Rules, rules.Rule{Match: rules.Match{CTStatus: rules.CTDNAT, Lookup: "external-ips", LookupKey: rules.LookupCTOriginal},
+		Verdict: rules.Verdict{Kind: rules.Masquerade}, Comment: "masquerade by conntrack"})
 	return rs
 }
 
@@ -280,7 +285,7 @@ func TestUnorderedBuckets(t *testing.T) {
 		}
 		runs := map[bool]int{}
 		for _, c := range chains {
-			first := c.parent != "" && strings.HasPrefix(c.name, "NNM-EXTIP-DNAT-")
+			first := c.parent != "" && (strings.HasPrefix(c.name, "NNM-EXTIP-DNAT-") || strings.HasPrefix(c.name, "NNM-EXTIP-MASQ-"))
 			if c.unordered != first {
 				t.Errorf("%s: chain %s (parent %q) unordered = %v, want %v", f, c.name, c.parent, c.unordered, first)
 			}

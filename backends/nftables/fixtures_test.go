@@ -78,6 +78,7 @@ func externalIPRuleset(f rules.Family, entries []rules.MapEntry) *rules.Ruleset 
 			}},
 			{Name: "EXTIP-POSTROUTING", Type: rules.NAT, Hook: rules.Postrouting, Rules: []rules.Rule{
 				{Match: rules.Match{Mark: 0x4000}, Verdict: rules.Verdict{Kind: rules.Masquerade}, Comment: "masquerade what we DNATed"},
+				{Match: rules.Match{CTStatus: rules.CTDNAT, Lookup: "external-ips", LookupKey: rules.LookupCTOriginal}, Verdict: rules.Verdict{Kind: rules.Masquerade}, Comment: "masquerade by conntrack"},
 			}},
 		},
 		Maps: []rules.Map{{Name: "external-ips", Entries: entries}},

@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 
 	gnft "github.com/google/nftables"
 	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
@@ -152,17 +154,79 @@ func (l netlinkLister) ListRules(_ context.Context, chain string) ([]*knftables.
 	}
 	var out []*knftables.Rule
 	for _, name := range names {
-		rs, err := conn.GetRules(t, &gnft.Chain{Name: name, Table: t})
+		rs, err := ruleHandles(t, name)
 		if err != nil {
 			return nil, l.wrap("rules of chain "+name, err)
 		}
 		for _, r := range rs {
-			kr := &knftables.Rule{Chain: name, Handle: knftables.PtrTo(int(r.Handle))}
-			if c, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok {
+			kr := &knftables.Rule{Chain: name, Handle: knftables.PtrTo(int(r.handle))}
+			if c, ok := userdata.GetString(r.userData, userdata.TypeComment); ok {
 				kr.Comment = &c
 			}
 			out = append(out, kr)
 		}
+	}
+	return out, nil
+}
+
+// ruleHead is what ListRules reads of a rule: its handle and user data (the comment).
+type ruleHead struct {
+	handle   uint64
+	userData []byte
+}
+
+// ruleHandles dumps the rules of chain in table t over netlink, in the calling thread's network
+// namespace, decoding only their handles and user data. google/nftables' GetRules decodes every
+// expression and fails on some the kernel accepts (v0.3.0 reads a ct expression's direction, one
+// byte, as four: "attribute 3 is not a uint32"), which would fail every listing of a table with a
+// "ct original" match; the backend needs neither the expressions nor that risk.
+func ruleHandles(t *gnft.Table, chain string) ([]ruleHead, error) {
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{
+		{Type: unix.NFTA_RULE_TABLE, Data: []byte(t.Name + "\x00")},
+		{Type: unix.NFTA_RULE_CHAIN, Data: []byte(chain + "\x00")},
+	})
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := conn.Execute(netlink.Message{
+		Header: netlink.Header{
+			Type:  netlink.HeaderType((unix.NFNL_SUBSYS_NFTABLES << 8) | unix.NFT_MSG_GETRULE),
+			Flags: netlink.Request | netlink.Dump,
+		},
+		// struct nfgenmsg: family, version, resource id.
+		Data: append([]byte{byte(t.Family), unix.NFNETLINK_V0, 0, 0}, attrs...),
+	})
+	if err != nil {
+		return nil, err
+	}
+	var out []ruleHead
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return nil, err
+		}
+		ad.ByteOrder = binary.BigEndian
+		var r ruleHead
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_RULE_HANDLE:
+				r.handle = ad.Uint64()
+			case unix.NFTA_RULE_USERDATA:
+				r.userData = ad.Bytes()
+			}
+		}
+		if err := ad.Err(); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
 	}
 	return out, nil
 }

@@ -271,12 +271,28 @@ func ruleText(f fam, c rules.Chain, r rules.Rule) (string, error) {
 		}
 		p = append(p, "ct state "+setOf(cs))
 	}
+	switch m.CTStatus {
+	case "":
+	case rules.CTDNAT:
+		p = append(p, "ct status dnat")
+	default:
+		return "", fmt.Errorf("unsupported conntrack status %q", m.CTStatus)
+	}
 	if m.Mark != 0 {
 		p = append(p, fmt.Sprintf("meta mark & 0x%08x == 0x%08x", m.Mark, m.Mark))
 	}
 	lookupKey := f.addr + " daddr . meta l4proto . th dport"
 	if m.Lookup != "" {
-		p = append(p, lookupKey+" @"+keySetName(m.Lookup))
+		switch m.LookupKey {
+		case rules.LookupPacket:
+			p = append(p, lookupKey+" @"+keySetName(m.Lookup))
+		case rules.LookupCTOriginal:
+			// nft gives "ct original proto-dst" a type only after a match on the protocol: every key
+			// of a map has one of these (rules.Map), so the match changes nothing else.
+			p = append(p, "ct original protocol { tcp, udp, sctp } ct original "+f.addr+" daddr . ct original protocol . ct original proto-dst @"+keySetName(m.Lookup))
+		default:
+			return "", fmt.Errorf("unsupported lookup key %q", m.LookupKey)
+		}
 	}
 	if r.Counter != "" {
 		if !counterNamePattern.MatchString(r.Counter) {

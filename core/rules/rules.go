@@ -156,6 +156,26 @@ const (
 	CTRelated     CTState = "related"
 )
 
+// CTStatus is a bit of a connection's conntrack status.
+type CTStatus string
+
+// CTDNAT: the connection's destination was translated by a DNAT rule (nf_nat: iptables' DNAT, nft's
+// dnat). IPVS's forwarding does not set it: IPVS rewrites the conntrack reply tuple itself.
+const CTDNAT CTStatus = "dnat"
+
+// LookupKey says what a Match.Lookup looks up in its map.
+type LookupKey string
+
+const (
+	// LookupPacket (the zero value) looks up the packet's destination address, protocol and
+	// destination port.
+	LookupPacket LookupKey = ""
+	// LookupCTOriginal looks up the connection's original destination (conntrack's original tuple):
+	// the address, protocol and port the connection was opened to, before any DNAT. It finds, in
+	// postrouting, the connections a DNATLookup on the same map translated, without a packet mark.
+	LookupCTOriginal LookupKey = "ct-original"
+)
+
 // TCPFlag is a set of TCP header flags (bits of the flags byte).
 type TCPFlag uint8
 
@@ -257,11 +277,15 @@ type Match struct {
 	TCPFlags TCPFlags
 	// CTStates matches any of the conntrack states.
 	CTStates []CTState
+	// CTStatus matches packets of connections whose conntrack status has this bit.
+	CTStatus CTStatus
 	// Mark matches packets whose mark has all these bits set.
 	Mark uint32
 	// Lookup matches packets whose (destination address, protocol, destination port) is a key of the
-	// named Map of the same Ruleset.
-	Lookup string
+	// named Map of the same Ruleset; with LookupKey LookupCTOriginal, whose connection's original
+	// destination is.
+	Lookup    string
+	LookupKey LookupKey
 }
 
 // Rule is one match and what to do with matching packets.
@@ -521,6 +545,26 @@ func (rs *Ruleset) validateRule(c Chain, r Rule, chains map[string]bool, maps ma
 	}
 	if m.Lookup != "" && maps[m.Lookup] == nil {
 		return fmt.Errorf("lookup in missing map %q", m.Lookup)
+	}
+	switch m.LookupKey {
+	case LookupPacket:
+	case LookupCTOriginal:
+		if m.Lookup == "" {
+			return fmt.Errorf("lookup key %s without a Lookup", m.LookupKey)
+		}
+		if m.DstAddr.IsValid() || len(m.DstPrefixes) > 0 || m.Protocol != "" || m.DstPort != 0 {
+			return fmt.Errorf("a %s lookup with a match on the packet's destination or protocol (the lookup is on the original destination)", m.LookupKey)
+		}
+		if r.Verdict.Kind == DNATLookup {
+			return fmt.Errorf("dnat-lookup needs the packet's destination as the lookup key, not %s", m.LookupKey)
+		}
+	default:
+		return fmt.Errorf("unknown lookup key %q", m.LookupKey)
+	}
+	switch m.CTStatus {
+	case "", CTDNAT:
+	default:
+		return fmt.Errorf("unknown conntrack status %q", m.CTStatus)
 	}
 	if len(r.Comment) > MaxComment {
 		return fmt.Errorf("comment longer than %d bytes", MaxComment)

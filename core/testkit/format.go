@@ -97,11 +97,18 @@ func FormatRule(r rules.Rule) string {
 	if len(m.CTStates) > 0 {
 		parts = append(parts, "ct state "+braced(m.CTStates, func(s rules.CTState) string { return string(s) }))
 	}
+	if m.CTStatus != "" {
+		parts = append(parts, "ct status "+string(m.CTStatus))
+	}
 	if m.Mark != 0 {
 		parts = append(parts, fmt.Sprintf("mark 0x%08x", m.Mark))
 	}
 	if m.Lookup != "" {
-		parts = append(parts, "lookup @"+m.Lookup)
+		if m.LookupKey != rules.LookupPacket {
+			parts = append(parts, "lookup "+string(m.LookupKey)+" @"+m.Lookup)
+		} else {
+			parts = append(parts, "lookup @"+m.Lookup)
+		}
 	}
 	if len(parts) == 0 {
 		parts = append(parts, "all")

@@ -24,29 +24,18 @@ var Module = fix.Module(spec, New)
 var spec = fix.Spec[Config, Config]{
 	ID:             ID,
 	Description:    "IPVS mode: DNAT node-local traffic for Service External-IPs to the Cluster-IP so eTP=Local Services stay reachable from the node (kubernetes#75262)",
-	Default:        func() Config { return Config{MasqueradeMark: DefaultMasqueradeMark, FromPods: true, FromHost: true} },
+	Default:        func() Config { return Config{FromPods: true, FromHost: true} },
 	Parse:          validate,
 	Reads:          []fix.TableRef{services.Table, node.Table, node.PodCIDRs, servicecidrs.Table},
 	DefaultEnabled: func(env fix.Env) bool { return env.ProxyMode == "ipvs" },
 }
 
-// DefaultMasqueradeMark is the packet-mark bit this fix uses to masquerade what it DNATed. It is our
-// own bit, not kube-proxy's 0x4000, so the fix depends on nothing kube-proxy owns.
-const DefaultMasqueradeMark uint32 = 0x00001000
-
-// kubeProxyMarks are the mark bits kube-proxy sets (its --iptables-masquerade-bit 14 default and
-// KUBE-MARK-DROP's bit 15, in iptables and IPVS mode): a masqueradeMark on one of them would
-// masquerade, or be masqueraded by, traffic that is not ours.
-var kubeProxyMarks = map[uint32]string{
-	0x00004000: "kube-proxy's masquerade bit (KUBE-MARK-MASQ, --iptables-masquerade-bit=14)",
-	0x00008000: "kube-proxy's drop bit (KUBE-MARK-DROP)",
-}
-
 // Config is the fix's configuration (keys under fixes.ipvs-externalip-dnat).
 type Config struct {
-	// MasqueradeMark is the single mark bit set on DNATed packets and masqueraded in postrouting. It
-	// must be this fix's alone: the fix also clears it on the traffic it sees (from pods, from the
-	// host) and does not DNAT.
+	// MasqueradeMark is deprecated and ignored (a warning is logged when it is set): the fix used to
+	// mark what it DNATed with this bit and masquerade every packet carrying it, whoever set it; it
+	// now masquerades the connections it DNATed, found by conntrack, and touches no mark. Still
+	// accepted so that an existing configuration keeps working.
 	MasqueradeMark uint32 `mapstructure:"masqueradeMark"`
 	// FromPods catches traffic of local pods in prerouting (source in this node's pod CIDRs, or from
 	// an interface starting with PodInterfacePrefix).

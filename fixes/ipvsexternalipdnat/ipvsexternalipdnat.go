@@ -3,7 +3,6 @@ package ipvsexternalipdnat
 import (
 	"context"
 	"fmt"
-	"math/bits"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -80,13 +79,19 @@ func (f *Fix) Check(env fix.Env) error {
 	return nil
 }
 
+// Configure applies options (fix.Base.Configure) and warns when they set the deprecated
+// masqueradeMark, which no longer does anything.
+func (f *Fix) Configure(options map[string]any) error {
+	if err := f.Base.Configure(options); err != nil {
+		return err
+	}
+	if m := f.Config().MasqueradeMark; m != 0 {
+		f.Log.Warn(fmt.Sprintf("fixes.%s.masqueradeMark is deprecated and ignored: the fix no longer sets or reads a packet mark (it masquerades the connections it DNATed, found by conntrack); remove the key", ID), "masqueradeMark", fmt.Sprintf("0x%08x", m))
+	}
+	return nil
+}
+
 func validate(cfg Config) (Config, error) {
-	if bits.OnesCount32(cfg.MasqueradeMark) != 1 {
-		return cfg, fmt.Errorf("fixes.%s.masqueradeMark: 0x%x must be a single non-zero bit, e.g. 0x%08x", ID, cfg.MasqueradeMark, DefaultMasqueradeMark)
-	}
-	if owner, ok := kubeProxyMarks[cfg.MasqueradeMark]; ok {
-		return cfg, fmt.Errorf("fixes.%s.masqueradeMark: 0x%08x is %s; choose a bit no other component uses, e.g. the default 0x%08x", ID, cfg.MasqueradeMark, owner, DefaultMasqueradeMark)
-	}
 	if cfg.PodInterfacePrefix != "" {
 		if err := rules.ValidInterfacePrefix(cfg.PodInterfacePrefix); err != nil {
 			return cfg, fmt.Errorf("fixes.%s.podInterfacePrefix: %w", ID, err)
@@ -148,18 +153,16 @@ func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fi
 		}}})
 	}
 	rs.Chains = append(rs.Chains,
-		// The mark is set ahead of the lookup and cleared behind it: a DNAT ends the packet's walk
-		// through nat, so only the packets the lookup took keep it. In iptables the lookup is a rule
-		// per entry and every rule added makes the kernel validate all rules reachable from the
-		// hooks (twice here: prerouting and output), so one rule per entry instead of a mark rule
-		// and a DNAT rule halves both that and the rules kept.
 		rules.Chain{Name: ChainDNAT, Type: rules.NAT, Rules: []rules.Rule{
-			{SetMark: cfg.MasqueradeMark, Comment: "mark for masquerade"},
 			{Match: rules.Match{Lookup: MapName}, Verdict: rules.Verdict{Kind: rules.DNATLookup}, Comment: "External-IP to Cluster-IP"},
-			{ClearMark: cfg.MasqueradeMark, Comment: "not DNATed: no masquerade"},
 		}},
+		// What to masquerade is found by conntrack, not by a packet mark that any other component may
+		// set or clear (Cilium's marks use bit 0x1000, issue #41): a connection this fix DNATed has
+		// the DNAT status and, as its original destination, a key of the map. IPVS does not set the
+		// status (it rewrites the conntrack reply itself), so traffic from outside the node to an
+		// External-IP keeps its source.
 		rules.Chain{Name: ChainPostrouting, Type: rules.NAT, Hook: rules.Postrouting, Rules: []rules.Rule{
-			{Match: rules.Match{Mark: cfg.MasqueradeMark}, Verdict: rules.Verdict{Kind: rules.Masquerade}, Comment: "masquerade"},
+			{Match: rules.Match{CTStatus: rules.CTDNAT, Lookup: MapName, LookupKey: rules.LookupCTOriginal}, Verdict: rules.Verdict{Kind: rules.Masquerade}, Comment: "masquerade what the fix DNATed"},
 		}},
 	)
 	return rs, report, nil

@@ -101,7 +101,7 @@ func TestRules(t *testing.T) {
 		{"interface-prefix", map[string]any{"podInterfacePrefix": "cali"}, tk.Snapshot(tk.WithNode(tk.Node("node-a", tk.PodCIDRs("10.244.1.0/24"))), tk.WithServices(
 			tk.Service("default", "web", tk.ClusterIPs("10.96.0.10", "fd00:10:96::10"), tk.LoadBalancer("203.0.113.10", "2001:db8:e::10"), tk.Ports(tk.TCP(80))),
 		))},
-		{"host-only-custom-mark", map[string]any{"fromPods": false, "masqueradeMark": "0x1000000"}, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+		{"host-only", map[string]any{"fromPods": false}, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
 			tk.Service("default", "web", tk.ClusterIPs("10.96.0.10"), tk.LoadBalancer("203.0.113.10"), tk.Ports(tk.TCP(80))),
 		))},
 		{"pods-only", map[string]any{"from-host": "false"}, tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
@@ -204,13 +204,7 @@ func TestConfigErrors(t *testing.T) {
 	}{
 		{map[string]any{"masqueradeBit": 14}, []string{"masqueradeBit"}},
 		{map[string]any{"localTraffic": map[string]any{"fromPods": true}}, []string{"localTraffic"}},
-		{map[string]any{"masqueradeMark": 0}, []string{"masqueradeMark", "0x0"}},
-		{map[string]any{"masqueradeMark": "0x3"}, []string{"masqueradeMark", "0x3", "single"}},
-		// Issue #19: kube-proxy's bits.
-		{map[string]any{"masqueradeMark": "0x4000"}, []string{"fixes.ipvs-externalip-dnat.masqueradeMark", "0x00004000", "KUBE-MARK-MASQ"}},
-		{map[string]any{"masqueradeMark": 0x8000}, []string{"fixes.ipvs-externalip-dnat.masqueradeMark", "0x00008000", "KUBE-MARK-DROP"}},
 		{map[string]any{"specExternalIPs": "sometimes"}, []string{"specExternalIPs"}},
-		{map[string]any{"masqueradeMark": -1}, []string{"masqueradeMark"}},
 		{map[string]any{"masqueradeMark": "lots"}, []string{"masqueradeMark", `"lots"`}},
 		{map[string]any{"fromPods": "maybe"}, []string{"fromPods"}},
 		{map[string]any{"podInterfacePrefix": "a/b"}, []string{"podInterfacePrefix", `"a/b"`}},
@@ -228,13 +222,31 @@ func TestConfigErrors(t *testing.T) {
 	snap := tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
 		tk.Service("default", "web", tk.ClusterIPs("10.96.0.10"), tk.LoadBalancer("203.0.113.10"), tk.Ports(tk.TCP(80)))))
 	for _, tc := range cases {
-		tk.NewFixEnv(t, New, map[string]any{"masqueradeMark": 0x800000}).ConfigureFails(snap, tc.options, tc.want...)
+		tk.NewFixEnv(t, New, map[string]any{"allowedCIDRs": "203.0.113.0/24"}).ConfigureFails(snap, tc.options, tc.want...)
 	}
-	// Accepted forms of the mark.
-	for _, v := range []any{"0x00400000", 4194304, "4194304", uint32(1)} {
-		if err := tk.NewFixEnv(t, New, nil).Fix.Configure(map[string]any{"masqueradeMark": v}); err != nil {
-			t.Errorf("masqueradeMark %v (%T) rejected: %v", v, v, err)
+}
+
+// TestMasqueradeMarkDeprecated: the key is still accepted in every form it was (an existing config
+// keeps working), changes nothing in the rules, and each configuration that sets it logs a warning
+// naming it. Bits once refused (kube-proxy's) are accepted too: nothing uses them any more.
+func TestMasqueradeMarkDeprecated(t *testing.T) {
+	snap := tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+		tk.Service("default", "web", tk.ClusterIPs("10.96.0.10"), tk.LoadBalancer("203.0.113.10"), tk.Ports(tk.TCP(80)))))
+	want := tk.NewFixEnv(t, New, nil).Dump(snap)
+	if plain := tk.NewFixEnv(t, New, nil); strings.Contains(plain.Logs.String(), "masqueradeMark") {
+		t.Errorf("a warning about masqueradeMark without the key: %s", plain.Logs)
+	}
+	for _, v := range []any{"0x00400000", 4194304, "4194304", uint32(1), "0x4000", 0x8000, "0x3"} {
+		e := tk.NewFixEnv(t, New, map[string]any{"masqueradeMark": v})
+		if got := e.Dump(snap); got != want {
+			t.Errorf("masqueradeMark %v changed the rules:\n%s\nwant\n%s", v, got, want)
 		}
+		if logs := e.Logs.String(); !strings.Contains(logs, "level=WARN") || !strings.Contains(logs, "fixes.ipvs-externalip-dnat.masqueradeMark is deprecated and ignored") {
+			t.Errorf("masqueradeMark %v (%T): no deprecation warning in %q", v, v, logs)
+		}
+	}
+	for _, bad := range []any{"lots", []string{"0x1000"}} {
+		tk.NewFixEnv(t, New, nil).ConfigureFails(snap, map[string]any{"masqueradeMark": bad}, "masqueradeMark")
 	}
 }
 
