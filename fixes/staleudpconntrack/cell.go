@@ -24,7 +24,7 @@ var spec = fix.Spec[Config, Config]{
 	ID:          ID,
 	Description: "delete UDP conntrack entries DNATed to an address that a Pod of this node gave up, so fixed-port UDP clients reach the new pod (kubernetes#58336)",
 	Default: func() Config {
-		return Config{MaxDeletesPerPass: 1000, MinDumpInterval: 200 * time.Millisecond, Retention: 5 * time.Minute}
+		return Config{MaxDeletesPerPass: 1000, MinDumpInterval: 200 * time.Millisecond, Retention: 5 * time.Minute, PendingGrace: 2 * time.Minute}
 	},
 	Parse: parse,
 	Reads: []fix.TableRef{pods.Table},
@@ -40,4 +40,8 @@ type Config struct {
 	// Retention is how long an address that a Pod of this node gave up stays known dead (entries
 	// DNATed to it are deleted meanwhile).
 	Retention time.Duration `mapstructure:"retention"`
+	// PendingGrace bounds how long a Pod of this node without a pod address holds back every
+	// deletion (it may have been given a dead address that its status does not show yet); 0 holds
+	// nothing back.
+	PendingGrace time.Duration `mapstructure:"pendingGrace"`
 }

@@ -13,6 +13,8 @@ type fixMetrics struct {
 	deleted, dumps *prometheus.CounterVec
 	errors         *prometheus.CounterVec
 	dead           prometheus.Gauge
+	heldBack       prometheus.Gauge
+	waiting        prometheus.Gauge
 }
 
 func newMetrics() *fixMetrics {
@@ -28,9 +30,13 @@ func newMetrics() *fixMetrics {
 			"Failed conntrack dumps or deletions."), []string{"family", "operation"}),
 		dead: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: metrics.Namespace, Subsystem: subsystem, Name: "dead_addresses",
 			Help: "Addresses that a Pod of this node gave up, remembered for the retention; only entries DNATed to them are deleted."}),
+		heldBack: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: metrics.Namespace, Subsystem: subsystem, Name: "held_back_addresses",
+			Help: "Dead addresses whose entries the last pass did not delete because a Pod of this node was waiting for a pod address (within pendingGrace)."}),
+		waiting: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: metrics.Namespace, Subsystem: subsystem, Name: "waiting_pods",
+			Help: "Pods of this node without a pod address for less than pendingGrace at the last pass: while there is one, no entry is deleted."}),
 	}
 }
 
 func (m *fixMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.deleted, m.dumps, m.errors, m.dead}
+	return []prometheus.Collector{m.deleted, m.dumps, m.errors, m.dead, m.heldBack, m.waiting}
 }

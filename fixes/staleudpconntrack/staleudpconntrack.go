@@ -22,6 +22,7 @@ const (
 	MaxMinDumpInterval = time.Minute
 	MinRetention       = time.Second
 	MaxRetention       = time.Hour
+	MaxPendingGrace    = time.Hour
 )
 
 // Fix is the stale-udp-conntrack fix, an Actuator: it changes the conntrack table, not rules.
@@ -43,6 +44,17 @@ type Fix struct {
 	fresh    bool
 	more     bool
 	lastDump map[rules.Family]time.Time
+	// waiting: the Pods of this node waiting for a pod address (namespace/name), with the time the
+	// fix first saw them so; holding: the last pass held deletions back for them.
+	waiting map[string]*waitingPod
+	holding bool
+}
+
+// waitingPod is a Pod of this node seen without a pod address: since when, and whether the fix
+// logged that it waited past pendingGrace.
+type waitingPod struct {
+	since  time.Time
+	warned bool
 }
 
 var (
@@ -53,7 +65,7 @@ var (
 // New builds the fix with its default configuration and registers its metrics.
 func New(p fix.Params) (*Fix, error) {
 	f := &Fix{ct: p.Conntrack, m: newMetrics(), now: time.Now, sleep: sleep,
-		lastDump: map[rules.Family]time.Time{}, dead: map[netip.Addr]time.Time{}}
+		lastDump: map[rules.Family]time.Time{}, dead: map[netip.Addr]time.Time{}, waiting: map[string]*waitingPod{}}
 	if err := f.Init(spec, p, f.m.collectors()...); err != nil {
 		return nil, err
 	}
@@ -80,6 +92,9 @@ func parse(cfg Config) (Config, error) {
 	}
 	if cfg.Retention < MinRetention || cfg.Retention > MaxRetention {
 		return cfg, fmt.Errorf("fixes.%s.retention: %v is out of range (%v to %v)", ID, cfg.Retention, MinRetention, MaxRetention)
+	}
+	if cfg.PendingGrace < 0 || cfg.PendingGrace > MaxPendingGrace {
+		return cfg, fmt.Errorf("fixes.%s.pendingGrace: %v is out of range (0 to %v)", ID, cfg.PendingGrace, MaxPendingGrace)
 	}
 	return cfg, nil
 }
@@ -114,6 +129,51 @@ func LiveAddrs(pods []*corev1.Pod) map[netip.Addr]bool {
 	return live
 }
 
+// waitingForAddress says whether p is a Pod of this node that may be about to take a pod address: not
+// host-network, not finished, not terminating, and without one in its status (Pending, before or
+// during its sandbox's set-up: the CNI may already have given it an address the status does not
+// show yet).
+func waitingForAddress(p *corev1.Pod) bool {
+	return !p.Spec.HostNetwork && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed &&
+		p.DeletionTimestamp == nil && p.Status.PodIP == "" && len(p.Status.PodIPs) == 0
+}
+
+// waitingPods updates f.waiting from this node's Pods and returns how many waited for an address
+// for less than grace, and the first of them. A Pod that waits longer is logged once and no longer
+// counts, so a Pod stuck without an address cannot stop the fix for longer than grace.
+func (f *Fix) waitingPods(list []*corev1.Pod, now time.Time, grace time.Duration) (int, string) {
+	n, first := 0, ""
+	seen := map[string]bool{}
+	for _, p := range list {
+		if grace == 0 || !waitingForAddress(p) {
+			continue
+		}
+		k := p.Namespace + "/" + p.Name
+		seen[k] = true
+		w := f.waiting[k]
+		if w == nil {
+			w = &waitingPod{since: now}
+			f.waiting[k] = w
+		}
+		if now.Sub(w.since) < grace {
+			if n++; first == "" {
+				first = k
+			}
+			continue
+		}
+		if !w.warned {
+			w.warned = true
+			f.Log.Warn("a Pod of this node has had no pod address for longer than pendingGrace: it no longer holds back the deletion of stale entries", "pod", k, "pendingGrace", grace)
+		}
+	}
+	for k := range f.waiting {
+		if !seen[k] {
+			delete(f.waiting, k)
+		}
+	}
+	return n, first
+}
+
 // Ensure learns from this node's Pods which addresses went away (a Pod of this node held them and
 // no Pod holds them now) and deletes the UDP entries DNATed to one of those addresses: when one went
 // away since the last pass, on full passes (entries recreated meanwhile), and while a bounded pass
@@ -121,7 +181,8 @@ func LiveAddrs(pods []*corev1.Pod) map[netip.Addr]bool {
 // this node, a pod of another node, an address never seen held) is never deleted.
 func (f *Fix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Result, error) {
 	cfg := f.Config()
-	live := LiveAddrs(pods.Table.Get(snap))
+	list := pods.Table.Get(snap)
+	live := LiveAddrs(list)
 	now := f.now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -138,6 +199,25 @@ func (f *Fix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Re
 	f.held = live
 	f.m.dead.Set(float64(len(f.dead)))
 	res := fix.Result{Report: fix.Report{Covered: len(live)}}
+	// Pod IP reuse (issue #41): a Pod of this node waiting for its address may already have been
+	// given one of the dead addresses by the CNI, before its status shows it; its flows are then
+	// DNATed to that address. Nothing is deleted while such a Pod waits (within pendingGrace): the
+	// pass after it shows its address, or after the grace, dumps.
+	waiting, first := f.waitingPods(list, now, cfg.PendingGrace)
+	f.m.waiting.Set(float64(waiting))
+	if waiting > 0 && len(f.dead) > 0 {
+		f.m.heldBack.Set(float64(len(f.dead)))
+		if !f.holding {
+			f.Log.Info("deletion of stale UDP conntrack entries held back: a Pod of this node has no pod address yet and may be taking one of those given up", "pod", first, "waitingPods", waiting, "deadAddresses", len(f.dead), "pendingGrace", cfg.PendingGrace)
+		}
+		f.holding = true
+		return res, nil // fresh and more stay: the pass after the wait dumps
+	}
+	f.m.heldBack.Set(0)
+	if f.holding {
+		f.holding, f.fresh = false, true // entries may have waited: dump now
+		f.Log.Info("deletion of stale UDP conntrack entries resumes: no Pod of this node is waiting for a pod address", "deadAddresses", len(f.dead))
+	}
 	if len(f.dead) == 0 || (!full && !f.fresh && !f.more) {
 		f.fresh, f.more = false, false
 		return res, nil
@@ -217,8 +297,11 @@ func (f *Fix) anyDead(fam rules.Family) bool {
 func (f *Fix) Revert(context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.held, f.fresh, f.more = nil, false, false
+	f.held, f.fresh, f.more, f.holding = nil, false, false, false
 	clear(f.dead)
+	clear(f.waiting)
 	f.m.dead.Set(0)
+	f.m.heldBack.Set(0)
+	f.m.waiting.Set(0)
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -256,6 +257,8 @@ func TestConfigErrors(t *testing.T) {
 		{map[string]any{"protocols": "udp"}, "protocols"},
 		{map[string]any{"retention": "0s"}, "fixes.stale-udp-conntrack.retention"},
 		{map[string]any{"retention": "2h"}, "fixes.stale-udp-conntrack.retention"},
+		{map[string]any{"pendingGrace": "-1s"}, "fixes.stale-udp-conntrack.pendingGrace"},
+		{map[string]any{"pendingGrace": "2h"}, "fixes.stale-udp-conntrack.pendingGrace"},
 	} {
 		e := newEnv(t, map[string]any{"maxDeletesPerPass": 7})
 		e.ConfigureFails(nil, tc.options, tc.want)
@@ -299,4 +302,84 @@ func TestREADME(t *testing.T) {
 	ensure(e, true, podA)
 	r.DocumentsMetrics(t, "nnm_stale_udp_conntrack_deleted_entries_total", "nnm_stale_udp_conntrack_dumps_total",
 		"nnm_stale_udp_conntrack_errors_total", "nnm_stale_udp_conntrack_dead_addresses")
+}
+
+// Pod IP reuse (issue #41, row 11): while a Pod of this node waits for its pod address (Pending, none
+// in its status), it may already hold a dead address, so nothing is deleted, also on full passes; the
+// held-back addresses are counted. Once it shows its address, that address is live and the other
+// dead addresses' entries go at once.
+func TestWaitingPodHoldsBack(t *testing.T) {
+	e := newEnv(t, nil, toA4, toB4)
+	ensure(e, true, podA, podB)
+	waiting := pod("c", corev1.PodPending)
+	ensure(e, false, waiting) // A and B go; C is scheduled here and waits for an address
+	for range 3 {
+		if res := ensure(e, true, waiting); res.Items != 0 {
+			t.Fatalf("deleted %d entries while a Pod of this node waited for its address", res.Items)
+		}
+	}
+	if len(e.Conntrack.Entries()) != 2 || e.Conntrack.Dumps[rules.IPv4] != 0 {
+		t.Fatalf("table %v, dumps %v: want both entries and no dump while C waits", e.Conntrack.Entries(), e.Conntrack.Dumps)
+	}
+	if held, w := testutil.ToFloat64(e.Fix.m.heldBack), testutil.ToFloat64(e.Fix.m.waiting); held != 4 || w != 1 {
+		t.Errorf("held_back_addresses %v, waiting_pods %v; want 4 (A's and B's, both families) and 1", held, w)
+	}
+	if !strings.Contains(e.Logs.String(), "held back") || !strings.Contains(e.Logs.String(), "default/c") {
+		t.Errorf("no log of the hold naming the Pod: %s", e.Logs)
+	}
+	// C shows A's address: it is live; B's entry goes in this (non-full) pass.
+	c := pod("c", corev1.PodRunning, "10.244.1.10")
+	if res := ensure(e, false, c); res.Items != 1 {
+		t.Fatalf("deleted %d entries when C showed its address, want B's", res.Items)
+	}
+	if got := e.Conntrack.Entries(); len(got) != 1 || got[0] != toA4 {
+		t.Fatalf("table %v, want only the entry to C's (reused) address", got)
+	}
+	if held := testutil.ToFloat64(e.Fix.m.heldBack); held != 0 {
+		t.Errorf("held_back_addresses %v after the wait, want 0", held)
+	}
+}
+
+// A Pod that waits for its address longer than pendingGrace holds nothing back any more (a Pod
+// stuck in ContainerCreating cannot stop the fix), and is logged once; terminating, finished and
+// host-network Pods without an address never hold back; pendingGrace 0 turns the hold off.
+func TestWaitingPodBounded(t *testing.T) {
+	e := newEnv(t, map[string]any{"pendingGrace": "1m"}, toA4)
+	now := time.Unix(1000, 0)
+	e.Fix.now = func() time.Time { return now }
+	stuck := pod("stuck", corev1.PodPending)
+	ensure(e, true, podA)
+	ensure(e, false, stuck)
+	now = now.Add(30 * time.Second)
+	if res := ensure(e, true, stuck); res.Items != 0 {
+		t.Fatalf("deleted %d within the grace", res.Items)
+	}
+	now = now.Add(31 * time.Second)
+	if res := ensure(e, true, stuck); res.Items != 1 {
+		t.Fatalf("deleted %d after the grace, want A's entry", res.Items)
+	}
+	ensure(e, true, stuck)
+	if n := strings.Count(e.Logs.String(), "longer than pendingGrace"); n != 1 {
+		t.Errorf("the stuck Pod was logged %d times, want once: %s", n, e.Logs)
+	}
+	if w := testutil.ToFloat64(e.Fix.m.waiting); w != 0 {
+		t.Errorf("waiting_pods %v for a Pod past the grace, want 0", w)
+	}
+
+	terminating := pod("t", corev1.PodPending)
+	terminating.DeletionTimestamp = &metav1.Time{Time: time.Unix(1, 0)}
+	host := pod("h", corev1.PodPending)
+	host.Spec.HostNetwork = true
+	for name, p := range map[string]*corev1.Pod{"terminating": terminating, "host-network": host, "failed": pod("f", corev1.PodFailed)} {
+		e := newEnv(t, nil, toA4)
+		ensure(e, true, podA)
+		if res := ensure(e, false, p); res.Items != 1 {
+			t.Errorf("a %s Pod without an address held back the deletion", name)
+		}
+	}
+	off := newEnv(t, map[string]any{"pendingGrace": "0s"}, toA4)
+	ensure(off, true, podA)
+	if res := ensure(off, false, pod("c", corev1.PodPending)); res.Items != 1 {
+		t.Error("pendingGrace 0 held back the deletion")
+	}
 }
