@@ -111,15 +111,12 @@ func Resolve(ctx context.Context, cfg *config.Config, p Probes, log *slog.Logger
 		IptablesVariant: cfg.IptablesVariant, IptablesVariantSource: SourceConfig,
 	}
 	if r.ProxyMode == "auto" {
-		r.ProxyMode, r.ProxyModeSource = proxyMode(ctx, p, &r)
+		pm := ProxyMode(ctx, p)
+		r.ProxyMode, r.ProxyModeSource = pm.Mode, pm.Source
+		r.Notes = append(r.Notes, pm.Evidence...)
 	}
 	if r.Backend == "auto" {
-		r.Backend, r.BackendSource = backend.IPTables, SourceDefault
-		if r.ProxyMode == "nftables" {
-			r.Backend, r.BackendSource = backend.NFTables, SourceProxyMode
-		} else if r.ProxyMode != "" {
-			r.BackendSource = SourceProxyMode
-		}
+		r.Backend, r.BackendSource = BackendFor(r.ProxyMode)
 	}
 	if r.IptablesVariant == "auto" {
 		r.IptablesVariant, r.IptablesVariantSource = iptablesVariant(ctx, p, &r)
@@ -131,61 +128,171 @@ func Resolve(ctx context.Context, cfg *config.Config, p Probes, log *slog.Logger
 	return r
 }
 
+// BackendFor is the backend that `backend: auto` chooses for a kube-proxy mode, and its source:
+// nftables beside nftables mode, iptables otherwise (following the mode, or by default when the mode
+// is unknown or there is no kube-proxy).
+func BackendFor(mode string) (name, source string) {
+	switch mode {
+	case "nftables":
+		return backend.NFTables, SourceProxyMode
+	case "ipvs", "iptables":
+		return backend.IPTables, SourceProxyMode
+	}
+	return backend.IPTables, SourceDefault
+}
+
 func (r *Result) note(format string, args ...any) {
 	r.Notes = append(r.Notes, fmt.Sprintf(format, args...))
 }
 
-// proxyMode tries the signals in order: kube-proxy's own answer, the kube-ipvs0 link that only IPVS
-// mode creates, the nftables table that only nftables mode creates, then kube-proxy's ConfigMap.
-func proxyMode(ctx context.Context, p Probes, r *Result) (string, string) {
-	if p.ProxyModeEndpoint != nil {
+// ModeNone is the proxy mode of a node where no kube-proxy runs (a CNI replaces it, e.g. Cilium's
+// kube-proxy replacement): no /proxyMode answer, no kube-ipvs0 link, no kube-proxy nftables table and
+// no KUBE-SERVICES chain in either iptables variant.
+const ModeNone = "none"
+
+// SourceNoKubeProxy is the source of ModeNone: every probe answered, none saw kube-proxy.
+const SourceNoKubeProxy = "no-kube-proxy"
+
+// SourceKubeServicesChain: kube-proxy's KUBE-SERVICES chain in the nat table, without kube-ipvs0
+// (IPVS mode has both), i.e. iptables mode.
+const SourceKubeServicesChain = "kube-services-chain"
+
+// ProxyModeResult is what ProxyMode found: the mode ("ipvs", "iptables", "nftables", ModeNone, or ""
+// when it cannot tell), the signal it came from, what each probe saw (Evidence, in the order tried)
+// and, when Mode is "", why not (Unknown).
+type ProxyModeResult struct {
+	Mode     string
+	Source   string
+	Evidence []string
+	Unknown  string
+}
+
+// ProxyMode finds kube-proxy's mode from the node's signals, in order: kube-proxy's own /proxyMode
+// answer; the kube-ipvs0 link that only IPVS mode creates; the ip/ip6 kube-proxy nftables table that
+// only nftables mode creates; kube-proxy's KUBE-SERVICES chain in the nat table (iptables mode; IPVS
+// mode has one too, but also kube-ipvs0, checked before). When every probe answered and none saw
+// kube-proxy, the node has none (ModeNone), whatever a kube-proxy ConfigMap left in the cluster says:
+// it is reported as evidence only. The ConfigMap decides only when a probe failed, so that kube-proxy
+// cannot be ruled out. Read-only; a nil probe counts as failed. The agent calls it at start and on
+// every resync (Follower), `diagnose` may call it as it is.
+func ProxyMode(ctx context.Context, p Probes) ProxyModeResult {
+	var r ProxyModeResult
+	see := func(format string, args ...any) { r.Evidence = append(r.Evidence, fmt.Sprintf(format, args...)) }
+	failed := false // a probe could not look: kube-proxy cannot be ruled out
+	if p.ProxyModeEndpoint == nil {
+		failed = true
+	} else {
 		body, err := p.ProxyModeEndpoint(ctx)
 		mode := strings.TrimSpace(body)
 		switch {
 		case err != nil:
-			r.note("metrics endpoint: %v", err)
+			see("metrics endpoint: no answer: %v", err)
 		case knownMode(mode):
-			return mode, SourceMetricsEndpoint
+			see("metrics endpoint: %s", mode)
+			r.Mode, r.Source = mode, SourceMetricsEndpoint
+			return r
 		default:
-			r.note("metrics endpoint: unexpected answer %q", mode)
+			// Something answers there, but not with a mode we know.
+			see("metrics endpoint: unexpected answer %q", mode)
+			failed = true
 		}
 	}
-	if p.LinkExists != nil {
+	if p.LinkExists == nil {
+		failed = true
+	} else {
 		ok, err := p.LinkExists("kube-ipvs0")
 		switch {
 		case err != nil:
-			r.note("kube-ipvs0 link: %v", err)
+			see("kube-ipvs0 link: %v", err)
+			failed = true
 		case ok:
-			return "ipvs", SourceIPVSLink
+			see("kube-ipvs0 link: present")
+			r.Mode, r.Source = "ipvs", SourceIPVSLink
+			return r
+		default:
+			see("kube-ipvs0 link: absent")
 		}
 	}
-	if p.NFTTables != nil {
+	if p.NFTTables == nil {
+		failed = true
+	} else {
 		tables, err := p.NFTTables(ctx)
 		if err != nil {
-			r.note("nftables tables: %v", err)
+			see("nftables tables: %v", err)
+			failed = true
 		}
 		for _, t := range tables {
 			if f := strings.Fields(t); len(f) == 2 && (f[0] == "ip" || f[0] == "ip6") && f[1] == "kube-proxy" {
-				return "nftables", SourceNFTablesTable
+				see("nftables table %s: present", t)
+				r.Mode, r.Source = "nftables", SourceNFTablesTable
+				return r
 			}
 		}
+		if err == nil {
+			see("nftables table ip/ip6 kube-proxy: absent")
+		}
 	}
+	if p.IptablesSave == nil {
+		failed = true
+	} else {
+		for _, v := range []string{"nft", "legacy"} {
+			for _, fam := range []string{"ipv4", "ipv6"} {
+				out, err := p.IptablesSave(ctx, v, fam, "nat")
+				if err != nil {
+					see("%s %s nat table: %v", v, fam, err)
+					failed = true
+					continue
+				}
+				if hasChain(out, "KUBE-SERVICES") {
+					see("%s %s nat table: chain KUBE-SERVICES present", v, fam)
+					r.Mode, r.Source = "iptables", SourceKubeServicesChain
+					return r
+				}
+			}
+		}
+		see("iptables nat tables: no KUBE-SERVICES chain")
+	}
+	var cmMode string
 	if p.KubeProxyConfigMap != nil {
 		conf, found, err := p.KubeProxyConfigMap(ctx)
 		switch {
 		case err != nil:
-			r.note("kube-proxy ConfigMap: %v", err)
+			see("kube-proxy ConfigMap: %v", err)
 		case !found:
-			r.note("kube-proxy ConfigMap: not found")
+			see("kube-proxy ConfigMap: not found")
 		default:
 			mode, err := ModeFromKubeProxyConfig(conf)
-			if err == nil {
-				return mode, SourceConfigMap
+			if err != nil {
+				see("kube-proxy ConfigMap: %v", err)
+			} else {
+				cmMode = mode
 			}
-			r.note("kube-proxy ConfigMap: %v", err)
 		}
 	}
-	return "", SourceUnknown
+	switch {
+	case !failed:
+		if cmMode != "" {
+			see("kube-proxy ConfigMap: mode %s, but nothing of kube-proxy on this node: a leftover, ignored", cmMode)
+		}
+		r.Mode, r.Source = ModeNone, SourceNoKubeProxy
+	case cmMode != "":
+		see("kube-proxy ConfigMap: mode %s (a probe failed, so kube-proxy could not be ruled out)", cmMode)
+		r.Mode, r.Source = cmMode, SourceConfigMap
+	default:
+		r.Source = SourceUnknown
+		r.Unknown = "no probe saw kube-proxy and at least one could not look: " + strings.Join(r.Evidence, "; ")
+	}
+	return r
+}
+
+// hasChain reports whether an iptables-save dump declares chain.
+func hasChain(dump, chain string) bool {
+	for _, line := range strings.Split(dump, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), ":"+chain+" ") {
+			return true
+		}
+	}
+	return false
 }
 
 func knownMode(m string) bool {

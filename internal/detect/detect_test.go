@@ -74,6 +74,8 @@ func (n fakeNode) probes() Probes {
 
 func str(s string) *string { return &s }
 
+const kubeServices = "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n"
+
 func auto() *config.Config {
 	c := config.Defaults()
 	return &c
@@ -88,8 +90,15 @@ func TestProxyModeSignalsInPriorityOrder(t *testing.T) {
 		backend    string
 		backendSrc string
 	}{
-		{"nothing", fakeNode{}, "", SourceUnknown, "iptables", SourceDefault},
-		{"nothing without API client", fakeNode{noClient: true}, "", SourceUnknown, "iptables", SourceDefault},
+		// Every probe answered and none saw kube-proxy: a node without kube-proxy.
+		{"nothing", fakeNode{}, ModeNone, SourceNoKubeProxy, "iptables", SourceDefault},
+		{"nothing without API client", fakeNode{noClient: true}, ModeNone, SourceNoKubeProxy, "iptables", SourceDefault},
+		{"nothing, a probe failing", fakeNode{nftErr: errors.New("no nf_tables")}, "", SourceUnknown, "iptables", SourceDefault},
+		{"nothing, iptables-save failing", fakeNode{saveErr: map[string]error{"legacy": errors.New("not found")}}, "", SourceUnknown, "iptables", SourceDefault},
+		{"unexpected answer and nothing else", fakeNode{endpoint: "kernelspace"}, "", SourceUnknown, "iptables", SourceDefault},
+		{"KUBE-SERVICES in iptables-nft", fakeNode{save: map[string]string{"nft/ipv4/nat": kubeServices}}, "iptables", SourceKubeServicesChain, "iptables", SourceProxyMode},
+		{"KUBE-SERVICES in ip6tables-legacy", fakeNode{save: map[string]string{"legacy/ipv6/nat": kubeServices}}, "iptables", SourceKubeServicesChain, "iptables", SourceProxyMode},
+		{"link beats KUBE-SERVICES (IPVS mode has both)", fakeNode{links: []string{"kube-ipvs0"}, save: map[string]string{"nft/ipv4/nat": kubeServices}}, "ipvs", SourceIPVSLink, "iptables", SourceProxyMode},
 		{"endpoint ipvs", fakeNode{endpoint: "ipvs"}, "ipvs", SourceMetricsEndpoint, "iptables", SourceProxyMode},
 		{"endpoint iptables with trailing newline", fakeNode{endpoint: "iptables\n"}, "iptables", SourceMetricsEndpoint, "iptables", SourceProxyMode},
 		{"endpoint nftables selects nftables backend", fakeNode{endpoint: "nftables"}, "nftables", SourceMetricsEndpoint, "nftables", SourceProxyMode},
@@ -99,16 +108,19 @@ func TestProxyModeSignalsInPriorityOrder(t *testing.T) {
 		{"garbage from endpoint falls through", fakeNode{endpoint: "<html>404</html>", links: []string{"kube-ipvs0"}}, "ipvs", SourceIPVSLink, "iptables", SourceProxyMode},
 		{"endpoint error falls through", fakeNode{endpointErr: errors.New("timeout"), nftTables: []string{"ip6 kube-proxy"}}, "nftables", SourceNFTablesTable, "nftables", SourceProxyMode},
 		{"link beats table", fakeNode{links: []string{"kube-ipvs0"}, nftTables: []string{"ip kube-proxy"}}, "ipvs", SourceIPVSLink, "iptables", SourceProxyMode},
-		{"other links do not count", fakeNode{links: []string{"eth0", "kube-bridge"}}, "", SourceUnknown, "iptables", SourceDefault},
+		{"other links do not count", fakeNode{links: []string{"eth0", "kube-bridge"}}, ModeNone, SourceNoKubeProxy, "iptables", SourceDefault},
 		{"table ip kube-proxy", fakeNode{nftTables: []string{"inet filter", "ip kube-proxy"}}, "nftables", SourceNFTablesTable, "nftables", SourceProxyMode},
 		{"table ip6 kube-proxy", fakeNode{nftTables: []string{"ip6 kube-proxy"}}, "nftables", SourceNFTablesTable, "nftables", SourceProxyMode},
-		{"inet kube-proxy is not kube-proxy's", fakeNode{nftTables: []string{"inet kube-proxy", "ip nat"}}, "", SourceUnknown, "iptables", SourceDefault},
+		{"inet kube-proxy is not kube-proxy's", fakeNode{nftTables: []string{"inet kube-proxy", "ip nat"}}, ModeNone, SourceNoKubeProxy, "iptables", SourceDefault},
 		{"table beats configmap", fakeNode{nftTables: []string{"ip kube-proxy"}, configMap: str(ipvsConf)}, "nftables", SourceNFTablesTable, "nftables", SourceProxyMode},
-		{"configmap ipvs", fakeNode{configMap: str(ipvsConf)}, "ipvs", SourceConfigMap, "iptables", SourceProxyMode},
-		{"configmap empty mode is iptables", fakeNode{configMap: str("kind: KubeProxyConfiguration\nmode: \"\"\n")}, "iptables", SourceConfigMap, "iptables", SourceProxyMode},
-		{"configmap nftables", fakeNode{configMap: str("mode: nftables\n")}, "nftables", SourceConfigMap, "nftables", SourceProxyMode},
-		{"configmap unknown mode", fakeNode{configMap: str("mode: userspace\n")}, "", SourceUnknown, "iptables", SourceDefault},
-		{"configmap ignored without client", fakeNode{configMap: str(ipvsConf), noClient: true}, "", SourceUnknown, "iptables", SourceDefault},
+		// A ConfigMap alone is a leftover (a cluster that replaced kube-proxy keeps it): never the mode.
+		{"configmap ipvs, nothing on the node", fakeNode{configMap: str(ipvsConf)}, ModeNone, SourceNoKubeProxy, "iptables", SourceDefault},
+		// Only when a probe could not look does the ConfigMap decide.
+		{"configmap ipvs, a probe failing", fakeNode{configMap: str(ipvsConf), nftErr: errors.New("no nf_tables")}, "ipvs", SourceConfigMap, "iptables", SourceProxyMode},
+		{"configmap empty mode is iptables", fakeNode{nftErr: errors.New("x"), configMap: str("kind: KubeProxyConfiguration\nmode: \"\"\n")}, "iptables", SourceConfigMap, "iptables", SourceProxyMode},
+		{"configmap nftables", fakeNode{nftErr: errors.New("x"), configMap: str("mode: nftables\n")}, "nftables", SourceConfigMap, "nftables", SourceProxyMode},
+		{"configmap unknown mode", fakeNode{nftErr: errors.New("x"), configMap: str("mode: userspace\n")}, "", SourceUnknown, "iptables", SourceDefault},
+		{"configmap ignored without client", fakeNode{nftErr: errors.New("x"), configMap: str(ipvsConf), noClient: true}, "", SourceUnknown, "iptables", SourceDefault},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -120,6 +132,29 @@ func TestProxyModeSignalsInPriorityOrder(t *testing.T) {
 				t.Errorf("backend = %q (%s), want %q (%s)", r.Backend, r.BackendSource, tt.backend, tt.backendSrc)
 			}
 		})
+	}
+}
+
+// ProxyMode says what each probe saw and, when it cannot tell, why: what `diagnose` and the log show.
+func TestProxyModeEvidence(t *testing.T) {
+	ipvsConf := "kind: KubeProxyConfiguration\nmode: ipvs\n"
+	r := ProxyMode(context.Background(), fakeNode{configMap: str(ipvsConf)}.probes())
+	if r.Mode != ModeNone || r.Unknown != "" {
+		t.Fatalf("ProxyMode = %+v, want %q", r, ModeNone)
+	}
+	ev := strings.Join(r.Evidence, "\n")
+	for _, want := range []string{"metrics endpoint: no answer", "kube-ipvs0 link: absent", "nftables table ip/ip6 kube-proxy: absent",
+		"no KUBE-SERVICES chain", "kube-proxy ConfigMap: mode ipvs, but nothing of kube-proxy on this node: a leftover, ignored"} {
+		if !strings.Contains(ev, want) {
+			t.Errorf("evidence lacks %q:\n%s", want, ev)
+		}
+	}
+	r = ProxyMode(context.Background(), fakeNode{nftErr: errors.New("netlink: operation not permitted")}.probes())
+	if r.Mode != "" || r.Source != SourceUnknown || !strings.Contains(r.Unknown, "operation not permitted") {
+		t.Errorf("with a failing probe: %+v, want unknown naming the failure", r)
+	}
+	if r := ProxyMode(context.Background(), Probes{}); r.Mode != "" || r.Unknown == "" {
+		t.Errorf("without probes: %+v, want unknown with a reason", r)
 	}
 }
 

@@ -73,7 +73,11 @@ func TestRealDetection(t *testing.T) {
 		env   []string
 		want  want
 	}{
-		{"empty node", nil, nil, want{"", SourceUnknown, "iptables", "nft", SourceDefault}},
+		{"empty node", nil, nil, want{ModeNone, SourceNoKubeProxy, "iptables", "nft", SourceDefault}},
+		{"KUBE-SERVICES in iptables-nft", [][]string{{"iptables-nft", "-t", "nat", "-N", "KUBE-SERVICES"}}, nil,
+			want{"iptables", SourceKubeServicesChain, "iptables", "nft", SourceDefault}},
+		{"KUBE-SERVICES in ip6tables-legacy", [][]string{{"ip6tables-legacy", "-t", "nat", "-N", "KUBE-SERVICES"}}, nil,
+			want{"iptables", SourceKubeServicesChain, "iptables", "nft", SourceDefault}},
 		{"kube-ipvs0 link", [][]string{{"ip", "link", "add", "kube-ipvs0", "type", "veth", "peer", "name", "kipvs-peer"}}, nil,
 			want{"ipvs", SourceIPVSLink, "iptables", "nft", SourceDefault}},
 		{"kube-proxy nftables table", [][]string{{"nft", "add", "table", "ip", "kube-proxy"}}, nil,
@@ -89,16 +93,16 @@ func TestRealDetection(t *testing.T) {
 			{"iptables-legacy", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT"},
 			{"iptables-nft", "-A", "INPUT", "-s", "192.0.2.1", "-j", "ACCEPT"},
 			{"iptables-nft", "-A", "INPUT", "-s", "192.0.2.2", "-j", "ACCEPT"},
-		}, nil, want{"", SourceUnknown, "iptables", "legacy", SourceHintChain}},
+		}, nil, want{ModeNone, SourceNoKubeProxy, "iptables", "legacy", SourceHintChain}},
 		{"kubelet canary in nft, more rules in legacy", [][]string{
 			{"ip6tables-nft", "-t", "mangle", "-N", "KUBE-KUBELET-CANARY"},
 			{"iptables-legacy", "-A", "INPUT", "-s", "192.0.2.1", "-j", "ACCEPT"},
-		}, nil, want{"", SourceUnknown, "iptables", "nft", SourceHintChain}},
+		}, nil, want{ModeNone, SourceNoKubeProxy, "iptables", "nft", SourceHintChain}},
 		{"more legacy rules, no hint", [][]string{
 			{"iptables-legacy", "-A", "INPUT", "-s", "192.0.2.1", "-j", "ACCEPT"},
 			{"ip6tables-legacy", "-A", "INPUT", "-s", "2001:db8::1", "-j", "ACCEPT"},
 			{"iptables-nft", "-A", "INPUT", "-s", "192.0.2.3", "-j", "ACCEPT"},
-		}, nil, want{"", SourceUnknown, "iptables", "legacy", SourceRuleCount}},
+		}, nil, want{ModeNone, SourceNoKubeProxy, "iptables", "legacy", SourceRuleCount}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
