@@ -75,9 +75,14 @@ func (t Table[T]) Set(s *Snapshot, v T) {
 // TableRef is a Table of any type: what Spec.Reads lists.
 type TableRef interface{ Name() string }
 
+// ProxyModeNone is Env.ProxyMode on a node without kube-proxy (a CNI replaces it).
+const ProxyModeNone = "none"
+
 // Env describes the node the agent runs on.
 type Env struct {
-	// ProxyMode is kube-proxy's mode: "ipvs", "iptables", "nftables", or "" when unknown.
+	// ProxyMode is kube-proxy's mode: "ipvs", "iptables", "nftables", ProxyModeNone when the node
+	// has no kube-proxy, or "" when unknown. The agent follows kube-proxy: when the mode changes,
+	// DefaultEnabled and Check are asked again with the new Env.
 	ProxyMode string
 	// NodeName is this node's name ("" when not configured).
 	NodeName string

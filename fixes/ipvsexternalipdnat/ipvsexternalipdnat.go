@@ -70,11 +70,15 @@ func New(p fix.Params) (*Fix, error) {
 	return f, nil
 }
 
-// Check refuses kube-proxy's iptables and nftables modes, which handle External-IP traffic themselves.
+// Check refuses kube-proxy's iptables and nftables modes, which handle External-IP traffic
+// themselves, and a node without kube-proxy, whose replacement does. The agent re-detects the mode
+// on every resync, so the fix is refused (and its rules removed) as soon as the mode leaves IPVS.
 func (f *Fix) Check(env fix.Env) error {
 	switch env.ProxyMode {
 	case "iptables", "nftables":
 		return fmt.Errorf("%s: refusing to run in kube-proxy %s mode: kube-proxy itself handles External-IP traffic from the node in that mode, and this DNAT would bypass its chains (its service chains, endpoint selection and masquerading); the fix is for IPVS mode only", ID, env.ProxyMode)
+	case fix.ProxyModeNone:
+		return fmt.Errorf("%s: refusing to run without kube-proxy on this node: what replaces it handles External-IP traffic, and this DNAT would bypass it; the fix is for kube-proxy's IPVS mode only", ID)
 	}
 	return nil
 }

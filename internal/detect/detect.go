@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/internal/config"
 )
 
@@ -148,7 +149,7 @@ func (r *Result) note(format string, args ...any) {
 // ModeNone is the proxy mode of a node where no kube-proxy runs (a CNI replaces it, e.g. Cilium's
 // kube-proxy replacement): no /proxyMode answer, no kube-ipvs0 link, no kube-proxy nftables table and
 // no KUBE-SERVICES chain in either iptables variant.
-const ModeNone = "none"
+const ModeNone = fix.ProxyModeNone
 
 // SourceNoKubeProxy is the source of ModeNone: every probe answered, none saw kube-proxy.
 const SourceNoKubeProxy = "no-kube-proxy"

@@ -194,7 +194,7 @@ func (e *Engine) account(ctx context.Context, u *unit, bname string, start time.
 		return err
 	}
 	first := !u.everOK
-	u.lastOK, u.lastErr, u.everOK = now, nil, true
+	u.lastOK, u.lastErr, u.everOK, u.okBackend = now, nil, true, bname
 	// The fix's last success is its least recent unit's, once every wanted unit has one.
 	oldest := now
 	for _, o := range u.st.units {

@@ -24,6 +24,9 @@ type fixState struct {
 	reads   []watch.Input
 	enabled bool
 	refusal error
+	// envRefusal is why a change of the environment (kube-proxy's mode, Follow) stopped the fix
+	// while it ran, by its Check; kept as its refusal until it runs again.
+	envRefusal error
 	// enabledAt is when the fix last went from disabled to enabled (health counts from there).
 	enabledAt time.Time
 	units     []*unit
@@ -53,6 +56,9 @@ type unit struct {
 	beat time.Time // the worker's last heartbeat
 	seen uint64    // the revision of its fix's inputs when changes were last handed out (wake)
 	busy time.Time // when the pass in progress started (zero: none)
+
+	// okBackend is the backend of the unit's last successful sync.
+	okBackend string
 
 	// computed is the fix's last successful Rules in this family; guarded by run.
 	computed computed
@@ -165,6 +171,16 @@ func (e *Engine) configure(cfg *config.Config) error {
 	e.cfgGen++
 	e.families = cfg.ParsedFamilies()
 	configureInputs(e.inputs, cfg)
+	e.evaluateLocked()
+	return nil
+}
+
+// evaluateLocked works out which fixes run under the current configuration and environment (e.cfg,
+// e.env): what the config says, else the fix's default for the environment, and not where its Check
+// refuses. A fix that kube-proxy's mode stopped while it ran (envRefusal, set by Follow) stays
+// refused with that reason until it runs again. Call with e.mu held.
+func (e *Engine) evaluateLocked() {
+	cfg := e.cfg
 	for _, st := range e.fixes {
 		id := st.fix.ID()
 		enabled, explicit := cfg.FixEnabled(id)
@@ -179,6 +195,12 @@ func (e *Engine) configure(cfg *config.Config) error {
 				}
 				enabled = false
 			}
+		}
+		switch {
+		case enabled:
+			st.envRefusal = nil
+		case st.refusal == nil && st.envRefusal != nil:
+			st.refusal = st.envRefusal
 		}
 		if enabled && !st.enabled {
 			st.enabledAt = e.now()
@@ -206,7 +228,6 @@ func (e *Engine) configure(cfg *config.Config) error {
 		}
 		e.m.Refused.WithLabelValues(id).Set(refused)
 	}
-	return nil
 }
 
 // setEnabledLocked exports whether the fix runs: enabled, not refused, and none of its wanted units

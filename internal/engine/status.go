@@ -116,6 +116,9 @@ type Status struct {
 	LastOK time.Time
 	// LastErr joins its units' last errors.
 	LastErr error
+	// Backend is the backend with which every wanted unit of the fix last synced successfully; ""
+	// when they differ or one has not synced (after a backend switch, until each has synced again).
+	Backend string
 }
 
 // Statuses returns the status of every registered fix, sorted by id.
@@ -133,6 +136,12 @@ func (e *Engine) Statuses() []Status {
 			}
 			if first || u.lastOK.Before(s.LastOK) {
 				s.LastOK = u.lastOK
+			}
+			switch {
+			case first:
+				s.Backend = u.okBackend
+			case s.Backend != u.okBackend:
+				s.Backend = ""
 			}
 			first = false
 			if u.lastErr != nil {
