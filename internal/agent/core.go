@@ -64,6 +64,7 @@ var Module = fx.Module("core",
 		Env,
 		NewEngine,
 		NewAPIClient,
+		NewTakeover,
 	),
 )
 

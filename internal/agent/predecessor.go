@@ -69,31 +69,78 @@ var predecessorPoll = 500 * time.Millisecond
 // with both sets longer than a fix takes to sync. With no fix enabled nothing is taken over and
 // nothing is removed; a backend that is not a PredecessorCleaner (nftables) leaves the predecessor's
 // iptables chains to `network-node-manager cleanup`. When chains were removed, a
-// PredecessorTakenOver Event is posted on the Node.
-func CleanPredecessor(lc fx.Lifecycle, be backend.Backend, e *engine.Engine, cfg *config.Config, ev EventsIn, lo LeftoversIn, log *slog.Logger) {
-	pc, _ := be.(PredecessorCleaner)
-	if pc == nil && lo.Clean == nil {
-		return
-	}
-	t := &takeover{pc: pc, leftovers: lo.Clean, families: cfg.ParsedFamilies(), statuses: e.Statuses,
-		takenOver: ev.Recorder.PredecessorTakenOver, log: log}
+// PredecessorTakenOver Event is posted on the Node. The same path serves a backend switch while the
+// agent runs (Takeover.Switched).
+func CleanPredecessor(lc fx.Lifecycle, t *Takeover) {
 	lc.Append(fx.Hook{OnStart: t.start, OnStop: t.stop})
 }
 
-type takeover struct {
-	pc        PredecessorCleaner // nil: nothing to take over from the predecessor
-	leftovers Leftovers          // nil: no other backend to clean after
-	families  []rules.Family
-	statuses  func() []engine.Status
-	// takenOver hears how many chains were removed, when any were.
-	takenOver func(chains int, families []rules.Family)
-	log       *slog.Logger
+// Takeover runs the make-before-break clean-ups: the one at start (the predecessor's chains, what
+// the other backend left from an earlier run) and one per backend switch while the agent runs
+// (Switched), each fix by fix.
+type Takeover struct {
+	base takeover // families, statuses, takenOver, log: what every job shares
+
+	mu   sync.Mutex // held by a step in progress and by Switched
+	jobs []*job
+	wake chan struct{}
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
 
-func (t *takeover) start(context.Context) error {
+type job struct {
+	t    *takeover
+	done map[string]bool
+}
+
+// NewTakeover returns the takeover of the agent's start: it removes the predecessor's chains when be
+// (or the backend a Live holds) is a PredecessorCleaner, and the other backend's leftovers when lo has
+// them. It does no I/O.
+func NewTakeover(be backend.Backend, e *engine.Engine, cfg *config.Config, ev EventsIn, lo LeftoversIn, log *slog.Logger) *Takeover {
+	if l, ok := be.(interface{ Current() backend.Backend }); ok {
+		be = l.Current()
+	}
+	pc, _ := be.(PredecessorCleaner)
+	base := takeover{families: cfg.ParsedFamilies(), statuses: e.Statuses, takenOver: ev.Recorder.PredecessorTakenOver, log: log}
+	t := &Takeover{base: base, wake: make(chan struct{}, 1)}
+	if pc != nil || lo.Clean != nil {
+		first := base
+		first.pc, first.leftovers = pc, lo.Clean
+		t.jobs = []*job{{t: &first, done: map[string]bool{}}}
+	}
+	return t
+}
+
+// Switched starts the clean-up after a switch to the backend named name while the agent runs:
+// leftovers (what the backend switched from holds) of a fix go once the fix has synced with the new
+// backend in every family, the rest once every enabled fix has. Jobs still running stop removing what
+// their other backend holds, which is now the backend in use (the predecessor's chains still go as
+// before). Call it before the engine switches (engine.Follow): when it returns, no removal of the
+// earlier jobs is in progress.
+func (t *Takeover) Switched(leftovers Leftovers, name string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, j := range t.jobs {
+		j.t.leftovers = nil
+	}
+	next := t.base
+	next.leftovers, next.backend = leftovers, name
+	t.jobs = append(t.jobs, &job{t: &next, done: map[string]bool{}})
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Pending reports whether a clean-up has work left.
+func (t *Takeover) Pending() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.jobs) > 0
+}
+
+func (t *Takeover) start(context.Context) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.cancel = cancel
 	t.wg.Add(1)
@@ -101,19 +148,46 @@ func (t *takeover) start(context.Context) error {
 		defer t.wg.Done()
 		tick := time.NewTicker(predecessorPoll)
 		defer tick.Stop()
-		done := map[string]bool{}
 		for {
-			if t.step(ctx, done) {
-				return
+			t.mu.Lock()
+			var left []*job
+			for _, j := range t.jobs {
+				if !j.t.step(ctx, j.done) {
+					left = append(left, j)
+				}
 			}
+			t.jobs = left
+			t.mu.Unlock()
 			select {
 			case <-ctx.Done():
 				return
+			case <-t.wake:
 			case <-tick.C:
 			}
 		}
 	}()
 	return nil
+}
+
+func (t *Takeover) stop(context.Context) error {
+	if t.cancel != nil {
+		t.cancel()
+	}
+	t.wg.Wait()
+	return nil
+}
+
+type takeover struct {
+	pc        PredecessorCleaner // nil: nothing to take over from the predecessor
+	leftovers Leftovers          // nil: no other backend to clean after
+	// backend: a fix counts as synced only once it synced with this backend ("": any), for a
+	// switch while running.
+	backend  string
+	families []rules.Family
+	statuses func() []engine.Status
+	// takenOver hears how many chains were removed, when any were.
+	takenOver func(chains int, families []rules.Family)
+	log       *slog.Logger
 }
 
 // step cleans after every enabled fix that synced since the last step (recorded in done) and,
@@ -128,7 +202,7 @@ func (t *takeover) step(ctx context.Context, done map[string]bool) bool {
 		if done[st.Fix] {
 			continue
 		}
-		if st.LastOK.IsZero() {
+		if st.LastOK.IsZero() || (t.backend != "" && st.Backend != t.backend) {
 			waiting++
 			continue
 		}
@@ -152,7 +226,11 @@ func (t *takeover) clean(ctx context.Context, fix string, match func(string) boo
 			t.log.Warn("could not remove what the other backend left", "fix", fix, "err", err)
 		}
 		if n > 0 {
-			t.log.Info("removed what the other backend left from an earlier run", "fix", fix, "chains_or_tables", n)
+			if t.backend != "" {
+				t.log.Info("removed what the backend switched from held", "fix", fix, "backend", t.backend, "chains_or_tables", n)
+			} else {
+				t.log.Info("removed what the other backend left from an earlier run", "fix", fix, "chains_or_tables", n)
+			}
 		}
 	}
 	if t.pc == nil || (fix != "" && match == nil) {
@@ -174,12 +252,4 @@ func (t *takeover) clean(ctx context.Context, fix string, match func(string) boo
 	if total > 0 && t.takenOver != nil {
 		t.takenOver(total, from)
 	}
-}
-
-func (t *takeover) stop(context.Context) error {
-	if t.cancel != nil {
-		t.cancel()
-	}
-	t.wg.Wait()
-	return nil
 }

@@ -105,3 +105,59 @@ func (f cleanerFunc) CleanupPredecessor(_ context.Context, _ rules.Family, match
 	f(match)
 	return 0, nil
 }
+
+// A backend switch while running (#40) takes the same path: what the old backend holds of a fix goes
+// only once the fix synced with the new backend (an earlier success with the old one does not
+// count), the rest once every enabled fix has; and the job of the start stops removing what is now
+// the backend in use.
+func TestTakeoverSwitched(t *testing.T) {
+	var statuses []engine.Status
+	var startup, switched []string
+	ok := time.Now()
+	statuses = []engine.Status{
+		{Fix: "invalid-drop", Enabled: true, LastOK: ok, Backend: "iptables"},
+		{Fix: "ipvs-externalip-dnat", Enabled: true}, // waits: the start's job is not done
+	}
+	tk := &Takeover{wake: make(chan struct{}, 1), base: takeover{families: []rules.Family{rules.IPv4},
+		log: slog.New(slog.DiscardHandler), statuses: func() []engine.Status { return statuses }}}
+	first := tk.base
+	first.leftovers = func(_ context.Context, fix string) (int, error) { startup = append(startup, fix); return 0, nil }
+	tk.jobs = []*job{{t: &first, done: map[string]bool{}}}
+	step := func() {
+		tk.mu.Lock()
+		defer tk.mu.Unlock()
+		var left []*job
+		for _, j := range tk.jobs {
+			if !j.t.step(context.Background(), j.done) {
+				left = append(left, j)
+			}
+		}
+		tk.jobs = left
+	}
+	step()
+	if !slices.Equal(startup, []string{"invalid-drop"}) {
+		t.Fatalf("start: leftovers removed for %q", startup)
+	}
+	tk.Switched(func(_ context.Context, fix string) (int, error) { switched = append(switched, fix); return 0, nil }, "nftables")
+	step()
+	if len(switched) != 0 {
+		t.Fatalf("leftovers of %q removed before any fix synced with the new backend", switched)
+	}
+	statuses[0].LastOK, statuses[0].Backend = ok.Add(time.Second), "nftables"
+	statuses[1].LastOK, statuses[1].Backend = ok, "iptables"
+	step()
+	if !slices.Equal(switched, []string{"invalid-drop"}) {
+		t.Fatalf("after invalid-drop synced with nftables: removed %q, want invalid-drop's only", switched)
+	}
+	statuses[1].Backend = "nftables"
+	step()
+	if want := []string{"invalid-drop", "ipvs-externalip-dnat", ""}; !slices.Equal(switched, want) {
+		t.Fatalf("removed %q, want %q", switched, want)
+	}
+	if !slices.Equal(startup, []string{"invalid-drop"}) {
+		t.Fatalf("the start's job removed %q after the switch; its other backend is the one in use now", startup)
+	}
+	if tk.Pending() {
+		t.Fatal("jobs left after every fix synced")
+	}
+}
