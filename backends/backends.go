@@ -70,8 +70,25 @@ func Leftovers(r detect.Result, log *slog.Logger) (agent.Leftovers, error) {
 	return nil, fmt.Errorf("unknown backend %q (want iptables or nftables)", r.Backend)
 }
 
-// Takeover provides Leftovers to the graph of `run` (agent.CleanPredecessor calls it).
-var Takeover = fx.Provide(Leftovers)
+// Takeover provides Leftovers to the graph of `run` (agent.CleanPredecessor calls it), and the
+// BackendFactory with which the agent switches backends while it runs (agent.Follow).
+var Takeover = fx.Provide(Leftovers, Factory)
+
+// Factory builds the backends of a switch while the agent runs: the named backend and the Leftovers
+// of the other one.
+func Factory(log *slog.Logger) agent.BackendFactory {
+	return func(name, variant string) (backend.Backend, agent.Leftovers, error) {
+		be, err := New(name, variant, log)
+		if err != nil {
+			return nil, nil, err
+		}
+		lo, err := Leftovers(detect.Result{Backend: name, IptablesVariant: variant}, log)
+		if err != nil {
+			return nil, nil, err
+		}
+		return be, lo, nil
+	}
+}
 
 // New returns the named backend. It does no I/O.
 func New(name, iptablesVariant string, log *slog.Logger) (backend.Backend, error) {

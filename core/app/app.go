@@ -32,6 +32,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/internal/agent"
 	"github.com/network-node-manager/network-node-manager/internal/config"
+	"github.com/network-node-manager/network-node-manager/internal/detect"
 	"github.com/network-node-manager/network-node-manager/internal/engine"
 	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
@@ -146,10 +147,11 @@ func planCommand(version string, fixModules fx.Option) *cobra.Command {
 			var cfg *config.Config
 			var n *node.Input
 			var hub *watch.Hub
+			var det detect.Result
 			if _, err := buildApp(fixModules, agent.Module, backends.Module,
 				fx.Supply(inputs(cmd, version)),
 				fx.Provide(agent.FileHub(servicesFile)),
-				fx.Populate(&e, &cfg, &n, &hub),
+				fx.Populate(&e, &cfg, &n, &hub, &det),
 			); err != nil {
 				return err
 			}
@@ -161,6 +163,7 @@ func planCommand(version string, fixModules fx.Option) *cobra.Command {
 			if cfg.Backend != "auto" {
 				names = []string{cfg.Backend}
 			}
+			printProxyMode(cmd.OutOrStdout(), det)
 			return printPlan(cmd.OutOrStdout(), e, cfg, names)
 		},
 	}
@@ -171,6 +174,19 @@ func planCommand(version string, fixModules fx.Option) *cobra.Command {
 
 // planLoadTimeout bounds how long `plan` waits for the inputs to read the file's objects.
 const planLoadTimeout = 30 * time.Second
+
+// printProxyMode says what the plan assumes of kube-proxy: its mode and how it was found, or that
+// the node has none, or that it could not tell.
+func printProxyMode(w io.Writer, r detect.Result) {
+	switch r.ProxyMode {
+	case detect.ModeNone:
+		fmt.Fprintf(w, "# kube-proxy: none on this node (%s: no /proxyMode answer, no kube-proxy chains, tables or kube-ipvs0 link)\n", r.ProxyModeSource)
+	case "":
+		fmt.Fprintf(w, "# kube-proxy: mode unknown (%s); mode-specific fixes keep their conservative defaults\n", r.ProxyModeSource)
+	default:
+		fmt.Fprintf(w, "# kube-proxy: %s mode (%s)\n", r.ProxyMode, r.ProxyModeSource)
+	}
+}
 
 func printPlan(w io.Writer, e *engine.Engine, cfg *config.Config, names []string) error {
 	for _, st := range e.Statuses() {

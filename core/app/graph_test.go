@@ -146,3 +146,26 @@ func TestVersionListsFixes(t *testing.T) {
 		}
 	}
 }
+
+// In the graph of `run` the engine and the fixes hold an engine.Live, so that the agent can switch
+// backends while it runs when kube-proxy's mode moves it (agent.Follow); the backend it starts with
+// is the one detection chose.
+func TestRunGraphBackendIsLive(t *testing.T) {
+	var be backend.Backend
+	app := fx.New(quiet(), fixes.Standard, agent.Agent, backends.Module, backends.Takeover,
+		fx.Supply(agent.Inputs{Environ: []string{"NNM_PROXY_MODE=ipvs", "NNM_BACKEND=nftables", "NNM_IPTABLES_VARIANT=nft",
+			"NNM_LOG_LEVEL=error", "KUBECONFIG=/nonexistent"}}),
+		fx.Provide(agent.Hub),
+		fx.Populate(&be),
+	)
+	if err := app.Err(); err != nil {
+		t.Fatal(err)
+	}
+	live, ok := be.(*engine.Live)
+	if !ok {
+		t.Fatalf("the run graph's backend is %T, want *engine.Live", be)
+	}
+	if live.Current().Name() != "nftables" {
+		t.Fatalf("Live holds %s, want the configured nftables", live.Current().Name())
+	}
+}

@@ -77,11 +77,14 @@ var Agent = fx.Options(
 	fx.Provide(NewServer, RunProbes, NewEvents),
 	// client-go logs through klog; in the agent its lines join the agent's stream and format.
 	fx.Invoke(logging.RouteKlog),
+	// The backend can change while the agent runs (Follow): the engine and the fixes hold a Live.
+	fx.Decorate(func(be backend.Backend) backend.Backend { return engine.NewLive(be) }),
 	fx.Invoke(CleanPredecessor),
 	fx.Invoke(func(lc fx.Lifecycle, e *engine.Engine, s *server.Server) {
 		lc.Append(fx.Hook{OnStart: s.Start, OnStop: s.Stop})
 		lc.Append(fx.Hook{OnStart: e.Start, OnStop: e.Stop})
 	}),
+	fx.Invoke(Follow),
 )
 
 // TakeNodeLock takes the node-local lock (internal/nodelock) when the agent starts, before any other
@@ -165,6 +168,10 @@ func Detect(p DetectParams) detect.Result {
 		if !f.ConntrackMatch {
 			p.Log.Warn("the iptables conntrack match is not available; fixes matching conntrack state will fail", "variant", r.IptablesVariant, "err", f.ConntrackMatchErr)
 		}
+	}
+	if r.ProxyMode == detect.ModeNone {
+		p.Log.Info("no kube-proxy on this node: no /proxyMode answer, no kube-proxy chains, tables or kube-ipvs0 link; a kube-proxy ConfigMap alone is not taken for one",
+			"evidence", strings.Join(r.Notes, "; "))
 	}
 	if r.ProxyModeSource == detect.SourceUnknown {
 		p.Log.Warn("kube-proxy mode not detected; mode-specific fixes keep their conservative defaults (set proxyMode to override)", "tried", strings.Join(r.Notes, "; "))

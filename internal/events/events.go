@@ -54,16 +54,21 @@ const (
 	// ConfigReloadRejected (Warning): the config file changed but does not load or a fix refused its
 	// options; the running configuration stays.
 	ConfigReloadRejected = "ConfigReloadRejected"
+	// ProxyModeChanged (Normal): re-detection found kube-proxy in another mode (or gone, or back)
+	// while the agent runs; the note says from what to what, how it was found, and the backend
+	// switch when `backend: auto` followed it.
+	ProxyModeChanged = "ProxyModeChanged"
 )
 
 // Reasons are all of the above, in the order README.md's table lists them.
-var Reasons = []string{FixEnabled, FixDisabled, FixRefused, FixSynced, FixSyncFailed, ObjectSkipped, PredecessorTakenOver, ConfigReloadRejected}
+var Reasons = []string{FixEnabled, FixDisabled, FixRefused, FixSynced, FixSyncFailed, ObjectSkipped, PredecessorTakenOver, ConfigReloadRejected, ProxyModeChanged}
 
 // Actions of the events that are not about one fix. An event about a fix has the fix id as its
 // action: the broadcaster keys its series on the action, so two fixes' events never merge.
 const (
 	ActionReload   = "ReloadConfig"
 	ActionTakeOver = "TakeOver"
+	ActionFollow   = "FollowKubeProxy"
 )
 
 // The bound: at most Burst events per subject (reason and action) in any Window.
@@ -179,6 +184,27 @@ func (r *Recorder) ConfigRejected(err error) {
 func (r *Recorder) PredecessorTakenOver(chains int, families []rules.Family) {
 	r.post(corev1.EventTypeNormal, PredecessorTakenOver, ActionTakeOver,
 		"removed %d NMANAGER_ chains of the predecessor (%v) after the first successful sync", chains, families)
+}
+
+// ProxyModeChanged says that kube-proxy's mode changed from one value to another (found through
+// source), and the backend with it when from and to backends differ.
+func (r *Recorder) ProxyModeChanged(from, to, source, backendFrom, backendTo string) {
+	switched := ""
+	if backendFrom != backendTo {
+		switched = fmt.Sprintf("; switching the rule backend from %s to %s (make before break, fix by fix)", backendFrom, backendTo)
+	}
+	r.post(corev1.EventTypeNormal, ProxyModeChanged, ActionFollow, "kube-proxy mode %s → %s (%s)%s", describeMode(from), describeMode(to), source, switched)
+}
+
+// describeMode names a proxy mode in a note: "none" is no kube-proxy, "" unknown.
+func describeMode(m string) string {
+	switch m {
+	case "":
+		return "unknown"
+	case fixpkg.ProxyModeNone:
+		return "none (no kube-proxy on this node)"
+	}
+	return m
 }
 
 func (r *Recorder) post(typ, reason, action, format string, args ...any) {
