@@ -57,6 +57,7 @@ type kpNode struct {
 	ns        *testenv.NS
 	pod       *testenv.NS
 	kp        *kubeproxytest.Proxy
+	kpOpts    kubeproxytest.Options // how kp was started (restartMode starts another with another mode)
 	svc       *corev1.Service
 	saKubecfg string
 }
@@ -98,9 +99,8 @@ func startKubeProxyNode(t *testing.T, c *cluster, mode string) *kpNode {
 	})
 	n.svc = createWebService(t, c, "kp-"+mode)
 	start := time.Now()
-	n.kp = kubeproxytest.StartT(t, kubeproxytest.Options{
-		Netns: n.ns.Name, Kubeconfig: adminKC, Mode: mode, NodeName: n.name, ClusterCIDR: "10.244.0.0/16",
-	})
+	n.kpOpts = kubeproxytest.Options{Netns: n.ns.Name, Kubeconfig: adminKC, Mode: mode, NodeName: n.name, ClusterCIDR: "10.244.0.0/16"}
+	n.kp = kubeproxytest.StartT(t, n.kpOpts)
 	n.kp.WaitModeT(t, 60*time.Second)
 	t.Logf("kube-proxy %s mode: /proxyMode answers and rules synced after %v", mode, time.Since(start).Round(10*time.Millisecond))
 	return n

@@ -111,6 +111,10 @@ func Start(opts Options) (*Proxy, error) {
 	return p, p.start()
 }
 
+// Options are the options p was started with (to start another kube-proxy like it, e.g. in
+// another mode).
+func (p *Proxy) Options() Options { return p.opts }
+
 // Args is kube-proxy's command line.
 func (p *Proxy) Args() []string {
 	o := p.opts
