@@ -28,6 +28,11 @@ func (e *Engine) Follow(env fix.Env, be backend.Backend) error {
 	}
 	e.env = env
 	if be != nil {
+		if old := live.Current().Name(); old != be.Name() {
+			// The old backend's gauges would read as stale rules and a stale last sync.
+			e.m.Rules.DeletePartialMatch(map[string]string{"backend": old})
+			e.m.LastSuccess.DeletePartialMatch(map[string]string{"backend": old})
+		}
 		live.set(be)
 	}
 	// The snapshot carries the Env: computed rules are stale.

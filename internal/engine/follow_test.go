@@ -129,6 +129,16 @@ func TestFollowModeAndBackend(t *testing.T) {
 			t.Errorf("%s: status backend %q, want new", st.Fix, st.Backend)
 		}
 	}
+	// The old backend's gauges are gone (they would read as stale rules and a stale last sync).
+	if n := testutil.CollectAndCount(h.m.Rules); n != 4 {
+		t.Errorf("nnm_rules_programmed has %d series, want 4 (two fixes, two families, the new backend only)", n)
+	}
+	if v := testutil.ToFloat64(h.m.LastSuccess.WithLabelValues("drop", "new")); v == 0 {
+		t.Error("no last success with the new backend")
+	}
+	if n := testutil.CollectAndCount(h.m.LastSuccess); n != 2 {
+		t.Errorf("nnm_last_successful_sync_timestamp_seconds has %d series, want 2 (the new backend's)", n)
+	}
 }
 
 // Follow with a backend needs a Live: an engine on a plain backend says so and changes nothing.
