@@ -273,10 +273,18 @@ func (f *Fix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Re
 	return res, err
 }
 
-// isDead says whether e is DNATed (reply source ≠ original destination) to a dead address.
-func (f *Fix) isDead(e conntrack.Entry) bool {
+// DNATTarget returns the address e is destination-NATed to (its reply source, when that differs from
+// the original destination), and false when e is not destination-NATed. The fix deletes an entry
+// whose target is dead; `diagnose` previews with it which entries point to no Pod of this node.
+func DNATTarget(e conntrack.Entry) (netip.Addr, bool) {
 	target := e.Reply.Src.Addr()
-	if target == e.Orig.Dst.Addr() {
+	return target, target != e.Orig.Dst.Addr()
+}
+
+// isDead says whether e is DNATed to a dead address.
+func (f *Fix) isDead(e conntrack.Entry) bool {
+	target, ok := DNATTarget(e)
+	if !ok {
 		return false
 	}
 	_, dead := f.dead[target]

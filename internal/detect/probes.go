@@ -48,7 +48,11 @@ func RealProbes(client kube.Interface) Probes {
 }
 
 // HTTPProxyMode GETs url (kube-proxy's /proxyMode) with a short timeout.
-func HTTPProxyMode(url string) func(context.Context) (string, error) {
+func HTTPProxyMode(url string) func(context.Context) (string, error) { return HTTPGet(url, 256) }
+
+// HTTPGet GETs url (kube-proxy's metrics server on the node's loopback) with a short timeout and
+// returns at most limit bytes of the body.
+func HTTPGet(url string, limit int64) func(context.Context) (string, error) {
 	return func(ctx context.Context) (string, error) {
 		ctx, cancel := context.WithTimeout(ctx, ProbeTimeout)
 		defer cancel()
@@ -63,7 +67,7 @@ func HTTPProxyMode(url string) func(context.Context) (string, error) {
 			return "", err
 		}
 		defer resp.Body.Close()
-		body, err := io.ReadAll(io.LimitReader(resp.Body, 256))
+		body, err := io.ReadAll(io.LimitReader(resp.Body, limit))
 		if err != nil {
 			return "", err
 		}
