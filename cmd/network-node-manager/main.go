@@ -20,7 +20,9 @@ var (
 
 func main() {
 	if err := app.New(app.Build{Version: version, Commit: commit}, fixes.Standard).Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "error:", err)
-		os.Exit(1)
+		if msg := err.Error(); msg != "" {
+			fmt.Fprintln(os.Stderr, "error:", msg)
+		}
+		os.Exit(app.ExitCode(err))
 	}
 }

@@ -45,7 +45,7 @@ type Build struct {
 	Commit string
 }
 
-// NewCommand returns the root command with run, plan, cleanup and version.
+// NewCommand returns the root command with run, plan, cleanup, version and diagnose.
 func NewCommand(version string, fixModules fx.Option) *cobra.Command {
 	return New(Build{Version: version}, fixModules)
 }
@@ -60,7 +60,7 @@ func New(b Build, fixModules fx.Option) *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(runCommand(version, fixModules), planCommand(version, fixModules),
-		cleanupCommand(version, fixModules), versionCommand(b, fixModules))
+		cleanupCommand(version, fixModules), versionCommand(b, fixModules), diagnoseCommand(version, fixModules))
 	return root
 }
 

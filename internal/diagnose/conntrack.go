@@ -1,0 +1,210 @@
+package diagnose
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/core/sysctl"
+)
+
+// Fix ids the checks name (the fixes' own ID constants live in fixes/, which the runtime does not
+// import for the rule fixes; stale-udp-conntrack's judging code is imported, see staleudp.go).
+const (
+	fixInvalidDrop = "invalid-drop"
+	fixLiberal     = "conntrack-liberal"
+	fixIPVS        = "ipvs-externalip-dnat"
+	fixMSSClamp    = "mss-clamp"
+	fixStaleUDP    = "stale-udp-conntrack"
+)
+
+// invalidCheck: replies marked INVALID reach the node (kubernetes#74839).
+type invalidCheck struct{}
+
+func (invalidCheck) ID() string { return "invalid-replies" }
+func (invalidCheck) Title() string {
+	return "packets conntrack marks INVALID (out-of-window replies) reach the node un-NATed and get reset (kubernetes#74839)"
+}
+
+// kubeProxyInvalidDrops finds kube-proxy's own INVALID drop (iptables: KUBE-FORWARD, with its
+// packet counter; nftables: `ct state invalid drop` in table kube-proxy). found is false when none
+// was seen; what says where it looked.
+func kubeProxyInvalidDrops(ctx context.Context, env *Env) (found bool, packets uint64, what string) {
+	if env.Kernel == nil {
+		return false, 0, "not read"
+	}
+	switch env.ProxyMode {
+	case "nftables":
+		var seen []string
+		for _, fam := range []string{"ip", "ip6"} {
+			out, err := env.Kernel.NftList(ctx, "table", fam, "kube-proxy")
+			if err != nil {
+				continue
+			}
+			if strings.Contains(out, "ct state invalid drop") {
+				found = true
+				seen = append(seen, fam)
+			}
+		}
+		if !found {
+			return false, 0, "no `ct state invalid drop` in kube-proxy's nftables tables"
+		}
+		return true, 0, "`ct state invalid drop` in table " + strings.Join(seen, "/") + " kube-proxy (forwarded traffic only; no counter)"
+	case "iptables", "ipvs":
+		var errs []string
+		for _, fam := range rules.Families {
+			out, err := env.Kernel.IptablesSave(ctx, env.IptablesVariant, fam)
+			if err != nil {
+				errs = append(errs, err.Error())
+				continue
+			}
+			for _, r := range parseIptablesSave(out) {
+				if strings.HasPrefix(r.Chain, "KUBE-") && strings.Contains(r.Rule, "--ctstate INVALID") && strings.HasSuffix(r.Rule, "-j DROP") {
+					found = true
+					packets += r.Packets
+				}
+			}
+		}
+		if !found {
+			if len(errs) > 0 {
+				return false, 0, "iptables not read: " + strings.Join(errs, "; ")
+			}
+			return false, 0, "no INVALID drop in kube-proxy's KUBE-* chains"
+		}
+		return true, packets, fmt.Sprintf("%d packets dropped by kube-proxy's INVALID drop (KUBE-FORWARD: forwarded traffic only, not INPUT)", packets)
+	}
+	return false, 0, "kube-proxy's mode is unknown"
+}
+
+func (invalidCheck) Run(ctx context.Context, env *Env) Finding {
+	f := Finding{Remedy: "enable invalid-drop (fixes.invalid-drop.enabled: true), or conntrack-liberal (nf_conntrack_tcp_be_liberal=1)"}
+	liberal := "unknown"
+	if env.Sysctl != nil {
+		if v, err := env.Sysctl.Get(sysctl.ConntrackTCPBeLiberal); err == nil {
+			liberal = v
+		} else {
+			liberal = "unreadable: " + err.Error()
+		}
+	}
+	f.Evidence = append(f.Evidence, ev(sysctl.ConntrackTCPBeLiberal, "%s", liberal))
+	var invalid uint64
+	statsOK := false
+	if env.Stats != nil {
+		if s, err := env.Stats.Stats(ctx); err == nil {
+			invalid, statsOK = s.Invalid, true
+			f.Evidence = append(f.Evidence, ev("conntrack invalid", "%d (summed over %d CPUs, since conntrack started in this namespace)", s.Invalid, s.CPUs))
+		} else {
+			f.Evidence = append(f.Evidence, ev("conntrack invalid", "unreadable: %v", err))
+		}
+	}
+	_, _, kp := kubeProxyInvalidDrops(ctx, env)
+	f.Evidence = append(f.Evidence, ev("kube-proxy INVALID drop", "%s", kp))
+	switch {
+	case env.Enabled(fixInvalidDrop):
+		f.State, f.HandledBy = Handled, fixInvalidDrop
+		f.Summary = "invalid-drop drops INVALID packets before the node answers them with a reset"
+	case env.Enabled(fixLiberal):
+		f.State, f.HandledBy = Handled, fixLiberal
+		f.Summary = "conntrack-liberal makes conntrack accept out-of-window TCP segments"
+	case liberal == "1":
+		f.State = OK
+		f.Summary = "nf_conntrack_tcp_be_liberal=1 (set outside the agent): out-of-window segments are not marked INVALID"
+	case !statsOK:
+		return Finding{State: CannotTell, Summary: "conntrack's statistics cannot be read (needs CAP_NET_ADMIN in the node's network namespace)", Evidence: f.Evidence, Remedy: f.Remedy}
+	case invalid == 0:
+		f.State = OK
+		f.Summary = "no packet was marked INVALID"
+	default:
+		f.State = Problem
+		f.Summary = fmt.Sprintf("%d packets were marked INVALID and no enabled fix drops them before the node answers with a reset", invalid)
+	}
+	return f
+}
+
+// iptRule is one rule of iptables-save -c output.
+type iptRule struct {
+	Table, Chain, Rule string
+	Packets, Bytes     uint64
+}
+
+var iptRuleRE = regexp.MustCompile(`^\[(\d+):(\d+)\] -A (\S+) (.*)$`)
+
+func parseIptablesSave(text string) []iptRule {
+	var out []iptRule
+	table := ""
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, "*") {
+			table = strings.TrimPrefix(line, "*")
+			continue
+		}
+		m := iptRuleRE.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		p, _ := strconv.ParseUint(m[1], 10, 64)
+		b, _ := strconv.ParseUint(m[2], 10, 64)
+		out = append(out, iptRule{Table: table, Chain: m[3], Rule: m[4], Packets: p, Bytes: b})
+	}
+	return out
+}
+
+// ConntrackFillLimit is the share of nf_conntrack_max above which the table is reported as nearly
+// full.
+const ConntrackFillLimit = 0.9
+
+// conntrackFillCheck: table fill and the counters of lost connections (report-only).
+type conntrackFillCheck struct{}
+
+func (conntrackFillCheck) ID() string { return "conntrack-table" }
+func (conntrackFillCheck) Title() string {
+	return "the conntrack table is nearly full, or connections are lost (drop, early_drop, insert_failed)"
+}
+
+func (conntrackFillCheck) Run(ctx context.Context, env *Env) Finding {
+	if env.Stats == nil {
+		return cannot("conntrack's statistics are not readable here")
+	}
+	s, err := env.Stats.Stats(ctx)
+	if err != nil {
+		return cannot("conntrack's statistics cannot be read: %v", err)
+	}
+	f := Finding{ReportOnly: true, Remedy: "no fix: find what fills the table (conntrack -L), or raise nf_conntrack_max (kube-proxy's --conntrack-max-per-core sets it)"}
+	fill, size := 0.0, "unreadable"
+	if env.Sysctl != nil {
+		n, err1 := env.Sysctl.Get("net.netfilter.nf_conntrack_count")
+		m, err2 := env.Sysctl.Get("net.netfilter.nf_conntrack_max")
+		if err1 == nil && err2 == nil {
+			if c, mx := atoi(n), atoi(m); mx > 0 {
+				fill = float64(c) / float64(mx)
+				size = fmt.Sprintf("%d of nf_conntrack_max %d (%.0f%%)", c, mx, 100*fill)
+			}
+		}
+	}
+	f.Evidence = []Evidence{
+		ev("entries", "%s", size),
+		ev("drop", "%d (packets dropped: the table was full)", s.Drop),
+		ev("early_drop", "%d (entries evicted to make room)", s.EarlyDrop),
+		ev("insert_failed", "%d (entries that lost an insertion race)", s.InsertFailed),
+	}
+	var bad []string
+	if fill >= ConntrackFillLimit {
+		bad = append(bad, fmt.Sprintf("the table is %.0f%% full", 100*fill))
+	}
+	for _, c := range []struct {
+		name string
+		n    uint64
+	}{{"drop", s.Drop}, {"early_drop", s.EarlyDrop}, {"insert_failed", s.InsertFailed}} {
+		if c.n > 0 {
+			bad = append(bad, fmt.Sprintf("%s=%d", c.name, c.n))
+		}
+	}
+	if len(bad) == 0 {
+		f.State, f.Summary, f.Remedy = OK, fmt.Sprintf("the table is %.0f%% full, no connection lost", 100*fill), ""
+		return f
+	}
+	f.State, f.Summary = Problem, strings.Join(bad, ", ")
+	return f
+}

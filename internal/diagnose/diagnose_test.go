@@ -1,0 +1,267 @@
+package diagnose
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/network-node-manager/network-node-manager/core/conntrack"
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/endpointslices"
+	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
+	"github.com/network-node-manager/network-node-manager/core/inputs/services"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/core/sysctl"
+	"github.com/network-node-manager/network-node-manager/core/testkit"
+)
+
+// fakeKernel is a Kernel of fixed answers.
+type fakeKernel struct {
+	links   []Link
+	routes  []Route
+	neigh   map[rules.Family]int
+	ifconf  map[string]string // "dev/name" → value
+	ipt     map[rules.Family]string
+	nft     map[string]string // args joined by " " → output
+	nftErrs bool
+}
+
+func (k *fakeKernel) Links() ([]Link, error)                    { return k.links, nil }
+func (k *fakeKernel) Routes() ([]Route, error)                  { return k.routes, nil }
+func (k *fakeKernel) Neighbours() (map[rules.Family]int, error) { return k.neigh, nil }
+func (k *fakeKernel) InterfaceSysctl(_ rules.Family, dev, name string) (string, error) {
+	if v, ok := k.ifconf[dev+"/"+name]; ok {
+		return v, nil
+	}
+	return "", errors.New("no such file or directory")
+}
+func (k *fakeKernel) IptablesSave(_ context.Context, _ string, f rules.Family) (string, error) {
+	return k.ipt[f], nil
+}
+func (k *fakeKernel) NftList(_ context.Context, args ...string) (string, error) {
+	if v, ok := k.nft[strings.Join(args, " ")]; ok {
+		return v, nil
+	}
+	return "", errors.New("Error: No such file or directory")
+}
+
+type fakeStats struct{ s conntrack.Stats }
+
+func (f fakeStats) Stats(context.Context) (conntrack.Stats, error) { return f.s, nil }
+
+func ptr[T any](v T) *T { return &v }
+
+func entry(proto rules.Protocol, src, dst, dnat string) conntrack.Entry {
+	d := netip.MustParseAddrPort(dst)
+	to := netip.MustParseAddrPort(dnat)
+	return conntrack.Entry{Family: rules.IPv4, Protocol: proto,
+		Orig:  conntrack.Tuple{Src: netip.MustParseAddrPort(src), Dst: d},
+		Reply: conntrack.Tuple{Src: to, Dst: netip.MustParseAddrPort(src)}}
+}
+
+// troubled is a node with every problem: the golden report.
+func troubled() *Env {
+	svc := testkit.Service("shop", "web", testkit.LoadBalancer("203.0.113.10"), testkit.ETPLocal(), testkit.Ports(testkit.TCP(80)))
+	elsewhere := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-1",
+		Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.2.7"}, NodeName: ptr("n2")}}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "statsd"},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.244.1.5"}}}}
+	snap := fix.NewSnapshot(fix.Env{NodeName: "n1"}, nil)
+	services.Table.Set(snap, []*fix.Service{fix.ServiceFrom(svc)})
+	endpointslices.Table.Set(snap, []*discoveryv1.EndpointSlice{elsewhere})
+	pods.Table.Set(snap, []*corev1.Pod{pod})
+	return &Env{
+		Node: "n1", ProxyMode: "ipvs", ProxyModeSource: "metrics-endpoint", IptablesVariant: "nft",
+		Fixes: []FixState{{ID: "invalid-drop"}, {ID: "conntrack-liberal"}, {ID: "ipvs-externalip-dnat"}, {ID: "mss-clamp"}, {ID: "stale-udp-conntrack"}},
+		Sysctl: sysctl.NewFake(map[string]string{
+			sysctl.ConntrackTCPBeLiberal:        "0",
+			"net.netfilter.nf_conntrack_count":  "950",
+			"net.netfilter.nf_conntrack_max":    "1000",
+			"net.ipv4.neigh.default.gc_thresh3": "1024",
+			"net.ipv6.neigh.default.gc_thresh3": "1024",
+		}),
+		Stats: fakeStats{conntrack.Stats{Invalid: 42, InsertFailed: 3, Drop: 0, EarlyDrop: 7, CPUs: 2}},
+		Conntrack: conntrack.NewFake(
+			entry(rules.UDP, "192.0.2.50:40000", "192.0.2.1:8125", "10.244.1.9:8125"), // pod gone
+			entry(rules.UDP, "192.0.2.51:40000", "192.0.2.1:8125", "10.244.1.5:8125"), // live pod
+			entry(rules.UDP, "10.244.1.5:5000", "10.96.0.10:53", "10.244.2.3:53"),     // another node's pod
+		),
+		Kernel: &fakeKernel{
+			links: []Link{{"lo", 65536, true}, {"eth0", 1450, true}, {"cni0", 1500, true}},
+			routes: []Route{
+				{rules.IPv4, netip.MustParsePrefix("0.0.0.0/0"), "eth0"},
+				{rules.IPv4, netip.MustParsePrefix("192.0.2.0/24"), "eth0"},
+				{rules.IPv4, netip.MustParsePrefix("10.244.1.0/24"), "cni0"},
+			},
+			neigh:  map[rules.Family]int{rules.IPv4: 1000, rules.IPv6: 3},
+			ifconf: map[string]string{"all/rp_filter": "0", "eth0/rp_filter": "1", "cni0/rp_filter": "0"},
+			ipt:    map[rules.Family]string{rules.IPv4: "*filter\n[12:720] -A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\nCOMMIT\n"},
+		},
+		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")},
+		Cluster:  snap,
+		Missing:  map[string]string{},
+	}
+}
+
+func enable(env *Env, ids ...string) {
+	for i := range env.Fixes {
+		for _, id := range ids {
+			if env.Fixes[i].ID == id {
+				env.Fixes[i].Enabled = true
+			}
+		}
+	}
+}
+
+func states(r *Report) map[string]string {
+	out := map[string]string{}
+	for _, f := range r.Findings {
+		s := string(f.State)
+		if f.State == Handled {
+			s += " by " + f.HandledBy
+		}
+		out[f.Check] = s
+	}
+	return out
+}
+
+// The golden report of a node with every problem: text and JSON, and exit status 2.
+func TestGoldenReport(t *testing.T) {
+	r := Run(context.Background(), troubled(), Checks())
+	var text, js bytes.Buffer
+	if err := Text(&text, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := JSON(&js, r); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Golden(t, "testdata/troubled.txt", text.String())
+	testkit.Golden(t, "testdata/troubled.json", js.String())
+	var doc map[string]any
+	if err := json.Unmarshal(js.Bytes(), &doc); err != nil || doc["schemaVersion"] != float64(1) {
+		t.Fatalf("schemaVersion: %v (%v)", doc["schemaVersion"], err)
+	}
+	if r.ExitCode() != ExitProblem {
+		t.Errorf("exit code %d, want %d", r.ExitCode(), ExitProblem)
+	}
+}
+
+// Each problem a fix handles says "handled by" that fix once it is enabled; the report-only ones
+// stay problems; with every such fix on, only those are left.
+func TestHandledBy(t *testing.T) {
+	before := states(Run(context.Background(), troubled(), Checks()))
+	for check, want := range map[string]string{
+		"invalid-replies": "problem", "ipvs-external-ip": "problem", "pmtu": "problem", "stale-udp": "problem",
+		"conntrack-table": "problem", "neighbour-table": "problem", "rp-filter": "problem",
+	} {
+		if before[check] != want {
+			t.Errorf("%s: %s, want %s", check, before[check], want)
+		}
+	}
+	env := troubled()
+	enable(env, "invalid-drop", "ipvs-externalip-dnat", "mss-clamp", "stale-udp-conntrack")
+	after := states(Run(context.Background(), env, Checks()))
+	for check, want := range map[string]string{
+		"invalid-replies": "handled by invalid-drop", "ipvs-external-ip": "handled by ipvs-externalip-dnat",
+		"pmtu": "handled by mss-clamp", "stale-udp": "handled by stale-udp-conntrack",
+		"conntrack-table": "problem",
+	} {
+		if after[check] != want {
+			t.Errorf("%s with the fixes enabled: %s, want %s", check, after[check], want)
+		}
+	}
+	env = troubled()
+	enable(env, "conntrack-liberal")
+	if got := states(Run(context.Background(), env, Checks()))["invalid-replies"]; got != "handled by conntrack-liberal" {
+		t.Errorf("invalid-replies with conntrack-liberal: %s", got)
+	}
+}
+
+// The stale-UDP preview counts only the entry DNATed into this node's pod CIDRs to an address no
+// Pod holds: not the live pod's, not the other node's pod.
+func TestStaleUDPPreview(t *testing.T) {
+	env := troubled()
+	n, ex, err := StaleUDP(context.Background(), env.Conntrack, map[netip.Addr]bool{netip.MustParseAddr("10.244.1.5"): true}, env.PodCIDRs)
+	if err != nil || n != 1 || len(ex) != 1 || ex[0].Reply.Src.Addr() != netip.MustParseAddr("10.244.1.9") {
+		t.Fatalf("stale: %d %v %v", n, ex, err)
+	}
+}
+
+// Without API access the kernel checks still run; the others say why they cannot tell.
+func TestWithoutAPI(t *testing.T) {
+	env := troubled()
+	env.NoAPI(errors.New("no kubeconfig and not in a cluster"))
+	r := Run(context.Background(), env, Checks())
+	if r.API != "no kubeconfig and not in a cluster" {
+		t.Errorf("api: %q", r.API)
+	}
+	got := states(r)
+	for _, c := range []string{"ipvs-external-ip", "stale-udp"} {
+		if got[c] != "cannot-tell" || !strings.Contains(r.Find(c).Summary, "no API access") {
+			t.Errorf("%s: %s %q, want cannot-tell naming the API", c, got[c], r.Find(c).Summary)
+		}
+	}
+	for _, c := range []string{"invalid-replies", "conntrack-table", "neighbour-table", "pmtu"} {
+		if got[c] == "cannot-tell" {
+			t.Errorf("%s: cannot tell without the API: %s", c, r.Find(c).Summary)
+		}
+	}
+}
+
+// The IPVS check's logic on its inputs (IPVS cannot run on the host kernel: no IP_VS): a local
+// endpoint, eTP Cluster, ipMode Proxy and hostname-only ingress are not blackholed.
+func TestBlackholedExternalIPs(t *testing.T) {
+	mk := func(name string, mods ...func(*corev1.Service)) *fix.Service {
+		return fix.ServiceFrom(testkit.Service("ns", name, append(mods, testkit.Ports(testkit.TCP(80)))...))
+	}
+	svcs := []*fix.Service{
+		mk("local-none", testkit.LoadBalancer("203.0.113.1"), testkit.ETPLocal()),
+		mk("local-here", testkit.LoadBalancer("203.0.113.2"), testkit.ETPLocal()),
+		mk("cluster", testkit.LoadBalancer("203.0.113.3")),
+		mk("proxy", testkit.LoadBalancer(), testkit.IngressProxyMode("203.0.113.4"), testkit.ETPLocal()),
+		mk("extip", testkit.ClusterIPType(), testkit.ExternalIPs("198.51.100.5"), testkit.ETPLocal()),
+	}
+	here := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "local-here-1",
+		Labels: map[string]string{discoveryv1.LabelServiceName: "local-here"}},
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.2"}, NodeName: ptr("n1")}}}
+	got := BlackholedExternalIPs(svcs, []*discoveryv1.EndpointSlice{here}, "n1")
+	want := []string{"ns/extip 198.51.100.5", "ns/local-none 203.0.113.1"}
+	if strings.Join(got, ";") != strings.Join(want, ";") {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
+func TestParsers(t *testing.T) {
+	r4 := parseRoute4("Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n" +
+		"eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n" +
+		"eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n")
+	if len(r4) != 2 || r4[0].Dst.String() != "0.0.0.0/0" || r4[1].Dst.String() != "192.0.2.0/24" {
+		t.Errorf("routes4: %v", r4)
+	}
+	r6 := parseRoute6("20010db8000100000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth0\n")
+	if len(r6) != 1 || r6[0].Dst.String() != "2001:db8:1::/64" || r6[0].Dev != "eth0" {
+		t.Errorf("routes6: %v", r6)
+	}
+	drops := NoEndpointDrops(`table ip kube-proxy {
+	map no-endpoint-services {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		elements = { 192.0.2.10 . tcp . 80 comment "shop/web:http" : drop,
+			     10.96.0.5 . tcp . 80 comment "shop/api:http" : goto reject-chain }
+	}
+}`)
+	if len(drops) != 1 || drops[0] != "192.0.2.10 tcp/80 (shop/web:http)" {
+		t.Errorf("drops: %v", drops)
+	}
+	if v, ok := promValue("# HELP x\nkubeproxy_iptables_localhost_nodeports_accepted_packets_total 7\nkubeproxy_iptables_localhost_nodeports_accepted_packets_total_x 1\n", "kubeproxy_iptables_localhost_nodeports_accepted_packets_total"); !ok || v != 7 {
+		t.Errorf("promValue: %v %v", v, ok)
+	}
+}
