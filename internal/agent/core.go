@@ -28,6 +28,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/sysctl"
 	"github.com/network-node-manager/network-node-manager/internal/config"
 	"github.com/network-node-manager/network-node-manager/internal/detect"
+	"github.com/network-node-manager/network-node-manager/internal/diagnose"
 	"github.com/network-node-manager/network-node-manager/internal/engine"
 	"github.com/network-node-manager/network-node-manager/internal/events"
 	"github.com/network-node-manager/network-node-manager/internal/kube"
@@ -65,7 +66,11 @@ var Module = fx.Module("core",
 		NewEngine,
 		NewAPIClient,
 		NewTakeover,
+		diagnose.NewMetrics,
 	),
+	// Registered in every graph (the monitoring test lists them); they stay empty unless `run`
+	// runs the checks (RunDiagnosis).
+	fx.Invoke(func(*diagnose.Metrics) {}),
 )
 
 // Agent adds what `run` needs on top of Module: the engine and HTTP server started by the lifecycle,
@@ -80,6 +85,7 @@ var Agent = fx.Options(
 	// The backend can change while the agent runs (Follow): the engine and the fixes hold a Live.
 	fx.Decorate(func(be backend.Backend) backend.Backend { return engine.NewLive(be) }),
 	fx.Invoke(CleanPredecessor),
+	fx.Invoke(RunDiagnosis),
 	fx.Invoke(func(lc fx.Lifecycle, e *engine.Engine, s *server.Server) {
 		lc.Append(fx.Hook{OnStart: s.Start, OnStop: s.Stop})
 		lc.Append(fx.Hook{OnStart: e.Start, OnStop: e.Stop})
