@@ -8,8 +8,11 @@ import (
 
 	"github.com/spf13/cobra"
 	"go.uber.org/fx"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/backends"
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs/node"
 	"github.com/network-node-manager/network-node-manager/internal/agent"
 	"github.com/network-node-manager/network-node-manager/internal/config"
 	"github.com/network-node-manager/network-node-manager/internal/diagnose"
@@ -66,11 +69,33 @@ func diagnoseCommand(version string, fixModules fx.Option) *cobra.Command {
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), diagnoseTimeout)
 			defer cancel()
-			env := agent.DiagnoseEnv(p)
-			if client, err := api.Get(); err != nil {
-				env.NoAPI(err)
+			// The Node is listed first: its labels choose the nodeOverrides entry, which decides
+			// which fixes count as enabled.
+			var snap *fix.Snapshot
+			var missing map[string]string
+			client, apiErr := api.Get()
+			if apiErr == nil {
+				snap, missing = diagnose.ReadCluster(ctx, client, cfg.NodeName)
+			}
+			var labels map[string]string
+			if n := nodeOf(snap); n != nil {
+				labels = n.Labels
+				if labels == nil {
+					labels = map[string]string{}
+				}
+			}
+			eff, ov := cfg.ForNode(labels)
+			if err := p.Engine.Configure(eff); err != nil {
+				return err
+			}
+			env := agent.DiagnoseEnv(p, eff, ov)
+			if len(cfg.NodeOverrides()) > 0 && labels == nil {
+				env.Override += " (this node's Node was not read: the base configuration)"
+			}
+			if apiErr != nil {
+				env.NoAPI(apiErr)
 			} else {
-				env.Cluster, env.Missing = diagnose.ReadCluster(ctx, client, cfg.NodeName)
+				env.Cluster, env.Missing = snap, missing
 			}
 			cidrs, err := cfg.ParsedPodCIDRs()
 			if err != nil {
@@ -94,4 +119,11 @@ func diagnoseCommand(version string, fixModules fx.Option) *cobra.Command {
 	config.AddFlags(cmd.Flags())
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
 	return cmd
+}
+
+func nodeOf(snap *fix.Snapshot) *corev1.Node {
+	if snap == nil {
+		return nil
+	}
+	return node.Table.Get(snap)
 }

@@ -35,12 +35,15 @@ type DiagnoseParams struct {
 	Engine    *engine.Engine
 	Sysctl    sysctl.Interface
 	Conntrack conntrack.Interface
+	// Overrides is the resolver of nodeOverrides where the graph has one (`run`).
+	Overrides *NodeOverrides `optional:"true"`
 }
 
 // DiagnoseEnv is the checks' environment without the cluster's objects: this node, what detection
-// found, the fixes' states (from the engine) and the node's readers.
-func DiagnoseEnv(p DiagnoseParams) *diagnose.Env {
-	env := &diagnose.Env{
+// found, the fixes' states (from the engine, configured with cfg, the configuration in effect on
+// this node, whose nodeOverrides entry is ov) and the node's readers.
+func DiagnoseEnv(p DiagnoseParams, cfg *config.Config, ov config.Override) *diagnose.Env {
+	env := &diagnose.Env{Override: ov.String(),
 		Node: p.Config.NodeName, ProxyMode: p.Detected.ProxyMode, ProxyModeSource: p.Detected.ProxyModeSource,
 		IptablesVariant: p.Detected.IptablesVariant,
 		Options:         map[string]map[string]any{},
@@ -57,7 +60,7 @@ func DiagnoseEnv(p DiagnoseParams) *diagnose.Env {
 			fs.Refused = st.Refusal.Error()
 		}
 		env.Fixes = append(env.Fixes, fs)
-		env.Options[st.Fix] = p.Config.FixOptions(st.Fix)
+		env.Options[st.Fix] = cfg.FixOptions(st.Fix)
 	}
 	return env
 }
@@ -73,7 +76,11 @@ func RunDiagnosis(lc fx.Lifecycle, p DiagnoseParams, m *diagnose.Metrics, log *s
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	run := func() {
-		env := DiagnoseEnv(p)
+		cfg, ov := p.Config, config.None
+		if p.Overrides != nil {
+			cfg, ov = p.Overrides.Effective()
+		}
+		env := DiagnoseEnv(p, cfg, ov)
 		env.Cluster = p.Engine.Snapshot()
 		env.Missing = diagnose.FromAgent(env.Cluster, p.Engine.Reads())
 		cidrs, _ := p.Config.ParsedPodCIDRs()

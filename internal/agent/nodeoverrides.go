@@ -187,3 +187,11 @@ func (o *NodeOverrides) report(ov config.Override, logIt bool) {
 		o.log.Info("config: no override applies on node "+o.hub.NodeName()+"; the base configuration", "node", o.hub.NodeName(), "nodeOverrides", entries)
 	}
 }
+
+// Effective is the configuration in effect on this node now and the nodeOverrides entry it applies
+// (for diagnose's metrics in the running agent).
+func (o *NodeOverrides) Effective() (*config.Config, config.Override) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.base.ForNode(o.labels)
+}

@@ -74,6 +74,9 @@ type Report struct {
 	// ProxyMode is kube-proxy's mode as detected ("" unknown), ProxyModeSource how.
 	ProxyMode       string `json:"proxyMode"`
 	ProxyModeSource string `json:"proxyModeSource,omitempty"`
+	// Override is the nodeOverrides entry in effect on this node ("override 0 (pool=canary)",
+	// "no override"; omitted when not known).
+	Override string `json:"override,omitempty"`
 	// Fixes lists every registered fix and whether it runs on this node.
 	Fixes []FixState `json:"fixes"`
 	// API says whether the cluster's objects could be read ("ok", or why not).
@@ -114,6 +117,9 @@ type Env struct {
 	Node            string
 	ProxyMode       string
 	ProxyModeSource string
+	// Override says which nodeOverrides entry of the configuration applies on this node
+	// ("override 0 (pool=canary)", "no override"); "" when not known.
+	Override string
 	// IptablesVariant is the detected iptables variant ("nft" or "legacy").
 	IptablesVariant string
 	// Fixes: every registered fix, with its state here.
@@ -178,7 +184,7 @@ func Run(ctx context.Context, env *Env, checks []Check) *Report {
 		env.Now = time.Now()
 	}
 	r := &Report{SchemaVersion: SchemaVersion, Node: env.Node, ProxyMode: env.ProxyMode,
-		ProxyModeSource: env.ProxyModeSource, Fixes: slices.Clone(env.Fixes), API: "ok"}
+		ProxyModeSource: env.ProxyModeSource, Override: env.Override, Fixes: slices.Clone(env.Fixes), API: "ok"}
 	sort.Slice(r.Fixes, func(i, j int) bool { return r.Fixes[i].ID < r.Fixes[j].ID })
 	if env.Cluster == nil {
 		r.API = "not read"

@@ -80,7 +80,7 @@ func troubled() *Env {
 	endpointslices.Table.Set(snap, []*discoveryv1.EndpointSlice{elsewhere})
 	pods.Table.Set(snap, []*corev1.Pod{pod})
 	return &Env{
-		Node: "n1", ProxyMode: "ipvs", ProxyModeSource: "metrics-endpoint", IptablesVariant: "nft",
+		Node: "n1", ProxyMode: "ipvs", ProxyModeSource: "metrics-endpoint", IptablesVariant: "nft", Override: "override 0 (pool=canary)",
 		Fixes: []FixState{{ID: "invalid-drop"}, {ID: "conntrack-liberal"}, {ID: "ipvs-externalip-dnat"}, {ID: "mss-clamp"}, {ID: "stale-udp-conntrack"}},
 		Sysctl: sysctl.NewFake(map[string]string{
 			sysctl.ConntrackTCPBeLiberal:        "0",

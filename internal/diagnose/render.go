@@ -52,7 +52,11 @@ func Text(w io.Writer, r *Report) error {
 	if len(on) == 0 {
 		on = []string{"none"}
 	}
-	fmt.Fprintf(&b, "enabled fixes: %s\n", strings.Join(on, ", "))
+	cfg := ""
+	if r.Override != "" {
+		cfg = " (config: " + r.Override + ")"
+	}
+	fmt.Fprintf(&b, "enabled fixes: %s%s\n", strings.Join(on, ", "), cfg)
 	for _, f := range r.Findings {
 		tag := ""
 		if f.ReportOnly {
