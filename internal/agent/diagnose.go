@@ -43,8 +43,14 @@ type DiagnoseParams struct {
 // found, the fixes' states (from the engine, configured with cfg, the configuration in effect on
 // this node, whose nodeOverrides entry is ov) and the node's readers.
 func DiagnoseEnv(p DiagnoseParams, cfg *config.Config, ov config.Override) *diagnose.Env {
+	// The engine holds kube-proxy's mode as the agent follows it (Follow); detection's result is
+	// the mode at start.
+	mode, source := p.Engine.Env().ProxyMode, p.Detected.ProxyModeSource
+	if mode != p.Detected.ProxyMode {
+		source = "followed"
+	}
 	env := &diagnose.Env{Override: ov.String(),
-		Node: p.Config.NodeName, ProxyMode: p.Detected.ProxyMode, ProxyModeSource: p.Detected.ProxyModeSource,
+		Node: p.Config.NodeName, ProxyMode: mode, ProxyModeSource: source,
 		IptablesVariant: p.Detected.IptablesVariant,
 		Options:         map[string]map[string]any{},
 		Sysctl:          p.Sysctl, Conntrack: p.Conntrack,

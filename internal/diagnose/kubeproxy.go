@@ -21,6 +21,20 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
+// otherMode is the finding of a check of kube-proxy's mode want on a node where kube-proxy runs
+// another mode (ok), none (ok), or an unknown one (cannot tell); other is false when it runs want.
+func otherMode(env *Env, want string) (f Finding, other bool) {
+	switch env.ProxyMode {
+	case want:
+		return Finding{}, false
+	case "":
+		return cannot("kube-proxy's mode is unknown (set proxyMode)"), true
+	case fix.ProxyModeNone:
+		return Finding{State: OK, Summary: "no kube-proxy on this node"}, true
+	}
+	return Finding{State: OK, Summary: "kube-proxy runs in " + env.ProxyMode + " mode, not " + want}, true
+}
+
 // ipvsExternalIPCheck: kube-proxy IPVS mode blackholes External-IPs of eTP=Local Services without a
 // local endpoint for the node's own traffic (kubernetes#75262).
 type ipvsExternalIPCheck struct{}
@@ -60,11 +74,8 @@ func BlackholedExternalIPs(svcs []*fix.Service, slices []*discoveryv1.EndpointSl
 }
 
 func (ipvsExternalIPCheck) Run(_ context.Context, env *Env) Finding {
-	if env.ProxyMode != "ipvs" {
-		if env.ProxyMode == "" {
-			return cannot("kube-proxy's mode is unknown (set proxyMode)")
-		}
-		return Finding{State: OK, Summary: "kube-proxy runs in " + env.ProxyMode + " mode, not IPVS"}
+	if f, other := otherMode(env, "ipvs"); other {
+		return f
 	}
 	for _, t := range []fix.TableRef{services.Table, endpointslices.Table} {
 		if why := env.missing(t); why != "" {
@@ -130,11 +141,8 @@ func NoEndpointDrops(text string) []string {
 }
 
 func (nftNoEndpointCheck) Run(ctx context.Context, env *Env) Finding {
-	if env.ProxyMode != "nftables" {
-		if env.ProxyMode == "" {
-			return cannot("kube-proxy's mode is unknown (set proxyMode)")
-		}
-		return Finding{State: OK, Summary: "kube-proxy runs in " + env.ProxyMode + " mode, not nftables"}
+	if f, other := otherMode(env, "nftables"); other {
+		return f
 	}
 	if env.Kernel == nil {
 		return cannot("%v", errNoKernel)
@@ -201,11 +209,8 @@ func promValue(text, name string) (float64, bool) {
 }
 
 func (migrationCheck) Run(ctx context.Context, env *Env) Finding {
-	if env.ProxyMode != "iptables" {
-		if env.ProxyMode == "" {
-			return cannot("kube-proxy's mode is unknown (set proxyMode)")
-		}
-		return Finding{State: OK, Summary: "kube-proxy runs in " + env.ProxyMode + " mode: no iptables-to-nftables migration to check"}
+	if f, other := otherMode(env, "iptables"); other {
+		return f
 	}
 	f := Finding{ReportOnly: true, State: OK}
 	var caveats, unknown []string
