@@ -1,0 +1,206 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/diagnose"
+	"github.com/network-node-manager/network-node-manager/internal/kubeproxytest"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
+)
+
+// diagnoseExtIP is the External-IP of Service "ext" (externalTrafficPolicy: Local, its one endpoint
+// on another node).
+const diagnoseExtIP = "203.0.113.77"
+
+// diagnoseConfig enables mss-clamp through a nodeOverrides entry that selects every node: diagnose
+// counts the fixes as the entry sets them and names it.
+const diagnoseConfig = `nodeOverrides:
+  - nodeSelector: {}
+    fixes:
+      mss-clamp: {enabled: true}
+`
+
+// runDiagnose runs `network-node-manager diagnose --output json` in the node namespace with the
+// agent's service account (deploy/base's RBAC) and returns the report and the exit status.
+func (n *kpNode) runDiagnose(t *testing.T) (*diagnose.Report, int) {
+	t.Helper()
+	bin, err := agenttest.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := t.TempDir() + "/config.yaml"
+	if err := os.WriteFile(cfg, []byte(diagnoseConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := n.ns.Command(bin, "diagnose", "--output", "json", "--kubeconfig", n.saKubecfg, "--node-name", n.name,
+		"--config", cfg, "--pod-cidrs", podCIDRv4+","+podCIDRv6, "--log-level", "warn")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("diagnose: %v\n%s", err, stderr.String())
+	}
+	var r diagnose.Report
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("diagnose --output json (exit %d): %v\n%s\n%s", code, err, out, stderr.String())
+	}
+	if r.SchemaVersion != diagnose.SchemaVersion {
+		t.Fatalf("schemaVersion %d", r.SchemaVersion)
+	}
+	return &r, code
+}
+
+func findingOf(t *testing.T, r *diagnose.Report, check string) diagnose.Finding {
+	t.Helper()
+	f := r.Find(check)
+	if f == nil {
+		t.Fatalf("no finding %s in %+v", check, r)
+	}
+	return *f
+}
+
+// createExtService creates Service "ext" (NodePort, eTP Local, External-IP diagnoseExtIP, TCP 80 →
+// 8080) in ns with its one ready endpoint on another node, and returns a func deleting both.
+func createExtService(t *testing.T, c *cluster, ns string) func() {
+	t.Helper()
+	ctx := t.Context()
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "ext", Namespace: ns},
+		Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeNodePort, ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
+			ExternalIPs: []string{diagnoseExtIP}, Selector: map[string]string{"app": "ext"},
+			Ports: []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(kpTCPPort)}},
+		}}
+	if _, err := c.admin.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: "ext-1", Namespace: ns,
+			Labels: map[string]string{discoveryv1.LabelServiceName: "ext", discoveryv1.LabelManagedBy: "nnm-e2e"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{kpEndpointIP},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)}, NodeName: ptr("elsewhere")}},
+		Ports: []discoveryv1.EndpointPort{{Name: ptr("tcp"), Protocol: ptr(corev1.ProtocolTCP), Port: ptr[int32](kpTCPPort)}},
+	}
+	if _, err := c.admin.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	del := func() {
+		_ = c.admin.DiscoveryV1().EndpointSlices(ns).Delete(context.Background(), "ext-1", metav1.DeleteOptions{})
+		_ = c.admin.CoreV1().Services(ns).Delete(context.Background(), "ext", metav1.DeleteOptions{})
+	}
+	t.Cleanup(del)
+	return del
+}
+
+// TestDiagnoseBesideKubeProxy (#40): `diagnose` in a node namespace beside the real kube-proxy, with
+// the agent's service account and deploy/base's RBAC (which does not grant Pods: the stale-udp
+// check says so), a config whose nodeOverrides entry enables mss-clamp.
+//   - nftables mode: on the clean node the no-endpoint-services check names nothing; an eTP=Local
+//     Service whose one endpoint is on another node puts its External-IP in kube-proxy's
+//     no-endpoint-services map with a drop verdict, and diagnose names it (exit status 2); deleted,
+//     nothing again.
+//   - iptables mode: nftables-migration names nothing before, and the localhost NodePorts after a
+//     connection to 127.0.0.1:<NodePort> (kube-proxy's own counter); invalid-replies shows
+//     kube-proxy's INVALID drop as evidence.
+func TestDiagnoseBesideKubeProxy(t *testing.T) {
+	require(t)
+	kubeproxytest.Require(t)
+	c := sharedCluster(t, "kube-proxy")
+	t.Run("nftables", func(t *testing.T) {
+		n := startKubeProxyNode(t, c, "nftables")
+		r, code := n.runDiagnose(t)
+		if r.ProxyMode != "nftables" || r.ProxyModeSource != "metrics-endpoint" {
+			t.Errorf("proxy mode %q from %q, want nftables from kube-proxy's /proxyMode", r.ProxyMode, r.ProxyModeSource)
+		}
+		if !strings.HasPrefix(r.Override, "override 0") {
+			t.Errorf("override %q, want entry 0", r.Override)
+		}
+		for _, f := range r.Fixes {
+			if f.ID == "mss-clamp" && !f.Enabled {
+				t.Errorf("mss-clamp not enabled although the nodeOverrides entry enables it: %+v", r.Fixes)
+			}
+		}
+		if f := findingOf(t, r, "stale-udp"); f.State != diagnose.CannotTell || !strings.Contains(f.Summary, "forbidden") {
+			t.Errorf("stale-udp without Pods RBAC: %s %q, want cannot-tell naming the refusal", f.State, f.Summary)
+		}
+		if f := findingOf(t, r, "nft-no-endpoint-drop"); f.State != diagnose.OK {
+			t.Fatalf("clean node: nft-no-endpoint-drop %s %q (exit %d)", f.State, f.Summary, code)
+		}
+		del := createExtService(t, c, "kp-nftables")
+		var f diagnose.Finding
+		agenttest.Eventually(t, 30*time.Second, func() error {
+			r, code = n.runDiagnose(t)
+			if f = findingOf(t, r, "nft-no-endpoint-drop"); f.State != diagnose.Problem || code != diagnose.ExitProblem {
+				return fmt.Errorf("nft-no-endpoint-drop %s %q, exit %d", f.State, f.Summary, code)
+			}
+			return nil
+		})
+		found := false
+		for _, e := range f.Evidence {
+			found = found || strings.HasPrefix(e.Value, diagnoseExtIP+" tcp/80")
+		}
+		if !found {
+			t.Errorf("the evidence does not name %s tcp/80: %+v", diagnoseExtIP, f.Evidence)
+		}
+		t.Logf("nft-no-endpoint-drop: %s: %+v", f.Summary, f.Evidence)
+		del()
+		agenttest.Eventually(t, 30*time.Second, func() error {
+			r, _ := n.runDiagnose(t)
+			if f := findingOf(t, r, "nft-no-endpoint-drop"); f.State != diagnose.OK {
+				return fmt.Errorf("after the deletion: %s %q", f.State, f.Summary)
+			}
+			return nil
+		})
+	})
+	t.Run("iptables", func(t *testing.T) {
+		n := startKubeProxyNode(t, c, "iptables")
+		r, _ := n.runDiagnose(t)
+		if f := findingOf(t, r, "nftables-migration"); f.State != diagnose.OK {
+			t.Fatalf("clean node: nftables-migration %s %q %+v", f.State, f.Summary, f.Evidence)
+		}
+		inv := findingOf(t, r, "invalid-replies")
+		if !strings.Contains(fmt.Sprint(inv.Evidence), "kube-proxy's INVALID drop (KUBE-FORWARD") {
+			t.Errorf("invalid-replies does not show kube-proxy's INVALID drop: %+v", inv.Evidence)
+		}
+		var nodePort int32
+		for _, p := range n.svc.Spec.Ports {
+			if p.Protocol == corev1.ProtocolTCP {
+				nodePort = p.NodePort
+			}
+		}
+		dial := func() error {
+			conn, err := testenv.DialContext(n.ns.Path(), &net.Dialer{Timeout: 3 * time.Second})(t.Context(), "tcp", net.JoinHostPort("127.0.0.1", fmt.Sprint(nodePort)))
+			if err != nil {
+				return err
+			}
+			return conn.Close()
+		}
+		agenttest.Eventually(t, 30*time.Second, func() error {
+			if err := dial(); err != nil {
+				return fmt.Errorf("connect to 127.0.0.1:%d: %v", nodePort, err)
+			}
+			r, _ := n.runDiagnose(t)
+			if f := findingOf(t, r, "nftables-migration"); f.State != diagnose.Problem || !strings.Contains(f.Summary, "NodePorts on 127.0.0.1") {
+				return fmt.Errorf("nftables-migration %s %q", f.State, f.Summary)
+			}
+			return nil
+		})
+	})
+}
