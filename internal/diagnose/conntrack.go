@@ -100,6 +100,7 @@ func (invalidCheck) Run(ctx context.Context, env *Env) Finding {
 			f.Evidence = append(f.Evidence, ev("conntrack invalid", "unreadable: %v", err))
 		}
 	}
+	f.counters = map[string]uint64{"invalid": invalid}
 	_, _, kp := kubeProxyInvalidDrops(ctx, env)
 	f.Evidence = append(f.Evidence, ev("kube-proxy INVALID drop", "%s", kp))
 	switch {
@@ -117,6 +118,9 @@ func (invalidCheck) Run(ctx context.Context, env *Env) Finding {
 	case invalid == 0:
 		f.State = OK
 		f.Summary = "no packet was marked INVALID"
+	case risen(env, "invalid-replies", "invalid", invalid, &f) == 0:
+		f.State = OK
+		f.Summary = "no packet was marked INVALID since the last run"
 	default:
 		f.State = Problem
 		f.Summary = fmt.Sprintf("%d packets were marked INVALID and no enabled fix drops them before the node answers with a reset", invalid)
@@ -193,18 +197,35 @@ func (conntrackFillCheck) Run(ctx context.Context, env *Env) Finding {
 	if fill >= ConntrackFillLimit {
 		bad = append(bad, fmt.Sprintf("the table is %.0f%% full", 100*fill))
 	}
+	f.counters = map[string]uint64{"drop": s.Drop, "early_drop": s.EarlyDrop, "insert_failed": s.InsertFailed}
 	for _, c := range []struct {
 		name string
 		n    uint64
 	}{{"drop", s.Drop}, {"early_drop", s.EarlyDrop}, {"insert_failed", s.InsertFailed}} {
-		if c.n > 0 {
+		if c.n > 0 && risen(env, "conntrack-table", c.name, c.n, &f) > 0 {
 			bad = append(bad, fmt.Sprintf("%s=%d", c.name, c.n))
 		}
 	}
 	if len(bad) == 0 {
-		f.State, f.Summary, f.Remedy = OK, fmt.Sprintf("the table is %.0f%% full, no connection lost", 100*fill), ""
+		since := ""
+		if env.Previous != nil {
+			since = " since the last run"
+		}
+		f.State, f.Summary, f.Remedy = OK, fmt.Sprintf("the table is %.0f%% full, no connection lost%s", 100*fill, since), ""
 		return f
 	}
 	f.State, f.Summary = Problem, strings.Join(bad, ", ")
 	return f
+}
+
+// risen is how much counter name of check rose since the agent's previous run, noted in f's
+// evidence; without a previous run (the command) it is now itself (the count since conntrack
+// started).
+func risen(env *Env, check, name string, now uint64, f *Finding) uint64 {
+	d, ok := env.rise(check, name, now)
+	if !ok {
+		return now
+	}
+	f.Evidence = append(f.Evidence, ev(name+" since the last run", "+%d", d))
+	return d
 }

@@ -65,6 +65,9 @@ type Finding struct {
 	Remedy string `json:"remedy,omitempty"`
 	// ReportOnly: no fix of the agent handles this problem; it is reported for the operator.
 	ReportOnly bool `json:"reportOnly,omitempty"`
+
+	// counters are the raw counters the check read, for the next run's rise (Env.Previous).
+	counters map[string]uint64
 }
 
 // Report is one run of every check: the JSON document of `diagnose --output json`.
@@ -238,6 +241,23 @@ func (r *Report) Find(id string) *Finding {
 		}
 	}
 	return nil
+}
+
+// rise returns how much counter name of check rose since the previous run, and false when there
+// is no previous run (the command) or the counter went down (conntrack restarted).
+func (e *Env) rise(check, name string, now uint64) (uint64, bool) {
+	if e.Previous == nil {
+		return 0, false
+	}
+	f := e.Previous.Find(check)
+	if f == nil {
+		return 0, false
+	}
+	prev, ok := f.counters[name]
+	if !ok || now < prev {
+		return 0, false
+	}
+	return now - prev, true
 }
 
 // cannot is a cannot-tell finding.

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -263,5 +265,65 @@ func TestParsers(t *testing.T) {
 	}
 	if v, ok := promValue("# HELP x\nkubeproxy_iptables_localhost_nodeports_accepted_packets_total 7\nkubeproxy_iptables_localhost_nodeports_accepted_packets_total_x 1\n", "kubeproxy_iptables_localhost_nodeports_accepted_packets_total"); !ok || v != 7 {
 		t.Errorf("promValue: %v %v", v, ok)
+	}
+}
+
+// In the agent a counter is a problem while it rises: the run after one that saw the same counts
+// says ok (invalid-replies) and leaves out what did not rise (conntrack-table).
+func TestCountersRise(t *testing.T) {
+	env := troubled()
+	first := Run(context.Background(), env, Checks())
+	env = troubled()
+	env.Previous = first
+	second := Run(context.Background(), env, Checks())
+	if f := second.Find("invalid-replies"); f.State != OK || !strings.Contains(f.Summary, "since the last run") {
+		t.Errorf("invalid-replies with no rise: %s %q", f.State, f.Summary)
+	}
+	if f := second.Find("conntrack-table"); f.State != Problem || f.Summary != "the table is 95% full" {
+		t.Errorf("conntrack-table with no rise of its counters: %s %q", f.State, f.Summary)
+	}
+	env = troubled()
+	env.Previous = first
+	env.Stats = fakeStats{conntrack.Stats{Invalid: 50, InsertFailed: 3, EarlyDrop: 7, CPUs: 2}}
+	if f := Run(context.Background(), env, Checks()).Find("invalid-replies"); f.State != Problem {
+		t.Errorf("invalid-replies rising by 8: %s %q", f.State, f.Summary)
+	}
+}
+
+// The metric has one series per check and state, 1 for the check's state.
+func TestMetrics(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := testutil.GatherAndCount(reg, "nnm_diagnosis_state"); n != 0 {
+		t.Errorf("%d series before the first run", n)
+	}
+	r := Run(context.Background(), troubled(), Checks())
+	m.Set(r, 1700000000)
+	if n, _ := testutil.GatherAndCount(reg, "nnm_diagnosis_state"); n != len(Checks())*len(States) {
+		t.Errorf("%d series, want %d", n, len(Checks())*len(States))
+	}
+	want := `# HELP nnm_diagnosis_last_run_timestamp_seconds When the diagnose checks last ran in the agent (Unix seconds).
+# TYPE nnm_diagnosis_last_run_timestamp_seconds gauge
+nnm_diagnosis_last_run_timestamp_seconds 1.7e+09
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "nnm_diagnosis_last_run_timestamp_seconds"); err != nil {
+		t.Error(err)
+	}
+	problems := 0.0
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		for _, s := range mf.GetMetric() {
+			for _, l := range s.GetLabel() {
+				if l.GetName() == "state" && l.GetValue() == "problem" {
+					problems += s.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	if int(problems) != r.Problems {
+		t.Errorf("problem series sum to %v, the report has %d", problems, r.Problems)
 	}
 }
