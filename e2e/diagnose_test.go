@@ -118,7 +118,8 @@ func createExtService(t *testing.T, c *cluster, ns string) func() {
 //     nothing again.
 //   - iptables mode: nftables-migration names nothing before, and the localhost NodePorts after a
 //     connection to 127.0.0.1:<NodePort> (kube-proxy's own counter); invalid-replies shows
-//     kube-proxy's INVALID drop as evidence.
+//     kube-proxy's INVALID drop as evidence. The agent started there exports the findings
+//     (nnm_diagnosis_state, one series per check and state).
 func TestDiagnoseBesideKubeProxy(t *testing.T) {
 	require(t)
 	kubeproxytest.Require(t)
@@ -175,6 +176,23 @@ func TestDiagnoseBesideKubeProxy(t *testing.T) {
 		if f := findingOf(t, r, "nftables-migration"); f.State != diagnose.OK {
 			t.Fatalf("clean node: nftables-migration %s %q %+v", f.State, f.Summary, f.Evidence)
 		}
+		// The running agent exports the same findings (its first run 10 s after start): with
+		// invalid-drop enabled by its config, invalid-replies is handled.
+		a := n.startAgent()
+		agenttest.Eventually(t, 40*time.Second, func() error {
+			m, err := a.Metrics(t.Context())
+			if err != nil {
+				return err
+			}
+			if v, ok := m.Value("nnm_diagnosis_state", "check", "invalid-replies", "state", "handled"); !ok || v != 1 {
+				return fmt.Errorf("nnm_diagnosis_state{check=invalid-replies,state=handled} = %v (%v); diagnosis series: %v", v, ok, m.Lines("nnm_diagnosis_"))
+			}
+			if n := len(m.Find("nnm_diagnosis_state")); n != len(diagnose.Checks())*len(diagnose.States) {
+				return fmt.Errorf("%d nnm_diagnosis_state series, want one per check and state", n)
+			}
+			return nil
+		})
+		n.cleanupAgent(a)
 		inv := findingOf(t, r, "invalid-replies")
 		if !strings.Contains(fmt.Sprint(inv.Evidence), "kube-proxy's INVALID drop (KUBE-FORWARD") {
 			t.Errorf("invalid-replies does not show kube-proxy's INVALID drop: %+v", inv.Evidence)

@@ -22,7 +22,7 @@ const DiagnosePeriod = 5 * time.Minute
 
 // diagnoseDelay is how long after its start the agent first runs the checks (its first syncs
 // come first).
-const diagnoseDelay = 30 * time.Second
+const diagnoseDelay = 10 * time.Second
 
 // KubeProxyMetricsURL is kube-proxy's /metrics on the node's loopback.
 const KubeProxyMetricsURL = "http://127.0.0.1:10249/metrics"
