@@ -144,6 +144,10 @@ func TestDiagnoseBesideKubeProxy(t *testing.T) {
 		if f := findingOf(t, r, "nft-no-endpoint-drop"); f.State != diagnose.OK {
 			t.Fatalf("clean node: nft-no-endpoint-drop %s %q (exit %d)", f.State, f.Summary, code)
 		}
+		// kube-proxy's nftables mode installs no INVALID drop (dataplane/kubeproxy_test.go): said so.
+		if inv := findingOf(t, r, "invalid-replies"); !strings.Contains(fmt.Sprint(inv.Evidence), "no `ct state invalid drop` in kube-proxy's nftables tables") {
+			t.Errorf("invalid-replies does not say kube-proxy's nftables mode has no INVALID drop: %+v", inv.Evidence)
+		}
 		del := createExtService(t, c, "kp-nftables")
 		var f diagnose.Finding
 		agenttest.Eventually(t, 30*time.Second, func() error {

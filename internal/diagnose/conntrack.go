@@ -44,9 +44,13 @@ func kubeProxyInvalidDrops(ctx context.Context, env *Env) (found bool, packets u
 			if err != nil {
 				continue
 			}
-			if strings.Contains(out, "ct state invalid drop") {
-				found = true
-				seen = append(seen, fam)
+			for _, line := range strings.Split(out, "\n") {
+				// "ct state invalid drop", with a counter or an nfacct object between
+				if strings.Contains(line, "ct state invalid") && strings.HasSuffix(strings.TrimSpace(line), "drop") {
+					found = true
+					seen = append(seen, fam)
+					break
+				}
 			}
 		}
 		if !found {
