@@ -327,3 +327,27 @@ nnm_diagnosis_last_run_timestamp_seconds 1.7e+09
 		t.Errorf("problem series sum to %v, the report has %d", problems, r.Problems)
 	}
 }
+
+// The golden report of a kube-proxy nftables node that drops an External-IP for want of a local
+// endpoint (kubernetes#131765), and has no INVALID drop of its own.
+func TestGoldenNFTables(t *testing.T) {
+	env := troubled()
+	env.ProxyMode, env.Override = "nftables", "no override"
+	enable(env, "invalid-drop")
+	env.Kernel.(*fakeKernel).nft = map[string]string{
+		"table ip kube-proxy": "table ip kube-proxy {\n}\n",
+		"map ip kube-proxy no-endpoint-services": `table ip kube-proxy {
+	map no-endpoint-services {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		elements = { 203.0.113.77 . tcp . 80 comment "shop/ext:tcp" : drop,
+			     10.96.0.5 . tcp . 80 comment "shop/api:http" : goto reject-chain }
+	}
+}
+`}
+	r := Run(context.Background(), env, []Check{invalidCheck{}, ipvsExternalIPCheck{}, nftNoEndpointCheck{}, migrationCheck{}})
+	var text bytes.Buffer
+	if err := Text(&text, r); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Golden(t, "testdata/nftables.txt", text.String())
+}

@@ -103,10 +103,10 @@ func (ipvsExternalIPCheck) Run(_ context.Context, env *Env) Finding {
 		f.State, f.Remedy, f.Summary = OK, "", "every External-IP of an externalTrafficPolicy: Local Service has an endpoint on this node"
 	case env.Enabled(fixIPVS):
 		f.State, f.HandledBy = Handled, fixIPVS
-		f.Summary = fmt.Sprintf("%d External-IPs have no local endpoint; ipvs-externalip-dnat sends this node's traffic to them through the Cluster-IP", len(hit))
+		f.Summary = fmt.Sprintf("%s have no local endpoint; ipvs-externalip-dnat sends this node's traffic to them through the Cluster-IP", plural(len(hit), "External-IP"))
 	default:
 		f.State = Problem
-		f.Summary = fmt.Sprintf("%d External-IPs have no local endpoint: host-network processes (and pods, before kubernetes#97081) on this node cannot reach them", len(hit))
+		f.Summary = fmt.Sprintf("%s without a local endpoint: host-network processes (and pods, before kubernetes#97081) on this node cannot reach them", plural(len(hit), "External-IP"))
 	}
 	return f
 }
@@ -175,7 +175,7 @@ func (nftNoEndpointCheck) Run(ctx context.Context, env *Env) Finding {
 		return f
 	}
 	f.State = Problem
-	f.Summary = fmt.Sprintf("kube-proxy drops %d External-IP ports of Services without a local endpoint (traffic from outside; this node's pods too before kubernetes#132456)", len(drops))
+	f.Summary = fmt.Sprintf("kube-proxy drops %s of Services without a local endpoint (traffic from outside; this node's pods too before kubernetes#132456)", plural(len(drops), "External-IP port"))
 	return f
 }
 

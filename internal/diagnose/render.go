@@ -75,8 +75,16 @@ func Text(w io.Writer, r *Report) error {
 	case 0:
 		fmt.Fprintf(&b, "\nno problem that an enabled fix leaves open\n")
 	default:
-		fmt.Fprintf(&b, "\n%d problems that no enabled fix handles (exit status %d)\n", r.Problems, ExitProblem)
+		fmt.Fprintf(&b, "\n%s that no enabled fix handles (exit status %d)\n", plural(r.Problems, "problem"), ExitProblem)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// plural is "1 problem", "2 problems".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
