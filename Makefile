@@ -58,7 +58,7 @@ FUZZTIME      ?= 2m
 
 export NNM_BIN_DIR := $(BIN)
 
-.PHONY: all build deps controlplane promtool image-deps test-image vm test test-vm test-unit fuzz demo bench lint fmt vet clean image release test-felix plan
+.PHONY: bench-datapath all build deps controlplane promtool image-deps test-image vm test test-vm test-unit fuzz demo bench lint fmt vet clean image release test-felix plan
 
 all: build
 
@@ -147,6 +147,12 @@ demo: deps build controlplane
 ## bench: scale benchmarks against the real control plane (see BENCHMARKS.md).
 bench: deps build controlplane
 	./hack/bench.sh
+
+## bench-datapath: what the fix's rules cost each new connection on the node (BENCHMARKS.md, datapath
+## section): a client, node and server namespace, the rules loaded by the real backends. Needs root.
+## Writes bin/bench-datapath.md; BENCH_DATAPATH_ARGS="-write" also updates BENCHMARKS.md and its plot.
+bench-datapath: deps
+	$(GO) run ./bench/datapath $(BENCH_DATAPATH_ARGS)
 
 lint: vet fmt
 vet:

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
+)
+
+// The lab's address plan, one per family (a fact in one place: the rulesets, the routes and the
+// probes read it from here). Two identical paths share the server: the node holds the fix's rules,
+// the floor node does not, and every measurement alternates between them connection by connection.
+//
+//	client ("pod")  c0 10.244.0.2/24     fd00:10:244::2/64    default via the node
+//	node            n0 10.244.0.1/24     fd00:10:244::1/64    (pod side; the fix's pod CIDR)
+//	                n1 192.168.99.1/24   fd00:99::1/64        default via the server
+//	floor client    c0 10.245.0.2/24     fd00:10:245::2/64    default via the floor node
+//	floor node      n0 10.245.0.1/24     fd00:10:245::1/64
+//	                n1 192.168.98.1/24   fd00:98::1/64        default via the server
+//	server          s0 192.168.99.2/24   fd00:99::2/64        routes back to each side's client; the
+//	                s1 192.168.98.2/24   fd00:98::2/64        Service CIDR (10.96.0.0/16,
+//	                                                          fd00:10:96::/112) is local (AnyIP), a
+//	                                                          listener on port 80
+//
+// The External-IPs (the map's keys) are routed nowhere but by the node's default route: a packet to
+// one is DNATed to its Cluster-IP, which the server answers.
+type plan struct {
+	family                 rules.Family
+	podCIDR, serviceCIDR   netip.Prefix
+	sides                  [2]side                // the node with the rules, the floor node
+	consecutive, scattered func(i int) netip.Addr // the i-th External-IP of a layout (0-based)
+}
+
+// side is one client–node–server path's addresses.
+type side struct {
+	client, nodePod, nodeUp, server netip.Prefix
+}
+
+var plans = map[rules.Family]plan{
+	rules.IPv4: {
+		family: rules.IPv4, podCIDR: pfx("10.244.0.0/24"), serviceCIDR: pfx("10.96.0.0/16"),
+		sides: [2]side{
+			{client: pfx("10.244.0.2/24"), nodePod: pfx("10.244.0.1/24"), nodeUp: pfx("192.168.99.1/24"), server: pfx("192.168.99.2/24")},
+			{client: pfx("10.245.0.2/24"), nodePod: pfx("10.245.0.1/24"), nodeUp: pfx("192.168.98.1/24"), server: pfx("192.168.98.2/24")},
+		},
+		consecutive: func(i int) netip.Addr { return addN(netip.MustParseAddr("172.16.0.0"), uint64(i)+1) },
+		scattered:   scattered4,
+	},
+	rules.IPv6: {
+		family: rules.IPv6, podCIDR: pfx("fd00:10:244::/64"), serviceCIDR: pfx("fd00:10:96::/112"),
+		sides: [2]side{
+			{client: pfx("fd00:10:244::2/64"), nodePod: pfx("fd00:10:244::1/64"), nodeUp: pfx("fd00:99::1/64"), server: pfx("fd00:99::2/64")},
+			{client: pfx("fd00:10:245::2/64"), nodePod: pfx("fd00:10:245::1/64"), nodeUp: pfx("fd00:98::1/64"), server: pfx("fd00:98::2/64")},
+		},
+		consecutive: func(i int) netip.Addr { return addN(netip.MustParseAddr("2001:db8:ffff::"), uint64(i)+1) },
+		scattered:   scattered6,
+	},
+}
+
+func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+
+// clusterIP is the i-th Service's Cluster-IP: the Service CIDR's address i+1.
+func (p plan) clusterIP(i int) netip.Addr { return addN(p.serviceCIDR.Addr(), uint64(i)+1) }
+
+// addN is a + n (n well below the family's width).
+func addN(a netip.Addr, n uint64) netip.Addr {
+	b := a.As16()
+	for i := 15; i >= 0 && n > 0; i-- {
+		s := uint64(b[i]) + n&0xff
+		b[i] = byte(s)
+		n = n>>8 + s>>8
+	}
+	out := netip.AddrFrom16(b)
+	if a.Is4() {
+		out = out.Unmap()
+	}
+	return out
+}
+
+// spread24 is the i-th of 2^24 distinct 24-bit values, spread over the whole range (an odd
+// multiplier is a bijection modulo 2^24).
+func spread24(i int) uint32 { return uint32(uint64(i)*2654435761+0x9e3779) & 0xffffff }
+
+// scattered4 is the i-th scattered IPv4 External-IP: .7 in its own /24, the /24s spread over the
+// unicast space (first octet 11-223, without 127, 169.254/16, 172.16/12, 192.168/16 and 198.18/15:
+// nothing the lab or the consecutive layout uses).
+func scattered4(i int) netip.Addr {
+	for j, n := 0, -1; ; j++ {
+		v := spread24(j)
+		a := netip.AddrFrom4([4]byte{byte(v >> 16), byte(v >> 8), byte(v), 7})
+		o := a.As4()
+		if o[0] < 11 || o[0] > 223 || o[0] == 127 || (o[0] == 169 && o[1] == 254) || (o[0] == 172 && o[1]&0xf0 == 16) ||
+			(o[0] == 192 && o[1] == 168) || (o[0] == 198 && o[1]&0xfe == 18) {
+			continue
+		}
+		if n++; n == i {
+			return a
+		}
+	}
+}
+
+// scattered6 is the i-th scattered IPv6 External-IP: 2001:db8:XXXX:XX00::7, one /120 each (in fact
+// one /56), spread over 24 bits of the prefix.
+func scattered6(i int) netip.Addr {
+	v := spread24(i)
+	var b [16]byte
+	copy(b[:], netip.MustParseAddr("2001:db8::").AsSlice())
+	b[4], b[5], b[6] = byte(v>>16), byte(v>>8), byte(v)
+	b[15] = 7
+	return netip.AddrFrom16(b)
+}
+
+// lab is the five namespaces: per side a client and a node (0: with the rules, 1: the floor), and
+// the server.
+type lab struct {
+	client, node [2]string
+	server       string
+}
+
+func (l *lab) names() []string {
+	return []string{l.client[0], l.node[0], l.client[1], l.node[1], l.server}
+}
+
+// newLab creates the namespaces, links, addresses and routes of both families, and on both nodes the
+// stand-in for kube-proxy (see baseRules).
+func newLab(ctx context.Context) (*lab, error) {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	id := "nnm-dp-" + hex.EncodeToString(b)
+	l := &lab{client: [2]string{id + "-c", id + "-fc"}, node: [2]string{id + "-n", id + "-fn"}, server: id + "-s"}
+	if err := l.setup(ctx); err != nil {
+		return nil, errors.Join(err, l.close())
+	}
+	return l, nil
+}
+
+func (l *lab) setup(ctx context.Context) error {
+	for _, ns := range l.names() {
+		if err := testenv.Create(ctx, ns); err != nil {
+			return err
+		}
+		if _, err := testenv.Exec(ctx, ns, "sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"); err != nil {
+			return err
+		}
+	}
+	in := map[string][][]string{l.server: {
+		{"sysctl", "-qw", "net.core.somaxconn=65535", "net.ipv4.tcp_max_syn_backlog=65535"},
+		{"ip", "route", "add", "local", plans[rules.IPv4].serviceCIDR.String(), "dev", "lo"},
+		{"ip", "-6", "route", "add", "local", plans[rules.IPv6].serviceCIDR.String(), "dev", "lo"},
+	}}
+	for i := range 2 {
+		s0 := fmt.Sprintf("s%d", i)
+		for _, c := range [][]string{
+			{"ip", "link", "add", "c0", "netns", l.client[i], "type", "veth", "peer", "n0", "netns", l.node[i]},
+			{"ip", "link", "add", "n1", "netns", l.node[i], "type", "veth", "peer", s0, "netns", l.server},
+		} {
+			if out, err := runHost(ctx, c...); err != nil {
+				return fmt.Errorf("%s: %w: %s", strings.Join(c, " "), err, out)
+			}
+		}
+		in[l.client[i]] = [][]string{{"ip", "link", "set", "c0", "up"}}
+		in[l.node[i]] = [][]string{
+			{"sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"},
+			{"ip", "link", "set", "n0", "up"},
+			{"ip", "link", "set", "n1", "up"},
+		}
+		in[l.server] = append(in[l.server], []string{"ip", "link", "set", s0, "up"})
+		for _, fam := range []rules.Family{rules.IPv4, rules.IPv6} {
+			sd, ip := plans[fam].sides[i], "-4"
+			addr := func(p netip.Prefix, dev string) []string {
+				return []string{"ip", "addr", "add", p.String(), "dev", dev}
+			}
+			if fam == rules.IPv6 {
+				ip = "-6"
+				addr = func(p netip.Prefix, dev string) []string {
+					return []string{"ip", "addr", "add", p.String(), "dev", dev, "nodad"}
+				}
+			}
+			in[l.client[i]] = append(in[l.client[i]], addr(sd.client, "c0"),
+				[]string{"ip", ip, "route", "add", "default", "via", sd.nodePod.Addr().String()})
+			in[l.node[i]] = append(in[l.node[i]], addr(sd.nodePod, "n0"), addr(sd.nodeUp, "n1"),
+				[]string{"ip", ip, "route", "add", "default", "via", sd.server.Addr().String()})
+			in[l.server] = append(in[l.server], addr(sd.server, s0),
+				[]string{"ip", ip, "route", "add", sd.client.Masked().String(), "via", sd.nodeUp.Addr().String()})
+		}
+	}
+	for _, ns := range l.names() {
+		for _, c := range in[ns] {
+			if _, err := testenv.Exec(ctx, ns, c...); err != nil {
+				return err
+			}
+		}
+	}
+	for _, n := range l.node {
+		if err := baseRules(ctx, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// baseRules is what kube-proxy holds on every node and the floor has too: a nat table with a
+// masquerade rule in POSTROUTING, so conntrack and the nat hooks run for every new connection with
+// or without the agent (both families, iptables-nft).
+func baseRules(ctx context.Context, node string) error {
+	const base = "*nat\n:KUBE-POSTROUTING - [0:0]\n-A POSTROUTING -j KUBE-POSTROUTING\n" +
+		"-A KUBE-POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE\nCOMMIT\n"
+	for _, tool := range []string{"iptables-nft-restore", "ip6tables-nft-restore"} {
+		cmd := testenv.Command(ctx, node, tool, "--noflush")
+		cmd.Stdin = strings.NewReader(base)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%s in %s: %w: %s", tool, node, err, out)
+		}
+	}
+	return nil
+}
+
+// flushConntrack empties both nodes' conntrack tables, so every probe connection is a new entry.
+func (l *lab) flushConntrack(ctx context.Context) error {
+	for _, n := range l.node {
+		for _, f := range []string{"ipv4", "ipv6"} {
+			out, err := testenv.Exec(ctx, n, "conntrack", "-F", "-f", f)
+			if err != nil && !strings.Contains(out, "flushed") {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (l *lab) close() error {
+	var errs []error
+	for _, ns := range l.names() {
+		errs = append(errs, testenv.Delete(context.Background(), ns))
+	}
+	return errors.Join(errs...)
+}

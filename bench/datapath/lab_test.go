@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/internal/testenv"
+)
+
+// TestLabSmoke runs the benchmark's matrix at toy size (100 connections, 300 entries, both backends
+// and families, both layouts and paths): the lab routes, the fix's rules load through each backend
+// and DNAT the External-IP traffic to the server, and the rules are gone for the floor. It checks
+// that the benchmark works; it asserts no timing.
+func TestLabSmoke(t *testing.T) {
+	testenv.RequireKernel(t, "iptables-nft-restore", "ip6tables-nft-restore", "nft", "conntrack", "ip")
+	ctx := context.Background()
+	o := options{n: 100, sizes: []int{0, 300}, backends: []string{"iptables", "nftables"}, paths: []string{"pod", "host"},
+		families: []rules.Family{rules.IPv4, rules.IPv6}, layouts: []layout{consecutive, scattered}, runs: 1}
+	var progress strings.Builder
+	cells, err := measure(ctx, o, &progress)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, progress.String())
+	}
+	// backends × families × (size 0: 2 paths × miss; 2 layouts × 2 paths × (miss, hit))
+	if want := 2 * 2 * (2 + 2*2*2); len(cells) != want {
+		t.Fatalf("%d cells, want %d", len(cells), want)
+	}
+	for _, c := range cells {
+		if len(c.rules.lat) != o.n || len(c.floor.lat) != o.n {
+			t.Errorf("%+v: %d and %d connections measured, want %d", c, len(c.rules.lat), len(c.floor.lat), o.n)
+		}
+	}
+	text := report(describeMachine(), o, cells)
+	if !strings.Contains(text, "| 1 | iptables | ipv6 | scattered | 300 | host (OUTPUT) |") {
+		t.Errorf("report lacks a row:\n%s", text)
+	}
+	if svg := plot(cells); !strings.Contains(svg, "<polyline") || !strings.HasSuffix(svg, "</svg>\n") {
+		t.Errorf("plot:\n%s", svg)
+	}
+}
+
+// TestLoadIsTheFixsRules: a load leaves the fix's DNAT of every entry in the node (iptables rule
+// or nftables map element), and loading nil removes it.
+func TestLoadIsTheFixsRules(t *testing.T) {
+	testenv.RequireKernel(t, "iptables-nft-restore", "ip6tables-nft-restore", "nft", "ip")
+	ctx := context.Background()
+	l, err := newLab(ctx)
+	if err != nil {
+		testenv.Unavailable(t, "lab: %v", err)
+	}
+	defer l.close()
+	for _, fam := range []rules.Family{rules.IPv4, rules.IPv6} {
+		p := plans[fam]
+		rs, err := ruleset(p, scattered, 50)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, be := range []string{"iptables", "nftables"} {
+			if err := l.load(ctx, be, fam, rs); err != nil {
+				t.Fatal(err)
+			}
+			got, err := l.kernelRules(ctx, fam)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, i := range []int{0, 49} {
+				ext, cip := p.extIP(scattered, i).String(), p.clusterIP(i).String()
+				if !strings.Contains(got, ext) || !strings.Contains(got, cip) {
+					t.Errorf("%s %s: entry %d (%s → %s) not in the kernel:\n%s", be, fam, i, ext, cip, got)
+				}
+			}
+			if err := l.load(ctx, be, fam, nil); err != nil {
+				t.Fatal(err)
+			}
+			got, err = l.kernelRules(ctx, fam)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(got, "NNM-") || strings.Contains(got, "nnm-") {
+				t.Errorf("%s %s: the fix's rules are still there after removal:\n%s", be, fam, got)
+			}
+		}
+	}
+}
