@@ -623,19 +623,18 @@ func TestApplyRemovesEmptiedBucket(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := f.restores()
-	if len(r) != 1 || len(f.calls) != 3 || f.calls[1].args != "-w 5 -t nat -S NNM-EXTIP-DNAT" || f.calls[2].args != "-w 5 -t nat -S NNM-EXTIP-MASQ" {
-		t.Fatalf("calls %v, want one restore and a listing of each parent chain", f.calls)
+	if len(r) != 1 || len(f.calls) != 3 || f.calls[1].args != "-w 5 -t nat -S NNM-EXTIP-DNAT" || f.calls[2].args != "-w 5 -t nat -S "+nodeName("EXTIP-MASQ", 1, netip.MustParsePrefix("0.0.0.0/0"), 0) {
+		t.Fatalf("calls %v, want one restore and a listing of each parent chain (the masquerade's: its conntrack guard)", f.calls)
 	}
 	want := `*nat
 :NNM-EXTIP-DNAT - [0:0]
-:NNM-EXTIP-MASQ - [0:0]
+:NNM-EXTIP-MASQ-T0000000000 - [0:0]
 -A NNM-EXTIP-DNAT -m comment --comment "ipvs-externalip-dnat: mark for masquerade" -j MARK --or-mark 0x8000
 -A NNM-EXTIP-DNAT -d 203.0.113.0/24 -m comment --comment "ipvs-externalip-dnat: lookup external-ips 203.0.113.0/24" -j NNM-EXTIP-DNAT-CB007100
 -A NNM-EXTIP-DNAT -m comment --comment "ipvs-externalip-dnat: not DNATed" -j MARK --and-mark 0xffff7fff
 -A NNM-EXTIP-DNAT -p udp -m comment --comment "ipvs-externalip-dnat: udp is not ours" -j RETURN
 -A NNM-EXTIP-DNAT -d 203.0.113.0/24 -m comment --comment "ipvs-externalip-dnat: lookup external-ips 203.0.113.0/24" -j NNM-EXTIP-DNAT2-CB007100
--A NNM-EXTIP-MASQ -m mark --mark 0x8000/0x8000 -m comment --comment "ipvs-externalip-dnat/masqueraded: masquerade what we DNATed" -j MASQUERADE
--A NNM-EXTIP-MASQ -m conntrack --ctorigdst 203.0.113.0/24 -m comment --comment "ipvs-externalip-dnat: lookup external-ips by original destination 203.0.113.0/24" -j NNM-EXTIP-MASQ-CB007100
+-A NNM-EXTIP-MASQ-T0000000000 -m conntrack --ctorigdst 203.0.113.0/24 -m comment --comment "ipvs-externalip-dnat: lookup external-ips by original destination 203.0.113.0/24" -j NNM-EXTIP-MASQ-CB007100
 -F NNM-EXTIP-DNAT-C6336400
 -F NNM-EXTIP-DNAT2-C6336400
 -F NNM-EXTIP-MASQ-C6336400

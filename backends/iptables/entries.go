@@ -61,7 +61,7 @@ func (b *Backend) applyEntries(ctx context.Context, from, rs *rules.Ruleset, pre
 		return no, nil // the full rendering reports it
 	}
 	// complete: a chain whose rules the narrowed rendering gives in full.
-	complete := func(c *rchain) bool { return c.parent == "" || touched[c.lookup][c.prefix] }
+	complete := func(c *rchain) bool { return c.parent == "" || c.node || touched[c.lookup][c.prefix] }
 	was := map[tchain]*rchain{}
 	for _, c := range oldChains {
 		k := c.key()

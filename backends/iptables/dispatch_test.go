@@ -1,0 +1,195 @@
+package iptables
+
+import (
+	"fmt"
+	"math/bits"
+	"math/rand/v2"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/network-node-manager/network-node-manager/core/rules"
+)
+
+// scatteredDNAT is externalIP(family) with n entries (TCP port 80), each External-IP in its own
+// bucket, the buckets spread over the address space (IPv4: 11.0.0.0-222.255.255.0; IPv6: 2001:db8::/32
+// with 24 varying bits above the /120).
+func scatteredDNAT(family rules.Family, n int) *rules.Ruleset {
+	rs := externalIP(family)
+	rs.Maps[0].Entries = nil
+	for i := range n {
+		rs.Maps[0].Entries = append(rs.Maps[0].Entries, rules.MapEntry{Addr: scatteredAddr(family, i), Protocol: rules.TCP, Port: 80,
+			To: netip.AddrPortFrom(byFamily(family, netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00:96::10")), 8080), Comment: fmt.Sprintf("ns/svc-%d:http", i)})
+	}
+	return rs
+}
+
+func scatteredAddr(family rules.Family, i int) netip.Addr {
+	v := uint32(uint64(i)*2654435761) & 0xffffff
+	if family == rules.IPv4 {
+		return netip.AddrFrom4([4]byte{11 + byte(v>>16)%212, byte(v >> 8), byte(v), 7})
+	}
+	b := netip.MustParseAddr("2001:db8::7").As16()
+	b[4], b[5], b[6] = byte(v>>16), byte(v>>8), byte(v)
+	return netip.AddrFrom16(b)
+}
+
+// walk follows the dispatch rules of the rendered chains from chain for a packet to dst, as the
+// kernel does: each rule is one step; a rule whose -d does not hold dst is passed, one that does
+// is followed into its chain (a node, or a bucket: the end). It returns the bucket reached ("" for
+// none), the dispatch rules met and the nodes entered in a row (the nesting).
+func walk(chains map[string]*rchain, from string, dst netip.Addr) (string, int, int) {
+	steps, depth := 0, 0
+	for _, l := range chains[from].lines {
+		f := strings.Fields(l)
+		var d netip.Prefix
+		target := ""
+		for i := 0; i+1 < len(f); i++ {
+			switch f[i] {
+			case "-d":
+				d = netip.MustParsePrefix(f[i+1])
+			case "-j":
+				target = f[i+1]
+			}
+		}
+		c := chains[target]
+		if c == nil || c.parent == "" {
+			continue // not a dispatch rule (the mark rules of the DNAT chain)
+		}
+		steps++
+		if !d.Contains(dst) {
+			continue
+		}
+		if !c.node {
+			return target, steps, depth
+		}
+		got, n, dn := walk(chains, target, dst)
+		steps += n
+		depth = max(depth, dn+1)
+		if got != "" {
+			return got, steps, depth
+		}
+	}
+	return "", steps, depth
+}
+
+// TestDispatchTree: with many buckets the dispatch is a tree: every entry's address reaches its own
+// bucket, addresses of no bucket reach none, and the dispatch rules a packet meets grow with the
+// logarithm of the buckets (today's one rule per bucket met all 20,000); up to dispatchLeaf buckets
+// it stays one rule per bucket in the chain.
+func TestDispatchTree(t *testing.T) {
+	for _, family := range []rules.Family{rules.IPv4, rules.IPv6} {
+		for _, n := range []int{dispatchLeaf, 17, 100, 2000, 20000} {
+			t.Run(fmt.Sprintf("%s/%d", family, n), func(t *testing.T) {
+				rs := scatteredDNAT(family, n)
+				out, _, err := renderChains(rs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				chains := map[string]*rchain{}
+				nodes := 0
+				for _, c := range out {
+					chains[c.name] = c
+					if c.node {
+						nodes++
+					}
+					if len(c.name) > maxChainName {
+						t.Errorf("chain name %s is longer than %d", c.name, maxChainName)
+					}
+				}
+				if n <= dispatchLeaf && nodes != 0 {
+					t.Errorf("%d buckets made %d dispatch nodes, want none", n, nodes)
+				}
+				// Levels of dispatchStride bits, up to 16 rules each (a random trie is a little deeper
+				// than log16(n/dispatchLeaf)), and dispatchLeaf at the bottom.
+				levels := (bits.Len(uint(n)) + dispatchStride - 1) / dispatchStride
+				bound := 16*levels + dispatchLeaf
+				worst, deepest := 0, 0
+				rng := rand.New(rand.NewPCG(1, 2))
+				for range min(n, 2000) {
+					j := rng.IntN(n)
+					a := scatteredAddr(family, j)
+					got, steps, depth := walk(chains, "NNM-EXTIP-DNAT", a)
+					deepest = max(deepest, depth)
+					if want := bucketName("EXTIP-DNAT", 1, bucketPrefix(a)); got != want {
+						t.Fatalf("entry %d (%s) reaches %q, want its bucket %s", j, a, got, want)
+					}
+					worst = max(worst, steps)
+					// An address beside it, outside every bucket (the next /24 or /120 up; scattered
+					// entries never share one).
+					miss := a.Next()
+					for bucketPrefix(miss) == bucketPrefix(a) {
+						miss = miss.Next()
+					}
+					if _, used := chains[bucketName("EXTIP-DNAT", 1, bucketPrefix(miss))]; used {
+						continue
+					}
+					if got, steps, _ := walk(chains, "NNM-EXTIP-DNAT", miss); got != "" {
+						t.Fatalf("%s (no entry) reaches bucket %s", miss, got)
+					} else {
+						worst = max(worst, steps)
+					}
+				}
+				if worst > bound {
+					t.Errorf("%d buckets: a packet meets up to %d dispatch rules, want at most %d", n, worst, bound)
+				}
+				if deepest > levels {
+					t.Errorf("%d buckets: nodes nest %d deep, want at most %d", n, deepest, levels)
+				}
+				t.Logf("%d buckets: %d dispatch nodes, at most %d dispatch rules met (bound %d), nodes nest %d deep", n, nodes, worst, bound, deepest)
+			})
+		}
+	}
+}
+
+// nestedDNAT is an IPv6 DNAT ruleset of 30 buckets chosen to nest: bucket k has only bit 4k set,
+// so every level of the tree splits one bucket off the rest (what whoever writes ingress IPs could
+// choose). Without a limit the nodes would nest 14 deep, and nf_tables refuses jumps nested 16 deep.
+func nestedDNAT() *rules.Ruleset {
+	rs := scatteredDNAT(rules.IPv6, 0)
+	for k := range 30 {
+		var b [16]byte
+		b[k/2] = 0x80 >> (4 * (k % 2))
+		b[15] = 7
+		rs.Maps[0].Entries = append(rs.Maps[0].Entries, rules.MapEntry{Addr: netip.AddrFrom16(b), Protocol: rules.TCP, Port: 80,
+			To: netip.AddrPortFrom(netip.MustParseAddr("fd00:96::10"), 8080), Comment: fmt.Sprintf("ns/nest-%d:http", k)})
+	}
+	return rs
+}
+
+// TestDispatchTreeDepth: prefixes that nest a node per level stop nesting at dispatchDepth nodes
+// and are listed there; every entry still reaches its bucket.
+func TestDispatchTreeDepth(t *testing.T) {
+	rs := nestedDNAT()
+	out, _, err := renderChains(rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chains := map[string]*rchain{}
+	for _, c := range out {
+		chains[c.name] = c
+	}
+	deepest := 0
+	for _, e := range rs.Maps[0].Entries {
+		got, _, depth := walk(chains, "NNM-EXTIP-DNAT", e.Addr)
+		if want := bucketName("EXTIP-DNAT", 1, bucketPrefix(e.Addr)); got != want {
+			t.Errorf("%s reaches %q, want %s", e.Addr, got, want)
+		}
+		deepest = max(deepest, depth)
+	}
+	if deepest != dispatchDepth {
+		t.Errorf("nodes nest %d deep, want the limit %d", deepest, dispatchDepth)
+	}
+}
+
+// TestDispatchTreeGolden pins the tree's rendering for 40 scattered buckets, both families.
+func TestDispatchTreeGolden(t *testing.T) {
+	for _, family := range []rules.Family{rules.IPv4, rules.IPv6} {
+		b := mustBackend(t, Options{Variant: NFT})
+		got, err := b.Render(scatteredDNAT(family, 40))
+		if err != nil {
+			t.Fatal(err)
+		}
+		golden(t, "externalip-tree-"+string(family), got)
+	}
+}
