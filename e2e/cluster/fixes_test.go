@@ -113,6 +113,11 @@ func runMode(t *testing.T, p prerequisites, mode string) []row {
 		t.Fatalf("kubernetes#74839 did not reproduce without the agent: %s", resetWithout)
 	}
 
+	// The netfilter state the uninstall must restore (day2).
+	before, err := netfilterState(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
 	installFromDocs(t, c)
 	checkAgents(t, c)
 
@@ -137,6 +142,8 @@ func runMode(t *testing.T, p prerequisites, mode string) []row {
 		client := map[string]string{"hostnet-a": "host-network Pod on node-a", "client-a": "Pod on node-a"}[from]
 		rows = append(rows, row{"kubernetes#75262 (ipvs-externalip-dnat)", mode, client, without[from], with[from]})
 	}
+	// Day 2 in the same cluster boot, after the proofs.
+	t.Run("day2", func(t *testing.T) { day2(t, c, before) })
 	return rows
 }
 

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,29 +24,29 @@ const installMarker = "<!-- install-steps -->"
 
 var shFenceRE = regexp.MustCompile("(?s)\\A\\s*```sh\\n(.*?)\\n```")
 
-// installSteps returns the doc's install script.
-func installSteps(t *testing.T, root string) string {
+// docBlock returns the shell block right after marker in docs/deploy.md.
+func docBlock(t *testing.T, root, marker string) string {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(root, "docs/deploy.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, after, ok := strings.Cut(string(data), installMarker)
+	_, after, ok := strings.Cut(string(data), marker)
 	m := shFenceRE.FindStringSubmatch(after)
 	if !ok || m == nil {
-		t.Fatalf("docs/deploy.md: want a ```sh block right after %s", installMarker)
+		t.Fatalf("docs/deploy.md: want a ```sh block right after %s", marker)
 	}
 	return m[1]
 }
 
-// installFromDocs runs the doc's install steps and returns how long from the first `kubectl apply`
-// until `kubectl rollout status` said every agent is Ready.
-func installFromDocs(t *testing.T, c *Cluster) time.Duration {
+// installSteps returns the doc's install script.
+func installSteps(t *testing.T, root string) string { return docBlock(t, root, installMarker) }
+
+// docsScript runs script as the doc's blocks run: bash -e in the checkout's root, the lane's kubectl
+// and buildah (hack/cluster/docshims/buildah) first on the PATH, ARCHES=amd64. out receives its
+// output.
+func docsScript(ctx context.Context, t *testing.T, c *Cluster, script string, out io.Writer) error {
 	t.Helper()
-	script := installSteps(t, c.p.root)
-	if !strings.Contains(script, "kubectl apply -k") || !strings.Contains(script, "rollout status daemonset/network-node-manager") {
-		t.Fatalf("docs/deploy.md's install steps no longer apply and wait for the DaemonSet; teach e2e/cluster:\n%s", script)
-	}
 	realBuildah, err := exec.LookPath("buildah")
 	if err != nil {
 		t.Fatalf("buildah: %v (make test-cluster installs it)", err)
@@ -59,6 +60,28 @@ func installFromDocs(t *testing.T, c *Cluster) time.Duration {
 			t.Fatal(err)
 		}
 	}
+	var dirs []string
+	for _, n := range c.nodes {
+		dirs = append(dirs, n.dir)
+	}
+	cmd := exec.CommandContext(ctx, "bash", "-e", "-c", script)
+	cmd.Dir = c.p.root
+	cmd.Env = append(os.Environ(),
+		"PATH="+shims+":"+os.Getenv("PATH"), "KUBECONFIG="+c.kubeconfig, "ARCHES=amd64",
+		"NNM_CLUSTER_REAL_BUILDAH="+realBuildah, "NNM_CLUSTER_PUSH_DIR="+t.TempDir(),
+		"NNM_CLUSTER_NODE_DIRS="+strings.Join(dirs, " "))
+	cmd.Stdout, cmd.Stderr = out, out
+	return cmd.Run()
+}
+
+// installFromDocs runs the doc's install steps and returns how long from the first `kubectl apply`
+// until `kubectl rollout status` said every agent is Ready.
+func installFromDocs(t *testing.T, c *Cluster) time.Duration {
+	t.Helper()
+	script := installSteps(t, c.p.root)
+	if !strings.Contains(script, "kubectl apply -k") || !strings.Contains(script, "rollout status daemonset/network-node-manager") {
+		t.Fatalf("docs/deploy.md's install steps no longer apply and wait for the DaemonSet; teach e2e/cluster:\n%s", script)
+	}
 	// The doc writes its overlay (my-cluster/) into the checkout; it is not the repository's.
 	for _, d := range regexp.MustCompile(`mkdir -p (\S+)`).FindAllStringSubmatch(script, -1) {
 		top := filepath.Join(c.p.root, strings.SplitN(d[1], "/", 2)[0])
@@ -67,26 +90,14 @@ func installFromDocs(t *testing.T, c *Cluster) time.Duration {
 		}
 		t.Cleanup(func() { os.RemoveAll(top) })
 	}
-	var dirs []string
-	for _, n := range c.nodes {
-		dirs = append(dirs, n.dir)
-	}
 	// Time the steps from the apply on: kubectl prints "… created" for it, the rest is make release.
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", "-e", "-c", script)
-	cmd.Dir = c.p.root
-	cmd.Env = append(os.Environ(),
-		"PATH="+shims+":"+os.Getenv("PATH"), "KUBECONFIG="+c.kubeconfig, "ARCHES=amd64",
-		"NNM_CLUSTER_REAL_BUILDAH="+realBuildah, "NNM_CLUSTER_PUSH_DIR="+t.TempDir(),
-		"NNM_CLUSTER_NODE_DIRS="+strings.Join(dirs, " "))
 	applied := make(chan time.Time, 1)
-	cmd.Stdout = &stampWriter{mark: "daemonset.apps/network-node-manager", at: applied}
-	cmd.Stderr = cmd.Stdout
+	out := &stampWriter{mark: "daemonset.apps/network-node-manager", at: applied}
 	start := time.Now()
-	err = cmd.Run()
-	out := cmd.Stdout.(*stampWriter).String()
-	t.Logf("docs/deploy.md install steps (bash -e, ARCHES=amd64, in the checkout's root) took %v:\n%s", time.Since(start).Round(time.Second), tailString(out, 40))
+	err := docsScript(ctx, t, c, script, out)
+	t.Logf("docs/deploy.md install steps (bash -e, ARCHES=amd64, in the checkout's root) took %v:\n%s", time.Since(start).Round(time.Second), tailString(out.String(), 40))
 	if err != nil {
 		t.Fatalf("docs/deploy.md's install steps failed: %v", err)
 	}

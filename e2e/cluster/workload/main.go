@@ -10,12 +10,21 @@
 //	workload resetclient ADDR WAIT the connection-reset reproduction's client (e2e/cluster): dial
 //	                               ADDR, send "ping", read "pong"; WAIT later send "after" and print
 //	                               the server's answer or the error ("connection reset by peer")
+//	workload hold ADDR             dial ADDR over TCP and hold the connection: a line and its answer
+//	                               every 200 ms until stdin ends (kubectl exec -i; the test closes
+//	                               it), then print how many; exit 1 at the first failed round trip
+//	workload scrape URL TOKENFILE  GET URL over HTTPS (the agent's self-signed certificate is not
+//	                               verified) with the bearer token read from TOKENFILE ("-": none);
+//	                               print "status N" and the body
 package main
 
 import (
 	"bufio"
+	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -49,6 +58,12 @@ func main() {
 			fail("resetclient: wait %q: %v", args[1], err)
 		}
 		resetClient(args[0], d)
+	case "hold":
+		need(args, 1)
+		hold(args[0])
+	case "scrape":
+		need(args, 2)
+		scrape(args[0], args[1])
 	default:
 		fail("unknown command %q", os.Args[1])
 	}
@@ -176,4 +191,59 @@ func resetClient(addr string, wait time.Duration) {
 		return
 	}
 	fmt.Printf("after: answer %q\n", strings.TrimSpace(line))
+}
+
+func hold(addr string) {
+	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		fail("hold: %v", err)
+	}
+	defer c.Close()
+	fmt.Printf("holding %s from %s\n", addr, c.LocalAddr())
+	stop := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		close(stop)
+	}()
+	r := bufio.NewReader(c)
+	start := time.Now()
+	for n := 1; ; n++ {
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := fmt.Fprintf(c, "hold %d\n", n); err != nil {
+			fail("hold: round trip %d after %v: %v", n, time.Since(start).Round(time.Millisecond), err)
+		}
+		if _, err := r.ReadString('\n'); err != nil {
+			fail("hold: round trip %d after %v: %v", n, time.Since(start).Round(time.Millisecond), err)
+		}
+		select {
+		case <-stop:
+			fmt.Printf("held %d round trips over %v, none failed\n", n, time.Since(start).Round(time.Second))
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func scrape(url, tokenFile string) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		fail("scrape: %v", err)
+	}
+	if tokenFile != "-" {
+		tok, err := os.ReadFile(tokenFile)
+		if err != nil {
+			fail("scrape: %v", err)
+		}
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+	}
+	client := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, // the agent's certificate is self-signed
+	}}
+	resp, err := client.Do(req)
+	if err != nil {
+		fail("scrape: %v", err)
+	}
+	defer resp.Body.Close()
+	fmt.Printf("status %d\n", resp.StatusCode)
+	_, _ = io.Copy(os.Stdout, resp.Body)
 }

@@ -1,0 +1,911 @@
+package cluster
+
+// Day 2 on the same cluster boot, after the fixes' proofs (issue #38): a rolling upgrade to a second
+// image tag built as the install builds the first, with the agent's rules sampled on every node
+// through it and a connection held across it; a ConfigMap that does not load; /metrics scraped by a
+// Pod with real ServiceAccount tokens; the agent's Node Events; 10,000 Services under the
+// manifest's memory limit; the kubelet's probes and restarts over the run; the uninstall, which must
+// return each node's netfilter state to what it was before the install.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/network-node-manager/network-node-manager/backends/iptables"
+	"github.com/network-node-manager/network-node-manager/backends/nftables"
+	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/fixes/invaliddrop"
+	"github.com/network-node-manager/network-node-manager/fixes/ipvsexternalipdnat"
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+)
+
+const (
+	upgradeSuffix = "-upgrade" // the second tag: the release's plus this
+	scaleServices = 10000
+	// The label kube-proxy leaves a Service alone for (it serves only Services without it): the
+	// 10,000 Services load the agent, not the nodes' kube-proxy under emulation.
+	serviceProxyName = "service.kubernetes.io/service-proxy-name"
+	configMapName    = "network-node-manager"
+	reloadRejected   = "config file changed but does not load; keeping the running configuration"
+	badKey           = "notAKey"
+	scraperSA        = "network-node-manager-metrics-scraper" // deploy/components/podmonitor
+	dryRunMarker     = "<!-- dry-run-steps -->"
+	uninstallMarker  = "<!-- uninstall-steps -->"
+	samplerDir       = "/run/nnm-sampler"
+)
+
+// day2 runs the stages in order; each is a subtest, so one failing does not hide the next.
+func day2(t *testing.T, c *Cluster, before map[string][]string) {
+	registry := regexp.MustCompile(`(?m)^REGISTRY=(\S+)$`).FindStringSubmatch(installSteps(t, c.p.root))
+	if registry == nil {
+		t.Fatal("docs/deploy.md's install steps set no REGISTRY=")
+	}
+	newTag := ""
+	t.Run("rolling-upgrade", func(t *testing.T) { newTag = rollingUpgrade(t, c, registry[1]) })
+	t.Run("bad-configmap", func(t *testing.T) { badConfigMap(t, c) })
+	t.Run("metrics-scrape", func(t *testing.T) { scrapeMetrics(t, c) })
+	t.Run("node-events", func(t *testing.T) { nodeEvents(t, c) })
+	t.Run("10000-services", func(t *testing.T) { scaleMemory(t, c) })
+	t.Run("probes-restarts", func(t *testing.T) { probesAndRestarts(t, c, newTag) })
+	t.Run("uninstall", func(t *testing.T) { uninstall(t, c, before) })
+}
+
+// agentPods lists the agent's Pods, one per node.
+func agentPods(t *testing.T, c *Cluster) []corev1.Pod {
+	t.Helper()
+	pods, err := c.client.CoreV1().Pods(agentNS).List(t.Context(), metav1.ListOptions{LabelSelector: agentLabel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pods.Items
+}
+
+// agentLogs is the log of the agent on node.
+func agentLogs(ctx context.Context, c *Cluster, node string) (string, error) {
+	pods, err := c.client.CoreV1().Pods(agentNS).List(ctx, metav1.ListOptions{LabelSelector: agentLabel, FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		return "", err
+	}
+	if len(pods.Items) != 1 {
+		return "", fmt.Errorf("%s: %d agent Pods, want 1", node, len(pods.Items))
+	}
+	return c.Kubectl(ctx, "", "-n", agentNS, "logs", pods.Items[0].Name)
+}
+
+// ruleMarkers are lines that the enabled fixes' rules hold on a node in this mode, by backend: the
+// sampler's baseline must have each (ipv4 and ipv6: the ConfigMap's families).
+func ruleMarkers(mode string) []string {
+	if mode == "nftables" {
+		var m []string
+		for _, f := range []string{"ip", "ip6"} {
+			m = append(m, "table "+f+" "+nftables.TableName(invaliddrop.ID)+" {")
+		}
+		return m
+	}
+	m := []string{"-A " + iptables.ChainPrefix + invaliddrop.ChainName(rules.Input) + " "}
+	if mode == "ipvs" {
+		m = append(m, "-A "+iptables.ChainPrefix+ipvsexternalipdnat.ChainDNAT+" ")
+	}
+	return m
+}
+
+// samplerScript runs on a node: it dumps the agent's rules (the NNM- lines of the iptables variant
+// the agent programs, the nnm-* nftables tables; counters removed) into a baseline, then every
+// 100 ms again until $samplerDir/stop exists, and records each sample that lacks a line of the
+// baseline. "check" compares one dump with the baseline and prints what is missing.
+const samplerScript = `#!/bin/bash
+dir=` + samplerDir + `
+dump() {
+	for s in $SAVES; do $s 2>/dev/null | grep -E 'NNM-' | sed -E 's/ \[[0-9]+:[0-9]+\]$//'; done
+	nft list ruleset 2>/dev/null | awk '/^table /{p = ($0 ~ / nnm-/)} p' | sed -E 's/counter packets [0-9]+ bytes [0-9]+/counter/'
+}
+if [ "$1" = check ]; then dump | sort >$dir/check; comm -23 $dir/baseline $dir/check; exit 0; fi
+rm -rf $dir; mkdir -p $dir
+dump | sort >$dir/baseline
+n=0 bad=0 maxint=0 absent=0 maxabsent=0 first=$(date +%s%N) prev=$first
+while [ ! -e $dir/stop ]; do
+	sleep 0.1
+	t0=$(date +%s%N)
+	dump | sort >$dir/cur
+	n=$((n + 1))
+	int=$(( (t0 - prev) / 1000000 )); [ $int -gt $maxint ] && maxint=$int
+	missing=$(comm -23 $dir/baseline $dir/cur)
+	if [ -n "$missing" ]; then
+		bad=$((bad + 1)); [ $absent = 0 ] && absent=$prev
+		[ $bad -le 5 ] && { echo "@ $(( (t0 - first) / 1000000 )) ms"; echo "$missing"; } >>$dir/missing
+	elif [ $absent != 0 ]; then
+		a=$(( (t0 - absent) / 1000000 )); [ $a -gt $maxabsent ] && maxabsent=$a; absent=0
+	fi
+	prev=$t0
+done
+echo "samples=$n lacking=$bad over_ms=$(( (prev - first) / 1000000 )) longest_interval_ms=$maxint longest_absence_ms=$maxabsent" >$dir/summary
+touch $dir/done
+`
+
+// startSampler writes the sampler to node and starts it; it returns once the baseline is taken.
+func startSampler(ctx context.Context, c *Cluster, n *Node, saves string) (string, error) {
+	script := "cat >/run/nnm-sampler.sh <<'NNMEOF'\n" + samplerScript + "NNMEOF\n" +
+		"SAVES='" + saves + "' setsid bash /run/nnm-sampler.sh </dev/null >/run/nnm-sampler.log 2>&1 &\n" +
+		"i=0; until [ -s " + samplerDir + "/baseline ]; do i=$((i+1)); [ $i -lt 300 ] || exit 1; sleep 0.2; done; cat " + samplerDir + "/baseline"
+	return n.Shell(ctx, c, script)
+}
+
+// stopSampler stops it and returns its summary and the first samples that lacked rules.
+func stopSampler(ctx context.Context, c *Cluster, n *Node) (string, error) {
+	return n.Shell(ctx, c, "touch "+samplerDir+"/stop; i=0; until [ -e "+samplerDir+"/done ]; do i=$((i+1)); [ $i -lt 300 ] || exit 1; sleep 0.2; done; cat "+samplerDir+"/summary; cat "+samplerDir+"/missing 2>/dev/null; true")
+}
+
+// checkRules compares the node's rules now with the sampler's baseline; it returns what is missing.
+func checkRules(ctx context.Context, c *Cluster, n *Node, saves string) (string, error) {
+	out, err := n.Shell(ctx, c, "SAVES='"+saves+"' bash /run/nnm-sampler.sh check")
+	return strings.TrimSpace(out), err
+}
+
+// agentSaves is the iptables dump commands for the variant the agent on node programs, from its
+// "environment" log line; none with the nftables backend.
+func agentSaves(ctx context.Context, c *Cluster, node string) (string, error) {
+	logs, err := agentLogs(ctx, c, node)
+	if err != nil {
+		return "", err
+	}
+	backend := regexp.MustCompile(`msg=environment .*\bbackend=(\w+)`).FindStringSubmatch(logs)
+	variant := regexp.MustCompile(`msg=environment .*\biptablesVariant=(\w+)`).FindStringSubmatch(logs)
+	if backend == nil || variant == nil {
+		return "", fmt.Errorf("%s: no environment line with backend= and iptablesVariant= in the agent's log:\n%s", node, tailString(logs, 20))
+	}
+	if backend[1] == "nftables" {
+		return "", nil
+	}
+	return fmt.Sprintf("iptables-%[1]s-save ip6tables-%[1]s-save", variant[1]), nil
+}
+
+// holdConn is `workload hold` in client-a through kubectl exec -i: closing stdin ends it.
+type holdConn struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	from  string // the client's address, from its first line
+	done  chan error
+	out   strings.Builder
+	mu    sync.Mutex
+}
+
+func startHold(t *testing.T, c *Cluster, addr string) *holdConn {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(c.p.bin, "kubectl"), "-n", testNS, "exec", "-i", "client-a", "--", "/workload", "hold", addr)
+	cmd.Env = append(cmd.Environ(), "KUBECONFIG="+c.kubeconfig)
+	h := &holdConn{cmd: cmd, done: make(chan error, 1)}
+	var err error
+	if h.stdin, err = cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			h.mu.Lock()
+			h.out.WriteString(sc.Text() + "\n")
+			h.mu.Unlock()
+			if _, from, ok := strings.Cut(sc.Text(), " from "); ok && strings.HasPrefix(sc.Text(), "holding ") {
+				first <- from
+			}
+		}
+		h.done <- cmd.Wait()
+	}()
+	select {
+	case h.from = <-first:
+	case err := <-h.done:
+		t.Fatalf("workload hold %s in client-a ended at once: %v: %s", addr, err, h.output())
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("workload hold %s in client-a printed no address", addr)
+	}
+	return h
+}
+
+func (h *holdConn) output() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return strings.TrimSpace(h.out.String())
+}
+
+// stop closes its stdin and returns its last line; an error is a failed round trip.
+func (h *holdConn) stop() (string, error) {
+	h.stdin.Close()
+	select {
+	case err := <-h.done:
+		return lastLine(h.output()), err
+	case <-time.After(time.Minute):
+		_ = h.cmd.Process.Kill()
+		return h.output(), errors.New("workload hold did not end a minute after its stdin closed")
+	}
+}
+
+// conntrackID is the id of the conntrack entry of the connection from addr (IP:port) on n.
+func conntrackID(ctx context.Context, c *Cluster, n *Node, addr string) (string, error) {
+	ip, port, _ := strings.Cut(addr, ":")
+	out, err := n.Shell(ctx, c, "conntrack -L -p tcp -s "+ip+" --sport "+port+" -o id 2>/dev/null")
+	if err != nil {
+		return "", err
+	}
+	m := regexp.MustCompile(`\bid=(\d+)`).FindStringSubmatch(out)
+	if m == nil {
+		return "", fmt.Errorf("%s: no conntrack entry from %s: %q", n.name, addr, out)
+	}
+	return m[1] + " (" + strings.TrimSpace(lastLine(out)) + ")", nil
+}
+
+// rollingUpgrade builds a second tag the way the install builds the release's (make release with
+// another VERSION; the lane's buildah hands the pushed image to the nodes), points the registry
+// Component at it (newTag, as docs/deploy.md says for a pre-release) and applies the install overlay;
+// meanwhile each node's rules are sampled every 100 ms and client-a holds a connection to the
+// lb-local Service's ClusterIP (endpoint server-b on node-b), whose conntrack entry on node-a must
+// be the same one afterwards. It returns the new tag.
+func rollingUpgrade(t *testing.T, c *Cluster, registry string) string {
+	ctx := t.Context()
+	for _, pod := range agentPods(t, c) {
+		for _, st := range pod.Status.ContainerStatuses {
+			if st.RestartCount != 0 || !st.Ready {
+				t.Errorf("before the upgrade: agent %s on %s: ready %v, %d restarts", pod.Name, pod.Spec.NodeName, st.Ready, st.RestartCount)
+			}
+		}
+	}
+	saves := map[string]string{}
+	for _, n := range c.nodes {
+		s, err := agentSaves(ctx, c, n.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		saves[n.name] = s
+		baseline, err := startSampler(ctx, c, n, s)
+		if err != nil {
+			t.Fatalf("%s: sampler: %v: %s", n.name, err, baseline)
+		}
+		for _, m := range ruleMarkers(c.mode) {
+			if !strings.Contains(baseline, m) {
+				t.Fatalf("%s: the agent's rules before the upgrade lack %q:\n%s", n.name, m, baseline)
+			}
+		}
+		t.Logf("%s: sampling the agent's rules every 100 ms (%d lines; %s nft list ruleset)", n.name, strings.Count(baseline, "\n"), s)
+	}
+	svc, err := c.client.CoreV1().Services(testNS).Get(ctx, "lb-local", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold := startHold(t, c, fmt.Sprintf("%s:%d", svc.Spec.ClusterIP, servicePort))
+	nodeA := c.node("node-a")
+	idBefore, err := conntrackID(ctx, c, nodeA, hold.from)
+	if err != nil {
+		t.Error(err)
+	}
+	t.Logf("client-a holds a connection from %s to %s:%d; node-a's conntrack entry: id=%s", hold.from, svc.Spec.ClusterIP, servicePort, idBefore)
+
+	release := strings.TrimSpace(mustOutput(t, exec.Command(filepath.Join(c.p.root, "hack/version.sh"), "--release")))
+	newTag := release + upgradeSuffix
+	script := fmt.Sprintf(`NEW=%[1]s
+REGISTRY=%[2]s
+ARCHES=amd64 make release VERSION=$NEW
+buildah manifest push --all network-node-manager:$NEW docker://$REGISTRY/network-node-manager:$NEW
+echo "    newTag: $NEW" >> my-cluster/registry/kustomization.yaml
+echo "== apply"
+kubectl apply -k my-cluster/install
+kubectl -n kube-system rollout status daemonset/network-node-manager --timeout=15m
+`, newTag, registry)
+	applied := make(chan time.Time, 1)
+	out := &stampWriter{mark: "== apply", at: applied}
+	start := time.Now()
+	runErr := docsScript(ctx, t, c, script, out)
+	var took time.Duration
+	select {
+	case from := <-applied:
+		took = time.Since(from)
+	default:
+	}
+	t.Logf("upgrade to %s (make release, push, newTag, apply, rollout status) took %v, %v of it from the apply to the rollout complete:\n%s",
+		newTag, time.Since(start).Round(time.Second), took.Round(100*time.Millisecond), tailString(out.String(), 12))
+	// Keep sampling a moment after the last new pod turned Ready.
+	time.Sleep(3 * time.Second)
+	for _, n := range c.nodes {
+		sum, err := stopSampler(ctx, c, n)
+		if err != nil {
+			t.Errorf("%s: sampler: %v", n.name, err)
+			continue
+		}
+		t.Logf("%s: the agent's rules through the rollout: %s", n.name, strings.TrimSpace(sum))
+		if !strings.Contains(sum, "lacking=0 ") || strings.Contains(sum, "samples=0 ") {
+			t.Errorf("%s: a sample during the rollout lacked the agent's rules (or none was taken):\n%s", n.name, sum)
+		}
+	}
+	line, holdErr := hold.stop()
+	t.Logf("client-a's held connection: %s", line)
+	if holdErr != nil {
+		t.Errorf("the connection held across the rollout failed: %v: %s", holdErr, hold.output())
+	}
+	if idBefore != "" {
+		idAfter, err := conntrackID(ctx, c, nodeA, hold.from)
+		switch {
+		case err != nil:
+			t.Errorf("after the rollout: %v", err)
+		case strings.Fields(idAfter)[0] != strings.Fields(idBefore)[0]:
+			t.Errorf("node-a's conntrack entry of the held connection changed: before id=%s, after id=%s", idBefore, idAfter)
+		default:
+			t.Logf("node-a's conntrack entry after the rollout: id=%s (the same entry)", idAfter)
+		}
+	}
+	if runErr != nil {
+		t.Fatalf("upgrade: %v:\n%s", runErr, tailString(out.String(), 40))
+	}
+	want := registry + "/network-node-manager:" + newTag
+	for _, pod := range agentPods(t, c) {
+		if got := pod.Spec.Containers[0].Image; got != want {
+			t.Errorf("agent %s on %s runs %s, want %s", pod.Name, pod.Spec.NodeName, got, want)
+		}
+		v, err := c.Kubectl(ctx, "", "-n", agentNS, "exec", pod.Name, "--", "network-node-manager", "version")
+		if err != nil || !strings.Contains(v, newTag) {
+			t.Errorf("agent %s on %s: `network-node-manager version` does not say %s: %v %s", pod.Name, pod.Spec.NodeName, newTag, err, v)
+		}
+	}
+	return newTag
+}
+
+func mustOutput(t *testing.T, cmd *exec.Cmd) string {
+	t.Helper()
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%v: %v", cmd.Args, err)
+	}
+	return string(out)
+}
+
+// kickKubelet makes the kubelets sync the agent's Pods now, which refreshes their ConfigMap volume
+// (otherwise within the kubelet's sync period, about a minute): an annotation change is a Pod update.
+func kickKubelet(ctx context.Context, c *Cluster) error {
+	_, err := c.Kubectl(ctx, "", "-n", agentNS, "annotate", "pods", "-l", agentLabel, "--overwrite",
+		"nnm-test/kick="+strconv.FormatInt(time.Now().UnixNano(), 10))
+	return err
+}
+
+// badConfigMap pushes a ConfigMap whose file does not load (an unknown key): each running agent must
+// log it, keep its rules and stay Ready; the metric and the Event are checked by the next stages.
+func badConfigMap(t *testing.T, c *Cluster) {
+	ctx := t.Context()
+	cm, err := c.client.CoreV1().ConfigMaps(agentNS).Get(ctx, configMapName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm.Data["config.yaml"] += badKey + ": true\n"
+	if _, err := c.client.CoreV1().ConfigMaps(agentNS).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pushed := time.Now()
+	if err := kickKubelet(ctx, c); err != nil {
+		t.Error(err)
+	}
+	for _, n := range c.nodes {
+		var line string
+		err := agenttest.Poll(ctx, 4*time.Minute, 3*time.Second, func() error {
+			logs, err := agentLogs(ctx, c, n.name)
+			if err != nil {
+				return err
+			}
+			for _, l := range strings.Split(logs, "\n") {
+				if strings.Contains(l, reloadRejected) && strings.Contains(l, badKey) {
+					line = l
+					return nil
+				}
+			}
+			return fmt.Errorf("%s: the agent has not logged %q naming %s", n.name, reloadRejected, badKey)
+		})
+		if err != nil {
+			t.Error(err)
+			continue
+		}
+		t.Logf("%s, %v after the ConfigMap update: %s", n.name, time.Since(pushed).Round(time.Second), line)
+		saves, err := agentSaves(ctx, c, n.name)
+		if err != nil {
+			t.Error(err)
+			continue
+		}
+		if missing, err := checkRules(ctx, c, n, saves); err != nil || missing != "" {
+			t.Errorf("%s: after the bad ConfigMap the agent's rules lack:\n%s (%v)", n.name, missing, err)
+		}
+	}
+	for _, pod := range agentPods(t, c) {
+		if !podReady(&pod) {
+			t.Errorf("agent %s on %s is not Ready after the bad ConfigMap: %v", pod.Name, pod.Spec.NodeName, containerStates(&pod))
+		}
+	}
+}
+
+// scrape runs `workload scrape` in a Pod and returns the status code and the body.
+func scrape(ctx context.Context, c *Cluster, ns, pod, url, tokenFile string) (int, string, error) {
+	out, err := c.Kubectl(ctx, "", "-n", ns, "exec", pod, "--", "/workload", "scrape", url, tokenFile)
+	if err != nil {
+		return 0, out, err
+	}
+	first, body, _ := strings.Cut(out, "\n")
+	code, err := strconv.Atoi(strings.TrimPrefix(first, "status "))
+	if err != nil {
+		return 0, out, fmt.Errorf("scrape %s: %q", url, first)
+	}
+	return code, body, nil
+}
+
+func metricLines(body string, names ...string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(body, "\n") {
+		for _, n := range names {
+			if strings.HasPrefix(l, n) {
+				b.WriteString(l + "\n")
+			}
+		}
+	}
+	return strings.TrimSpace(b.String())
+}
+
+const (
+	projectedToken = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+	secretTokenDir = "/scraper-secret"
+)
+
+// scrapeMetrics scrapes each node's /metrics as docs/deploy.md says Prometheus does: the scraper
+// ServiceAccount of deploy/components/podmonitor (applied as it is, without the PodMonitor), its
+// token Secret filled in by kube-controller-manager, and the token the kubelet mounts; a token whose
+// ServiceAccount lacks the reader role gets 403, none 401.
+func scrapeMetrics(t *testing.T, c *Cluster) {
+	ctx := t.Context()
+	if out, err := c.Kubectl(ctx, c.p.root, "apply", "-f", "deploy/components/podmonitor/metrics-scraper.yaml"); err != nil {
+		t.Fatal(err)
+	} else {
+		t.Logf("%s", strings.TrimSpace(out))
+	}
+	took := agenttest.Eventually(t, 2*time.Minute, func() error {
+		s, err := c.client.CoreV1().Secrets(agentNS).Get(ctx, scraperSA, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if len(s.Data["token"]) == 0 {
+			return errors.New("the token controller has not filled in the scraper's Secret")
+		}
+		return nil
+	})
+	t.Logf("kube-controller-manager filled in Secret %s/%s's token after %v", agentNS, scraperSA, took.Round(100*time.Millisecond))
+	workload := c.p.images["NNM_CLUSTER_WORKLOAD_IMAGE"]
+	scraper := scrapePod("scraper", agentNS, scraperSA, workload)
+	scraper.Spec.Volumes = []corev1.Volume{{Name: "token", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: scraperSA}}}}
+	scraper.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "token", MountPath: secretTokenDir, ReadOnly: true}}
+	for _, p := range []*corev1.Pod{scraper, scrapePod("noscrape", testNS, "default", workload)} {
+		if _, err := c.client.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	agenttest.Eventually(t, 5*time.Minute, func() error {
+		for _, p := range [][2]string{{agentNS, "scraper"}, {testNS, "noscrape"}} {
+			pod, err := c.client.CoreV1().Pods(p[0]).Get(ctx, p[1], metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if !podReady(pod) {
+				return fmt.Errorf("pod %s/%s: %s %v", p[0], p[1], pod.Status.Phase, containerStates(pod))
+			}
+		}
+		return nil
+	})
+	type want struct {
+		ns, pod, node, token string
+		code                 int
+	}
+	url := func(node string) string { return "https://" + c.node(node).ip + ":9484/metrics" }
+	for _, w := range []want{
+		{agentNS, "scraper", "node-a", projectedToken, 200},
+		{agentNS, "scraper", "node-b", projectedToken, 200},
+		{agentNS, "scraper", "node-a", secretTokenDir + "/token", 200},
+		{testNS, "noscrape", "node-a", projectedToken, 403},
+		{agentNS, "scraper", "node-a", "-", 401},
+	} {
+		code, body, err := scrape(ctx, c, w.ns, w.pod, url(w.node), w.token)
+		if err != nil {
+			t.Errorf("%s/%s → %s: %v", w.ns, w.pod, url(w.node), err)
+			continue
+		}
+		t.Logf("Pod %s/%s on node-a, token %s → %s: %d", w.ns, w.pod, w.token, url(w.node), code)
+		if code != w.code {
+			t.Errorf("%s/%s with %s → %s: status %d, want %d: %s", w.ns, w.pod, w.token, url(w.node), code, w.code, tailString(body, 5))
+			continue
+		}
+		if code != 200 {
+			continue
+		}
+		got := metricLines(body, "nnm_agent_ready", "nnm_config_reloads_total", "nnm_agent_info")
+		t.Logf("%s\n", got)
+		if !strings.Contains(got, "nnm_agent_ready 1") {
+			t.Errorf("%s: nnm_agent_ready is not 1:\n%s", w.node, got)
+		}
+		if !strings.Contains(got, `nnm_config_reloads_total{result="error"} 1`) {
+			t.Errorf("%s: after the bad ConfigMap want nnm_config_reloads_total{result=\"error\"} 1:\n%s", w.node, got)
+		}
+	}
+}
+
+func scrapePod(name, ns, sa, image string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{
+			NodeName: "node-a", ServiceAccountName: sa, TerminationGracePeriodSeconds: new(int64),
+			Containers: []corev1.Container{{Name: "workload", Image: image, ImagePullPolicy: corev1.PullNever, Args: []string{"pause"}}},
+		},
+	}
+}
+
+// nodeEvents: `kubectl events --for node/NAME` shows what the agent posted on each Node: the fixes
+// synced (by the upgraded pods too) and the rejected ConfigMap.
+func nodeEvents(t *testing.T, c *Cluster) {
+	ctx := t.Context()
+	for _, n := range c.nodes {
+		var out string
+		err := agenttest.Poll(ctx, 2*time.Minute, 3*time.Second, func() (err error) {
+			out, err = c.Kubectl(ctx, "", "events", "--for", "node/"+n.name)
+			if err != nil {
+				return err
+			}
+			for _, reason := range []string{"FixEnabled", "FixSynced", "ConfigReloadRejected"} {
+				if !strings.Contains(out, reason) {
+					return fmt.Errorf("%s: `kubectl events --for node/%s` shows no %s:\n%s", n.name, n.name, reason, out)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Error(err)
+			continue
+		}
+		var agent []string
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Contains(l, "Fix") || strings.Contains(l, "Config") || strings.Contains(l, "LAST SEEN") {
+				agent = append(agent, l)
+			}
+		}
+		t.Logf("kubectl events --for node/%s (the agent's lines):\n%s", n.name, strings.Join(agent, "\n"))
+	}
+	// The file loads again: the install overlay's ConfigMap, applied as the docs' upgrade does.
+	if _, err := c.Kubectl(ctx, c.p.root, "apply", "-k", "my-cluster/install"); err != nil {
+		t.Error(err)
+	}
+	if err := kickKubelet(ctx, c); err != nil {
+		t.Error(err)
+	}
+}
+
+// agentCgroup reads the agent's container cgroup (cgroup v2) on n.
+func agentCgroup(ctx context.Context, c *Cluster, n *Node) (map[string]string, error) {
+	out, err := n.Shell(ctx, c, `pid=$(busybox pidof network-node-manager)
+cg=/sys/fs/cgroup$(cut -d: -f3 /proc/$pid/cgroup)
+for f in memory.current memory.peak memory.max; do echo "$f $(cat $cg/$f)"; done
+grep -E '^oom_kill ' $cg/memory.events`)
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if k, v, ok := strings.Cut(l, " "); ok {
+			m[k] = v
+		}
+	}
+	return m, nil
+}
+
+func mib(v string) string {
+	n, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		return v
+	}
+	return fmt.Sprintf("%.1f MiB", n/(1<<20))
+}
+
+// scaleMemory creates 10,000 LoadBalancer Services with an External-IP each (parallel creates, then
+// their status), which kube-proxy leaves alone (service-proxy-name), and reads the agent container's
+// memory.peak and oom_kill from its cgroup under the manifest's limit. In IPVS mode
+// ipvs-externalip-dnat must cover all of them (its metric, scraped).
+func scaleMemory(t *testing.T, c *Cluster) {
+	ctx := t.Context()
+	cfg := c.cp.AdminRESTConfig()
+	cfg.QPS, cfg.Burst = 5000, 5000
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsOf := func(i int) string { return fmt.Sprintf("nnm-scale-%d", i/(fix.MaxEntriesPerNamespace/2)) }
+	for i := 0; i < scaleServices; i += fix.MaxEntriesPerNamespace / 2 {
+		if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: nsOf(i)}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := map[string]map[string]string{}
+	for _, n := range c.nodes {
+		if before[n.name], err = agentCgroup(ctx, c, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	var next atomic.Int64
+	var failed atomic.Int64
+	var firstErr error
+	var once sync.Once
+	var wg sync.WaitGroup
+	no := false
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= scaleServices || ctx.Err() != nil {
+					return
+				}
+				svc := &corev1.Service{
+					ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("svc-%05d", i), Namespace: nsOf(i), Labels: map[string]string{serviceProxyName: "nnm-test-none"}},
+					Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, AllocateLoadBalancerNodePorts: &no,
+						Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+				}
+				svc, err := client.CoreV1().Services(svc.Namespace).Create(ctx, svc, metav1.CreateOptions{})
+				if err == nil {
+					svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: fmt.Sprintf("172.16.%d.%d", i/250, i%250+1)}}
+					_, err = client.CoreV1().Services(svc.Namespace).UpdateStatus(ctx, svc, metav1.UpdateOptions{})
+				}
+				if err != nil {
+					failed.Add(1)
+					once.Do(func() { firstErr = err })
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if failed.Load() > 0 {
+		t.Fatalf("%d of %d Services failed; the first: %v", failed.Load(), scaleServices, firstErr)
+	}
+	t.Logf("%d LoadBalancer Services created and given an External-IP (64 clients in parallel) in %v", scaleServices, time.Since(start).Round(100*time.Millisecond))
+	if c.mode == "ipvs" {
+		took, covered := time.Duration(0), ""
+		err := agenttest.Poll(ctx, 5*time.Minute, 5*time.Second, func() error {
+			for _, n := range c.nodes {
+				code, body, err := scrape(ctx, c, agentNS, "scraper", "https://"+n.ip+":9484/metrics", projectedToken)
+				if err != nil || code != 200 {
+					return fmt.Errorf("scrape %s: %d %v", n.name, code, err)
+				}
+				covered = metricLines(body, "nnm_ipvs_externalip_dnat_services")
+				v := regexp.MustCompile(`nnm_ipvs_externalip_dnat_services\{family="ipv4",state="covered"\} (\d+)`).FindStringSubmatch(covered)
+				if v == nil {
+					return fmt.Errorf("%s: no covered ipv4 Services in %q", n.name, covered)
+				}
+				if k, _ := strconv.Atoi(v[1]); k < scaleServices {
+					return fmt.Errorf("%s: ipvs-externalip-dnat covers %d Services, want at least %d", n.name, k, scaleServices)
+				}
+			}
+			took = time.Since(start)
+			return nil
+		})
+		if err != nil {
+			t.Error(err)
+		} else {
+			t.Logf("every agent's ipvs-externalip-dnat covers them %v after the first create:\n%s", took.Round(time.Second), covered)
+		}
+	}
+	// The watch events reach the agents within seconds; let memory settle: memory.peak unchanged
+	// over two reads 10 s apart.
+	for _, n := range c.nodes {
+		var cg map[string]string
+		prev := ""
+		_ = agenttest.Poll(ctx, 3*time.Minute, 10*time.Second, func() error {
+			var err error
+			if cg, err = agentCgroup(ctx, c, n); err != nil {
+				return err
+			}
+			if cg["memory.peak"] != prev {
+				prev = cg["memory.peak"]
+				return errors.New("memory.peak still rising")
+			}
+			return nil
+		})
+		b := before[n.name]
+		t.Logf("%s: the agent's container cgroup with %d Services (%s mode): memory.current %s, memory.peak %s (before the Services: current %s, peak %s), memory.max %s, oom_kill %s",
+			n.name, scaleServices, c.mode, mib(cg["memory.current"]), mib(cg["memory.peak"]), mib(b["memory.current"]), mib(b["memory.peak"]), mib(cg["memory.max"]), cg["oom_kill"])
+		if cg["memory.max"] != strconv.Itoa(128<<20) {
+			t.Errorf("%s: memory.max %s, want the manifest's 128Mi", n.name, cg["memory.max"])
+		}
+		if cg["oom_kill"] != "0" {
+			t.Errorf("%s: oom_kill %s, want 0", n.name, cg["oom_kill"])
+		}
+	}
+}
+
+// probesAndRestarts: every agent Ready, on the new tag, with no restart; what the kubelet's prober
+// logged about the agent over the run.
+func probesAndRestarts(t *testing.T, c *Cluster, newTag string) {
+	for _, pod := range agentPods(t, c) {
+		if !podReady(&pod) {
+			t.Errorf("agent %s on %s is not Ready: %v", pod.Name, pod.Spec.NodeName, containerStates(&pod))
+		}
+		for _, st := range pod.Status.ContainerStatuses {
+			if st.RestartCount != 0 {
+				t.Errorf("agent %s on %s restarted %d times (last state %+v)", pod.Name, pod.Spec.NodeName, st.RestartCount, st.LastTerminationState)
+			}
+		}
+		t.Logf("agent %s on %s: %v, image %s", pod.Name, pod.Spec.NodeName, containerStates(&pod), pod.Spec.Containers[0].Image)
+	}
+	for _, n := range c.nodes {
+		data := tail(filepath.Join(n.dir, "kubelet.log"), 1<<30)
+		var failed []string
+		for _, l := range strings.Split(data, "\n") {
+			if strings.Contains(l, "Probe failed") && strings.Contains(l, "network-node-manager") {
+				failed = append(failed, l)
+			}
+		}
+		t.Logf("%s: the kubelet logged %d failed probes of the agent over the run (upgrade to %s included)%s", n.name, len(failed), newTag, firstLines(failed, 3))
+	}
+}
+
+func firstLines(l []string, n int) string {
+	if len(l) == 0 {
+		return ""
+	}
+	return ":\n" + strings.Join(l[:min(n, len(l))], "\n")
+}
+
+// The netfilter state of a node, as the uninstall must restore it: every iptables variant and
+// family, the nftables ruleset, the sysctls a fix may write.
+const netfilterDump = `for s in iptables-nft-save ip6tables-nft-save iptables-legacy-save ip6tables-legacy-save; do
+	echo "== $s"; $s 2>&1 || echo "(exit $?)"
+done
+echo "== nft list ruleset"; nft list ruleset 2>&1
+echo "== sysctl"; sysctl net.netfilter.nf_conntrack_tcp_be_liberal net.ipv4.ip_forward 2>&1`
+
+// iptables-nft's own tables, which the nft dump shows too: compared as iptables-nft-save prints them.
+var iptablesNFTTables = map[string]bool{"filter": true, "nat": true, "mangle": true, "raw": true, "security": true}
+
+// normalizeNetfilter makes a dump comparable: no comments or counters, and none of kube-proxy's
+// and the CNI plugins' own lines (KUBE-*, CNI-* chains and the jumps to them, nftables tables
+// kube-proxy), which change with the Pods and Services the test makes; each line keeps its section.
+func normalizeNetfilter(dump string) []string {
+	counters := regexp.MustCompile(` \[\d+:\d+\]$|counter packets \d+ bytes \d+`)
+	var out []string
+	section, skip := "", false
+	for _, l := range strings.Split(dump, "\n") {
+		if s, ok := strings.CutPrefix(l, "== "); ok {
+			section, skip = s, false
+			continue
+		}
+		if strings.HasPrefix(l, "#") || strings.TrimSpace(l) == "" {
+			continue
+		}
+		if section == "nft list ruleset" {
+			if f := strings.Fields(l); len(f) == 4 && f[0] == "table" {
+				skip = f[2] == "kube-proxy" || (f[1] == "ip" || f[1] == "ip6") && iptablesNFTTables[f[2]]
+			}
+			if skip {
+				if l == "}" {
+					skip = false
+				}
+				continue
+			}
+		}
+		ours := strings.Contains(l, "NNM-") || strings.Contains(l, "nnm-")
+		if !ours && (strings.Contains(l, "KUBE-") || strings.Contains(l, "CNI-")) {
+			continue
+		}
+		out = append(out, section+": "+counters.ReplaceAllString(l, ""))
+	}
+	return out
+}
+
+// netfilterState dumps and normalizes every node's state.
+func netfilterState(ctx context.Context, c *Cluster) (map[string][]string, error) {
+	s := map[string][]string{}
+	for _, n := range c.nodes {
+		out, err := n.Shell(ctx, c, netfilterDump)
+		if err != nil {
+			return nil, err
+		}
+		s[n.name] = normalizeNetfilter(out)
+	}
+	return s, nil
+}
+
+// lineDiff returns the lines only in a and only in b (as multisets).
+func lineDiff(a, b []string) (onlyA, onlyB []string) {
+	count := map[string]int{}
+	for _, l := range a {
+		count[l]++
+	}
+	for _, l := range b {
+		count[l]--
+	}
+	for l, n := range count {
+		for ; n > 0; n-- {
+			onlyA = append(onlyA, l)
+		}
+		for ; n < 0; n++ {
+			onlyB = append(onlyB, l)
+		}
+	}
+	sort.Strings(onlyA)
+	sort.Strings(onlyB)
+	return onlyA, onlyB
+}
+
+// uninstall runs docs/deploy.md's dry run on node-a and its uninstall block, then compares each
+// node's netfilter state with the one before the install.
+func uninstall(t *testing.T, c *Cluster, before map[string][]string) {
+	ctx := t.Context()
+	// What this test added besides the install: the scraper and its Pods.
+	for _, args := range [][]string{
+		{"-n", agentNS, "delete", "pod", "scraper", "--ignore-not-found", "--wait"},
+		{"-n", testNS, "delete", "pod", "noscrape", "--ignore-not-found", "--wait"},
+		{"delete", "-f", "deploy/components/podmonitor/metrics-scraper.yaml", "--ignore-not-found"},
+	} {
+		if _, err := c.Kubectl(ctx, c.p.root, args...); err != nil {
+			t.Error(err)
+		}
+	}
+	dry := regexp.MustCompile(`(?m)^NODE=\S+$`).ReplaceAllString(docBlock(t, c.p.root, dryRunMarker), "NODE=node-a")
+	var out strings.Builder
+	if err := docsScript(ctx, t, c, dry, &out); err != nil {
+		t.Errorf("docs/deploy.md's dry run on node-a: %v:\n%s", err, out.String())
+	} else {
+		t.Logf("docs/deploy.md's dry run on node-a (cleanup --dry-run through kubectl exec):\n%s", tailString(out.String(), 30))
+		if !strings.Contains(out.String(), "NNM-") && !strings.Contains(out.String(), "nnm-") {
+			t.Errorf("the dry run names none of the agent's chains or tables")
+		}
+	}
+	script := docBlock(t, c.p.root, uninstallMarker)
+	out.Reset()
+	start := time.Now()
+	err := docsScript(ctx, t, c, script, &out)
+	t.Logf("docs/deploy.md's uninstall steps took %v:\n%s", time.Since(start).Round(time.Second), tailString(out.String(), 40))
+	if err != nil {
+		t.Fatalf("docs/deploy.md's uninstall steps: %v", err)
+	}
+	if pods := agentPods(t, c); len(pods) != 0 {
+		t.Errorf("agent Pods left after the uninstall: %d", len(pods))
+	}
+	after, err := netfilterState(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range c.nodes {
+		gone, extra := lineDiff(before[n.name], after[n.name])
+		if len(gone)+len(extra) > 0 {
+			t.Errorf("%s: the netfilter state after the uninstall differs from before the install (kube-proxy's and the CNI's lines aside):\nonly before:\n%s\nonly after:\n%s",
+				n.name, strings.Join(gone, "\n"), strings.Join(extra, "\n"))
+		} else {
+			t.Logf("%s: netfilter state after the uninstall = before the install (%d lines compared: 4 iptables dumps, the nftables ruleset, the sysctls)", n.name, len(after[n.name]))
+		}
+		if st, err := n.Shell(ctx, c, "ls -la /run/network-node-manager 2>&1; true"); err == nil {
+			t.Logf("%s: /run/network-node-manager after the uninstall:\n%s", n.name, strings.TrimSpace(st))
+		}
+	}
+}
