@@ -35,6 +35,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/fixes/invaliddrop"
 	"github.com/network-node-manager/network-node-manager/fixes/ipvsexternalipdnat"
+	"github.com/network-node-manager/network-node-manager/fixes/mssclamp"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 )
 
@@ -53,20 +54,94 @@ const (
 	samplerDir       = "/run/nnm-sampler"
 )
 
-// day2 runs the stages in order; each is a subtest, so one failing does not hide the next.
-func day2(t *testing.T, c *Cluster, before map[string][]string) {
+// day2 runs the stages in order; each is a subtest, so one failing does not hide the next. It
+// returns the mss-clamp row of the without/with table (without: measured before the install).
+func day2(t *testing.T, c *Cluster, before map[string][]string, mssAddr, mssWithout string) []row {
 	registry := regexp.MustCompile(`(?m)^REGISTRY=(\S+)$`).FindStringSubmatch(installSteps(t, c.p.root))
 	if registry == nil {
 		t.Fatal("docs/deploy.md's install steps set no REGISTRY=")
 	}
-	newTag := ""
-	t.Run("rolling-upgrade", func(t *testing.T) { newTag = rollingUpgrade(t, c, registry[1]) })
-	t.Run("bad-configmap", func(t *testing.T) { badConfigMap(t, c) })
+	d := &day2State{c: c}
+	mssWith := "not run"
+	t.Run("mss-clamp", func(t *testing.T) { mssWith = d.enableMSSClamp(t, mssAddr) })
+	t.Run("rolling-upgrade", func(t *testing.T) { d.newTag = rollingUpgrade(t, c, registry[1], d.mss) })
+	t.Run("bad-configmap", func(t *testing.T) { d.badConfigMap(t) })
 	t.Run("metrics-scrape", func(t *testing.T) { scrapeMetrics(t, c) })
-	t.Run("node-events", func(t *testing.T) { nodeEvents(t, c) })
+	t.Run("node-events", func(t *testing.T) { d.nodeEvents(t) })
 	t.Run("10000-services", func(t *testing.T) { scaleMemory(t, c) })
-	t.Run("probes-restarts", func(t *testing.T) { probesAndRestarts(t, c, newTag) })
+	t.Run("probes-restarts", func(t *testing.T) { probesAndRestarts(t, c, d.newTag) })
 	t.Run("uninstall", func(t *testing.T) { uninstall(t, c, before) })
+	return []row{{"MSS black hole (mss-clamp)", c.mode, mssRowClient(), mssWithout, mssWith}}
+}
+
+type day2State struct {
+	c      *Cluster
+	mss    bool   // mss-clamp enabled and its rules seen on every node
+	good   string // the ConfigMap's file before the bad one
+	newTag string
+}
+
+// updateConfig replaces the ConfigMap's file with edit(file) and makes the kubelets refresh it.
+func (d *day2State) updateConfig(t *testing.T, edit func(string) string) {
+	ctx := t.Context()
+	cm, err := d.c.client.CoreV1().ConfigMaps(agentNS).Get(ctx, configMapName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm.Data["config.yaml"] = edit(cm.Data["config.yaml"])
+	if _, err := d.c.client.CoreV1().ConfigMaps(agentNS).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := kickKubelet(ctx, d.c); err != nil {
+		t.Error(err)
+	}
+}
+
+// enableMSSClamp enables mss-clamp in the ConfigMap (docs/deploy.md, Changing the configuration:
+// no restart), waits for its rules on every node and downloads again.
+func (d *day2State) enableMSSClamp(t *testing.T, addr string) string {
+	ctx := t.Context()
+	c := d.c
+	d.updateConfig(t, func(f string) string {
+		if !strings.HasSuffix(f, "\n") || !strings.Contains(f, "\nfixes:\n") {
+			t.Fatalf("the ConfigMap's file does not end in its fixes: block:\n%s", f)
+		}
+		return f + "  " + mssclamp.ID + ":\n    enabled: true\n"
+	})
+	start := time.Now()
+	markers := mssMarkers(c.mode)
+	for _, n := range c.nodes {
+		err := agenttest.Poll(ctx, 4*time.Minute, 3*time.Second, func() error {
+			out, err := n.Shell(ctx, c, "{ iptables-nft-save -t mangle; iptables-legacy-save -t mangle; nft list tables; } 2>/dev/null")
+			if err != nil {
+				return err
+			}
+			for _, m := range markers {
+				if strings.Contains(out, m) {
+					return nil
+				}
+			}
+			return fmt.Errorf("%s: no %v yet", n.name, markers)
+		})
+		if err != nil {
+			t.Fatalf("mss-clamp enabled in the ConfigMap: %v", err)
+		}
+	}
+	t.Logf("mss-clamp's rules on every node %v after the ConfigMap update (no restart)", time.Since(start).Round(time.Second))
+	d.mss = true
+	with, ok := download(ctx, c, addr)
+	t.Logf("with the agent (mss-clamp): %s from client-a: %s", addr, with)
+	if !ok {
+		t.Errorf("with mss-clamp the download should complete: %s", with)
+	}
+	return with
+}
+
+func mssMarkers(mode string) []string {
+	if mode == "nftables" {
+		return []string{"table ip " + nftables.TableName(mssclamp.ID) + " {"}
+	}
+	return []string{"-A " + iptables.ChainPrefix + mssclamp.ChainName + " "}
 }
 
 // agentPods lists the agent's Pods, one per node.
@@ -93,15 +168,18 @@ func agentLogs(ctx context.Context, c *Cluster, node string) (string, error) {
 
 // ruleMarkers are lines that the enabled fixes' rules hold on a node in this mode, by backend: the
 // sampler's baseline must have each (ipv4 and ipv6: the ConfigMap's families).
-func ruleMarkers(mode string) []string {
+func ruleMarkers(mode string, mss bool) []string {
+	var m []string
+	if mss {
+		m = mssMarkers(mode)
+	}
 	if mode == "nftables" {
-		var m []string
 		for _, f := range []string{"ip", "ip6"} {
 			m = append(m, "table "+f+" "+nftables.TableName(invaliddrop.ID)+" {")
 		}
 		return m
 	}
-	m := []string{"-A " + iptables.ChainPrefix + invaliddrop.ChainName(rules.Input) + " "}
+	m = append(m, "-A "+iptables.ChainPrefix+invaliddrop.ChainName(rules.Input)+" ")
 	if mode == "ipvs" {
 		m = append(m, "-A "+iptables.ChainPrefix+ipvsexternalipdnat.ChainDNAT+" ")
 	}
@@ -266,7 +344,7 @@ func conntrackID(ctx context.Context, c *Cluster, n *Node, addr string) (string,
 // meanwhile each node's rules are sampled every 100 ms and client-a holds a connection to the
 // lb-local Service's ClusterIP (endpoint server-b on node-b), whose conntrack entry on node-a must
 // be the same one afterwards. It returns the new tag.
-func rollingUpgrade(t *testing.T, c *Cluster, registry string) string {
+func rollingUpgrade(t *testing.T, c *Cluster, registry string, mss bool) string {
 	ctx := t.Context()
 	for _, pod := range agentPods(t, c) {
 		for _, st := range pod.Status.ContainerStatuses {
@@ -286,7 +364,7 @@ func rollingUpgrade(t *testing.T, c *Cluster, registry string) string {
 		if err != nil {
 			t.Fatalf("%s: sampler: %v: %s", n.name, err, baseline)
 		}
-		for _, m := range ruleMarkers(c.mode) {
+		for _, m := range ruleMarkers(c.mode, mss) {
 			if !strings.Contains(baseline, m) {
 				t.Fatalf("%s: the agent's rules before the upgrade lack %q:\n%s", n.name, m, baseline)
 			}
@@ -392,20 +470,11 @@ func kickKubelet(ctx context.Context, c *Cluster) error {
 
 // badConfigMap pushes a ConfigMap whose file does not load (an unknown key): each running agent must
 // log it, keep its rules and stay Ready; the metric and the Event are checked by the next stages.
-func badConfigMap(t *testing.T, c *Cluster) {
+func (d *day2State) badConfigMap(t *testing.T) {
 	ctx := t.Context()
-	cm, err := c.client.CoreV1().ConfigMaps(agentNS).Get(ctx, configMapName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cm.Data["config.yaml"] += badKey + ": true\n"
-	if _, err := c.client.CoreV1().ConfigMaps(agentNS).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	c := d.c
+	d.updateConfig(t, func(f string) string { d.good = f; return f + badKey + ": true\n" })
 	pushed := time.Now()
-	if err := kickKubelet(ctx, c); err != nil {
-		t.Error(err)
-	}
 	for _, n := range c.nodes {
 		var line string
 		err := agenttest.Poll(ctx, 4*time.Minute, 3*time.Second, func() error {
@@ -564,8 +633,9 @@ func scrapePod(name, ns, sa, image string) *corev1.Pod {
 
 // nodeEvents: `kubectl events --for node/NAME` shows what the agent posted on each Node: the fixes
 // synced (by the upgraded pods too) and the rejected ConfigMap.
-func nodeEvents(t *testing.T, c *Cluster) {
+func (d *day2State) nodeEvents(t *testing.T) {
 	ctx := t.Context()
+	c := d.c
 	for _, n := range c.nodes {
 		var out string
 		err := agenttest.Poll(ctx, 2*time.Minute, 3*time.Second, func() (err error) {
@@ -592,12 +662,10 @@ func nodeEvents(t *testing.T, c *Cluster) {
 		}
 		t.Logf("kubectl events --for node/%s (the agent's lines):\n%s", n.name, strings.Join(agent, "\n"))
 	}
-	// The file loads again: the install overlay's ConfigMap, applied as the docs' upgrade does.
-	if _, err := c.Kubectl(ctx, c.p.root, "apply", "-k", "my-cluster/install"); err != nil {
-		t.Error(err)
-	}
-	if err := kickKubelet(ctx, c); err != nil {
-		t.Error(err)
+	// The file that loaded, back (`kubectl apply -k` of the overlay would not undo an edit of the
+	// file: its three-way merge changes only what the overlay changed).
+	if d.good != "" {
+		d.updateConfig(t, func(string) string { return d.good })
 	}
 }
 

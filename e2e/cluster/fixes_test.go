@@ -58,6 +58,7 @@ func runMode(t *testing.T, p prerequisites, mode string) []row {
 	ctx := t.Context()
 	c := startCluster(t, p, mode)
 	ext := newExternal(t, c)
+	mssAddr := newMSSPath(t, c)
 	for _, n := range c.nodes {
 		took := agenttest.Eventually(t, 5*time.Minute, func() error {
 			out, err := n.Shell(ctx, c, "busybox wget -qO- http://127.0.0.1:10249/proxyMode")
@@ -113,6 +114,12 @@ func runMode(t *testing.T, p prerequisites, mode string) []row {
 		t.Fatalf("kubernetes#74839 did not reproduce without the agent: %s", resetWithout)
 	}
 
+	mssWithout, ok := download(ctx, c, mssAddr)
+	t.Logf("without the agent: %s from client-a (node-a's route mtu %s, ICMP dropped): %s", mssAddr, narrowMTU, mssWithout)
+	if ok {
+		t.Fatalf("the MSS black hole did not reproduce without the agent: %s", mssWithout)
+	}
+
 	// The netfilter state the uninstall must restore (day2).
 	before, err := netfilterState(ctx, c)
 	if err != nil {
@@ -143,7 +150,7 @@ func runMode(t *testing.T, p prerequisites, mode string) []row {
 		rows = append(rows, row{"kubernetes#75262 (ipvs-externalip-dnat)", mode, client, without[from], with[from]})
 	}
 	// Day 2 in the same cluster boot, after the proofs.
-	t.Run("day2", func(t *testing.T) { day2(t, c, before) })
+	t.Run("day2", func(t *testing.T) { rows = append(rows, day2(t, c, before, mssAddr, mssWithout)...) })
 	return rows
 }
 

@@ -13,6 +13,9 @@
 //	workload hold ADDR             dial ADDR over TCP and hold the connection: a line and its answer
 //	                               every 200 ms until stdin ends (kubectl exec -i; the test closes
 //	                               it), then print how many; exit 1 at the first failed round trip
+//	workload download ADDR N TIMEOUT
+//	                               dial ADDR over TCP, send "get N", read N bytes; print how many
+//	                               arrived and how long it took; exit 1 when fewer within TIMEOUT
 //	workload scrape URL TOKENFILE  GET URL over HTTPS (the agent's self-signed certificate is not
 //	                               verified) with the bearer token read from TOKENFILE ("-": none);
 //	                               print "status N" and the body
@@ -27,6 +30,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -61,6 +65,17 @@ func main() {
 	case "hold":
 		need(args, 1)
 		hold(args[0])
+	case "download":
+		need(args, 3)
+		n, err := strconv.Atoi(args[1])
+		if err != nil {
+			fail("download: size %q: %v", args[1], err)
+		}
+		d, err := time.ParseDuration(args[2])
+		if err != nil {
+			fail("download: timeout %q: %v", args[2], err)
+		}
+		download(args[0], n, d)
 	case "scrape":
 		need(args, 2)
 		scrape(args[0], args[1])
@@ -246,4 +261,22 @@ func scrape(url, tokenFile string) {
 	defer resp.Body.Close()
 	fmt.Printf("status %d\n", resp.StatusCode)
 	_, _ = io.Copy(os.Stdout, resp.Body)
+}
+
+func download(addr string, n int, timeout time.Duration) {
+	start := time.Now()
+	c, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		fail("download: %v", err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(start.Add(timeout))
+	if _, err := fmt.Fprintf(c, "get %d\n", n); err != nil {
+		fail("download: %v", err)
+	}
+	got, err := io.Copy(io.Discard, io.LimitReader(c, int64(n)))
+	if got < int64(n) {
+		fail("download: received %d of %d bytes in %v: %v", got, n, time.Since(start).Round(time.Millisecond), err)
+	}
+	fmt.Printf("received %d of %d bytes in %v\n", got, n, time.Since(start).Round(time.Millisecond))
 }
