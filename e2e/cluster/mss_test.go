@@ -49,7 +49,7 @@ func newMSSPath(t *testing.T, c *Cluster) string {
 	rtr.Veth("eth1", srv, "eth0")
 	rtr.AddAddrs("eth1", farRouterIP+"/24")
 	rtr.MustExec("sysctl", "-qw", "net.ipv4.ip_forward=1")
-	rtr.NftLoad("table ip nnmcl-blackhole { chain out { type filter hook output priority 0; ip protocol icmp drop; } }")
+	rtr.NftLoad("table ip nnmcl-blackhole { chain out { type filter hook output priority 0; ip protocol icmp drop; }; }")
 	srv.AddAddrs("eth0", farServerIP+"/24")
 	srv.MustExec("ip", "route", "add", "default", "via", farRouterIP)
 	if out, err := c.node("node-a").Shell(t.Context(), c, "ip route add "+farNet+" via "+routerIP+" mtu "+narrowMTU); err != nil {
