@@ -103,10 +103,10 @@ func (d *day2State) enableMSSClamp(t *testing.T, addr string) string {
 	ctx := t.Context()
 	c := d.c
 	d.updateConfig(t, func(f string) string {
-		if !strings.HasSuffix(f, "\n") || !strings.Contains(f, "\nfixes:\n") {
-			t.Fatalf("the ConfigMap's file does not end in its fixes: block:\n%s", f)
+		if !strings.Contains(f, "\nfixes:\n") {
+			t.Fatalf("the ConfigMap's file has no top-level fixes: block:\n%s", f)
 		}
-		return f + "  " + mssclamp.ID + ":\n    enabled: true\n"
+		return strings.Replace(f, "\nfixes:\n", "\nfixes:\n  "+mssclamp.ID+":\n    enabled: true\n", 1)
 	})
 	start := time.Now()
 	markers := mssMarkers(c.mode)
