@@ -215,6 +215,7 @@ while [ ! -e $dir/stop ]; do
 	fi
 	prev=$t0
 done
+[ $absent != 0 ] && { a=$(( (prev - absent) / 1000000 )); [ $a -gt $maxabsent ] && maxabsent=$a; }
 echo "samples=$n lacking=$bad over_ms=$(( (prev - first) / 1000000 )) longest_interval_ms=$maxint longest_absence_ms=$maxabsent" >$dir/summary
 touch $dir/done
 `
@@ -662,8 +663,7 @@ func (d *day2State) nodeEvents(t *testing.T) {
 		}
 		t.Logf("kubectl events --for node/%s (the agent's lines):\n%s", n.name, strings.Join(agent, "\n"))
 	}
-	// The file that loaded, back (`kubectl apply -k` of the overlay would not undo an edit of the
-	// file: its three-way merge changes only what the overlay changed).
+	// The file that loaded, back.
 	if d.good != "" {
 		d.updateConfig(t, func(string) string { return d.good })
 	}

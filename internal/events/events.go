@@ -118,8 +118,9 @@ func newRecorder(s *sink, rec eventRecorder, node string, log *slog.Logger, now 
 	}
 	return &Recorder{rec: rec, sink: s, log: log, now: now, limit: limiter{burst: Burst, window: Window},
 		// As the kubelet refers to its Node: by name, with the name as UID, so that the reference
-		// holds before the Node exists and after it is recreated.
-		node: &corev1.ObjectReference{Kind: "Node", Name: node, UID: types.UID(node)}}
+		// holds before the Node exists and after it is recreated; apiVersion v1, which `kubectl
+		// events --for node/NAME` selects on (involvedObject.kind, .apiVersion, .name).
+		node: &corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: node, UID: types.UID(node)}}
 }
 
 // Start sends the recorded events to the API server until Stop.

@@ -228,3 +228,13 @@ func TestReadmeListsReasons(t *testing.T) {
 		t.Errorf("README's Events table lists %q, want %q", got, Reasons)
 	}
 }
+
+// TestNodeReferenceForKubectlEvents: `kubectl events --for node/NAME` lists the Events whose
+// involvedObject has kind Node, apiVersion v1 and the name (kubectl's field selector); without the
+// apiVersion the agent's Events were missing from it on a real cluster (make test-cluster).
+func TestNodeReferenceForKubectlEvents(t *testing.T) {
+	r := newRecorder(nil, nil, "node-a", quietLog(), time.Now)
+	if got := r.node; got.APIVersion != "v1" || got.Kind != "Node" || got.Name != "node-a" {
+		t.Errorf("the Node reference is %+v, want apiVersion v1, kind Node, name node-a", got)
+	}
+}
