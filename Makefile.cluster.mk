@@ -4,6 +4,9 @@
 #
 #   make test-cluster              both kube-proxy modes (IPVS, nftables), one cluster each
 #   NNM_CLUSTER_MODES=ipvs make test-cluster
+#   NNM_CLUSTER_DAY2=1 make test-cluster   also day 2 in the same boot (e2e/cluster/day2_test.go):
+#                                          mss-clamp with a Pod, rolling upgrade, bad ConfigMap, scrape,
+#                                          Node Events, 10,000 Services, uninstall; ~25 min per mode
 
 # What the nodes run from this machine's root (shared read-only into the guests), as
 # "probe:debian-package": containerd 1.6 (kubelet 1.36 accepts it: e2e/cluster/doc.go), runc, the
