@@ -37,7 +37,7 @@ func Selected(r detect.Result, log *slog.Logger) (backend.Backend, error) {
 func Leftovers(r detect.Result, log *slog.Logger) (agent.Leftovers, error) {
 	switch r.Backend {
 	case backend.IPTables:
-		other, err := nftables.New(nftables.Options{Logger: log})
+		other, err := nftables.NewOps(nftables.Options{Logger: log})
 		if err != nil {
 			return nil, err
 		}
@@ -48,7 +48,7 @@ func Leftovers(r detect.Result, log *slog.Logger) (agent.Leftovers, error) {
 			return other.RemoveFix(ctx, fix)
 		}, nil
 	case backend.NFTables:
-		other, err := iptables.New(iptables.Options{Variant: iptables.Variant(r.IptablesVariant), Logger: log})
+		other, err := iptables.NewOps(iptables.Options{Variant: iptables.Variant(r.IptablesVariant), Logger: log})
 		if err != nil {
 			return nil, err
 		}

@@ -547,8 +547,8 @@ func TestNewValidates(t *testing.T) {
 		t.Error("New accepted a negative lock wait")
 	}
 	b := mustBackend(t, Options{Variant: Legacy})
-	if b.Name() != "iptables" || b.Binary(rules.IPv6, "restore") != "ip6tables-legacy-restore" {
-		t.Errorf("Name %q, binary %q", b.Name(), b.Binary(rules.IPv6, "restore"))
+	if b.Name() != "iptables" || opsOf(b).Binary(rules.IPv6, "restore") != "ip6tables-legacy-restore" {
+		t.Errorf("Name %q, binary %q", b.Name(), opsOf(b).Binary(rules.IPv6, "restore"))
 	}
 }
 

@@ -37,7 +37,7 @@ func removable(d *dump, match func(string) bool) map[tchain]bool {
 
 // CleanupPlan implements backend.CleanupPlanner: the chains Cleanup would delete, in both families
 // and every table, from one iptables-save each (two where there is something to delete); nothing is changed.
-func (b *Backend) CleanupPlan(ctx context.Context) ([]string, error) {
+func (b *Ops) CleanupPlan(ctx context.Context) ([]string, error) {
 	var out []string
 	var errs []error
 	for _, f := range rules.Families {

@@ -46,7 +46,7 @@ func (c *rchain) digest() uint64 {
 // (bucketEdit), which costs iptables-nft-restore half of a 500-rule bucket's rewrite. It returns
 // false without having changed anything when the record does not match the old rendering, and
 // backend.ErrStale when the restore failed.
-func (b *Backend) applyEntries(ctx context.Context, from, rs *rules.Ruleset, prev *record, exact bool) (backend.Step[*record], error) {
+func (b *Ops) applyEntries(ctx context.Context, from, rs *rules.Ruleset, prev *record, exact bool) (backend.Step[*record], error) {
 	var no backend.Step[*record] // not this way: nothing changed
 	touched := changedBuckets(from, rs)
 	if touched == nil {

@@ -187,14 +187,14 @@ func TestKernelForeignNNMChains(t *testing.T) {
 		k.ipt("-A", "INPUT", "-m", "comment", "--comment", "thirdparty", "-j", "NNM-THIRDPARTY")
 		k.ipt("-t", "nat", "-N", "NNM-EMPTY")
 		mustApply(t, k.backend(), invalidDrop(k.family), externalIP(k.family))
-		plan, err := k.backend().CleanupPlan(ctx)
+		plan, err := opsOf(k.backend()).CleanupPlan(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if text := strings.Join(plan, "\n"); strings.Contains(text, "NNM-THIRDPARTY") || strings.Contains(text, "NNM-EMPTY") || !strings.Contains(text, "NNM-INVALID-INPUT") {
 			t.Errorf("CleanupPlan = %q, want our chains only", text)
 		}
-		if _, err := k.backend().RemoveAll(ctx, k.family); err != nil {
+		if _, err := opsOf(k.backend()).RemoveAll(ctx, k.family); err != nil {
 			t.Fatal(err)
 		}
 		s := k.save()

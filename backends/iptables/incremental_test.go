@@ -279,7 +279,7 @@ func BenchmarkColdApplyMemory10k(b *testing.B) {
 	var peak uint64
 	for b.Loop() {
 		b.StopTimer()
-		if _, err := k.backend().RemoveAll(ctx, rules.IPv4); err != nil {
+		if _, err := opsOf(k.backend()).RemoveAll(ctx, rules.IPv4); err != nil {
 			b.Fatal(err)
 		}
 		be := k.backend()

@@ -45,14 +45,25 @@ type Options struct {
 	Generation nfgen.Func
 }
 
-// Backend implements backend.Backend with iptables-restore/iptables-save.
-type Backend struct {
+// Backend is the iptables backend: the shared Driver over this package's Ops.
+type Backend = backend.Driver[*record]
+
+// Ops are the iptables backend's operations (backend.Ops) with iptables-restore/iptables-save,
+// and what it offers beyond them (RemoveAll, RemoveFix, CleanupPredecessor, CleanupPlan).
+//
+// The record of a unit holds what its last change rendered (chain digests) and its chains (and the
+// jumps to them) as iptables-save showed them right after. Matches runs one iptables-save and
+// compares. Update, for a change in the contents of chains only (map entries live in lookup
+// buckets), rewrites just those chains with one iptables-restore and lists them with iptables -S.
+// Apply and Remove read the whole ruleset, place or delete our jumps in the built-in chains and
+// check chain ownership: they hold b.shared, which nothing else of the backend waits for.
+type Ops struct {
 	variant  Variant
 	lockWait int
 	run      Runner
 	log      *slog.Logger
+	gen      nfgen.Func
 
-	driver *backend.Driver[*record]
 	// shared is held by the operations that read the whole ruleset to change what units share: our
 	// jumps in the built-in chains (whose positions are computed from that reading) and chain
 	// ownership. Updates of a unit's own chains, read-backs and counters never wait for it.
@@ -64,7 +75,7 @@ type Backend struct {
 	unparsed map[string]string
 }
 
-var _ backend.Backend = (*Backend)(nil)
+var _ backend.Ops[*record] = (*Ops)(nil)
 
 // record is what the last successful reconcile of (fix, family) rendered and found in the kernel
 // after. It holds digests, not texts: at 10,000 map entries the texts were 20,000 rules twice.
@@ -121,8 +132,18 @@ func (r *rendering) same(rec *record) bool {
 	return true
 }
 
-// New validates opts; it does no I/O.
+// New returns the backend: the Driver over NewOps(opts). It does no I/O.
 func New(opts Options) (*Backend, error) {
+	b, err := NewOps(opts)
+	if err != nil {
+		return nil, err
+	}
+	return backend.New[*record](b, b.gen, b.log), nil
+}
+
+// NewOps validates opts and returns the backend's operations; it does no I/O. Driven by nothing
+// (no records), they remove what another agent's run left (backends.Leftovers).
+func NewOps(opts Options) (*Ops, error) {
 	switch opts.Variant {
 	case NFT, Legacy:
 	default:
@@ -146,22 +167,22 @@ func New(opts Options) (*Backend, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	b := &Backend{
+	b := &Ops{
+		gen:      opts.Generation,
 		variant:  opts.Variant,
 		lockWait: opts.LockWait,
 		run:      opts.Runner,
 		log:      opts.Logger.With("backend", backend.IPTables, "variant", string(opts.Variant)),
 	}
-	b.driver = backend.NewDriver[*record](ops{b}, opts.Generation, b.log)
 	return b, nil
 }
 
-// Name implements backend.Backend.
-func (b *Backend) Name() string { return backend.IPTables }
+// Name is part of backend.Ops.
+func (b *Ops) Name() string { return backend.IPTables }
 
 // Binary is the path-less name of the variant's tool for family: tool is "restore", "save", or ""
 // for iptables itself.
-func (b *Backend) Binary(family rules.Family, tool string) string {
+func (b *Ops) Binary(family rules.Family, tool string) string {
 	base := "iptables"
 	if family == rules.IPv6 {
 		base = "ip6tables"
@@ -172,9 +193,9 @@ func (b *Backend) Binary(family rules.Family, tool string) string {
 	return base + "-" + string(b.variant) + "-" + tool
 }
 
-// Render implements backend.Backend: the iptables-restore --noflush input that programs rs on a
+// Render is part of backend.Ops: the iptables-restore --noflush input that programs rs on a
 // kernel that holds none of it yet (Apply leaves out jumps that exist and adds removals of stale chains).
-func (b *Backend) Render(rs *rules.Ruleset) (string, error) {
+func (b *Ops) Render(rs *rules.Ruleset) (string, error) {
 	if err := rs.Validate(); err != nil {
 		return "", err
 	}
@@ -185,36 +206,24 @@ func (b *Backend) Render(rs *rules.Ruleset) (string, error) {
 	return p.String(), nil
 }
 
-// Reconcile implements backend.Backend through the shared driver (backend.Driver) over ops.
-func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family, rs *rules.Ruleset, mode backend.Mode) (backend.Result, error) {
-	return b.driver.Reconcile(ctx, fix, family, rs, mode)
-}
+// Begin is part of backend.Ops: every fix id names chains.
+func (b *Ops) Begin(context.Context, backend.Unit, backend.Mode) error { return nil }
 
-// ops are the backend's operations for the driver (backend.Ops).
-//
-// The record of a unit holds what its last change rendered (chain digests) and its chains (and the
-// jumps to them) as iptables-save showed them right after. Matches runs one iptables-save and
-// compares. Update, for a change in the contents of chains only (map entries live in lookup
-// buckets), rewrites just those chains with one iptables-restore and lists them with iptables -S.
-// Apply and Remove read the whole ruleset, place or delete our jumps in the built-in chains and
-// check chain ownership: they hold b.shared, which nothing else of the backend waits for.
-type ops struct{ b *Backend }
-
-func (o ops) Matches(ctx context.Context, u backend.Unit, rec *record) (bool, error) {
-	d, err := o.b.save(ctx, u.Family)
+func (b *Ops) Matches(ctx context.Context, u backend.Unit, rec *record) (bool, error) {
+	d, err := b.save(ctx, u.Family)
 	if err != nil {
 		return false, err
 	}
 	return d.state(rec.chains, rec.precede).equal(rec.state), nil
 }
 
-func (o ops) Update(ctx context.Context, u backend.Unit, prev backend.Prev[*record], from, rs *rules.Ruleset) (backend.Step[*record], error) {
-	rec := prev.Rec
+func (b *Ops) Update(ctx context.Context, u backend.Unit, prev backend.Prev[*record], c backend.Change) (backend.Step[*record], error) {
+	rec, rs := prev.Rec, c.To
 	if err := rs.Validate(); err != nil {
 		return backend.Step[*record]{}, err
 	}
-	if from.SameExceptEntries(rs) {
-		if step, err := o.b.applyEntries(ctx, from, rs, rec, prev.Exact); step.Done || err != nil {
+	if !c.Chains {
+		if step, err := b.applyEntries(ctx, c.From, rs, rec, prev.Exact); step.Done || err != nil {
 			return step, err
 		}
 	}
@@ -226,12 +235,11 @@ func (o ops) Update(ctx context.Context, u backend.Unit, prev backend.Prev[*reco
 	if r.same(rec) {
 		return backend.Step[*record]{Done: true, Rec: rec}, nil
 	}
-	return o.b.applyChanged(ctx, rs, r, rec)
+	return b.applyChanged(ctx, rs, r, rec)
 }
 
 // Apply is the long way: iptables-save, one iptables-restore, and an iptables-save for the record.
-func (o ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*record], rs *rules.Ruleset) (backend.Step[*record], error) {
-	b := o.b
+func (b *Ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*record], rs *rules.Ruleset) (backend.Step[*record], error) {
 	var step backend.Step[*record]
 	if err := rs.Validate(); err != nil {
 		return step, err
@@ -362,7 +370,7 @@ func placeJumps(p plan, d *dump, fix string, jumps []hookJump, prec precedence) 
 // appear or disappear are buckets whose dispatching chain is rewritten too. It rewrites only the
 // changed chains and deletes the buckets gone. Done is false, with nothing changed, when the change
 // is not of that kind.
-func (b *Backend) applyChanged(ctx context.Context, rs *rules.Ruleset, r *rendering, prev *record) (backend.Step[*record], error) {
+func (b *Ops) applyChanged(ctx context.Context, rs *rules.Ruleset, r *rendering, prev *record) (backend.Step[*record], error) {
 	var no backend.Step[*record]
 	if r.jumps != prev.jumps {
 		return no, nil
@@ -400,7 +408,7 @@ func (b *Backend) applyChanged(ctx context.Context, rs *rules.Ruleset, r *render
 // record nrec (whose rendering the caller filled in). It returns backend.ErrStale, having changed
 // nothing, when the restore failed (an edit's delete names a rule that is not there, an insert a
 // position beyond the chain's end).
-func (b *Backend) rewriteChains(ctx context.Context, rs *rules.Ruleset, changed []*rchain, edits map[tchain]edit, stale []tchain, prev, nrec *record) (backend.Step[*record], error) {
+func (b *Ops) rewriteChains(ctx context.Context, rs *rules.Ruleset, changed []*rchain, edits map[tchain]edit, stale []tchain, prev, nrec *record) (backend.Step[*record], error) {
 	p := plan{}
 	for _, c := range changed {
 		ops := p.table(c.table)
@@ -483,8 +491,7 @@ func removeChains(p plan, d *dump, gone, keep map[tchain]bool) {
 
 // Remove deletes the chains of the unit: those its jump comments in the kernel name, and those of
 // the record. One iptables-save, and one iptables-restore if anything is there.
-func (o ops) Remove(ctx context.Context, u backend.Unit, prev backend.Prev[*record]) (backend.Step[*record], error) {
-	b := o.b
+func (b *Ops) Remove(ctx context.Context, u backend.Unit, prev backend.Prev[*record]) (backend.Step[*record], error) {
 	step := backend.Step[*record]{ReadBack: true}
 	b.shared.Lock()
 	defer b.shared.Unlock()
@@ -512,13 +519,13 @@ func (o ops) Remove(ctx context.Context, u backend.Unit, prev backend.Prev[*reco
 	return step, nil
 }
 
-// Counters implements backend.Backend: it sums the packets and bytes of the kernel rules whose comment
+// Counters is part of backend.Ops: it sums the packets and bytes of the kernel rules whose comment
 // names the counter ("<fix>/<counter>: …"), over every rule a map or prefix list expanded into.
 //
 // It waits for nothing of the backend's: iptables-save reads without the xtables lock, and a scrape
 // must not queue behind an iptables-restore that waits for a lock another process holds.
-func (b *Backend) Counters(ctx context.Context, fix string, family rules.Family) (map[string]backend.Counter, error) {
-	prev, known := b.driver.Record(backend.Unit{Fix: fix, Family: family}) // never changed once stored
+func (b *Ops) Counters(ctx context.Context, u backend.Unit, prev *record, known bool) (map[string]backend.Counter, error) {
+	fix, family := u.Fix, u.Family // prev is never changed once recorded
 	d, err := b.save(ctx, family)
 	if err != nil {
 		return nil, err
@@ -551,31 +558,28 @@ func (b *Backend) Counters(ctx context.Context, fix string, family rules.Family)
 	return out, nil
 }
 
-// Cleanup implements backend.Backend: in both families and every table it deletes all NNM- chains and
+// Cleanup is part of backend.Ops: in both families and every table it deletes all NNM- chains and
 // the predecessor's NMANAGER_ chains, and every rule jumping to them. Foreign rules stay.
-func (b *Backend) Cleanup(ctx context.Context) error {
+func (b *Ops) Cleanup(ctx context.Context) error {
 	var errs []error
 	for _, f := range rules.Families {
 		_, err := b.cleanup(ctx, f, cleanupMatch)
 		errs = append(errs, err)
 	}
-	b.driver.Forget(nil)
 	return errors.Join(errs...)
 }
 
 // RemoveAll deletes every NNM- chain of ours (removable) in every table of family, with every rule jumping to them, and
 // returns how many chains it removed: what this backend left when the agent runs with the nftables
 // backend now (backends.Leftovers). Unlike Cleanup it leaves the predecessor's chains alone.
-func (b *Backend) RemoveAll(ctx context.Context, family rules.Family) (removed int, err error) {
-	removed, err = b.cleanup(ctx, family, isOurs)
-	b.driver.Forget(func(u backend.Unit) bool { return u.Family == family })
-	return removed, err
+func (b *Ops) RemoveAll(ctx context.Context, family rules.Family) (removed int, err error) {
+	return b.cleanup(ctx, family, isOurs)
 }
 
 // CleanupPredecessor removes the chains of Kakao's network-node-manager (NMANAGER_*, any table) for
 // which match is true (nil: all) and the rules jumping to them in family, leaving ours alone. It
 // returns how many chains it removed (core.PredecessorCleaner).
-func (b *Backend) CleanupPredecessor(ctx context.Context, family rules.Family, match func(chain string) bool) (int, error) {
+func (b *Ops) CleanupPredecessor(ctx context.Context, family rules.Family, match func(chain string) bool) (int, error) {
 	return b.cleanup(ctx, family, func(c string) bool {
 		return strings.HasPrefix(c, PredecessorChainPrefix) && (match == nil || match(c))
 	})
@@ -585,19 +589,17 @@ func (b *Backend) CleanupPredecessor(ctx context.Context, family rules.Family, m
 // jumped to by its commented rules from the built-in chains, and what they reach), with every rule
 // jumping to them, and returns how many it removed: the one fix's share of RemoveAll, once the
 // nftables backend has that fix's replacement in (backends.Leftovers).
-func (b *Backend) RemoveFix(ctx context.Context, family rules.Family, fix string) (removed int, err error) {
-	removed, err = b.remove(ctx, family, isOurs, func(d *dump) map[tchain]bool { return d.owned(fix) })
-	b.driver.Forget(func(u backend.Unit) bool { return u.Family == family && u.Fix == fix })
-	return removed, err
+func (b *Ops) RemoveFix(ctx context.Context, family rules.Family, fix string) (removed int, err error) {
+	return b.remove(ctx, family, isOurs, func(d *dump) map[tchain]bool { return d.owned(fix) })
 }
 
-func (b *Backend) cleanup(ctx context.Context, family rules.Family, match func(string) bool) (removed int, err error) {
+func (b *Ops) cleanup(ctx context.Context, family rules.Family, match func(string) bool) (removed int, err error) {
 	return b.remove(ctx, family, match, func(d *dump) map[tchain]bool { return removable(d, match) })
 }
 
 // remove deletes the chains pick chooses from family's dump (taken when it declares a chain whose
 // name matches) and every rule jumping to them.
-func (b *Backend) remove(ctx context.Context, family rules.Family, match func(string) bool, pick func(*dump) map[tchain]bool) (removed int, err error) {
+func (b *Ops) remove(ctx context.Context, family rules.Family, match func(string) bool, pick func(*dump) map[tchain]bool) (removed int, err error) {
 	b.shared.Lock()
 	defer b.shared.Unlock()
 	d, err := b.dumpDeclaring(ctx, family, match)
@@ -617,7 +619,7 @@ func (b *Backend) remove(ctx context.Context, family rules.Family, match func(st
 }
 
 // save runs iptables-save -c for all tables of family and parses its output as it arrives.
-func (b *Backend) save(ctx context.Context, family rules.Family) (*dump, error) {
+func (b *Ops) save(ctx context.Context, family rules.Family) (*dump, error) {
 	bin := b.Binary(family, "save")
 	p := newSaveParser()
 	stderr, err := b.run.Run(ctx, bin, []string{"-c"}, nil, p)
@@ -634,7 +636,7 @@ func (b *Backend) save(ctx context.Context, family rules.Family) (*dump, error) 
 
 // noteUnparsed logs the lines of a dump that could not be parsed (foreign ones: ours always parse),
 // once per binary until they change.
-func (b *Backend) noteUnparsed(bin string, d *dump) {
+func (b *Ops) noteUnparsed(bin string, d *dump) {
 	b.umu.Lock()
 	defer b.umu.Unlock()
 	if b.unparsed == nil {
@@ -655,7 +657,7 @@ func (b *Backend) noteUnparsed(bin string, d *dump) {
 // it arrives, holding one line: held whole, that output was 20-25 MB at 50,000 Services, and the
 // largest live heap of the agent's run. Only when a chain matches is the dump taken again and parsed
 // whole (the rule removal needs every jump to the chains).
-func (b *Backend) dumpDeclaring(ctx context.Context, family rules.Family, match func(string) bool) (*dump, error) {
+func (b *Ops) dumpDeclaring(ctx context.Context, family rules.Family, match func(string) bool) (*dump, error) {
 	bin := b.Binary(family, "save")
 	scan := newDeclScanner(match)
 	if stderr, err := b.run.Run(ctx, bin, []string{"-c"}, nil, scan); err != nil {
@@ -702,7 +704,7 @@ func newDeclScanner(match func(string) bool) *declScanner {
 
 // list runs iptables -S CHAIN: the chain's rules in iptables-save's format, without reading the
 // rest of the kernel's rules into text.
-func (b *Backend) list(ctx context.Context, family rules.Family, table, chain string) ([]*savedRule, error) {
+func (b *Ops) list(ctx context.Context, family rules.Family, table, chain string) ([]*savedRule, error) {
 	bin := b.Binary(family, "")
 	args := []string{"-w", strconv.Itoa(b.lockWait), "-t", table, "-S", chain}
 	var out strings.Builder
@@ -716,21 +718,46 @@ func (b *Backend) list(ctx context.Context, family rules.Family, table, chain st
 var lineNo = regexp.MustCompile(`line:? (\d+)`)
 
 // restore feeds p to iptables-restore --noflush, one transaction per table, rendered as it is sent.
-// The error names the tool's message and the input line it complains about.
-func (b *Backend) restore(ctx context.Context, family rules.Family, p plan) error {
+// The error names the tool's message and the input line it complains about; one that names a line
+// is a refusal of the content (backend.ErrRejected).
+func (b *Ops) restore(ctx context.Context, family rules.Family, p plan, extra ...string) error {
 	bin := b.Binary(family, "restore")
-	stderr, err := b.run.Run(ctx, bin, []string{"-w", strconv.Itoa(b.lockWait), "--noflush"}, p.reader(), nil)
+	args := append([]string{"-w", strconv.Itoa(b.lockWait), "--noflush"}, extra...)
+	stderr, err := b.run.Run(ctx, bin, args, p.reader(), nil)
 	if err == nil {
 		return nil
 	}
 	msg := strings.TrimSpace(string(stderr))
-	if m := lineNo.FindStringSubmatch(msg); m != nil {
+	m := lineNo.FindStringSubmatch(msg)
+	if m != nil {
 		n, _ := strconv.Atoi(m[1])
 		if lines := strings.Split(p.String(), "\n"); n >= 1 && n <= len(lines) {
 			msg += fmt.Sprintf(" (input line %d: %s)", n, lines[n-1])
 		}
 	}
-	return fmt.Errorf("%s --noflush: %w: %s", bin, err, msg)
+	err = fmt.Errorf("%s %s: %w: %s", bin, strings.Join(args[2:], " "), err, msg)
+	if m != nil && ctx.Err() == nil {
+		return rejected{err}
+	}
+	return err
+}
+
+// rejected is an error of iptables-restore that names an input line: the content was refused.
+type rejected struct{ error }
+
+func (e rejected) Unwrap() []error { return []error{e.error, backend.ErrRejected} }
+
+// Check is part of backend.Ops: iptables-restore --test with the input that programs rs on a
+// kernel that holds none of it (what Render shows), committing nothing.
+func (b *Ops) Check(ctx context.Context, u backend.Unit, rs *rules.Ruleset) error {
+	if err := rs.Validate(); err != nil {
+		return err
+	}
+	p, _, _, err := planRuleset(rs)
+	if err != nil {
+		return err
+	}
+	return b.restore(ctx, u.Family, p, "--test")
 }
 
 // insertAt places a missing jump that must precede some foreign chains (Chain.Precedes) without

@@ -368,7 +368,7 @@ func lifecycleRemove(t *testing.T, k *kernel, foreign1 string) {
 
 	// CleanupPlan (cleanup --dry-run) names ours and the predecessor's chains and changes nothing.
 	before := k.save()
-	plan, err := b2.CleanupPlan(ctx)
+	plan, err := opsOf(b2).CleanupPlan(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -455,7 +455,7 @@ func TestCleanupPredecessorOnly(t *testing.T) {
 		k.addPredecessor()
 		b := k.backend()
 		mustApply(t, b, invalidDrop(k.family))
-		n, err := b.CleanupPredecessor(context.Background(), k.family, nil)
+		n, err := opsOf(b).CleanupPredecessor(context.Background(), k.family, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -480,7 +480,7 @@ func TestKernelRemoveAll(t *testing.T) {
 		b := k.backend()
 		mustApply(t, b, invalidDrop(k.family), externalIP(k.family))
 		before := foreign(k.save())
-		n, err := k.backend().RemoveAll(context.Background(), k.family) // a fresh process
+		n, err := opsOf(k.backend()).RemoveAll(context.Background(), k.family) // a fresh process
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -493,7 +493,7 @@ func TestKernelRemoveAll(t *testing.T) {
 		if n < 5 {
 			t.Fatalf("RemoveAll reported %d chains, want ≥ 5 (4 hooked chains, the DNAT chain, its buckets)", n)
 		}
-		if n, err := k.backend().RemoveAll(context.Background(), k.family); err != nil || n != 0 {
+		if n, err := opsOf(k.backend()).RemoveAll(context.Background(), k.family); err != nil || n != 0 {
 			t.Fatalf("a second RemoveAll: %d, %v; want 0, nil", n, err)
 		}
 	})

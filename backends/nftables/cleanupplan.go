@@ -7,7 +7,7 @@ import (
 
 // CleanupPlan implements backend.CleanupPlanner: the nnm-* tables Cleanup would delete, in both
 // families; nothing is changed.
-func (b *Backend) CleanupPlan(ctx context.Context) ([]string, error) {
+func (b *Ops) CleanupPlan(ctx context.Context) ([]string, error) {
 	keys, err := b.ownTables(ctx)
 	out := make([]string, 0, len(keys))
 	for _, k := range keys {

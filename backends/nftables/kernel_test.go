@@ -310,7 +310,7 @@ func (x *kt) remove(foreignState func() string, before string) {
 	// CleanupPlan (cleanup --dry-run) names the nnm-* tables, not the foreign ones, and changes nothing.
 	tablesBefore := nftList(t, ns, "list", "tables")
 	inNS(t, ns, func() error {
-		plan, err := b.CleanupPlan(ctx)
+		plan, err := opsOf(b).CleanupPlan(ctx)
 		if err != nil {
 			return err
 		}
@@ -522,7 +522,7 @@ func TestKernelUpgradeFromMapLookup(t *testing.T) {
 	eachFamily(t, "nnm-nft", func(t *testing.T, ns *testenv.NS, f rules.Family) {
 		rs := externalIPRuleset(f, threeEntries(f))
 		table, nf := TableName(rs.Fix), string(nftFamily(f))
-		text, err := (&Backend{}).Render(rs)
+		text, err := (&Ops{}).Render(rs)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -591,7 +591,7 @@ func TestKernelReadsOverNetlink(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			r, err := fresh.reader(k)
+			r, err := opsOf(fresh).reader(k)
 			if err != nil {
 				return err
 			}

@@ -34,7 +34,7 @@ func TestKernelColdLoadOverNetlink(t *testing.T) {
 
 		viaNetlink := newRealKernel().backend(t)
 		loads := 0
-		viaNetlink.loadMaps = func(m *model) error { loads++; return loadMaps(m) }
+		opsOf(viaNetlink).loadMaps = func(m *model) error { loads++; return loadMaps(m) }
 		inNS(t, ns, func() error { return apply(ctx, viaNetlink, rs) })
 		if loads != 1 {
 			t.Fatalf("loadMaps ran %d times for a new table, want 1", loads)
@@ -65,7 +65,7 @@ func TestKernelColdLoadOverNetlink(t *testing.T) {
 		// A failing netlink load: nft -f carries the maps, and the table is the same.
 		ns.MustExec("nft", "delete", "table", nf, table)
 		failing := newRealKernel().backend(t)
-		failing.loadMaps = func(*model) error { return errors.New("netlink unavailable") }
+		opsOf(failing).loadMaps = func(*model) error { return errors.New("netlink unavailable") }
 		inNS(t, ns, func() error { return apply(ctx, failing, rs) })
 		if got := listing(); got != want {
 			t.Fatalf("after a failed netlink load the table differs:\n%s\nwant:\n%s", got, want)
@@ -124,7 +124,7 @@ func TestKernelElementsOverNetlink(t *testing.T) {
 		k := newRealKernel()
 		b := k.backend(t)
 		sends := 0
-		b.sendElements = func(old, m *model) (int, error) { sends++; return sendElementDiff(old, m) }
+		opsOf(b).sendElements = func(old, m *model) (int, error) { sends++; return sendElementDiff(old, m) }
 		entries := manyEntries(f, 300)
 		rs := func() *rules.Ruleset { return externalIPRuleset(f, slices.Clone(entries)) }
 		applyIn(ctx, t, ns, b, rs())

@@ -53,8 +53,20 @@ type Options struct {
 	Generation nfgen.Func
 }
 
-// Backend programs rulesets as nftables tables. It is safe for concurrent use.
-type Backend struct {
+// Backend is the nftables backend: the shared Driver over this package's Ops.
+type Backend = backend.Driver[*applied]
+
+// Ops program rulesets as nftables tables (backend.Ops), and offer what the backend does beyond
+// them (RemoveAll, RemoveFix, CleanupPlan). They are safe for concurrent use.
+//
+// The record of a table holds the model sent and the table as listed right after (objects and rule
+// handles; a rule added, deleted or replaced gets a new handle). Matches lists our table alone and
+// compares. Update sends only element operations when only map entries changed (what keeps a
+// one-Service change cheap at 10,000 Services). Apply sends one transaction that rewrites the
+// table's chains and maps (named counters keep their values), built from a trusted record without
+// listing the table first; a transaction that the kernel refuses because the record was wrong is
+// retried once against a fresh listing. Tables share nothing but the interface cache.
+type Ops struct {
 	// opts are New's options with the defaults filled in (NewLister stays nil with a fake kernel).
 	opts Options
 	log  *slog.Logger
@@ -64,13 +76,12 @@ type Backend struct {
 	// netlink.go); with a fake kernel element changes go through knftables.
 	sendElements func(old, m *model) (operations int, err error)
 
-	driver *backend.Driver[*applied]
 	// imu guards ifaces only; no lock is held while nft runs.
 	imu    sync.Mutex
 	ifaces map[tableKey]knftables.Interface
 }
 
-var _ backend.Backend = (*Backend)(nil)
+var _ backend.Ops[*applied] = (*Ops)(nil)
 
 type tableKey struct {
 	family knftables.Family
@@ -86,9 +97,20 @@ type applied struct {
 	seen *tableState
 }
 
-// New returns a Backend. It does no I/O: nft is first run by the first call that needs the kernel.
+// New returns the backend: the Driver over NewOps(opts). It does no I/O: nft is first run by the
+// first call that needs the kernel.
 func New(opts Options) (*Backend, error) {
-	b := &Backend{log: opts.Logger, ifaces: map[tableKey]knftables.Interface{}}
+	b, err := NewOps(opts)
+	if err != nil {
+		return nil, err
+	}
+	return backend.New[*applied](b, b.opts.Generation, b.log), nil
+}
+
+// NewOps returns the backend's operations. Driven by nothing (no records), they remove what
+// another agent's run left (backends.Leftovers).
+func NewOps(opts Options) (*Ops, error) {
+	b := &Ops{log: opts.Logger, ifaces: map[tableKey]knftables.Interface{}}
 	if b.log == nil {
 		b.log = slog.Default()
 	}
@@ -107,18 +129,17 @@ func New(opts Options) (*Backend, error) {
 		opts.ListTables = listRealTables
 	}
 	b.opts = opts
-	b.driver = backend.NewDriver[*applied](ops{b}, opts.Generation, b.log)
 	return b, nil
 }
 
-// Name is part of backend.Backend.
-func (b *Backend) Name() string { return Name }
+// Name is part of backend.Ops.
+func (b *Ops) Name() string { return Name }
 
 // Render returns the `nft -f` input of the transaction Apply sends when the kernel holds nothing of
 // this table yet (a cold apply, or the text `plan` shows). Against an existing table Apply sends
 // the same lines plus, before them, a flush of the table's chains and deletes of objects being
 // re-created, and after them deletes of counters no longer wanted; see writeFull.
-func (b *Backend) Render(rs *rules.Ruleset) (string, error) {
+func (b *Ops) Render(rs *rules.Ruleset) (string, error) {
 	m, err := build(rs)
 	if err != nil {
 		return "", err
@@ -130,7 +151,7 @@ func (b *Backend) Render(rs *rules.Ruleset) (string, error) {
 
 // iface returns the (cached) knftables interface of a table. Creating one runs nft, so it happens
 // outside imu: a table whose nft hangs holds up no other table.
-func (b *Backend) iface(k tableKey) (knftables.Interface, error) {
+func (b *Ops) iface(k tableKey) (knftables.Interface, error) {
 	b.imu.Lock()
 	nft := b.ifaces[k]
 	b.imu.Unlock()
@@ -152,21 +173,21 @@ func (b *Backend) iface(k tableKey) (knftables.Interface, error) {
 
 // reader returns what reads table k back: a Lister of its own when there is one (netlink, on the
 // real kernel: no nft run and no interface needed), else the table's knftables interface.
-func (b *Backend) reader(k tableKey) (Lister, error) {
+func (b *Ops) reader(k tableKey) (Lister, error) {
 	if b.opts.NewLister != nil {
 		return b.opts.NewLister(k.family, k.table)
 	}
 	return b.iface(k)
 }
 
-func (b *Backend) hasIface(k tableKey) bool {
+func (b *Ops) hasIface(k tableKey) bool {
 	b.imu.Lock()
 	defer b.imu.Unlock()
 	return b.ifaces[k] != nil
 }
 
 // table returns the key and interface of a unit's table.
-func (b *Backend) table(u backend.Unit) (tableKey, knftables.Interface, error) {
+func (b *Ops) table(u backend.Unit) (tableKey, knftables.Interface, error) {
 	k, err := keyOf(u.Fix, u.Family)
 	if err != nil {
 		return k, nil, err
@@ -186,31 +207,18 @@ func keyOf(fix string, family rules.Family) (tableKey, error) {
 	return tableKey{family: f.nft, table: TableName(fix)}, nil
 }
 
-// Reconcile is part of backend.Backend, through the shared driver (backend.Driver) over ops.
-func (b *Backend) Reconcile(ctx context.Context, fix string, family rules.Family, desired *rules.Ruleset, mode backend.Mode) (backend.Result, error) {
-	if _, err := keyOf(fix, family); err != nil {
-		return backend.Result{}, err
-	}
-	return b.driver.Reconcile(ctx, fix, family, desired, mode)
+// Begin is part of backend.Ops: a fix id must name a table.
+func (b *Ops) Begin(_ context.Context, u backend.Unit, _ backend.Mode) error {
+	_, err := keyOf(u.Fix, u.Family)
+	return err
 }
 
-// ops are the backend's operations for the driver (backend.Ops).
-//
-// The record of a table holds the model sent and the table as listed right after (objects and rule
-// handles; a rule added, deleted or replaced gets a new handle). Matches lists our table alone and
-// compares. Update sends only element operations when only map entries changed (what keeps a
-// one-Service change cheap at 10,000 Services). Apply sends one transaction that rewrites the
-// table's chains and maps (named counters keep their values), built from a trusted record without
-// listing the table first; a transaction that the kernel refuses because the record was wrong is
-// retried once against a fresh listing. Tables share nothing but the interface cache.
-type ops struct{ b *Backend }
-
-func (o ops) Matches(ctx context.Context, u backend.Unit, rec *applied) (bool, error) {
+func (b *Ops) Matches(ctx context.Context, u backend.Unit, rec *applied) (bool, error) {
 	k, err := keyOf(u.Fix, u.Family)
 	if err != nil {
 		return false, err
 	}
-	r, err := o.b.reader(k)
+	r, err := b.reader(k)
 	if err != nil {
 		return false, err
 	}
@@ -221,10 +229,13 @@ func (o ops) Matches(ctx context.Context, u backend.Unit, rec *applied) (bool, e
 	return now.equal(rec.seen.withElements(rec.model)), nil
 }
 
-func (o ops) Update(ctx context.Context, u backend.Unit, prev backend.Prev[*applied], _, desired *rules.Ruleset) (backend.Step[*applied], error) {
+func (b *Ops) Update(ctx context.Context, u backend.Unit, prev backend.Prev[*applied], c backend.Change) (backend.Step[*applied], error) {
 	rec := prev.Rec
 	var step backend.Step[*applied]
-	m, err := build(desired)
+	if c.Chains {
+		return step, nil // only map entries go by element operations
+	}
+	m, err := build(c.To)
 	if err != nil {
 		return step, err
 	}
@@ -232,24 +243,24 @@ func (o ops) Update(ctx context.Context, u backend.Unit, prev backend.Prev[*appl
 		return step, nil
 	}
 	step.Done, step.Rec = true, &applied{model: m, seen: rec.seen}
-	if sameEntries(rec.model, m) {
+	if len(c.Maps) == 0 {
 		return step, nil
 	}
-	n, err := o.b.applyElements(ctx, u, rec.model, m)
+	n, err := b.applyElements(ctx, u, rec.model, m)
 	if err != nil {
-		o.b.log.Info("map update failed, rewriting the table", "fix", u.Fix, "family", u.Family, "err", err)
+		b.log.Info("map update failed, rewriting the table", "fix", u.Fix, "family", u.Family, "err", err)
 		return backend.Step[*applied]{}, backend.ErrStale
 	}
 	// An element transaction is one commit with at least one real change.
 	step.Applied, step.Commits = true, 1
-	o.b.log.Debug("applied map changes", "fix", u.Fix, "family", u.Family, "operations", n)
+	b.log.Debug("applied map changes", "fix", u.Fix, "family", u.Family, "operations", n)
 	return step, nil
 }
 
 // applyElements sends the element operations that turn old's maps into m's (the same shape) as
 // one transaction: over netlink on the real kernel (sendElementDiff), else with the table's
 // knftables interface.
-func (b *Backend) applyElements(ctx context.Context, u backend.Unit, old, m *model) (int, error) {
+func (b *Ops) applyElements(ctx context.Context, u backend.Unit, old, m *model) (int, error) {
 	if b.sendElements != nil {
 		return b.sendElements(old, m)
 	}
@@ -262,8 +273,7 @@ func (b *Backend) applyElements(ctx context.Context, u backend.Unit, old, m *mod
 	return tx.NumOperations(), nft.Run(ctx, tx)
 }
 
-func (o ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*applied], desired *rules.Ruleset) (backend.Step[*applied], error) {
-	b := o.b
+func (b *Ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*applied], desired *rules.Ruleset) (backend.Step[*applied], error) {
 	var step backend.Step[*applied]
 	m, err := build(desired)
 	if err != nil {
@@ -297,8 +307,8 @@ func (o ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*appli
 	if err != nil {
 		// The transaction is atomic: the kernel still holds what it held, maybe not the record.
 		step.Unsure = true
-		return step, fmt.Errorf("nftables backend: apply table %s %s (%d operations): %w",
-			k.family, k.table, tx.NumOperations(), explain(err))
+		return step, refusal(ctx, fmt.Errorf("nftables backend: apply table %s %s (%d operations): %w",
+			k.family, k.table, tx.NumOperations(), explain(err)))
 	}
 	step.Applied = true
 	log.Debug("applied", "operations", tx.NumOperations())
@@ -323,10 +333,45 @@ func (o ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*appli
 	return step, nil
 }
 
+// Check is part of backend.Ops: nft --check of a transaction that deletes the table and makes it
+// hold desired from nothing (elements as text), committing nothing.
+func (b *Ops) Check(ctx context.Context, u backend.Unit, desired *rules.Ruleset) error {
+	m, err := build(desired)
+	if err != nil {
+		return err
+	}
+	_, nft, err := b.table(u)
+	if err != nil {
+		return err
+	}
+	tx := nft.NewTransaction()
+	tx.Add(&knftables.Table{})
+	tx.Delete(&knftables.Table{})
+	writeFull(tx, m, nil, false)
+	if err := nft.Check(ctx, tx); err != nil {
+		return refusal(ctx, err)
+	}
+	return nil
+}
+
+// refusal marks an error of an nft run that reached nft's parser or the kernel (not a cancelled
+// or failed start) as a refusal of the content (backend.ErrRejected).
+func refusal(ctx context.Context, err error) error {
+	if ctx.Err() != nil || !strings.Contains(err.Error(), "Error:") {
+		return err
+	}
+	return rejected{err}
+}
+
+// rejected is an nft error that refused the content.
+type rejected struct{ error }
+
+func (e rejected) Unwrap() []error { return []error{e.error, backend.ErrRejected} }
+
 // write sends one transaction that makes the table hold m, given what it holds (ex, nil: no table).
 // A new table's maps go over netlink first (see loadMaps); if the transaction then fails, the
 // half-made table is deleted again, so that nothing of the attempt stays.
-func (b *Backend) write(ctx context.Context, nft knftables.Interface, m *model, ex *existing, log *slog.Logger) (*knftables.Transaction, error) {
+func (b *Ops) write(ctx context.Context, nft knftables.Interface, m *model, ex *existing, log *slog.Logger) (*knftables.Transaction, error) {
 	loaded := false
 	if ex == nil && b.loadMaps != nil && len(m.maps) > 0 {
 		// The table is made with its owner comment first: loadMaps creates it over netlink
@@ -357,7 +402,7 @@ func (b *Backend) write(ctx context.Context, nft knftables.Interface, m *model, 
 }
 
 // listExisting lists our table for a rewrite (nil when absent), counting the listing in step.
-func (b *Backend) listExisting(ctx context.Context, k tableKey, step *backend.Step[*applied]) (*existing, error) {
+func (b *Ops) listExisting(ctx context.Context, k tableKey, step *backend.Step[*applied]) (*existing, error) {
 	step.ReadBack = true
 	r, err := b.reader(k)
 	if err != nil {
@@ -542,8 +587,7 @@ func snapshot(ctx context.Context, nft Lister, withElements bool) (*tableState, 
 }
 
 // Remove deletes the fix's table of that family.
-func (o ops) Remove(ctx context.Context, u backend.Unit, prev backend.Prev[*applied]) (backend.Step[*applied], error) {
-	b := o.b
+func (b *Ops) Remove(ctx context.Context, u backend.Unit, prev backend.Prev[*applied]) (backend.Step[*applied], error) {
 	var step backend.Step[*applied]
 	k, err := keyOf(u.Fix, u.Family)
 	if err != nil {
@@ -568,7 +612,7 @@ func (o ops) Remove(ctx context.Context, u backend.Unit, prev backend.Prev[*appl
 }
 
 // removeTable deletes the table; it reports whether there was one.
-func (b *Backend) removeTable(ctx context.Context, k tableKey) (bool, error) {
+func (b *Ops) removeTable(ctx context.Context, k tableKey) (bool, error) {
 	nft, err := b.iface(k)
 	if err != nil {
 		return false, err
@@ -584,9 +628,10 @@ func (b *Backend) removeTable(ctx context.Context, k tableKey) (bool, error) {
 	return true, nil
 }
 
-// Counters is part of backend.Backend: it reads the named counters of the fix's table.
-func (b *Backend) Counters(ctx context.Context, fix string, family rules.Family) (map[string]backend.Counter, error) {
-	k, err := keyOf(fix, family)
+// Counters is part of backend.Ops: it reads the named counters of the fix's table (a listing: the
+// record names nothing the table does not).
+func (b *Ops) Counters(ctx context.Context, u backend.Unit, _ *applied, _ bool) (map[string]backend.Counter, error) {
+	k, err := keyOf(u.Fix, u.Family)
 	if err != nil {
 		return nil, err
 	}
@@ -620,9 +665,9 @@ func (b *Backend) Counters(ctx context.Context, fix string, family rules.Family)
 	return out, nil
 }
 
-// Cleanup is part of backend.Backend: it deletes every table named nnm-* in families ip and ip6,
+// Cleanup is part of backend.Ops: it deletes every table named nnm-* in families ip and ip6,
 // whichever fix (or process) created it.
-func (b *Backend) Cleanup(ctx context.Context) error {
+func (b *Ops) Cleanup(ctx context.Context) error {
 	_, err := b.RemoveAll(ctx)
 	return err
 }
@@ -630,21 +675,19 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 // RemoveAll deletes every nnm-* table of families ip and ip6 and returns how many there were: Cleanup,
 // and the removal of what this backend left when the agent runs with the iptables backend now
 // (backends.Leftovers).
-func (b *Backend) RemoveAll(ctx context.Context) (removed int, err error) {
-	defer b.driver.Forget(nil)
+func (b *Ops) RemoveAll(ctx context.Context) (removed int, err error) {
 	return b.removeTables(ctx, func(tableKey) bool { return true })
 }
 
 // RemoveFix deletes fix's tables (ip and ip6 nnm-<fix>) and returns how many there were: the one
 // fix's share of RemoveAll, once the iptables backend has that fix's replacement in
 // (backends.Leftovers).
-func (b *Backend) RemoveFix(ctx context.Context, fix string) (removed int, err error) {
-	defer b.driver.Forget(func(u backend.Unit) bool { return u.Fix == fix })
+func (b *Ops) RemoveFix(ctx context.Context, fix string) (removed int, err error) {
 	return b.removeTables(ctx, func(k tableKey) bool { return k.table == TableName(fix) })
 }
 
 // removeTables deletes the tables of ours that pick chooses and returns how many there were.
-func (b *Backend) removeTables(ctx context.Context, pick func(tableKey) bool) (removed int, err error) {
+func (b *Ops) removeTables(ctx context.Context, pick func(tableKey) bool) (removed int, err error) {
 	keys, err := b.ownTables(ctx)
 	errs := []error{err}
 	for _, k := range keys {
@@ -742,7 +785,7 @@ func explain(err error) error {
 
 // ownTables lists the nnm-* tables of families ip and ip6, sorted by family and name: what RemoveAll
 // deletes and CleanupPlan names. A family that cannot be listed is an error; the other is still listed.
-func (b *Backend) ownTables(ctx context.Context) ([]tableKey, error) {
+func (b *Ops) ownTables(ctx context.Context) ([]tableKey, error) {
 	var out []tableKey
 	var errs []error
 	for _, family := range []knftables.Family{knftables.IPv4Family, knftables.IPv6Family} {

@@ -38,7 +38,7 @@ func TestKernelForeignNNMTables(t *testing.T) {
 			}
 		}
 		inNS(t, ns, func() error {
-			plan, err := b.CleanupPlan(ctx)
+			plan, err := opsOf(b).CleanupPlan(ctx)
 			if err != nil {
 				return err
 			}
@@ -49,7 +49,7 @@ func TestKernelForeignNNMTables(t *testing.T) {
 			return nil
 		})
 		var removed int
-		inNS(t, ns, func() (err error) { removed, err = b.RemoveAll(ctx); return err })
+		inNS(t, ns, func() (err error) { removed, err = opsOf(b).RemoveAll(ctx); return err })
 		tables := nftList(t, ns, "list", "tables")
 		if removed != 2 || strings.Contains(tables, TableName(ext.Fix)) || strings.Contains(tables, TableName(inv.Fix)) {
 			t.Errorf("RemoveAll removed %d tables, left:\n%s", removed, tables)

@@ -513,17 +513,6 @@ func sameShape(a, b *model) bool {
 	return true
 }
 
-// sameEntries reports whether a and b (same shape) have the same map entries. Entries that come
-// from one fix.ServiceMap result are the same slice, and the check costs nothing.
-func sameEntries(a, b *model) bool {
-	for i := range a.maps {
-		if !rules.EntriesEqual(a.maps[i].entries, b.maps[i].entries) {
-			return false
-		}
-	}
-	return true
-}
-
 // writeElementDiff queues only the element operations that turn old's maps and their companion sets
 // into m's (same shape), walking both sorted entry lists side by side: the cost is one comparison
 // per entry, and elements are rendered only for the entries that differ. A changed entry (same key,

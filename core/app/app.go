@@ -296,7 +296,7 @@ func CleanupPlan(ctx context.Context, w io.Writer, fixes []fix.Fix, cfg *config.
 			errs = append(errs, err)
 			continue
 		}
-		p, ok := be.(backend.CleanupPlanner)
+		p, ok := backend.As[backend.CleanupPlanner](be)
 		if !ok {
 			fmt.Fprintf(w, "would clean up %s %s (it cannot list what it owns)\n", t.name, t.variant)
 			continue

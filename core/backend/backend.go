@@ -4,10 +4,11 @@
 // "nnm-<fix>", one per fix and family) and never touches anything else, except the jump rules it adds
 // to built-in iptables chains. Each call is about one fix and one family, so fixes never disturb each other.
 //
-// A backend keeps a record of what its last reconcile of each (fix, family) left in the kernel.
-// Reconcile is the one place that decides how far that record is trusted and when the kernel is read
-// back and repaired: callers only say which Mode they want. That logic is Driver (driver.go), shared
-// by every backend, with a lock per (fix, family): a backend supplies Ops.
+// Every backend is a Driver (driver.go) over the backend's Ops: New(ops) returns the Backend. The
+// Driver keeps a record of what the last reconcile of each (fix, family) left in the kernel, and
+// is the one place that decides what changed, how far that record is trusted and when the kernel
+// is read back and repaired: callers only say which Mode they want; a backend supplies the few
+// operations that touch its kernel.
 package backend
 
 import (
@@ -62,6 +63,12 @@ type Result struct {
 	Repaired bool
 	// ReadBack: the kernel's state was listed (iptables-save, nft list …) during the call.
 	ReadBack bool
+	// Absent: the unit holds nothing now (a removal, or one known done before).
+	Absent bool
+	// Rejected: objects whose rules the kernel refused; everything else of the ruleset is in the
+	// kernel. Reported on every Reconcile while they stay refused (the caller reports them as
+	// skips: ReasonRejected).
+	Rejected []Rejection
 }
 
 // Backend renders rulesets and reconciles the kernel with them.
@@ -77,9 +84,10 @@ type Backend interface {
 	// reconcile is trusted or checked against the kernel first. On error the previous state of the
 	// fix stays in place. If ctx ends while the kernel is being read, nothing is changed and ctx's
 	// error is returned, so a caller can cancel a Verify to let something more urgent through.
-	// A backend may keep desired's map entries (not a copy) in its record, so the caller never
-	// modifies the entries of a slice it has passed (fix.ServiceMap never does); that is what makes
-	// reconciling an unchanged ruleset of 10,000 entries cost no rendering at all.
+	// A ruleset with desired.Revision set (the engine sets one per computation) and the unit's last
+	// Revision is unchanged without a look at its entries. The Driver keeps desired's map entries
+	// (not a copy) in its record, so the caller never modifies the entries of a slice it has passed
+	// (fix.ServiceMap never does; the test fake fails a reconcile that finds them modified).
 	Reconcile(ctx context.Context, fix string, family rules.Family, desired *rules.Ruleset, mode Mode) (Result, error)
 	// Counters reads the named counters (Rule.Counter) of fix in family.
 	Counters(ctx context.Context, fix string, family rules.Family) (map[string]Counter, error)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -28,6 +29,8 @@ type kernel struct {
 	stale    bool
 	applyErr error
 	unsure   bool
+	// refuse: objects (entry comments) whose entries Apply and Check refuse (ErrRejected).
+	refuse map[string]bool
 	// race, when set, is called (without mu) between a change and its read-back (Step.Finish).
 	race func(u backend.Unit)
 }
@@ -49,7 +52,7 @@ func (k *kernel) finish(u backend.Unit, n int) func(context.Context) (int, error
 }
 
 func newKernel() *kernel {
-	return &kernel{held: map[backend.Unit]int{}}
+	return &kernel{held: map[backend.Unit]int{}, refuse: map[string]bool{}}
 }
 
 func (k *kernel) enter(op string, u backend.Unit) {
@@ -78,7 +81,47 @@ func (k *kernel) Matches(ctx context.Context, u backend.Unit, rec int) (bool, er
 	return k.held[u] == rec, nil
 }
 
-func (k *kernel) Update(ctx context.Context, u backend.Unit, prev backend.Prev[int], from, desired *rules.Ruleset) (backend.Step[int], error) {
+func (k *kernel) Name() string                                            { return "test" }
+func (k *kernel) Render(rs *rules.Ruleset) (string, error)                { return rs.Fix, nil }
+func (k *kernel) Begin(context.Context, backend.Unit, backend.Mode) error { return nil }
+func (k *kernel) Cleanup(context.Context) error                           { return nil }
+
+// Check refuses a ruleset with an entry whose comment is in k.refuse.
+func (k *kernel) Check(_ context.Context, u backend.Unit, rs *rules.Ruleset) error {
+	k.enter("check", u)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.refused(rs)
+}
+
+func (k *kernel) refused(rs *rules.Ruleset) error {
+	for _, m := range rs.Maps {
+		for _, e := range m.Entries {
+			if k.refuse[e.Comment] {
+				return fmt.Errorf("entry of %s: %w", e.Comment, backend.ErrRejected)
+			}
+		}
+	}
+	return nil
+}
+
+// Counters reports the record the driver hands it as counter "rec".
+func (k *kernel) Counters(_ context.Context, _ backend.Unit, rec int, known bool) (map[string]backend.Counter, error) {
+	if !known {
+		return nil, nil
+	}
+	return map[string]backend.Counter{"rec": {Packets: uint64(rec)}}, nil
+}
+
+// record is the unit's record as the driver hands it to Counters.
+func record(d *backend.Driver[int], u backend.Unit) (int, bool) {
+	cs, _ := d.Counters(context.Background(), u.Fix, u.Family)
+	c, ok := cs["rec"]
+	return int(c.Packets), ok
+}
+
+func (k *kernel) Update(ctx context.Context, u backend.Unit, prev backend.Prev[int], c backend.Change) (backend.Step[int], error) {
+	from, desired := c.From, c.To
 	k.enter("update", u)
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -103,6 +146,9 @@ func (k *kernel) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[in
 	k.lastPre = prev
 	if k.applyErr != nil {
 		return backend.Step[int]{ReadBack: true, Unsure: k.unsure}, k.applyErr
+	}
+	if err := k.refused(desired); err != nil {
+		return backend.Step[int]{ReadBack: true}, err
 	}
 	k.held[u] = desired.RuleCount()
 	k.gen++
@@ -167,7 +213,7 @@ func equalCalls(got map[string]int, want ...string) bool {
 
 func TestDriverTrustVerifyAndStamps(t *testing.T) {
 	k := newKernel()
-	d := backend.NewDriver[int](k, k.generation, slog.New(slog.DiscardHandler))
+	d := backend.New[int](k, k.generation, slog.New(slog.DiscardHandler))
 	a, b := ruleset("a", 1, 1), ruleset("b", 1, 1)
 	for _, step := range []struct {
 		name string
@@ -188,13 +234,13 @@ func TestDriverTrustVerifyAndStamps(t *testing.T) {
 		{"Trust of an equal ruleset does nothing", func() backend.Result { return mustReconcile(t, d, ruleset("a", 2, 1), backend.Trust) }, nil, backend.Result{}},
 		{"a change Update does not make goes to Apply", func() backend.Result { return mustReconcile(t, d, ruleset("a", 2, 2), backend.Trust) }, []string{"update", "apply"}, backend.Result{Applied: true, ReadBack: true}},
 	} {
-		if res, calls := step.do(), k.take(); res != step.res || !equalCalls(calls, step.want...) {
+		if res, calls := step.do(), k.take(); !reflect.DeepEqual(res, step.res) || !equalCalls(calls, step.want...) {
 			t.Fatalf("%s: result %+v, want %+v; calls %v, want %v", step.name, res, step.res, calls, step.want)
 		}
 	}
 	k.foreign()
 	k.take()
-	if res := mustReconcile(t, d, b, backend.Verify); res != (backend.Result{ReadBack: true}) || !equalCalls(k.take(), "matches") {
+	if res := mustReconcile(t, d, b, backend.Verify); !reflect.DeepEqual(res, backend.Result{ReadBack: true}) || !equalCalls(k.take(), "matches") {
 		t.Fatalf("Verify after a foreign commit: %+v; want a read-back only", res)
 	}
 	k.tamper(backend.Unit{Fix: "b", Family: rules.IPv4})
@@ -210,7 +256,7 @@ func TestDriverTrustVerifyAndStamps(t *testing.T) {
 // nothing but our own commits changed the kernel since the record last matched it.
 func TestDriverUpdateExact(t *testing.T) {
 	k := newKernel()
-	d := backend.NewDriver[int](k, k.generation, slog.New(slog.DiscardHandler))
+	d := backend.New[int](k, k.generation, slog.New(slog.DiscardHandler))
 	n, chains := 1, 1
 	update := func() backend.Prev[int] {
 		t.Helper()
@@ -249,7 +295,7 @@ func TestDriverUpdateExact(t *testing.T) {
 
 func TestDriverStaleUpdateAndFailedApply(t *testing.T) {
 	k := newKernel()
-	d := backend.NewDriver[int](k, k.generation, slog.New(slog.DiscardHandler))
+	d := backend.New[int](k, k.generation, slog.New(slog.DiscardHandler))
 	ctx := context.Background()
 	mustReconcile(t, d, ruleset("a", 1, 1), backend.Trust)
 	k.stale = true
@@ -264,7 +310,7 @@ func TestDriverStaleUpdateAndFailedApply(t *testing.T) {
 	}
 	k.applyErr = nil
 	k.take()
-	if res := mustReconcile(t, d, ruleset("a", 2, 1), backend.Trust); res != (backend.Result{}) || len(k.take()) != 0 {
+	if res := mustReconcile(t, d, ruleset("a", 2, 1), backend.Trust); !reflect.DeepEqual(res, backend.Result{}) || len(k.take()) != 0 {
 		t.Fatalf("after a failed Apply, the recorded ruleset: %+v; want nothing done", res)
 	}
 	// One that is Unsure drops it: the next reconcile reads the kernel.
@@ -281,7 +327,7 @@ func TestDriverStaleUpdateAndFailedApply(t *testing.T) {
 
 func TestDriverRemoveAndAbsence(t *testing.T) {
 	k := newKernel()
-	d := backend.NewDriver[int](k, k.generation, slog.New(slog.DiscardHandler))
+	d := backend.New[int](k, k.generation, slog.New(slog.DiscardHandler))
 	ctx := context.Background()
 	mustReconcile(t, d, ruleset("a", 1, 1), backend.Trust)
 	k.take()
@@ -305,7 +351,7 @@ func TestDriverRemoveAndAbsence(t *testing.T) {
 	if res := remove(backend.Verify); !res.ReadBack || res.Applied || !equalCalls(k.take(), "remove") {
 		t.Fatalf("Verify removal after a foreign commit: %+v; want a look", res)
 	}
-	if _, ok := d.Record(backend.Unit{Fix: "a", Family: rules.IPv4}); ok {
+	if _, ok := record(d, backend.Unit{Fix: "a", Family: rules.IPv4}); ok {
 		t.Error("a removed unit still has a record")
 	}
 }
@@ -314,7 +360,7 @@ func TestDriverRemoveAndAbsence(t *testing.T) {
 // blocked unit's record is read meanwhile.
 func TestDriverBlockedUnitDelaysNoOther(t *testing.T) {
 	k := newKernel()
-	d := backend.NewDriver[int](k, k.generation, slog.New(slog.DiscardHandler))
+	d := backend.New[int](k, k.generation, slog.New(slog.DiscardHandler))
 	a := backend.Unit{Fix: "a", Family: rules.IPv4}
 	mustReconcile(t, d, ruleset("a", 1, 1), backend.Trust)
 	entered, release := make(chan struct{}), make(chan struct{})
@@ -336,7 +382,7 @@ func TestDriverBlockedUnitDelaysNoOther(t *testing.T) {
 		defer close(others)
 		mustReconcile(t, d, ruleset("b", 1, 1), backend.Trust)
 		mustReconcile(t, d, ruleset("b", 2, 1), backend.Verify)
-		if n, ok := d.Record(a); !ok || n != 1 {
+		if n, ok := record(d, a); !ok || n != 1 {
 			t.Errorf("record of the blocked unit: %d, %v; want its last one (1 rule)", n, ok)
 		}
 	}()
@@ -349,7 +395,7 @@ func TestDriverBlockedUnitDelaysNoOther(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := d.Record(a); n != 2 {
+	if n, _ := record(d, a); n != 2 {
 		t.Errorf("record after the blocked change: %d rules, want 2", n)
 	}
 }
@@ -360,7 +406,7 @@ func TestDriverBlockedUnitDelaysNoOther(t *testing.T) {
 // error and leaves no record.
 func TestDriverInterference(t *testing.T) {
 	k := newKernel()
-	d := backend.NewDriver[int](k, k.generation, slog.New(slog.DiscardHandler))
+	d := backend.New[int](k, k.generation, slog.New(slog.DiscardHandler))
 	u := backend.Unit{Fix: "a", Family: rules.IPv4}
 	races := 0
 	k.race = func(v backend.Unit) {
@@ -392,7 +438,7 @@ func TestDriverInterference(t *testing.T) {
 	if !errors.Is(err, backend.ErrInterfered) || !equalCalls(k.take(), "update", "apply", "apply") {
 		t.Fatalf("interfered with twice: %v; want ErrInterfered after two applies", err)
 	}
-	if _, ok := d.Record(u); ok {
+	if _, ok := record(d, u); ok {
 		t.Error("a record survived a second interference")
 	}
 	if res := mustReconcile(t, d, ruleset("a", 3, 2), backend.Trust); !res.Applied || !equalCalls(k.take(), "apply") || held() != 3 {

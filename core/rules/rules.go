@@ -351,6 +351,10 @@ type Ruleset struct {
 	Family Family
 	Chains []Chain
 	Maps   []Map
+	// Revision identifies this content for the (fix, family): the engine gives every computation
+	// of a fix's rules a new one, so a backend knows a ruleset it reconciled before without
+	// comparing it. 0: none (compared by content). Fixes leave it unset.
+	Revision uint64
 }
 
 // RuleCount is the number of kernel rules the ruleset stands for, counting each map entry once.
@@ -621,18 +625,6 @@ func ClampsToPMTUFrom(h Hook) bool {
 	return h == "" || h == Forward || h == Output || h == Postrouting
 }
 
-// EntriesEqual reports whether a and b hold the same entries in the same order. One slice (a
-// fix.ServiceMap result that did not change) is recognised without looking at the entries.
-func EntriesEqual(a, b []MapEntry) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	if len(a) == 0 || &a[0] == &b[0] {
-		return true
-	}
-	return slices.Equal(a, b)
-}
-
 // SameExceptEntries reports whether rs and o differ at most in the entries of their maps.
 func (rs *Ruleset) SameExceptEntries(o *Ruleset) bool {
 	if rs.Fix != o.Fix || rs.Family != o.Family || len(rs.Maps) != len(o.Maps) || !reflect.DeepEqual(rs.Chains, o.Chains) {
@@ -668,14 +660,14 @@ func (rs *Ruleset) Clone() *Ruleset {
 	return &out
 }
 
-// Equal reports whether rs and o are the same ruleset. It costs no more than a walk of the entries,
-// and nothing for entries that are one slice.
+// Equal reports whether rs and o are the same ruleset (Revision aside). It costs a walk of the
+// entries: a caller that knows nothing changed says so with Revision.
 func (rs *Ruleset) Equal(o *Ruleset) bool {
 	if !rs.SameExceptEntries(o) {
 		return false
 	}
 	for i := range rs.Maps {
-		if !EntriesEqual(rs.Maps[i].Entries, o.Maps[i].Entries) {
+		if !slices.Equal(rs.Maps[i].Entries, o.Maps[i].Entries) {
 			return false
 		}
 	}

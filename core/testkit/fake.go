@@ -14,7 +14,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
-// FakeBackend is an in-memory backend.Backend that validates what it is given as strictly as a kernel
+// FakeBackend is an in-memory backend that validates what it is given as strictly as a kernel
 // would, applies atomically and dumps deterministically. It is safe for concurrent use.
 //
 // Beyond rules.Ruleset.Validate it rejects: a chain name another fix already uses in the same family
@@ -22,20 +22,31 @@ import (
 // DNAT reachable from a hook other than prerouting/output, masquerade reachable from a hook other
 // than postrouting, and a path-MTU MSS clamp reachable from a hook before the routing decision. A rejected Apply leaves the state unchanged.
 //
-// It runs on the production reconcile driver (backend.Driver), like the real backends, and its
-// operations take the Driver's every branch: Trust takes the record for the state and applies
-// nothing when the desired ruleset equals it; a change goes through Update, which the fake refuses
-// as stale (backend.ErrStale) when Tamper changed the objects behind the record, so the Driver
-// applies in full; Verify first "reads back" (counted by ReadBacks) and repairs what Tamper
-// changed. With UseGeneration the fake numbers its commits like the nf_tables generation, so a
-// Verify while nothing else committed proves "unchanged" without a read-back, and Tamper moves it;
-// InterfereAfterApply makes someone change the objects right after our commit (the read-back finds
-// it: backend.ErrInterfered, and the Driver applies once more).
+// It is the production Backend, backend.Driver, over the fake's operations (fakeOps): the same
+// code the kernel backends run, every branch of it. Trust takes the record for the state and
+// applies nothing when the desired ruleset equals it; a change of map entries goes through Update,
+// which the fake refuses as stale (backend.ErrStale) when Tamper changed the objects behind the
+// record, so the Driver applies in full; a change of chains Update declines (DeclinedUpdates), as
+// the kernel backends decline a change they have no cheap way for; Verify first "reads back"
+// (counted by ReadBacks) and repairs what Tamper changed. With UseGeneration the fake numbers its
+// commits like the nf_tables generation, so a Verify while nothing else committed proves
+// "unchanged" without a read-back, and Tamper moves it; InterfereAfterApply makes someone change
+// the objects right after our commit (the read-back finds it: backend.ErrInterfered, and the Driver
+// applies once more); RejectObject makes the "kernel" refuse an object's entries (the Driver leaves
+// them out and reports them: backend.Result.Rejected). An Update whose record (the ruleset last
+// reconciled, which the Driver keeps without copying its entries) no longer equals what the fake
+// holds fails: the caller modified the entries of a slice it had handed over.
 //
 // Counters behave like kernel rule counters: every successful apply of (fix, family) resets them to
 // zero (the chains are rewritten); SetCounter stands in for traffic.
 type FakeBackend struct {
-	driver     *backend.Driver[struct{}]
+	*backend.Driver[struct{}]
+	k *fakeOps
+}
+
+// fakeOps are the fake's backend.Ops over its in-memory state. Without UseGeneration every Verify
+// reads back (Matches).
+type fakeOps struct {
 	mu         sync.Mutex
 	state      map[fakeKey]*rules.Ruleset
 	counters   map[fakeKey]map[string]backend.Counter
@@ -46,11 +57,13 @@ type FakeBackend struct {
 	applies    int
 	failed     int
 	reads      int
+	declined   int
+	stale      int // Updates refused as stale
 	// gen counts the commits (ours, and Tamper's), read by the Driver when useGen is set.
-	stale     int // Updates refused as stale
 	gen       uint32
 	useGen    bool
 	interfere map[fakeKey]int // changes right after our next commits (InterfereAfterApply)
+	refuse    map[string]bool // objects whose entries the "kernel" refuses (RejectObject)
 }
 
 type fakeKey = backend.Unit
@@ -59,20 +72,20 @@ var _ backend.Backend = (*FakeBackend)(nil)
 
 // NewFakeBackend returns an empty FakeBackend.
 func NewFakeBackend() *FakeBackend {
-	f := &FakeBackend{
+	k := &fakeOps{
 		state:     map[fakeKey]*rules.Ruleset{},
 		counters:  map[fakeKey]map[string]backend.Counter{},
 		tampered:  map[fakeKey]bool{},
 		interfere: map[fakeKey]int{},
+		refuse:    map[string]bool{},
 	}
-	f.driver = backend.NewDriver[struct{}](fakeOps{f}, f.generation, slog.New(slog.DiscardHandler))
-	return f
+	return &FakeBackend{Driver: backend.New[struct{}](k, k.generation, slog.New(slog.DiscardHandler)), k: k}
 }
 
 var errNoGeneration = errors.New("fake: no generation (UseGeneration)")
 
 // generation is the fake's nf_tables generation: none unless UseGeneration.
-func (f *FakeBackend) generation() (uint32, error) {
+func (f *fakeOps) generation() (uint32, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.useGen {
@@ -84,50 +97,57 @@ func (f *FakeBackend) generation() (uint32, error) {
 // UseGeneration makes the fake number its commits as the nf_tables generation does: a Verify while
 // the generation has not moved since the record was stamped reads nothing back.
 func (f *FakeBackend) UseGeneration() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.useGen = true
+	f.k.mu.Lock()
+	defer f.k.mu.Unlock()
+	f.k.useGen = true
 }
 
 // InterfereAfterApply makes someone change the objects of (fix, family) right after each of our
 // next n commits there (a flush between our commit and its read-back): the read-back finds it.
 func (f *FakeBackend) InterfereAfterApply(fix string, family rules.Family, n int) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.interfere[fakeKey{Fix: fix, Family: family}] = n
+	f.k.mu.Lock()
+	defer f.k.mu.Unlock()
+	f.k.interfere[fakeKey{Fix: fix, Family: family}] = n
+}
+
+// RejectObject makes the fake refuse, as a kernel refuses a rule it cannot take, every ruleset with
+// a map entry of object (its Comment), until AcceptObject.
+func (f *FakeBackend) RejectObject(object string) {
+	f.k.mu.Lock()
+	defer f.k.mu.Unlock()
+	f.k.refuse[object] = true
+}
+
+// AcceptObject undoes RejectObject.
+func (f *FakeBackend) AcceptObject(object string) {
+	f.k.mu.Lock()
+	defer f.k.mu.Unlock()
+	delete(f.k.refuse, object)
 }
 
 // Name is "fake".
-func (f *FakeBackend) Name() string { return "fake" }
+func (f *fakeOps) Name() string { return "fake" }
 
 // Render validates rs and returns Format(rs).
-func (f *FakeBackend) Render(rs *rules.Ruleset) (string, error) {
+func (f *fakeOps) Render(rs *rules.Ruleset) (string, error) {
 	if err := checkRuleset(rs); err != nil {
 		return "", err
 	}
 	return Format(rs), nil
 }
 
-// Reconcile validates desired and makes the fake hold it for (fix, family) through the production
-// driver (backend.Driver), so fix tests run the contract the real backends run. A nil desired
-// removes (fix, family).
-func (f *FakeBackend) Reconcile(ctx context.Context, fix string, family rules.Family, desired *rules.Ruleset, mode backend.Mode) (backend.Result, error) {
+// Begin runs the OnReconcile hook.
+func (f *fakeOps) Begin(ctx context.Context, u backend.Unit, mode backend.Mode) error {
 	f.mu.Lock()
 	hook := f.hook
 	f.mu.Unlock()
 	if hook != nil {
-		if err := hook(ctx, fix, family, mode); err != nil {
-			return backend.Result{}, err
-		}
+		return hook(ctx, u.Fix, u.Family, mode)
 	}
-	return f.driver.Reconcile(ctx, fix, family, desired, mode)
+	return nil
 }
 
-// fakeOps are the fake's backend.Ops. Without UseGeneration every Verify reads back (Matches).
-type fakeOps struct{ f *FakeBackend }
-
-func (o fakeOps) Matches(ctx context.Context, u backend.Unit, _ struct{}) (bool, error) {
-	f := o.f
+func (f *fakeOps) Matches(ctx context.Context, u backend.Unit, _ struct{}) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := ctx.Err(); err != nil {
@@ -137,21 +157,33 @@ func (o fakeOps) Matches(ctx context.Context, u backend.Unit, _ struct{}) (bool,
 	return !f.tampered[fakeKey(u)], nil
 }
 
-// Update makes the change from the record without reading: refused as stale (nothing changed) when
-// Tamper changed the objects behind the record, as a kernel refuses a delete of what is gone.
-func (o fakeOps) Update(_ context.Context, u backend.Unit, _ backend.Prev[struct{}], _, desired *rules.Ruleset) (backend.Step[struct{}], error) {
-	f := o.f
+// Update makes a change of map entries from the record without reading. It is refused as stale
+// (nothing changed) when Tamper changed the objects behind the record, as a kernel refuses a delete
+// of what is gone, and when the "kernel" refuses the new entries; otherwise it declines a change of
+// chains.
+func (f *fakeOps) Update(_ context.Context, u backend.Unit, _ backend.Prev[struct{}], c backend.Change) (backend.Step[struct{}], error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.tampered[fakeKey(u)] {
+	k := fakeKey(u)
+	if held := f.state[k]; held != nil && !f.tampered[k] && !held.Equal(c.From) {
+		return backend.Step[struct{}]{}, fmt.Errorf("fake: the record of %s is not what was applied: the entries of a ruleset handed to Reconcile were modified after", u)
+	}
+	if f.tampered[k] {
 		f.stale++
 		return backend.Step[struct{}]{}, backend.ErrStale
 	}
-	return f.commit(u, desired, true)
+	if c.Chains {
+		f.declined++
+		return backend.Step[struct{}]{}, nil
+	}
+	if f.refused(c.To) != nil {
+		f.stale++
+		return backend.Step[struct{}]{}, backend.ErrStale
+	}
+	return f.commit(u, c.To, true)
 }
 
-func (o fakeOps) Apply(ctx context.Context, u backend.Unit, _ backend.Prev[struct{}], desired *rules.Ruleset) (backend.Step[struct{}], error) {
-	f := o.f
+func (f *fakeOps) Apply(ctx context.Context, u backend.Unit, _ backend.Prev[struct{}], desired *rules.Ruleset) (backend.Step[struct{}], error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := ctx.Err(); err != nil {
@@ -160,9 +192,34 @@ func (o fakeOps) Apply(ctx context.Context, u backend.Unit, _ backend.Prev[struc
 	return f.commit(u, desired, false)
 }
 
+// Check says whether Apply would take desired, changing nothing.
+func (f *fakeOps) Check(_ context.Context, _ backend.Unit, desired *rules.Ruleset) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := checkRuleset(desired); err != nil {
+		return err
+	}
+	return f.refused(desired)
+}
+
+// refused is the "kernel's" refusal of rs's entries (RejectObject). Call with f.mu held.
+func (f *fakeOps) refused(rs *rules.Ruleset) error {
+	if len(f.refuse) == 0 {
+		return nil
+	}
+	for _, m := range rs.Maps {
+		for _, e := range m.Entries {
+			if f.refuse[e.Comment] {
+				return fmt.Errorf("fake: map %s entry %s (%s): %w", m.Name, e.Key(), e.Comment, backend.ErrRejected)
+			}
+		}
+	}
+	return nil
+}
+
 // commit writes desired for u (counted by ApplyCalls) as one commit; its read-back (Step.Finish)
 // finds what InterfereAfterApply scripted. Call with f.mu held.
-func (f *FakeBackend) commit(u backend.Unit, desired *rules.Ruleset, update bool) (backend.Step[struct{}], error) {
+func (f *fakeOps) commit(u backend.Unit, desired *rules.Ruleset, update bool) (backend.Step[struct{}], error) {
 	f.applies++
 	if err := f.apply(desired); err != nil {
 		f.failed++
@@ -182,8 +239,7 @@ func (f *FakeBackend) commit(u backend.Unit, desired *rules.Ruleset, update bool
 	return step, nil
 }
 
-func (o fakeOps) Remove(ctx context.Context, u backend.Unit, _ backend.Prev[struct{}]) (backend.Step[struct{}], error) {
-	f := o.f
+func (f *fakeOps) Remove(ctx context.Context, u backend.Unit, _ backend.Prev[struct{}]) (backend.Step[struct{}], error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	k := fakeKey(u)
@@ -197,11 +253,14 @@ func (o fakeOps) Remove(ctx context.Context, u backend.Unit, _ backend.Prev[stru
 	return backend.Step[struct{}]{Applied: there, Commits: boolInt(there)}, nil
 }
 
-func (f *FakeBackend) apply(rs *rules.Ruleset) error {
+func (f *fakeOps) apply(rs *rules.Ruleset) error {
 	if f.applyErr != nil {
 		return f.applyErr
 	}
 	if err := checkRuleset(rs); err != nil {
+		return err
+	}
+	if err := f.refused(rs); err != nil {
 		return err
 	}
 	k := fakeKey{Fix: rs.Fix, Family: rs.Family}
@@ -233,74 +292,73 @@ func (f *FakeBackend) apply(rs *rules.Ruleset) error {
 // test can block one fix, slow down a Verify or fail one (fix, family). A non-nil error fails that
 // Reconcile; nil hook removes it.
 func (f *FakeBackend) OnReconcile(hook func(ctx context.Context, fix string, family rules.Family, mode backend.Mode) error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.hook = hook
+	f.k.mu.Lock()
+	defer f.k.mu.Unlock()
+	f.k.hook = hook
 }
 
 // StaleRefusals counts the changes built from the record that the fake refused (backend.ErrStale)
 // because Tamper had changed the objects behind it.
 func (f *FakeBackend) StaleRefusals() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.stale
+	f.k.mu.Lock()
+	defer f.k.mu.Unlock()
+	return f.k.stale
 }
 
 // ReadBacks counts the Verify reconciles that read the state back.
 func (f *FakeBackend) ReadBacks() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.reads
+	f.k.mu.Lock()
+	defer f.k.mu.Unlock()
+	return f.k.reads
 }
 
 // ErrNotApplied is returned by Counters for a (fix, family) that holds nothing.
 var ErrNotApplied = errors.New("nothing applied")
 
-// Counters returns the named counters of the applied ruleset of (fix, family).
-func (f *FakeBackend) Counters(ctx context.Context, fix string, family rules.Family) (map[string]backend.Counter, error) {
+// Counters returns the named counters of the applied ruleset of the unit.
+func (f *fakeOps) Counters(_ context.Context, u backend.Unit, _ struct{}, _ bool) (map[string]backend.Counter, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.counterErr != nil {
 		return nil, f.counterErr
 	}
-	cs, ok := f.counters[fakeKey{Fix: fix, Family: family}]
+	cs, ok := f.counters[u]
 	if !ok {
-		return nil, fmt.Errorf("fake: counters of %s/%s: %w", fix, family, ErrNotApplied)
+		return nil, fmt.Errorf("fake: counters of %s/%s: %w", u.Fix, u.Family, ErrNotApplied)
 	}
 	return maps.Clone(cs), nil
 }
 
 // Cleanup removes everything.
-func (f *FakeBackend) Cleanup(ctx context.Context) error {
+func (f *fakeOps) Cleanup(context.Context) error {
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	clear(f.state)
 	clear(f.counters)
 	clear(f.tampered)
-	f.mu.Unlock()
-	f.driver.Forget(nil)
 	return nil
 }
 
 // SetApplyError makes every following apply fail with err (nil restores normal behaviour).
 func (f *FakeBackend) SetApplyError(err error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.applyErr = err
+	f.k.mu.Lock()
+	defer f.k.mu.Unlock()
+	f.k.applyErr = err
 }
 
 // SetCountersError makes every following Counters call fail with err (nil restores it).
 func (f *FakeBackend) SetCountersError(err error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.counterErr = err
+	f.k.mu.Lock()
+	defer f.k.mu.Unlock()
+	f.k.counterErr = err
 }
 
 // SetCounter sets a counter of the applied ruleset of (fix, family), as traffic would. It fails when
 // the applied ruleset has no rule with that Counter name.
 func (f *FakeBackend) SetCounter(fix string, family rules.Family, name string, c backend.Counter) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	cs, ok := f.counters[fakeKey{Fix: fix, Family: family}]
+	f.k.mu.Lock()
+	defer f.k.mu.Unlock()
+	cs, ok := f.k.counters[fakeKey{Fix: fix, Family: family}]
 	if !ok {
 		return fmt.Errorf("fake: %s/%s: %w", fix, family, ErrNotApplied)
 	}
@@ -315,10 +373,10 @@ func (f *FakeBackend) SetCounter(fix string, family rules.Family, name string, c
 // the generation): the next Verify reconcile finds it and repairs it, and a change built from the
 // record is refused as stale.
 func (f *FakeBackend) Tamper(fix string, family rules.Family) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.tampered[fakeKey{Fix: fix, Family: family}] = true
-	f.gen++
+	f.k.mu.Lock()
+	defer f.k.mu.Unlock()
+	f.k.tampered[fakeKey{Fix: fix, Family: family}] = true
+	f.k.gen++
 }
 
 func boolInt(b bool) int {
@@ -328,25 +386,33 @@ func boolInt(b bool) int {
 	return 0
 }
 
+// DeclinedUpdates counts the changes that the fake's Update declined (a change of chains, not of
+// map entries), which the Driver then applied in full.
+func (f *FakeBackend) DeclinedUpdates() int {
+	f.k.mu.Lock()
+	defer f.k.mu.Unlock()
+	return f.k.declined
+}
+
 // ApplyCalls counts the applies that Reconcile attempted (rulesets written), failed ones included.
 func (f *FakeBackend) ApplyCalls() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.applies
+	f.k.mu.Lock()
+	defer f.k.mu.Unlock()
+	return f.k.applies
 }
 
 // FailedApplies counts attempted applies that failed.
 func (f *FakeBackend) FailedApplies() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.failed
+	f.k.mu.Lock()
+	defer f.k.mu.Unlock()
+	return f.k.failed
 }
 
 // Ruleset returns a copy of what (fix, family) holds, or nil.
 func (f *FakeBackend) Ruleset(fix string, family rules.Family) *rules.Ruleset {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	rs, ok := f.state[fakeKey{Fix: fix, Family: family}]
+	f.k.mu.Lock()
+	defer f.k.mu.Unlock()
+	rs, ok := f.k.state[fakeKey{Fix: fix, Family: family}]
 	if !ok {
 		return nil
 	}
@@ -356,9 +422,9 @@ func (f *FakeBackend) Ruleset(fix string, family rules.Family) *rules.Ruleset {
 // Dump returns everything the fake holds, sorted by fix and family, each in Format's notation.
 // An empty fake dumps as "".
 func (f *FakeBackend) Dump() string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	keys := slices.Collect(maps.Keys(f.state))
+	f.k.mu.Lock()
+	defer f.k.mu.Unlock()
+	keys := slices.Collect(maps.Keys(f.k.state))
 	slices.SortFunc(keys, func(a, b fakeKey) int {
 		if c := strings.Compare(a.Fix, b.Fix); c != 0 {
 			return c
@@ -370,7 +436,7 @@ func (f *FakeBackend) Dump() string {
 		if i > 0 {
 			b.WriteString("\n")
 		}
-		b.WriteString(Format(f.state[k]))
+		b.WriteString(Format(f.k.state[k]))
 	}
 	return b.String()
 }

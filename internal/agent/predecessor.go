@@ -101,7 +101,7 @@ func NewTakeover(be backend.Backend, e *engine.Engine, cfg *config.Config, ev Ev
 	if l, ok := be.(interface{ Current() backend.Backend }); ok {
 		be = l.Current()
 	}
-	pc, _ := be.(PredecessorCleaner)
+	pc, _ := backend.As[PredecessorCleaner](be)
 	base := takeover{families: cfg.ParsedFamilies(), statuses: e.Statuses, takenOver: ev.Recorder.PredecessorTakenOver, log: log}
 	t := &Takeover{base: base, wake: make(chan struct{}, 1)}
 	if pc != nil || lo.Clean != nil {

@@ -3,13 +3,18 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
+
+// revisions numbers the computed rulesets (rules.Ruleset.Revision) of every engine in the process.
+var revisions atomic.Uint64
 
 // syncOnceWait bounds how long SyncOnce waits for the inputs it started to list.
 const syncOnceWait = 10 * time.Second
@@ -34,7 +39,7 @@ func (e *Engine) SyncOnce(ctx context.Context, full bool) (failed bool) {
 	}
 	for _, u := range e.units {
 		e.mu.Lock()
-		run := e.wantedLocked(u) || (full && !u.removed)
+		run := e.wantedLocked(u) || (full && !u.reverted)
 		e.mu.Unlock()
 		if run && e.pass(ctx, u, full) != nil {
 			failed = true
@@ -49,10 +54,10 @@ func (e *Engine) pass(ctx context.Context, u *unit, full bool) error {
 	u.run.Lock()
 	defer u.run.Unlock()
 	e.mu.Lock()
-	wanted, removed := e.wantedLocked(u), u.removed
+	wanted, reverted := e.wantedLocked(u), u.reverted
 	e.mu.Unlock()
 	if !wanted {
-		if removed {
+		if reverted {
 			return nil
 		}
 		return e.remove(ctx, u)
@@ -93,8 +98,11 @@ func (e *Engine) sync(ctx context.Context, u *unit, full bool) (err error) {
 	}
 	res, err := e.be.Reconcile(ctx, id, fam, rs, mode)
 	if err != nil {
+		e.report(u, report)
 		return err
 	}
+	report = withRejected(report, res.Rejected)
+	e.report(u, report)
 	if res.Repaired {
 		e.log.Warn("rules changed behind our back; restored them", "fix", id, "family", fam)
 		e.m.Repairs.WithLabelValues(id, bname, string(fam)).Inc()
@@ -113,10 +121,24 @@ func (e *Engine) sync(ctx context.Context, u *unit, full bool) (err error) {
 	return nil
 }
 
+// withRejected is r with the objects whose rules the kernel refused as skips (they got no rules).
+func withRejected(r fix.Report, rejected []backend.Rejection) fix.Report {
+	if len(rejected) == 0 {
+		return r
+	}
+	r.Skipped = slices.Clone(r.Skipped)
+	for _, x := range rejected {
+		r.Skipped = append(r.Skipped, fix.Skip{Object: x.Object, Reason: backend.ReasonRejected, Detail: x.Detail})
+	}
+	r.Covered = max(0, r.Covered-len(rejected))
+	return r
+}
+
 // computeRules returns the unit's ruleset for what its fix's inputs hold now. Rules is pure, so when
 // neither those inputs' revisions nor the configuration changed since the unit's last successful
-// computation, that result is returned as it was: a periodic Verify of an idle node costs no
-// computation over every Service (nor the garbage it would leave). Call with u.run held.
+// computation, that result is returned as it was (with its Revision: the backend knows it without
+// comparing): a periodic Verify of an idle node costs no computation over every Service (nor the
+// garbage it would leave). Every new computation gets a new Revision. Call with u.run held.
 func (e *Engine) computeRules(u *unit) (*rules.Ruleset, fix.Report, error) {
 	version := revision(u.st.reads) // read before the snapshot: the snapshot is at least this new
 	e.mu.Lock()
@@ -130,7 +152,9 @@ func (e *Engine) computeRules(u *unit) (*rules.Ruleset, fix.Report, error) {
 	if err != nil {
 		return nil, fix.Report{}, err
 	}
-	e.report(u, report)
+	if rs != nil {
+		rs.Revision = revisions.Add(1)
+	}
 	u.computed = computed{valid: true, version: version, cfgGen: cfgGen, rs: rs, report: report}
 	return rs, report, nil
 }
@@ -223,7 +247,9 @@ func (e *Engine) remove(ctx context.Context, u *unit) error {
 		if err = u.st.act.Revert(ctx); err != nil {
 			err = fmt.Errorf("revert: %w", err)
 		}
-	} else if _, err = e.be.Reconcile(ctx, id, u.family, nil, backend.Verify); err != nil {
+	} else if _, err = e.be.Reconcile(ctx, id, u.family, nil, backend.Trust); err != nil {
+		// Trust: the backend (its Driver) is the one that knows a unit is already empty, and
+		// then does nothing.
 		err = fmt.Errorf("remove: %w", err)
 	} else {
 		e.m.Rules.WithLabelValues(id, e.be.Name(), string(u.family)).Set(0)
@@ -235,9 +261,11 @@ func (e *Engine) remove(ctx context.Context, u *unit) error {
 		e.log.Error("cannot remove what a disabled fix left; retrying", "fix", id, "family", u.family, "err", err)
 		return err
 	}
-	e.mu.Lock()
-	u.removed = true
-	e.mu.Unlock()
+	if u.st.act != nil {
+		e.mu.Lock()
+		u.reverted = true
+		e.mu.Unlock()
+	}
 	return nil
 }
 

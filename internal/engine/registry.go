@@ -46,7 +46,9 @@ type unit struct {
 	lastOK  time.Time
 	lastErr error
 	everOK  bool // synced successfully since it became wanted
-	removed bool // an unwanted unit whose rules are known to be gone
+	// reverted: an unwanted Actuator's Revert succeeded. A rule unit has no such mark: its
+	// backend knows when it holds nothing (a removal of an empty unit does nothing).
+	reverted bool
 	skipSig string
 	// waiting: wanted, but the watches its fix reads have not synced; it does nothing meanwhile and
 	// its fix counts as not running (nnm_fix_enabled 0).
@@ -212,7 +214,7 @@ func (e *Engine) evaluateLocked() {
 		st.enabled = enabled
 		for i, u := range st.units {
 			if e.wantedLocked(u) {
-				u.removed = false
+				u.reverted = false
 				if !wasWanted[i] && len(st.reads) > 0 {
 					// Until its worker has seen the watches synced, the unit does nothing.
 					u.waiting = true
