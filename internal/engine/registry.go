@@ -49,7 +49,7 @@ type unit struct {
 	// reverted: an unwanted Actuator's Revert succeeded. A rule unit has no such mark: its
 	// backend knows when it holds nothing (a removal of an empty unit does nothing).
 	reverted bool
-	skipSig string
+	skipSig  string
 	// waiting: wanted, but the watches its fix reads have not synced; it does nothing meanwhile and
 	// its fix counts as not running (nnm_fix_enabled 0).
 	waiting bool
