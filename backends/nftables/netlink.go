@@ -229,6 +229,11 @@ func encodeEntry(e rules.MapEntry) (key, val []byte, err error) {
 	if !ok {
 		return nil, nil, fmt.Errorf("map entry %s: unknown protocol", e.Key())
 	}
+	if e.Addr.Zone() != "" || e.To.Addr().Zone() != "" {
+		// The binary form has no zone, and nft refuses one: the text transaction (the fallback)
+		// then names the entry, where netlink would drop the zone and Verify never match.
+		return nil, nil, fmt.Errorf("map entry %s -> %s: an address with a zone", e.Key(), e.To)
+	}
 	to := e.To.Port()
 	if to == 0 {
 		to = e.Port

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
@@ -172,8 +173,9 @@ type Rejection struct {
 //
 // Rejected objects: when the kernel refuses an Apply's content (ErrRejected), the Driver finds the
 // objects the refused rules come from by asking Ops.Check about the ruleset without halves of them
-// (nothing is changed while it searches), applies the rest, and reports them in Result.Rejected
-// until their entries change.
+// (nothing is changed while it searches), applies the rest, and reports them in Result.Rejected:
+// changes made from the record leave them out while their entries stay the same; a full apply (a
+// repair, a dropped record) tries them again.
 type Driver[R any] struct {
 	ops Ops[R]
 	gen nfgen.Func
@@ -406,7 +408,8 @@ func (d *Driver[R]) apply(ctx context.Context, u Unit, st *unitState[R], desired
 		res.Rejected = rejections(v.rejected)
 		return res, nil
 	}
-	// Objects the kernel refused stay out while their entries are what was refused.
+	// Objects the kernel refused stay out of changes built from the record while their entries
+	// are what was refused.
 	o := outcome{asked: desired, applied: desired}
 	if len(v.rejected) > 0 {
 		o.applied, o.rejected = carry(desired, v.rejected)
@@ -439,6 +442,10 @@ func (d *Driver[R]) apply(ctx context.Context, u Unit, st *unitState[R], desired
 			res.Repaired, trusted = true, false
 			v.rec, v.known = step.Rec, true // names the objects the update made
 		}
+	}
+	if !trusted {
+		// A full apply tries every object again: what the kernel refused may be taken now.
+		o = outcome{asked: desired, applied: desired}
 	}
 	return d.applyFull(ctx, u, st, o, Prev[R]{Rec: v.rec, Known: v.known, Trusted: trusted}, g0, genOK, res)
 }
@@ -595,6 +602,31 @@ func (d *Driver[R]) isolate(ctx context.Context, u Unit, rs *rules.Ruleset, caus
 		}
 		return nil, nil, err
 	}
+	// The tools name the line they refused, and our lines carry the object's name (a rule's or an
+	// element's comment): when the rest is taken without the objects the message names, only
+	// those are searched.
+	suspects := objs
+	if named := namedIn(cause.Error(), objs); len(named) > 0 && len(named) < len(objs) {
+		isNamed := map[string]bool{}
+		for _, o := range named {
+			isNamed[o] = true
+		}
+		var rest []string
+		for _, o := range objs {
+			if !isNamed[o] {
+				rest = append(rest, o)
+			}
+		}
+		switch err := check(rest); {
+		case err == nil:
+			for _, o := range rest {
+				good[o] = true
+			}
+			suspects = named
+		case !errors.Is(err, ErrRejected):
+			return nil, nil, err
+		}
+	}
 	var bad []rejected
 	var search func(s []string) error
 	search = func(s []string) error {
@@ -616,7 +648,7 @@ func (d *Driver[R]) isolate(ctx context.Context, u Unit, rs *rules.Ruleset, caus
 		}
 		return search(s[len(s)/2:])
 	}
-	if err := search(objs); err != nil {
+	if err := search(suspects); err != nil {
 		return nil, nil, fmt.Errorf("%w (looking for the objects the kernel refused: %v)", cause, err)
 	}
 	if len(bad) == 0 {
@@ -624,6 +656,19 @@ func (d *Driver[R]) isolate(ctx context.Context, u Unit, rs *rules.Ruleset, caus
 	}
 	slices.SortFunc(bad, func(a, b rejected) int { return cmp.Compare(a.Object, b.Object) })
 	return without(rs, func(o string) bool { return !good[o] }), bad, nil
+}
+
+// namedIn lists the objects whose names msg contains (at most a few: a message names a line).
+func namedIn(msg string, objs []string) []string {
+	var out []string
+	for _, o := range objs {
+		if strings.Contains(msg, o) {
+			if out = append(out, o); len(out) > 8 {
+				return nil
+			}
+		}
+	}
+	return out
 }
 
 // drop forgets the unit's record: the next reconcile reads the kernel.

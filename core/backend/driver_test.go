@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"reflect"
 	"sync"
 	"testing"
@@ -132,6 +133,9 @@ func (k *kernel) Update(ctx context.Context, u backend.Unit, prev backend.Prev[i
 	}
 	if len(from.Chains) != len(desired.Chains) {
 		return backend.Step[int]{}, nil // not a change Update makes
+	}
+	if k.refused(desired) != nil {
+		return backend.Step[int]{}, backend.ErrStale
 	}
 	n := desired.RuleCount()
 	k.held[u] = n
@@ -443,5 +447,86 @@ func TestDriverInterference(t *testing.T) {
 	}
 	if res := mustReconcile(t, d, ruleset("a", 3, 2), backend.Trust); !res.Applied || !equalCalls(k.take(), "apply") || held() != 3 {
 		t.Fatalf("the reconcile after: %+v, kernel holds %d; want an apply of 3 rules", res, held())
+	}
+}
+
+// withEntries is ruleset(fix, 1, 1) with a map holding one entry per object.
+func withEntries(fix string, objects ...string) *rules.Ruleset {
+	rs := ruleset(fix, 1, 1)
+	m := rules.Map{Name: "m"}
+	for _, o := range objects {
+		i := o[len(o)-1] // the address follows the object's name
+		m.Entries = append(m.Entries, rules.MapEntry{Addr: netip.AddrFrom4([4]byte{192, 0, 2, i}), Protocol: rules.TCP, Port: 80,
+			To: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, i}), 80), Comment: o})
+	}
+	rs.Maps = []rules.Map{m}
+	return rs
+}
+
+// An Apply the kernel refuses for one object's entries: the Driver finds the object with Check
+// alone (nothing applied meanwhile), applies the rest, and reports it while it is refused; a change
+// from the record leaves it out without a search; a changed entry of it is tried again.
+func TestDriverIsolatesRejectedObjects(t *testing.T) {
+	k := newKernel()
+	d := backend.New[int](k, k.generation, slog.New(slog.DiscardHandler))
+	objs := []string{"ns/a", "ns/b", "ns/c", "ns/d", "ns/e"}
+	k.refuse["ns/d"] = true
+	res := mustReconcile(t, d, withEntries("f", objs...), backend.Trust)
+	calls := k.take()
+	if !reflect.DeepEqual(res.Rejected, []backend.Rejection{{Object: "ns/d", Detail: "entry of ns/d: " + backend.ErrRejected.Error()}}) {
+		t.Fatalf("rejected %+v; want ns/d", res.Rejected)
+	}
+	if calls["apply"] != 2 || calls["check"] == 0 {
+		t.Fatalf("calls %v; want the refused apply, checks, and one apply of the rest", calls)
+	}
+	if n := k.held[backend.Unit{Fix: "f", Family: rules.IPv4}]; n != 1+4 {
+		t.Fatalf("the kernel holds %d rules; want the chain's and 4 entries", n)
+	}
+	// Unchanged: nothing done, still reported.
+	if res := mustReconcile(t, d, withEntries("f", objs...), backend.Trust); len(res.Rejected) != 1 || len(k.take()) != 0 {
+		t.Fatalf("unchanged: %+v", res)
+	}
+	// Another object goes: an Update without ns/d, no search.
+	res = mustReconcile(t, d, withEntries("f", "ns/a", "ns/b", "ns/d", "ns/e"), backend.Trust)
+	if calls := k.take(); len(res.Rejected) != 1 || !equalCalls(calls, "update") {
+		t.Fatalf("a change beside the refused object: %+v, calls %v; want one update", res, calls)
+	}
+	// Its entry changes (the address moves) and is taken now.
+	delete(k.refuse, "ns/d")
+	changed := withEntries("f", "ns/a", "ns/b", "ns/d", "ns/e")
+	changed.Maps[0].Entries[2].Port = 8080
+	if res := mustReconcile(t, d, changed, backend.Trust); len(res.Rejected) != 0 {
+		t.Fatalf("the changed object: %+v", res)
+	}
+	// Refused even without any object: the unit's error, nothing isolated.
+	k.take()
+	k.applyErr = fmt.Errorf("chain: %w", backend.ErrRejected)
+	if _, err := d.Reconcile(context.Background(), "g", rules.IPv4, withEntries("g", "ns/x"), backend.Trust); !errors.Is(err, backend.ErrRejected) {
+		t.Fatalf("a refusal of the chains: %v", err)
+	}
+}
+
+// A ruleset with the Revision the unit was last reconciled with is unchanged without a look at its
+// content; one without a Revision is compared by content.
+func TestDriverRevision(t *testing.T) {
+	k := newKernel()
+	d := backend.New[int](k, k.generation, slog.New(slog.DiscardHandler))
+	rs := withEntries("f", "ns/a")
+	rs.Revision = 7
+	mustReconcile(t, d, rs, backend.Trust)
+	k.take()
+	same := withEntries("f", "ns/a", "ns/b") // different content, the same revision: trusted
+	same.Revision = 7
+	if res := mustReconcile(t, d, same, backend.Trust); res.Applied || len(k.take()) != 0 {
+		t.Fatalf("the same revision: %+v; want nothing done", res)
+	}
+	same.Revision = 0
+	if res := mustReconcile(t, d, same, backend.Trust); !res.Applied {
+		t.Fatalf("no revision, other content: %+v; want it applied", res)
+	}
+	k.take()
+	again := withEntries("f", "ns/a", "ns/b")
+	if res := mustReconcile(t, d, again, backend.Trust); res.Applied || len(k.take()) != 0 {
+		t.Fatalf("no revision, equal content: %+v; want nothing done", res)
 	}
 }

@@ -3,12 +3,16 @@ package testkit_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/fixes/invaliddrop"
+	"github.com/network-node-manager/network-node-manager/fixes/ipvsexternalipdnat"
 )
 
 // The fake runs the production Driver over operations that take each of its branches; these tests
@@ -101,5 +105,78 @@ func TestFakeInterferenceIsAppliedAgain(t *testing.T) {
 	}
 	if ok, err := testkit.InSync(ctx, e.Backend, rs); !ok || err != nil {
 		t.Fatalf("after it: in sync %v, %v", ok, err)
+	}
+}
+
+// Declined-update branch: a change of chains (not of map entries) is one the fake's Update does
+// not make, as a kernel backend's Update declines a change it has no cheap way for; the Driver
+// applies it in full, and a change of entries after it goes through Update again.
+func TestFakeDeclinedUpdateIsAppliedInFull(t *testing.T) {
+	ctx := context.Background()
+	e := testkit.NewFixEnv(t, invaliddrop.New, nil)
+	e.Sync(nil, rules.IPv4)
+	applies := e.Backend.ApplyCalls()
+	want := rulesOf(t, map[string]any{"protocols": []any{"tcp"}})
+	if err := testkit.Change(ctx, e.Backend, want); err != nil {
+		t.Fatal(err)
+	}
+	if e.Backend.DeclinedUpdates() != 1 || e.Backend.ApplyCalls() != applies+1 || e.Backend.StaleRefusals() != 0 {
+		t.Fatalf("declined %d, applies %d, stale %d; want the Update declined once and one full apply",
+			e.Backend.DeclinedUpdates(), e.Backend.ApplyCalls()-applies, e.Backend.StaleRefusals())
+	}
+	if got := testkit.Format(e.Backend.Ruleset(invaliddrop.ID, rules.IPv4)); got != testkit.Format(want) {
+		t.Fatalf("the fake holds\n%s\nwant\n%s", got, testkit.Format(want))
+	}
+}
+
+// Rejected objects: the "kernel" refuses one Service's entries; the fix's other Service is
+// programmed, the refused one is a skip (backend.ReasonRejected) naming it, in the report the fix
+// observes; once accepted it is programmed.
+func TestFakeRejectedObjectIsSkipped(t *testing.T) {
+	e := testkit.NewFixEnv(t, ipvsexternalipdnat.New, nil)
+	snap := testkit.Snapshot(testkit.WithNode(testkit.Node("node-a", testkit.PodCIDRs("10.244.1.0/24"))), testkit.WithServices(
+		testkit.Service("default", "web", testkit.ClusterIPs("10.96.0.10"), testkit.LoadBalancer("203.0.113.10"), testkit.Ports(testkit.Named("http", testkit.TCP(80)))),
+		testkit.Service("tenant", "bad", testkit.ClusterIPs("10.96.0.11"), testkit.LoadBalancer("203.0.113.11"), testkit.Ports(testkit.Named("http", testkit.TCP(80)))),
+	))
+	e.Backend.RejectObject("tenant/bad:http")
+	_, report := e.Sync(snap, rules.IPv4)
+	held := testkit.Format(e.Backend.Ruleset(ipvsexternalipdnat.ID, rules.IPv4))
+	if !strings.Contains(held, "default/web:http") || strings.Contains(held, "tenant/bad") {
+		t.Fatalf("the fake holds\n%s\nwant default/web's entry and not tenant/bad's", held)
+	}
+	var skips []fix.Skip
+	for _, s := range report.Skipped {
+		if s.Reason == backend.ReasonRejected {
+			skips = append(skips, s)
+		}
+	}
+	if len(skips) != 1 || skips[0].Object != "tenant/bad:http" || !strings.Contains(skips[0].Detail, "tenant/bad") {
+		t.Fatalf("skips %+v; want one %s skip naming tenant/bad:http", report.Skipped, backend.ReasonRejected)
+	}
+	e.Backend.AcceptObject("tenant/bad:http")
+	// The refused entries are unchanged: they stay out until they change or the record is dropped.
+	e.Backend.Tamper(ipvsexternalipdnat.ID, rules.IPv4)
+	if _, report := e.Sync(snap, rules.IPv4); len(report.Skipped) != 0 {
+		t.Fatalf("after the repair: skips %+v", report.Skipped)
+	}
+	if held := testkit.Format(e.Backend.Ruleset(ipvsexternalipdnat.ID, rules.IPv4)); !strings.Contains(held, "tenant/bad:http") {
+		t.Fatalf("the accepted object is not programmed:\n%s", held)
+	}
+}
+
+// The Driver keeps the entries of the ruleset it reconciled without copying them; a caller that
+// modifies them afterwards is caught by the fake's next Update.
+func TestFakeModifiedEntriesFail(t *testing.T) {
+	ctx := context.Background()
+	e := testkit.NewFixEnv(t, ipvsexternalipdnat.New, nil)
+	snap := testkit.Snapshot(testkit.WithNode(testkit.Node("node-a", testkit.PodCIDRs("10.244.1.0/24"))), testkit.WithServices(
+		testkit.Service("default", "web", testkit.ClusterIPs("10.96.0.10"), testkit.LoadBalancer("203.0.113.10"), testkit.Ports(testkit.TCP(80)))))
+	rs, _ := e.Sync(snap, rules.IPv4)
+	rs.Maps[0].Entries[0].Port = 81 // modified in place, after the reconcile
+	next := rs.Clone()
+	next.Maps[0].Entries = append(slices.Clone(rs.Maps[0].Entries), rs.Maps[0].Entries[0])
+	next.Maps[0].Entries[1].Port = 82
+	if err := testkit.Change(ctx, e.Backend, next); err == nil || !strings.Contains(err.Error(), "modified") {
+		t.Fatalf("a change after the caller modified the reconciled entries: %v; want it refused", err)
 	}
 }

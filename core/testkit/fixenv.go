@@ -120,7 +120,8 @@ func (e *FixEnv[F]) ruleFix() fix.RuleFix {
 
 // Sync does what the engine does for a RuleFix in one family: it asks for the rules of snap (nil: an
 // empty snapshot), makes the fake backend hold them (nothing, for a nil ruleset), checking the
-// kernel first, and hands the report to the fix's Observe, if it has one.
+// kernel first, and hands the report to the fix's Observe, if it has one, with the objects the
+// backend refused (FakeBackend.RejectObject) as skips.
 func (e *FixEnv[F]) Sync(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.Report) {
 	e.tb.Helper()
 	if snap == nil {
@@ -132,14 +133,16 @@ func (e *FixEnv[F]) Sync(snap *fix.Snapshot, family rules.Family) (*rules.Rulese
 		e.tb.Fatalf("%s: Rules(%s): %v", rf.ID(), family, err)
 	}
 	ctx := context.Background()
+	var res backend.Result
 	if rs == nil {
-		err = Remove(ctx, e.Backend, rf.ID(), family)
+		res, err = e.Backend.Reconcile(ctx, rf.ID(), family, nil, backend.Verify)
 	} else {
-		err = Apply(ctx, e.Backend, rs)
+		res, err = Verify(ctx, e.Backend, rs)
 	}
 	if err != nil {
 		e.tb.Fatalf("the fake backend rejected the %s rules: %v\n%s", family, err, Format(rs))
 	}
+	report = report.WithRejected(res.Rejected)
 	if o, ok := any(e.Fix).(fix.Observer); ok {
 		o.Observe(ctx, family, report)
 	}

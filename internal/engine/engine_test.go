@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -37,6 +38,9 @@ type countFix struct {
 	optErr    error
 	observed  int
 	computed  int // Rules calls
+	// entries: the Services' Cluster-IPs go to a map, one entry each, named after the Service
+	// (what a kernel refusal isolates), instead of one rule each.
+	entries bool
 }
 
 func (f *countFix) ID() string                       { return f.id }
@@ -55,16 +59,26 @@ func (f *countFix) Rules(snap *fix.Snapshot, fam rules.Family) (*rules.Ruleset, 
 	}
 	c := rules.Chain{Name: "T-" + strings.ToUpper(f.id), Type: rules.Filter, Hook: rules.Input}
 	rep := fix.Report{}
+	m := rules.Map{Name: "m"}
 	for _, s := range services.Table.Get(snap) {
 		for _, a := range s.ClusterIPs {
 			if !fam.Contains(a) {
 				continue
 			}
-			c.Rules = append(c.Rules, rules.Rule{Match: rules.Match{DstAddr: a}, Verdict: rules.Verdict{Kind: rules.Drop}})
+			if f.entries {
+				m.Entries = append(m.Entries, rules.MapEntry{Addr: a, Protocol: rules.TCP, Port: 80, To: netip.AddrPortFrom(a, 80), Comment: s.Key()})
+			} else {
+				c.Rules = append(c.Rules, rules.Rule{Match: rules.Match{DstAddr: a}, Verdict: rules.Verdict{Kind: rules.Drop}})
+			}
 			rep.Covered++
 		}
 	}
-	return &rules.Ruleset{Fix: f.id, Family: fam, Chains: []rules.Chain{c}}, rep, nil
+	rs := &rules.Ruleset{Fix: f.id, Family: fam, Chains: []rules.Chain{c}}
+	if f.entries {
+		c.Rules = append(c.Rules, rules.Rule{Match: rules.Match{Lookup: m.Name}, Verdict: rules.Verdict{Kind: rules.Drop}})
+		rs.Chains, rs.Maps = []rules.Chain{c}, []rules.Map{m}
+	}
+	return rs, rep, nil
 }
 
 // testOptions fills what o leaves unset with what most tests want: a fake backend, an empty

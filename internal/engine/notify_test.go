@@ -5,11 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/config"
 )
@@ -134,3 +139,46 @@ func TestNotifierHearsLifecycle(t *testing.T) {
 		t.Fatalf("re-enabled: got %q, want %q (a new first sync)", got, want)
 	}
 }
+
+// An object whose rules the kernel refuses (the fake's RejectObject) is a skip like a fix's own:
+// nnm_fix_objects_skipped{reason="rejected-by-kernel"} and one ObjectSkipped naming it, not one per
+// pass; the fix's other objects are programmed.
+func TestRejectedObjectIsSkipped(t *testing.T) {
+	f := &countFix{id: "count", defaultOn: true, entries: true}
+	h := newHarness(t, nil, f)
+	rec := &skipNotifier{}
+	h.e.notify = rec
+	h.be.RejectObject("default/b")
+	h.src.set(svc("a", "10.96.0.1"), svc("b", "10.96.0.2"))
+	ctx := context.Background()
+	for range 3 {
+		if h.e.SyncOnce(ctx, true) {
+			t.Fatal("a pass failed")
+		}
+	}
+	if got := rec.skips; len(got) != 1 || got[0].Object != "default/b" || got[0].Reason != fix.ReasonRejected {
+		t.Fatalf("ObjectSkipped %+v; want one for default/b", got)
+	}
+	if v := testutil.ToFloat64(h.m.Skipped.WithLabelValues("count", "ipv4", fix.ReasonRejected)); v != 1 {
+		t.Fatalf("nnm_fix_objects_skipped = %v, want 1", v)
+	}
+	held := testkit.Format(h.be.Ruleset("count", rules.IPv4))
+	if !strings.Contains(held, "default/a") || strings.Contains(held, "default/b") {
+		t.Fatalf("the backend holds\n%s\nwant default/a's entry only", held)
+	}
+	// The object changes and is taken: programmed, the skip gone.
+	h.be.AcceptObject("default/b")
+	h.src.set(svc("a", "10.96.0.1"), svc("b", "10.96.0.3"))
+	h.e.SyncOnce(ctx, false)
+	if v := testutil.ToFloat64(h.m.Skipped.WithLabelValues("count", "ipv4", fix.ReasonRejected)); v != 0 {
+		t.Fatalf("after the object changed: nnm_fix_objects_skipped = %v, want 0", v)
+	}
+}
+
+// skipNotifier records the skips it hears.
+type skipNotifier struct {
+	nopNotifier
+	skips []fix.Skip
+}
+
+func (r *skipNotifier) ObjectSkipped(_, _ string, s fix.Skip) { r.skips = append(r.skips, s) }

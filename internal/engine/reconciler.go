@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -101,7 +100,7 @@ func (e *Engine) sync(ctx context.Context, u *unit, full bool) (err error) {
 		e.report(u, report)
 		return err
 	}
-	report = withRejected(report, res.Rejected)
+	report = report.WithRejected(res.Rejected)
 	e.report(u, report)
 	if res.Repaired {
 		e.log.Warn("rules changed behind our back; restored them", "fix", id, "family", fam)
@@ -119,19 +118,6 @@ func (e *Engine) sync(ctx context.Context, u *unit, full bool) (err error) {
 		o.Observe(ctx, fam, report)
 	}
 	return nil
-}
-
-// withRejected is r with the objects whose rules the kernel refused as skips (they got no rules).
-func withRejected(r fix.Report, rejected []backend.Rejection) fix.Report {
-	if len(rejected) == 0 {
-		return r
-	}
-	r.Skipped = slices.Clone(r.Skipped)
-	for _, x := range rejected {
-		r.Skipped = append(r.Skipped, fix.Skip{Object: x.Object, Reason: backend.ReasonRejected, Detail: x.Detail})
-	}
-	r.Covered = max(0, r.Covered-len(rejected))
-	return r
 }
 
 // computeRules returns the unit's ruleset for what its fix's inputs hold now. Rules is pure, so when
