@@ -405,6 +405,11 @@ func (d *Driver[R]) apply(ctx context.Context, u Unit, st *unitState[R], desired
 	}
 	if trusted && v.same(desired) {
 		d.log.Debug("rules unchanged", "fix", u.Fix, "family", u.Family, "mode", mode)
+		if desired.Revision != v.rev {
+			d.mu.Lock()
+			st.rev = desired.Revision // equal by content: the next pass knows it by the revision
+			d.mu.Unlock()
+		}
 		res.Rejected = rejections(v.rejected)
 		return res, nil
 	}
@@ -417,7 +422,7 @@ func (d *Driver[R]) apply(ctx context.Context, u Unit, st *unitState[R], desired
 	if trusted {
 		c := diff(v.applied, o.applied)
 		if c.None() {
-			d.set(st, v.rec, o, v.stamp)
+			d.set(st, v.rec, o.cloned(), v.stamp)
 			res.Rejected = rejections(o.rejected)
 			return res, nil
 		}
@@ -717,13 +722,19 @@ func (d *Driver[R]) finish(ctx context.Context, st *unitState[R], o outcome, ste
 	case ok1 && ok2 && g1 == g2:
 		stamp = nfgen.At(g2, true)
 	}
+	d.set(st, rec, o.cloned(), stamp)
+	return nil
+}
+
+// cloned is o with copies of its rulesets that the caller cannot change (their map entries aside:
+// see Backend.Reconcile).
+func (o outcome) cloned() outcome {
 	applied := o.applied.Clone()
 	asked := applied
 	if o.asked != o.applied {
 		asked = o.asked.Clone()
 	}
-	d.set(st, rec, outcome{asked, applied, o.rejected}, stamp)
-	return nil
+	return outcome{asked, applied, o.rejected}
 }
 
 func (d *Driver[R]) remove(ctx context.Context, u Unit, st *unitState[R], mode Mode) (Result, error) {
