@@ -358,16 +358,10 @@ func (d *Driver[R]) view(st *unitState[R]) view[R] {
 	return view[R]{st.rec, st.known, st.asked, st.applied, st.rev, st.rejected, st.stamp, st.absent}
 }
 
-// same says whether desired is what the unit was last reconciled with: the same revision (no look
-// at the entries), or, without one, equal content.
+// same says whether desired is what the unit was last reconciled with by its revision, without a
+// look at its content (without one, apply compares the content: diff).
 func (v *view[R]) same(desired *rules.Ruleset) bool {
-	if v.asked == nil {
-		return false
-	}
-	if desired.Revision != 0 && desired.Revision == v.rev {
-		return true
-	}
-	return v.asked.Equal(desired)
+	return v.asked != nil && desired.Revision != 0 && desired.Revision == v.rev
 }
 
 func rejections(rs []rejected) []Rejection {
@@ -405,11 +399,6 @@ func (d *Driver[R]) apply(ctx context.Context, u Unit, st *unitState[R], desired
 	}
 	if trusted && v.same(desired) {
 		d.log.Debug("rules unchanged", "fix", u.Fix, "family", u.Family, "mode", mode)
-		if desired.Revision != v.rev {
-			d.mu.Lock()
-			st.rev = desired.Revision // equal by content: the next pass knows it by the revision
-			d.mu.Unlock()
-		}
 		res.Rejected = rejections(v.rejected)
 		return res, nil
 	}
@@ -422,6 +411,8 @@ func (d *Driver[R]) apply(ctx context.Context, u Unit, st *unitState[R], desired
 	if trusted {
 		c := diff(v.applied, o.applied)
 		if c.None() {
+			// Equal by content: recorded with desired's revision, which the next pass knows.
+			d.log.Debug("rules unchanged", "fix", u.Fix, "family", u.Family, "mode", mode)
 			d.set(st, v.rec, o.cloned(), v.stamp)
 			res.Rejected = rejections(o.rejected)
 			return res, nil
