@@ -97,7 +97,7 @@ func main() {
 		}
 	}
 	if o.write {
-		if err := writeBenchmarks(o.bench, text); err != nil {
+		if err := writeBenchmarks(o.bench, o.svg, text); err != nil {
 			fail(err)
 		}
 		if err := os.WriteFile(o.svg, []byte(plot(cells)), 0o644); err != nil {

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -171,7 +172,8 @@ const (
 	sectionEnd   = "<!-- bench-datapath: end -->"
 )
 
-func writeBenchmarks(path, text string) error {
+// writeBenchmarks puts text and a link to the plot svg (beside path) between the section's lines.
+func writeBenchmarks(path, svg, text string) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return err
@@ -183,7 +185,7 @@ func writeBenchmarks(path, text string) error {
 	}
 	var out bytes.Buffer
 	out.Write(before)
-	out.WriteString(sectionBegin + "\n\n" + text + "\n" + sectionEnd)
+	out.WriteString(sectionBegin + "\n\n![p50 first-packet latency against map entries](" + filepath.Base(svg) + ")\n\n" + text + "\n" + sectionEnd)
 	out.Write(after)
 	return os.WriteFile(path, out.Bytes(), 0o644)
 }
