@@ -54,7 +54,22 @@ type connLimiter struct {
 	mu       sync.Mutex
 	conns    map[*trackedConn]struct{}
 	bySource map[netip.Prefix]int
+	// closed counts, per closeReason, the connections closed at a cap (guarded by mu).
+	closed [closeReasons]uint64
 }
+
+// closeReason is why the limiter closed a connection at a cap (label of
+// nnm_server_connections_closed_total).
+type closeReason int
+
+const (
+	closedSourceCap   closeReason = iota // a new connection of a source at MaxConnsPerSource
+	closedListenerCap                    // a new connection at MaxConns, nothing to evict for it
+	closedEvicted                        // an idle connection closed to admit a new one
+	closeReasons
+)
+
+var closeReasonNames = [closeReasons]string{"source-cap", "listener-cap", "evicted"}
 
 func newConnLimiter(ln net.Listener, max, perSource int) *connLimiter {
 	return &connLimiter{Listener: ln, max: max, perSource: perSource,
@@ -117,14 +132,17 @@ func (l *connLimiter) admit(c *trackedConn) (evict *trackedConn, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.perSource > 0 && l.bySource[c.source] >= l.perSource {
+		l.closed[closedSourceCap]++
 		return nil, false
 	}
 	if l.max > 0 && len(l.conns) >= l.max {
 		evict = l.victim()
 		if evict == nil || l.bySource[evict.source] < l.bySource[c.source]+2 {
+			l.closed[closedListenerCap]++
 			return nil, false
 		}
 		l.drop(evict)
+		l.closed[closedEvicted]++
 	}
 	c.counted = true
 	l.conns[c] = struct{}{}
@@ -156,6 +174,13 @@ func (l *connLimiter) Held() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.conns)
+}
+
+// stats is Held and the closed counts, read at once.
+func (l *connLimiter) stats() (held int, closed [closeReasons]uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.conns), l.closed
 }
 
 type connKey struct{}

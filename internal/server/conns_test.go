@@ -1,8 +1,17 @@
 package server
 
 import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
 	"net/netip"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/network-node-manager/network-node-manager/core/testkit"
 )
 
 // One IPv6 /64 is one source; an IPv4 address (also written IPv4-mapped) is one source.
@@ -22,4 +31,94 @@ func TestSource(t *testing.T) {
 	if got := sourceOf("not an address"); got.IsValid() {
 		t.Errorf("sourceOf(garbage) = %s, want the zero prefix", got)
 	}
+}
+
+// TestConnectionMetrics: nnm_server_connections{listener} follows the connections each listener
+// holds, and nnm_server_connections_closed_total{listener,reason} counts those closed at a cap: a
+// source at its cap, and idle ones evicted for a new source at the listener's cap.
+func TestConnectionMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s := New(Options{MetricsAddress: "127.0.0.1:0", HealthzAddress: "127.0.0.1:0",
+		Limits: Limits{MaxConns: 4, MaxConnsPerSource: 3, ReadHeaderTimeout: time.Minute, IdleTimeout: time.Minute, ReadTimeout: time.Minute, WriteTimeout: time.Minute, MaxHeaderBytes: 4 << 10}},
+		reg, Checks{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(context.Background())
+	value := func(name string, labels ...string) float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != name {
+				continue
+			}
+		metric:
+			for _, m := range mf.GetMetric() {
+				for i := 0; i < len(labels); i += 2 {
+					found := false
+					for _, lp := range m.GetLabel() {
+						found = found || (lp.GetName() == labels[i] && lp.GetValue() == labels[i+1])
+					}
+					if !found {
+						continue metric
+					}
+				}
+				if g := m.GetGauge(); g != nil {
+					return g.GetValue()
+				}
+				return m.GetCounter().GetValue()
+			}
+		}
+		t.Fatalf("no %s%v", name, labels)
+		return 0
+	}
+	dialN := func(addr string, n int) []net.Conn {
+		var cs []net.Conn
+		for range n {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs = append(cs, c)
+		}
+		return cs
+	}
+	until := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: never", what)
+			}
+		}
+	}
+	// Five idle connections from 127.0.0.1 to the probe listener: three held, two refused.
+	conns := dialN(s.HealthzAddr(), 5)
+	until("3 held", func() bool {
+		return value("nnm_server_connections", "listener", "healthz") == 3 &&
+			value("nnm_server_connections_closed_total", "listener", "healthz", "reason", "source-cap") == 2
+	})
+	if v := value("nnm_server_connections", "listener", "metrics"); v != 0 {
+		t.Errorf("metrics listener holds %v connections, want 0", v)
+	}
+	// Another source (127.0.0.2) fills the listener's cap and then evicts an idle one of 127.0.0.1.
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	for range 2 {
+		c, err := d.Dial("tcp", s.HealthzAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	until("one evicted", func() bool {
+		return value("nnm_server_connections", "listener", "healthz") == 4 &&
+			value("nnm_server_connections_closed_total", "listener", "healthz", "reason", "evicted") == 1
+	})
+	for _, c := range conns {
+		c.Close()
+	}
+	until("all closed", func() bool { return value("nnm_server_connections", "listener", "healthz") == 0 })
+	testkit.Promlint(t, reg)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/internal/errtree"
 )
 
@@ -105,6 +106,11 @@ func New(opts Options, reg *prometheus.Registry, checks Checks, log *slog.Logger
 	probes.HandleFunc("/livez", probe("/livez", checks.Alive, log))
 
 	s := &Server{log: log}
+	if reg != nil {
+		if err := reg.Register(connCollector{s}); err != nil {
+			log.Warn("cannot register the server's connection metrics", "err", err)
+		}
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", metricsH)
 	if opts.HealthzAddress == "" {
@@ -191,6 +197,38 @@ func (s *Server) HealthzAddr() string { return s.healthz.address() }
 // Conns is the number of connections the metrics and the probe listener hold (0 for one not
 // started).
 func (s *Server) Conns() (metrics, healthz int) { return s.metrics.held(), s.healthz.held() }
+
+// Connection metrics of the listeners, named as kube-proxy and the agent name theirs
+// (<namespace>_<subsystem>_<what>, _total for counters).
+var (
+	connsDesc = prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "server", "connections"),
+		"Connections the listener holds (accepted and not closed): against its maxConns cap.", []string{"listener"}, nil)
+	connsClosedDesc = prometheus.NewDesc(prometheus.BuildFQName(metrics.Namespace, "server", "connections_closed_total"),
+		"Connections the listener closed at a cap: source-cap (a new one of a source at maxConnsPerSource), listener-cap (a new one at maxConns), evicted (an idle one closed to admit a new one).",
+		[]string{"listener", "reason"}, nil)
+)
+
+// connCollector exports the listeners' connection figures at each scrape (read under the limiter's
+// lock, so a scrape costs no more than a probe).
+type connCollector struct{ s *Server }
+
+func (c connCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- connsDesc
+	ch <- connsClosedDesc
+}
+
+func (c connCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, l := range []*listener{c.s.metrics, c.s.healthz} {
+		if l == nil || l.conns == nil {
+			continue
+		}
+		held, closed := l.conns.stats()
+		ch <- prometheus.MustNewConstMetric(connsDesc, prometheus.GaugeValue, float64(held), l.name)
+		for r, n := range closed {
+			ch <- prometheus.MustNewConstMetric(connsClosedDesc, prometheus.CounterValue, float64(n), l.name, closeReasonNames[r])
+		}
+	}
+}
 
 func (l *listener) held() int {
 	if l == nil || l.conns == nil {
