@@ -509,7 +509,9 @@ func (n *node) fixPresent(fixID, family string) error {
 		table = "nat"
 		chains = map[string]string{"PREROUTING": "NNM-EXTIP-PREROUTING", "OUTPUT": "NNM-EXTIP-OUTPUT"}
 		chains["POSTROUTING"] = "NNM-EXTIP-POSTROUTING"
-		want = []string{"-A NNM-EXTIP-POSTROUTING", "-j MASQUERADE", "-A NNM-EXTIP-OUTPUT"}
+		// POSTROUTING's rules are dispatch rules per bucket of entries (masquerade by the
+		// connection's original destination): without an entry the chain is empty.
+		want = []string{":NNM-EXTIP-POSTROUTING", "-A NNM-EXTIP-OUTPUT"}
 	}
 	out, err := agenttest.IptablesSave(ctx, n.ns.Name, n.variant, family, table)
 	if err != nil {
