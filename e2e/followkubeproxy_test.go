@@ -19,7 +19,7 @@ import (
 // a ProxyModeChanged Event is posted on the Node, and Service traffic through kube-proxy still works.
 // Sampled every 100 ms from before kube-proxy stops until the iptables chains are gone, invalid-drop
 // is never missing from both backends (longest gap 0 samples). The IPVS → nftables restart, where
-// ipvs-externalip-dnat must go, needs IP_VS: the VM lane (e2e/vm).
+// ipvs-externalip-dnat must go, needs IP_VS: the VM lane (e2e/vm, TestGuestKubeProxyIPVS/follow/ipvs-to-nftables).
 func TestAgentFollowsKubeProxy(t *testing.T) {
 	require(t)
 	kubeproxytest.Require(t)

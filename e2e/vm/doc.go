@@ -22,6 +22,10 @@
 //     of internal/resettest (an out-of-window segment answered by the node's RST) happens beside
 //     kube-proxy alone, and with the agent (each backend) the segment is dropped and the connection
 //     lives on, counted by nnm_invalid_drop_dropped_packets_total.
+//     follow/ipvs-to-nftables (#40): kube-proxy restarted from IPVS to nftables mode while the agent
+//     runs (`backend: auto`): the External-IP DNAT is refused and removed within one syncPeriod,
+//     invalid-drop moves to the nftables backend and is never missing from both (sampled every
+//     100 ms), the agent is not restarted.
 //     Both families in one run: a dual-stack Node, dual-stack Services and one address plan per
 //     family (plans in host_test.go); the guest's IPv6 addresses exist only inside it.
 //   - dataplane/reset_test.go and dataplane/kubeproxy_test.go (host kernel): the same reset

@@ -19,6 +19,7 @@ package vm
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -28,6 +29,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -385,6 +387,156 @@ func TestGuestKubeProxyIPVS(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("follow/ipvs-to-nftables", func(t *testing.T) {
+		followIPVSToNFTables(t, kp, kubeconfig)
+	})
+}
+
+// followSyncPeriod is the agent's syncPeriod in followIPVSToNFTables (the default).
+const followSyncPeriod = 30 * time.Second
+
+// followIPVSToNFTables (#40): kube-proxy is restarted from IPVS to nftables mode while the agent runs
+// with `proxyMode: auto` and `backend: auto` (so the iptables backend beside IPVS mode, nftables
+// after). Without an agent restart, ipvs-externalip-dnat is refused and its DNAT removed within one
+// syncPeriod of kube-proxy answering nftables; invalid-drop moves to the nftables backend and is
+// never missing from both backends, sampled every 100 ms (or as fast as the emulated guest allows)
+// from before kube-proxy stops until the iptables backend is empty.
+func followIPVSToNFTables(t *testing.T, kp *kubeproxytest.Proxy, kubeconfig string) {
+	agent := agenttest.StartT(t, agenttest.Options{Netns: nodeNetns, Args: []string{
+		"--kubeconfig", kubeconfig, "--node-name", nodeName, "--backend", "auto",
+		"--proxy-mode", "auto", "--pod-cidrs", plans[0].podCIDR + "," + plans[1].podCIDR,
+		"--families", "ipv4,ipv6", "--min-sync-period", "100ms", "--sync-period", followSyncPeriod.String(), "--log-level", "debug",
+	}})
+	agent.WaitReadyT(t, 4*time.Minute)
+	pid := agent.PID()
+	if info := scrape(t, agent).Find("nnm_agent_info", "proxy_mode", "ipvs", "backend", "iptables"); len(info) != 1 {
+		t.Fatalf("before: nnm_agent_info should say ipvs with the iptables backend: %v", scrape(t, agent).Find("nnm_agent_info"))
+	}
+	agenttest.Eventually(t, time.Minute, func() error {
+		for _, p := range plans {
+			if !dnatHeld(p.family) {
+				return fmt.Errorf("%s: no External-IP DNAT of ours in iptables yet", p.family)
+			}
+		}
+		return nil
+	})
+
+	var g struct {
+		sync.Mutex
+		samples, missing, run, longest int
+		first                          string
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	sampling := time.Now()
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			ipt, nft := invalidDropIn("iptables"), false
+			if !ipt {
+				nft = invalidDropIn("nftables")
+			}
+			g.Lock()
+			g.samples++
+			if ipt || nft {
+				g.run = 0
+			} else {
+				g.missing++
+				g.run++
+				g.longest = max(g.longest, g.run)
+				if g.first == "" {
+					g.first = time.Since(sampling).String()
+				}
+			}
+			g.Unlock()
+		}
+	}()
+
+	restart := time.Now()
+	kp.Stop(30 * time.Second)
+	opts := kp.Options()
+	opts.Mode = "nftables"
+	opts.LogFile = ""
+	kp2 := kubeproxytest.StartT(t, opts)
+	kp2.WaitModeT(t, 4*time.Minute)
+	answered := time.Since(restart)
+	var refused time.Duration
+	gone := agenttest.Eventually(t, followSyncPeriod, func() error {
+		for _, p := range plans {
+			if dnatHeld(p.family) {
+				return fmt.Errorf("%s: the External-IP DNAT is still in iptables", p.family)
+			}
+		}
+		if refused == 0 {
+			refused = time.Since(restart)
+		}
+		return nil
+	})
+	took := agenttest.Eventually(t, time.Minute, func() error {
+		if invalidDropIn("iptables") || !invalidDropIn("nftables") {
+			return errors.New("invalid-drop not yet moved to the nftables backend")
+		}
+		return nil
+	})
+	close(stop)
+	wg.Wait()
+	elapsed := time.Since(sampling)
+	t.Logf("kube-proxy IPVS → nftables: /proxyMode answered nftables %v after the stop; the External-IP DNAT was gone %v after the stop (%v after the answer; syncPeriod %v); invalid-drop only in nftables %v after the stop",
+		answered.Round(100*time.Millisecond), refused.Round(100*time.Millisecond), gone.Round(100*time.Millisecond), followSyncPeriod, (answered + gone + took).Round(100*time.Millisecond))
+	t.Logf("invalid-drop (ipv4) through the switch: %d samples in %v (every %v on average; ticker 100 ms), %d without it in either backend, longest gap %d samples",
+		g.samples, elapsed.Round(100*time.Millisecond), (elapsed / time.Duration(max(g.samples, 1))).Round(time.Millisecond), g.missing, g.longest)
+	if g.longest > 0 {
+		t.Errorf("invalid-drop missing from both backends for %d samples in a row (first %s after sampling began)", g.longest, g.first)
+	}
+	m := scrape(t, agent)
+	if info := m.Find("nnm_agent_info", "proxy_mode", "nftables", "proxy_mode_source", "metrics-endpoint", "backend", "nftables"); len(info) != 1 {
+		t.Errorf("after: nnm_agent_info should say nftables with the nftables backend: %v", m.Find("nnm_agent_info"))
+	}
+	if v, ok := m.Value("nnm_fix_refused", "fix", "ipvs-externalip-dnat"); !ok || v != 1 {
+		t.Errorf("nnm_fix_refused{fix=ipvs-externalip-dnat} = %v (present %v), want 1", v, ok)
+	}
+	for _, want := range []string{"kube-proxy mode changed; following it", "kube-proxy's mode changed: fix refused, removing its rules"} {
+		if l := agenttest.Lines(agent.Logs(), want); len(l) == 0 {
+			t.Errorf("the agent log lacks %q", want)
+		} else {
+			t.Logf("logged: %s", l[0])
+		}
+	}
+	if err := agent.Exited(); err != nil || agent.PID() != pid {
+		t.Fatalf("the agent restarted or exited (pid %d → %d): %v", pid, agent.PID(), err)
+	}
+	if err := agent.Stop(agenttest.StopGrace); err != nil {
+		t.Fatal(err)
+	}
+	bin, _ := agenttest.Binary()
+	sh(t, bin, "cleanup")
+}
+
+// dnatHeld reports whether iptables holds our External-IP DNAT chains for family.
+func dnatHeld(family string) bool {
+	save := map[string]string{"ipv4": "iptables-save", "ipv6": "ip6tables-save"}[family]
+	out, err := exec.Command(save, "-t", "nat").Output()
+	return err == nil && strings.Contains(string(out), "-A NNM-EXTIP-")
+}
+
+// invalidDropIn reports whether the backend holds invalid-drop's IPv4 drop: our INPUT chain in
+// iptables, or the fix's table in nftables. It fails nothing: the sampler calls it.
+func invalidDropIn(backend string) bool {
+	if backend == "nftables" {
+		out, err := exec.Command("nft", "list", "table", "ip", "nnm-invalid-drop").Output()
+		return err == nil && strings.Contains(string(out), "ct state invalid") && strings.Contains(string(out), "drop")
+	}
+	out, err := exec.Command("iptables-save", "-t", "mangle").Output()
+	return err == nil && strings.Contains(string(out), "-j NNM-INVALID-INPUT") && strings.Contains(string(out), "--ctstate INVALID")
 }
 
 // scrape reads the agent's /metrics with a one-minute client timeout: under emulation a scrape
