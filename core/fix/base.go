@@ -49,14 +49,18 @@ type Spec[C, S any] struct {
 	// Default returns the configuration used when nothing is set: a new value on every call, as
 	// options are decoded over it. Nil means the zero C.
 	Default func() C
-	// Parse validates a decoded configuration and returns what the fix works with; its errors name
-	// the option (fixes.<id>.<key>). Nil takes C as it is (S must then be C).
+	// Parse validates a decoded configuration and returns what the fix works with; its errors are
+	// OptionErrors naming the option by its key (Invalid, OptionErr), to which Settings adds the
+	// fix's id and the configuration where it was set. Nil takes C as it is (S must then be C).
 	Parse func(C) (S, error)
 	// Reads lists the tables the fix reads (Fix.Reads).
 	Reads []TableRef
 	// DefaultEnabled says whether the fix runs when the configuration does not say (Fix.DefaultEnabled);
 	// nil means it does not.
 	DefaultEnabled func(Env) bool
+	// LegacyEnabledEnv is the predecessor's environment variable that enabled this fix (e.g.
+	// RULE_DROP_INVALID_INPUT_ENABLE), honoured below NNM_FIXES_<ID>_ENABLED; empty for none.
+	LegacyEnabledEnv string
 }
 
 // Base implements Fix (ID, Description, DefaultEnabled, Reads, Configure) from a Spec, holds the

@@ -207,16 +207,30 @@ const StateDir = "/run/network-node-manager"
 //
 //	var Module = fix.Module(spec, New)
 func Module[C, S any, F Fix](spec Spec[C, S], New func(Params) (F, error)) fx.Option {
-	return fx.Module(spec.ID,
+	opts := []fx.Option{
 		fx.Supply(fx.Annotated{Group: "fix-ids", Target: spec.ID}),
 		fx.Provide(fx.Annotate(New, fx.As(new(Fix)), fx.ResultTags(`group:"fixes"`))),
-	)
+	}
+	if spec.LegacyEnabledEnv != "" {
+		opts = append(opts, fx.Supply(fx.Annotated{Group: "fix-legacy-env", Target: Legacy{Fix: spec.ID, Env: spec.LegacyEnabledEnv}}))
+	}
+	return fx.Module(spec.ID, opts...)
 }
 
-// IDs is embedded by constructors that need the registered fix ids (e.g. the config loader).
+// Legacy is an environment variable of the predecessor (Kakao network-node-manager) that sets a
+// fix's enabled (Spec.LegacyEnabledEnv), honoured so that users can migrate without editing their
+// manifests; NNM_FIXES_<ID>_ENABLED wins over it.
+type Legacy struct {
+	Fix string
+	Env string
+}
+
+// IDs is embedded by constructors that need the registered fix ids (e.g. the config loader), and
+// the fixes' legacy variables.
 type IDs struct {
 	fx.In
-	IDs []string `group:"fix-ids"`
+	IDs    []string `group:"fix-ids"`
+	Legacy []Legacy `group:"fix-legacy-env"`
 }
 
 // In is embedded by constructors that receive all registered fixes.
@@ -239,7 +253,7 @@ func Decode(options map[string]any, out any) error {
 	for _, k := range keys {
 		f, ok := fields[NormalizeKey(k)]
 		if !ok {
-			errs = append(errs, &OptionError{Key: k, Problem: UnknownKey("key", k, append([]string{"enabled"}, names...))})
+			errs = append(errs, UnknownOption(k, append([]string{"enabled"}, names...)))
 		} else if p := ValueProblem(options[k], f.Type); p != "" {
 			errs = append(errs, &OptionError{Key: k, Problem: p})
 		}

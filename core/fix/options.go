@@ -1,6 +1,7 @@
 package fix
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"reflect"
@@ -10,15 +11,65 @@ import (
 	"time"
 )
 
-// OptionError is one problem with one option of a fix. Key is the option as it was given; Problem
-// shows the value and says what is accepted, never a Go type name. The core adds the fix id and
-// where the option was set (config.Config.FixError).
+// OptionError is one problem with one option of a fix: the typed form in which option errors
+// travel from a fix to the configuration (errors.As), which adds where the option was set
+// (config.Config.FixError). Key is the option as it was given; Problem shows the value and says what
+// is accepted, never a Go type name.
 type OptionError struct {
+	// Fix is the fix's id; Settings sets it on the errors of a fix's Parse ("" where unknown).
+	Fix string
+	// Key is the option; "" for a problem of the fix's options together (two that contradict).
 	Key     string
 	Problem string
+	// Unknown says Key is no option of the fix (Problem is UnknownKey's); Suggestion is the nearest
+	// option when Key looks like a typo of it.
+	Unknown    bool
+	Suggestion string
 }
 
-func (e *OptionError) Error() string { return e.Key + ": " + e.Problem }
+func (e *OptionError) Error() string {
+	path := e.Key
+	if e.Fix != "" {
+		path = "fixes." + e.Fix
+		if e.Key != "" {
+			path += "." + e.Key
+		}
+	}
+	if path == "" {
+		return e.Problem
+	}
+	return path + ": " + e.Problem
+}
+
+// Invalid is the error a fix's Parse returns for one option it refuses: key is the option's name
+// (mss), the problem shows the value and what is accepted. The configuration names the option with
+// the fix's id and where it was set: "config: fixes.mss-clamp.mss (line 4): 20 is out of range …".
+func Invalid(key, format string, args ...any) error {
+	return &OptionError{Key: key, Problem: fmt.Sprintf(format, args...)}
+}
+
+// OptionErr is err, a problem with option key, as an OptionError (nil stays nil; an OptionError
+// stays as it is). rules.ParseList and rules.ParsePrefixes, called with the option's key, return
+// "key: problem" wrapping the problem: the OptionError's Problem is then what they wrap.
+func OptionErr(key string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var oe *OptionError
+	if errors.As(err, &oe) {
+		return err
+	}
+	problem := err
+	if u := errors.Unwrap(err); u != nil && err.Error() == key+": "+u.Error() {
+		problem = u
+	}
+	return &OptionError{Key: key, Problem: problem.Error()}
+}
+
+// UnknownOption is the OptionError of an option key that is not one of known.
+func UnknownOption(key string, known []string) *OptionError {
+	return &OptionError{Key: key, Problem: UnknownKey("key", key, known), Unknown: true, Suggestion: Nearest(key, known)}
+}
 
 // UnknownKey is the problem text of a key that is not one of known: the nearest known key when one is
 // close (a typo), else the list of accepted keys. The configuration uses it for its own keys too.

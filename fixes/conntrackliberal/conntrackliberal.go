@@ -57,7 +57,7 @@ func New(p fix.Params) (*Fix, error) {
 
 func parse(cfg Config) (Config, error) {
 	if cfg.StateDir != "" && !filepath.IsAbs(cfg.StateDir) {
-		return cfg, fmt.Errorf("fixes.%s.stateDir: %q is not an absolute path", ID, cfg.StateDir)
+		return cfg, fix.Invalid("stateDir", "%q is not an absolute path", cfg.StateDir)
 	}
 	return cfg, nil
 }

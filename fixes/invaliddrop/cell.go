@@ -19,6 +19,8 @@ var spec = fix.Spec[Config, settings]{
 	// modes not at all, and the node's INPUT path is where the RST comes from. It needs no watch:
 	// the rules do not depend on the cluster.
 	DefaultEnabled: func(fix.Env) bool { return true },
+	// The predecessor's variable (Kakao network-node-manager).
+	LegacyEnabledEnv: "RULE_DROP_INVALID_INPUT_ENABLE",
 }
 
 // Config is the fix's configuration (keys under fixes.invalid-drop).

@@ -53,10 +53,10 @@ func New(p fix.Params) (*Fix, error) {
 func parse(cfg Config) (settings, error) {
 	var s settings
 	if len(cfg.Hooks) == 0 {
-		return s, fmt.Errorf("fixes.%s.hooks: must name at least one of input, forward (disable the fix with enabled: false instead)", ID)
+		return s, fix.Invalid("hooks", "must name at least one of input, forward (disable the fix with enabled: false instead)")
 	}
 	var err error
-	s.hooks, err = rules.ParseList("fixes."+ID+".hooks", cfg.Hooks, func(h string) (rules.Hook, error) {
+	s.hooks, err = rules.ParseList("hooks", cfg.Hooks, func(h string) (rules.Hook, error) {
 		hook, err := rules.ParseHook(h)
 		if err != nil || (hook != rules.Input && hook != rules.Forward) {
 			return "", fmt.Errorf("%q is not a valid hook (want input or forward)", h)
@@ -64,11 +64,11 @@ func parse(cfg Config) (settings, error) {
 		return hook, nil
 	})
 	if err != nil {
-		return s, err
+		return s, fix.OptionErr("hooks", err)
 	}
 	// Input before forward, whatever order the config used.
 	slices.SortFunc(s.hooks, func(a, b rules.Hook) int { return hookRank[a] - hookRank[b] })
-	s.protocols, err = rules.ParseList("fixes."+ID+".protocols", cfg.Protocols, func(p string) (rules.Protocol, error) {
+	s.protocols, err = rules.ParseList("protocols", cfg.Protocols, func(p string) (rules.Protocol, error) {
 		proto, err := rules.ParseProtocol(p)
 		if err != nil {
 			return "", fmt.Errorf("%q is not a valid protocol (want tcp, udp or sctp)", p)
@@ -76,11 +76,11 @@ func parse(cfg Config) (settings, error) {
 		return proto, nil
 	})
 	if err != nil {
-		return s, err
+		return s, fix.OptionErr("protocols", err)
 	}
 	slices.Sort(s.protocols)
-	s.exempt, err = rules.ParsePrefixes("fixes."+ID+".exemptSourceCIDRs", "", cfg.ExemptSourceCIDRs)
-	return s, err
+	s.exempt, err = rules.ParsePrefixes("exemptSourceCIDRs", "", cfg.ExemptSourceCIDRs)
+	return s, fix.OptionErr("exemptSourceCIDRs", err)
 }
 
 // Rules returns one mangle chain per configured hook: exemptions first, then the drop. The mangle

@@ -28,6 +28,8 @@ var spec = fix.Spec[Config, Config]{
 	Parse:          validate,
 	Reads:          []fix.TableRef{services.Table, node.Table, node.PodCIDRs, servicecidrs.Table},
 	DefaultEnabled: func(env fix.Env) bool { return env.ProxyMode == "ipvs" },
+	// The predecessor's variable (Kakao network-node-manager).
+	LegacyEnabledEnv: "RULE_EXTERNAL_CLUSTER_ENABLE",
 }
 
 // Config is the fix's configuration (keys under fixes.ipvs-externalip-dnat).

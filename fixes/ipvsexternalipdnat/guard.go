@@ -147,14 +147,14 @@ func (c *cidrSet) contains(a netip.Addr) bool {
 // parseAllowed validates the allowedCIDRs option (rules.ParsePrefixes: CIDRs or single addresses,
 // without host bits), none of which may lie wholly in a never-DNAT block (it could never match).
 func parseAllowed(list []string) ([]netip.Prefix, error) {
-	key := fmt.Sprintf("fixes.%s.allowedCIDRs", ID)
+	const key = "allowedCIDRs"
 	out, err := rules.ParsePrefixes(key, "", list)
 	if err != nil {
-		return nil, err
+		return nil, fix.OptionErr(key, err)
 	}
 	for _, p := range out {
 		if b, ok := netaddr.WithinRefused(p); ok {
-			return nil, fmt.Errorf("%s: %s lies within %s (%s), which is never DNATed, so it would allow nothing", key, p, b.Name, b.Prefix)
+			return nil, fix.Invalid(key, "%s lies within %s (%s), which is never DNATed, so it would allow nothing", p, b.Name, b.Prefix)
 		}
 	}
 	return out, nil

@@ -98,11 +98,11 @@ func (f *Fix) Configure(options map[string]any) error {
 func validate(cfg Config) (Config, error) {
 	if cfg.PodInterfacePrefix != "" {
 		if err := rules.ValidInterfacePrefix(cfg.PodInterfacePrefix); err != nil {
-			return cfg, fmt.Errorf("fixes.%s.podInterfacePrefix: %w", ID, err)
+			return cfg, fix.Invalid("podInterfacePrefix", "%v", err)
 		}
 	}
 	if !cfg.FromPods && !cfg.FromHost {
-		return cfg, fmt.Errorf("fixes.%s: fromPods and fromHost are both false, so the fix would do nothing (disable it with enabled: false instead)", ID)
+		return cfg, fix.Invalid("", "fromPods and fromHost are both false, so the fix would do nothing (disable it with enabled: false instead)")
 	}
 	var err error
 	if cfg.allowed, err = parseAllowed(cfg.AllowedCIDRs); err != nil {

@@ -42,11 +42,11 @@ func New(p fix.Params) (*Fix, error) {
 
 func parse(cfg Config) (Config, error) {
 	if cfg.MSS != 0 && (cfg.MSS < MinMSS || cfg.MSS > MaxMSS) {
-		return cfg, fmt.Errorf("fixes.%s.mss: %d is out of range (0 clamps to the path MTU; a fixed MSS is %d to %d)", ID, cfg.MSS, MinMSS, MaxMSS)
+		return cfg, fix.Invalid("mss", "%d is out of range (0 clamps to the path MTU; a fixed MSS is %d to %d)", cfg.MSS, MinMSS, MaxMSS)
 	}
 	if cfg.PodInterfacePrefix != "" {
 		if err := rules.ValidInterfacePrefix(cfg.PodInterfacePrefix); err != nil {
-			return cfg, fmt.Errorf("fixes.%s.podInterfacePrefix: %w", ID, err)
+			return cfg, fix.Invalid("podInterfacePrefix", "%v", err)
 		}
 	}
 	return cfg, nil

@@ -3,7 +3,6 @@ package staleudpconntrack
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/netip"
 	"sync"
 	"time"
@@ -85,16 +84,16 @@ func sleep(ctx context.Context, d time.Duration) error {
 
 func parse(cfg Config) (Config, error) {
 	if cfg.MaxDeletesPerPass < 1 || cfg.MaxDeletesPerPass > MaxDeletesLimit {
-		return cfg, fmt.Errorf("fixes.%s.maxDeletesPerPass: %d is out of range (1 to %d)", ID, cfg.MaxDeletesPerPass, MaxDeletesLimit)
+		return cfg, fix.Invalid("maxDeletesPerPass", "%d is out of range (1 to %d)", cfg.MaxDeletesPerPass, MaxDeletesLimit)
 	}
 	if cfg.MinDumpInterval < 0 || cfg.MinDumpInterval > MaxMinDumpInterval {
-		return cfg, fmt.Errorf("fixes.%s.minDumpInterval: %v is out of range (0 to %v)", ID, cfg.MinDumpInterval, MaxMinDumpInterval)
+		return cfg, fix.Invalid("minDumpInterval", "%v is out of range (0 to %v)", cfg.MinDumpInterval, MaxMinDumpInterval)
 	}
 	if cfg.Retention < MinRetention || cfg.Retention > MaxRetention {
-		return cfg, fmt.Errorf("fixes.%s.retention: %v is out of range (%v to %v)", ID, cfg.Retention, MinRetention, MaxRetention)
+		return cfg, fix.Invalid("retention", "%v is out of range (%v to %v)", cfg.Retention, MinRetention, MaxRetention)
 	}
 	if cfg.PendingGrace < 0 || cfg.PendingGrace > MaxPendingGrace {
-		return cfg, fmt.Errorf("fixes.%s.pendingGrace: %v is out of range (0 to %v)", ID, cfg.PendingGrace, MaxPendingGrace)
+		return cfg, fix.Invalid("pendingGrace", "%v is out of range (0 to %v)", cfg.PendingGrace, MaxPendingGrace)
 	}
 	return cfg, nil
 }

@@ -111,9 +111,9 @@ func TakeNodeLock(lc fx.Lifecycle, log *slog.Logger) {
 	})
 }
 
-// LoadConfig loads the configuration against the registered fix ids.
+// LoadConfig loads the configuration against the registered fix ids and their legacy variables.
 func LoadConfig(in Inputs, ids fix.IDs) (*config.Config, error) {
-	return config.Load(in.Flags, in.Environ, ids.IDs)
+	return config.Load(in.Flags, in.Environ, ids.IDs, ids.Legacy...)
 }
 
 // NewLogger returns the agent's structured logger in the configured format (logFormat) and the level

@@ -33,7 +33,7 @@ func WatchConfig(lc fx.Lifecycle, cfg *config.Config, in Inputs, ids fix.IDs, o 
 	if cfg.File == "" {
 		return
 	}
-	w := &configWatcher{file: cfg.File, load: func() (*config.Config, error) { return config.Load(in.Flags, in.Environ, ids.IDs) },
+	w := &configWatcher{file: cfg.File, load: func() (*config.Config, error) { return config.Load(in.Flags, in.Environ, ids.IDs, ids.Legacy...) },
 		apply: reloadApply(level, log, o.Apply), rejected: ev.Recorder.ConfigRejected, m: m, log: log, quiet: reloadQuiet, maxWait: reloadMaxWait}
 	lc.Append(fx.Hook{OnStart: w.start, OnStop: w.stop})
 }

@@ -235,19 +235,13 @@ func splitListHook(from, to reflect.Type, data any) (any, error) {
 	return splitList(data.(string)), nil
 }
 
-// Legacy environment variables of the predecessor (Kakao network-node-manager), honoured so that
-// users can migrate without editing their manifests.
+// Legacy environment variables of the predecessor (Kakao network-node-manager) for the pod CIDRs,
+// honoured so that users can migrate without editing their manifests. A fix's own legacy variable
+// is its Spec.LegacyEnabledEnv (fix.Legacy), handed to Load.
 const (
-	LegacyPodCIDRv4         = "POD_CIDR_IPV4"
-	LegacyPodCIDRv6         = "POD_CIDR_IPV6"
-	LegacyInvalidDrop       = "RULE_DROP_INVALID_INPUT_ENABLE"
-	LegacyExternalClusterIP = "RULE_EXTERNAL_CLUSTER_ENABLE"
+	LegacyPodCIDRv4 = "POD_CIDR_IPV4"
+	LegacyPodCIDRv6 = "POD_CIDR_IPV6"
 )
-
-var legacyFixEnv = map[string]string{
-	"invalid-drop":         LegacyInvalidDrop,
-	"ipvs-externalip-dnat": LegacyExternalClusterIP,
-}
 
 // KubeconfigEnv is client-go's standard variable: a list of kubeconfig files, used when no
 // kubeconfig key is set (clientcmd's loading rules).
@@ -323,7 +317,10 @@ func AddKeyFlags(fs *pflag.FlagSet, only ...string) {
 // read from environ rather than by viper.BindEnv/AutomaticEnv, which read the process environment
 // only (tests and the agent pass it in) and cannot map NNM_FIXES_<ID>_<OPTION> to option names no
 // table knows.
-func Load(fs *pflag.FlagSet, environ []string, fixIDs []string) (*Config, error) {
+//
+// legacy are the fixes' legacy variables (fix.IDs.Legacy): each sets fixes.<id>.enabled below
+// NNM_FIXES_<ID>_ENABLED.
+func Load(fs *pflag.FlagSet, environ []string, fixIDs []string, legacy ...fix.Legacy) (*Config, error) {
 	v := viper.New()
 	for _, k := range Keys {
 		v.SetDefault(k.Key, k.Default)
@@ -361,6 +358,7 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string) (*Config, error)
 				}
 			}
 		}
+		canonicalFixKeys(settings)
 		if err := v.MergeConfigMap(settings); err != nil {
 			return nil, fmt.Errorf("config file %s: %w", file, err)
 		}
@@ -385,7 +383,7 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string) (*Config, error)
 				o.set("fixes."+id+"."+opt, name)
 			}
 		}
-		if err := applyLegacyFixEnv(section, id, env, o); err != nil {
+		if err := applyLegacyFixEnv(section, id, legacy, env, o); err != nil {
 			return nil, err
 		}
 		if len(section) > 0 {
@@ -494,7 +492,7 @@ func readFile(file string, o origins) (map[string]any, error) {
 			written := prefix + n.Content[i].Value
 			line := n.Content[i].Line
 			// Keys match without regard to case (viper), so syncPeriod and syncperiod are one key.
-			if prev, dup := o[strings.ToLower(written)]; dup {
+			if prev, dup := o[originKey(written)]; dup {
 				return fmt.Errorf("config: %s is set twice (%s and %d)", shownKey(written), strings.Replace(prev.where, "line", "lines", 1), line)
 			}
 			o.set(written, fmt.Sprintf("line %d", line))
@@ -580,11 +578,53 @@ type origin struct{ written, where string }
 // so the entry is the layer whose value counts.
 type origins map[string]origin
 
-func (o origins) set(written, where string) { o[strings.ToLower(written)] = origin{written, where} }
+func (o origins) set(written, where string) { o[originKey(written)] = origin{written, where} }
+
+// originKey is the spelling under which origins keeps a key path: lower case (viper's), and the
+// option of a fix (fixes.<id>.<option>, also inside nodeOverrides) in NormalizeKey's spelling, as
+// fix options compare.
+func originKey(path string) string {
+	p := strings.ToLower(path)
+	for i := 0; ; {
+		j := strings.Index(p[i:], "fixes.")
+		if j < 0 {
+			return p
+		}
+		j += i
+		if j == 0 || strings.HasSuffix(p[:j], "].") {
+			if id, opt, ok := strings.Cut(p[j+len("fixes."):], "."); ok {
+				return p[:j] + "fixes." + id + "." + NormalizeKey(opt)
+			}
+			return p
+		}
+		i = j + 1
+	}
+}
+
+// canonicalFixKeys renames the options of every fixes.<id> section in settings (a layer before it is
+// merged) to NormalizeKey's spelling, so that podInterfacePrefix in the file and
+// NNM_FIXES_…_POD_INTERFACE_PREFIX are one key, the environment's winning.
+func canonicalFixKeys(settings map[string]any) {
+	for name, fixes := range settings {
+		if !strings.EqualFold(name, "fixes") {
+			continue
+		}
+		sections, _ := fixes.(map[string]any)
+		for _, section := range sections {
+			opts, _ := section.(map[string]any)
+			for _, k := range slices.Collect(maps.Keys(opts)) {
+				if n := NormalizeKey(k); n != k {
+					opts[n] = opts[k]
+					delete(opts, k)
+				}
+			}
+		}
+	}
+}
 
 // at returns the key as written and where it was set ("" when nowhere: a default).
 func (o origins) at(key string) (string, string) {
-	if x, ok := o[strings.ToLower(key)]; ok {
+	if x, ok := o[originKey(key)]; ok {
 		return x.written, x.where
 	}
 	return key, ""
@@ -627,11 +667,59 @@ func (o origins) place(key string) string {
 	return shownKey(written) + where
 }
 
-// errorf is the one shape of a configuration error, from every source: the key as the user wrote
-// it, where (file line, environment variable or flag), then the problem, which shows the value and
-// what is accepted.
+// KeyError is the one shape of a configuration error about one key, from every source: the key as
+// the user wrote it, where (file line, environment variable or flag), then the problem, which shows
+// the value and what is accepted:
+//
+//	config: fixes.invalid-drop.hook (line 3): unknown key; did you mean hooks?
+//
+// Callers tell its parts with errors.As rather than by reading the text.
+type KeyError struct {
+	// Path is the key as written: syncPeriod, fixes.invalid-drop.hook, nodeOverrides[0].nodeSelector.
+	Path string
+	// Key is the last part of Path (hook).
+	Key string
+	// Where is where it was set: "line 3", "NNM_SYNC_PERIOD", "--sync-period", "--set"; "" for a
+	// default.
+	Where string
+	// Problem shows the value and what is accepted.
+	Problem string
+	// Suggestion is the known key nearest to an unknown one (a likely typo), else "".
+	Suggestion string
+	// Err is the error it was made from (a fix's *fix.OptionError), if any.
+	Err error
+}
+
+func (e *KeyError) Error() string {
+	where := ""
+	if e.Where != "" {
+		where = " (" + e.Where + ")"
+	}
+	return "config: " + shownKey(e.Path) + where + ": " + e.Problem
+}
+
+func (e *KeyError) Unwrap() error { return e.Err }
+
+// keyError is the KeyError of key (any spelling) as written and where it was set.
+func (o origins) keyError(key, problem string) *KeyError {
+	written, where := o.at(key)
+	last := written
+	if i := strings.LastIndexAny(written, ".]"); i >= 0 {
+		last = written[i+1:]
+	}
+	return &KeyError{Path: written, Key: last, Where: where, Problem: problem}
+}
+
+// errorf is a KeyError on key with a formatted problem.
 func (o origins) errorf(key, format string, args ...any) error {
-	return fmt.Errorf("config: %s: %s", o.place(key), fmt.Sprintf(format, args...))
+	return o.keyError(key, fmt.Sprintf(format, args...))
+}
+
+// unknown is the KeyError of a key that is not one of known (noun: "key", "fix").
+func (o origins) unknown(key, noun, name string, known []string) error {
+	e := o.keyError(key, fix.UnknownKey(noun, name, known))
+	e.Suggestion = fix.Nearest(name, known)
+	return e
 }
 
 // decodeError words what the decoder still finds after checkKeys (it checked every top-level
@@ -641,7 +729,9 @@ func (o origins) decodeError(err error) error {
 	for _, e := range errtree.Leaves(fix.DecodeError(err)) {
 		var oe *fix.OptionError
 		if errors.As(e, &oe) {
-			errs = append(errs, o.errorf(oe.Key, "%s", oe.Problem))
+			ke := o.keyError(oe.Key, oe.Problem)
+			ke.Err = oe
+			errs = append(errs, ke)
 		} else {
 			errs = append(errs, fmt.Errorf("config: %w", e))
 		}
@@ -649,24 +739,27 @@ func (o origins) decodeError(err error) error {
 	return errors.Join(errs...)
 }
 
-// FixError puts an error of a fix's Configure (fix.Decode's OptionErrors, or the fix's own
-// "fixes.<id>.<option>: problem") into the configuration's error shape, naming where the option
-// was set.
+// FixError puts an error of a fix's Configure into the configuration's error shape, naming where
+// the option was set: each fix.OptionError (fix.Decode's, and a fix's Parse's fix.Invalid) becomes a
+// KeyError on fixes.<id>.<option> that wraps it; any other error is the fix's section's.
 func (c *Config) FixError(id string, err error) error {
 	prefix := "fixes." + id
 	var errs []error
 	for _, e := range errtree.Leaves(err) {
 		var oe *fix.OptionError
-		msg := e.Error()
-		switch {
-		case errors.As(e, &oe):
-			errs = append(errs, c.origins.errorf(prefix+"."+oe.Key, "%s", oe.Problem))
-		case strings.HasPrefix(msg, prefix+"."):
-			key, problem, _ := strings.Cut(msg, ": ")
-			errs = append(errs, c.origins.errorf(key, "%s", problem))
-		default:
-			errs = append(errs, c.origins.errorf(prefix, "%s", strings.TrimPrefix(msg, prefix+": ")))
+		if errors.As(e, &oe) {
+			key := prefix
+			if oe.Key != "" {
+				key += "." + oe.Key
+			}
+			ke := c.origins.keyError(key, oe.Problem)
+			ke.Suggestion, ke.Err = oe.Suggestion, oe
+			errs = append(errs, ke)
+			continue
 		}
+		ke := c.origins.keyError(prefix, strings.TrimPrefix(e.Error(), prefix+": "))
+		ke.Err = e
+		errs = append(errs, ke)
 	}
 	return errors.Join(errs...)
 }
@@ -713,6 +806,11 @@ func applyFixFlags(v *viper.Viper, fs *pflag.FlagSet, o origins) error {
 				return fmt.Errorf("config: --set %q: want key=value", kv)
 			}
 			k = strings.TrimSpace(k)
+			if rest, ok := strings.CutPrefix(k, "fixes."); ok {
+				if id, opt, ok := strings.Cut(rest, "."); ok {
+					k = "fixes." + id + "." + NormalizeKey(opt)
+				}
+			}
 			v.Set(k, val)
 			o.set(k, "--set")
 		}
@@ -749,7 +847,7 @@ func checkKeys(v *viper.Viper, settings map[string]any, fixIDs []string, o origi
 			unknown[top] = true
 		default:
 			written, _ := o.at(key)
-			errs = append(errs, o.errorf(key, "%s", fix.UnknownKey("key", written, names)))
+			errs = append(errs, o.unknown(key, "key", written, names))
 		}
 	}
 	for top := range unknown {
@@ -783,7 +881,7 @@ func checkKeys(v *viper.Viper, settings map[string]any, fixIDs []string, o origi
 				delete(sections, id)
 				continue
 			}
-			errs = append(errs, o.errorf(key, "%s", fix.UnknownKey("fix", id, fixIDs)))
+			errs = append(errs, o.unknown(key, "fix", id, fixIDs))
 			continue
 		}
 		if section := sections[id]; section != nil {
@@ -841,11 +939,12 @@ func applyLegacyPodCIDRs(envLayer map[string]any, env map[string]string, o origi
 
 // applyLegacyFixEnv sets fixes.<id>.enabled from the predecessor's variable unless the section
 // already has it from NNM_FIXES_<ID>_ENABLED.
-func applyLegacyFixEnv(section map[string]any, id string, env map[string]string, o origins) error {
-	name, ok := legacyFixEnv[id]
-	if !ok {
+func applyLegacyFixEnv(section map[string]any, id string, legacy []fix.Legacy, env map[string]string, o origins) error {
+	i := slices.IndexFunc(legacy, func(l fix.Legacy) bool { return l.Fix == id })
+	if i < 0 {
 		return nil
 	}
+	name := legacy[i].Env
 	val, ok := env[name]
 	if _, set := section["enabled"]; !ok || set {
 		return nil
@@ -979,7 +1078,9 @@ func (c *Config) ParsedFamilies() []rules.Family {
 func (c *Config) ParsedPodCIDRs() ([]netip.Prefix, error) {
 	p, err := rules.ParsePrefixes("podCIDRs", "", c.PodCIDRs)
 	if err != nil {
-		return nil, c.origins.errorf("podCIDRs", "%s", strings.TrimPrefix(err.Error(), "podCIDRs: "))
+		var oe *fix.OptionError
+		errors.As(fix.OptionErr("podCIDRs", err), &oe)
+		return nil, c.origins.errorf("podCIDRs", "%s", oe.Problem)
 	}
 	return p, nil
 }
@@ -1028,8 +1129,7 @@ func (c *Config) ConfigureFix(id string, configure func(map[string]any) error) (
 	var drop, warnings []string
 	for _, e := range errtree.Leaves(err) {
 		var oe *fix.OptionError
-		// fix.UnknownKey's wording is what tells an option the fix does not know.
-		if errors.As(e, &oe) && strings.HasPrefix(oe.Problem, "unknown key;") && c.origins.fromFile("fixes."+id+"."+oe.Key) {
+		if errors.As(e, &oe) && oe.Unknown && c.origins.fromFile("fixes."+id+"."+oe.Key) {
 			drop = append(drop, oe.Key)
 			warnings = append(warnings, c.origins.newerKey("fixes."+id+"."+oe.Key, c.FileVersion))
 		}

@@ -10,9 +10,14 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/network-node-manager/network-node-manager/core/fix"
 )
 
 var ids = []string{"invalid-drop", "ipvs-externalip-dnat"}
+
+// legacy are the in-tree fixes' legacy variables (their Spec.LegacyEnabledEnv).
+var legacy = []fix.Legacy{{Fix: "invalid-drop", Env: "RULE_DROP_INVALID_INPUT_ENABLE"}, {Fix: "ipvs-externalip-dnat", Env: "RULE_EXTERNAL_CLUSTER_ENABLE"}}
 
 func writeFile(t *testing.T, body string) string {
 	t.Helper()
@@ -99,7 +104,7 @@ func TestEnvOnly(t *testing.T) {
 func TestLegacyEnvironment(t *testing.T) {
 	env := []string{"POD_CIDR_IPV4=10.244.3.0/24", "POD_CIDR_IPV6=fd00:10:244:3::/64",
 		"RULE_DROP_INVALID_INPUT_ENABLE=false", "RULE_EXTERNAL_CLUSTER_ENABLE=true"}
-	cfg, err := Load(nil, env, ids)
+	cfg, err := Load(nil, env, ids, legacy...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,14 +119,14 @@ func TestLegacyEnvironment(t *testing.T) {
 		t.Error("RULE_EXTERNAL_CLUSTER_ENABLE=true must enable ipvs-externalip-dnat")
 	}
 	// The new variable wins over the legacy one.
-	cfg, err = Load(nil, append(env, "NNM_FIXES_INVALID_DROP_ENABLED=true"), ids)
+	cfg, err = Load(nil, append(env, "NNM_FIXES_INVALID_DROP_ENABLED=true"), ids, legacy...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if on, _ := cfg.FixEnabled("invalid-drop"); !on {
 		t.Error("NNM_FIXES_INVALID_DROP_ENABLED must beat RULE_DROP_INVALID_INPUT_ENABLE")
 	}
-	if _, err := Load(nil, []string{"RULE_DROP_INVALID_INPUT_ENABLE=maybe"}, ids); err == nil || !strings.Contains(err.Error(), "RULE_DROP_INVALID_INPUT_ENABLE") {
+	if _, err := Load(nil, []string{"RULE_DROP_INVALID_INPUT_ENABLE=maybe"}, ids, legacy...); err == nil || !strings.Contains(err.Error(), "RULE_DROP_INVALID_INPUT_ENABLE") {
 		t.Errorf("bad legacy value must name the variable, got %v", err)
 	}
 }

@@ -132,15 +132,14 @@ func (c *Config) ForNode(nodeLabels map[string]string) (*Config, Override) {
 			eff.Fixes[id] = section
 		}
 		for _, k := range slices.Sorted(maps.Keys(entry.Fixes[id])) {
-			for old := range section {
-				if NormalizeKey(old) == NormalizeKey(k) {
+			for old := range section { // a Config built by hand may spell options otherwise
+				if old != k && NormalizeKey(old) == k {
 					delete(section, old)
 				}
 			}
-			section[k] = entry.Fixes[id][k]
-			written := fmt.Sprintf("%s[%d].fixes.%s.%s", NodeOverridesKey, ov.Index, id, k)
-			_, where := base.origins.at(written)
-			eff.origins[strings.ToLower("fixes."+id+"."+k)] = origin{written: written, where: where}
+			section[k] = entry.Fixes[id][k] // in NormalizeKey's spelling
+			written, where := base.origins.at(fmt.Sprintf("%s[%d].fixes.%s.%s", NodeOverridesKey, ov.Index, id, k))
+			eff.origins[originKey("fixes."+id+"."+k)] = origin{written: written, where: where}
 		}
 	}
 	return &eff, ov
@@ -188,7 +187,7 @@ func parseNodeOverrides(val any, fixIDs []string, o origins, version int) ([]Nod
 			case newer(at + "." + k):
 				warnings = append(warnings, o.newerKey(at+"."+k, version))
 			default:
-				errs = append(errs, o.errorf(at+"."+k, "%s", fix.UnknownKey("key", k, []string{"nodeSelector", "fixes"})))
+				errs = append(errs, o.unknown(at+"."+k, "key", k, []string{"nodeSelector", "fixes"}))
 			}
 		}
 		if !haveSel || sel == nil {
@@ -223,7 +222,7 @@ func labelSelector(val any, at string, o origins) (metav1.LabelSelector, error) 
 	}
 	for k := range m {
 		if k != "matchLabels" && k != "matchExpressions" {
-			return s, o.errorf(at+"."+k, "%s", fix.UnknownKey("key", k, []string{"matchLabels", "matchExpressions"}))
+			return s, o.unknown(at+"."+k, "key", k, []string{"matchLabels", "matchExpressions"})
 		}
 	}
 	if exprs, ok := m["matchExpressions"].([]any); ok {
@@ -234,7 +233,7 @@ func labelSelector(val any, at string, o origins) (metav1.LabelSelector, error) 
 			}
 			for k := range em {
 				if k != "key" && k != "operator" && k != "values" {
-					return s, o.errorf(fmt.Sprintf("%s.matchExpressions[%d].%s", at, j, k), "%s", fix.UnknownKey("key", k, []string{"key", "operator", "values"}))
+					return s, o.unknown(fmt.Sprintf("%s.matchExpressions[%d].%s", at, j, k), "key", k, []string{"key", "operator", "values"})
 				}
 			}
 		}
@@ -276,7 +275,7 @@ func overrideFixes(val any, at string, fixIDs []string, o origins, newer func(st
 				warnings = append(warnings, o.newerKey(key, version))
 				continue
 			}
-			errs = append(errs, o.errorf(key, "%s", fix.UnknownKey("fix", id, fixIDs)))
+			errs = append(errs, o.unknown(key, "fix", id, fixIDs))
 			continue
 		}
 		section, ok := sections[id].(map[string]any)
@@ -292,7 +291,7 @@ func overrideFixes(val any, at string, fixIDs []string, o origins, newer func(st
 					continue
 				}
 			}
-			out[id][k] = v
+			out[id][NormalizeKey(k)] = v
 		}
 	}
 	return warnings, errors.Join(errs...)

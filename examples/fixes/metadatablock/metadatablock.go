@@ -41,10 +41,10 @@ func New(p fix.Params) (*Fix, error) {
 func parse(cfg Config) (settings, error) {
 	var s settings
 	if len(cfg.Addresses) == 0 {
-		return s, fmt.Errorf("fixes.%s.addresses: name at least one address (disable the fix with enabled: false instead)", ID)
+		return s, fix.Invalid("addresses", "name at least one address (disable the fix with enabled: false instead)")
 	}
 	var err error
-	s.addrs, err = rules.ParseList("fixes."+ID+".addresses", cfg.Addresses, func(a string) (netip.Addr, error) {
+	s.addrs, err = rules.ParseList("addresses", cfg.Addresses, func(a string) (netip.Addr, error) {
 		addr, err := netip.ParseAddr(strings.TrimSpace(a))
 		if err != nil {
 			return addr, fmt.Errorf("%q is not an IP address", a)
@@ -52,11 +52,11 @@ func parse(cfg Config) (settings, error) {
 		return addr.Unmap(), nil
 	})
 	if err != nil {
-		return s, err
+		return s, fix.OptionErr("addresses", err)
 	}
 	slices.SortFunc(s.addrs, netip.Addr.Compare)
-	s.exempt, err = rules.ParsePrefixes("fixes."+ID+".exemptSourceCIDRs", "", cfg.ExemptSourceCIDRs)
-	return s, err
+	s.exempt, err = rules.ParsePrefixes("exemptSourceCIDRs", "", cfg.ExemptSourceCIDRs)
+	return s, fix.OptionErr("exemptSourceCIDRs", err)
 }
 
 // Rules returns one filter chain hooked at forward (pod traffic is routed through the node; the
