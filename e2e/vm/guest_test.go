@@ -19,6 +19,7 @@ package vm
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -34,6 +35,7 @@ import (
 	"time"
 
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/diagnose"
 	"github.com/network-node-manager/network-node-manager/internal/kubeproxytest"
 	"github.com/network-node-manager/network-node-manager/internal/resettest"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
@@ -289,6 +291,33 @@ func TestGuestKubeProxyIPVS(t *testing.T) {
 			assertUnreachable(t, nil, lb, p.family+" without the agent (kubernetes#75262)")
 		}
 	})
+	// diagnose (#40) beside the real kube-proxy IPVS mode: the eTP Local External-IPs without a local
+	// endpoint are named as a problem when ipvs-externalip-dnat is off, and as handled by it with the
+	// defaults (on in IPVS mode).
+	t.Run("diagnose/ipvs-external-ip", func(t *testing.T) {
+		for _, c := range []struct {
+			args  []string
+			state diagnose.State
+		}{
+			{[]string{"--set", "fixes.ipvs-externalip-dnat.enabled=false"}, diagnose.Problem},
+			{nil, diagnose.Handled},
+		} {
+			f, code := diagnoseIPVS(t, kubeconfig, c.args...)
+			t.Logf("diagnose %v: exit %d, %s: %s %v", c.args, code, f.State, f.Summary, f.Evidence)
+			if f.State != c.state {
+				t.Errorf("diagnose %v: ipvs-external-ip is %q, want %q: %s", c.args, f.State, c.state, f.Summary)
+			}
+			for _, p := range plans {
+				if !strings.Contains(fmt.Sprint(f.Evidence), p.lbLocal) {
+					t.Errorf("diagnose %v: the evidence does not name %s: %v", c.args, p.lbLocal, f.Evidence)
+				}
+			}
+			if c.state == diagnose.Problem && code != 2 {
+				t.Errorf("diagnose %v: exit status %d, want 2 (a problem no enabled fix handles)", c.args, code)
+			}
+		}
+	})
+
 	// kube-proxy in IPVS mode installs no INVALID drop (its iptables mode has one, in FORWARD only),
 	// which is why invalid-drop is on by default here: the reset happens beside kube-proxy alone.
 	reproduced = t.Run("without-agent/connection-reset", func(t *testing.T) {
@@ -599,4 +628,36 @@ func assertUnreachable(t *testing.T, pod *testenv.NS, addr, when string) {
 		}
 		t.Logf("%s: %s cannot reach %s: %v", when, who(from), addr, err)
 	}
+}
+
+// diagnoseIPVS runs `network-node-manager diagnose --output json` in the node namespace and returns
+// its ipvs-external-ip finding and the exit status.
+func diagnoseIPVS(t *testing.T, kubeconfig string, extra ...string) (diagnose.Finding, int) {
+	t.Helper()
+	bin, err := agenttest.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"netns", "exec", nodeNetns, bin, "diagnose", "--output", "json",
+		"--kubeconfig", kubeconfig, "--node-name", nodeName, "--proxy-mode", "auto",
+		"--pod-cidrs", plans[0].podCIDR + "," + plans[1].podCIDR, "--log-level", "warn"}, extra...)
+	cmd := exec.CommandContext(t.Context(), "ip", args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("diagnose: %v\n%s", err, stderr.String())
+	}
+	var r diagnose.Report
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("diagnose --output json (exit %d): %v\n%s\n%s", code, err, out, stderr.String())
+	}
+	f := r.Find("ipvs-external-ip")
+	if f == nil {
+		t.Fatalf("diagnose reported no ipvs-external-ip finding:\n%s", out)
+	}
+	return *f, code
 }
