@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -45,25 +44,12 @@ func TestAgentFollowsKubeProxy(t *testing.T) {
 	})
 
 	gaps := map[string]*gap{"ipv4": {}, "ipv6": {}}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			for _, f := range fams {
-				e1, e2 := ipt.fixPresent(fixDrop, f), nft.fixPresent(fixDrop, f)
-				gaps[f].sample(e1 == nil || e2 == nil, fmt.Sprintf("%v / %v", e1, e2))
-			}
+	stop := sampleEvery(100*time.Millisecond, func() {
+		for _, f := range fams {
+			e1, e2 := ipt.fixPresent(fixDrop, f), nft.fixPresent(fixDrop, f)
+			gaps[f].sample(e1 == nil || e2 == nil, fmt.Sprintf("%v / %v", e1, e2))
 		}
-	}()
+	})
 
 	restart := time.Now()
 	n.kp.Stop(10 * time.Second)
@@ -91,8 +77,7 @@ func TestAgentFollowsKubeProxy(t *testing.T) {
 		}
 		return errors.Join(errs...)
 	})
-	close(stop)
-	wg.Wait()
+	stop()
 	t.Logf("kube-proxy iptables → nftables: /proxyMode answered nftables %v after the stop, the agent followed by %v, iptables chains gone %v after the stop",
 		answered.Round(10*time.Millisecond), followed.Round(10*time.Millisecond), (answered + took).Round(10*time.Millisecond))
 	for _, f := range fams {

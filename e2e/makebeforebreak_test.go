@@ -41,31 +41,18 @@ func TestBackendSwitchWithTheAPIDown(t *testing.T) {
 		n.ns.MustExec("ip", "route", "add", "blackhole", api)
 
 		gaps := map[string]*gap{fixDrop: {}, fixExtIP: {}, "dnat entry": {}}
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tick := time.NewTicker(100 * time.Millisecond)
-			defer tick.Stop()
-			for {
-				select {
-				case <-stop:
-					return
-				case <-tick.C:
-				}
-				for _, f := range []string{fixDrop, fixExtIP} {
-					e1, e2 := n.as(be).fixPresent(f, "ipv4"), n.as(other).fixPresent(f, "ipv4")
-					gaps[f].sample(e1 == nil || e2 == nil, fmt.Sprintf("%v / %v", e1, e2))
-				}
-				var held bool
-				for _, b := range []string{be, other} {
-					got, err := n.as(b).dnatEntries("ipv4")
-					held = held || (err == nil && slices.Contains(got, entry))
-				}
-				gaps["dnat entry"].sample(held, entry)
+		stop := sampleEvery(100*time.Millisecond, func() {
+			for _, f := range []string{fixDrop, fixExtIP} {
+				e1, e2 := n.as(be).fixPresent(f, "ipv4"), n.as(other).fixPresent(f, "ipv4")
+				gaps[f].sample(e1 == nil || e2 == nil, fmt.Sprintf("%v / %v", e1, e2))
 			}
-		}()
+			var held bool
+			for _, b := range []string{be, other} {
+				got, err := n.as(b).dnatEntries("ipv4")
+				held = held || (err == nil && slices.Contains(got, entry))
+			}
+			gaps["dnat entry"].sample(held, entry)
+		})
 
 		// The switch, with the API down: stop, start with the other backend (not ready: no watch).
 		if err := n.agent.Stop(agenttest.StopGrace); err != nil {
@@ -98,8 +85,7 @@ func TestBackendSwitchWithTheAPIDown(t *testing.T) {
 			}
 			return errors.Join(errs...)
 		})
-		close(stop)
-		wg.Wait()
+		stop()
 		for _, k := range []string{fixDrop, fixExtIP, "dnat entry"} {
 			g := gaps[k]
 			t.Logf("%s → %s, API down 10 s, back %v before the old backend was empty: %s: %d samples at 100 ms, %d without, longest gap %d samples",
@@ -112,6 +98,26 @@ func TestBackendSwitchWithTheAPIDown(t *testing.T) {
 }
 
 // gap counts the samples without something and the longest run of them.
+// sampleEvery calls f every period in the background until the returned stop is called, which
+// waits for a call under way to end.
+func sampleEvery(period time.Duration, f func()) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(period)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			f()
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}
+
 type gap struct {
 	mu                             sync.Mutex
 	samples, missing, run, longest int

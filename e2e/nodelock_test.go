@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -32,26 +31,13 @@ func TestSecondAgentLeavesTheFirstAlone(t *testing.T) {
 
 		// Sample the first agent's rules every 100 ms until told to stop.
 		var g gap
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tick := time.NewTicker(100 * time.Millisecond)
-			defer tick.Stop()
-			for {
-				select {
-				case <-stop:
-					return
-				case <-tick.C:
-				}
-				err := errors.Join(n.fixPresent(fixExtIP, "ipv4"), n.fixPresent(fixDrop, "ipv4"))
-				if got, derr := n.dnatEntries("ipv4"); err == nil && (derr != nil || !slices.Contains(got, wantEntry)) {
-					err = fmt.Errorf("DNAT entry %s missing: %q %v", wantEntry, got, derr)
-				}
-				g.sample(err == nil, fmt.Sprint(err))
+		stop := sampleEvery(100*time.Millisecond, func() {
+			err := errors.Join(n.fixPresent(fixExtIP, "ipv4"), n.fixPresent(fixDrop, "ipv4"))
+			if got, derr := n.dnatEntries("ipv4"); err == nil && (derr != nil || !slices.Contains(got, wantEntry)) {
+				err = fmt.Errorf("DNAT entry %s missing: %q %v", wantEntry, got, derr)
 			}
-		}()
+			g.sample(err == nil, fmt.Sprint(err))
+		})
 
 		kubeconfig := n.args[slices.Index(n.args, "--kubeconfig")+1]
 		for i, args := range [][]string{
@@ -82,8 +68,7 @@ func TestSecondAgentLeavesTheFirstAlone(t *testing.T) {
 			}
 		}
 		time.Sleep(5 * time.Second)
-		close(stop)
-		wg.Wait()
+		stop()
 		repairs := n.metrics().Sum("nnm_sync_repairs_total") - repairsBefore
 		t.Logf("%s: %d samples at 100 ms, %d without the first agent's rules (longest run %d); the first agent's repairs meanwhile: %v",
 			be, g.samples, g.missing, g.longest, repairs)
