@@ -121,6 +121,7 @@ type hostileResult struct {
 	skipped            string        // nnm_fix_objects_skipped of the DNAT fix
 	coldHWM, updateHWM int64         // kB
 	updateTook         time.Duration
+	cgCold, cgEnd      cgFigures // the agent's memory cgroup (cgroup.go)
 }
 
 // runHostile runs the hostile-Services measurement.
@@ -159,16 +160,15 @@ func runHostile(ctx context.Context, o options, spec string) error {
 		limit = o.manifest.limit.String()
 	}
 	fmt.Fprintf(&b, "hostile Services %s (Services x TCP ports; the first group in one namespace, the others one namespace each), one ingress IPv4 each; agent env %s; memory limit %s\n\n", spec, envText(o.agentEnv), limit)
-	b.WriteString("| backend | run | invalid-drop in the kernel (both families) | DNAT fix synced | DNAT entries | skipped | peak RSS cold | peak RSS after update | spare under the limit | update applied |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| backend | run | invalid-drop in the kernel (both families) | DNAT fix synced | DNAT entries | skipped | peak RSS cold | peak RSS after update | cgroup peak cold | cgroup peak after update | spare under the limit (cgroup) | OOM kills | update applied |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
-		spare := "—"
-		if o.manifest != nil {
-			lim := o.manifest.limit.Value() / 1024
-			spare = fmt.Sprintf("%.1f MiB (%.0f %%)", float64(lim-r.updateHWM)/1024, 100*float64(lim-r.updateHWM)/float64(lim))
-		}
-		fmt.Fprintf(&b, "| %s | %d | %v | %v | %.0f | %s | %.1f MiB | %.1f MiB | %s | %v |\n", r.backend, r.run,
+		fmt.Fprintf(&b, "| %s | %d | %v | %v | %.0f | %s | %.1f MiB | %.1f MiB | %s | %s | %s | %d | %v |\n", r.backend, r.run,
 			r.dropBoth.Round(time.Millisecond), r.extipDone.Round(time.Millisecond), r.entries, r.skipped,
-			float64(r.coldHWM)/1024, float64(r.updateHWM)/1024, spare, r.updateTook.Round(time.Millisecond))
+			float64(r.coldHWM)/1024, float64(r.updateHWM)/1024, mib(r.cgCold.peak), mib(r.cgEnd.peak), spare(o, r.cgEnd.peak), r.cgEnd.oomKills, r.updateTook.Round(time.Millisecond))
+	}
+	b.WriteString("\nBreakdown of the agent's memory cgroup at its peak (the 50 ms sample with the highest usage):\n\n")
+	for _, r := range rs {
+		fmt.Fprintf(&b, "- %s run %d (cgroup %s): %v\n", r.backend, r.run, r.cgEnd.version, r.cgEnd.atPeak)
 	}
 	fmt.Println()
 	fmt.Println(b.String())
@@ -178,7 +178,7 @@ func runHostile(ctx context.Context, o options, spec string) error {
 	return nil
 }
 
-func measureHostile(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o options, be string, run int, hs []hostileSvc) (*hostileResult, error) {
+func measureHostile(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o options, be string, run int, hs []hostileSvc) (_ *hostileResult, err error) {
 	r := &hostileResult{backend: be, run: run}
 	kc, done, err := nodeNamespace(ctx, cp, fmt.Sprintf("nnmh-%s-%d", be[:3], run))
 	if err != nil {
@@ -191,12 +191,24 @@ func measureHostile(ctx context.Context, cp *controlplane.ControlPlane, c *clust
 	}
 	args := []string{"--kubeconfig", kc, "--node-name", "bench-node", "--backend", be, "--iptables-variant", "nft",
 		"--proxy-mode", "ipvs", "--pod-cidrs", "10.244.0.0/24,fd00:10:244::/64", "--log-level", o.agentLogLevel}
+	cg, err := agentCgroup(o)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = cg.remove() }()
 	t0 := time.Now()
-	a, err := agenttest.Start(agenttest.Options{Netns: ns, Bin: o.agentBin, Args: args, Env: o.agentEnv})
+	a, err := agenttest.Start(agenttest.Options{Netns: ns, Bin: o.agentBin, Args: args, Env: o.agentEnv, Cgroup: cg.dir})
 	if err != nil {
 		return nil, err
 	}
 	defer a.Stop(agenttest.StopGrace)
+	defer func() {
+		if err != nil {
+			if f := cg.figures(); f.oomKills > 0 {
+				err = fmt.Errorf("%w (the memory cgroup OOM-killed %d process(es); peak %s; %v)", err, f.oomKills, mib(f.peak), f.atPeak)
+			}
+		}
+	}()
 	var dropDone, extDone bool
 	deadline := time.Now().Add(20 * time.Minute)
 	for !(dropDone && extDone) {
@@ -235,7 +247,8 @@ func measureHostile(ctx context.Context, cp *controlplane.ControlPlane, c *clust
 	if r.coldHWM, _, err = memory(a.PID()); err != nil {
 		return nil, err
 	}
-	logf("%s run %d: invalid-drop %v, DNAT fix %v, cold peak %.1f MiB", be, run, r.dropBoth.Round(time.Millisecond), r.extipDone.Round(time.Millisecond), float64(r.coldHWM)/1024)
+	r.cgCold = cg.figures()
+	logf("%s run %d: invalid-drop %v, DNAT fix %v, cold peak %.1f MiB, cgroup peak %s (%v)", be, run, r.dropBoth.Round(time.Millisecond), r.extipDone.Round(time.Millisecond), float64(r.coldHWM)/1024, mib(r.cgCold.peak), r.cgCold.atPeak)
 
 	// Every hostile Service changes its ingress IP (and back, for the next run).
 	m0, _ := a.Metrics(ctx)
@@ -270,6 +283,7 @@ func measureHostile(ctx context.Context, cp *controlplane.ControlPlane, c *clust
 	if r.updateHWM, _, err = memory(a.PID()); err != nil {
 		return nil, err
 	}
-	logf("%s run %d: after the update, peak %.1f MiB", be, run, float64(r.updateHWM)/1024)
+	r.cgEnd = cg.figures()
+	logf("%s run %d: after the update, peak %.1f MiB, cgroup peak %s (%v)", be, run, float64(r.updateHWM)/1024, mib(r.cgEnd.peak), r.cgEnd.atPeak)
 	return r, nil
 }

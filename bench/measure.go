@@ -42,6 +42,8 @@ type result struct {
 	idleCPU   time.Duration              // utime+stime (+ children's) over idleWin
 	idleWin   time.Duration
 	overflows int // netlink overflows (lost notifications) during the run
+
+	cgCold, cgEnd *cgFigures // the agent's memory cgroup after the cold start and at the end (nil: no cgroup)
 }
 
 func (r *result) summary() string {
@@ -87,7 +89,7 @@ func pct(ds []time.Duration, p float64) time.Duration {
 }
 
 // measure runs one agent with backend be against n Services in a fresh node namespace.
-func measure(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o options, be string, n, run int, full bool) (*result, error) {
+func measure(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o options, be string, n, run int, full bool) (_ *result, err error) {
 	r := &result{backend: be, n: n, run: run, latency: map[string][]time.Duration{}}
 	k := kernelFor(be)
 	ns := fmt.Sprintf("nnmb-%s-%d", be[:3], n)
@@ -109,13 +111,29 @@ func measure(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o o
 		"--proxy-mode", "ipvs", "--families", "ipv4", "--pod-cidrs", "10.244.0.0/24",
 		"--disable-fix", "invalid-drop", "--min-sync-period", o.minSyncPeriod.String(), "--log-level", o.agentLogLevel,
 	}
+	cg, err := agentCgroup(o)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if cg != nil {
+			_ = cg.remove()
+		}
+	}()
 	t0 := time.Now()
-	a, err := agenttest.Start(agenttest.Options{Netns: ns, Bin: o.agentBin, Args: args, Env: o.agentEnv, LogFile: logFile})
+	a, err := agenttest.Start(agenttest.Options{Netns: ns, Bin: o.agentBin, Args: args, Env: o.agentEnv, LogFile: logFile, Cgroup: cg.dir})
 	if err != nil {
 		return nil, err
 	}
 	defer a.Stop(agenttest.StopGrace)
-	logf("%s N=%d: agent started (pid %d, log %s)", be, n, a.PID(), logFile)
+	defer func() {
+		if err != nil {
+			if f := cg.figures(); f.oomKills > 0 {
+				err = fmt.Errorf("%w (the memory cgroup OOM-killed %d process(es); peak %s; %v)", err, f.oomKills, mib(f.peak), f.atPeak)
+			}
+		}
+	}()
+	logf("%s N=%d: agent started (pid %d, log %s, cgroup %s %s)", be, n, a.PID(), logFile, cg.version(), cg.dir)
 
 	// Cold start: the commit after which all n entries are in the kernel.
 	at, err := waitCommit(ctx, w, t0, 5*time.Minute, func() (bool, error) {
@@ -157,6 +175,9 @@ func measure(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o o
 	if r.coldHWMKB, _, err = memory(a.PID()); err != nil {
 		return nil, err
 	}
+	cold := cg.figures()
+	r.cgCold = &cold
+	logf("%s N=%d: cold start: VmHWM %.1f MiB, cgroup %s peak %s (%v)", be, n, float64(r.coldHWMKB)/1024, cold.version, mib(cold.peak), cold.atPeak)
 	if full {
 		if err := changes(ctx, c, k, w, a, ns, o.changes, r); err != nil {
 			return nil, err
@@ -189,6 +210,8 @@ func measure(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o o
 	if err != nil {
 		return nil, err
 	}
+	end := cg.figures()
+	r.cgEnd = &end
 	r.overflows = w.Overflows()
 	if err := a.Stop(agenttest.StopGrace); err != nil {
 		return nil, err

@@ -90,6 +90,7 @@ func render(m machine, o options, rs []*result) string {
 		fmt.Fprintf(&b, "| %d | %s | %d | %.1f MiB | %.1f MiB | %.1f MiB | %s | %s | %s | %s | %s |\n", r.run, r.backend, r.n, hwm, float64(r.coldHWMKB)/1024, float64(r.rssKB)/1024,
 			mark(hwm <= targetRSSMiB), lim, idle, win, idleMark)
 	}
+	renderCgroup(&b, o, rs)
 	renderPerService(&b, rs)
 	var lost []string
 	for _, r := range rs {
@@ -144,4 +145,35 @@ func envText(env []string) string {
 		return "nothing added"
 	}
 	return "`" + strings.Join(env, " ") + "`"
+}
+
+// renderCgroup prints the agent's memory as its cgroup accounted it (cgroup.go) beside its VmHWM.
+func renderCgroup(b *strings.Builder, o options, rs []*result) {
+	header := false
+	for _, r := range rs {
+		if r.cgEnd == nil {
+			continue
+		}
+		if !header {
+			limit := "no limit"
+			if o.manifest != nil {
+				limit = "memory limit " + o.manifest.limit.String() + " (the DaemonSet's)"
+			}
+			fmt.Fprintf(b, "\nMemory cgroup of the agent (cgroup %s, %s; the agent and its child processes, their kernel memory and page cache): peak against process VmHWM; the breakdown is of the 50 ms sample with the highest usage:\n\n", r.cgEnd.version, limit)
+			b.WriteString("| run | backend | N | VmHWM | cgroup peak after the cold start | cgroup peak | spare under the limit | current at end | OOM kills | breakdown at the peak |\n")
+			b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
+			header = true
+		}
+		fmt.Fprintf(b, "| %d | %s | %d | %.1f MiB | %s | %s | %s | %s | %d | %v |\n", r.run, r.backend, r.n, float64(r.hwmKB)/1024,
+			mib(r.cgCold.peak), mib(r.cgEnd.peak), spare(o, r.cgEnd.peak), mib(r.cgEnd.current), r.cgEnd.oomKills, r.cgEnd.atPeak)
+	}
+}
+
+// spare is what a peak of b bytes leaves under the DaemonSet's limit.
+func spare(o options, b int64) string {
+	if o.manifest == nil || b < 0 {
+		return "—"
+	}
+	lim := o.manifest.limit.Value()
+	return fmt.Sprintf("%s (%.0f %%)", mib(lim-b), 100*float64(lim-b)/float64(lim))
 }

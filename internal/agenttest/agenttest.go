@@ -107,6 +107,10 @@ type Options struct {
 	MetricsPort int
 	// LogFile receives stdout and stderr; default a file in a temporary directory (StartT: t.TempDir()).
 	LogFile string
+	// Cgroup, if set, is a cgroup directory (v1 or v2) the agent starts in: it joins it before it
+	// execs, so everything it and its child processes (iptables-restore, nft) allocate, user and
+	// kernel memory, is charged to that cgroup, as to the container's under a kubelet.
+	Cgroup string
 }
 
 // Agent is one running agent process.
@@ -172,8 +176,21 @@ func (a *Agent) start() error {
 	if p := a.proc.Load(); p != nil && p.Exited() == nil {
 		return errors.New("agent is already running")
 	}
-	proc, err := testenv.StartProcess(a.opts.Netns, "agent", a.logPath, cleanEnv(), a.opts.Env,
-		append([]string{a.opts.Bin, "run"}, a.opts.Args...)...)
+	argv := append([]string{a.opts.Bin, "run"}, a.opts.Args...)
+	var files []*os.File
+	if a.opts.Cgroup != "" {
+		// The shell (the pid `ip netns exec` execs, so the agent's) moves itself through fd 3, the
+		// cgroup's cgroup.procs opened here (`ip netns exec` mounts a sysfs of the namespace, without
+		// the cgroup hierarchies), then execs the agent.
+		procs, err := os.OpenFile(filepath.Join(a.opts.Cgroup, "cgroup.procs"), os.O_WRONLY, 0)
+		if err != nil {
+			return fmt.Errorf("agent cgroup: %w", err)
+		}
+		defer procs.Close()
+		files = []*os.File{procs}
+		argv = append([]string{"/bin/sh", "-c", `echo $$ >&3 && exec 3>&- && exec "$@"`, "sh"}, argv...)
+	}
+	proc, err := testenv.StartProcessFiles(a.opts.Netns, "agent", a.logPath, cleanEnv(), a.opts.Env, files, argv...)
 	if err != nil {
 		return err
 	}

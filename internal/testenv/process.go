@@ -34,6 +34,12 @@ type Process struct {
 // StartProcess starts argv in namespace netns as the program called name (in messages), with env added
 // to base (the environment: nil means this process's), stdout and stderr appended to logPath.
 func StartProcess(netns, name, logPath string, base, env []string, argv ...string) (*Process, error) {
+	return StartProcessFiles(netns, name, logPath, base, env, nil, argv...)
+}
+
+// StartProcessFiles is StartProcess with files the program inherits as fd 3, 4, ... (exec.Cmd's
+// ExtraFiles; `ip netns exec` passes them on).
+func StartProcessFiles(netns, name, logPath string, base, env []string, files []*os.File, argv ...string) (*Process, error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("%s log: %w", name, err)
@@ -49,6 +55,7 @@ func StartProcess(netns, name, logPath string, base, env []string, argv ...strin
 	cmd := Command(context.Background(), netns, argv...)
 	cmd.Env = append(base, env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = files
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
