@@ -717,10 +717,25 @@ func (b *Ops) list(ctx context.Context, family rules.Family, table, chain string
 
 var lineNo = regexp.MustCompile(`line:? (\d+)`)
 
-// restore feeds p to iptables-restore --noflush, one transaction per table, rendered as it is sent.
-// The error names the tool's message and the input line it complains about; one that names a line
-// is a refusal of the content (backend.ErrRejected).
+// restore feeds p to iptables-restore --noflush, one transaction per table, rendered as it is sent;
+// a plan of more than MaxRestoreRules rules in a table goes in several restores (plan.chunks), so
+// that no iptables-restore holds a batch of tens of thousands of rules. The error names the tool's
+// message and the input line it complains about; one that names a line is a refusal of the content
+// (backend.ErrRejected). A failed restore changed nothing, but the restores before it of the same
+// plan (whole chains, unreferenced if new) stay.
 func (b *Ops) restore(ctx context.Context, family rules.Family, p plan, extra ...string) error {
+	if len(extra) > 0 { // --test: the later chunks would name chains only the earlier ones make
+		return b.restoreOne(ctx, family, p, extra...)
+	}
+	for _, c := range p.chunks(MaxRestoreRules) {
+		if err := b.restoreOne(ctx, family, c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *Ops) restoreOne(ctx context.Context, family rules.Family, p plan, extra ...string) error {
 	bin := b.Binary(family, "restore")
 	args := append([]string{"-w", strconv.Itoa(b.lockWait), "--noflush"}, extra...)
 	stderr, err := b.run.Run(ctx, bin, args, p.reader(), nil)

@@ -134,8 +134,15 @@ func (p plan) tables() []string {
 	return names
 }
 
-// commits is how many transactions the restore of p makes: one per table with operations.
-func (p plan) commits() int { return len(p.tables()) }
+// commits is how many transactions the restore of p makes: one per table with operations, in each
+// of its restores (plan.chunks).
+func (p plan) commits() int {
+	n := 0
+	for _, c := range p.chunks(MaxRestoreRules) {
+		n += len(c.tables())
+	}
+	return n
+}
 
 // reader streams the plan as iptables-restore input: one line at a time is assembled, in a buffer
 // that is reused (at 10,000 map entries the input is 3.4 MB that is never held whole).

@@ -1,0 +1,117 @@
+package iptables
+
+import (
+	"strings"
+)
+
+// MaxRestoreRules bounds the rules one iptables-restore process is given. iptables-nft-restore
+// holds the whole batch of a table in memory until it commits, about 2.5 KB per rule: at 10,000
+// map entries (20,000-40,000 rules) one restore took 50-99 MB, charged to the agent's memory cgroup
+// beside the agent itself, and the DaemonSet's 128Mi limit OOM-killed it (issue #38; measured with
+// `go run ./bench -manifest`, whose agent runs in a memory cgroup with the DaemonSet's limit). With
+// 2,000 rules a restore stays under 8 MB; it costs one process start (about 5 ms) per chunk.
+const MaxRestoreRules = 2000
+
+// chunks splits p into restores of at most max appended rules per table, run in order: first whole
+// chains (declared, so created or flushed, and filled in the same restore, so that each chain changes
+// at once), a chain after every chain of the plan its rules jump to, then one restore with what is
+// left: the appends to chains the plan does not declare, the deletes, flushes, removals and the jumps
+// from the built-in chains. A new chain therefore is unreferenced until the last restore makes the
+// fix's jumps; a chain the kernel already holds is rewritten whole, but not at the same moment as the
+// other chains of the fix. A plan with at most max appends per table is one restore, as before.
+func (p plan) chunks(max int) []plan {
+	big := false
+	for _, o := range p {
+		if len(o.appends) > max {
+			big = true
+		}
+	}
+	if !big {
+		return []plan{p}
+	}
+	var early []plan
+	last := plan{}
+	for _, t := range p.tables() {
+		o := p[t]
+		if len(o.appends) <= max {
+			last[t] = o
+			continue
+		}
+		declared := make(map[string]bool, len(o.decls))
+		for _, c := range o.decls {
+			declared[c] = true
+		}
+		lines := map[string][]string{} // a declared chain's appends, in order
+		rest := &tableOps{deletes: o.deletes, flushes: o.flushes, removes: o.removes, inserts: o.inserts}
+		for _, l := range o.appends {
+			if c := appendChain(l); declared[c] {
+				lines[c] = append(lines[c], l)
+			} else {
+				rest.appends = append(rest.appends, l)
+			}
+		}
+		// Leaf first: a chain after the declared chains it jumps to (depth first, in declaration order).
+		order := make([]string, 0, len(o.decls))
+		state := map[string]int{} // 1: being visited, 2: done
+		var visit func(c string)
+		visit = func(c string) {
+			if state[c] != 0 {
+				return // done, or a cycle (which the kernel refuses anyway)
+			}
+			state[c] = 1
+			for _, l := range lines[c] {
+				if t := jumpTarget(l); declared[t] {
+					visit(t)
+				}
+			}
+			state[c] = 2
+			order = append(order, c)
+		}
+		for _, c := range o.decls {
+			visit(c)
+		}
+		cur := &tableOps{}
+		flush := func() {
+			if !cur.empty() {
+				early = append(early, plan{t: cur})
+			}
+			cur = &tableOps{}
+		}
+		for _, c := range order {
+			if len(cur.appends) > 0 && len(cur.appends)+len(lines[c]) > max {
+				flush()
+			}
+			cur.decls = append(cur.decls, c)
+			cur.appends = append(cur.appends, lines[c]...)
+		}
+		flush()
+		if !rest.empty() {
+			last[t] = rest
+		}
+	}
+	if len(last) > 0 {
+		early = append(early, last)
+	}
+	return early
+}
+
+// appendChain is the chain of an "-A <chain> ..." line.
+func appendChain(l string) string {
+	rest, ok := strings.CutPrefix(l, "-A ")
+	if !ok {
+		return ""
+	}
+	c, _, _ := strings.Cut(rest, " ")
+	return c
+}
+
+// jumpTarget is the chain or target of a rule line's -j or -g ("" if none).
+func jumpTarget(l string) string {
+	for _, flag := range []string{" -j ", " -g ", " --jump ", " --goto "} {
+		if i := strings.LastIndex(l, flag); i >= 0 {
+			t, _, _ := strings.Cut(l[i+len(flag):], " ")
+			return t
+		}
+	}
+	return ""
+}

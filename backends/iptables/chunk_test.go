@@ -1,0 +1,84 @@
+package iptables
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+)
+
+// A plan larger than the bound goes in restores of whole chains, each after the chains it jumps
+// to, and the jumps from the built-in chains, deletes and removals come last: nothing is lost,
+// nothing is in two restores.
+func TestPlanChunks(t *testing.T) {
+	p := plan{}
+	nat := p.table("nat")
+	nat.decls = append(nat.decls, "TOP")
+	for b := range 5 {
+		bucket := fmt.Sprintf("B%d", b)
+		nat.appends = append(nat.appends, fmt.Sprintf("-A TOP -d 10.%d.0.0/16 -m comment --comment \"a -j X\" -j %s", b, bucket))
+	}
+	for b := range 5 {
+		bucket := fmt.Sprintf("B%d", b)
+		nat.decls = append(nat.decls, bucket)
+		for i := range 4 {
+			nat.appends = append(nat.appends, fmt.Sprintf("-A %s -d 10.%d.0.%d/32 -j DNAT --to-destination 10.96.0.1:80", bucket, b, i))
+		}
+	}
+	nat.appends = append(nat.appends, "-A FOREIGN -j RETURN") // a chain the plan does not declare
+	nat.deletes = []string{"-D OLD -j X"}
+	nat.flushes, nat.removes = []string{"STALE"}, []string{"STALE"}
+	nat.inserts = []string{"-I PREROUTING 1 -j TOP"}
+	p.table("mangle").appends = []string{"-A M -j RETURN"}
+
+	if got := p.chunks(100); len(got) != 1 {
+		t.Fatalf("a plan under the bound is %d restores, want 1", len(got))
+	}
+	const max = 9
+	cs := p.chunks(max)
+	if len(cs) < 3 {
+		t.Fatalf("%d restores, want several", len(cs))
+	}
+	made := map[string]int{} // chain → restore that declares it
+	var all []string
+	for i, c := range cs {
+		for tn, o := range c {
+			if len(o.appends) > max {
+				t.Errorf("restore %d, table %s: %d appends, more than %d", i, tn, len(o.appends), max)
+			}
+			if i < len(cs)-1 && (len(o.deletes)+len(o.flushes)+len(o.removes)+len(o.inserts) > 0 || tn == "mangle") {
+				t.Errorf("restore %d of %d has deletes, removals, jumps or a small table: %+v", i, len(cs), o)
+			}
+			for _, d := range o.decls {
+				if _, ok := made[d]; ok {
+					t.Errorf("chain %s declared twice", d)
+				}
+				made[d] = i
+			}
+			all = append(all, o.appends...)
+			for _, l := range o.appends {
+				c := appendChain(l)
+				if made[c] != i && slices.Contains(nat.decls, c) {
+					t.Errorf("restore %d appends to %s, declared in restore %d", i, c, made[c])
+				}
+			}
+		}
+	}
+	for _, l := range nat.appends {
+		if tgt := jumpTarget(l); slices.Contains(nat.decls, tgt) && made[tgt] > made[appendChain(l)] {
+			t.Errorf("%q: %s is made after %s", l, tgt, appendChain(l))
+		}
+	}
+	want := append(slices.Clone(nat.appends), "-A M -j RETURN")
+	slices.Sort(want)
+	slices.Sort(all)
+	if !slices.Equal(all, want) {
+		t.Errorf("the restores append\n%v\nwant\n%v", all, want)
+	}
+	last := cs[len(cs)-1]
+	if l := last["nat"]; l == nil || !slices.Equal(l.inserts, nat.inserts) || !slices.Equal(l.deletes, nat.deletes) || !slices.Equal(l.removes, nat.removes) || !slices.Equal(l.appends, []string{"-A FOREIGN -j RETURN"}) {
+		t.Errorf("last restore %+v", last["nat"])
+	}
+	if got := p.commits(); got != 2 { // under MaxRestoreRules: one restore, two tables
+		t.Errorf("commits() = %d, want 2", got)
+	}
+}
