@@ -120,7 +120,7 @@ func require(t *testing.T) prerequisites {
 			testenv.Unavailable(t, "%s/%s missing: run `make test-cluster` (hack/cluster/build.sh)", p.bin, b)
 		}
 	}
-	for _, f := range []string{"pause.tar", "workload.tar"} {
+	for _, f := range []string{"pause.tar", "workload.tar", "sampler"} {
 		if _, err := os.Stat(filepath.Join(p.imagesDir, f)); err != nil {
 			testenv.Unavailable(t, "%v: run `make test-cluster` (hack/cluster/images.sh)", err)
 		}

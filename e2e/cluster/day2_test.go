@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -115,7 +116,9 @@ func (d *day2State) enableMSSClamp(t *testing.T, addr string) string {
 	markers := mssMarkers(c.mode)
 	for _, n := range c.nodes {
 		err := agenttest.Poll(ctx, 4*time.Minute, 3*time.Second, func() error {
-			out, err := n.Shell(ctx, c, "{ iptables-nft-save -t mangle; iptables-legacy-save -t mangle; nft list tables; } 2>/dev/null")
+			// iptables-legacy-save without -t: asked for a table by name it creates it (the empty
+			// legacy mangle table the uninstall check once found left over, internal/detect.IptablesSave).
+			out, err := n.Shell(ctx, c, "{ iptables-nft-save -t mangle; iptables-legacy-save; nft list tables; } 2>/dev/null")
 			if err != nil {
 				return err
 			}
@@ -169,82 +172,64 @@ func agentLogs(ctx context.Context, c *Cluster, node string) (string, error) {
 	return c.Kubectl(ctx, "", "-n", agentNS, "logs", pods.Items[0].Name)
 }
 
-// ruleMarkers are lines that the enabled fixes' rules hold on a node in this mode, by backend: the
-// sampler's baseline must have each (ipv4 and ipv6: the ConfigMap's families).
-func ruleMarkers(mode string, mss bool) []string {
-	var m []string
-	if mss {
-		m = mssMarkers(mode)
+// ruleMarkers are what the sampler's baseline (e2e/cluster/sampler) must show of the enabled fixes'
+// rules on a node in this mode, by backend (ipv4 and ipv6: the ConfigMap's families): an nnm-*
+// table's rules, or an NNM- chain's (as the netlink dump of iptables-nft names them, "CHAIN: rule",
+// or as iptables-legacy-save prints them, "-A CHAIN ").
+func ruleMarkers(mode string, mss bool) [][]string {
+	chain := func(name string) []string {
+		return []string{" " + iptables.ChainPrefix + name + ": rule ", "-A " + iptables.ChainPrefix + name + " "}
 	}
+	var m [][]string
 	if mode == "nftables" {
-		for _, f := range []string{"ip", "ip6"} {
-			m = append(m, "table "+f+" "+nftables.TableName(invaliddrop.ID)+" {")
+		tables := []string{invaliddrop.ID}
+		if mss {
+			tables = append(tables, mssclamp.ID)
+		}
+		for _, id := range tables {
+			for _, f := range []string{"ip", "ip6"} {
+				m = append(m, []string{"\t" + f + " " + nftables.TableName(id) + " "})
+			}
 		}
 		return m
 	}
-	m = append(m, "-A "+iptables.ChainPrefix+invaliddrop.ChainName(rules.Input)+" ")
+	m = append(m, chain(invaliddrop.ChainName(rules.Input)))
+	if mss {
+		m = append(m, chain(mssclamp.ChainName))
+	}
 	if mode == "ipvs" {
-		m = append(m, "-A "+iptables.ChainPrefix+ipvsexternalipdnat.ChainDNAT+" ")
+		m = append(m, chain(ipvsexternalipdnat.ChainDNAT))
 	}
 	return m
 }
 
-// samplerScript runs on a node: it dumps the agent's rules (the NNM- lines of the iptables variant
-// the agent programs, the nnm-* nftables tables; counters removed) into a baseline, then every
-// 100 ms again until $samplerDir/stop exists, and records each sample that lacks a line of the
-// baseline. "check" compares one dump with the baseline and prints what is missing.
-const samplerScript = `#!/bin/bash
-dir=` + samplerDir + `
-dump() {
-	for s in $SAVES; do $s 2>/dev/null | grep -E 'NNM-' | sed -E 's/ \[[0-9]+:[0-9]+\]$//'; done
-	nft list ruleset 2>/dev/null | awk '/^table /{p = ($0 ~ / nnm-/)} p' | sed -E 's/counter packets [0-9]+ bytes [0-9]+/counter/'
-}
-if [ "$1" = check ]; then dump | sort >$dir/check; comm -23 $dir/baseline $dir/check; exit 0; fi
-rm -rf $dir; mkdir -p $dir
-dump | sort >$dir/baseline
-n=0 bad=0 maxint=0 absent=0 maxabsent=0 first=$(date +%s%N) prev=$first
-while [ ! -e $dir/stop ]; do
-	sleep 0.1
-	t0=$(date +%s%N)
-	dump | sort >$dir/cur
-	n=$((n + 1))
-	int=$(( (t0 - prev) / 1000000 )); [ $int -gt $maxint ] && maxint=$int
-	missing=$(comm -23 $dir/baseline $dir/cur)
-	if [ -n "$missing" ]; then
-		bad=$((bad + 1)); [ $absent = 0 ] && absent=$prev
-		[ $bad -le 5 ] && { echo "@ $(( (t0 - first) / 1000000 )) ms"; echo "$missing"; } >>$dir/missing
-	elif [ $absent != 0 ]; then
-		a=$(( (t0 - absent) / 1000000 )); [ $a -gt $maxabsent ] && maxabsent=$a; absent=0
-	fi
-	prev=$t0
-done
-[ $absent != 0 ] && { a=$(( (prev - absent) / 1000000 )); [ $a -gt $maxabsent ] && maxabsent=$a; }
-echo "samples=$n lacking=$bad over_ms=$(( (prev - first) / 1000000 )) longest_interval_ms=$maxint longest_absence_ms=$maxabsent" >$dir/summary
-touch $dir/done
-`
+// sampler is e2e/cluster/sampler, which hack/cluster/images.sh builds beside the images; the nodes
+// run it from this machine's root.
+func (c *Cluster) sampler() string { return filepath.Join(c.p.imagesDir, "sampler") }
 
-// startSampler writes the sampler to node and starts it; it returns once the baseline is taken.
-func startSampler(ctx context.Context, c *Cluster, n *Node, saves string) (string, error) {
-	script := "cat >/run/nnm-sampler.sh <<'NNMEOF'\n" + samplerScript + "NNMEOF\n" +
-		"SAVES='" + saves + "' setsid bash /run/nnm-sampler.sh </dev/null >/run/nnm-sampler.log 2>&1 &\n" +
-		"i=0; until [ -s " + samplerDir + "/baseline ]; do i=$((i+1)); [ $i -lt 300 ] || exit 1; sleep 0.2; done; cat " + samplerDir + "/baseline"
+// startSampler starts the sampler on n (every 100 ms until stopSampler) with env (samplerEnv); it
+// returns the baseline once taken.
+func startSampler(ctx context.Context, c *Cluster, n *Node, env string) (string, error) {
+	script := env + " setsid " + c.sampler() + " run " + samplerDir + " 100ms </dev/null >/run/nnm-sampler.log 2>&1 &\n" +
+		"i=0; until [ -s " + samplerDir + "/baseline ]; do i=$((i+1)); [ $i -lt 300 ] || { cat /run/nnm-sampler.log; exit 1; }; sleep 0.2; done; cat " + samplerDir + "/baseline"
 	return n.Shell(ctx, c, script)
 }
 
 // stopSampler stops it and returns its summary and the first samples that lacked rules.
 func stopSampler(ctx context.Context, c *Cluster, n *Node) (string, error) {
-	return n.Shell(ctx, c, "touch "+samplerDir+"/stop; i=0; until [ -e "+samplerDir+"/done ]; do i=$((i+1)); [ $i -lt 300 ] || exit 1; sleep 0.2; done; cat "+samplerDir+"/summary; cat "+samplerDir+"/missing 2>/dev/null; true")
+	return n.Shell(ctx, c, "touch "+samplerDir+"/stop; i=0; until [ -e "+samplerDir+"/done ]; do i=$((i+1)); [ $i -lt 300 ] || { cat /run/nnm-sampler.log; exit 1; }; sleep 0.2; done; cat "+samplerDir+"/summary; cat "+samplerDir+"/missing 2>/dev/null; true")
 }
 
 // checkRules compares the node's rules now with the sampler's baseline; it returns what is missing.
-func checkRules(ctx context.Context, c *Cluster, n *Node, saves string) (string, error) {
-	out, err := n.Shell(ctx, c, "SAVES='"+saves+"' bash /run/nnm-sampler.sh check")
+func checkRules(ctx context.Context, c *Cluster, n *Node, env string) (string, error) {
+	out, err := n.Shell(ctx, c, env+" "+c.sampler()+" check "+samplerDir)
 	return strings.TrimSpace(out), err
 }
 
-// agentSaves is the iptables dump commands for the variant the agent on node programs, from its
-// "environment" log line; none with the nftables backend.
-func agentSaves(ctx context.Context, c *Cluster, node string) (string, error) {
+// samplerEnv is the sampler's environment for the agent on node, from its "environment" log line:
+// nf_tables over netlink (the nftables backend, iptables-nft) needs none; the iptables-legacy variant
+// is sampled through its save commands.
+func samplerEnv(ctx context.Context, c *Cluster, node string) (string, error) {
 	logs, err := agentLogs(ctx, c, node)
 	if err != nil {
 		return "", err
@@ -254,10 +239,10 @@ func agentSaves(ctx context.Context, c *Cluster, node string) (string, error) {
 	if backend == nil || variant == nil {
 		return "", fmt.Errorf("%s: no environment line with backend= and iptablesVariant= in the agent's log:\n%s", node, tailString(logs, 20))
 	}
-	if backend[1] == "nftables" {
-		return "", nil
+	if backend[1] == "iptables" && variant[1] == "legacy" {
+		return "NNM_SAMPLER_SAVES='iptables-legacy-save ip6tables-legacy-save'", nil
 	}
-	return fmt.Sprintf("iptables-%[1]s-save ip6tables-%[1]s-save", variant[1]), nil
+	return "", nil
 }
 
 // holdConn is `workload hold` in client-a through kubectl exec -i: closing stdin ends it.
@@ -357,23 +342,25 @@ func rollingUpgrade(t *testing.T, c *Cluster, registry string, mss bool) string 
 			}
 		}
 	}
-	saves := map[string]string{}
 	for _, n := range c.nodes {
-		s, err := agentSaves(ctx, c, n.name)
+		env, err := samplerEnv(ctx, c, n.name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		saves[n.name] = s
-		baseline, err := startSampler(ctx, c, n, s)
+		baseline, err := startSampler(ctx, c, n, env)
 		if err != nil {
 			t.Fatalf("%s: sampler: %v: %s", n.name, err, baseline)
 		}
 		for _, m := range ruleMarkers(c.mode, mss) {
-			if !strings.Contains(baseline, m) {
+			if !slices.ContainsFunc(m, func(m string) bool { return strings.Contains(baseline, m) }) {
 				t.Fatalf("%s: the agent's rules before the upgrade lack %q:\n%s", n.name, m, baseline)
 			}
 		}
-		t.Logf("%s: sampling the agent's rules every 100 ms (%d lines; %s nft list ruleset)", n.name, strings.Count(baseline, "\n"), s)
+		how := "nf_tables over netlink"
+		if env != "" {
+			how = env
+		}
+		t.Logf("%s: sampling the agent's rules every 100 ms (%d lines, %s)", n.name, strings.Count(baseline, "\n"), how)
 	}
 	svc, err := c.client.CoreV1().Services(testNS).Get(ctx, "lb-local", metav1.GetOptions{})
 	if err != nil {
@@ -499,12 +486,12 @@ func (d *day2State) badConfigMap(t *testing.T) {
 			continue
 		}
 		t.Logf("%s, %v after the ConfigMap update: %s", n.name, time.Since(pushed).Round(time.Second), line)
-		saves, err := agentSaves(ctx, c, n.name)
+		env, err := samplerEnv(ctx, c, n.name)
 		if err != nil {
 			t.Error(err)
 			continue
 		}
-		if missing, err := checkRules(ctx, c, n, saves); err != nil || missing != "" {
+		if missing, err := checkRules(ctx, c, n, env); err != nil || missing != "" {
 			t.Errorf("%s: after the bad ConfigMap the agent's rules lack:\n%s (%v)", n.name, missing, err)
 		}
 	}

@@ -7,7 +7,8 @@
 #   workload.tar  localhost/nnm-cluster-workload:$TAG, the test Pods' server and client
 # pause and workload are the one static binary e2e/cluster/workload (`workload pause`, `workload
 # serve`, ...) in an image built from scratch with buildah. Output, in $BIN/cluster-images:
-# the tarballs and images.env (the references, read by e2e/cluster).
+# the tarballs and images.env (the references, read by e2e/cluster), and the rule sampler
+# (e2e/cluster/sampler), which the nodes run from this machine's root.
 #
 # Environment: NNM_BIN_DIR.
 set -euo pipefail
@@ -26,6 +27,7 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
 (cd "$NNM_ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$tmp/workload" ./e2e/cluster/workload)
+(cd "$NNM_ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$OUT/sampler" ./e2e/cluster/sampler)
 
 # scratch_image REF ARGS...: REF holds /workload with the entrypoint "/workload ARGS...".
 scratch_image() {
