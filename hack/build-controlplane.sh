@@ -20,24 +20,12 @@ TOOLS="$NNM_ROOT/tools"
 
 export CGO_ENABLED=0 GOWORK=off GOFLAGS="-mod=readonly -buildvcs=false"
 
-# kube_version_ldflags stamps the pinned release into /version, as upstream's
-# hack/lib/version.sh does, so clients see v1.36.x instead of v0.0.0-master.
-kube_version_ldflags() {
-	local v major minor
-	v="$(cd "$TOOLS/kube-apiserver" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
-	major="${v#v}"; major="${major%%.*}"
-	minor="${v#v*.}"; minor="${minor%%.*}"
-	local f
-	for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-		f+=" -X $p.gitVersion=$v -X $p.gitMajor=$major -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
-	done
-	echo "$f"
-}
-
 build() {
+	local ld
+	ld="$(nnm_kube_version_ldflags "$TOOLS/kube-apiserver")" # the pinned release in /version (hack/lib.sh)
 	nnm_go_build "$TOOLS/etcd" go.etcd.io/etcd/server/v3 ./cmd/etcd etcd
-	nnm_go_build "$TOOLS/kube-apiserver" k8s.io/kubernetes k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver "$(kube_version_ldflags)"
-	nnm_go_build "$TOOLS/kube-apiserver" k8s.io/kubernetes k8s.io/kubernetes/cmd/kube-proxy kube-proxy "$(kube_version_ldflags)"
+	nnm_go_build "$TOOLS/kube-apiserver" k8s.io/kubernetes k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver "$ld"
+	nnm_go_build "$TOOLS/kube-apiserver" k8s.io/kubernetes k8s.io/kubernetes/cmd/kube-proxy kube-proxy "$ld"
 }
 
 nnm_stamped_build controlplane "$(nnm_inputs_hash hack/build-controlplane.sh tools/kube-apiserver tools/etcd)" build \
