@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -40,8 +41,24 @@ import (
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 )
 
-// day2Env runs the day-2 stages after the fixes' proofs.
+// day2Env selects the kube-proxy modes whose cluster also runs day 2 after the fixes' proofs: a
+// comma-separated list ("ipvs", "ipvs,nftables"), "1" or "all" for every mode, "" or "0" for none.
+// `make test-cluster` sets it (Makefile.cluster.mk says which modes by default, and why).
 const day2Env = "NNM_CLUSTER_DAY2"
+
+func day2Modes() map[string]bool {
+	m := map[string]bool{}
+	switch v := os.Getenv(day2Env); v {
+	case "", "0":
+	case "1", "all":
+		m["ipvs"], m["nftables"] = true, true
+	default:
+		for _, mode := range strings.Split(v, ",") {
+			m[strings.TrimSpace(mode)] = true
+		}
+	}
+	return m
+}
 
 const (
 	upgradeSuffix = "-upgrade" // the second tag: the release's plus this

@@ -42,6 +42,11 @@ func TestCluster(t *testing.T) {
 	if v := os.Getenv(ModesEnv); v != "" {
 		modes = strings.Split(v, ",")
 	}
+	for mode := range day2Modes() {
+		if mode != "ipvs" && mode != "nftables" {
+			t.Fatalf("%s=%q: unknown kube-proxy mode %q (ipvs, nftables, all, 0)", day2Env, os.Getenv(day2Env), mode)
+		}
+	}
 	var rows []row
 	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) { rows = append(rows, runMode(t, p, mode)...) })
@@ -149,12 +154,9 @@ func runMode(t *testing.T, p prerequisites, mode string) []row {
 		client := map[string]string{"hostnet-a": "host-network Pod on node-a", "client-a": "Pod on node-a"}[from]
 		rows = append(rows, row{"kubernetes#75262 (ipvs-externalip-dnat)", mode, client, without[from], with[from]})
 	}
-	// Day 2 in the same cluster boot, after the proofs.
-	// It finds what is still open (issue #38: the 128Mi limit at 10,000 External-IPs, an empty legacy
-	// mangle table after the uninstall, an upgrade's apply rewriting an edited ConfigMap), so it is
-	// opt-in until those are settled: NNM_CLUSTER_DAY2=1 make test-cluster.
-	if os.Getenv(day2Env) != "1" {
-		t.Logf("day 2 not run (set %s=1)", day2Env)
+	// Day 2 in the same cluster boot, after the proofs, in the modes day2Modes selects.
+	if !day2Modes()[mode] {
+		t.Logf("day 2 not run in %s mode (%s=%q)", mode, day2Env, os.Getenv(day2Env))
 		return rows
 	}
 	t.Run("day2", func(t *testing.T) { rows = append(rows, day2(t, c, before, mssAddr, mssWithout)...) })
