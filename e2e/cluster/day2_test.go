@@ -30,6 +30,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
 
 	"github.com/network-node-manager/network-node-manager/backends/iptables"
 	"github.com/network-node-manager/network-node-manager/backends/nftables"
@@ -118,17 +119,58 @@ func (d *day2State) updateConfig(t *testing.T, edit func(string) string) {
 	}
 }
 
-// enableMSSClamp enables mss-clamp in the ConfigMap (docs/deploy.md, Changing the configuration:
-// no restart), waits for its rules on every node and downloads again.
+// installOverlay is the install overlay docs/deploy.md's install steps write into the checkout.
+const installOverlay = "my-cluster/install"
+
+// enableMSSClamp enables mss-clamp as docs/deploy.md's "Changing the configuration" says: a patch of
+// the ConfigMap in the install overlay, applied (no restart; the next apply of the overlay, the
+// upgrade's, keeps it), waits for its rules on every node and downloads again.
 func (d *day2State) enableMSSClamp(t *testing.T, addr string) string {
 	ctx := t.Context()
 	c := d.c
-	d.updateConfig(t, func(f string) string {
-		if !strings.Contains(f, "\nfixes:\n") {
-			t.Fatalf("the ConfigMap's file has no top-level fixes: block:\n%s", f)
-		}
-		return strings.Replace(f, "\nfixes:\n", "\nfixes:\n  "+mssclamp.ID+":\n    enabled: true\n", 1)
+	cm, err := c.client.CoreV1().ConfigMaps(agentNS).Get(ctx, configMapName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := cm.Data["config.yaml"]
+	if !strings.Contains(f, "\nfixes:\n") {
+		t.Fatalf("the ConfigMap's file has no top-level fixes: block:\n%s", f)
+	}
+	f = strings.Replace(f, "\nfixes:\n", "\nfixes:\n  "+mssclamp.ID+":\n    enabled: true\n", 1)
+	patch, err := yaml.Marshal(map[string]any{
+		"apiVersion": "v1", "kind": "ConfigMap",
+		"metadata": map[string]string{"name": configMapName, "namespace": agentNS},
+		"data":     map[string]string{"config.yaml": f},
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(c.p.root, installOverlay)
+	if err := os.WriteFile(filepath.Join(dir, "config.yaml"), patch, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kust, err := os.OpenFile(filepath.Join(dir, "kustomization.yaml"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = kust.WriteString("patches:\n  - path: config.yaml\n")
+	if cerr := kust.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.Kubectl(ctx, c.p.root, "apply", "-k", installOverlay)
+	if err != nil {
+		t.Fatalf("kubectl apply -k %s with mss-clamp enabled in its ConfigMap patch: %v:\n%s", installOverlay, err, out)
+	}
+	t.Logf("kubectl apply -k %s (mss-clamp enabled in a ConfigMap patch of the overlay):\n%s", installOverlay, strings.TrimSpace(out))
+	if !strings.Contains(out, "configmap/"+configMapName+" configured") || strings.Contains(out, "daemonset.apps/network-node-manager configured") {
+		t.Errorf("the apply should change the ConfigMap and nothing of the DaemonSet")
+	}
+	if err := kickKubelet(ctx, c); err != nil {
+		t.Error(err)
+	}
 	start := time.Now()
 	markers := mssMarkers(c.mode)
 	for _, n := range c.nodes {
@@ -147,10 +189,10 @@ func (d *day2State) enableMSSClamp(t *testing.T, addr string) string {
 			return fmt.Errorf("%s: no %v yet", n.name, markers)
 		})
 		if err != nil {
-			t.Fatalf("mss-clamp enabled in the ConfigMap: %v", err)
+			t.Fatalf("mss-clamp enabled in the overlay's ConfigMap: %v", err)
 		}
 	}
-	t.Logf("mss-clamp's rules on every node %v after the ConfigMap update (no restart)", time.Since(start).Round(time.Second))
+	t.Logf("mss-clamp's rules on every node %v after the apply (no restart)", time.Since(start).Round(time.Second))
 	d.mss = true
 	with, ok := download(ctx, c, addr)
 	t.Logf("with the agent (mss-clamp): %s from client-a: %s", addr, with)
