@@ -202,9 +202,11 @@ func (d *day2State) enableMSSClamp(t *testing.T, addr string) string {
 	return with
 }
 
+// mssMarkers are lines of enableMSSClamp's probe once mss-clamp's rules are there: `nft list tables`
+// prints "table ip NAME" (no brace), iptables-save "-A CHAIN ...".
 func mssMarkers(mode string) []string {
 	if mode == "nftables" {
-		return []string{"table ip " + nftables.TableName(mssclamp.ID) + " {"}
+		return []string{"table ip " + nftables.TableName(mssclamp.ID) + "\n"}
 	}
 	return []string{"-A " + iptables.ChainPrefix + mssclamp.ChainName + " "}
 }
