@@ -243,14 +243,11 @@ func ruleMarkers(mode string, mss bool) [][]string {
 	}
 	var m [][]string
 	if mode == "nftables" {
-		tables := []string{invaliddrop.ID}
-		if mss {
-			tables = append(tables, mssclamp.ID)
+		for _, f := range []string{"ip", "ip6"} {
+			m = append(m, []string{"\t" + f + " " + nftables.TableName(invaliddrop.ID) + " "})
 		}
-		for _, id := range tables {
-			for _, f := range []string{"ip", "ip6"} {
-				m = append(m, []string{"\t" + f + " " + nftables.TableName(id) + " "})
-			}
+		if mss { // the pod CIDRs it clamps to are IPv4 only on this cluster: no ip6 table
+			m = append(m, []string{"\tip " + nftables.TableName(mssclamp.ID) + " "})
 		}
 		return m
 	}
