@@ -174,15 +174,8 @@ func waitReachable(t *testing.T, l *lab) {
 	}
 	defer ln.Close()
 	netns.AcceptAndClose(ln)
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		err := netns.Connect(t, l.pod, ln.Addr().String(), 500*time.Millisecond)
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the pod cannot reach the server: %v", err)
-		}
+	if err := netns.ConnectWithin(t, l.pod, ln.Addr().String(), 15*time.Second); err != nil {
+		t.Fatalf("the pod cannot reach the server: %v", err)
 	}
 }
 

@@ -77,3 +77,19 @@ func Connect(t testing.TB, ns *NS, addr string, timeout time.Duration) error {
 	}
 	return err
 }
+
+// ConnectWithin retries Connect (each attempt bounded by 500 ms) until addr accepts a connection
+// or within has passed, and returns the last attempt's error: for checks that a path IS open,
+// where a just-created veth or a loaded machine can lose the first attempt's SYN or ARP. A check
+// that a path is closed uses one Connect, so that it cannot wait for a rule to go away.
+func ConnectWithin(t testing.TB, ns *NS, addr string, within time.Duration) error {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		err := Connect(t, ns, addr, 500*time.Millisecond)
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
