@@ -6,7 +6,9 @@ import "fmt"
 // ServiceMap (issue #41: four LoadBalancer Services of 30,000 ports each, which the API accepts,
 // took the agent to 214 MB against the DaemonSet's 128Mi limit). Entries are counted as the
 // per-Service function wants them (distinct keys), in namespace/name order: a Service whose entries
-// do not fit is skipped whole, with a reason naming it, and every other Service is programmed.
+// do not fit is skipped whole, in every family (a dual-stack Service is never half programmed, and
+// the family the engine computes first takes nothing from the Services before it in the other),
+// with a reason naming it, and every other Service is programmed.
 //
 // The figures come from the memory limit (deploy/base/daemonset.yaml: 128Mi, GOMEMLIMIT 64MiB) and
 // what an entry costs the agent at its peak, measured against the real apiserver and kernel with

@@ -58,7 +58,8 @@ func skipsOf(r fix.ServiceMapResult) []string {
 func TestServiceMapBudget(t *testing.T) {
 	b := fix.Budget{PerService: 10, PerNamespace: 15, PerMap: 30}
 	m := fix.NewServiceMap(budgetEntries).WithBudget(b)
-	// From scratch, as the engine runs the units: ipv4 first (its share of PerMap is taken first).
+	// From scratch, as the engine runs the units: ipv4 first (the budget decides over both families'
+	// entries, whichever comes first: TestServiceMapBudgetWholeService).
 	scratch := func(svcs []*fix.Service, fam rules.Family) fix.ServiceMapResult {
 		sm := fix.NewServiceMap(budgetEntries).WithBudget(b)
 		if fam == rules.IPv6 {
@@ -99,7 +100,7 @@ func TestServiceMapBudget(t *testing.T) {
 	check("cold", rules.IPv4, 30,
 		"a/big service-budget", "a/one namespace-budget", "a/three namespace-budget", "a/two namespace-budget",
 		"c/small fix-budget", "e/late fix-budget")
-	// The ipv6 map has only d/v6, but the map's budget is shared: ipv4 holds all 30.
+	// The ipv6 map has only d/v6, but the map's budget is shared: the Services before it hold all 30.
 	check("the other family, budget used up", rules.IPv6, 0, "d/v6 fix-budget")
 
 	// a/nine shrinks to 2: a/one (8, a: 13) gets in, then a/three (7, a: 20) does not; the map has
@@ -127,5 +128,45 @@ func TestOverServiceBudget(t *testing.T) {
 	}
 	if s, over := fix.OverServiceBudget(fix.MaxEntriesPerService + 1); !over || s.Reason != fix.ReasonServiceBudget {
 		t.Errorf("one entry more: %+v, %v", s, over)
+	}
+}
+
+// TestServiceMapBudgetWholeService: a dual-stack Service is let in or refused in every family
+// alike, decided in namespace/name order over its entries of all families, whatever family the
+// engine computes first: never programmed in one family and refused in the other, and never one
+// family taking the map's budget from the Services before it in the other.
+func TestServiceMapBudgetWholeService(t *testing.T) {
+	b := fix.Budget{PerService: 10, PerNamespace: 12, PerMap: 20}
+	// In namespace/name order: a/one 4+4 (a: 4 and 4, map 8), a/three 3+3 (a: 7 and 7, map 14),
+	// a/two 6 in ipv4 (a: 13 > 12, refused), b/one 4+4 (map 22 > 20, refused in both), b/two 5 in
+	// ipv6 (map 19), c/one 2 in ipv6 (map 21 > 20, refused).
+	svcs := []*fix.Service{
+		svcPorts("a", "one", 4, "203.0.113.1", "2001:db8::1"),
+		svcPorts("a", "two", 6, "203.0.113.2"),
+		svcPorts("a", "three", 3, "203.0.113.3", "2001:db8::3"),
+		svcPorts("b", "one", 4, "203.0.113.4", "2001:db8::4"),
+		svcPorts("b", "two", 5, "2001:db8::5"),
+		svcPorts("c", "one", 2, "2001:db8::6"),
+	}
+	tk.SortServices(svcs)
+	want := map[rules.Family][]string{
+		rules.IPv4: {"a/two namespace-budget", "b/one fix-budget"},
+		rules.IPv6: {"b/one fix-budget", "c/one fix-budget"},
+	}
+	wantEntries := map[rules.Family]int{rules.IPv4: 7, rules.IPv6: 12}
+	for _, order := range [][]rules.Family{{rules.IPv4, rules.IPv6}, {rules.IPv6, rules.IPv4}} {
+		m := fix.NewServiceMap(budgetEntries).WithBudget(b)
+		got := map[rules.Family]fix.ServiceMapResult{}
+		for _, fam := range order {
+			got[fam] = m.Update(svcs, fam, 0)
+		}
+		for _, fam := range order { // the family computed first, again: its result agrees now
+			got[fam] = m.Update(svcs, fam, 0)
+		}
+		for fam, r := range got {
+			if len(r.Entries) != wantEntries[fam] || !slices.Equal(skipsOf(r), want[fam]) {
+				t.Errorf("order %v, %s: %d entries, skips %q; want %d, %q", order, fam, len(r.Entries), skipsOf(r), wantEntries[fam], want[fam])
+			}
+		}
 	}
 }

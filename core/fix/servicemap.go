@@ -2,6 +2,7 @@ package fix
 
 import (
 	"fmt"
+	"hash/maphash"
 	"net/netip"
 	"slices"
 	"sync"
@@ -109,8 +110,12 @@ type serviceMapState[In comparable] struct {
 	owner     map[entryKey]*svcState
 	contested map[entryKey][]*svcState
 	result    ServiceMapResult
-	// total is how many entries the budget let in (for the other families' PerMap).
-	total int
+	// refused is a digest of the Services the Budget refused at this family's last Update (it
+	// decides over every family's entries, so all families agree when their inputs do); dirty: an
+	// Update of another family decided otherwise since, so the next Update of this one decides again
+	// even when its Services did not change.
+	refused uint64
+	dirty   bool
 }
 
 // Update returns the map and report for services (sorted by namespace/name, as Snapshot.Services
@@ -122,7 +127,7 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 	if st == nil || st.in != in {
 		st = &serviceMapState[In]{in: in, owner: map[entryKey]*svcState{}, contested: map[entryKey][]*svcState{}}
 		m.fams[family] = st
-	} else if unchanged(st.svcs, services) {
+	} else if !st.dirty && unchanged(st.svcs, services) {
 		return st.result
 	}
 
@@ -236,50 +241,113 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 	return st.result
 }
 
-// admit applies the budget to st.svcs (the new Services, in namespace/name order; PerMap less what
-// the map's other families hold): it sets each state's
-// admitted and over, and returns the states whose keys must now be claimed (added ones let in, and
-// kept ones let in again) and those whose keys must be released (kept ones no longer let in). added
-// are the states computed in this call, which hold no keys yet.
+// admit applies the budget to st.svcs (the new Services, in namespace/name order): it sets each
+// state's admitted and over, and returns the states whose keys must now be claimed (added ones let
+// in, and kept ones let in again) and those whose keys must be released (kept ones no longer let
+// in). added are the states computed in this call, which hold no keys yet.
+//
+// A Service is let in or refused whole, in every family alike: the budget goes through the Services
+// in namespace/name order with their entries in each family the map knows (this one's computed
+// now; another family's from its last Update, computed again with that family's input for a
+// Service whose object changed since), so that a dual-stack Service is never programmed in one
+// family and refused in the other, and the family computed first does not take the map's budget
+// from the Services before it in the other. When the other families' last Updates decided otherwise
+// (they had not seen these Services, or this family's entries), they are marked to decide again at
+// their next Update. A family whose first Update comes before any other family's decides over its
+// own entries alone until then (its engine unit computes again when a Service changes).
 func (m *ServiceMap[In]) admit(st *serviceMapState[In], family rules.Family, added []*svcState) (in, out []*svcState) {
-	total := 0
 	svcs := st.svcs
-	other := 0 // what the map's other families hold
-	for f, o := range m.fams {
+	// The families, in one order whatever family is computed: the decisions add up alike.
+	fams := []rules.Family{family}
+	for f := range m.fams {
 		if f != family {
-			other += o.total
+			fams = append(fams, f)
 		}
 	}
-	defer func() { st.total = total }()
+	slices.Sort(fams)
+	others := make([]*serviceMapState[In], len(fams)) // nil at family
+	cursors := make([]int, len(fams))
+	for i, f := range fams {
+		if f != family {
+			others[i] = m.fams[f]
+		}
+	}
+	// count is how many entries svc wants in the i-th family.
+	count := func(i int, ref svcRef) int {
+		o := others[i]
+		if o == nil {
+			if ref.st == nil {
+				return 0
+			}
+			return int(ref.st.n)
+		}
+		j := cursors[i]
+		for j < len(o.svcs) && CompareServices(o.svcs[j].obj, ref.obj) < 0 {
+			j++
+		}
+		cursors[i] = j
+		if j < len(o.svcs) && o.svcs[j].obj == ref.obj {
+			if o.svcs[j].st == nil {
+				return 0
+			}
+			return int(o.svcs[j].st.n)
+		}
+		e, _ := m.wanted(ref.obj, fams[i], o.in)
+		return len(e)
+	}
 	isNew := make(map[*svcState]bool, len(added))
 	for _, s := range added {
 		isNew[s] = true
 	}
 	b := m.budget
-	var nsUsed int
+	total := 0
+	nsUsed := make([]int, len(fams))
 	ns := ""
+	n := make([]int, len(fams))
+	var refused maphash.Hash
+	refused.SetSeed(refusedSeed)
 	for _, ref := range svcs {
+		sum := 0
+		for i := range fams {
+			n[i] = count(i, ref)
+			sum += n[i]
+		}
+		if sum == 0 {
+			continue
+		}
+		if ref.obj.Namespace != ns {
+			ns = ref.obj.Namespace
+			clear(nsUsed)
+		}
+		name := ref.obj.Key()
+		var over *Skip
+		for i, f := range fams {
+			if sk, ok := serviceBudgetSkip(name, n[i], b.PerService); ok {
+				sk.Detail = fmt.Sprintf("%s (%s)", sk.Detail, f)
+				over = &sk
+				break
+			}
+		}
+		for i, f := range fams {
+			if over == nil && nsUsed[i]+n[i] > b.PerNamespace {
+				over = &Skip{Object: name, Reason: ReasonNamespaceBudget, Detail: fmt.Sprintf("the Service wants %d %s entries and the Services before it in namespace %s have %d of the %d one namespace may have in a family (fix.MaxEntriesPerNamespace); none of them is programmed, in any family", n[i], f, ns, nsUsed[i], b.PerNamespace)}
+			}
+		}
+		if over == nil && total+sum > b.PerMap {
+			over = &Skip{Object: name, Reason: ReasonFixBudget, Detail: fmt.Sprintf("the Service wants %d entries in all families and the fix has %d of the %d it may program in all families (fix.MaxEntriesPerFix); none of them is programmed, in any family", sum, total, b.PerMap)}
+		}
+		if over == nil {
+			for i := range fams {
+				nsUsed[i] += n[i]
+			}
+			total += sum
+		} else {
+			refused.WriteString(name)
+			refused.WriteByte(0)
+		}
 		s := ref.st
 		if s == nil || s.n == 0 {
 			continue
-		}
-		if s.obj.Namespace != ns {
-			ns, nsUsed = s.obj.Namespace, 0
-		}
-		n := int(s.n)
-		var over *Skip
-		if sk, ok := serviceBudgetSkip(s.name(), n, b.PerService); ok {
-			over = &sk
-		}
-		switch {
-		case over != nil:
-		case nsUsed+n > b.PerNamespace:
-			over = &Skip{Object: s.name(), Reason: ReasonNamespaceBudget, Detail: fmt.Sprintf("the Service wants %d entries and the Services before it in namespace %s have %d of the %d one namespace may have (fix.MaxEntriesPerNamespace); none of them is programmed", n, ns, nsUsed, b.PerNamespace)}
-		case other+total+n > b.PerMap:
-			over = &Skip{Object: s.name(), Reason: ReasonFixBudget, Detail: fmt.Sprintf("the Service wants %d entries and the fix has %d of the %d it may program in all families (fix.MaxEntriesPerFix); none of them is programmed", n, other+total, b.PerMap)}
-		default:
-			nsUsed += n
-			total += n
 		}
 		was := s.admitted && !isNew[s]
 		s.admitted, s.over = over == nil, over
@@ -290,8 +358,17 @@ func (m *ServiceMap[In]) admit(st *serviceMapState[In], family rules.Family, add
 			out = append(out, s)
 		}
 	}
+	st.refused, st.dirty = refused.Sum64(), false
+	for _, o := range others {
+		if o != nil && o.refused != st.refused {
+			o.dirty = true
+		}
+	}
 	return in, out
 }
+
+// refusedSeed seeds the digests of refused Services (compared within the process only).
+var refusedSeed = maphash.MakeSeed()
 
 // walked is what changed between the previous Services of a map and the new ones.
 type walked struct {
