@@ -46,9 +46,9 @@ func walk(chains map[string]*rchain, from string, dst netip.Addr) (string, int, 
 		target := ""
 		for i := 0; i+1 < len(f); i++ {
 			switch f[i] {
-			case "-d":
+			case "-d", "--ctorigdst":
 				d = netip.MustParsePrefix(f[i+1])
-			case "-j":
+			case "-j", "-g":
 				target = f[i+1]
 			}
 		}
@@ -57,7 +57,9 @@ func walk(chains map[string]*rchain, from string, dst netip.Addr) (string, int, 
 			continue // not a dispatch rule (the mark rules of the DNAT chain)
 		}
 		steps++
-		if !d.Contains(dst) {
+		// A dispatch rule without a prefix is a lookup's conntrack-status guard (the walked
+		// connection has the status).
+		if d.IsValid() && !d.Contains(dst) {
 			continue
 		}
 		if !c.node {
@@ -191,5 +193,63 @@ func TestDispatchTreeGolden(t *testing.T) {
 			t.Fatal(err)
 		}
 		golden(t, "externalip-tree-"+string(family), got)
+	}
+}
+
+// scatteredMasq is scatteredDNAT with the DNAT fix's masquerade (issue #41): the postrouting chain
+// looks the map up by the connection's original destination, for connections with the DNAT status.
+func scatteredMasq(family rules.Family, n int) *rules.Ruleset {
+	rs := scatteredDNAT(family, n)
+	rs.Chains[3].Rules = []rules.Rule{{Match: rules.Match{CTStatus: rules.CTDNAT, Lookup: "external-ips", LookupKey: rules.LookupCTOriginal},
+		Verdict: rules.Verdict{Kind: rules.Masquerade}, Comment: "masquerade what was DNATed"}}
+	return rs
+}
+
+// TestMasqueradeDispatchTree: the masquerade's lookup by original destination is a tree too, behind
+// one guard rule: its postrouting chain holds that rule alone, every entry's original destination
+// reaches its own masquerade bucket, and the dispatch rules a DNATed connection meets grow with the
+// logarithm of the buckets, as in the DNAT chain (one -m conntrack match per rule met, so this is
+// the walk that costs most per rule).
+func TestMasqueradeDispatchTree(t *testing.T) {
+	for _, family := range []rules.Family{rules.IPv4, rules.IPv6} {
+		for _, n := range []int{dispatchLeaf, 100, 2000, 20000} {
+			t.Run(fmt.Sprintf("%s/%d", family, n), func(t *testing.T) {
+				rs := scatteredMasq(family, n)
+				out, _, err := renderChains(rs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				chains := map[string]*rchain{}
+				for _, c := range out {
+					chains[c.name] = c
+				}
+				post := chains["NNM-EXTIP-MASQ"]
+				if len(post.lines) != 1 || !strings.Contains(post.lines[0], "-m conntrack --ctstate DNAT ") || strings.Contains(post.lines[0], "--ctorigdst") {
+					t.Fatalf("the postrouting chain is not one guard rule:\n%s", strings.Join(post.lines, "\n"))
+				}
+				levels := (bits.Len(uint(n)) + dispatchStride - 1) / dispatchStride
+				bound := 1 + (1<<dispatchStride)*levels + dispatchLeaf
+				worst := 0
+				rng := rand.New(rand.NewPCG(3, 4))
+				for range min(n, 2000) {
+					a := scatteredAddr(family, rng.IntN(n))
+					got, steps, _ := walk(chains, "NNM-EXTIP-MASQ", a)
+					if want := bucketName("EXTIP-MASQ", 1, bucketPrefix(a)); got != want {
+						t.Fatalf("original destination %s reaches %q, want its bucket %s", a, got, want)
+					}
+					if !strings.Contains(strings.Join(chains[got].lines, "\n"), "--ctorigdst "+a.String()+" ") {
+						t.Fatalf("bucket %s does not masquerade %s:\n%s", got, a, strings.Join(chains[got].lines, "\n"))
+					}
+					worst = max(worst, steps)
+				}
+				if worst > bound {
+					t.Errorf("%d buckets: a DNATed connection meets up to %d masquerade dispatch rules, want at most %d", n, worst, bound)
+				}
+				if n > dispatchLeaf && worst >= n/4 {
+					t.Errorf("%d buckets: %d masquerade dispatch rules met, a linear walk", n, worst)
+				}
+				t.Logf("%d buckets: at most %d masquerade dispatch rules met (the guard included; bound %d)", n, worst, bound)
+			})
+		}
 	}
 }

@@ -205,11 +205,16 @@ func (l *lab) setup(ctx context.Context) error {
 	return nil
 }
 
-// baseRules is what kube-proxy holds on every node and the floor has too: a nat table with a
-// masquerade rule in POSTROUTING, so conntrack and the nat hooks run for every new connection with
-// or without the agent (both families, iptables-nft).
+// baseRules is what kube-proxy holds on every node and the floor has too: a nat table whose
+// PREROUTING and OUTPUT jump to KUBE-SERVICES (empty here: IPVS answers the Service addresses) and
+// whose POSTROUTING holds the masquerade rule, so conntrack and all three nat hooks run for every
+// new connection with or without the agent (both families, iptables-nft). The fix's jumps go
+// before KUBE-SERVICES, as on a real node. Without the PREROUTING and OUTPUT jumps iptables-nft
+// would not create those base chains on the floor node, and the node with the rules would pay two
+// nat hooks that the floor does not: Δ would not be the fix's rules alone.
 func baseRules(ctx context.Context, node string) error {
-	const base = "*nat\n:KUBE-POSTROUTING - [0:0]\n-A POSTROUTING -j KUBE-POSTROUTING\n" +
+	const base = "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-POSTROUTING - [0:0]\n" +
+		"-A PREROUTING -j KUBE-SERVICES\n-A OUTPUT -j KUBE-SERVICES\n-A POSTROUTING -j KUBE-POSTROUTING\n" +
 		"-A KUBE-POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE\nCOMMIT\n"
 	for _, tool := range []string{"iptables-nft-restore", "ip6tables-nft-restore"} {
 		cmd := testenv.Command(ctx, node, tool, "--noflush")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -84,3 +85,78 @@ func TestLoadIsTheFixsRules(t *testing.T) {
 		}
 	}
 }
+
+// TestFloorIsTheNodeWithoutTheRules: the floor node holds what the node holds without the fix's
+// rules (the same nat base chains and kube-proxy stand-in, so the same hooks run for every new
+// connection), and with the rules loaded the node differs from it only by the fix's chains, tables
+// and jumps.
+func TestFloorIsTheNodeWithoutTheRules(t *testing.T) {
+	testenv.RequireKernel(t, "iptables-nft-restore", "ip6tables-nft-restore", "nft", "ip")
+	ctx := context.Background()
+	l, err := newLab(ctx)
+	if err != nil {
+		testenv.Unavailable(t, "lab: %v", err)
+	}
+	defer l.close()
+	dump := func(ns string) string {
+		out, err := testenv.Exec(ctx, ns, "nft", "list", "ruleset")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return withoutTheFix(out)
+	}
+	floor := dump(l.node[1])
+	for _, hook := range []string{"type nat hook prerouting", "type nat hook output", "type nat hook postrouting"} {
+		if strings.Count(floor, hook) != 2 { // ip and ip6
+			t.Errorf("the floor node lacks a %s chain in a family:\n%s", hook, floor)
+		}
+	}
+	if got := dump(l.node[0]); got != floor {
+		t.Errorf("before any load the nodes differ:\n%s\nfloor:\n%s", got, floor)
+	}
+	for _, fam := range []rules.Family{rules.IPv4, rules.IPv6} {
+		rs, err := ruleset(plans[fam], scattered, 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, be := range []string{"iptables", "nftables"} {
+			if err := l.load(ctx, be, fam, rs); err != nil {
+				t.Fatal(err)
+			}
+			if got := dump(l.node[0]); got != floor {
+				t.Errorf("%s %s: the node holds more than the floor and the fix's rules:\n%s\nfloor:\n%s", be, fam, got, floor)
+			}
+			if err := l.load(ctx, be, fam, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// withoutTheFix is an nft list ruleset without the fix's own objects (its tables, its chains, the
+// jumps to them) and without counter values.
+func withoutTheFix(dump string) string {
+	var out []string
+	skip := ""
+	for _, line := range strings.Split(dump, "\n") {
+		trim := strings.TrimSpace(line)
+		if skip != "" {
+			if line == skip {
+				skip = ""
+			}
+			continue
+		}
+		indent := line[:len(line)-len(strings.TrimLeft(line, "\t"))]
+		if (strings.HasPrefix(trim, "table ") && strings.Contains(trim, " nnm")) || strings.HasPrefix(trim, "chain NNM-") {
+			skip = indent + "}"
+			continue
+		}
+		if strings.Contains(trim, "jump NNM-") || strings.HasPrefix(trim, "# Warning") || trim == "" {
+			continue
+		}
+		out = append(out, counterValues.ReplaceAllString(line, "counter"))
+	}
+	return strings.Join(out, "\n")
+}
+
+var counterValues = regexp.MustCompile(`counter packets \d+ bytes \d+`)
