@@ -9,8 +9,15 @@ import (
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
-// TestMain lets the test binary be the measured child of measureConntrack.
+// TestMain lets the test binary be the measured child of measureConntrack and the fleet child.
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(fleetChildEnv); spec != "" {
+		if err := fleetChild(spec); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if spec := os.Getenv(ctChildEnv); spec != "" {
 		if err := conntrackChild(spec); err != nil {
 			fmt.Fprintln(os.Stderr, err)

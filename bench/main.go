@@ -4,6 +4,7 @@
 //
 //	go run ./bench -n 1000,10000 -backends iptables,nftables
 //	go run ./bench -manifest -conntrack 100000,250000   # stale-udp-conntrack's peak RSS (conntrack.go)
+//	go run ./bench -fleet 50,200 -fleet-restart 50      # what K agent starts cost the apiserver (fleet.go)
 //
 // It needs root (network namespaces), bin/network-node-manager (make build) and bin/etcd,
 // bin/kube-apiserver (make controlplane). Every kernel change happens in namespaces it creates.
@@ -45,6 +46,12 @@ type options struct {
 }
 
 func main() {
+	if spec := os.Getenv(fleetChildEnv); spec != "" {
+		if err := fleetChild(spec); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	if spec := os.Getenv(ctChildEnv); spec != "" {
 		if err := conntrackChild(spec); err != nil {
 			log.Fatal(err)
@@ -68,6 +75,12 @@ func main() {
 	hostile := flag.String("hostile", "", "instead of the Services benchmark: <services>x<ports> LoadBalancer Services of one tenant (issue #41 row 2), e.g. 4x30000; with -manifest under the DaemonSet's settings")
 	flag.StringVar(&o.agentBin, "agent-bin", "", "the agent binary (default bin/network-node-manager)")
 	flag.StringVar(&o.profileDir, "profile", "", "build the agent with -tags profile and write heap profiles (after the cold start, the changes and the idle window) to this directory")
+	fleet := flag.String("fleet", "", "instead of the Services benchmark: K concurrent watcher starts against the real apiserver with -fleet-n Services, for each K (e.g. 50,200,500) and each of -fleet-kinds (fleet.go)")
+	fleetN := flag.Int("fleet-n", 10000, "with -fleet: LoadBalancer Services in the apiserver")
+	fleetKinds := flag.String("fleet-kinds", "agent,kube-proxy,list", "with -fleet: the watchers (agent, agent-json, kube-proxy, list, list-json)")
+	fleetRestart := flag.Int("fleet-restart", 0, "with -fleet: also restart kube-apiserver under this many synced agents (and kube-proxies)")
+	fleetOutage := flag.Int("fleet-outage", 0, "with -fleet: also start this many agents while kube-apiserver is down")
+	fleetDown := flag.Duration("fleet-downtime", 5*time.Second, "with -fleet-restart and -fleet-outage: how long kube-apiserver is down")
 	flag.Parse()
 	if *agentEnv != "" {
 		o.agentEnv = strings.Split(*agentEnv, ",")
@@ -116,6 +129,26 @@ func main() {
 	}
 	o.backends = strings.Split(*backends, ",")
 
+	if *fleet != "" {
+		fo := fleetOptions{n: *fleetN, kinds: strings.Split(*fleetKinds, ","), restartK: *fleetRestart, outageK: *fleetOutage, downtime: *fleetDown, out: o.out}
+		for _, s := range strings.Split(*fleet, ",") {
+			k, err := strconv.Atoi(strings.TrimSpace(s))
+			if err != nil || k <= 0 {
+				log.Fatalf("-fleet: bad K %q", s)
+			}
+			fo.ks = append(fo.ks, k)
+		}
+		if err := controlplane.CheckPrerequisites(""); err != nil {
+			log.Fatal(err)
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		if err := runFleet(ctx, fo); err != nil {
+			log.Printf("bench failed: %v", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := agenttest.CheckPrerequisites(); err != nil {
 		log.Fatal(err)
 	}

@@ -453,6 +453,17 @@ func serverURL(ip netip.Addr) string {
 	return "https://" + netip.AddrPortFrom(ip, apiserverPort).String()
 }
 
+// APIServerPID is the pid of the running kube-apiserver (its /proc/<pid> has the apiserver's own
+// memory and CPU: `ip netns exec` execs it), 0 when it does not run.
+func (c *ControlPlane) APIServerPID() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.apiserver == nil || c.apiserver.exitError() != nil {
+		return 0
+	}
+	return c.apiserver.cmd.Process.Pid
+}
+
 // Server is the apiserver URL reachable from the root netns.
 func (c *ControlPlane) Server() string { return serverURL(c.hostLink.peerIP()) }
 
