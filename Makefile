@@ -154,6 +154,15 @@ bench: deps build controlplane
 bench-datapath: deps
 	$(GO) run ./bench/datapath $(BENCH_DATAPATH_ARGS)
 
+## bench-fleet: what K agents starting at once cost the API server, beside kube-proxy's watches and a
+## plain LIST, and a kube-apiserver restart under them (BENCHMARKS.md, Fleet). Needs root and the
+## control plane (make controlplane); 10-20 min on 2 cores. Writes bin/bench-fleet.md;
+## BENCH_FLEET_ARGS replaces the sizes (go run ./bench -h lists the -fleet flags).
+.PHONY: bench-fleet
+BENCH_FLEET_ARGS ?= -fleet 50,200 -fleet-kinds agent,list -fleet-restart 50 -fleet-outage 50
+bench-fleet: controlplane
+	$(GO) run ./bench -out bin/bench-fleet.md $(BENCH_FLEET_ARGS)
+
 lint: vet fmt
 vet:
 	$(GO) vet ./...

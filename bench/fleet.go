@@ -31,8 +31,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 )
 
@@ -74,6 +77,9 @@ func runFleet(ctx context.Context, fo fleetOptions) error {
 		return err
 	}
 	logf("%d LoadBalancer Services exist (%v)", fo.n, time.Since(t0).Round(time.Millisecond))
+	if err := fleetIdentities(ctx, cp); err != nil {
+		return err
+	}
 
 	var rows []*fleetRow
 	for _, kind := range fo.kinds {
@@ -111,6 +117,28 @@ func runFleet(ctx context.Context, fo fleetOptions) error {
 	fmt.Println(table)
 	if fo.out != "" {
 		return os.WriteFile(fo.out, []byte(table), 0o644)
+	}
+	return nil
+}
+
+// fleetIdentities gives the members' ServiceAccounts their roles: the agent's RBAC from deploy/base
+// (applied as the install applies it), kube-proxy's binding to system:node-proxier (as kubeadm binds
+// it).
+func fleetIdentities(ctx context.Context, cp *controlplane.ControlPlane) error {
+	files, err := agenttest.DeployBaseFiles()
+	if err != nil {
+		return err
+	}
+	if err := agenttest.ApplyManifests(ctx, cp.AdminRESTConfig(), files, nil); err != nil {
+		return fmt.Errorf("the agent's RBAC: %w", err)
+	}
+	_, err = cp.AdminClient().RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "fleet-bench-kube-proxy"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:node-proxier"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "kube-proxy", Namespace: metav1.NamespaceSystem}},
+	}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("kube-proxy's binding: %w", err)
 	}
 	return nil
 }
@@ -368,9 +396,9 @@ func fleetStartPhase(ctx context.Context, cp *controlplane.ControlPlane, c *clus
 }
 
 func (r *fleetRow) summary() string {
-	return fmt.Sprintf("%s K=%d: %d/%d synced (p50 %.1fs, last %.1fs, fewest Services %d); apiserver peak +%s (%s/start), steady +%s, CPU %.1fs; received %s (%s/start); requests %v; 429s %d (apiserver: %.0f rejected, %.0f answered 429); child peak RSS %s",
+	return fmt.Sprintf("%s K=%d: %d/%d synced (p50 %.1fs, last %.1fs, fewest Services %d); apiserver peak +%s (%s/start), steady +%s, CPU %.1fs; received %s (%s/start); requests %v; 429s %d (apiserver: %.0f rejected, %.0f answered 429); child peak RSS %s, CPU %.1fs",
 		r.kind, r.k, r.ev.Synced, r.k, r.ev.SyncP50, r.ev.SyncMax, r.ev.MinObjects, mibKB(r.peakKB), mibKB(r.peakKB/int64(r.k)), mibKB(r.steadyKB), r.cpu,
-		mibB(r.ev.BytesIn), mibB(r.ev.BytesIn/int64(r.k)), r.ev.Requests, r.ev.Status429, r.rejected, r.server429, mibKB(r.ev.ChildHWMkB))
+		mibB(r.ev.BytesIn), mibB(r.ev.BytesIn/int64(r.k)), r.ev.Requests, r.ev.Status429, r.rejected, r.server429, mibKB(r.ev.ChildHWMkB), r.ev.ChildCPU)
 }
 
 // restartRow is the apiserver-restart phase: K members synced, the apiserver stopped for downtime

@@ -31,6 +31,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strconv"
@@ -62,6 +63,9 @@ import (
 // fleetChildEnv makes the bench binary (or the test binary) the fleet child; its value is a
 // fleetSpec in JSON.
 const fleetChildEnv = "NNM_BENCH_FLEET_CHILD"
+
+// fleetProfileEnv names a file for the child's CPU profile (until it quits).
+const fleetProfileEnv = "NNM_BENCH_FLEET_CPUPROFILE"
 
 type fleetSpec struct {
 	Kind       string
@@ -100,8 +104,9 @@ type fleetEvent struct {
 	// MarkerP50, MarkerMax: seconds from the reference time to members' caches holding the marker.
 	MarkerP50, MarkerMax float64
 	MarkerSeen           int
-	ChildHWMkB           int64  // the child's peak RSS
-	Err                  string `json:",omitempty"`
+	ChildHWMkB           int64   // the child's peak RSS
+	ChildCPU             float64 // the child's CPU seconds (user + system) since it started
+	Err                  string  `json:",omitempty"`
 }
 
 // member is one simulated node agent.
@@ -216,6 +221,7 @@ func newAgentMember(spec fleetSpec, i int, log *reqLog, contentType string, slog
 	if contentType != "" {
 		rc.ContentType = contentType
 	}
+	rc.Impersonate.UserName = agentUser
 	var client kube.Interface
 	h := watch.NewHub(func() (kube.Interface, error) { return client, nil }, cfg.NodeName, slog)
 	rc.Wrap(h.WrapTransport) // as agent.Hub does (api.SetWrap)
@@ -265,11 +271,21 @@ func adminConfig(spec fleetSpec, m *member, id int, log *reqLog, contentType str
 	}
 	rc.ContentType = contentType
 	rc.QPS, rc.Burst = qps, burst
+	rc.Impersonate.UserName = agentUser
 	instrument(rc, m, id, log)
 	return rc, nil
 }
 
 const protobufType = "application/vnd.kubernetes.protobuf"
+
+// The members act as the ServiceAccounts a cluster runs them with (the admin kubeconfig
+// impersonates them), so that the apiserver's flow control classifies their requests as it would
+// (kube-system's ServiceAccounts: the workload-high priority level) and RBAC allows what their roles
+// allow: the agent's ClusterRole from deploy/base, kube-proxy's system:node-proxier (fleetIdentities).
+const (
+	agentUser     = "system:serviceaccount:kube-system:network-node-manager"
+	kubeProxyUser = "system:serviceaccount:kube-system:kube-proxy"
+)
 
 // newKubeProxyMember reproduces kube-proxy's informers (see the package comment above).
 func newKubeProxyMember(spec fleetSpec, i int, log *reqLog) (*member, error) {
@@ -279,6 +295,7 @@ func newKubeProxyMember(spec fleetSpec, i int, log *reqLog) (*member, error) {
 		return nil, err
 	}
 	rc.UserAgent = "kube-proxy-fleet-bench"
+	rc.Impersonate.UserName = kubeProxyUser
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, err
@@ -381,6 +398,16 @@ func fleetChild(specJSON string) error {
 	}
 	log := &reqLog{from: time.Now()}
 	slogger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if path := os.Getenv(fleetProfileEnv); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	start := time.Now()
 	members := make([]*member, spec.K)
 	informersEach := 3
@@ -568,6 +595,7 @@ func fleetStats(log *reqLog, members []*member, syncedAt []float64, k int) fleet
 		}
 	}
 	e.ChildHWMkB = procStatusKB(os.Getpid(), "VmHWM")
+	e.ChildCPU = procCPU(os.Getpid())
 	return e
 }
 

@@ -77,7 +77,7 @@ func main() {
 	flag.StringVar(&o.profileDir, "profile", "", "build the agent with -tags profile and write heap profiles (after the cold start, the changes and the idle window) to this directory")
 	fleet := flag.String("fleet", "", "instead of the Services benchmark: K concurrent watcher starts against the real apiserver with -fleet-n Services, for each K (e.g. 50,200,500) and each of -fleet-kinds (fleet.go)")
 	fleetN := flag.Int("fleet-n", 10000, "with -fleet: LoadBalancer Services in the apiserver")
-	fleetKinds := flag.String("fleet-kinds", "agent,kube-proxy,list", "with -fleet: the watchers (agent, agent-json, kube-proxy, list, list-json)")
+	fleetKinds := flag.String("fleet-kinds", "agent,kube-proxy,list", "with -fleet: the watchers (agent, agent-json, kube-proxy, list, list-json; none: only -fleet-restart and -fleet-outage)")
 	fleetRestart := flag.Int("fleet-restart", 0, "with -fleet: also restart kube-apiserver under this many synced agents (and kube-proxies)")
 	fleetOutage := flag.Int("fleet-outage", 0, "with -fleet: also start this many agents while kube-apiserver is down")
 	fleetDown := flag.Duration("fleet-downtime", 5*time.Second, "with -fleet-restart and -fleet-outage: how long kube-apiserver is down")
@@ -130,7 +130,10 @@ func main() {
 	o.backends = strings.Split(*backends, ",")
 
 	if *fleet != "" {
-		fo := fleetOptions{n: *fleetN, kinds: strings.Split(*fleetKinds, ","), restartK: *fleetRestart, outageK: *fleetOutage, downtime: *fleetDown, out: o.out}
+		fo := fleetOptions{n: *fleetN, restartK: *fleetRestart, outageK: *fleetOutage, downtime: *fleetDown, out: o.out}
+		if *fleetKinds != "none" {
+			fo.kinds = strings.Split(*fleetKinds, ",")
+		}
 		for _, s := range strings.Split(*fleet, ",") {
 			k, err := strconv.Atoi(strings.TrimSpace(s))
 			if err != nil || k <= 0 {
