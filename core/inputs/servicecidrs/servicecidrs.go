@@ -6,6 +6,7 @@ package servicecidrs
 import (
 	"context"
 	"errors"
+	"math"
 	"net/netip"
 	"net/url"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/internal/config"
@@ -75,8 +77,17 @@ func (in *Input) Start(h *watch.Hub) error {
 	return nil
 }
 
+// discoveryBackoff is the wait between discovery attempts: 0.5 s doubling to 15 s, each wait
+// stretched by a random 0-100% (client-go's reflectors jitter theirs alike). Without the jitter
+// every agent that started in the same second (a rollout, nodes rebooting while the API server is
+// down) asked again in the same 100 ms, for as long as the API server did not answer (the fleet
+// benchmark in BENCHMARKS.md).
+func discoveryBackoff() wait.Backoff {
+	return wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Jitter: 1, Steps: math.MaxInt32, Cap: 15 * time.Second}
+}
+
 func (in *Input) discover(ctx context.Context, h *watch.Hub, client kube.Interface) {
-	backoff := 500 * time.Millisecond
+	backoff := discoveryBackoff()
 	for {
 		served, err := serves(ctx, client)
 		if err == nil {
@@ -99,9 +110,8 @@ func (in *Input) discover(ctx context.Context, h *watch.Hub, client kube.Interfa
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(backoff):
+		case <-time.After(backoff.Step()):
 		}
-		backoff = min(2*backoff, 30*time.Second)
 	}
 	if err := in.Watch(h, Resource, "", transform, nil); err != nil {
 		h.Log().Error("cannot watch ServiceCIDR objects; the configured serviceCIDRs are used", "err", err)

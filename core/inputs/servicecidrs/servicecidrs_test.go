@@ -10,6 +10,7 @@ import (
 
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/network-node-manager/network-node-manager/internal/config"
@@ -84,5 +85,39 @@ func TestServiceCIDRsFallBackToTheConfiguration(t *testing.T) {
 		if got := in.Value().([]netip.Prefix); !slices.Equal(got, configured) {
 			t.Errorf("%s: Value = %v; want the configured %v", name, got, configured)
 		}
+	}
+}
+
+// Agents that start together (a rollout) while the API server does not answer must not ask
+// discovery again in lockstep: over 100 agents, no 100 ms window of any of the first six retries
+// holds more than a third of them (without jitter every window held all 100), and the waits still
+// grow to the cap (15-30 s).
+func TestDiscoveryBackoffSpreadsRetries(t *testing.T) {
+	const agents, retries = 100, 6
+	backoffs := make([]wait.Backoff, agents)
+	at := make([]time.Duration, agents)
+	for i := range backoffs {
+		backoffs[i] = discoveryBackoff()
+	}
+	for r := 0; r < retries; r++ {
+		buckets := map[time.Duration]int{}
+		for i := range backoffs {
+			at[i] += backoffs[i].Step()
+			buckets[at[i]/(100*time.Millisecond)]++
+		}
+		busiest := 0
+		for _, n := range buckets {
+			busiest = max(busiest, n)
+		}
+		if busiest > agents/3 {
+			t.Errorf("retry %d: %d of %d agents in the same 100 ms", r+1, busiest, agents)
+		}
+	}
+	b := discoveryBackoff()
+	for range 20 {
+		b.Step()
+	}
+	if d := b.Step(); d < 15*time.Second || d >= 30*time.Second {
+		t.Errorf("wait after 20 retries %v, want 15-30 s", d)
 	}
 }
