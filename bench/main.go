@@ -181,8 +181,10 @@ func run(ctx context.Context, o options) error {
 	if largest > scaleNodePorts {
 		return fmt.Errorf("-n %d: every scale Service takes a health-check node port and the range %s holds %d", largest, scaleNodePortRange, scaleNodePorts)
 	}
-	if largest > fix.MaxEntriesPerFix {
-		return fmt.Errorf("-n %d: one entry per scale Service, and the fix programs at most %d (fix.MaxEntriesPerFix): the cold start would never see all of them", largest, fix.MaxEntriesPerFix)
+	for _, be := range o.backends {
+		if limit := fix.MaxEntriesPerFixFor(be); largest > limit {
+			return fmt.Errorf("-n %d: one entry per scale Service, and the fix programs at most %d with the %s backend (fix.MaxEntriesPerFixFor): the cold start would never see all of them", largest, limit, be)
+		}
 	}
 	cp, err := controlplane.Start(ctx, controlplane.Options{ServiceNodePortRange: scaleNodePortRange})
 	if err != nil {

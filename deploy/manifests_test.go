@@ -35,6 +35,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/app"
 	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/fixes"
 	"github.com/network-node-manager/network-node-manager/fixes/conntrackliberal"
@@ -507,6 +508,8 @@ func TestDaemonSet(t *testing.T) {
 	if q, err := resource.ParseQuantity(strings.TrimSuffix(memlimit, "B")); err != nil || c.Resources.Limits.Memory().Cmp(q) <= 0 {
 		t.Errorf("GOMEMLIMIT %q must parse and stay below the memory limit %s (%v)", memlimit, c.Resources.Limits.Memory(), err)
 	}
+	// The entry budgets are made for this limit (fix.MaxEntriesPerFixFor).
+	check(c.Resources.Limits.Memory().Value() == fix.MemoryLimit, "memory limit %s, but fix.MemoryLimit (the budgets' limit) is %d bytes", c.Resources.Limits.Memory(), fix.MemoryLimit)
 	// State that survives agent restarts (conntrack-liberal's value to restore), on the node's tmpfs.
 	state, ok := vols["state"]
 	check(ok && state.HostPath != nil && state.HostPath.Path == "/run/network-node-manager", "state volume = %+v", state)

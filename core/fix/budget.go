@@ -1,6 +1,10 @@
 package fix
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/network-node-manager/network-node-manager/core/backend"
+)
 
 // Budgets bound what the Services of one tenant can make the agent hold and program through a
 // ServiceMap (issue #41: four LoadBalancer Services of 30,000 ports each, which the API accepts,
@@ -11,21 +15,28 @@ import "fmt"
 // with a reason naming it, and every other Service is programmed.
 //
 // The figures come from the memory limit (deploy/base/daemonset.yaml: 128Mi, GOMEMLIMIT 64MiB) and
-// what an entry costs the agent at its peak, measured against the real apiserver and kernel with
-// the DaemonSet's settings (`go run ./bench -hostile 4x30000,12x5000 -manifest`, peak RSS = VmHWM
-// through the cold start and an update of every hostile Service, 2026-12-03, a loaded 2-core machine):
+// what entries cost the agent's memory cgroup at its peak: the agent, the iptables-restore/-save or
+// nft processes it runs, the kernel memory of the rules they make (charged to the cgroup of the
+// process that makes them, so to the agent's container) and page cache. The target is a cgroup peak
+// of at most 96 MiB, 25 % under the limit. Measured with the DaemonSet's settings by
+// `go run ./bench -n 10000,20000 -manifest` and `-n 50000 -manifest` (each agent in a memory cgroup
+// with the 128Mi limit, cgroup v1, kernel 6.18, iptables 1.8.9 nf_tables, a loaded 2-core machine,
+// 2026-12-04; one map entry per Service):
 //
-//   - the target is a peak RSS of at most 96 MiB, 25 % under the limit;
-//   - the floor a tenant can make without any entry: four 30,000-port Services, cached and
-//     refused, 54.3-64.8 MiB (iptables), 61.4 MiB (nftables);
-//   - an entry costs 0.4-0.55 KiB at the peak on top of that (50,000 entries: 73.4-91.5 MiB with
-//     iptables, 81.1 MiB with nftables), and 0.8-1.05 KiB when 120,000 of them are programmed
-//     without budgets (159.3 and 184.3 MiB: the agent of d0ea2ac; GOMEMLIMIT no longer holds the
-//     heap there);
-//   - so (96 − 65) MiB at 0.55-0.65 KiB per entry is 50,000-57,000 entries: MaxEntriesPerFix is
-//     50,000, both families together (the fix renders and applies its families at once). It is
-//     also what the scale runs of 50,000 one-entry Services measured within the limit (81.8 and
-//     86.4 MiB).
+//   - nftables: an entry is one map element, 0.2 KiB of kernel memory at 10,000; the cgroup peaked
+//     at 55.1 MiB at 10,000 and 99.4 MiB at 50,000 (anon 71.6, page cache 25.7, kernel 0.6 MiB):
+//     MaxEntriesPerFix is 50,000, both families together, which the scale runs of 50,000 Services
+//     held without an OOM kill (22 % spare, counting the page cache the kernel can reclaim);
+//   - iptables: an entry is two rules (DNAT, and the masquerade by original destination), 1.6 KiB
+//     of kernel memory, plus the iptables-save dump the agent reads (0.9 KB per rule): the cgroup
+//     peaked at 80.2 MiB at 10,000 (kernel 15.8 MiB), and at 20,000 reached the limit itself
+//     (128.0 MiB during the changes, the kernel reclaiming page cache; kernel 31.1 MiB), at least
+//     4.9 KiB per entry; (96 − 80.2) MiB at that is 3,300 entries above 10,000:
+//     MaxEntriesPerFixIPTables is 12,000. Before the entry rules lost their comments (2.6 KiB of
+//     kernel memory per entry) the cgroup peaked at 95.9 MiB at 10,000.
+//
+// docs/deploy.md gives the limit for more entries; BENCHMARKS.md the hostile Services of issue #41
+// (`go run ./bench -hostile 4x30000,12x5000 -manifest`) under these budgets.
 //
 // Every overflow is a Skip with one of the reasons below; the engine counts them in
 // nnm_fix_objects_skipped and logs them with the Service's name.
@@ -38,10 +49,40 @@ const (
 	// MaxEntriesPerNamespace is the most entries the Services of one namespace may have together
 	// (per family): one tenant can take at most half of MaxEntriesPerFix.
 	MaxEntriesPerNamespace = 25000
-	// MaxEntriesPerFix is the most entries one fix's map may have, both families together (see
-	// above).
+	// MaxEntriesPerFix is the most entries one fix's map may have, both families together, with the
+	// nftables backend (see above); MaxEntriesPerFixFor gives it per backend.
 	MaxEntriesPerFix = 50000
+	// MaxEntriesPerFixIPTables is MaxEntriesPerFix with the iptables backend: two rules per entry,
+	// charged to the agent's memory cgroup with the dump the agent reads back (see above).
+	MaxEntriesPerFixIPTables = 12000
 )
+
+// MemoryLimit is the memory limit the budgets are made for: the DaemonSet's
+// (deploy/base/daemonset.yaml; deploy's TestDaemonSet checks they agree). The budgets aim at a
+// memory cgroup peak of three quarters of it (25 % spare).
+const MemoryLimit = 128 << 20
+
+// maxEntriesPerFix is MaxEntriesPerFix per backend where it is lower: the most entries measured to
+// keep the agent's memory cgroup 25 % under MemoryLimit with that backend (the figures above).
+var maxEntriesPerFix = map[string]int{backend.IPTables: MaxEntriesPerFixIPTables}
+
+// MaxEntriesPerFixFor is MaxEntriesPerFix with the named backend (backend.Backend.Name()).
+func MaxEntriesPerFixFor(backendName string) int {
+	if n, ok := maxEntriesPerFix[backendName]; ok {
+		return n
+	}
+	return MaxEntriesPerFix
+}
+
+// BudgetFor is the Budget of a fix whose rules go to the named backend: DefaultBudget with the
+// backend's MaxEntriesPerFixFor, and at most half of that per namespace.
+func BudgetFor(backendName string) Budget {
+	b := DefaultBudget
+	b.PerMap = MaxEntriesPerFixFor(backendName)
+	b.PerNamespace = min(b.PerNamespace, b.PerMap/2)
+	b.PerService = min(b.PerService, b.PerNamespace)
+	return b
+}
 
 // The skip reasons of the budgets.
 const (

@@ -170,3 +170,39 @@ func TestServiceMapBudgetWholeService(t *testing.T) {
 		}
 	}
 }
+
+// TestServiceMapBudgetOf: the budget is read at every Update (the backend in use can change): a
+// smaller one refuses the Services past it at the next Update, though the Services did not change.
+func TestServiceMapBudgetOf(t *testing.T) {
+	b := fix.Budget{PerService: 10, PerNamespace: 20, PerMap: 20}
+	m := fix.NewServiceMap(budgetEntries).WithBudgetOf(func() fix.Budget { return b })
+	svcs := []*fix.Service{svcPorts("a", "one", 8, "203.0.113.1"), svcPorts("b", "one", 8, "203.0.113.2")}
+	if got := m.Update(svcs, rules.IPv4, 0); len(got.Entries) != 16 || len(got.Report.Skipped) != 0 {
+		t.Fatalf("budget 20: %d entries, skips %q", len(got.Entries), skipsOf(got))
+	}
+	b.PerMap = 10
+	if got := m.Update(svcs, rules.IPv4, 0); len(got.Entries) != 8 || !slices.Equal(skipsOf(got), []string{"b/one fix-budget"}) {
+		t.Errorf("budget 10: %d entries, skips %q; want 8, b/one refused", len(got.Entries), skipsOf(got))
+	}
+}
+
+// TestBudgetFor: the iptables backend's budget is what fits the memory limit at its measured cost;
+// an unknown backend (the test fake) gets DefaultBudget; the namespace budget is at most half of
+// the fix's.
+func TestBudgetFor(t *testing.T) {
+	if got := fix.BudgetFor("fake"); got != fix.DefaultBudget {
+		t.Errorf("unknown backend: %+v, want DefaultBudget", got)
+	}
+	for _, be := range []string{"iptables", "nftables"} {
+		b := fix.BudgetFor(be)
+		if b.PerMap != fix.MaxEntriesPerFixFor(be) || b.PerMap <= 0 || b.PerMap > fix.MaxEntriesPerFix || b.PerNamespace > b.PerMap/2 || b.PerService > b.PerNamespace {
+			t.Errorf("%s: %+v", be, b)
+		}
+	}
+	if fix.MaxEntriesPerFixFor("nftables") != fix.MaxEntriesPerFix {
+		t.Errorf("nftables: %d, want MaxEntriesPerFix", fix.MaxEntriesPerFixFor("nftables"))
+	}
+	if ipt := fix.MaxEntriesPerFixFor("iptables"); ipt >= fix.MaxEntriesPerFix {
+		t.Errorf("iptables: %d entries; its rules cost the cgroup more than 128Mi at MaxEntriesPerFix", ipt)
+	}
+}

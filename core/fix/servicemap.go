@@ -33,7 +33,7 @@ const ReasonConflict = "conflict"
 // call with a different In recomputes every Service.
 type ServiceMap[In comparable] struct {
 	entries func(svc *Service, family rules.Family, in In) ([]rules.MapEntry, []Skip)
-	budget  Budget
+	budget  func() Budget
 
 	mu   sync.Mutex
 	fams map[rules.Family]*serviceMapState[In]
@@ -54,12 +54,19 @@ type ServiceMapResult struct {
 // Service wants in family (in its order of preference) and what of it was left out. It must be
 // pure. A Skip's Object may be left empty; it is then set to the Service's namespace/name.
 func NewServiceMap[In comparable](entries func(svc *Service, family rules.Family, in In) ([]rules.MapEntry, []Skip)) *ServiceMap[In] {
-	return &ServiceMap[In]{entries: entries, budget: DefaultBudget, fams: map[rules.Family]*serviceMapState[In]{}}
+	return &ServiceMap[In]{entries: entries, budget: func() Budget { return DefaultBudget }, fams: map[rules.Family]*serviceMapState[In]{}}
 }
 
 // WithBudget replaces the map's Budget (DefaultBudget); before the first Update.
 func (m *ServiceMap[In]) WithBudget(b Budget) *ServiceMap[In] {
-	m.budget = b
+	return m.WithBudgetOf(func() Budget { return b })
+}
+
+// WithBudgetOf makes the map's Budget what budget returns at each Update (e.g. BudgetFor the
+// backend in use, which an agent following kube-proxy replaces); before the first Update. A budget
+// other than at the family's previous Update decides again.
+func (m *ServiceMap[In]) WithBudgetOf(budget func() Budget) *ServiceMap[In] {
+	m.budget = budget
 	return m
 }
 
@@ -116,6 +123,7 @@ type serviceMapState[In comparable] struct {
 	// even when its Services did not change.
 	refused uint64
 	dirty   bool
+	budget  Budget // at the last Update
 }
 
 // Update returns the map and report for services (sorted by namespace/name, as Snapshot.Services
@@ -123,9 +131,13 @@ type serviceMapState[In comparable] struct {
 func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In) ServiceMapResult {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	budget := m.budget()
 	st := m.fams[family]
+	if st != nil && st.budget != budget {
+		st.dirty = true
+	}
 	if st == nil || st.in != in {
-		st = &serviceMapState[In]{in: in, owner: map[entryKey]*svcState{}, contested: map[entryKey][]*svcState{}}
+		st = &serviceMapState[In]{in: in, budget: budget, owner: map[entryKey]*svcState{}, contested: map[entryKey][]*svcState{}}
 		m.fams[family] = st
 	} else if !st.dirty && unchanged(st.svcs, services) {
 		return st.result
@@ -172,6 +184,7 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 	}
 	// The Budget decides, in namespace/name order, whose entries get in: a Service that was in and
 	// no longer is (an earlier one grew) releases its keys, one that gets in claims them.
+	st.budget = budget
 	letIn, letOut := m.admit(st, family, added)
 	for _, s := range letOut {
 		releaseAll(s)
@@ -299,7 +312,7 @@ func (m *ServiceMap[In]) admit(st *serviceMapState[In], family rules.Family, add
 	for _, s := range added {
 		isNew[s] = true
 	}
-	b := m.budget
+	b := st.budget
 	total := 0
 	nsUsed := make([]int, len(fams))
 	ns := ""
@@ -330,11 +343,11 @@ func (m *ServiceMap[In]) admit(st *serviceMapState[In], family rules.Family, add
 		}
 		for i, f := range fams {
 			if over == nil && nsUsed[i]+n[i] > b.PerNamespace {
-				over = &Skip{Object: name, Reason: ReasonNamespaceBudget, Detail: fmt.Sprintf("the Service wants %d %s entries and the Services before it in namespace %s have %d of the %d one namespace may have in a family (fix.MaxEntriesPerNamespace); none of them is programmed, in any family", n[i], f, ns, nsUsed[i], b.PerNamespace)}
+				over = &Skip{Object: name, Reason: ReasonNamespaceBudget, Detail: fmt.Sprintf("the Service wants %d %s entries and the Services before it in namespace %s have %d of the %d one namespace may have in a family (fix.MaxEntriesPerNamespace, or half of fix.MaxEntriesPerFixFor the backend); none of them is programmed, in any family", n[i], f, ns, nsUsed[i], b.PerNamespace)}
 			}
 		}
 		if over == nil && total+sum > b.PerMap {
-			over = &Skip{Object: name, Reason: ReasonFixBudget, Detail: fmt.Sprintf("the Service wants %d entries in all families and the fix has %d of the %d it may program in all families (fix.MaxEntriesPerFix); none of them is programmed, in any family", sum, total, b.PerMap)}
+			over = &Skip{Object: name, Reason: ReasonFixBudget, Detail: fmt.Sprintf("the Service wants %d entries in all families and the fix has %d of the %d it may program in all families with its backend (fix.MaxEntriesPerFixFor); none of them is programmed, in any family", sum, total, b.PerMap)}
 		}
 		if over == nil {
 			for i := range fams {

@@ -62,7 +62,15 @@ var (
 
 // New builds the fix with its default configuration and registers its metrics.
 func New(p fix.Params) (*Fix, error) {
-	f := &Fix{m: newMetrics(), entries: fix.NewServiceMap(serviceEntries),
+	// The entries' budget is the backend's in use (an agent following kube-proxy may switch): an
+	// iptables rule costs more memory than an nftables map element (fix.MaxEntriesPerFixFor).
+	budget := func() fix.Budget {
+		if p.Backend == nil {
+			return fix.DefaultBudget
+		}
+		return fix.BudgetFor(p.Backend.Name())
+	}
+	f := &Fix{m: newMetrics(), entries: fix.NewServiceMap(serviceEntries).WithBudgetOf(budget),
 		clusterIPs: fix.NewServiceMap(clusterIPEntries), guard: map[rules.Family]*guard{}, cidrs: map[rules.Family]*cidrSet{}}
 	if err := f.Init(spec, p, f.m.collectors()...); err != nil {
 		return nil, err
