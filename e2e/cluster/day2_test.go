@@ -30,7 +30,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/yaml"
 
 	"github.com/network-node-manager/network-node-manager/backends/iptables"
 	"github.com/network-node-manager/network-node-manager/backends/nftables"
@@ -119,58 +118,14 @@ func (d *day2State) updateConfig(t *testing.T, edit func(string) string) {
 	}
 }
 
-// installOverlay is the install overlay docs/deploy.md's install steps write into the checkout.
-const installOverlay = "my-cluster/install"
-
 // enableMSSClamp enables mss-clamp as docs/deploy.md's "Changing the configuration" says: a patch of
 // the ConfigMap in the install overlay, applied (no restart; the next apply of the overlay, the
 // upgrade's, keeps it), waits for its rules on every node and downloads again.
 func (d *day2State) enableMSSClamp(t *testing.T, addr string) string {
 	ctx := t.Context()
 	c := d.c
-	cm, err := c.client.CoreV1().ConfigMaps(agentNS).Get(ctx, configMapName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := cm.Data["config.yaml"]
-	if !strings.Contains(f, "\nfixes:\n") {
-		t.Fatalf("the ConfigMap's file has no top-level fixes: block:\n%s", f)
-	}
-	f = strings.Replace(f, "\nfixes:\n", "\nfixes:\n  "+mssclamp.ID+":\n    enabled: true\n", 1)
-	patch, err := yaml.Marshal(map[string]any{
-		"apiVersion": "v1", "kind": "ConfigMap",
-		"metadata": map[string]string{"name": configMapName, "namespace": agentNS},
-		"data":     map[string]string{"config.yaml": f},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(c.p.root, installOverlay)
-	if err := os.WriteFile(filepath.Join(dir, "config.yaml"), patch, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	kust, err := os.OpenFile(filepath.Join(dir, "kustomization.yaml"), os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = kust.WriteString("patches:\n  - path: config.yaml\n")
-	if cerr := kust.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := c.Kubectl(ctx, c.p.root, "apply", "-k", installOverlay)
-	if err != nil {
-		t.Fatalf("kubectl apply -k %s with mss-clamp enabled in its ConfigMap patch: %v:\n%s", installOverlay, err, out)
-	}
+	out := applyOverlayConfig(t, c, enableFix(mssclamp.ID))
 	t.Logf("kubectl apply -k %s (mss-clamp enabled in a ConfigMap patch of the overlay):\n%s", installOverlay, strings.TrimSpace(out))
-	if !strings.Contains(out, "configmap/"+configMapName+" configured") || strings.Contains(out, "daemonset.apps/network-node-manager configured") {
-		t.Errorf("the apply should change the ConfigMap and nothing of the DaemonSet")
-	}
-	if err := kickKubelet(ctx, c); err != nil {
-		t.Error(err)
-	}
 	start := time.Now()
 	markers := mssMarkers(c.mode)
 	for _, n := range c.nodes {
@@ -871,6 +826,11 @@ func probesAndRestarts(t *testing.T, c *Cluster, newTag string) {
 		for _, st := range pod.Status.ContainerStatuses {
 			if st.RestartCount != 0 {
 				t.Errorf("agent %s on %s restarted %d times (last state %+v)", pod.Name, pod.Spec.NodeName, st.RestartCount, st.LastTerminationState)
+				// Why: the previous container's last lines and what the kubelet said about the Pod.
+				prev, err := c.Kubectl(t.Context(), "", "-n", agentNS, "logs", pod.Name, "--previous")
+				t.Logf("agent %s: the previous container's log (last lines, %v):\n%s", pod.Name, err, tailString(prev, 30))
+				evs, err := c.Kubectl(t.Context(), "", "-n", agentNS, "events", "--for", "pod/"+pod.Name)
+				t.Logf("kubectl -n %s events --for pod/%s (%v):\n%s", agentNS, pod.Name, err, tailString(evs, 20))
 			}
 		}
 		t.Logf("agent %s on %s: %v, image %s", pod.Name, pod.Spec.NodeName, containerStates(&pod), pod.Spec.Containers[0].Image)
@@ -884,6 +844,9 @@ func probesAndRestarts(t *testing.T, c *Cluster, newTag string) {
 			}
 		}
 		t.Logf("%s: the kubelet logged %d failed probes of the agent over the run (upgrade to %s included)%s", n.name, len(failed), newTag, firstLines(failed, 3))
+		if len(failed) > 3 {
+			t.Logf("%s: the last ones:\n%s", n.name, strings.Join(failed[max(3, len(failed)-5):], "\n"))
+		}
 	}
 }
 

@@ -7,9 +7,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 )
 
 // The install as docs/deploy.md gives it: the shell block after "<!-- install-steps -->" in its
@@ -135,4 +139,72 @@ func tailString(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// installOverlay is the install overlay docs/deploy.md's install steps write into the checkout.
+const installOverlay = "my-cluster/install"
+
+// applyOverlayConfig changes the agent's configuration as docs/deploy.md's "Changing the
+// configuration" says: the ConfigMap as a patch in the install overlay (its config.yaml: the live
+// file with edit applied), the components a fix needs added under the overlay's components: (as
+// "For an optional part" in Install says), then `kubectl apply -k` of the overlay; the kubelets are
+// made to refresh the ConfigMap volume at once. It returns kubectl's output. The upgrade's apply
+// keeps all of it: it is the overlay's.
+func applyOverlayConfig(t *testing.T, c *Cluster, edit func(string) string, components ...string) string {
+	t.Helper()
+	ctx := t.Context()
+	cm, err := c.client.CoreV1().ConfigMaps(agentNS).Get(ctx, configMapName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := cm.Data["config.yaml"]
+	if !strings.Contains(f, "\nfixes:\n") {
+		t.Fatalf("the ConfigMap's file has no top-level fixes: block:\n%s", f)
+	}
+	patch, err := yaml.Marshal(map[string]any{
+		"apiVersion": "v1", "kind": "ConfigMap",
+		"metadata": map[string]string{"name": configMapName, "namespace": agentNS},
+		"data":     map[string]string{"config.yaml": edit(f)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(c.p.root, installOverlay)
+	if err := os.WriteFile(filepath.Join(dir, "config.yaml"), patch, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kpath := filepath.Join(dir, "kustomization.yaml")
+	data, err := os.ReadFile(kpath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k map[string]any
+	if err := yaml.Unmarshal(data, &k); err != nil {
+		t.Fatalf("%s: %v", kpath, err)
+	}
+	comps, _ := k["components"].([]any)
+	for _, want := range components {
+		if !slices.Contains(comps, any(want)) {
+			comps = append(comps, want)
+		}
+	}
+	k["components"] = comps
+	k["patches"] = []any{map[string]any{"path": "config.yaml"}}
+	if data, err = yaml.Marshal(k); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(kpath, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.Kubectl(ctx, c.p.root, "apply", "-k", installOverlay)
+	if err != nil {
+		t.Fatalf("kubectl apply -k %s (a ConfigMap patch, components %v): %v:\n%s", installOverlay, components, err, out)
+	}
+	if !strings.Contains(out, "configmap/"+configMapName+" configured") || strings.Contains(out, "daemonset.apps/network-node-manager configured") {
+		t.Errorf("the apply should change the ConfigMap and nothing of the DaemonSet:\n%s", out)
+	}
+	if err := kickKubelet(ctx, c); err != nil {
+		t.Error(err)
+	}
+	return out
 }
