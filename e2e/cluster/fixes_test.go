@@ -125,6 +125,15 @@ func runMode(t *testing.T, p prerequisites, mode string) []row {
 		t.Fatalf("the MSS black hole did not reproduce without the agent: %s", mssWithout)
 	}
 
+	// A subtest: its failure does not stop the other proofs (nor day 2).
+	var udpRecreatedWithout, udpHostNetWithout replaceResult
+	t.Run("stale-udp-without", func(t *testing.T) {
+		udpRecreatedWithout, udpHostNetWithout = staleUDP(t, c, ext, "without", 40000)
+		if udpHostNetWithout.answered {
+			t.Errorf("kubernetes#58336 did not reproduce without the agent: the host-network replacement received the fixed-port client's datagrams: %s", udpHostNetWithout)
+		}
+	})
+
 	// The netfilter state the uninstall must restore (day2).
 	before, err := netfilterState(ctx, c)
 	if err != nil {
@@ -149,11 +158,25 @@ func runMode(t *testing.T, p prerequisites, mode string) []row {
 	if resetWith.reset() || resetWith.rsts != 0 || !strings.Contains(resetWith.client, "still here") {
 		t.Errorf("with the agent the connection should survive the out-of-window segment: %s", resetWith)
 	}
+	var udpRecreatedWith, udpHostNetWith replaceResult
+	t.Run("stale-udp-with", func(t *testing.T) {
+		enableStaleUDP(t, c)
+		udpRecreatedWith, udpHostNetWith = staleUDP(t, c, ext, "with", 40001)
+		for _, r := range []replaceResult{udpRecreatedWith, udpHostNetWith} {
+			if !r.answered {
+				t.Errorf("with stale-udp-conntrack the replacement should receive the fixed-port client's datagrams: %s", r)
+			}
+		}
+	})
 	rows := []row{{"kubernetes#74839 (invalid-drop)", mode, "Pod on node-a → server outside the cluster (masqueraded)", resetWithout.String(), resetWith.String()}}
 	for _, from := range []string{"hostnet-a", "client-a"} {
 		client := map[string]string{"hostnet-a": "host-network Pod on node-a", "client-a": "Pod on node-a"}[from]
 		rows = append(rows, row{"kubernetes#75262 (ipvs-externalip-dnat)", mode, client, without[from], with[from]})
 	}
+	udpClient := fmt.Sprintf("client outside the cluster, fixed source port, every %v → node-b:%d/UDP (hostPort); ", udpPeriod, udpHostPort)
+	rows = append(rows,
+		row{"kubernetes#58336 (stale-udp-conntrack)", mode, udpClient + "the Pod deleted and recreated with the same hostPort", udpRecreatedWithout.String(), udpRecreatedWith.String()},
+		row{"kubernetes#58336 (stale-udp-conntrack)", mode, udpClient + "the Pod deleted, a host-network Pod on the port", udpHostNetWithout.String(), udpHostNetWith.String()})
 	// Day 2 in the same cluster boot, after the proofs, in the modes day2Modes selects.
 	if !day2Modes()[mode] {
 		t.Logf("day 2 not run in %s mode (%s=%q)", mode, day2Env, os.Getenv(day2Env))
