@@ -45,9 +45,12 @@ const (
 	udpHostPort = 5300
 	udpPodPort  = 5301
 	// udpWindow is how long a replacement is given to receive the client's datagrams once it is
-	// Ready; the stale entry's timeout (nf_conntrack_udp_timeout_stream, 120 s) is refreshed by every
-	// datagram, so a longer window would only wait longer for the same answer.
-	udpWindow = 15 * time.Second
+	// Ready. The agent may see the old Pod gone before the kubelet's CNI DEL removed its DNAT rule:
+	// the client's next datagram then makes a new entry to the dead address through that rule, which
+	// the fix deletes at its next full resync (syncPeriod, 30 s in deploy/base; fixes/staleudpconntrack
+	// README). The stale entry's own timeout (nf_conntrack_udp_timeout_stream, 120 s) is refreshed by
+	// every datagram, so a longer window would only wait longer for the same answer.
+	udpWindow = 45 * time.Second
 	udpPeriod = 200 * time.Millisecond
 )
 
@@ -151,7 +154,8 @@ func udpPod(name, image string, hostNetwork bool) *corev1.Pod {
 // replaceResult is one replacement as the client saw it.
 type replaceResult struct {
 	answered bool
-	after    time.Duration // from the new server's Ready to its first answer
+	after    time.Duration // from the old Pod gone (deleted from the API) to the new server's first answer
+	ready    time.Duration // from the old Pod gone to the new server Ready
 	entry    string        // node-b's conntrack entry of the client at the end of the window
 	oldIP    string
 }
@@ -161,7 +165,7 @@ func (r replaceResult) String() string {
 	case r.oldIP == "":
 		return "not run"
 	case r.answered:
-		return fmt.Sprintf("the new server receives (first answer %v after it was Ready)", r.after.Round(100*time.Millisecond))
+		return fmt.Sprintf("the new server receives (first answer %v after the old Pod was gone; Ready after %v)", r.after.Round(100*time.Millisecond), r.ready.Round(100*time.Millisecond))
 	}
 	return fmt.Sprintf("the new server receives nothing in %v (node-b: %s; the deleted Pod's IP: %s)", udpWindow, r.entry, r.oldIP)
 }
@@ -197,27 +201,35 @@ func staleUDP(t *testing.T, c *Cluster, ext *testenv.NS, phase string, sport int
 		}
 		r.oldIP = p.Status.PodIP
 		deletePodAndWait(t, c, old)
+		gone := time.Now()
+		t.Logf("stale UDP (%s the agent): %s (%s) gone; node-b: %s", phase, old, r.oldIP, udpEntry(ctx, c, sport))
 		if _, err := c.client.CoreV1().Pods(testNS).Create(ctx, next, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		c.waitPodsReady(testNS, 3*time.Minute, next.Name)
-		ready := time.Now()
+		r.ready = time.Since(gone)
 		at, ok := client.waitAnswer(ctx, next.Name, udpWindow)
 		r.answered = ok
 		if ok {
-			r.after = max(at.Sub(ready), 0)
+			r.after = at.Sub(gone)
 		}
 		r.entry = udpEntry(ctx, c, sport)
+		if phase == "with" {
+			t.Logf("stale UDP (with the agent): %s's agent on it:\n%s", udpNode, staleUDPLogLines(ctx, c))
+		}
 		return r
 	}
 	second := "udp-" + phase + "-2"
 	recreated = replace(first, udpPod(second, workload, false))
 	t.Logf("stale UDP (%s the agent): hostPort Pod %s (%s) deleted, %s created with the same hostPort: %s; node-b: %s",
 		phase, first, recreated.oldIP, second, recreated, recreated.entry)
+	if phase == "without" && recreated.answered {
+		t.Logf("stale UDP (without the agent): the portmap plugin deleted the hostPort's UDP entries when it added %s's mapping (containernetworking/plugins#553)", second)
+	}
 	host := "udp-" + phase + "-hostnet"
 	hostNet = replace(second, udpPod(host, workload, true))
-	t.Logf("stale UDP (%s the agent): hostPort Pod %s (%s) deleted, host-network Pod %s listening on port %d: %s; node-b: %s",
-		phase, second, hostNet.oldIP, host, udpHostPort, hostNet, hostNet.entry)
+	t.Logf("stale UDP (%s the agent): hostPort Pod %s (%s) deleted, host-network Pod %s listening on port %d: %s",
+		phase, second, hostNet.oldIP, host, udpHostPort, hostNet)
 	client.mu.Lock()
 	t.Logf("stale UDP (%s the agent): the client sent %d datagrams, answers by server: %v", phase, client.sent, client.count)
 	client.mu.Unlock()
@@ -225,9 +237,25 @@ func staleUDP(t *testing.T, c *Cluster, ext *testenv.NS, phase string, sport int
 	return recreated, hostNet
 }
 
-// udpEntry is node-b's conntrack entry of the client's flow (from its fixed source port).
+// staleUDPLogLines are the lines of node-b's agent about stale-udp-conntrack.
+func staleUDPLogLines(ctx context.Context, c *Cluster) string {
+	logs, err := agentLogs(ctx, c, udpNode)
+	if err != nil {
+		return err.Error()
+	}
+	var l []string
+	for line := range strings.Lines(logs) {
+		if strings.Contains(line, staleudpconntrack.ID) || strings.Contains(line, "stale UDP") {
+			l = append(l, strings.TrimSpace(line))
+		}
+	}
+	return strings.Join(l[max(0, len(l)-8):], "\n")
+}
+
+// udpEntry is node-b's conntrack entry of the client's flow (from its fixed source port), with its
+// kernel id (a new id is a new entry).
 func udpEntry(ctx context.Context, c *Cluster, sport int) string {
-	out, err := c.node(udpNode).Shell(ctx, c, fmt.Sprintf("conntrack -L -p udp -s %s --sport %d 2>/dev/null", extIP, sport))
+	out, err := c.node(udpNode).Shell(ctx, c, fmt.Sprintf("conntrack -L -p udp -s %s --sport %d -o id 2>/dev/null", extIP, sport))
 	if err != nil {
 		return err.Error()
 	}
@@ -236,8 +264,8 @@ func udpEntry(ctx context.Context, c *Cluster, sport int) string {
 		return "no entry"
 	}
 	// The reply direction's source is where the entry sends the client's datagrams.
-	if m := regexp.MustCompile(`src=\S+ dst=\S+ sport=\d+ dport=\d+ .*?(src=(\S+) dst=\S+ sport=(\d+))`).FindStringSubmatch(lastLine(out)); m != nil {
-		return "entry to " + m[2] + ":" + m[3]
+	if m := regexp.MustCompile(`src=\S+ dst=\S+ sport=\d+ dport=\d+ .*?(src=(\S+) dst=\S+ sport=(\d+)).*?(id=\d+)?$`).FindStringSubmatch(lastLine(out)); m != nil {
+		return "entry to " + m[2] + ":" + m[3] + " " + m[4]
 	}
 	return lastLine(out)
 }
