@@ -45,11 +45,13 @@ const (
 	udpHostPort = 5300
 	udpPodPort  = 5301
 	// udpWindow is how long a replacement is given to receive the client's datagrams once it is
-	// Ready. The agent may see the old Pod gone before the kubelet's CNI DEL removed its DNAT rule:
-	// the client's next datagram then makes a new entry to the dead address through that rule, which
-	// the fix deletes at its next full resync (syncPeriod, 30 s in deploy/base; fixes/staleudpconntrack
-	// README). The stale entry's own timeout (nf_conntrack_udp_timeout_stream, 120 s) is refreshed by
-	// every datagram, so a longer window would only wait longer for the same answer.
+	// Ready. The agent may see the old Pod gone before the portmap plugin's DEL removed its DNAT
+	// rule: the client's next datagram then makes a new entry to the dead address through that rule,
+	// which the fix deletes at its next full resync (syncPeriod, 30 s in deploy/base;
+	// fixes/staleudpconntrack README). Seen here: the fix deleted the entry 4 s after the Pod was
+	// gone, found it recreated at the full resync 28 s later and deleted it again. The stale entry's
+	// own timeout (nf_conntrack_udp_timeout_stream, 120 s) is refreshed by every datagram, so a
+	// longer window would only wait longer for the same answer.
 	udpWindow = 45 * time.Second
 	udpPeriod = 200 * time.Millisecond
 )
@@ -253,7 +255,8 @@ func staleUDPLogLines(ctx context.Context, c *Cluster) string {
 }
 
 // udpEntry is node-b's conntrack entry of the client's flow (from its fixed source port), with its
-// kernel id (a new id is a new entry).
+// kernel id (which does not tell a new entry from the old one: the kernel hashes the entry's
+// address, which it reuses, and its original tuple, which the client keeps).
 func udpEntry(ctx context.Context, c *Cluster, sport int) string {
 	out, err := c.node(udpNode).Shell(ctx, c, fmt.Sprintf("conntrack -L -p udp -s %s --sport %d -o id 2>/dev/null", extIP, sport))
 	if err != nil {
