@@ -57,7 +57,9 @@ type unit struct {
 	more bool
 	beat time.Time // the worker's last heartbeat
 	seen uint64    // the revision of its fix's inputs when changes were last handed out (wake)
-	busy time.Time // when the pass in progress started (zero: none)
+	// busy is when the pass in progress began (zero: none): a pass that waits for the kernel (a
+	// long restore, the xtables lock) beats nothing, and Alive bounds it on its own.
+	busy time.Time
 
 	// okBackend is the backend of the unit's last successful sync.
 	okBackend string

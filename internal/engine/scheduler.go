@@ -73,6 +73,7 @@ func (e *Engine) work(ctx context.Context, u *unit) {
 			kicked := drain(u.kick)
 			var err error
 			again := false
+			e.setBusy(u, true)
 			switch {
 			case full && kicked:
 				// A change is waiting: it goes first, trusting the record; the verify follows.
@@ -83,6 +84,7 @@ func (e *Engine) work(ctx context.Context, u *unit) {
 			default:
 				err = e.pass(ctx, u, false)
 			}
+			e.setBusy(u, false)
 			if ctx.Err() != nil {
 				return
 			}
@@ -191,6 +193,17 @@ func (e *Engine) waitNeeds(ctx context.Context, u *unit, beat <-chan time.Time) 
 // waitPoll is how often a waiting unit looks at its watches again (a first list with no objects
 // sends no change).
 const waitPoll = 50 * time.Millisecond
+
+// setBusy marks the start (or the end) of one of u's passes, and beats.
+func (e *Engine) setBusy(u *unit, in bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	u.beat = e.now()
+	u.busy = time.Time{}
+	if in {
+		u.busy = u.beat
+	}
+}
 
 func (e *Engine) heartbeat(u *unit) {
 	e.mu.Lock()
