@@ -353,7 +353,7 @@ func (n *node) dnatEntries(family string) ([]string, error) {
 			return nil, err
 		}
 		// The entries sit in bucket chains NNM-EXTIP-DNAT-<prefix> that NNM-EXTIP-DNAT dispatches to
-		// (one per destination /24 or /120); only the DNAT rules of dispatched buckets are in effect.
+		// (one per destination /28 or /124); only the DNAT rules of dispatched buckets are in effect.
 		chains := map[string]bool{"NNM-EXTIP-DNAT": true}
 		for _, line := range agenttest.Lines(save, "-A NNM-EXTIP-DNAT ", "-j NNM-EXTIP-DNAT-") {
 			chains[line[strings.LastIndex(line, " ")+1:]] = true

@@ -630,11 +630,14 @@ func TestApplyRemovesEmptiedBucket(t *testing.T) {
 :NNM-EXTIP-DNAT - [0:0]
 :NNM-EXTIP-MASQ-T0000000000 - [0:0]
 -A NNM-EXTIP-DNAT -m comment --comment "ipvs-externalip-dnat: mark for masquerade" -j MARK --or-mark 0x8000
--A NNM-EXTIP-DNAT -d 203.0.113.0/24 -m comment --comment "ipvs-externalip-dnat: lookup external-ips 203.0.113.0/24" -j NNM-EXTIP-DNAT-CB007100
+-A NNM-EXTIP-DNAT -d 203.0.113.0/28 -m comment --comment "ipvs-externalip-dnat: lookup external-ips 203.0.113.0/28" -j NNM-EXTIP-DNAT-CB007100
+-A NNM-EXTIP-DNAT -d 203.0.113.192/28 -m comment --comment "ipvs-externalip-dnat: lookup external-ips 203.0.113.192/28" -j NNM-EXTIP-DNAT-CB0071C0
 -A NNM-EXTIP-DNAT -m comment --comment "ipvs-externalip-dnat: not DNATed" -j MARK --and-mark 0xffff7fff
 -A NNM-EXTIP-DNAT -p udp -m comment --comment "ipvs-externalip-dnat: udp is not ours" -j RETURN
--A NNM-EXTIP-DNAT -d 203.0.113.0/24 -m comment --comment "ipvs-externalip-dnat: lookup external-ips 203.0.113.0/24" -j NNM-EXTIP-DNAT2-CB007100
--A NNM-EXTIP-MASQ-T0000000000 -m conntrack --ctorigdst 203.0.113.0/24 -m comment --comment "ipvs-externalip-dnat: lookup external-ips by original destination 203.0.113.0/24" -j NNM-EXTIP-MASQ-CB007100
+-A NNM-EXTIP-DNAT -d 203.0.113.0/28 -m comment --comment "ipvs-externalip-dnat: lookup external-ips 203.0.113.0/28" -j NNM-EXTIP-DNAT2-CB007100
+-A NNM-EXTIP-DNAT -d 203.0.113.192/28 -m comment --comment "ipvs-externalip-dnat: lookup external-ips 203.0.113.192/28" -j NNM-EXTIP-DNAT2-CB0071C0
+-A NNM-EXTIP-MASQ-T0000000000 -m conntrack --ctorigdst 203.0.113.0/28 -m comment --comment "ipvs-externalip-dnat: lookup external-ips by original destination 203.0.113.0/28" -j NNM-EXTIP-MASQ-CB007100
+-A NNM-EXTIP-MASQ-T0000000000 -m comment --comment "ipvs-externalip-dnat: lookup external-ips by original destination 203.0.113.192/28 and the rest of the node" -j NNM-EXTIP-MASQ-CB0071C0
 -F NNM-EXTIP-DNAT-C6336400
 -F NNM-EXTIP-DNAT2-C6336400
 -F NNM-EXTIP-MASQ-C6336400

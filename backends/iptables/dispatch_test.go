@@ -212,7 +212,7 @@ func scatteredMasq(family rules.Family, n int) *rules.Ruleset {
 // the walk that costs most per rule).
 func TestMasqueradeDispatchTree(t *testing.T) {
 	for _, family := range []rules.Family{rules.IPv4, rules.IPv6} {
-		for _, n := range []int{dispatchLeaf, 100, 2000, 20000} {
+		for _, n := range []int{ctDispatchLeaf, 100, 2000, 20000} {
 			t.Run(fmt.Sprintf("%s/%d", family, n), func(t *testing.T) {
 				rs := scatteredMasq(family, n)
 				out, _, err := renderChains(rs)
@@ -227,8 +227,10 @@ func TestMasqueradeDispatchTree(t *testing.T) {
 				if len(post.lines) != 1 || !strings.Contains(post.lines[0], "-m conntrack --ctstate DNAT ") || strings.Contains(post.lines[0], "--ctorigdst") {
 					t.Fatalf("the postrouting chain is not one guard rule:\n%s", strings.Join(post.lines, "\n"))
 				}
-				levels := (bits.Len(uint(n)) + dispatchStride - 1) / dispatchStride
-				bound := 1 + (1<<dispatchStride)*levels + dispatchLeaf
+				// Levels of ctDispatchStride bits (a random trie nests a little deeper than
+				// log4(n/ctDispatchLeaf)), each node's last rule unchecked, ctDispatchLeaf at the bottom.
+				levels := (bits.Len(uint(n))+ctDispatchStride-1)/ctDispatchStride + 1
+				bound := 1 + (1<<ctDispatchStride)*levels + ctDispatchLeaf
 				worst := 0
 				rng := rand.New(rand.NewPCG(3, 4))
 				for range min(n, 2000) {
@@ -245,7 +247,7 @@ func TestMasqueradeDispatchTree(t *testing.T) {
 				if worst > bound {
 					t.Errorf("%d buckets: a DNATed connection meets up to %d masquerade dispatch rules, want at most %d", n, worst, bound)
 				}
-				if n > dispatchLeaf && worst >= n/4 {
+				if n > ctDispatchLeaf && worst >= n/4 {
 					t.Errorf("%d buckets: %d masquerade dispatch rules met, a linear walk", n, worst)
 				}
 				t.Logf("%d buckets: at most %d masquerade dispatch rules met (the guard included; bound %d)", n, worst, bound)

@@ -13,11 +13,12 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
-// collidingV6 are two IPv6 /120s whose bucket names were the same 12 hex digits of SHA-256
-// (1E0A25A9327A): a tenant found them and put both in one Service's ingress (issue #41 row 1).
-var collidingV6 = [2]string{"fd00:ad3::25a2:e900/120", "fd00:ad3::b7ee:6900/120"}
+// collidingV6 are two IPv6 /124s whose bucket names are the same 12 hex digits of SHA-256
+// (C077AA69E87C; found in a minute by the birthday bound, 2^24 hashes): a tenant found such a pair
+// of the /120 buckets of the time and put both in one Service's ingress (issue #41 row 1).
+var collidingV6 = [2]string{"fd00:ad3::65d:8130/124", "fd00:ad3::679:cb90/124"}
 
-// TestBucketNameCollisionResolved: the two colliding /120s get distinct names, the later in address
+// TestBucketNameCollisionResolved: the two colliding /124s get distinct names, the later in address
 // order renamed, and the name each gets does not depend on the order of the entries.
 func TestBucketNameCollisionResolved(t *testing.T) {
 	a, b := netip.MustParsePrefix(collidingV6[0]), netip.MustParsePrefix(collidingV6[1])
@@ -51,7 +52,7 @@ func TestBucketNameCollisionResolved(t *testing.T) {
 }
 
 // collisionRuleset is the DNAT fix's chains (without MASQUERADE) with one entry, port 80, in each
-// colliding /120 (the host .1 of each) to local:7781+i.
+// colliding /124 (the host .1 of each) to local:7781+i.
 func collisionRuleset(local netip.Addr, which ...int) *rules.Ruleset {
 	r := externalIP(rules.IPv6)
 	r.Chains = r.Chains[:3]
@@ -64,7 +65,7 @@ func collisionRuleset(local netip.Addr, which ...int) *rules.Ruleset {
 	return r
 }
 
-// TestKernelBucketNameCollision (issue #41 row 1): a ruleset with entries in both colliding /120s
+// TestKernelBucketNameCollision (issue #41 row 1): a ruleset with entries in both colliding /124s
 // is applied (on main at d0ea2ac: "kernel chain NNM-EXTIP-DNAT-1E0A25A9327A is rendered twice"),
 // real connections to both addresses are DNATed to their own targets, a one-entry change takes the
 // short way, a fresh process verifies it in sync and removes it all.

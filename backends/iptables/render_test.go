@@ -7,7 +7,7 @@ package iptables
 //	cluster IPs          10.96.0.10, 10.96.0.11        fd00:96::10
 //	foreign test ports   7777 (counted), 9999
 //	sharded external IPs 198.51.100.7, 203.0.113.200, 203.0.113.5  2001:db8:ff::10, 2001:db8:ff::1:5
-//	                     (two /24 buckets in IPv4, two /120 buckets in IPv6)
+//	                     (three /28 buckets in IPv4, two /124 buckets in IPv6)
 
 import (
 	"log/slog"
@@ -252,11 +252,11 @@ func TestBucketNames(t *testing.T) {
 		p     string
 		want  string
 	}{
-		{"EXTIP-DNAT", 1, "203.0.113.0/24", "NNM-EXTIP-DNAT-CB007100"},
-		{"EXTIP-DNAT", 2, "203.0.113.0/24", "NNM-EXTIP-DNAT2-CB007100"},
-		{"A-VERY-LONG-CHAIN-NAME-X", 1, "10.0.0.0/24", ""},
-		{"EXTIP-DNAT", 1, "2001:db8:ff::/120", ""},
-		{"A-VERY-LONG-CHAIN-NAME-X", 3, "2001:db8:ff::/120", ""},
+		{"EXTIP-DNAT", 1, "203.0.113.0/28", "NNM-EXTIP-DNAT-CB007100"},
+		{"EXTIP-DNAT", 2, "203.0.113.0/28", "NNM-EXTIP-DNAT2-CB007100"},
+		{"A-VERY-LONG-CHAIN-NAME-X", 1, "10.0.0.0/28", ""},
+		{"EXTIP-DNAT", 1, "2001:db8:ff::/124", ""},
+		{"A-VERY-LONG-CHAIN-NAME-X", 3, "2001:db8:ff::/124", ""},
 	} {
 		got := bucketName(tc.chain, tc.run, netip.MustParsePrefix(tc.p))
 		if tc.want != "" && got != tc.want {
@@ -269,7 +269,7 @@ func TestBucketNames(t *testing.T) {
 			t.Errorf("bucketName is not stable: %s then %s", got, again)
 		}
 	}
-	if a, b := bucketName("EXTIP-DNAT", 1, netip.MustParsePrefix("2001:db8::/120")), bucketName("EXTIP-DNAT", 1, netip.MustParsePrefix("2001:db8::100/120")); a == b {
+	if a, b := bucketName("EXTIP-DNAT", 1, netip.MustParsePrefix("2001:db8::/124")), bucketName("EXTIP-DNAT", 1, netip.MustParsePrefix("2001:db8::10/124")); a == b {
 		t.Errorf("two IPv6 buckets share the name %s", a)
 	}
 }
