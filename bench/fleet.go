@@ -24,6 +24,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,8 +44,13 @@ type fleetOptions struct {
 	ks       []int
 	n        int
 	kinds    []string
-	restartK int           // K of the apiserver-restart phase (0: none)
-	outageK  int           // K of the start-during-an-outage phase (0: none)
+	restartK int // K of the apiserver-restart phase (0: none)
+	outageK  int // K of the start-during-an-outage phase (0: none)
+	// outageBefore is another build of the bench (e.g. of the commit before a fix) whose child runs
+	// the outage phase first, beside this build's.
+	outageBefore string
+	// only limits a kind to some of the Ks (-fleet-kinds kube-proxy@50).
+	only     map[string][]int
 	downtime time.Duration // how long the apiserver is down in those phases
 	out      string
 }
@@ -84,6 +90,9 @@ func runFleet(ctx context.Context, fo fleetOptions) error {
 	var rows []*fleetRow
 	for _, kind := range fo.kinds {
 		for _, k := range fo.ks {
+			if ks, ok := fo.only[kind]; ok && !slices.Contains(ks, k) {
+				continue
+			}
 			r, err := fleetStartPhase(ctx, cp, c, fo, kind, k)
 			if err != nil {
 				return fmt.Errorf("%s K=%d: %w", kind, k, err)
@@ -103,16 +112,23 @@ func runFleet(ctx context.Context, fo fleetOptions) error {
 			restarts = append(restarts, r)
 		}
 	}
-	var outage *outageRow
+	var outages []*outageRow
 	if fo.outageK > 0 {
-		outage, err = fleetOutagePhase(ctx, cp, c, fo, "agent", fo.outageK)
-		if err != nil {
-			return fmt.Errorf("outage, K=%d: %w", fo.outageK, err)
+		bins := []string{""}
+		if fo.outageBefore != "" {
+			bins = []string{fo.outageBefore, ""}
 		}
-		logf("%s", outage.summary())
+		for _, bin := range bins {
+			outage, err := fleetOutagePhase(ctx, cp, c, fo, "agent", fo.outageK, bin)
+			if err != nil {
+				return fmt.Errorf("outage, K=%d: %w", fo.outageK, err)
+			}
+			logf("%s", outage.summary())
+			outages = append(outages, outage)
+		}
 	}
 	machine.loadAfter = loadAvg()
-	table := renderFleet(machine, fo, rows, restarts, outage)
+	table := renderFleet(machine, fo, rows, restarts, outages)
 	fmt.Println()
 	fmt.Println(table)
 	if fo.out != "" {
@@ -291,6 +307,9 @@ func startFleetChild(ctx context.Context, spec fleetSpec) (*fleetChildProc, erro
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
+	}
+	if spec.Bin != "" {
+		self = spec.Bin
 	}
 	b, err := json.Marshal(spec)
 	if err != nil {
@@ -486,16 +505,17 @@ type outageRow struct {
 	downtime time.Duration
 	ev       fleetEvent
 	syncedIn time.Duration // from the apiserver ready to every member synced
+	bin      string        // the child's build ("": this one)
 }
 
-func fleetOutagePhase(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, fo fleetOptions, kind string, k int) (*outageRow, error) {
+func fleetOutagePhase(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, fo fleetOptions, kind string, k int, bin string) (*outageRow, error) {
 	if _, _, err := freshAPIServer(ctx, cp, c, fo.n); err != nil {
 		return nil, err
 	}
 	if err := cp.StopAPIServer(); err != nil {
 		return nil, err
 	}
-	child, err := startFleetChild(ctx, fleetSpec{Kind: kind, K: k, Kubeconfig: cp.AdminKubeconfig()})
+	child, err := startFleetChild(ctx, fleetSpec{Kind: kind, K: k, Kubeconfig: cp.AdminKubeconfig(), Bin: bin})
 	if err != nil {
 		return nil, err
 	}
@@ -509,19 +529,23 @@ func fleetOutagePhase(ctx context.Context, cp *controlplane.ControlPlane, c *clu
 	if err != nil {
 		return nil, err
 	}
-	return &outageRow{kind: kind, k: k, downtime: fo.downtime, ev: ev, syncedIn: time.Since(ready)}, nil
+	return &outageRow{kind: kind, k: k, downtime: fo.downtime, ev: ev, syncedIn: time.Since(ready), bin: bin}, nil
 }
 
 func (r *outageRow) summary() string {
-	return fmt.Sprintf("outage, %s K=%d started with the apiserver down for %v: %d/%d synced %.1fs after it was ready; requests %v, no answer %d, attempts per 100 ms: max %d, p99 %d, by class %v; retries %d, per 100 ms max %d, by class %v",
-		r.kind, r.k, r.downtime, r.ev.Synced, r.k, r.syncedIn.Seconds(), r.ev.Requests, r.ev.ConnErrors, r.ev.MaxPer100ms, r.ev.P99Per100ms, r.ev.MaxBucketBy,
+	who := "this build"
+	if r.bin != "" {
+		who = r.bin
+	}
+	return fmt.Sprintf("outage (%s), %s K=%d started with the apiserver down for %v: %d/%d synced %.1fs after it was ready; requests %v, no answer %d, attempts per 100 ms: max %d, p99 %d, by class %v; retries %d, per 100 ms max %d, by class %v",
+		who, r.kind, r.k, r.downtime, r.ev.Synced, r.k, r.syncedIn.Seconds(), r.ev.Requests, r.ev.ConnErrors, r.ev.MaxPer100ms, r.ev.P99Per100ms, r.ev.MaxBucketBy,
 		r.ev.Retries, r.ev.MaxRetryPer100ms, r.ev.RetryBucketBy)
 }
 
 func mibKB(kb int64) string { return fmt.Sprintf("%.1f MiB", float64(kb)/1024) }
 func mibB(b int64) string   { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
-func renderFleet(m machine, fo fleetOptions, rows []*fleetRow, restarts []*restartRow, outage *outageRow) string {
+func renderFleet(m machine, fo fleetOptions, rows []*fleetRow, restarts []*restartRow, outages []*outageRow) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d LoadBalancer Services; %s CPUs (%s), load average %s before, %s after.\n\n", fo.n, m.nproc, m.cpu, m.loadBefore, m.loadAfter)
 	b.WriteString("| watcher | K | synced | all synced after | apiserver peak RSS per start | held per start | apiserver CPU per start | received per start | requests per start | 429s |\n")
@@ -545,10 +569,18 @@ func renderFleet(m machine, fo fleetOptions, rows []*fleetRow, restarts []*resta
 				r.ev.Status429, r.ev.MarkerP50, r.ev.MarkerMax)
 		}
 	}
-	if outage != nil {
-		fmt.Fprintf(&b, "\n%d agents started while kube-apiserver was down for %v: %d retries, the busiest 100 ms of retries %d (discovery %d, watches %d); all synced %.1f s after it was ready.\n",
-			outage.k, outage.downtime, outage.ev.Retries, outage.ev.MaxRetryPer100ms, outage.ev.RetryBucketBy["discovery"],
-			max(outage.ev.RetryBucketBy["watchlist"], outage.ev.RetryBucketBy["watch"], outage.ev.RetryBucketBy["list"]), outage.syncedIn.Seconds())
+	if len(outages) > 0 {
+		b.WriteString("\nK agents started while kube-apiserver was down:\n\n")
+		b.WriteString("| build | K | down | retries | busiest 100 ms of retries | of discovery | of watches | all synced after ready |\n")
+		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, o := range outages {
+			who := "this build"
+			if o.bin != "" {
+				who = "-fleet-outage-before"
+			}
+			fmt.Fprintf(&b, "| %s | %d | %v | %d | %d | %d | %d | %.1f s |\n", who, o.k, o.downtime, o.ev.Retries, o.ev.MaxRetryPer100ms,
+				o.ev.RetryBucketBy["discovery"], max(o.ev.RetryBucketBy["watchlist"], o.ev.RetryBucketBy["watch"], o.ev.RetryBucketBy["list"]), o.syncedIn.Seconds())
+		}
 	}
 	return b.String()
 }

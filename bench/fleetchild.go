@@ -73,6 +73,8 @@ type fleetSpec struct {
 	Kubeconfig string
 	// SyncTimeout bounds the wait for every member's first list.
 	SyncTimeout time.Duration
+	// Bin is the program to run as the child ("": this one).
+	Bin string `json:"-"`
 }
 
 // fleetEvent is a line the child prints (JSON): "synced" once every member synced (or the timeout

@@ -77,9 +77,10 @@ func main() {
 	flag.StringVar(&o.profileDir, "profile", "", "build the agent with -tags profile and write heap profiles (after the cold start, the changes and the idle window) to this directory")
 	fleet := flag.String("fleet", "", "instead of the Services benchmark: K concurrent watcher starts against the real apiserver with -fleet-n Services, for each K (e.g. 50,200,500) and each of -fleet-kinds (fleet.go)")
 	fleetN := flag.Int("fleet-n", 10000, "with -fleet: LoadBalancer Services in the apiserver")
-	fleetKinds := flag.String("fleet-kinds", "agent,kube-proxy,list", "with -fleet: the watchers (agent, agent-json, kube-proxy, list, list-json; none: only -fleet-restart and -fleet-outage)")
+	fleetKinds := flag.String("fleet-kinds", "agent,kube-proxy,list", "with -fleet: the watchers (agent, agent-json, kube-proxy, list, list-json; kind@50/200 limits a kind to those Ks; none: only -fleet-restart and -fleet-outage)")
 	fleetRestart := flag.Int("fleet-restart", 0, "with -fleet: also restart kube-apiserver under this many synced agents (and kube-proxies)")
 	fleetOutage := flag.Int("fleet-outage", 0, "with -fleet: also start this many agents while kube-apiserver is down")
+	fleetBefore := flag.String("fleet-outage-before", "", "with -fleet-outage: another build of the bench (e.g. before a fix) whose child runs the outage phase first, for a before/after")
 	fleetDown := flag.Duration("fleet-downtime", 5*time.Second, "with -fleet-restart and -fleet-outage: how long kube-apiserver is down")
 	flag.Parse()
 	if *agentEnv != "" {
@@ -131,8 +132,17 @@ func main() {
 
 	if *fleet != "" {
 		fo := fleetOptions{n: *fleetN, restartK: *fleetRestart, outageK: *fleetOutage, downtime: *fleetDown, out: o.out}
+		fo.outageBefore, fo.only = *fleetBefore, map[string][]int{}
 		if *fleetKinds != "none" {
-			fo.kinds = strings.Split(*fleetKinds, ",")
+			for _, kind := range strings.Split(*fleetKinds, ",") {
+				kind, ks, limited := strings.Cut(kind, "@")
+				fo.kinds = append(fo.kinds, kind)
+				for _, s := range strings.Split(ks, "/") {
+					if k, err := strconv.Atoi(s); limited && err == nil {
+						fo.only[kind] = append(fo.only[kind], k)
+					}
+				}
+			}
 		}
 		for _, s := range strings.Split(*fleet, ",") {
 			k, err := strconv.Atoi(strings.TrimSpace(s))
