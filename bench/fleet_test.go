@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 )
@@ -36,6 +37,13 @@ func TestFleetSmall(t *testing.T) {
 	}
 	if err := fleetIdentities(ctx, cp); err != nil {
 		t.Fatal(err)
+	}
+	// want counts default/kubernetes, which kube-apiserver's controller creates after /readyz.
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := c.client.CoreV1().Services(metav1.NamespaceDefault).Get(ctx, "kubernetes", metav1.GetOptions{})
+		return err == nil, nil
+	}); err != nil {
+		t.Fatalf("default/kubernetes was not created: %v", err)
 	}
 	t.Logf("control plane and %d Services up after %v", n, time.Since(t0).Round(time.Millisecond))
 	want := n + 1 // and default/kubernetes

@@ -238,7 +238,10 @@ func (c *cluster) free(ctx context.Context) (*freeAddrs, *freePorts, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	ips := &freeAddrs{prefix: prefix, at: prefix.Addr().Next(), used: map[netip.Addr]bool{}}
+	// The range's first address is default/kubernetes's, whether or not kube-apiserver's controller
+	// has created that Service yet: seeding it first leaves the cluster without the kubernetes
+	// Service ("failed to allocate IP 10.96.0.1: provided IP is already allocated").
+	ips := &freeAddrs{prefix: prefix, at: prefix.Addr().Next(), used: map[netip.Addr]bool{prefix.Addr().Next(): true}}
 	addrs, err := c.client.NetworkingV1().IPAddresses().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, nil, fmt.Errorf("list IPAddresses: %w", err)
