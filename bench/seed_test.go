@@ -8,11 +8,12 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 )
 
-// The scale Services are spread so that no namespace holds more than the per-namespace budget lets
-// in (one entry per Service), and scaleNamespaces lists exactly the namespaces they use, so every
+// The scale Services are spread so that no namespace holds more than the per-namespace budget of
+// any backend lets in (one entry per Service; iptables's is lower than the default), and scaleNamespaces lists exactly the namespaces they use, so every
 // one of them is created before a Service is written into it.
 func TestScaleNamespacesFitTheBudget(t *testing.T) {
 	for _, n := range []int{1, scalePerNamespace, scalePerNamespace + 1, 10000, 50000} {
@@ -30,12 +31,14 @@ func TestScaleNamespacesFitTheBudget(t *testing.T) {
 			}
 		}
 		for ns, c := range count {
-			if c > fix.MaxEntriesPerNamespace {
-				t.Errorf("n=%d: %s holds %d Services, over fix.MaxEntriesPerNamespace %d", n, ns, c, fix.MaxEntriesPerNamespace)
+			for _, b := range backend.Names {
+				if limit := fix.BudgetFor(b).PerNamespace; c > limit {
+					t.Errorf("n=%d: %s holds %d Services, over the %s backend's namespace budget %d (fix.BudgetFor)", n, ns, c, b, limit)
+				}
 			}
 		}
 	}
-	if got, want := len(scaleNamespaces(50000)), 50000/scalePerNamespace; got != want {
+	if got, want := len(scaleNamespaces(50000)), (50000+scalePerNamespace-1)/scalePerNamespace; got != want {
 		t.Errorf("50,000 Services are in %d namespaces, want %d", got, want)
 	}
 	// The change-latency Services sort before every scale namespace (they are let in first when
