@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"regexp"
 	"slices"
@@ -15,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"unsafe"
+
+	"golang.org/x/sync/singleflight"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/rules"
@@ -73,6 +76,15 @@ type Ops struct {
 	// be parsed ("" for none), so that they are logged when they change, not on every read.
 	umu      sync.Mutex
 	unparsed map[string]string
+
+	// dumps admits one iptables-save at a time, of any family and for any caller: iptables-nft-save
+	// holds the family's whole ruleset in its own memory, which the agent's memory cgroup is charged
+	// for. With 10,000 entries programmed, three at once (two units' verifies and a scrape) took the
+	// hostile-Services run to the DaemonSet's 128Mi limit (BENCHMARKS.md, row H).
+	dumps chan struct{}
+	// scrapes shares one dump of a family among the Counters calls that overlap it: a scrape
+	// collects every fix's counters at once, and each would otherwise queue for a dump of its own.
+	scrapes singleflight.Group
 }
 
 var _ backend.Ops[*record] = (*Ops)(nil)
@@ -173,6 +185,7 @@ func NewOps(opts Options) (*Ops, error) {
 		lockWait: opts.LockWait,
 		run:      opts.Runner,
 		log:      opts.Logger.With("backend", backend.IPTables, "variant", string(opts.Variant)),
+		dumps:    make(chan struct{}, 1),
 	}
 	return b, nil
 }
@@ -526,10 +539,13 @@ func (b *Ops) Remove(ctx context.Context, u backend.Unit, prev backend.Prev[*rec
 // must not queue behind an iptables-restore that waits for a lock another process holds.
 func (b *Ops) Counters(ctx context.Context, u backend.Unit, prev *record, known bool) (map[string]backend.Counter, error) {
 	fix, family := u.Fix, u.Family // prev is never changed once recorded
-	d, err := b.save(ctx, family)
+	// A dump that started after this call's scrape began is as good as one of its own: the dump is
+	// only read, and counters are a sample.
+	v, err, _ := b.scrapes.Do(string(family), func() (any, error) { return b.save(ctx, family) })
 	if err != nil {
 		return nil, err
 	}
+	d := v.(*dump)
 	chains := d.owned(fix)
 	out := map[string]backend.Counter{}
 	if known {
@@ -622,7 +638,7 @@ func (b *Ops) remove(ctx context.Context, family rules.Family, match func(string
 func (b *Ops) save(ctx context.Context, family rules.Family) (*dump, error) {
 	bin := b.Binary(family, "save")
 	p := newSaveParser()
-	stderr, err := b.run.Run(ctx, bin, []string{"-c"}, nil, p)
+	stderr, err := b.runSave(ctx, bin, p)
 	if err != nil {
 		return nil, fmt.Errorf("%s -c: %w: %s", bin, err, strings.TrimSpace(string(stderr)))
 	}
@@ -660,18 +676,30 @@ func (b *Ops) noteUnparsed(bin string, d *dump) {
 func (b *Ops) dumpDeclaring(ctx context.Context, family rules.Family, match func(string) bool) (*dump, error) {
 	bin := b.Binary(family, "save")
 	scan := newDeclScanner(match)
-	if stderr, err := b.run.Run(ctx, bin, []string{"-c"}, nil, scan); err != nil {
+	if stderr, err := b.runSave(ctx, bin, scan); err != nil {
 		return nil, fmt.Errorf("%s -c: %w: %s", bin, err, strings.TrimSpace(string(stderr)))
 	}
 	if !scan.found {
 		return nil, nil
 	}
 	var out bytes.Buffer
-	stderr, err := b.run.Run(ctx, bin, []string{"-c"}, nil, &out)
+	stderr, err := b.runSave(ctx, bin, &out)
 	if err != nil {
 		return nil, fmt.Errorf("%s -c: %w: %s", bin, err, strings.TrimSpace(string(stderr)))
 	}
 	return parseDump(bin, out.Bytes())
+}
+
+// runSave runs bin (an iptables-save) with -c, its output written to w, when no other dump of the
+// backend is running (b.dumps).
+func (b *Ops) runSave(ctx context.Context, bin string, w io.Writer) ([]byte, error) {
+	select {
+	case b.dumps <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for another iptables-save to finish: %w", context.Cause(ctx))
+	}
+	defer func() { <-b.dumps }()
+	return b.run.Run(ctx, bin, []string{"-c"}, nil, w)
 }
 
 // parseDump parses the output of bin (iptables-save), without a copy of out (the dump keeps copies
