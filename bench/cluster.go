@@ -13,7 +13,6 @@ import (
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 )
@@ -26,16 +25,10 @@ const (
 )
 
 // The scale Services are spread over namespaces of at most scalePerNamespace each: core/fix
-// programs at most a backend's namespace budget (fix.BudgetFor) of entries per family for one
-// namespace's Services (one entry per scale Service), and half of the lowest leaves room without
-// coming near it on any backend.
-var scalePerNamespace = func() int {
-	n := fix.MaxEntriesPerNamespace
-	for _, b := range backend.Names {
-		n = min(n, fix.BudgetFor(b).PerNamespace)
-	}
-	return n / 2
-}()
+// programs at most a backend's namespace budget of entries per family for one namespace's Services
+// (one entry per scale Service), and half of the lowest (fix.MinBudget) leaves room without coming
+// near it on any backend.
+var scalePerNamespace = fix.MinBudget().PerNamespace / 2
 
 // scaleNamespace is the namespace of the i-th scale Service: bench-scale-0 holds svc-00000 ..
 // svc-<scalePerNamespace-1>, and so on.

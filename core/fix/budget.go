@@ -84,6 +84,17 @@ func BudgetFor(backendName string) Budget {
 	return b
 }
 
+// MinBudget is the lowest of every backend's budget (BudgetFor), field by field: what a workload
+// meant to be programmed whole on any backend (a benchmark's, a test cluster's) stays within.
+func MinBudget() Budget {
+	m := DefaultBudget
+	for _, name := range backend.Names {
+		b := BudgetFor(name)
+		m.PerService, m.PerNamespace, m.PerMap = min(m.PerService, b.PerService), min(m.PerNamespace, b.PerNamespace), min(m.PerMap, b.PerMap)
+	}
+	return m
+}
+
 // The skip reasons of the budgets.
 const (
 	ReasonServiceBudget   = "service-budget"

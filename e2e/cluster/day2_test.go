@@ -712,8 +712,10 @@ func scaleMemory(t *testing.T, c *Cluster) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nsOf := func(i int) string { return fmt.Sprintf("nnm-scale-%d", i/(fix.MaxEntriesPerNamespace/2)) }
-	for i := 0; i < scaleServices; i += fix.MaxEntriesPerNamespace / 2 {
+	// Half of the lowest namespace budget per namespace (iptables's, the backend in IPVS mode).
+	perNS := fix.MinBudget().PerNamespace / 2
+	nsOf := func(i int) string { return fmt.Sprintf("nnm-scale-%d", i/perNS) }
+	for i := 0; i < scaleServices; i += perNS {
 		if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: nsOf(i)}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
