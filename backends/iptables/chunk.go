@@ -1,6 +1,9 @@
 package iptables
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"slices"
 	"strings"
 )
 
@@ -12,14 +15,22 @@ import (
 // 2,000 rules a restore stays under 8 MB; it costs one process start (about 5 ms) per chunk.
 const MaxRestoreRules = 2000
 
-// chunks splits p into restores of at most max appended rules per table, run in order: first whole
-// chains (declared, so created or flushed, and filled in the same restore, so that each chain changes
-// at once), a chain after every chain of the plan its rules jump to, then one restore with what is
-// left: the appends to chains the plan does not declare, the deletes, flushes, removals and the jumps
-// from the built-in chains. A new chain therefore is unreferenced until the last restore makes the
-// fix's jumps; a chain the kernel already holds is rewritten whole, but not at the same moment as the
+// chunks splits p, a plan of fix, into restores of at most max appended rules per table (and a jump
+// per chain they declare, below), run in order: first whole chains (declared, so created or flushed,
+// and filled in the same restore, so that each chain changes at once), a chain after every chain of
+// the plan its rules jump to, then one restore with what is left: the appends to chains the plan
+// does not declare, the deletes, flushes, removals and the jumps from the built-in chains. A new
+// chain therefore is unreferenced from the built-in chains until the last restore makes the fix's
+// jumps; a chain the kernel already holds is rewritten whole, but not at the same moment as the
 // other chains of the fix. A plan with at most max appends per table is one restore, as before.
-func (p plan) chunks(max int) []plan {
+//
+// So that a run stopped between those restores (a kill, a failed restore) leaves nothing that is not
+// known to be the fix's, each split table's first restore also makes the fix's loading chain
+// (loadingChain), which jumps, commented as the fix's, to every chain the plan removes, and each
+// restore adds a jump to every chain it declares; dump.owners counts the chains reached from it as
+// the fix's, so the next apply of the fix, or a cleanup, removes them. The loading chain is never
+// jumped to (no packet passes it), and the last restore removes it.
+func (p plan) chunks(max int, fix string) []plan {
 	big := false
 	for _, o := range p {
 		if len(o.appends) > max {
@@ -70,11 +81,21 @@ func (p plan) chunks(max int) []plan {
 		for _, c := range o.decls {
 			visit(c)
 		}
-		cur := &tableOps{}
-		flush := func() {
-			if !cur.empty() {
-				early = append(early, plan{t: cur})
+		loading := loadingChain(fix)
+		hold := func(o *tableOps, c string) {
+			if c != loading {
+				o.appends = append(o.appends, "-A "+loading+" "+jumpSpec(fix, c))
 			}
+		}
+		cur := &tableOps{decls: []string{loading}}
+		for _, c := range o.removes {
+			hold(cur, c)
+		}
+		flush := func() {
+			for _, c := range cur.decls {
+				hold(cur, c)
+			}
+			early = append(early, plan{t: cur})
 			cur = &tableOps{}
 		}
 		for _, c := range order {
@@ -85,15 +106,29 @@ func (p plan) chunks(max int) []plan {
 			cur.appends = append(cur.appends, lines[c]...)
 		}
 		flush()
-		if !rest.empty() {
-			last[t] = rest
+		if !slices.Contains(rest.removes, loading) {
+			rest.flushes = append(rest.flushes, loading)
+			rest.removes = append(rest.removes, loading)
 		}
+		last[t] = rest
 	}
 	if len(last) > 0 {
 		early = append(early, last)
 	}
 	return early
 }
+
+// loadingChainPrefix + a digest of the fix id names the fix's loading chain (plan.chunks).
+const loadingChainPrefix = ChainPrefix + "LOADING-"
+
+// loadingChain is the name of fix's loading chain: 24 characters, within the kernel's 28, whatever
+// the fix id's length.
+func loadingChain(fix string) string {
+	h := sha256.Sum256([]byte(fix))
+	return loadingChainPrefix + strings.ToUpper(hex.EncodeToString(h[:6]))
+}
+
+func isLoading(chain string) bool { return strings.HasPrefix(chain, loadingChainPrefix) }
 
 // appendChain is the chain of an "-A <chain> ..." line.
 func appendChain(l string) string {

@@ -30,18 +30,51 @@ func TestPlanChunks(t *testing.T) {
 	nat.inserts = []string{"-I PREROUTING 1 -j TOP"}
 	p.table("mangle").appends = []string{"-A M -j RETURN"}
 
-	if got := p.chunks(100); len(got) != 1 {
+	if got := p.chunks(100, "fx"); len(got) != 1 {
 		t.Fatalf("a plan under the bound is %d restores, want 1", len(got))
 	}
 	const max = 9
-	cs := p.chunks(max)
+	cs := p.chunks(max, "fx")
 	if len(cs) < 3 {
 		t.Fatalf("%d restores, want several", len(cs))
 	}
+	loading := loadingChain("fx")
 	made := map[string]int{} // chain → restore that declares it
 	var all []string
 	for i, c := range cs {
 		for tn, o := range c {
+			// Every chain the restore declares, and in the first also every chain the plan removes,
+			// is reached from the fix's loading chain, which the first restore declares.
+			var held []string
+			var appends []string
+			for _, l := range o.appends {
+				if appendChain(l) == loading {
+					if want := "-A " + loading + " " + jumpSpec("fx", jumpTarget(l)); l != want {
+						t.Errorf("restore %d: loading chain rule %q, want %q", i, l, want)
+					}
+					held = append(held, jumpTarget(l))
+				} else {
+					appends = append(appends, l)
+				}
+			}
+			if tn == "nat" && i < len(cs)-1 {
+				want := slices.DeleteFunc(slices.Clone(o.decls), func(c string) bool { return c == loading })
+				if i == 0 {
+					if !slices.Contains(o.decls, loading) {
+						t.Errorf("restore 0 does not declare the loading chain: %v", o.decls)
+					}
+					want = append(slices.Clone(nat.removes), want...)
+				}
+				slices.Sort(want)
+				slices.Sort(held)
+				if !slices.Equal(held, want) {
+					t.Errorf("restore %d: the loading chain jumps to %v, want %v", i, held, want)
+				}
+			} else if len(held) > 0 {
+				t.Errorf("restore %d (%s): loading chain rules %v", i, tn, held)
+			}
+			o := &tableOps{decls: slices.DeleteFunc(slices.Clone(o.decls), func(c string) bool { return c == loading }), appends: appends,
+				deletes: o.deletes, flushes: o.flushes, removes: o.removes, inserts: o.inserts}
 			if len(o.appends) > max {
 				t.Errorf("restore %d, table %s: %d appends, more than %d", i, tn, len(o.appends), max)
 			}
@@ -75,10 +108,11 @@ func TestPlanChunks(t *testing.T) {
 		t.Errorf("the restores append\n%v\nwant\n%v", all, want)
 	}
 	last := cs[len(cs)-1]
-	if l := last["nat"]; l == nil || !slices.Equal(l.inserts, nat.inserts) || !slices.Equal(l.deletes, nat.deletes) || !slices.Equal(l.removes, nat.removes) || !slices.Equal(l.appends, []string{"-A FOREIGN -j RETURN"}) {
+	withLoading := append(slices.Clone(nat.removes), loading)
+	if l := last["nat"]; l == nil || !slices.Equal(l.inserts, nat.inserts) || !slices.Equal(l.deletes, nat.deletes) || !slices.Equal(l.removes, withLoading) || !slices.Equal(l.flushes, withLoading) || !slices.Equal(l.appends, []string{"-A FOREIGN -j RETURN"}) {
 		t.Errorf("last restore %+v", last["nat"])
 	}
-	if got := p.commits(); got != 2 { // under MaxRestoreRules: one restore, two tables
+	if got := p.commits("fx"); got != 2 { // under MaxRestoreRules: one restore, two tables
 		t.Errorf("commits() = %d, want 2", got)
 	}
 }

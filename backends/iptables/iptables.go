@@ -293,8 +293,8 @@ func (b *Ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*reco
 		}
 	}
 	removeChains(p, d, stale, r.set)
-	if p.commits() > 0 {
-		if err := b.restore(ctx, rs.Family, p); err != nil {
+	if p.commits(rs.Fix) > 0 {
+		if err := b.restore(ctx, rs.Family, rs.Fix, p); err != nil {
 			return step, err // the restore is atomic: the kernel holds what it held
 		}
 		step.Applied = true
@@ -437,13 +437,13 @@ func (b *Ops) rewriteChains(ctx context.Context, rs *rules.Ruleset, changed []*r
 		p.table(c.table).flushes = append(p.table(c.table).flushes, c.chain)
 		p.table(c.table).removes = append(p.table(c.table).removes, c.chain)
 	}
-	if err := b.restore(ctx, rs.Family, p); err != nil {
+	if err := b.restore(ctx, rs.Family, rs.Fix, p); err != nil {
 		b.log.Warn("rewriting changed chains failed", "fix", rs.Fix, "family", rs.Family, "error", err)
 		return backend.Step[*record]{}, backend.ErrStale
 	}
 	b.log.Info("rules applied", "fix", rs.Fix, "family", rs.Family, "rewritten_chains", len(changed)-len(edits), "edited_chains", len(edits), "removed_chains", len(stale), "rules", rs.RuleCount())
 	// iptables-nft-restore commits once per table section, each with a real change here.
-	step := backend.Step[*record]{Done: true, Applied: true, Commits: p.commits(), Rec: nrec}
+	step := backend.Step[*record]{Done: true, Applied: true, Commits: p.commits(rs.Fix), Rec: nrec}
 	step.Finish = func(ctx context.Context) (*record, error) {
 		rewritten := map[tchain]bool{}
 		for _, c := range changed {
@@ -522,8 +522,8 @@ func (b *Ops) Remove(ctx context.Context, u backend.Unit, prev backend.Prev[*rec
 	}
 	p := plan{}
 	removeChains(p, d, gone, nil)
-	if p.commits() > 0 {
-		if err := b.restore(context.WithoutCancel(ctx), u.Family, p); err != nil {
+	if p.commits(u.Fix) > 0 {
+		if err := b.restore(context.WithoutCancel(ctx), u.Family, u.Fix, p); err != nil {
 			return step, err
 		}
 		step.Applied = true
@@ -625,8 +625,8 @@ func (b *Ops) remove(ctx context.Context, family rules.Family, match func(string
 	gone := pick(d)
 	p := plan{}
 	removeChains(p, d, gone, nil)
-	if p.commits() > 0 {
-		if err := b.restore(ctx, family, p); err != nil {
+	if p.commits("") > 0 { // removals only: never split, no loading chain
+		if err := b.restore(ctx, family, "", p); err != nil {
 			return 0, fmt.Errorf("cleanup (%s): %w", family, err)
 		}
 		b.log.Info("chains cleaned up", "family", family, "chains", len(gone))
@@ -750,12 +750,12 @@ var lineNo = regexp.MustCompile(`line:? (\d+)`)
 // that no iptables-restore holds a batch of tens of thousands of rules. The error names the tool's
 // message and the input line it complains about; one that names a line is a refusal of the content
 // (backend.ErrRejected). A failed restore changed nothing, but the restores before it of the same
-// plan (whole chains, unreferenced if new) stay.
-func (b *Ops) restore(ctx context.Context, family rules.Family, p plan, extra ...string) error {
+// plan (whole chains, reached from the fix's loading chain only if new) stay.
+func (b *Ops) restore(ctx context.Context, family rules.Family, fix string, p plan, extra ...string) error {
 	if len(extra) > 0 { // --test: the later chunks would name chains only the earlier ones make
 		return b.restoreOne(ctx, family, p, extra...)
 	}
-	for _, c := range p.chunks(MaxRestoreRules) {
+	for _, c := range p.chunks(MaxRestoreRules, fix) {
 		if err := b.restoreOne(ctx, family, c); err != nil {
 			return err
 		}
@@ -800,7 +800,7 @@ func (b *Ops) Check(ctx context.Context, u backend.Unit, rs *rules.Ruleset) erro
 	if err != nil {
 		return err
 	}
-	return b.restore(ctx, u.Family, p, "--test")
+	return b.restore(ctx, u.Family, u.Fix, p, "--test")
 }
 
 // insertAt places a missing jump that must precede some foreign chains (Chain.Precedes) without

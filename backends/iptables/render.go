@@ -134,11 +134,11 @@ func (p plan) tables() []string {
 	return names
 }
 
-// commits is how many transactions the restore of p makes: one per table with operations, in each
-// of its restores (plan.chunks).
-func (p plan) commits() int {
+// commits is how many transactions the restore of p, a plan of fix, makes: one per table with
+// operations, in each of its restores (plan.chunks).
+func (p plan) commits(fix string) int {
 	n := 0
-	for _, c := range p.chunks(MaxRestoreRules) {
+	for _, c := range p.chunks(MaxRestoreRules, fix) {
 		n += len(c.tables())
 	}
 	return n

@@ -407,20 +407,29 @@ type tchain struct{ table, chain string }
 func (c tchain) String() string { return c.table + "/" + c.chain }
 
 // owners derives from the kernel which fix owns which NNM- chain: the roots are the NNM- chains jumped
-// to from built-in chains by rules commented "network-node-manager:<fix>"; a fix owns its roots and
-// every NNM- chain reachable from them by jumps.
+// to from built-in chains by rules commented "network-node-manager:<fix>", and a fix's loading chain
+// (loadingChain) while it holds jumps with that comment; a fix owns its roots and every NNM- chain
+// reachable from them by jumps.
 func (d *dump) owners() map[tchain]string {
 	own := map[tchain]string{}
 	for _, t := range d.tables {
 		var queue []tchain
 		for _, c := range t.chains {
-			if !c.builtin() {
+			if !c.builtin() && !isLoading(c.name) {
 				continue
 			}
 			for _, r := range c.rules {
 				fix, ok := strings.CutPrefix(r.comment, jumpCommentPrefix)
 				if !ok || !isOurs(r.target) || t.byName[r.target] == nil {
 					continue
+				}
+				if !c.builtin() {
+					if c.name != loadingChain(fix) {
+						continue // another fix's comment in a loading chain: not a mark of either
+					}
+					if k := (tchain{t.name, c.name}); own[k] == "" {
+						own[k] = fix
+					}
 				}
 				k := tchain{t.name, r.target}
 				if _, seen := own[k]; !seen {
