@@ -43,36 +43,7 @@ func TestPlanChunks(t *testing.T) {
 	var all []string
 	for i, c := range cs {
 		for tn, o := range c {
-			// Every chain the restore declares, and in the first also every chain the plan removes,
-			// is reached from the fix's loading chain, which the first restore declares.
-			var held []string
-			var appends []string
-			for _, l := range o.appends {
-				if appendChain(l) == loading {
-					if want := "-A " + loading + " " + jumpSpec("fx", jumpTarget(l)); l != want {
-						t.Errorf("restore %d: loading chain rule %q, want %q", i, l, want)
-					}
-					held = append(held, jumpTarget(l))
-				} else {
-					appends = append(appends, l)
-				}
-			}
-			if tn == "nat" && i < len(cs)-1 {
-				want := slices.DeleteFunc(slices.Clone(o.decls), func(c string) bool { return c == loading })
-				if i == 0 {
-					if !slices.Contains(o.decls, loading) {
-						t.Errorf("restore 0 does not declare the loading chain: %v", o.decls)
-					}
-					want = append(slices.Clone(nat.removes), want...)
-				}
-				slices.Sort(want)
-				slices.Sort(held)
-				if !slices.Equal(held, want) {
-					t.Errorf("restore %d: the loading chain jumps to %v, want %v", i, held, want)
-				}
-			} else if len(held) > 0 {
-				t.Errorf("restore %d (%s): loading chain rules %v", i, tn, held)
-			}
+			appends := checkLoading(t, i, i == len(cs)-1, tn, o, nat.removes, loading)
 			o := &tableOps{decls: slices.DeleteFunc(slices.Clone(o.decls), func(c string) bool { return c == loading }), appends: appends,
 				deletes: o.deletes, flushes: o.flushes, removes: o.removes, inserts: o.inserts}
 			if len(o.appends) > max {
@@ -115,4 +86,43 @@ func TestPlanChunks(t *testing.T) {
 	if got := p.commits("fx"); got != 2 { // under MaxRestoreRules: one restore, two tables
 		t.Errorf("commits() = %d, want 2", got)
 	}
+}
+
+// checkLoading checks the loading chain's rules in restore i's table tn (o): in the split nat table's
+// restores but the last, a jump to every chain the restore declares, and in the first also to every
+// chain the plan removes, which the first restore declares; none elsewhere. It returns the other
+// appends.
+func checkLoading(t *testing.T, i int, last bool, tn string, o *tableOps, removes []string, loading string) []string {
+	t.Helper()
+	var held []string
+	var appends []string
+	for _, l := range o.appends {
+		if appendChain(l) == loading {
+			if want := "-A " + loading + " " + jumpSpec("fx", jumpTarget(l)); l != want {
+				t.Errorf("restore %d: loading chain rule %q, want %q", i, l, want)
+			}
+			held = append(held, jumpTarget(l))
+		} else {
+			appends = append(appends, l)
+		}
+	}
+	if tn != "nat" || last {
+		if len(held) > 0 {
+			t.Errorf("restore %d (%s): loading chain rules %v", i, tn, held)
+		}
+		return appends
+	}
+	want := slices.DeleteFunc(slices.Clone(o.decls), func(c string) bool { return c == loading })
+	if i == 0 {
+		if !slices.Contains(o.decls, loading) {
+			t.Errorf("restore 0 does not declare the loading chain: %v", o.decls)
+		}
+		want = append(slices.Clone(removes), want...)
+	}
+	slices.Sort(want)
+	slices.Sort(held)
+	if !slices.Equal(held, want) {
+		t.Errorf("restore %d: the loading chain jumps to %v, want %v", i, held, want)
+	}
+	return appends
 }
