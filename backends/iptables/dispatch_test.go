@@ -84,7 +84,7 @@ func TestDispatchTree(t *testing.T) {
 		for _, n := range []int{dispatchLeaf, 17, 100, 2000, 20000} {
 			t.Run(fmt.Sprintf("%s/%d", family, n), func(t *testing.T) {
 				rs := scatteredDNAT(family, n)
-				out, _, err := renderChains(rs)
+				out, _, err := renderChains(rs, scope{})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -163,7 +163,7 @@ func nestedDNAT() *rules.Ruleset {
 // and are listed there; every entry still reaches its bucket.
 func TestDispatchTreeDepth(t *testing.T) {
 	rs := nestedDNAT()
-	out, _, err := renderChains(rs)
+	out, _, err := renderChains(rs, scope{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +215,7 @@ func TestMasqueradeDispatchTree(t *testing.T) {
 		for _, n := range []int{ctDispatchLeaf, 100, 2000, 20000} {
 			t.Run(fmt.Sprintf("%s/%d", family, n), func(t *testing.T) {
 				rs := scatteredMasq(family, n)
-				out, _, err := renderChains(rs)
+				out, _, err := renderChains(rs, scope{})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -253,5 +253,83 @@ func TestMasqueradeDispatchTree(t *testing.T) {
 				t.Logf("%d buckets: at most %d masquerade dispatch rules met (the guard included; bound %d)", n, worst, bound)
 			})
 		}
+	}
+}
+
+// TestScopeRendersWhatTheWholeRenders: for random changes of a map (mutateEntries) on both families,
+// the narrowed renderings applyEntries uses give, for every chain they hold in full (a bucket of the
+// change, a chain with rules of its own, a dispatch node), exactly the rules the whole ruleset
+// renders for that chain; with bucketsOnly (a change that keeps every bucket) they hold the changed
+// buckets alone, and the whole ruleset has no new bucket. It fails when a scope names a bucket
+// otherwise than the whole does, renders another bucket's entries into it, or takes a change that
+// adds or drops a bucket for one that keeps them.
+func TestScopeRendersWhatTheWholeRenders(t *testing.T) {
+	for _, f := range rules.Families {
+		rnd := rand.New(rand.NewPCG(7, uint64(len(f))))
+		rs := externalIP(f)
+		kept, notKept := 0, 0
+		for range 300 {
+			next := externalIP(f)
+			next.Maps[0].Entries = mutateEntries(rnd, f, rs.Maps[0].Entries)
+			touched := changedBuckets(rs, next)
+			if touched == nil {
+				rs = next
+				continue
+			}
+			whole := func(r *rules.Ruleset) map[tchain]*rchain {
+				cs, _, err := renderChains(r, scope{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				m := map[tchain]*rchain{}
+				for _, c := range cs {
+					m[c.key()] = c
+				}
+				return m
+			}
+			before, after := whole(rs), whole(next)
+			sc := scope{only: touched, bucketsOnly: bucketsKept(rs, next, touched)}
+			if sc.bucketsOnly {
+				kept++
+				for k, c := range after {
+					if before[k] == nil && c.parent != "" {
+						t.Fatalf("%s: bucketsKept, but bucket %s is new", f, k)
+					}
+				}
+			} else {
+				notKept++
+			}
+			for _, r := range []*rules.Ruleset{rs, next} {
+				all := whole(r)
+				got, _, err := renderChains(r, sc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, c := range got {
+					w := all[c.key()]
+					if w == nil {
+						t.Fatalf("%s: scope %+v rendered chain %s, which the whole ruleset has not", f, sc.bucketsOnly, c.name)
+					}
+					isBucket := w.parent != "" && !w.node
+					if sc.bucketsOnly && (!isBucket || !touched[c.lookup][c.prefix]) {
+						t.Fatalf("%s: bucketsOnly rendered %s, not a bucket of the change", f, c.name)
+					}
+					if isBucket && !touched[c.lookup][c.prefix] {
+						if len(c.lines) != 0 {
+							t.Fatalf("%s: untouched bucket %s rendered with %d rules", f, c.name, len(c.lines))
+						}
+						continue
+					}
+					if strings.Join(c.lines, "\n") != strings.Join(w.lines, "\n") {
+						t.Fatalf("%s: chain %s: scope renders\n%s\nthe whole ruleset\n%s", f, c.name, strings.Join(c.lines, "\n"), strings.Join(w.lines, "\n"))
+					}
+				}
+			}
+			rs = next
+		}
+		if kept == 0 || notKept == 0 {
+			t.Fatalf("%s: the changes took one way only (kept %d, not kept %d)", f, kept, notKept)
+		}
+		t.Logf("%s: %d changes kept every bucket, %d did not", f, kept, notKept)
 	}
 }

@@ -35,32 +35,46 @@ func (c *rchain) digest() uint64 {
 }
 
 // applyEntries is Reconcile's way for a ruleset that differs from the record only in map entries
-// (the common case: one Service changes among thousands). It renders a narrowed ruleset: every
-// entry of the buckets where the old and the new ruleset differ, and of every other bucket only the
-// entries that keep it in existence. That gives the dispatching chains in full (their rules depend
-// only on which buckets exist) and the touched buckets in full, so the cost follows the change, not
-// the number of entries. With one iptables-restore it rewrites what differs from the record, adds
-// buckets that appear and deletes buckets that disappear. When exact (the generation shows the
-// kernel still is the record) and only existing buckets change, they are edited in place instead of
-// rewritten: their rules that go are deleted and those that come are inserted at their positions
-// (bucketEdit), which costs iptables-nft-restore half of a 500-rule bucket's rewrite. It returns
-// false without having changed anything when the record does not match the old rendering, and
-// backend.ErrStale when the restore failed.
+// (the common case: one Service changes among thousands). It renders only the buckets where the old
+// and the new ruleset differ (scope.only), with every bucket named as the whole ruleset names it; when
+// no bucket appears or goes (bucketsKept) nothing else, else also the dispatching chains in full
+// (their rules depend only on which buckets exist). So the rendering follows the change, not the
+// number of entries: at 10,000 entries one such change allocates 1.2 MB instead of 3.3 MB
+// (BenchmarkApply10k one-entry-ipv4). With one iptables-restore it rewrites what differs from the
+// record, adds buckets that appear and deletes buckets that disappear. When exact (the generation
+// shows the kernel still is the record) and only existing buckets change, they are edited in place
+// instead of rewritten: their rules that go are deleted and those that come are inserted at their
+// positions (bucketEdit), which costs iptables-nft-restore half of a 500-rule bucket's rewrite. It
+// returns false without having changed anything when the record does not match the old rendering,
+// and backend.ErrStale when the restore failed.
 func (b *Ops) applyEntries(ctx context.Context, from, rs *rules.Ruleset, prev *record, exact bool) (backend.Step[*record], error) {
 	var no backend.Step[*record] // not this way: nothing changed
 	touched := changedBuckets(from, rs)
 	if touched == nil {
 		return backend.Step[*record]{Done: true, Rec: prev}, nil
 	}
-	oldChains, _, err := renderChains(narrowed(from, touched))
+	// When no bucket appears or goes (bucketsKept: a Service changes among thousands whose buckets
+	// stay), the dispatching chains stay as they are and only the touched buckets are rendered.
+	// Otherwise the dispatching chains are rendered in full too, and the untouched buckets empty.
+	sc := scope{only: touched, bucketsOnly: bucketsKept(from, rs, touched)}
+	oldChains, _, err := renderChains(from, sc)
 	if err != nil {
 		return no, nil
 	}
-	newChains, _, err := renderChains(narrowed(rs, touched))
+	newChains, _, err := renderChains(rs, sc)
 	if err != nil {
 		return no, nil // the full rendering reports it
 	}
-	// complete: a chain whose rules the narrowed rendering gives in full.
+	if sc.bucketsOnly {
+		// A touched bucket keeps its kernel name and its dispatching chain: the record has both.
+		for _, c := range slices.Concat(oldChains, newChains) {
+			if !prev.chains[c.key()] {
+				return no, nil
+			}
+			c.parent = prev.parent[c.key()]
+		}
+	}
+	// complete: a chain whose rules the scope renders in full.
 	complete := func(c *rchain) bool { return c.parent == "" || c.node || touched[c.lookup][c.prefix] }
 	was := map[tchain]*rchain{}
 	for _, c := range oldChains {
@@ -219,53 +233,48 @@ func changedBuckets(old, now *rules.Ruleset) map[string]map[netip.Prefix]bool {
 	return touched
 }
 
-// narrowed is rs with every map narrowed to all entries of its touched buckets and, of each other
-// bucket, for every lookup rule on the map the first entry that the rule expands: the same buckets
-// exist as with all entries (so dispatching chains render the same), and touched buckets render the
-// same. Entries sorted by address keep each bucket's entries together.
-func narrowed(rs *rules.Ruleset, touched map[string]map[netip.Prefix]bool) *rules.Ruleset {
-	out := *rs
-	out.Maps = make([]rules.Map, len(rs.Maps))
-	for i := range rs.Maps {
-		name := rs.Maps[i].Name
-		out.Maps[i].Name = name
-		var lookups []rules.Match
-		for _, c := range rs.Chains {
-			for _, r := range c.Rules {
-				if r.Match.Lookup == name {
-					lookups = append(lookups, r.Match)
-				}
-			}
-		}
-		entries := rs.Maps[i].Sorted()
-		for start := 0; start < len(entries); {
-			p := bucketPrefix(entries[start].Addr)
-			end := start + 1
-			for end < len(entries) && bucketPrefix(entries[end].Addr) == p {
-				end++
-			}
-			group := entries[start:end]
-			if touched[name][p] {
-				out.Maps[i].Entries = append(out.Maps[i].Entries, group...)
-			} else {
-				var picked []int
-				for _, m := range lookups {
-					for j := range group {
-						if expands(m, &group[j]) {
-							if !slices.Contains(picked, j) {
-								picked = append(picked, j)
-							}
-							break
-						}
+// bucketEntries is the entries of sorted (sorted by address) in bucket p: a sub-slice.
+func bucketEntries(sorted []rules.MapEntry, p netip.Prefix) []rules.MapEntry {
+	i := sort.Search(len(sorted), func(i int) bool { return !sorted[i].Addr.Less(p.Addr()) })
+	j := i
+	for j < len(sorted) && p.Contains(sorted[j].Addr) {
+		j++
+	}
+	return sorted[i:j]
+}
+
+// bucketsKept reports whether from and rs (the same chains; their maps differ in the touched buckets'
+// entries only) have the same lookup buckets: each touched bucket of each lookup run exists in both
+// or in neither.
+func bucketsKept(from, rs *rules.Ruleset, touched map[string]map[netip.Prefix]bool) bool {
+	for _, c := range rs.Chains {
+		for first := 0; first < len(c.Rules); {
+			end := runEnd(c, first)
+			if lookup := c.Rules[first].Match.Lookup; lookup != "" {
+				for p := range touched[lookup] {
+					if hasBucket(from, c.Rules[first:end], p) != hasBucket(rs, c.Rules[first:end], p) {
+						return false
 					}
 				}
-				slices.Sort(picked)
-				for _, j := range picked {
-					out.Maps[i].Entries = append(out.Maps[i].Entries, group[j])
-				}
 			}
-			start = end
+			first = end
 		}
 	}
-	return &out
+	return true
+}
+
+// hasBucket reports whether the lookup run run (rules of one map) expands an entry of rs in bucket p.
+func hasBucket(rs *rules.Ruleset, run []rules.Rule, p netip.Prefix) bool {
+	m := rs.Map(run[0].Match.Lookup)
+	if m == nil {
+		return false
+	}
+	for _, e := range bucketEntries(m.Sorted(), p) {
+		for _, r := range run {
+			if expands(r.Match, &e) {
+				return true
+			}
+		}
+	}
+	return false
 }

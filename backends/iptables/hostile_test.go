@@ -27,7 +27,7 @@ func TestBucketNameCollisionResolved(t *testing.T) {
 	}
 	names := func(order ...int) map[netip.Prefix]string {
 		rs := collisionRuleset(netip.MustParseAddr("fd00:99::1"), order...)
-		chains, _, err := renderChains(rs)
+		chains, _, err := renderChains(rs, scope{})
 		if err != nil {
 			t.Fatalf("render: %v", err)
 		}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"iter"
+	"maps"
 	"net/netip"
 	"slices"
 	"sort"
@@ -275,21 +276,35 @@ func chainWithSuffix(chain string, run int, suffix string) string {
 	return ChainPrefix + base + "-" + suffix
 }
 
+// scope narrows what renderChains renders, for a change of some buckets' entries (applyEntries).
+// The zero scope renders everything.
+type scope struct {
+	// only: the buckets (by map name and prefix) whose rules are rendered; every other bucket is
+	// named and dispatched to as all of rs's entries make it, but rendered empty. nil: every bucket.
+	only map[string]map[netip.Prefix]bool
+	// bucketsOnly: only the buckets are rendered, without their parents: no chain with rules of its
+	// own, no dispatch (for a change that keeps every bucket, bucketsKept, these stay as they are).
+	bucketsOnly bool
+}
+
 // renderChains renders the chains of rs, each followed by its lookup buckets, and the jumps that hook
-// them in.
-func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
+// them in; sc narrows it (scope).
+func renderChains(rs *rules.Ruleset, sc scope) ([]*rchain, []hookJump, error) {
 	var out []*rchain
 	var jumps []hookJump
 	var ln lineBuf
-	names := map[tchain]bool{} // the kernel names given so far
-	for _, c := range rs.Chains {
-		names[tchain{tableOf(c.Type), KernelChain(c.Name)}] = true
+	names := kernelNames(rs)
+	lines := rs // whose map entries are rendered into buckets
+	if sc.only != nil {
+		lines = sc.entriesOf(rs)
 	}
 	for _, c := range rs.Chains {
 		t := tableOf(c.Type)
 		name := KernelChain(c.Name)
 		parent := &rchain{table: t, name: name}
-		out = append(out, parent)
+		if !sc.bucketsOnly {
+			out = append(out, parent)
+		}
 		run := 0
 		for i := 0; i < len(c.Rules); {
 			r := c.Rules[i]
@@ -308,34 +323,40 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 			// rules keep their order (say all MARK rules of the bucket's entries, then all DNAT rules).
 			run++
 			lookup, key := r.Match.Lookup, r.Match.LookupKey
-			buckets := map[netip.Prefix]*rchain{}
-			runNames := bucketNames(rs, c, i, t, run, names)
+			first, end := i, runEnd(c, i)
+			unordered := end-first == 1 && oneLinePerKey(r)
+			runNames := bucketNames(rs, c, first, t, run, names)
+			buckets := make(map[netip.Prefix]*rchain, len(runNames))
+			prefixes := make([]netip.Prefix, 0, len(runNames))
+			for p, n := range runNames {
+				buckets[p] = &rchain{table: t, name: n, parent: name, prefix: p, lookup: lookup, unordered: unordered}
+				prefixes = append(prefixes, p)
+			}
+			sort.Slice(prefixes, func(a, b int) bool { return prefixes[a].Addr().Less(prefixes[b].Addr()) })
 			inBucket := func(dst netip.Addr, spec []byte) error {
 				if !dst.IsValid() {
 					return errors.New("map entry without an address")
 				}
-				p := bucketPrefix(dst)
-				bc := buckets[p]
-				if bc == nil {
-					bc = &rchain{table: t, name: runNames[p], parent: name, prefix: p, lookup: lookup}
-					buckets[p] = bc
+				bc := buckets[bucketPrefix(dst)]
+				if bc == nil { // bucketNames and ln.render expand the same entries
+					return fmt.Errorf("map entry %s has no bucket", dst)
 				}
 				bc.lines = append(bc.lines, ln.line(bc.name, spec))
 				return nil
 			}
-			first := i
-			for ; i < len(c.Rules) && sameRun(c.Rules[i].Match, r.Match); i++ {
-				if err := ln.render(rs, c, c.Rules[i], inBucket); err != nil {
+			for ; i < end; i++ {
+				if err := ln.render(lines, c, c.Rules[i], inBucket); err != nil {
 					return nil, nil, fmt.Errorf("chain %s rule %d: %w", c.Name, i+1, err)
 				}
 			}
-			prefixes := make([]netip.Prefix, 0, len(buckets))
-			for p := range buckets {
-				prefixes = append(prefixes, p)
-			}
-			sort.Slice(prefixes, func(a, b int) bool { return prefixes[a].Addr().Less(prefixes[b].Addr()) })
-			for _, p := range prefixes {
-				buckets[p].unordered = i-first == 1 && oneLinePerKey(c.Rules[first])
+			if sc.bucketsOnly {
+				for _, p := range prefixes {
+					if sc.only[lookup][p] {
+						buckets[p].parent = ""
+						out = append(out, buckets[p])
+					}
+				}
+				continue
 			}
 			d := dispatcher{fix: rs.Fix, lookup: lookup, chain: c.Name, run: run, table: t, names: names, buckets: buckets, out: out,
 				match: "-d", what: "lookup " + lookup + " ", stride: dispatchStride, leaf: dispatchLeaf, depth: dispatchDepth}
@@ -343,7 +364,7 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 			if key == rules.LookupCTOriginal {
 				d.match, d.what = "-m conntrack --ctorigdst", "lookup "+lookup+" by original destination "
 				d.stride, d.leaf, d.depth, d.openLast = ctDispatchStride, ctDispatchLeaf, ctDispatchDepth, true
-				if st := commonCTStatus(c.Rules[first:i]); st != "" && len(prefixes) > 0 {
+				if st := commonCTStatus(c.Rules[first:end]); st != "" && len(prefixes) > 0 {
 					from = d.guard(parent, st, netip.PrefixFrom(prefixes[0].Addr(), 0).Masked())
 				}
 			}
@@ -362,6 +383,46 @@ func renderChains(rs *rules.Ruleset) ([]*rchain, []hookJump, error) {
 		seen[c.key()] = true
 	}
 	return out, jumps, nil
+}
+
+// entriesOf is rs with each map narrowed to the entries of the buckets of sc.only (sub-slices of
+// the sorted entries: nothing is copied but the slice headers).
+func (sc scope) entriesOf(rs *rules.Ruleset) *rules.Ruleset {
+	out := *rs
+	out.Maps = make([]rules.Map, len(rs.Maps))
+	for i := range rs.Maps {
+		name := rs.Maps[i].Name
+		out.Maps[i].Name = name
+		sorted := rs.Maps[i].Sorted()
+		ps := slices.SortedFunc(maps.Keys(sc.only[name]), func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+		for _, p := range ps {
+			out.Maps[i].Entries = append(out.Maps[i].Entries, bucketEntries(sorted, p)...)
+		}
+	}
+	return &out
+}
+
+// kernelNames is the set of kernel names that rs's chains take before any bucket or node is named:
+// the chains' own.
+func kernelNames(rs *rules.Ruleset) map[tchain]bool {
+	names := make(map[tchain]bool, len(rs.Chains))
+	for _, c := range rs.Chains {
+		names[tchain{tableOf(c.Type), KernelChain(c.Name)}] = true
+	}
+	return names
+}
+
+// runEnd is the end (exclusive) of the run of rules of c that starts at rule first: consecutive
+// lookups of one map by one key (sameRun), or the one rule first when it is no lookup.
+func runEnd(c rules.Chain, first int) int {
+	end := first + 1
+	if c.Rules[first].Match.Lookup == "" {
+		return end
+	}
+	for end < len(c.Rules) && sameRun(c.Rules[end].Match, c.Rules[first].Match) {
+		end++
+	}
+	return end
 }
 
 // sameRun says whether two lookup matches belong to one run of bucket chains: the same map, looked
@@ -599,7 +660,7 @@ func oneLinePerKey(r rules.Rule) bool {
 // planRuleset renders the chains of rs (declarations and rules) and, for a kernel without any of them,
 // the jumps. It also returns the rendered chains and the jumps.
 func planRuleset(rs *rules.Ruleset) (plan, []*rchain, []hookJump, error) {
-	chains, jumps, err := renderChains(rs)
+	chains, jumps, err := renderChains(rs, scope{})
 	if err != nil {
 		return nil, nil, nil, err
 	}

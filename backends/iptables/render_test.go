@@ -279,7 +279,7 @@ func TestBucketNames(t *testing.T) {
 // chains that are not buckets are never unordered.
 func TestUnorderedBuckets(t *testing.T) {
 	for _, f := range rules.Families {
-		chains, _, err := renderChains(externalIPSharded(f))
+		chains, _, err := renderChains(externalIPSharded(f), scope{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -299,7 +299,7 @@ func TestUnorderedBuckets(t *testing.T) {
 		// One lookup rule that marks and DNATs renders a MARK line ahead of each DNAT line: ordered.
 		rs := externalIP(f)
 		rs.Chains[2].Rules[1].SetMark = 0x4000_0000
-		chains, _, err = renderChains(rs)
+		chains, _, err = renderChains(rs, scope{})
 		if err != nil {
 			t.Fatal(err)
 		}
