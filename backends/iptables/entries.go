@@ -53,26 +53,9 @@ func (b *Ops) applyEntries(ctx context.Context, from, rs *rules.Ruleset, prev *r
 	if touched == nil {
 		return backend.Step[*record]{Done: true, Rec: prev}, nil
 	}
-	// When no bucket appears or goes (bucketsKept: a Service changes among thousands whose buckets
-	// stay), the dispatching chains stay as they are and only the touched buckets are rendered.
-	// Otherwise the dispatching chains are rendered in full too, and the untouched buckets empty.
-	sc := scope{only: touched, bucketsOnly: bucketsKept(from, rs, touched)}
-	oldChains, _, err := renderChains(from, sc)
-	if err != nil {
+	oldChains, newChains, ok := renderChange(from, rs, touched, prev)
+	if !ok {
 		return no, nil
-	}
-	newChains, _, err := renderChains(rs, sc)
-	if err != nil {
-		return no, nil // the full rendering reports it
-	}
-	if sc.bucketsOnly {
-		// A touched bucket keeps its kernel name and its dispatching chain: the record has both.
-		for _, c := range slices.Concat(oldChains, newChains) {
-			if !prev.chains[c.key()] {
-				return no, nil
-			}
-			c.parent = prev.parent[c.key()]
-		}
 	}
 	// complete: a chain whose rules the scope renders in full.
 	complete := func(c *rchain) bool { return c.parent == "" || c.node || touched[c.lookup][c.prefix] }
@@ -152,6 +135,32 @@ func (b *Ops) applyEntries(ctx context.Context, from, rs *rules.Ruleset, prev *r
 	sort.Slice(stale, func(i, j int) bool { return stale[i].String() < stale[j].String() })
 	nrec := &record{content: content, parent: parent, jumps: prev.jumps, chains: chains, counters: prev.counters, precede: prev.precede}
 	return b.rewriteChains(ctx, rs, changed, edits, stale, prev, nrec)
+}
+
+// renderChange renders the chains of from and of rs that a change of the touched buckets' entries
+// may change. When no bucket appears or goes (bucketsKept: a Service changes among thousands whose
+// buckets stay), the dispatching chains stay as they are and only the touched buckets are rendered,
+// their parents taken from the record; otherwise the dispatching chains are rendered in full too,
+// and the untouched buckets empty. It returns false when either rendering fails (the full rendering
+// reports why) or a bucket it kept is not in the record.
+func renderChange(from, rs *rules.Ruleset, touched map[string]map[netip.Prefix]bool, prev *record) (old, now []*rchain, ok bool) {
+	sc := scope{only: touched, bucketsOnly: bucketsKept(from, rs, touched)}
+	old, _, err := renderChains(from, sc)
+	if err != nil {
+		return nil, nil, false
+	}
+	if now, _, err = renderChains(rs, sc); err != nil {
+		return nil, nil, false
+	}
+	if sc.bucketsOnly {
+		for _, c := range slices.Concat(old, now) {
+			if !prev.chains[c.key()] {
+				return nil, nil, false
+			}
+			c.parent = prev.parent[c.key()]
+		}
+	}
+	return old, now, true
 }
 
 // edit turns a chain's rules into others in place: deletes ("-D CHAIN spec", each of a rule that is
