@@ -135,12 +135,21 @@ var nftFamilyNames = map[gnft.TableFamily]string{
 // tables present"), so a table the kernel does not list in /proc/net/ip{,6}_tables_names is reported
 // empty without running the tool: detection, and `plan`, read the node and create nothing.
 func IptablesSave(ctx context.Context, variant, family, table string) (string, error) {
-	var args []string
+	return iptablesSave(ctx, variant, family, table)
+}
+
+// IptablesSaveCounters is IptablesSave with every rule's packet and byte counters (-c).
+func IptablesSaveCounters(ctx context.Context, variant, family, table string) (string, error) {
+	return iptablesSave(ctx, variant, family, table, "-c")
+}
+
+func iptablesSave(ctx context.Context, variant, family, table string, extra ...string) (string, error) {
+	args := extra
 	if table != "" {
 		if variant == "legacy" && !legacyTableExists(family, table) {
 			return "", nil
 		}
-		args = []string{"-t", table}
+		args = append([]string{"-t", table}, extra...)
 	}
 	return run(ctx, iptablesBinary(variant, family, "save"), args...)
 }

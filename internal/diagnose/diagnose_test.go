@@ -45,8 +45,15 @@ func (k *fakeKernel) InterfaceSysctl(_ rules.Family, dev, name string) (string, 
 	}
 	return "", errors.New("no such file or directory")
 }
-func (k *fakeKernel) IptablesSave(_ context.Context, _ string, f rules.Family) (string, error) {
-	return k.ipt[f], nil
+
+// IptablesSave returns the section of table in the family's save text ("*table" to COMMIT).
+func (k *fakeKernel) IptablesSave(_ context.Context, _ string, f rules.Family, table string) (string, error) {
+	_, rest, ok := strings.Cut(k.ipt[f], "*"+table+"\n")
+	if !ok {
+		return "", nil
+	}
+	section, _, _ := strings.Cut(rest, "COMMIT\n")
+	return "*" + table + "\n" + section + "COMMIT\n", nil
 }
 func (k *fakeKernel) NftList(_ context.Context, args ...string) (string, error) {
 	if v, ok := k.nft[strings.Join(args, " ")]; ok {
@@ -106,7 +113,9 @@ func troubled() *Env {
 			},
 			neigh:  map[rules.Family]int{rules.IPv4: 1000, rules.IPv6: 3},
 			ifconf: map[string]string{"all/rp_filter": "0", "eth0/rp_filter": "1", "cni0/rp_filter": "0"},
-			ipt:    map[rules.Family]string{rules.IPv4: "*filter\n[12:720] -A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\nCOMMIT\n"},
+			// Only the filter table is read: the nat rule's counters would change the golden output.
+			ipt: map[rules.Family]string{rules.IPv4: "*nat\n[999:9999] -A KUBE-SERVICES -m conntrack --ctstate INVALID -j DROP\nCOMMIT\n" +
+				"*filter\n[12:720] -A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\nCOMMIT\n"},
 		},
 		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")},
 		Cluster:  snap,

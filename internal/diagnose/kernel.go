@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/internal/detect"
 )
 
 // Link is a network interface.
@@ -44,9 +45,9 @@ type Kernel interface {
 	Neighbours() (map[rules.Family]int, error)
 	// InterfaceSysctl reads net.<ipv4|ipv6>.conf.<dev>.<name> (dev may hold dots).
 	InterfaceSysctl(family rules.Family, dev, name string) (string, error)
-	// IptablesSave is `<iptables|ip6tables>-<variant>-save -c` of the tables that exist (it never
-	// names a table: naming one creates it in the legacy variant).
-	IptablesSave(ctx context.Context, variant string, family rules.Family) (string, error)
+	// IptablesSave is `<iptables|ip6tables>-<variant>-save -c -t <table>`; a table that the legacy
+	// variant does not list is empty (naming it would create it: detect.IptablesSaveCounters).
+	IptablesSave(ctx context.Context, variant string, family rules.Family, table string) (string, error)
 	// NftList is `nft list <args>` (e.g. "map", "ip", "kube-proxy", "no-endpoint-services").
 	NftList(ctx context.Context, args ...string) (string, error)
 }
@@ -223,15 +224,11 @@ func firstLine(s string) string {
 }
 
 // IptablesSave implements Kernel.
-func (RealKernel) IptablesSave(ctx context.Context, variant string, family rules.Family) (string, error) {
-	bin := "iptables"
-	if family == rules.IPv6 {
-		bin = "ip6tables"
-	}
+func (RealKernel) IptablesSave(ctx context.Context, variant string, family rules.Family, table string) (string, error) {
 	if variant != "nft" && variant != "legacy" {
 		return "", fmt.Errorf("unknown iptables variant %q", variant)
 	}
-	return runCommand(ctx, bin+"-"+variant+"-save", "-c")
+	return detect.IptablesSaveCounters(ctx, variant, string(family), table)
 }
 
 // NftList implements Kernel.
