@@ -39,8 +39,12 @@ func readManifest() (*manifest, error) {
 		}
 		m := &manifest{limit: c.Resources.Limits.Memory().DeepCopy()}
 		for _, e := range c.Env {
-			if e.ValueFrom == nil {
+			switch {
+			case e.ValueFrom == nil:
 				m.env = append(m.env, e.Name+"="+e.Value)
+			case e.ValueFrom.ResourceFieldRef != nil && e.ValueFrom.ResourceFieldRef.Resource == "limits.memory":
+				// The downward API's value: the limit in bytes (the bench's cgroup holds the same).
+				m.env = append(m.env, fmt.Sprintf("%s=%d", e.Name, c.Resources.Limits.Memory().Value()))
 			}
 		}
 		if m.limit.IsZero() {

@@ -32,7 +32,7 @@ func TestScaleNamespacesFitTheBudget(t *testing.T) {
 		}
 		for ns, c := range count {
 			for _, b := range backend.Names {
-				if limit := fix.BudgetFor(b).PerNamespace; c > limit {
+				if limit := fix.BudgetFor(b, fix.MemoryLimit).PerNamespace; c > limit {
 					t.Errorf("n=%d: %s holds %d Services, over the %s backend's namespace budget %d (fix.BudgetFor)", n, ns, c, b, limit)
 				}
 			}

@@ -14,8 +14,11 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/network-node-manager/network-node-manager/core/app"
+	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/fixes"
 )
 
@@ -392,6 +395,30 @@ func TestDocsQuoteTheManifests(t *testing.T) {
 		if !quotedInDeploy[f.name] && f.name != "release image tag" {
 			t.Errorf("docs/deploy.md does not quote the %s (%s): it is the page that explains the DaemonSet's numbers", f.name, f.want)
 		}
+	}
+}
+
+// TestDocsBudgetTable: docs/deploy.md's table of entries per fix at each memoryLimit is what
+// fix.MaxEntriesPerFixAt gives, and it has the DaemonSet's limit among its rows.
+func TestDocsBudgetTable(t *testing.T) {
+	data, err := os.ReadFile("../docs/deploy.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile(`(?m)^\| (\d+Mi) \| ([\d,]+) \| ([\d,]+) \|$`)
+	rows := row.FindAllStringSubmatch(string(data), -1)
+	atDefault := false
+	for _, r := range rows {
+		limit := resource.MustParse(r[1])
+		atDefault = atDefault || limit.Value() == fix.MemoryLimit
+		for i, be := range []string{backend.IPTables, backend.NFTables} {
+			if want := fix.MaxEntriesPerFixAt(be, limit.Value()); strings.ReplaceAll(r[i+2], ",", "") != fmt.Sprint(want) {
+				t.Errorf("docs/deploy.md: %s at %s: %s entries, fix.MaxEntriesPerFixAt gives %d", be, r[1], r[i+2], want)
+			}
+		}
+	}
+	if len(rows) < 3 || !atDefault {
+		t.Errorf("docs/deploy.md: %d rows of the budget table, none at the DaemonSet's limit: %v", len(rows), rows)
 	}
 }
 

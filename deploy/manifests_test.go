@@ -508,8 +508,17 @@ func TestDaemonSet(t *testing.T) {
 	if q, err := resource.ParseQuantity(strings.TrimSuffix(memlimit, "B")); err != nil || c.Resources.Limits.Memory().Cmp(q) <= 0 {
 		t.Errorf("GOMEMLIMIT %q must parse and stay below the memory limit %s (%v)", memlimit, c.Resources.Limits.Memory(), err)
 	}
-	// The entry budgets are made for this limit (fix.MaxEntriesPerFixFor).
+	// The entry budgets were measured at this limit (fix.MaxEntriesPerFixFor), and follow the
+	// container's limit, which the agent is told through the downward API (config memoryLimit).
 	check(c.Resources.Limits.Memory().Value() == fix.MemoryLimit, "memory limit %s, but fix.MemoryLimit (the budgets' limit) is %d bytes", c.Resources.Limits.Memory(), fix.MemoryLimit)
+	var limitRef *corev1.ResourceFieldSelector
+	for _, e := range c.Env {
+		if e.Name == config.EnvName("memoryLimit") && e.ValueFrom != nil {
+			limitRef = e.ValueFrom.ResourceFieldRef
+		}
+	}
+	check(limitRef != nil && limitRef.ContainerName == c.Name && limitRef.Resource == "limits.memory" && (limitRef.Divisor.IsZero() || limitRef.Divisor.Value() == 1),
+		"%s must come from the container's limits.memory in bytes (downward API), got %+v", config.EnvName("memoryLimit"), limitRef)
 	// State that survives agent restarts (conntrack-liberal's value to restore), on the node's tmpfs.
 	state, ok := vols["state"]
 	check(ok && state.HostPath != nil && state.HostPath.Path == "/run/network-node-manager", "state volume = %+v", state)

@@ -16,6 +16,12 @@ package e2e
 //
 //	big             203.0.42.10 and 203.0.42.11 × 2,501 TCP ports = 5,002 entries > fix.MaxEntriesPerService
 //	normal          203.0.42.20, one port
+//
+// Namespace "memlimit-<backend>" (TestBudgetFollowsTheMemoryLimit):
+//
+//	wide            203.0.43.10 × 600 TCP ports = 600 entries: within the budget at 128Mi, over it at
+//	                the test's lower memoryLimit
+//	normal          203.0.43.20, one port
 
 import (
 	"fmt"
@@ -87,6 +93,54 @@ func TestServiceBudget(t *testing.T) {
 		})
 		if logs := n.agent.Logs(); !strings.Contains(logs, big) || !strings.Contains(logs, fix.ReasonServiceBudget) {
 			t.Errorf("the agent's log does not name %s and %s", big, fix.ReasonServiceBudget)
+		}
+		n.checkSyncHealthy()
+	})
+}
+
+// TestBudgetFollowsTheMemoryLimit (issue #41, "budgets decided from the memory limit"): an agent
+// told a lower memory limit (NNM_MEMORY_LIMIT, as the DaemonSet's downward API sets it) refuses a
+// Service of 600 entries that the DaemonSet's 128Mi admits, counts it under a budget reason, and
+// still programs the tenant's one-port Service. With the limit ignored, the 600 entries would be
+// programmed and the test fails.
+func TestBudgetFollowsTheMemoryLimit(t *testing.T) {
+	const wide = 600
+	eachBackend(t, func(t *testing.T, c *cluster, backend string) {
+		if b := fix.BudgetFor(backend, fix.MemoryLimit); b.PerService < wide {
+			t.Fatalf("%s: at 128Mi one Service may have %d entries; the test needs %d to fit there", backend, b.PerService, wide)
+		}
+		// The highest limit in MiB at which the wide Service no longer fits, the small one still does.
+		mib := int64(128)
+		for ; mib > 0 && fix.BudgetFor(backend, mib<<20).PerService >= wide; mib-- {
+		}
+		if fix.BudgetFor(backend, mib<<20).PerService < 1 {
+			t.Fatalf("%s: no memory limit admits one entry but not %d", backend, wide)
+		}
+		n := startNode(t, c, backend, nodeOptions{env: []string{fmt.Sprintf("NNM_MEMORY_LIMIT=%dMi", mib)}})
+		svcs := newServices(t, c, "memlimit-"+backend)
+		ports := make([]corev1.ServicePort, 0, wide)
+		for p := range wide {
+			ports = append(ports, tcpPort(fmt.Sprint("p", p+1), int32(p+1)))
+		}
+		svcs.create(lbService("", "wide", withPorts(ports...)))
+		svcs.setIngress("wide", "203.0.43.10")
+		normal := svcs.create(lbService("", "normal"))
+		svcs.setIngress("normal", "203.0.43.20")
+		n.expectEntries(converge, want(normal, "203.0.43.20", "tcp", 80))
+		agenttest.Eventually(t, converge, func() error {
+			m := n.metrics()
+			var v float64
+			for _, r := range []string{fix.ReasonServiceBudget, fix.ReasonNamespaceBudget, fix.ReasonFixBudget} {
+				x, _ := m.Value("nnm_fix_objects_skipped", "fix", fixExtIP, "family", "ipv4", "reason", r)
+				v += x
+			}
+			if v != 1 {
+				return fmt.Errorf("budget skips = %v, want 1 (%s/wide at memoryLimit %dMi)\n%s", v, svcs.ns, mib, strings.Join(m.Lines("nnm_fix_objects_skipped"), "\n"))
+			}
+			return nil
+		})
+		if logs := n.agent.Logs(); !strings.Contains(logs, svcs.ns+"/wide") || !strings.Contains(logs, "memory limit") {
+			t.Errorf("the agent's log does not name %s/wide, or the memory limit it derived its budget from", svcs.ns)
 		}
 		n.checkSyncHealthy()
 	})

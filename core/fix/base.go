@@ -31,6 +31,9 @@ type Params struct {
 	Registry prometheus.Registerer
 	// Logger is the agent's logger; nil means slog.Default(). Base.Init adds the field fix=<id>.
 	Logger *slog.Logger `optional:"true"`
+	// Limits are the agent's resource limits (config memoryLimit), from which budgets are derived
+	// (BudgetFor); the zero value is the DaemonSet's.
+	Limits Limits `optional:"true"`
 }
 
 // Spec declares what a fix is besides its repair: its identity, its options and what it reads. C is

@@ -35,7 +35,8 @@ import (
 //     MaxEntriesPerFixIPTables is 12,000. Before the entry rules lost their comments (2.6 KiB of
 //     kernel memory per entry) the cgroup peaked at 95.9 MiB at 10,000.
 //
-// docs/deploy.md gives the limit for more entries; BENCHMARKS.md the hostile Services of issue #41
+// With another memory limit (config memoryLimit, Limits) the fix's budget is scaled from these
+// figures (MaxEntriesPerFixAt). docs/deploy.md gives the limit for more entries; BENCHMARKS.md the hostile Services of issue #41
 // (`go run ./bench -hostile 4x30000,12x5000 -manifest`) under these budgets.
 //
 // Every overflow is a Skip with one of the reasons below; the engine counts them in
@@ -57,16 +58,28 @@ const (
 	MaxEntriesPerFixIPTables = 12000
 )
 
-// MemoryLimit is the memory limit the budgets are made for: the DaemonSet's
-// (deploy/base/daemonset.yaml; deploy's TestDaemonSet checks they agree). The budgets aim at a
-// memory cgroup peak of three quarters of it (25 % spare).
+// MemoryLimit is the memory limit the budgets were measured at: the DaemonSet's
+// (deploy/base/daemonset.yaml; deploy's TestDaemonSet checks they agree), and the limit assumed
+// when the agent is not told its own (config memoryLimit, which the DaemonSet sets from the
+// container's limit through the downward API). The budgets aim at a memory cgroup peak of three
+// quarters of the limit (25 % spare).
 const MemoryLimit = 128 << 20
 
 // maxEntriesPerFix is MaxEntriesPerFix per backend where it is lower: the most entries measured to
 // keep the agent's memory cgroup 25 % under MemoryLimit with that backend (the figures above).
 var maxEntriesPerFix = map[string]int{backend.IPTables: MaxEntriesPerFixIPTables}
 
-// MaxEntriesPerFixFor is MaxEntriesPerFix with the named backend (backend.Backend.Name()).
+// baseMemory is, per backend, the agent's memory cgroup peak with no entries, from the figures
+// above: the peak at 10,000 entries less 10,000 times the cost of an entry (iptables: 80.2 MiB −
+// 10,000 × 4.9 KiB; nftables: 55.1 MiB − 10,000 × (99.4 − 55.1) MiB / 40,000). What a limit other
+// than MemoryLimit holds beyond it is given to entries at the same cost per entry.
+var baseMemory = map[string]int64{
+	backend.IPTables: 32<<20 + 6<<20/16, // 32.4 MiB
+	backend.NFTables: 44 << 20,
+}
+
+// MaxEntriesPerFixFor is MaxEntriesPerFix with the named backend (backend.Backend.Name()), at
+// MemoryLimit.
 func MaxEntriesPerFixFor(backendName string) int {
 	if n, ok := maxEntriesPerFix[backendName]; ok {
 		return n
@@ -74,14 +87,41 @@ func MaxEntriesPerFixFor(backendName string) int {
 	return MaxEntriesPerFix
 }
 
-// BudgetFor is the Budget of a fix whose rules go to the named backend: DefaultBudget with the
-// backend's MaxEntriesPerFixFor, and at most half of that per namespace.
-func BudgetFor(backendName string) Budget {
+// MaxEntriesPerFixAt is MaxEntriesPerFixFor the backend at the memory limit memLimit (bytes; 0 or
+// less is MemoryLimit): the part of three quarters of the limit above the backend's base memory,
+// at the measured cost per entry, so MaxEntriesPerFixFor × (¾·memLimit − base) / (¾·MemoryLimit −
+// base), rounded down to a multiple of 100; 0 when three quarters of the limit do not exceed the
+// base. A backend without measured figures (a test's) keeps MaxEntriesPerFixFor. Limits above
+// MemoryLimit are extrapolated from figures measured at it (docs/deploy.md).
+func MaxEntriesPerFixAt(backendName string, memLimit int64) int {
+	n := MaxEntriesPerFixFor(backendName)
+	base, ok := baseMemory[backendName]
+	if memLimit <= 0 || memLimit == MemoryLimit || !ok {
+		return n
+	}
+	room, measured := memLimit/4*3-base, int64(MemoryLimit)/4*3-base
+	if room <= 0 {
+		return 0
+	}
+	return int(int64(n)*room/measured) / 100 * 100
+}
+
+// BudgetFor is the Budget of a fix whose rules go to the named backend, in an agent whose memory
+// limit is memLimit (bytes; 0 is MemoryLimit): DefaultBudget with the backend's
+// MaxEntriesPerFixAt, and at most half of that per namespace.
+func BudgetFor(backendName string, memLimit int64) Budget {
 	b := DefaultBudget
-	b.PerMap = MaxEntriesPerFixFor(backendName)
+	b.PerMap = MaxEntriesPerFixAt(backendName, memLimit)
 	b.PerNamespace = min(b.PerNamespace, b.PerMap/2)
 	b.PerService = min(b.PerService, b.PerNamespace)
 	return b
+}
+
+// Limits are the resources the agent may use, from its configuration (memoryLimit): what budgets
+// are derived from. The zero value is the DaemonSet's (MemoryLimit).
+type Limits struct {
+	// Memory is the memory limit in bytes; 0 means MemoryLimit.
+	Memory int64
 }
 
 // MinBudget is the lowest of every backend's budget (BudgetFor), field by field: what a workload
@@ -89,7 +129,7 @@ func BudgetFor(backendName string) Budget {
 func MinBudget() Budget {
 	m := DefaultBudget
 	for _, name := range backend.Names {
-		b := BudgetFor(name)
+		b := BudgetFor(name, MemoryLimit)
 		m.PerService, m.PerNamespace, m.PerMap = min(m.PerService, b.PerService), min(m.PerNamespace, b.PerNamespace), min(m.PerMap, b.PerMap)
 	}
 	return m
@@ -124,5 +164,5 @@ func serviceBudgetSkip(object string, n, limit int) (Skip, bool) {
 	if n <= limit {
 		return Skip{}, false
 	}
-	return Skip{Object: object, Reason: ReasonServiceBudget, Detail: fmt.Sprintf("the Service wants %d entries, more than the %d one Service may have (fix.MaxEntriesPerService); none of them is programmed", n, limit)}, true
+	return Skip{Object: object, Reason: ReasonServiceBudget, Detail: fmt.Sprintf("the Service wants %d entries, more than the %d one Service may have (fix.MaxEntriesPerService, or less at a lower memory limit: fix.BudgetFor); none of them is programmed", n, limit)}, true
 }

@@ -190,11 +190,11 @@ func TestServiceMapBudgetOf(t *testing.T) {
 // an unknown backend (the test fake) gets DefaultBudget; the namespace budget is at most half of
 // the fix's.
 func TestBudgetFor(t *testing.T) {
-	if got := fix.BudgetFor("fake"); got != fix.DefaultBudget {
+	if got := fix.BudgetFor("fake", 0); got != fix.DefaultBudget {
 		t.Errorf("unknown backend: %+v, want DefaultBudget", got)
 	}
 	for _, be := range []string{"iptables", "nftables"} {
-		b := fix.BudgetFor(be)
+		b := fix.BudgetFor(be, 0)
 		if b.PerMap != fix.MaxEntriesPerFixFor(be) || b.PerMap <= 0 || b.PerMap > fix.MaxEntriesPerFix || b.PerNamespace > b.PerMap/2 || b.PerService > b.PerNamespace {
 			t.Errorf("%s: %+v", be, b)
 		}
@@ -204,5 +204,43 @@ func TestBudgetFor(t *testing.T) {
 	}
 	if ipt := fix.MaxEntriesPerFixFor("iptables"); ipt >= fix.MaxEntriesPerFix {
 		t.Errorf("iptables: %d entries; its rules cost the cgroup more than 128Mi at MaxEntriesPerFix", ipt)
+	}
+}
+
+// TestBudgetFollowsTheMemoryLimit: the fix's budget at the DaemonSet's limit is the measured one
+// (also when the limit is given); a higher limit gives more entries and a lower one fewer, in
+// proportion to what the limit holds above the backend's base memory; a limit whose three quarters
+// do not exceed that base gives none (every Service is then a fix-budget skip); a backend without
+// measured figures keeps its budget whatever the limit.
+func TestBudgetFollowsTheMemoryLimit(t *testing.T) {
+	const mi = 1 << 20
+	for _, be := range []string{"iptables", "nftables"} {
+		at := func(limit int64) int { return fix.BudgetFor(be, limit).PerMap }
+		measured := fix.MaxEntriesPerFixFor(be)
+		if at(0) != measured || at(fix.MemoryLimit) != measured {
+			t.Errorf("%s: %d entries at the default limit, %d at 128Mi given; want %d", be, at(0), at(fix.MemoryLimit), measured)
+		}
+		prev := 0
+		for _, limit := range []int64{32 * mi, 48 * mi, 64 * mi, 96 * mi, 127 * mi, 129 * mi, 256 * mi, 512 * mi, 1 << 40} {
+			n := at(limit)
+			if n < prev || n%100 != 0 || (limit < fix.MemoryLimit) != (n < measured) {
+				t.Errorf("%s: %d entries at %d MiB after %d at a lower limit; want a multiple of 100 that grows with the limit, below %d exactly under 128Mi", be, n, limit/mi, prev, measured)
+			}
+			b := fix.BudgetFor(be, limit)
+			if b.PerNamespace > b.PerMap/2 || b.PerService > b.PerNamespace || b.PerService > fix.MaxEntriesPerService {
+				t.Errorf("%s at %d MiB: %+v", be, limit/mi, b)
+			}
+			prev = n
+		}
+		if n := at(32 * mi); n != 0 {
+			t.Errorf("%s: %d entries at 32Mi, whose three quarters (24 MiB) hold no more than the agent itself", be, n)
+		}
+		// Twice the limit holds more than twice the entries: the base is paid once.
+		if n := at(2 * fix.MemoryLimit); n < 2*measured {
+			t.Errorf("%s: %d entries at 256Mi, want at least %d", be, n, 2*measured)
+		}
+	}
+	if got := fix.BudgetFor("fake", 32<<20); got != fix.DefaultBudget {
+		t.Errorf("unknown backend at 32Mi: %+v, want DefaultBudget", got)
 	}
 }

@@ -343,11 +343,11 @@ func (m *ServiceMap[In]) admit(st *serviceMapState[In], family rules.Family, add
 		}
 		for i, f := range fams {
 			if over == nil && nsUsed[i]+n[i] > b.PerNamespace {
-				over = &Skip{Object: name, Reason: ReasonNamespaceBudget, Detail: fmt.Sprintf("the Service wants %d %s entries and the Services before it in namespace %s have %d of the %d one namespace may have in a family (fix.MaxEntriesPerNamespace, or half of fix.MaxEntriesPerFixFor the backend); none of them is programmed, in any family", n[i], f, ns, nsUsed[i], b.PerNamespace)}
+				over = &Skip{Object: name, Reason: ReasonNamespaceBudget, Detail: fmt.Sprintf("the Service wants %d %s entries and the Services before it in namespace %s have %d of the %d one namespace may have in a family (fix.MaxEntriesPerNamespace, or half of fix.MaxEntriesPerFixAt the backend and memory limit); none of them is programmed, in any family", n[i], f, ns, nsUsed[i], b.PerNamespace)}
 			}
 		}
 		if over == nil && total+sum > b.PerMap {
-			over = &Skip{Object: name, Reason: ReasonFixBudget, Detail: fmt.Sprintf("the Service wants %d entries in all families and the fix has %d of the %d it may program in all families with its backend (fix.MaxEntriesPerFixFor); none of them is programmed, in any family", sum, total, b.PerMap)}
+			over = &Skip{Object: name, Reason: ReasonFixBudget, Detail: fmt.Sprintf("the Service wants %d entries in all families and the fix has %d of the %d it may program in all families with its backend at the agent's memory limit (fix.MaxEntriesPerFixAt, config memoryLimit); none of them is programmed, in any family", sum, total, b.PerMap)}
 		}
 		if over == nil {
 			for i := range fams {

@@ -62,13 +62,14 @@ var (
 
 // New builds the fix with its default configuration and registers its metrics.
 func New(p fix.Params) (*Fix, error) {
-	// The entries' budget is the backend's in use (an agent following kube-proxy may switch): an
-	// iptables rule costs more memory than an nftables map element (fix.MaxEntriesPerFixFor).
+	// The entries' budget is the backend's in use (an agent following kube-proxy may switch) at the
+	// agent's memory limit: an iptables rule costs more memory than an nftables map element
+	// (fix.MaxEntriesPerFixAt).
 	budget := func() fix.Budget {
 		if p.Backend == nil {
 			return fix.DefaultBudget
 		}
-		return fix.BudgetFor(p.Backend.Name())
+		return fix.BudgetFor(p.Backend.Name(), p.Limits.Memory)
 	}
 	f := &Fix{m: newMetrics(), entries: fix.NewServiceMap(serviceEntries).WithBudgetOf(budget),
 		clusterIPs: fix.NewServiceMap(clusterIPEntries), guard: map[rules.Family]*guard{}, cidrs: map[rules.Family]*cidrSet{}}

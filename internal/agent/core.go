@@ -60,6 +60,7 @@ var Module = fx.Module("core",
 		func(r *prometheus.Registry) prometheus.Registerer { return r },
 		metrics.NewSync,
 		func(cfg *config.Config) sysctl.Interface { return &sysctl.Proc{Root: cfg.ProcSysPath} },
+		Limits,
 		func() conntrack.Interface { return conntrack.New() },
 		Detect,
 		Env,
@@ -138,6 +139,21 @@ func NewLoggerTo(w io.Writer, cfg *config.Config) (*slog.Logger, *slog.LevelVar,
 		log.Warn("config: " + w)
 	}
 	return log, level, nil
+}
+
+// Limits are the agent's resource limits from its configuration (memoryLimit), which the fixes'
+// budgets are derived from; it logs the entry budget they give the backend in use.
+func Limits(cfg *config.Config, r detect.Result, log *slog.Logger) (fix.Limits, error) {
+	m, err := cfg.ParsedMemoryLimit()
+	if err != nil {
+		return fix.Limits{}, err
+	}
+	limit, source := m, "memoryLimit"
+	if m == 0 {
+		limit, source = fix.MemoryLimit, "default"
+	}
+	log.Info("memory limit", "bytes", limit, "source", source, "backend", r.Backend, "entriesPerFix", fix.MaxEntriesPerFixAt(r.Backend, limit))
+	return fix.Limits{Memory: m}, nil
 }
 
 // DetectParams are Detect's dependencies. Probes is optional: without it the node's local signals

@@ -26,6 +26,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 	"go.yaml.in/yaml/v3"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
@@ -73,6 +74,10 @@ type Config struct {
 	// ProcSysPath is where the agent reads and writes sysctls (/proc/sys). A container's /proc/sys is
 	// read-only, so components/conntrack-liberal mounts the node's /proc/sys/net at /host/proc/sys/net and sets this.
 	ProcSysPath string `mapstructure:"procSysPath"`
+	// MemoryLimit is the agent container's memory limit, a Kubernetes quantity (the DaemonSet sets
+	// it from limits.memory through the downward API); empty means fix.MemoryLimit. The fixes' entry
+	// budgets follow it (fix.BudgetFor).
+	MemoryLimit string `mapstructure:"memoryLimit"`
 	// LogLevel is debug, info, warn or error; a reload applies it.
 	LogLevel string `mapstructure:"logLevel"`
 	// LogFormat is text or json (internal/logging).
@@ -167,6 +172,8 @@ var Keys = []Key{
 		Help: "`/healthz`, `/readyz` over plain HTTP (`0.0.0.0:9485` in deploy/base)"},
 	{Key: "procSysPath", Flag: "proc-sys-path", Default: "/proc/sys", Restart: true,
 		Help: "the sysctl tree the agent writes; a container's `/proc/sys` is read-only, so components/conntrack-liberal mounts the node's `/proc/sys/net` at `/host/proc/sys/net` and sets this"},
+	{Key: "memoryLimit", Flag: "memory-limit", Default: "", Doc: "`128Mi`", Restart: true,
+		Help: "the container's memory limit (the DaemonSet sets it from `limits.memory`); the fixes' entry budgets follow it"},
 	{Key: "logLevel", Flag: "log-level", Default: "info", Help: "`debug`, `info`, `warn`, `error`"},
 	{Key: "logFormat", Flag: "log-format", Default: "text", Restart: true, Help: "`text`, `json`; client-go's log lines use it too"},
 }
@@ -1018,6 +1025,9 @@ func (c *Config) Validate() error {
 	if !filepath.IsAbs(c.ProcSysPath) {
 		return o.errorf("procSysPath", "%s is not an absolute path", fix.ShowValue(c.ProcSysPath))
 	}
+	if _, err := c.ParsedMemoryLimit(); err != nil {
+		return err
+	}
 	if c.MetricsCertDir != "" && !c.MetricsSecure {
 		return o.errorf("metricsCertDir", "set, but metricsSecure is false: the certificate would not be used")
 	}
@@ -1093,6 +1103,21 @@ func (c *Config) ParsedServiceCIDRs() ([]netip.Prefix, error) {
 		return nil, fmt.Errorf("config: %w", err)
 	}
 	return p, nil
+}
+
+// ParsedMemoryLimit is MemoryLimit in bytes; 0 when it is empty (fix.MemoryLimit applies).
+func (c *Config) ParsedMemoryLimit() (int64, error) {
+	if c.MemoryLimit == "" {
+		return 0, nil
+	}
+	q, err := resource.ParseQuantity(c.MemoryLimit)
+	if err != nil {
+		return 0, c.origins.errorf("memoryLimit", "%s is not a quantity such as 128Mi or 134217728 (bytes)", fix.ShowValue(c.MemoryLimit))
+	}
+	if q.Sign() <= 0 {
+		return 0, c.origins.errorf("memoryLimit", "%s is not positive", fix.ShowValue(c.MemoryLimit))
+	}
+	return q.Value(), nil
 }
 
 // FixEnabled returns the explicit enabled setting of a fix, and whether there is one.

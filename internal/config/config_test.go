@@ -147,6 +147,8 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "bad pod CIDR", file: "podCIDRs: [10.0.0.300/24]\n", want: "podCIDRs"},
 		{name: "bad enabled", file: "fixes:\n  invalid-drop:\n    enabled: perhaps\n", want: "fixes.invalid-drop.enabled"},
 		{name: "zero sync period", file: "syncPeriod: 0s\n", want: "syncPeriod"},
+		{name: "memory limit not a quantity", env: []string{"NNM_MEMORY_LIMIT=lots"}, want: "memoryLimit"},
+		{name: "memory limit zero", args: []string{"--memory-limit", "0"}, want: "memoryLimit"},
 		{name: "bad --set", args: []string{"--set", "nokeyvalue"}, want: "--set"},
 		{name: "yaml syntax", file: "backend: [unclosed\n", want: "config file"},
 	}
@@ -168,6 +170,20 @@ func wantLoadError(t *testing.T, file string, env, args []string, want ...string
 	for _, w := range want {
 		if !strings.Contains(err.Error(), w) {
 			t.Errorf("error %q does not contain %q", err, w)
+		}
+	}
+}
+
+// TestMemoryLimit: the downward API's bytes and a quantity give the same limit; none gives 0 (the
+// DaemonSet's, fix.MemoryLimit).
+func TestMemoryLimit(t *testing.T) {
+	for in, want := range map[string]int64{"": 0, "134217728": 128 << 20, "256Mi": 256 << 20, "1G": 1e9} {
+		c, err := Load(flags(t), []string{"NNM_MEMORY_LIMIT=" + in}, ids)
+		if err != nil {
+			t.Fatalf("%q: %v", in, err)
+		}
+		if got, err := c.ParsedMemoryLimit(); err != nil || got != want {
+			t.Errorf("%q: %d, %v; want %d", in, got, err, want)
 		}
 	}
 }
