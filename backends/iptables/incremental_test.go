@@ -219,13 +219,21 @@ func mutateEntries(rnd *rand.Rand, f rules.Family, in []rules.MapEntry) []rules.
 // one Service changing at the scale of `make bench`: one bucket is rendered and rewritten.
 func BenchmarkApply10k(b *testing.B) {
 	ctx := context.Background()
-	for _, f := range rules.Families {
-		b.Run("one-entry-"+string(f), func(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		f    rules.Family
+	}{{"one-entry", rules.IPv4}, {"one-entry", rules.IPv6}, {"new-bucket", rules.IPv4}} {
+		f := c.f
+		b.Run(c.name+"-"+string(f), func(b *testing.B) {
 			k := newKernel(b, NFT, f)
 			be := k.backend()
 			entries := scaleEntries(f, 10000)
 			other := append(entries[:9999:9999], entries[9998])
 			other[9999].Port = 81
+			if c.name == "new-bucket" { // one more entry, alone in a /28 of its own
+				other = append(entries[:10000:10000], entries[0])
+				other[10000].Addr = netip.MustParseAddr("198.51.100.1")
+			}
 			rs := func(e []rules.MapEntry) *rules.Ruleset {
 				r := externalIP(f)
 				r.Maps[0].Entries = e
