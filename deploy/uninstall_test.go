@@ -10,6 +10,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/sysctl"
 	"github.com/network-node-manager/network-node-manager/fixes/conntrackliberal"
 	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/nodelock"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
@@ -57,6 +58,12 @@ func TestUninstallRestoresConntrackLiberal(t *testing.T) {
 	if v := read(); v != conntrackliberal.Liberal {
 		t.Fatalf("the agent is ready but %s = %s", sysctl.ConntrackTCPBeLiberal, v)
 	}
+	// The node lock of the namespace (internal/nodelock), which the uninstall removes.
+	ino := strings.TrimSpace(ns.MustExec("stat", "-L", "-c", "%i", "/proc/self/ns/net"))
+	lock := filepath.Join(nodelock.Dir, "agent-netns-"+ino+".lock")
+	if _, err := os.Stat(lock); err != nil {
+		t.Fatalf("the agent runs but its node lock file is not %s: %v", lock, err)
+	}
 	if _, err := os.Stat(filepath.Join(state, conntrackliberal.StateFile)); err != nil {
 		t.Fatalf("the value to restore is not recorded: %v", err)
 	}
@@ -77,7 +84,7 @@ func TestUninstallRestoresConntrackLiberal(t *testing.T) {
 		t.Fatalf("cleanup --dry-run: %v\n%s", err, out)
 	}
 	for _, want := range []string{"would remove nftables: table ip nnm-invalid-drop", "would remove nftables: table ip6 nnm-invalid-drop",
-		"would revert the node state of fix conntrack-liberal", "nothing was changed"} {
+		"would revert the node state of fix conntrack-liberal", "would remove the node lock file " + lock, "nothing was changed"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("cleanup --dry-run output lacks %q:\n%s", want, out)
 		}
@@ -101,5 +108,8 @@ func TestUninstallRestoresConntrackLiberal(t *testing.T) {
 	}
 	if tables := ns.MustExec("nft", "list", "tables"); strings.Contains(tables, "nnm") {
 		t.Errorf("cleanup left nftables tables:\n%s", tables)
+	}
+	if _, err := os.Stat(lock); !os.IsNotExist(err) {
+		t.Errorf("cleanup left the node lock file %s (%v)", lock, err)
 	}
 }

@@ -34,6 +34,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/internal/config"
 	"github.com/network-node-manager/network-node-manager/internal/detect"
 	"github.com/network-node-manager/network-node-manager/internal/engine"
+	"github.com/network-node-manager/network-node-manager/internal/nodelock"
 	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
 
@@ -254,7 +255,9 @@ func cleanupCommand(version string, fixModules fx.Option) *cobra.Command {
 			if dryRun {
 				return CleanupPlan(cmd.Context(), cmd.OutOrStdout(), fixes.Fixes, cfg, log)
 			}
-			return errors.Join(Cleanup(cmd.Context(), cfg, log), RevertNodeState(cmd.Context(), fixes.Fixes, cfg, log))
+			err := errors.Join(Cleanup(cmd.Context(), cfg, log), RevertNodeState(cmd.Context(), fixes.Fixes, cfg, log))
+			removeNodeLock(log)
+			return err
 		},
 	}
 	// Only the flags cleanup reads: it removes what both backends own in both families whatever
@@ -319,8 +322,28 @@ func CleanupPlan(ctx context.Context, w io.Writer, fixes []fix.Fix, cfg *config.
 			fmt.Fprintf(w, "would revert the node state of fix %s (what it recorded changing, if anything)\n", f.ID())
 		}
 	}
+	if path, err := nodelock.Path(nodelock.Dir); err == nil {
+		if _, err := os.Stat(path); err == nil {
+			fmt.Fprintf(w, "would remove the node lock file %s (unless an agent still holds it)\n", path)
+		}
+	}
 	fmt.Fprintf(w, "dry run: %d chains or tables to remove; nothing was changed\n", n)
 	return errors.Join(errs...)
+}
+
+// removeNodeLock deletes this network namespace's node lock file (internal/nodelock), the last
+// file the agent leaves on the node, unless an agent still runs here (it would program its rules
+// again: that is logged, not an error of the cleanup).
+func removeNodeLock(log *slog.Logger) {
+	path, err := nodelock.Remove(nodelock.Dir)
+	switch {
+	case errors.Is(err, nodelock.ErrHeld):
+		log.Warn("an agent still runs in this network namespace and will program its rules again; its lock file stays", "err", err)
+	case err != nil:
+		log.Warn("the node lock file was not removed", "err", err)
+	case path != "":
+		log.Info("node lock file removed", "file", path)
+	}
 }
 
 // RevertNodeState reverts every fix that changes node state other than rules (fix.Actuator), enabled

@@ -989,6 +989,9 @@ func uninstall(t *testing.T, c *Cluster, before map[string][]string) {
 		}
 		if st, err := n.Shell(ctx, c, "ls -la /run/network-node-manager 2>&1; true"); err == nil {
 			t.Logf("%s: /run/network-node-manager after the uninstall:\n%s", n.name, strings.TrimSpace(st))
+			if strings.Contains(st, "agent-netns-") {
+				t.Errorf("%s: the uninstall left the node lock file (cleanup deletes it when no agent runs)", n.name)
+			}
 		}
 	}
 }

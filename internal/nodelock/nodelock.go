@@ -14,6 +14,7 @@ package nodelock
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -56,9 +57,27 @@ func Acquire(dir string) (*Lock, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("node lock: %w", err)
 	}
+	for range 3 {
+		l, again, err := acquireFile(path)
+		if !again {
+			return l, err
+		}
+	}
+	return nil, fmt.Errorf("node lock %s: removed and created again three times while taking it", path)
+}
+
+// afterOpen, when set (tests), runs between opening the lock file and locking it.
+var afterOpen func()
+
+// acquireFile takes the lock on path's file; again reports that the file was removed (Remove) or
+// replaced after it was opened, so that the lock taken belongs to no path and must be taken anew.
+func acquireFile(path string) (l *Lock, again bool, err error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("node lock: %w", err)
+		return nil, false, fmt.Errorf("node lock: %w", err)
+	}
+	if afterOpen != nil {
+		afterOpen()
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		holder, _ := os.ReadFile(path)
@@ -68,20 +87,49 @@ func Acquire(dir string) (*Lock, error) {
 			if h == "" {
 				h = "unknown holder"
 			}
-			return nil, fmt.Errorf("%w (%s holds %s): this agent programs nothing; stop the other one first, or use `plan` to see what it would program", ErrHeld, h, path)
+			return nil, false, fmt.Errorf("%w (%s holds %s): this agent programs nothing; stop the other one first, or use `plan` to see what it would program", ErrHeld, h, path)
 		}
-		return nil, fmt.Errorf("node lock %s: %w", path, err)
+		return nil, false, fmt.Errorf("node lock %s: %w", path, err)
+	}
+	held, err1 := f.Stat()
+	named, err2 := os.Stat(path)
+	if err1 != nil || err2 != nil || !os.SameFile(held, named) {
+		f.Close()
+		return nil, true, nil
 	}
 	host, _ := os.Hostname()
 	line := fmt.Sprintf("pid %d on host %s since %s\n", os.Getpid(), host, time.Now().UTC().Format(time.RFC3339))
 	if err := f.Truncate(0); err == nil {
 		_, _ = f.WriteAt([]byte(line), 0)
 	}
-	return &Lock{f: f, path: path}, nil
+	return &Lock{f: f, path: path}, false, nil
 }
 
-// Release gives the lock up (the file stays: removing it would let a third agent lock a new file
-// while a second still waits on the old one).
+// Remove deletes this network namespace's lock file under dir when no agent holds it (the uninstall:
+// `cleanup`), returning the path it removed, or "" when there was none. It takes the lock, unlinks
+// the file while holding it and gives it up: an agent that opened the file before the unlink and
+// locks it after finds that the path no longer names its file, and takes the lock anew (Acquire).
+// When an agent holds the lock the error wraps ErrHeld and the file stays.
+func Remove(dir string) (string, error) {
+	path, err := Path(dir)
+	if err != nil {
+		return "", err
+	}
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	l, err := Acquire(dir)
+	if err != nil {
+		return "", err
+	}
+	defer l.Release()
+	if err := os.Remove(path); err != nil {
+		return "", fmt.Errorf("node lock: %w", err)
+	}
+	return path, nil
+}
+
+// Release gives the lock up. The file stays (Remove deletes it at uninstall).
 func (l *Lock) Release() error {
 	if l == nil || l.f == nil {
 		return nil
