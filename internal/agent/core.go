@@ -152,7 +152,12 @@ func Limits(cfg *config.Config, r detect.Result, log *slog.Logger) (fix.Limits, 
 	if m == 0 {
 		limit, source = fix.MemoryLimit, "default"
 	}
-	log.Info("memory limit", "bytes", limit, "source", source, "backend", r.Backend, "entriesPerFix", fix.MaxEntriesPerFixAt(r.Backend, limit))
+	n := fix.MaxEntriesPerFixAt(r.Backend, limit)
+	if n == 0 {
+		log.Warn("the memory limit leaves no room for map entries: every Service a DNAT fix would program is skipped with a budget reason; raise the limit", "bytes", limit, "source", source, "backend", r.Backend)
+	} else {
+		log.Info("memory limit", "bytes", limit, "source", source, "backend", r.Backend, "entriesPerFix", n)
+	}
 	return fix.Limits{Memory: m}, nil
 }
 
