@@ -142,8 +142,10 @@ func NewLoggerTo(w io.Writer, cfg *config.Config) (*slog.Logger, *slog.LevelVar,
 }
 
 // Limits are the agent's resource limits from its configuration (memoryLimit), which the fixes'
-// budgets are derived from; it logs the entry budget they give the backend in use.
-func Limits(cfg *config.Config, r detect.Result, log *slog.Logger) (fix.Limits, error) {
+// budgets are derived from; it logs the entries per fix they give each backend. (It does not ask
+// which backend runs: that would make every command that builds the fixes, `cleanup` too, detect
+// kube-proxy.)
+func Limits(cfg *config.Config, log *slog.Logger) (fix.Limits, error) {
 	m, err := cfg.ParsedMemoryLimit()
 	if err != nil {
 		return fix.Limits{}, err
@@ -152,11 +154,18 @@ func Limits(cfg *config.Config, r detect.Result, log *slog.Logger) (fix.Limits, 
 	if m == 0 {
 		limit, source = fix.MemoryLimit, "default"
 	}
-	n := fix.MaxEntriesPerFixAt(r.Backend, limit)
-	if n == 0 {
-		log.Warn("the memory limit leaves no room for map entries: every Service a DNAT fix would program is skipped with a budget reason; raise the limit", "bytes", limit, "source", source, "backend", r.Backend)
+	attrs, none := []any{"bytes", limit, "source", source}, []string{}
+	for _, b := range backend.Names {
+		n := fix.MaxEntriesPerFixAt(b, limit)
+		attrs = append(attrs, "entriesPerFix."+b, n)
+		if n == 0 {
+			none = append(none, b)
+		}
+	}
+	if len(none) > 0 {
+		log.Warn("the memory limit leaves no room for map entries with backend "+strings.Join(none, ", ")+": every Service a DNAT fix would program there is skipped with a budget reason; raise the limit", attrs...)
 	} else {
-		log.Info("memory limit", "bytes", limit, "source", source, "backend", r.Backend, "entriesPerFix", n)
+		log.Info("memory limit", attrs...)
 	}
 	return fix.Limits{Memory: m}, nil
 }
