@@ -37,6 +37,7 @@ type options struct {
 	minSyncPeriod time.Duration
 	agentLogLevel string
 	out           string
+	samples       string // every change latency, one per line (-samples)
 	floorRuns     int
 	runs          int
 	agentEnv      []string
@@ -66,6 +67,7 @@ func main() {
 	flag.DurationVar(&o.minSyncPeriod, "min-sync-period", 0, "agent --min-sync-period (0: changes are not rate limited; they are spaced apart anyway)")
 	flag.StringVar(&o.agentLogLevel, "agent-log-level", "info", "agent --log-level (debug shows every pass and read-back in the agent's log)")
 	flag.StringVar(&o.out, "out", "", "also write the result table (markdown) to this file")
+	flag.StringVar(&o.samples, "samples", "", "also write every change latency, in the order measured, to this file (which changes make the tail)")
 	flag.IntVar(&o.floorRuns, "floor-runs", 3, "floor measurements per figure (median)")
 	flag.IntVar(&o.runs, "runs", 3, "measure every backend at every N this many times, each with a fresh agent and node namespace (the Services are created once)")
 	agentEnv := flag.String("agent-env", "", "comma-separated KEY=VALUE added to the agent's environment (e.g. GOMEMLIMIT=48MiB)")
@@ -245,7 +247,26 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 	}
+	if o.samples != "" {
+		return os.WriteFile(o.samples, []byte(latencySamples(results)), 0o644)
+	}
 	return nil
+}
+
+// latencySamples is every change latency of results, one per line in the order measured: run,
+// backend, kind, the change's index (create i sets the i-th ingress IP of the create range, update i
+// moves it to the i-th of the update range, delete i deletes its Service) and milliseconds.
+func latencySamples(results []*result) string {
+	var b strings.Builder
+	b.WriteString("# run backend kind index ms\n")
+	for _, r := range results {
+		for _, kind := range []string{"create", "update", "delete"} {
+			for i, d := range r.latency[kind] {
+				fmt.Fprintf(&b, "%d %s %s %d %.1f\n", r.run, r.backend, kind, i, float64(d.Microseconds())/1000)
+			}
+		}
+	}
+	return b.String()
 }
 
 func logf(format string, args ...any) {
