@@ -53,7 +53,7 @@ func (b *Ops) applyEntries(ctx context.Context, from, rs *rules.Ruleset, prev *r
 	if touched == nil {
 		return backend.Step[*record]{Done: true, Rec: prev}, nil
 	}
-	oldChains, newChains, ok := renderChange(from, rs, touched, prev)
+	oldChains, newChains, kept, ok := renderChange(from, rs, touched, prev)
 	if !ok {
 		return no, nil
 	}
@@ -87,7 +87,7 @@ func (b *Ops) applyEntries(ctx context.Context, from, rs *rules.Ruleset, prev *r
 		k := c.key()
 		now[k] = true
 		if !complete(c) {
-			if was[k] == nil {
+			if !prev.chains[k] {
 				return no, nil // an untouched bucket cannot appear
 			}
 			continue
@@ -110,17 +110,14 @@ func (b *Ops) applyEntries(ctx context.Context, from, rs *rules.Ruleset, prev *r
 			parent[k] = c.parent
 		}
 	}
-	var stale []tchain
-	for _, c := range oldChains {
-		if k := c.key(); !now[k] {
-			if c.parent == "" {
-				return no, nil
-			}
-			stale = append(stale, k)
-			delete(content, k)
-			delete(chains, k)
-			delete(parent, k)
-		}
+	stale, ok := staleChains(oldChains, now, prev, kept)
+	if !ok {
+		return no, nil
+	}
+	for _, k := range stale {
+		delete(content, k)
+		delete(chains, k)
+		delete(parent, k)
 	}
 	if len(changed) == 0 && len(stale) == 0 {
 		return backend.Step[*record]{Done: true, Rec: prev}, nil
@@ -138,29 +135,57 @@ func (b *Ops) applyEntries(ctx context.Context, from, rs *rules.Ruleset, prev *r
 }
 
 // renderChange renders the chains of from and of rs that a change of the touched buckets' entries
-// may change. When no bucket appears or goes (bucketsKept: a Service changes among thousands whose
-// buckets stay), the dispatching chains stay as they are and only the touched buckets are rendered,
-// their parents taken from the record; otherwise the dispatching chains are rendered in full too,
-// and the untouched buckets empty. It returns false when either rendering fails (the full rendering
-// reports why) or a bucket it kept is not in the record.
-func renderChange(from, rs *rules.Ruleset, touched map[string]map[netip.Prefix]bool, prev *record) (old, now []*rchain, ok bool) {
+// may change. Of from, that is the touched buckets it has, their parents taken from the record.
+// When no bucket appears or goes (kept, bucketsKept: a Service changes among thousands whose buckets
+// stay), the dispatching chains stay as they are and of rs too only the touched buckets are
+// rendered; otherwise rs's dispatching chains are rendered in full, and its untouched buckets empty
+// (the record, not a second full rendering of from, then says which chains go: staleChains; that
+// rendering was half the Go time of such a change). It returns false when a rendering fails (the
+// full rendering reports why) or a bucket it kept is not in the record.
+func renderChange(from, rs *rules.Ruleset, touched map[string]map[netip.Prefix]bool, prev *record) (old, now []*rchain, kept, ok bool) {
 	sc := scope{only: touched, bucketsOnly: bucketsKept(from, rs, touched)}
-	old, _, err := renderChains(from, sc)
+	old, _, err := renderChains(from, scope{only: touched, bucketsOnly: true})
 	if err != nil {
-		return nil, nil, false
+		return nil, nil, false, false
 	}
 	if now, _, err = renderChains(rs, sc); err != nil {
-		return nil, nil, false
+		return nil, nil, false, false
 	}
+	recorded := old
 	if sc.bucketsOnly {
-		for _, c := range slices.Concat(old, now) {
-			if !prev.chains[c.key()] {
-				return nil, nil, false
+		recorded = slices.Concat(old, now)
+	}
+	for _, c := range recorded {
+		if !prev.chains[c.key()] {
+			return nil, nil, false, false
+		}
+		c.parent = prev.parent[c.key()]
+	}
+	return old, now, sc.bucketsOnly, true
+}
+
+// staleChains returns the chains of the record that a change of entries removes: when buckets were
+// kept, those of old (from's touched buckets) that now does not have (none); otherwise every chain of
+// the record that now (rs's chains in full) does not have, which must be a bucket or a node of a
+// dispatch tree (false otherwise: not a change of entries).
+func staleChains(old []*rchain, now map[tchain]bool, prev *record, kept bool) (stale []tchain, ok bool) {
+	if kept {
+		for _, c := range old {
+			if k := c.key(); !now[k] {
+				stale = append(stale, k)
 			}
-			c.parent = prev.parent[c.key()]
+		}
+		return stale, true
+	}
+	for k := range prev.chains {
+		if !now[k] {
+			if prev.parent[k] == "" {
+				return nil, false
+			}
+			stale = append(stale, k)
 		}
 	}
-	return old, now, true
+	return stale, true
 }
 
 // edit turns a chain's rules into others in place: deletes ("-D CHAIN spec", each of a rule that is

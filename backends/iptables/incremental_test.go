@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/netip"
+	"regexp"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
@@ -37,13 +38,25 @@ func TestKernelIncrementalEqualsScratch(t *testing.T) {
 					continue // legacy iptables has no generation
 				}
 				name := string(v) + "-" + string(f) + map[bool]string{false: "", true: "-generation"}[gen]
-				t.Run(name, func(t *testing.T) { incrementalEqualsScratch(t, v, f, gen) })
+				t.Run(name, func(t *testing.T) { incrementalEqualsScratch(t, v, f, gen, 4) })
 			}
 		}
 	}
 }
 
-func incrementalEqualsScratch(t *testing.T, v Variant, f rules.Family, gen bool) {
+// TestKernelIncrementalTreeEqualsScratch is TestKernelIncrementalEqualsScratch over 48 buckets
+// instead of 4, so that the dispatch is a tree (more than dispatchLeaf buckets) whose nodes appear
+// and go as buckets fill and empty: a change that adds or removes a bucket rewrites the dispatch
+// from the new ruleset alone and takes the chains that go from the record (staleChains).
+func TestKernelIncrementalTreeEqualsScratch(t *testing.T) {
+	for _, f := range rules.Families {
+		t.Run(string(f), func(t *testing.T) { incrementalEqualsScratch(t, NFT, f, true, 48) })
+	}
+}
+
+// incrementalEqualsScratch runs 40 random changes of entries spread over buckets buckets (see
+// TestKernelIncrementalEqualsScratch).
+func incrementalEqualsScratch(t *testing.T, v Variant, f rules.Family, gen bool, buckets int) {
 	ctx := context.Background()
 	inc, scratch := newKernel(t, v, f), newKernel(t, v, f)
 	rec := &restoreRecorder{Runner: inc.run}
@@ -58,9 +71,9 @@ func incrementalEqualsScratch(t *testing.T, v Variant, f rules.Family, gen bool)
 	t.Logf("seed %d", seed)
 	rnd := rand.New(rand.NewPCG(seed, 1))
 	var entries []rules.MapEntry
-	edited, appended, inserted := 0, 0, 0
+	edited, appended, inserted, nodesIn, nodesOut := 0, 0, 0, 0, 0
 	for step := range 40 {
-		entries = mutateEntries(rnd, f, entries)
+		entries = mutateEntries(rnd, f, entries, buckets)
 		// Two runs of lookups on one map: one DNAT rule (unordered buckets), and a MARK and a DNAT
 		// rule (ordered buckets: every MARK rule ahead of every DNAT rule).
 		rs := externalIPSharded(f)
@@ -70,6 +83,8 @@ func incrementalEqualsScratch(t *testing.T, v Variant, f rules.Family, gen bool)
 			t.Fatalf("step %d: %v", step, err)
 		}
 		for _, in := range rec.inputs {
+			nodesIn += len(treeNode.FindAllString(in, -1))
+			nodesOut += len(treeNodeGone.FindAllString(in, -1))
 			if strings.Contains(in, "\n:NNM-") { // chains declared: rewritten, not edited
 				continue
 			}
@@ -96,14 +111,25 @@ func incrementalEqualsScratch(t *testing.T, v Variant, f rules.Family, gen bool)
 			t.Fatalf("step %d (%d entries): incremental kernel state differs from a reconcile from scratch:\n%s\nwant:\n%s", step, len(entries), got, want)
 		}
 	}
+	if buckets > dispatchLeaf && (nodesIn == 0 || nodesOut == 0) {
+		t.Errorf("over %d buckets, %d dispatch nodes were declared and %d removed: want some of each", buckets, nodesIn, nodesOut)
+	}
 	switch {
+	case buckets > dispatchLeaf: // the edit counts below are TestKernelIncrementalEqualsScratch's
 	case !gen && edited > 0:
 		t.Errorf("%d changes edited a bucket in place without a generation to prove the record exact", edited)
 	case gen && (edited == 0 || appended == 0 || inserted == 0):
 		t.Errorf("%d changes edited buckets in place, %d appended to unordered ones, %d inserted into ordered ones: want some of each", edited, appended, inserted)
 	}
-	t.Logf("%d of 40 changes edited buckets in place (%d appending, %d inserting)", edited, appended, inserted)
+	t.Logf("%d of 40 changes edited buckets in place (%d appending, %d inserting); %d dispatch nodes declared, %d removed", edited, appended, inserted, nodesIn, nodesOut)
 }
+
+// treeNode and treeNodeGone find a dispatch node's declaration and removal in iptables-restore input
+// (nodeName: the chain's suffix is T and the node's prefix).
+var (
+	treeNode     = regexp.MustCompile(`(?m)^:NNM-\S+-T[0-9A-F]+ `)
+	treeNodeGone = regexp.MustCompile(`(?m)^-X NNM-\S+-T[0-9A-F]+$`)
+)
 
 // oursUnordered is ours with the rules of each bucket of externalIPSharded's first run (one DNAT
 // rule: NNM-EXTIP-DNAT-<prefix>) and of its masquerade by original destination (one MASQUERADE
@@ -160,7 +186,7 @@ func ours(save string) string {
 }
 
 // mutateEntries changes entries in one random way; the result has unique keys, in random order.
-func mutateEntries(rnd *rand.Rand, f rules.Family, in []rules.MapEntry) []rules.MapEntry {
+func mutateEntries(rnd *rand.Rand, f rules.Family, in []rules.MapEntry, buckets int) []rules.MapEntry {
 	addr := func(bucket, host int) netip.Addr {
 		if f == rules.IPv4 {
 			return netip.AddrFrom4([4]byte{203, 0, byte(113 + bucket), byte(host + 1)})
@@ -175,7 +201,7 @@ func mutateEntries(rnd *rand.Rand, f rules.Family, in []rules.MapEntry) []rules.
 	}
 	random := func() rules.MapEntry {
 		proto := []rules.Protocol{rules.TCP, rules.UDP}[rnd.IntN(2)]
-		return rules.MapEntry{Addr: addr(rnd.IntN(4), rnd.IntN(6)), Protocol: proto, Port: uint16(80 + rnd.IntN(3)), To: to(),
+		return rules.MapEntry{Addr: addr(rnd.IntN(buckets), rnd.IntN(6)), Protocol: proto, Port: uint16(80 + rnd.IntN(3)), To: to(),
 			Comment: fmt.Sprintf("ns/svc-%d:%s", rnd.IntN(100), proto)}
 	}
 	out := append([]rules.MapEntry(nil), in...)
