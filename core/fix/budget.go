@@ -103,8 +103,14 @@ func MaxEntriesPerFixAt(backendName string, memLimit int64) int {
 	if room <= 0 {
 		return 0
 	}
-	return int(int64(n)*room/measured) / 100 * 100
+	// In floating point: a limit of exabytes (a Pod without a limit gets the node's allocatable
+	// memory through the downward API; a config value may be anything) must not overflow.
+	return int(min(float64(n)*float64(room)/float64(measured), maxEntriesAtAnyLimit)) / 100 * 100
 }
+
+// maxEntriesAtAnyLimit bounds MaxEntriesPerFixAt whatever the limit (far above what any limit
+// measured here holds: 50,000 entries at 128Mi).
+const maxEntriesAtAnyLimit = 1 << 30
 
 // BudgetFor is the Budget of a fix whose rules go to the named backend, in an agent whose memory
 // limit is memLimit (bytes; 0 is MemoryLimit): DefaultBudget with the backend's

@@ -2,6 +2,7 @@ package fix_test
 
 import (
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
 	"strings"
@@ -221,7 +222,7 @@ func TestBudgetFollowsTheMemoryLimit(t *testing.T) {
 			t.Errorf("%s: %d entries at the default limit, %d at 128Mi given; want %d", be, at(0), at(fix.MemoryLimit), measured)
 		}
 		prev := 0
-		for _, limit := range []int64{32 * mi, 48 * mi, 64 * mi, 96 * mi, 127 * mi, 129 * mi, 256 * mi, 512 * mi, 1 << 40} {
+		for _, limit := range []int64{32 * mi, 48 * mi, 64 * mi, 96 * mi, 127 * mi, 129 * mi, 256 * mi, 512 * mi, 1 << 40, 1 << 62, math.MaxInt64} {
 			n := at(limit)
 			if n < prev || n%100 != 0 || (limit < fix.MemoryLimit) != (n < measured) {
 				t.Errorf("%s: %d entries at %d MiB after %d at a lower limit; want a multiple of 100 that grows with the limit, below %d exactly under 128Mi", be, n, limit/mi, prev, measured)
