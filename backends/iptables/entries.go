@@ -110,7 +110,7 @@ func (b *Ops) applyEntries(ctx context.Context, from, rs *rules.Ruleset, prev *r
 			parent[k] = c.parent
 		}
 	}
-	stale, ok := staleChains(oldChains, now, prev, kept)
+	stale, ok := staleChains(now, prev, kept)
 	if !ok {
 		return no, nil
 	}
@@ -164,18 +164,13 @@ func renderChange(from, rs *rules.Ruleset, touched map[string]map[netip.Prefix]b
 	return old, now, sc.bucketsOnly, true
 }
 
-// staleChains returns the chains of the record that a change of entries removes: when buckets were
-// kept, those of old (from's touched buckets) that now does not have (none); otherwise every chain of
-// the record that now (rs's chains in full) does not have, which must be a bucket or a node of a
-// dispatch tree (false otherwise: not a change of entries).
-func staleChains(old []*rchain, now map[tchain]bool, prev *record, kept bool) (stale []tchain, ok bool) {
+// staleChains returns the chains of the record that a change of entries removes: none when buckets
+// were kept (bucketsKept: every touched bucket is in both rulesets or in neither); otherwise every
+// chain of the record that now (rs's chains in full) does not have, which must be a bucket or a node
+// of a dispatch tree (false otherwise: not a change of entries).
+func staleChains(now map[tchain]bool, prev *record, kept bool) (stale []tchain, ok bool) {
 	if kept {
-		for _, c := range old {
-			if k := c.key(); !now[k] {
-				stale = append(stale, k)
-			}
-		}
-		return stale, true
+		return nil, true
 	}
 	for k := range prev.chains {
 		if !now[k] {
