@@ -260,7 +260,7 @@ func latencySamples(results []*result) string {
 	var b strings.Builder
 	b.WriteString("# run backend kind index ms\n")
 	for _, r := range results {
-		for _, kind := range []string{"create", "update", "delete"} {
+		for _, kind := range changeKinds {
 			for i, d := range r.latency[kind] {
 				fmt.Fprintf(&b, "%d %s %s %d %.1f\n", r.run, r.backend, kind, i, float64(d.Microseconds())/1000)
 			}

@@ -46,10 +46,13 @@ type result struct {
 	cgCold, cgEnd *cgFigures // the agent's memory cgroup after the cold start and at the end (nil: no cgroup)
 }
 
+// changeKinds are the changes measured, in the order measured (changes).
+var changeKinds = []string{"create", "update", "delete"}
+
 func (r *result) summary() string {
 	s := fmt.Sprintf("%s N=%d: end to end %v (list %v, programming %v), floor %v (%.1fx), entries %d",
 		r.backend, r.n, ms(r.e2e), ms(r.list), ms(r.program), ms(r.floor), ratio(r.program, r.floor), r.kernelObj)
-	for _, kind := range []string{"create", "update", "delete"} {
+	for _, kind := range changeKinds {
 		if l := r.latency[kind]; len(l) > 0 {
 			s += fmt.Sprintf("; %s p50 %v p99 %v max %v", kind, ms(pct(l, 50)), ms(pct(l, 99)), ms(pct(l, 100)))
 		}

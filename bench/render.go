@@ -57,7 +57,7 @@ func render(m machine, o options, rs []*result) string {
 		b.WriteString("| run | backend | change | p50 | p99 | max | one-entry floor | p99 / one-entry floor | p99 / full floor | target p99 ≤ 50 ms |\n")
 		b.WriteString("|---:|---|---|---:|---:|---:|---:|---:|---:|---|\n")
 		for _, r := range full {
-			for _, kind := range []string{"create", "update", "delete"} {
+			for _, kind := range changeKinds {
 				l := r.latency[kind]
 				if len(l) == 0 {
 					continue
