@@ -7,8 +7,12 @@ import (
 	"net/netip"
 	"os/exec"
 	"regexp"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -426,6 +430,39 @@ func BenchmarkApply10k(b *testing.B) {
 				b.Fatal(err)
 			}
 		})
+		// Every entry replaced by another: 40,000 element operations in bounded transactions, with
+		// the most heap (live and garbage, GOGC=5) the change held at once above what was in use.
+		b.Run("replace-all-"+string(f), func(b *testing.B) {
+			be := newRealKernel().backend(b)
+			opsOf(be).sendElements = sendElementDiff
+			others := make([]rules.MapEntry, len(entries))
+			for i := range others {
+				others[i] = entry(f, 20000+i, rules.TCP, uint16(80+i%3), 8080)
+			}
+			defer debug.SetGCPercent(debug.SetGCPercent(5))
+			var peak float64
+			if err := ns.Do(func() error {
+				if err := apply(ctx, be, externalIPRuleset(f, entries)); err != nil {
+					return err
+				}
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					rs := externalIPRuleset(f, others)
+					if i%2 == 1 {
+						rs = externalIPRuleset(f, entries)
+					}
+					var err error
+					peak = max(peak, heapGrowth(func() { err = apply(ctx, be, rs) }))
+					if err != nil {
+						return err
+					}
+				}
+				return nil
+			}); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(peak/1e6, "peak-heap-MB")
+		})
 		b.Run("one-element-"+string(f), func(b *testing.B) {
 			be := newRealKernel().backend(b)
 			if err := ns.Do(func() error {
@@ -680,4 +717,39 @@ func TestKernelInterferenceBeforeReadBack(t *testing.T) {
 			return err
 		})
 	})
+}
+
+// heapGrowth runs fn and returns the most heap (in use: live objects and garbage not yet swept)
+// it held at once above what was in use before, sampled every 0.2 ms.
+func heapGrowth(fn func()) float64 {
+	const name = "/memory/classes/heap/objects:bytes"
+	read := func() uint64 {
+		s := []metrics.Sample{{Name: name}}
+		metrics.Read(s)
+		return s[0].Value.Uint64()
+	}
+	runtime.GC()
+	base := read()
+	var peak atomic.Uint64
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			if v := read(); v > peak.Load() {
+				peak.Store(v)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Microsecond):
+			}
+		}
+	}()
+	fn()
+	close(stop)
+	<-done
+	if p := peak.Load(); p > base {
+		return float64(p - base)
+	}
+	return 0
 }

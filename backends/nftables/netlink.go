@@ -37,9 +37,11 @@ func netlinkFamily(f knftables.Family) (gnft.TableFamily, gnft.SetDatatype, erro
 	return 0, gnft.SetDatatype{}, fmt.Errorf("nftables backend: family %q is not ip or ip6", f)
 }
 
-// loadMaps creates m's table with its maps and their companion key sets, filled, in one netlink
-// transaction in the calling thread's network namespace. The objects are exactly those nft creates
-// from writeFull's `add map`/`add set` (so that transaction may add them again), which
+// loadMaps creates m's table with its maps and their companion key sets, filled, in the calling
+// thread's network namespace: the objects and the first elements in one netlink transaction, the
+// rest in transactions of at most maxOpsPerTransaction elements (harmless for the same reason as the
+// split from the rules' transaction: no rule reads the maps yet). The objects are exactly those nft
+// creates from writeFull's `add map`/`add set` (so that transaction may add them again), which
 // BenchmarkElementTransport and TestKernelColdLoadOverNetlink check.
 func loadMaps(m *model) error {
 	conn, err := gnft.New(gnft.WithSockOptions(forceSendBuffer))
@@ -51,31 +53,130 @@ func loadMaps(m *model) error {
 		return err
 	}
 	conn.AddTable(t)
-	for _, mm := range m.maps {
-		dmap, set := mapSets(t, addr, mm)
-		if err := conn.AddSet(dmap, nil); err != nil {
+	b := newElementBatch(conn, t, addr, m)
+	for i := range m.maps {
+		if err := conn.AddSet(b.maps[i].dmap, nil); err != nil {
 			return err
 		}
-		if err := conn.AddSet(set, nil); err != nil {
+		if err := conn.AddSet(b.maps[i].keys, nil); err != nil {
 			return err
 		}
-		elems := make([]gnft.SetElement, len(mm.entries))
-		keys := make([]gnft.SetElement, len(mm.entries))
-		for i, e := range mm.entries {
-			if elems[i], keys[i], err = setElement(e); err != nil {
+	}
+	for i, mm := range m.maps {
+		for _, e := range mm.entries {
+			b.queue(i, e, true, true)
+			if err := b.flushIfFull(); err != nil {
+				return fmt.Errorf("load the maps of table %s %s over netlink: %w", m.family, m.table, err)
+			}
+		}
+	}
+	if err := b.flush(true); err != nil {
+		return fmt.Errorf("load the maps of table %s %s over netlink: %w", m.family, m.table, err)
+	}
+	return nil
+}
+
+// maxOpsPerTransaction bounds the element operations of one netlink transaction, and with it the
+// memory a change of map entries holds at once: google/nftables keeps every operation of a
+// transaction as attributes and as marshalled messages until it is sent, ~0.6 KB each (a change of
+// 10,000 entries to 10,000 others, 40,000 operations, held 23 MB), so one tenant's Service update
+// of 5,000 ports would hold 12 MB. One place for the figure (TestKernelBoundedElementTransactions).
+const maxOpsPerTransaction = 8192
+
+// elementBatch queues element operations on m's maps and their key sets and sends them in netlink
+// transactions of at most maxOpsPerTransaction operations (one more when an entry's operations
+// straddle the bound: they are never split, so a replaced entry's delete and add
+// are always one transaction and no entry that stays is ever missing from the map).
+type elementBatch struct {
+	conn *gnft.Conn
+	maps []struct{ dmap, keys *gnft.Set }
+	// per map: the deletes of map elements and of keys, the adds of map elements and of keys
+	ops          [][4][]gnft.SetElement
+	n            int // operations queued
+	err          error
+	operations   int // operations sent
+	transactions int // transactions sent
+}
+
+// batchSent, when set (by tests), sees each transaction's operations before they are sent.
+var batchSent func(ops [][4][]gnft.SetElement)
+
+func newElementBatch(conn *gnft.Conn, t *gnft.Table, addr gnft.SetDatatype, m *model) *elementBatch {
+	b := &elementBatch{conn: conn, maps: make([]struct{ dmap, keys *gnft.Set }, len(m.maps)), ops: make([][4][]gnft.SetElement, len(m.maps))}
+	for i, mm := range m.maps {
+		b.maps[i].dmap, b.maps[i].keys = mapSets(t, addr, mm)
+	}
+	return b
+}
+
+// queue queues entry e of map i: its add (add) or delete, and with withKey its key's in the key set.
+func (b *elementBatch) queue(i int, e rules.MapEntry, withKey, add bool) {
+	elem, key, err := setElement(e)
+	if err != nil {
+		b.err = errors.Join(b.err, err)
+		return
+	}
+	o := &b.ops[i]
+	switch {
+	case add:
+		o[2] = append(o[2], elem)
+		if withKey {
+			o[3] = append(o[3], key)
+		}
+	default:
+		o[0] = append(o[0], key) // a delete names the key only
+		if withKey {
+			o[1] = append(o[1], key)
+		}
+	}
+	b.n++
+	if withKey {
+		b.n++
+	}
+}
+
+// flushIfFull sends the queued operations once they reach maxOpsPerTransaction. Call it only
+// between entries.
+func (b *elementBatch) flushIfFull() error {
+	if b.n < maxOpsPerTransaction {
+		return b.err
+	}
+	return b.flush(false)
+}
+
+// flush sends the queued operations (with always, also when there are none: the objects queued on
+// the connection) as one transaction: per map, the deletes, then the adds.
+func (b *elementBatch) flush(always bool) error {
+	if b.err != nil {
+		return b.err
+	}
+	if b.n == 0 && !always {
+		return nil
+	}
+	if batchSent != nil {
+		batchSent(b.ops)
+	}
+	for i := range b.ops {
+		o := &b.ops[i]
+		for _, err := range []error{
+			sendPaged(b.conn.SetDeleteElements, b.maps[i].dmap, o[0]), sendPaged(b.conn.SetDeleteElements, b.maps[i].keys, o[1]),
+			sendPaged(b.conn.SetAddElements, b.maps[i].dmap, o[2]), sendPaged(b.conn.SetAddElements, b.maps[i].keys, o[3]),
+		} {
+			if err != nil {
 				return err
 			}
 		}
-		if err := sendPaged(conn.SetAddElements, dmap, elems); err != nil {
-			return err
-		}
-		if err := sendPaged(conn.SetAddElements, set, keys); err != nil {
-			return err
+		for k := range o {
+			clear(o[k]) // the elements' byte slices go with the transaction
+			o[k] = o[k][:0]
 		}
 	}
-	if err := conn.Flush(); err != nil {
-		return fmt.Errorf("load the maps of table %s %s over netlink: %w", m.family, m.table, err)
+	if err := b.conn.Flush(); err != nil {
+		return err
 	}
+	b.operations += b.n
+	b.transactions++
+	b.n = 0
 	return nil
 }
 
@@ -126,62 +227,49 @@ func sendPaged(send func(*gnft.Set, []gnft.SetElement) error, s *gnft.Set, elems
 }
 
 // sendElementDiff sends the element operations that turn old's maps into m's (the same shape: the
-// same table, maps and sets) as one netlink transaction in the calling thread's network namespace:
-// the deletes, then the adds, of map elements and of their keys in the companion sets, the objects
-// writeElementDiff gives `nft -f` (both walk diffElements). The kernel applies all or none; an
-// element to delete that is not there fails the whole transaction. The socket is closed after the
-// commit, in the background: closing a netlink socket right after an element deletion waited ~11 ms
-// in the kernel (BENCHMARKS.md, "nftables transport"), time the change need not wait for.
-func sendElementDiff(old, m *model) (operations int, err error) {
+// same table, maps and sets) in the calling thread's network namespace: the deletes, then the adds,
+// of map elements and of their keys in the companion sets, the objects writeElementDiff gives `nft
+// -f` (both walk diffElements). It is one netlink transaction, which the kernel applies all or none,
+// unless it has more than maxOpsPerTransaction operations: then several, each entry's operations in
+// one of them (elementBatch), so a failure may leave the first applied; the caller then rewrites
+// the table from a listing. An element to delete that is not there fails its transaction. The
+// socket is closed after the commit, in the background: closing a netlink socket right after an
+// element deletion waited ~11 ms in the kernel (BENCHMARKS.md, "nftables transport"), time the
+// change need not wait for.
+func sendElementDiff(old, m *model) (operations, transactions int, err error) {
 	t, addr, err := netlinkTable(m)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	conn, err := gnft.New(gnft.AsLasting(), gnft.WithSockOptions(forceSendBuffer))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer func() { go conn.CloseLasting() }()
-	for i, mm := range m.maps {
-		dmap, set := mapSets(t, addr, mm)
-		var delElems, delKeys, addElems, addKeys []gnft.SetElement
-		var encErr error
+	b := newElementBatch(conn, t, addr, m)
+	for i := range m.maps {
 		diffElements(old, m, i, func(e rules.MapEntry, withKey, add bool) {
-			elem, key, err := setElement(e)
-			encErr = errors.Join(encErr, err)
-			switch {
-			case add:
-				addElems = append(addElems, elem)
-				if withKey {
-					addKeys = append(addKeys, key)
-				}
-			default:
-				delElems = append(delElems, key) // a delete names the key only
-				if withKey {
-					delKeys = append(delKeys, key)
-				}
+			if err != nil {
+				return
+			}
+			b.queue(i, e, withKey, add)
+			// A replaced entry's delete comes right before its add: not between them.
+			if add || withKey {
+				err = errors.Join(err, b.flushIfFull())
 			}
 		})
-		if encErr != nil {
-			return 0, encErr
+		if err != nil {
+			break
 		}
-		for _, err := range []error{
-			sendPaged(conn.SetDeleteElements, dmap, delElems), sendPaged(conn.SetDeleteElements, set, delKeys),
-			sendPaged(conn.SetAddElements, dmap, addElems), sendPaged(conn.SetAddElements, set, addKeys),
-		} {
-			if err != nil {
-				return 0, err
-			}
-		}
-		operations += len(delElems) + len(delKeys) + len(addElems) + len(addKeys)
 	}
-	if operations == 0 {
-		return 0, nil
+	if err == nil {
+		err = b.flush(false)
 	}
-	if err := conn.Flush(); err != nil {
-		return 0, fmt.Errorf("change the map elements of table %s %s over netlink: %w", m.family, m.table, err)
+	if err != nil {
+		return b.operations, b.transactions, fmt.Errorf("change the map elements of table %s %s over netlink (after %d transactions applied): %w",
+			m.family, m.table, b.transactions, err)
 	}
-	return operations, nil
+	return b.operations, b.transactions, nil
 }
 
 // forceSendBuffer raises the socket's send buffer past net.core.wmem_max, as nft does for its

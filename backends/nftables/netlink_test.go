@@ -10,6 +10,8 @@ import (
 
 	"sigs.k8s.io/knftables"
 
+	gnft "github.com/google/nftables"
+
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
@@ -124,7 +126,7 @@ func TestKernelElementsOverNetlink(t *testing.T) {
 		k := newRealKernel()
 		b := k.backend(t)
 		sends := 0
-		opsOf(b).sendElements = func(old, m *model) (int, error) { sends++; return sendElementDiff(old, m) }
+		opsOf(b).sendElements = func(old, m *model) (int, int, error) { sends++; return sendElementDiff(old, m) }
 		entries := manyEntries(f, 300)
 		rs := func() *rules.Ruleset { return externalIPRuleset(f, slices.Clone(entries)) }
 		applyIn(ctx, t, ns, b, rs())
@@ -159,5 +161,105 @@ func TestKernelElementsOverNetlink(t *testing.T) {
 		ns.MustExec("nft", "delete", "element", string(nftFamily(f)), table, "external-ips", "{ "+strings.Join(gone.Key, " . ")+" }")
 		entries = slices.Delete(entries, 50, 51)
 		check("an entry deleted that someone deleted first", true)
+	})
+}
+
+// TestKernelBoundedElementTransactions: a cold load and a change of map entries larger than
+// maxOpsPerTransaction go in several netlink transactions, none larger than the bound (plus one
+// entry's operations), and a re-pointed entry's delete and add are always in the same one, so no
+// entry that stays is ever missing from the map; the table ends exactly as one nft -f of the same
+// ruleset makes it; the Driver counts every transaction as a commit of ours, so a Verify right after
+// lists nothing.
+func TestKernelBoundedElementTransactions(t *testing.T) {
+	eachFamily(t, "nnm-bt", func(t *testing.T, ns *testenv.NS, f rules.Family) {
+		ctx := context.Background()
+		ref := testenv.New(t, "nnm-btref")
+		k := newRealKernel()
+		b := k.backend(t)
+		var sent [][4]int // per transaction: element deletes, key deletes, element adds, key adds
+		batchSent = func(ops [][4][]gnft.SetElement) {
+			var n [4]int
+			for _, o := range ops {
+				// A map element deleted whose key stays is re-pointed: its add must be here too.
+				adds := map[string]bool{}
+				for _, e := range o[2] {
+					adds[string(e.Key)] = true
+				}
+				keyDeletes := map[string]bool{}
+				for _, e := range o[1] {
+					keyDeletes[string(e.Key)] = true
+				}
+				for _, e := range o[0] {
+					if !keyDeletes[string(e.Key)] && !adds[string(e.Key)] {
+						t.Errorf("transaction %d deletes the element of a kept key %x without adding it again", len(sent)+1, e.Key)
+					}
+				}
+				for i := range o {
+					n[i] += len(o[i])
+				}
+			}
+			sent = append(sent, n)
+		}
+		t.Cleanup(func() { batchSent = nil })
+		transactions := 0
+		opsOf(b).loadMaps = loadMaps
+		opsOf(b).sendElements = func(old, m *model) (int, int, error) {
+			ops, n, err := sendElementDiff(old, m)
+			transactions += n
+			return ops, n, err
+		}
+		const n = maxOpsPerTransaction * 3 / 4 // 1.5 bounds of operations with the keys
+		entries := manyEntries(f, n)
+		rs := func() *rules.Ruleset { return externalIPRuleset(f, slices.Clone(entries)) }
+		table := TableName(rs().Fix)
+		rec := k.rec(nftFamily(f), table)
+		check := func(what string, wantOps int) {
+			t.Helper()
+			total := 0
+			for i, s := range sent {
+				ops := s[0] + s[1] + s[2] + s[3]
+				if ops > maxOpsPerTransaction+1 {
+					t.Fatalf("%s: transaction %d of %d has %d operations, more than %d", what, i+1, len(sent), ops, maxOpsPerTransaction+1)
+				}
+				total += ops
+			}
+			if len(sent) < 2 || total != wantOps {
+				t.Fatalf("%s: %d transactions of %v operations, want %d operations in at least 2", what, len(sent), sent, wantOps)
+			}
+			ref.MustExec("nft", "flush", "ruleset")
+			applyIn(ctx, t, ref, newRealKernel().backend(t), rs())
+			if got, want := listTable(t, ns, f, table), listTable(t, ref, f, table); got != want {
+				t.Fatalf("%s: the table differs from one nft -f of the same ruleset:\n%s\nwant:\n%s", what, got, want)
+			}
+			sent = nil
+		}
+
+		applyIn(ctx, t, ns, b, rs())
+		check("cold load", 2*n)
+
+		for i := range n / 2 {
+			entries[i].To = netip.AddrPortFrom(entries[i].To.Addr(), 9000)
+		}
+		entries = entries[:n-n/4]
+		for i := range n / 4 {
+			entries = append(entries, entry(f, 3*n+i, rules.UDP, 53, 53))
+		}
+		applyIn(ctx, t, ns, b, rs())
+		if transactions < 2 {
+			t.Fatalf("the change sent %d transactions, want at least 2", transactions)
+		}
+		check("re-pointed, deleted and added", 2*(n/2)+2*2*(n/4))
+
+		lists := rec.listCount()
+		inNS(t, ns, func() error {
+			res, err := verify(ctx, b, rs())
+			if err == nil && (res.Repaired || res.Applied) {
+				err = errors.New("the Verify after the change repaired or applied")
+			}
+			return err
+		})
+		if got := rec.listCount() - lists; got != 0 {
+			t.Fatalf("the Verify after a change of %d transactions listed the table %d times: the generation did not prove it ours", transactions, got)
+		}
 	})
 }

@@ -73,8 +73,9 @@ type Ops struct {
 	// loadMaps loads a new table's maps over netlink (the real kernel only; see netlink.go).
 	loadMaps func(m *model) error
 	// sendElements sends a change of map entries over netlink (the real kernel only; see
-	// netlink.go); with a fake kernel element changes go through knftables.
-	sendElements func(old, m *model) (operations int, err error)
+	// netlink.go) in one or more transactions; with a fake kernel element changes go through
+	// knftables.
+	sendElements func(old, m *model) (operations, transactions int, err error)
 
 	// imu guards ifaces only; no lock is held while nft runs.
 	imu    sync.Mutex
@@ -246,31 +247,33 @@ func (b *Ops) Update(ctx context.Context, u backend.Unit, prev backend.Prev[*app
 	if len(c.Maps) == 0 {
 		return step, nil
 	}
-	n, err := b.applyElements(ctx, u, rec.model, m)
+	n, commits, err := b.applyElements(ctx, u, rec.model, m)
 	if err != nil {
+		// ErrStale makes the Driver list the table and rewrite it, which also repairs the first
+		// transactions of a change that sent several (sendElementDiff).
 		b.log.Info("map update failed, rewriting the table", "fix", u.Fix, "family", u.Family, "err", err)
 		return backend.Step[*applied]{}, backend.ErrStale
 	}
-	// An element transaction is one commit with at least one real change.
-	step.Applied, step.Commits = true, 1
-	b.log.Debug("applied map changes", "fix", u.Fix, "family", u.Family, "operations", n)
+	// Each element transaction is one commit with at least one real change.
+	step.Applied, step.Commits = true, commits
+	b.log.Debug("applied map changes", "fix", u.Fix, "family", u.Family, "operations", n, "transactions", commits)
 	return step, nil
 }
 
-// applyElements sends the element operations that turn old's maps into m's (the same shape) as
-// one transaction: over netlink on the real kernel (sendElementDiff), else with the table's
-// knftables interface.
-func (b *Ops) applyElements(ctx context.Context, u backend.Unit, old, m *model) (int, error) {
+// applyElements sends the element operations that turn old's maps into m's (the same shape): over
+// netlink on the real kernel (sendElementDiff, in transactions of bounded size), else with the
+// table's knftables interface in one transaction. It returns the operations and transactions sent.
+func (b *Ops) applyElements(ctx context.Context, u backend.Unit, old, m *model) (int, int, error) {
 	if b.sendElements != nil {
 		return b.sendElements(old, m)
 	}
 	_, nft, err := b.table(u)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	tx := nft.NewTransaction()
 	writeElementDiff(tx, old, m)
-	return tx.NumOperations(), nft.Run(ctx, tx)
+	return tx.NumOperations(), 1, nft.Run(ctx, tx)
 }
 
 func (b *Ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*applied], desired *rules.Ruleset) (backend.Step[*applied], error) {
