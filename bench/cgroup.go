@@ -320,7 +320,8 @@ func (o options) cgroupLimit() int64 {
 	return o.manifest.limit.Value()
 }
 
-// evictPageCache drops the clean page-cache pages of files (the agent's binary) that no process maps,
+// evictPageCache drops the page-cache pages of files (the agent's binary) that no process maps,
+// written out first (a binary just built is dirty, and dirty pages are not dropped),
 // so that the agent's own faults charge them to its cgroup, as a container's first run of its image
 // does; pages another process maps stay (and stay charged elsewhere).
 func evictPageCache(paths ...string) {
@@ -329,6 +330,7 @@ func evictPageCache(paths ...string) {
 		if err != nil {
 			continue
 		}
+		_ = f.Sync() // dirty pages (a binary just built) are not dropped: write them first
 		_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
 		f.Close()
 	}

@@ -248,6 +248,15 @@ func measureHostile(ctx context.Context, cp *controlplane.ControlPlane, c *clust
 		return nil, err
 	}
 	r.cgCold = cg.figures()
+	profile := func(phase string) error {
+		if o.profileDir == "" {
+			return nil
+		}
+		return snapProfile(o.profileDir, a.PID(), fmt.Sprintf("heap-hostile-%s-run%d-%s", be, run, phase))
+	}
+	if err := profile("cold"); err != nil {
+		return nil, err
+	}
 	logf("%s run %d: invalid-drop %v, DNAT fix %v, cold peak %.1f MiB, cgroup peak %s (%v)", be, run, r.dropBoth.Round(time.Millisecond), r.extipDone.Round(time.Millisecond), float64(r.coldHWM)/1024, mib(r.cgCold.peak), r.cgCold.atPeak)
 
 	// Every hostile Service changes its ingress IP (and back, for the next run).
@@ -284,6 +293,9 @@ func measureHostile(ctx context.Context, cp *controlplane.ControlPlane, c *clust
 		return nil, err
 	}
 	r.cgEnd = cg.figures()
+	if err := profile("update"); err != nil {
+		return nil, err
+	}
 	logf("%s run %d: after the update, peak %.1f MiB, cgroup peak %s (%v)", be, run, float64(r.updateHWM)/1024, mib(r.cgEnd.peak), r.cgEnd.atPeak)
 	return r, nil
 }

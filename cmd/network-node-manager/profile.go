@@ -12,7 +12,9 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/metrics"
 	"runtime/pprof"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -25,6 +27,7 @@ func init() {
 	if dir == "" {
 		return
 	}
+	go samplePeakLiveHeap(dir)
 	c := make(chan os.Signal, 1)
 	signal.Notify(c, syscall.SIGUSR1)
 	go func() {
@@ -36,10 +39,41 @@ func init() {
 	}()
 }
 
+// peakLiveHeap is the largest live heap any GC cycle so far marked (/gc/heap/live:bytes, updated
+// at the end of each cycle): what GOMEMLIMIT must stay above, which the heap in use at a snapshot
+// does not show.
+var peakLiveHeap atomic.Uint64
+
+// samplePeakLiveHeap keeps peakLiveHeap, and writes the heap profile of each new peak (1 MiB above
+// the last one written) to heap-peak.pb.gz: a heap profile's in-use figures are those of the last
+// finished GC cycle, so that profile shows what was live at the peak.
+func samplePeakLiveHeap(dir string) {
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	var written uint64
+	for {
+		metrics.Read(s)
+		if v := s[0].Value.Uint64(); v > peakLiveHeap.Load() {
+			peakLiveHeap.Store(v)
+			if v > written+1<<20 {
+				written = v
+				if f, err := os.Create(filepath.Join(dir, "heap-peak.pb.gz")); err == nil {
+					_ = pprof.Lookup("heap").WriteTo(f, 0)
+					f.Close()
+				}
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func writeProfiles(dir string) error {
 	stamp := time.Now().UTC().Format("150405.000000")
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
+	var ms struct {
+		runtime.MemStats
+		PeakLiveHeap uint64 // bytes, since start
+	}
+	runtime.ReadMemStats(&ms.MemStats)
+	ms.PeakLiveHeap = peakLiveHeap.Load()
 	b, err := json.MarshalIndent(ms, "", " ")
 	if err != nil {
 		return err
