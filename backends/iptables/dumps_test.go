@@ -15,9 +15,9 @@ import (
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
-// dumpGauge runs the binaries inside a namespace and records, for the iptables-save runs, how many
-// ran at once at most and how many ran in all. Each dump is held for hold after it finished, so that
-// callers which overlap it in time really do.
+// dumpGauge runs the binaries inside a namespace and records, for the iptables-save and
+// iptables-restore runs, how many ran at once at most and how many ran in all. Each run is held for
+// hold after it finished, so that callers which overlap it in time really do.
 type dumpGauge struct {
 	ns              *testenv.NS
 	hold            time.Duration
@@ -25,7 +25,7 @@ type dumpGauge struct {
 }
 
 func (g *dumpGauge) Run(ctx context.Context, name string, args []string, stdin io.Reader, stdout io.Writer) ([]byte, error) {
-	if !strings.HasSuffix(name, "-save") {
+	if !strings.HasSuffix(name, "-save") && !strings.HasSuffix(name, "-restore") {
 		return g.ns.Run(ctx, name, args, stdin, stdout)
 	}
 	g.total.Add(1)
@@ -39,8 +39,9 @@ func (g *dumpGauge) Run(ctx context.Context, name string, args []string, stdin i
 }
 
 // TestOneDumpAtATime: the reads that take a whole dump of a family (a unit's verify, a scrape's
-// counters, the predecessor's scan), started together from many goroutines and both families, run
-// one iptables-save at a time in the kernel, and the counters of several fixes read in one scrape
+// counters, the predecessor's scan) and the restores (each iptables-nft-restore fetches the tables it
+// changes), started together from many goroutines and both families, run one iptables-save or
+// iptables-restore at a time in the kernel, and the counters of several fixes read in one scrape
 // share a dump of each family.
 func TestOneDumpAtATime(t *testing.T) {
 	testenv.RequireKernel(t, "iptables-nft-save", "ip6tables-nft-save")
@@ -64,6 +65,10 @@ func TestOneDumpAtATime(t *testing.T) {
 			_, err := ops.dumpDeclaring(ctx, fam, func(string) bool { return false })
 			errs <- err
 		})
+		wg.Go(func() {
+			<-start
+			errs <- ops.Check(ctx, backend.Unit{Fix: "invalid-drop", Family: fam}, invalidDrop(fam))
+		})
 	}
 	close(start)
 	wg.Wait()
@@ -74,10 +79,10 @@ func TestOneDumpAtATime(t *testing.T) {
 		}
 	}
 	if m := g.max.Load(); m != 1 {
-		t.Errorf("%d iptables-save ran at once, want 1", m)
+		t.Errorf("%d iptables-save or -restore ran at once, want 1", m)
 	}
-	if n := g.total.Load(); n != 6 {
-		t.Errorf("%d iptables-save ran, want one per read (6)", n)
+	if n := g.total.Load(); n != 8 {
+		t.Errorf("%d iptables-save and -restore ran, want one per read and check (8)", n)
 	}
 
 	// One scrape: the counters of eight fixes, in both families, at once.

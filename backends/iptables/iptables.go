@@ -22,6 +22,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/internal/nfgen"
+	"github.com/network-node-manager/network-node-manager/internal/toolslot"
 )
 
 // Variant selects the iptables binaries: iptables-nft-* or iptables-legacy-*. Never mix them on a node.
@@ -77,11 +78,6 @@ type Ops struct {
 	umu      sync.Mutex
 	unparsed map[string]string
 
-	// dumps admits one iptables-save at a time, of any family and for any caller: iptables-nft-save
-	// holds the family's whole ruleset in its own memory, which the agent's memory cgroup is charged
-	// for. With 10,000 entries programmed, three at once (two units' verifies and a scrape) took the
-	// hostile-Services run to the DaemonSet's 128Mi limit (BENCHMARKS.md, row H).
-	dumps chan struct{}
 	// scrapes shares one dump of a family among the Counters calls that overlap it: a scrape
 	// collects every fix's counters at once, and each would otherwise queue for a dump of its own.
 	scrapes singleflight.Group
@@ -185,7 +181,6 @@ func NewOps(opts Options) (*Ops, error) {
 		lockWait: opts.LockWait,
 		run:      opts.Runner,
 		log:      opts.Logger.With("backend", backend.IPTables, "variant", string(opts.Variant)),
-		dumps:    make(chan struct{}, 1),
 	}
 	return b, nil
 }
@@ -690,16 +685,20 @@ func (b *Ops) dumpDeclaring(ctx context.Context, family rules.Family, match func
 	return parseDump(bin, out.Bytes())
 }
 
-// runSave runs bin (an iptables-save) with -c, its output written to w, when no other dump of the
-// backend is running (b.dumps).
+// runSave runs bin (an iptables-save) with -c, its output written to w (runTool).
 func (b *Ops) runSave(ctx context.Context, bin string, w io.Writer) ([]byte, error) {
-	select {
-	case b.dumps <- struct{}{}:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("waiting for another iptables-save to finish: %w", context.Cause(ctx))
+	return b.runTool(ctx, bin, []string{"-c"}, nil, w)
+}
+
+// runTool runs bin (an iptables-save or iptables-restore) when no other of the agent process is
+// running (toolslot: each holds a family's tables in its own memory, charged to the agent's cgroup).
+func (b *Ops) runTool(ctx context.Context, bin string, args []string, stdin io.Reader, stdout io.Writer) ([]byte, error) {
+	release, err := toolslot.Acquire(ctx, bin)
+	if err != nil {
+		return nil, err
 	}
-	defer func() { <-b.dumps }()
-	return b.run.Run(ctx, bin, []string{"-c"}, nil, w)
+	defer release()
+	return b.run.Run(ctx, bin, args, stdin, stdout)
 }
 
 // parseDump parses the output of bin (iptables-save), without a copy of out (the dump keeps copies
@@ -766,7 +765,7 @@ func (b *Ops) restore(ctx context.Context, family rules.Family, fix string, p pl
 func (b *Ops) restoreOne(ctx context.Context, family rules.Family, p plan, extra ...string) error {
 	bin := b.Binary(family, "restore")
 	args := append([]string{"-w", strconv.Itoa(b.lockWait), "--noflush"}, extra...)
-	stderr, err := b.run.Run(ctx, bin, args, p.reader(), nil)
+	stderr, err := b.runTool(ctx, bin, args, p.reader(), nil)
 	if err == nil {
 		return nil
 	}

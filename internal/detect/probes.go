@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/network-node-manager/network-node-manager/internal/kube"
+	"github.com/network-node-manager/network-node-manager/internal/toolslot"
 )
 
 // ProxyModeURL is where kube-proxy answers with its mode (its metrics server, host network).
@@ -151,7 +152,13 @@ func iptablesSave(ctx context.Context, variant, family, table string, extra ...s
 		}
 		args = append([]string{"-t", table}, extra...)
 	}
-	return run(ctx, iptablesBinary(variant, family, "save"), args...)
+	bin := iptablesBinary(variant, family, "save")
+	release, err := toolslot.Acquire(ctx, bin)
+	if err != nil {
+		return "", err
+	}
+	defer release()
+	return run(ctx, bin, args...)
 }
 
 // LegacyTablesFile lists the legacy tables of the current network namespace; the file is absent
