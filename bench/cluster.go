@@ -83,6 +83,8 @@ type cluster struct {
 	cp     *controlplane.ControlPlane
 	client kubernetes.Interface
 	have   int // scale Services svc-00000 .. svc-<have-1> exist with their ingress IP
+	// hostileUpdates is how many times the hostile Services changed their ingress IPs (hostile.go).
+	hostileUpdates int
 }
 
 func newCluster(cp *controlplane.ControlPlane) (*cluster, error) {

@@ -259,14 +259,17 @@ func measureHostile(ctx context.Context, cp *controlplane.ControlPlane, c *clust
 	}
 	logf("%s run %d: invalid-drop %v, DNAT fix %v, cold peak %.1f MiB, cgroup peak %s (%v)", be, run, r.dropBoth.Round(time.Millisecond), r.extipDone.Round(time.Millisecond), float64(r.coldHWM)/1024, mib(r.cgCold.peak), r.cgCold.atPeak)
 
-	// Every hostile Service changes its ingress IP (and back, for the next run).
+	// Every hostile Service changes its ingress IP: to the other set of addresses than the one
+	// the previous measurement left (by run alone, the second backend of a run would "update" the
+	// Services to the addresses they already have, and measure no change).
 	m0, _ := a.Metrics(ctx)
 	before := m0.Sum("nnm_syncs_total", "fix", "ipvs-externalip-dnat")
 	t1 := time.Now()
 	base := hostileUpdate
-	if run%2 == 0 {
+	if c.hostileUpdates%2 == 1 {
 		base = hostileBase
 	}
+	c.hostileUpdates++
 	for k, h := range hs {
 		if err := c.setHostileIngress(ctx, h, nthAddr(base, k)); err != nil {
 			return nil, err
