@@ -1,5 +1,5 @@
 // Package toolslot admits one netfilter dump or restore process at a time in the agent process:
-// iptables-save, iptables-restore (iptables-nft-restore --noflush first fetches the tables it
+// iptables-save, iptables-nft-restore (with --noflush it first fetches the tables it
 // changes) and the diagnosis's and detection's saves each hold a family's tables in their own memory,
 // and the agent's memory cgroup is charged for all of them. With 10,000 entries programmed, a
 // restore beside a save took the hostile-Services run (BENCHMARKS.md, row H) to 125 MiB of the
