@@ -61,7 +61,8 @@ func TestBucketNameCollisionService(t *testing.T) {
 // TestServiceBudget (issue #41 row 2, the budget's logic against the real apiserver; the memory
 // bound itself is `go run ./bench -hostile`): a Service whose addresses × ports exceed
 // fix.MaxEntriesPerService gets no entry and is counted under service-budget, an ObjectSkipped
-// Event on the Node names it, and the tenant's other Service is programmed. On main at d0ea2ac all
+// Event on the Node names it, and the tenant's other Service is programmed; so is a Service with
+// more ports than the agent holds (fix.MaxHeldPerService), whose skip says so. On main at d0ea2ac all
 // 5,002 entries were programmed.
 func TestServiceBudget(t *testing.T) {
 	eachBackend(t, func(t *testing.T, c *cluster, backend string) {
@@ -73,15 +74,23 @@ func TestServiceBudget(t *testing.T) {
 		}
 		svcs.create(lbService("", "big", withPorts(ports...)))
 		svcs.setIngress("big", "203.0.42.10", "203.0.42.11")
+		// More ports than the agent holds of one Service (fix.MaxHeldPerService): held without them.
+		huge := make([]corev1.ServicePort, 0, fix.MaxHeldPerService+1)
+		for p := range fix.MaxHeldPerService + 1 {
+			huge = append(huge, tcpPort(fmt.Sprint("p", p+1), int32(p+1)))
+		}
+		svcs.create(lbService("", "huge", withPorts(huge...)))
+		svcs.setIngress("huge", "203.0.42.30")
 		normal := svcs.create(lbService("", "normal"))
 		svcs.setIngress("normal", "203.0.42.20")
 		n.expectEntries(converge, want(normal, "203.0.42.20", "tcp", 80))
 		agenttest.Eventually(t, converge, func() error {
-			if v, _ := n.metrics().Value("nnm_fix_objects_skipped", "fix", fixExtIP, "family", "ipv4", "reason", fix.ReasonServiceBudget); v != 1 {
-				return fmt.Errorf("nnm_fix_objects_skipped{reason=%s} = %v, want 1", fix.ReasonServiceBudget, v)
+			if v, _ := n.metrics().Value("nnm_fix_objects_skipped", "fix", fixExtIP, "family", "ipv4", "reason", fix.ReasonServiceBudget); v != 2 {
+				return fmt.Errorf("nnm_fix_objects_skipped{reason=%s} = %v, want 2", fix.ReasonServiceBudget, v)
 			}
 			return nil
 		})
+		// One Event per fix and reason (a series): it names the first Service skipped.
 		big := svcs.ns + "/big"
 		agenttest.Eventually(t, eventsTimeout, func() error {
 			for _, e := range withReason(nodeEvents(t, c, n.name), events.ObjectSkipped) {
@@ -91,8 +100,13 @@ func TestServiceBudget(t *testing.T) {
 			}
 			return fmt.Errorf("no ObjectSkipped Event naming %s: %q", big, summary(nodeEvents(t, c, n.name)))
 		})
-		if logs := n.agent.Logs(); !strings.Contains(logs, big) || !strings.Contains(logs, fix.ReasonServiceBudget) {
-			t.Errorf("the agent's log does not name %s and %s", big, fix.ReasonServiceBudget)
+		for _, name := range []string{big, svcs.ns + "/huge"} {
+			if logs := n.agent.Logs(); !strings.Contains(logs, name) || !strings.Contains(logs, fix.ReasonServiceBudget) {
+				t.Errorf("the agent's log does not name %s and %s", name, fix.ReasonServiceBudget)
+			}
+		}
+		if logs := n.agent.Logs(); !strings.Contains(logs, "spec.ports has 5001 items") {
+			t.Errorf("the agent's log does not say why %s/huge is skipped (spec.ports has 5001 items)", svcs.ns)
 		}
 		n.checkSyncHealthy()
 	})

@@ -42,6 +42,47 @@ type Service struct {
 	// the field they are in. The API server validates these fields, so only Services from a file
 	// (`plan`) and tests have any; a fix reports them.
 	Invalid []InvalidAddr
+	// Oversized are the lists of the object longer than MaxHeldPerService (spec.ports,
+	// spec.externalIPs, status.loadBalancer.ingress), with their lengths. Such a list is not held
+	// (its field above is empty): the API accepts 30,000 ports in one Service, which would be 1.2 MB
+	// held per Service for as long as it exists. A fix that would make entries from the Service
+	// skips it (OversizedSkip).
+	Oversized []Oversized
+}
+
+// MaxHeldPerService is the most items of one list of a Service (its ports, its external
+// addresses of one field) that ServiceFrom keeps: with more, the Service wants more than
+// MaxEntriesPerService entries for any address or port of the other list, so no fix may program
+// it, and holding the list would only let one tenant's objects fill the agent's memory.
+const MaxHeldPerService = MaxEntriesPerService
+
+// Oversized is one list of a Service that ServiceFrom did not keep.
+type Oversized struct {
+	Field string // as the API names it: spec.ports
+	Len   int
+}
+
+// OversizedSkip is the Skip of a Service with an Oversized list (false when it has none): over the
+// service budget, the field and its length named.
+func (s *Service) OversizedSkip() (Skip, bool) {
+	if len(s.Oversized) == 0 {
+		return Skip{}, false
+	}
+	var what []string
+	for _, o := range s.Oversized {
+		what = append(what, fmt.Sprintf("%s has %d items", o.Field, o.Len))
+	}
+	return Skip{Reason: ReasonServiceBudget, Detail: fmt.Sprintf("%s, more than the %d the agent holds of one Service (fix.MaxHeldPerService): it would want more entries than one Service may have, and none of them is programmed",
+		strings.Join(what, ", "), MaxHeldPerService)}, true
+}
+
+// held returns list, or nil (recording it in s.Oversized) when it is longer than MaxHeldPerService.
+func held[T any](s *Service, field string, list []T) []T {
+	if len(list) > MaxHeldPerService {
+		s.Oversized = append(s.Oversized, Oversized{Field: field, Len: len(list)})
+		return nil
+	}
+	return list
 }
 
 // ServiceType is spec.type.
@@ -115,9 +156,9 @@ func ServiceFrom(svc *corev1.Service) *Service {
 	if len(clusterIPs) > 0 && clusterIPs[0] == corev1.ClusterIPNone {
 		out.Headless, clusterIPs = true, nil
 	}
-	out.ClusterIPs = out.parseAll("spec.clusterIPs", clusterIPs)
-	out.ExternalIPs = out.parseAll("spec.externalIPs", svc.Spec.ExternalIPs)
-	for i, ing := range svc.Status.LoadBalancer.Ingress {
+	out.ClusterIPs = out.parseAll("spec.clusterIPs", held(out, "spec.clusterIPs", clusterIPs))
+	out.ExternalIPs = out.parseAll("spec.externalIPs", held(out, "spec.externalIPs", svc.Spec.ExternalIPs))
+	for i, ing := range held(out, "status.loadBalancer.ingress", svc.Status.LoadBalancer.Ingress) {
 		if ing.IP == "" {
 			continue
 		}
@@ -127,9 +168,9 @@ func ServiceFrom(svc *corev1.Service) *Service {
 		}
 	}
 	out.Ingress = slices.Clip(out.Ingress)
-	if len(svc.Spec.Ports) > 0 {
-		out.Ports = make([]ServicePort, len(svc.Spec.Ports))
-		for i, p := range svc.Spec.Ports {
+	if ports := held(out, "spec.ports", svc.Spec.Ports); len(ports) > 0 {
+		out.Ports = make([]ServicePort, len(ports))
+		for i, p := range ports {
 			out.Ports[i] = ServicePort{Name: intern(p.Name), Protocol: intern(p.Protocol), Port: p.Port}
 		}
 	}

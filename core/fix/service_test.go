@@ -1,8 +1,10 @@
 package fix_test
 
 import (
+	"fmt"
 	"net/netip"
 	"reflect"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -64,5 +66,46 @@ func TestServiceFromInterns(t *testing.T) {
 	a, b := mk("a"), mk("b")
 	if unsafe.StringData(a.Namespace) != unsafe.StringData(b.Namespace) || unsafe.StringData(a.Ports[0].Name) != unsafe.StringData(b.Ports[0].Name) {
 		t.Error("namespace or port name not interned")
+	}
+}
+
+// A list longer than fix.MaxHeldPerService is not held: the field is empty, Oversized names it with
+// its length, and OversizedSkip refuses the Service under the service budget; a list of exactly
+// MaxHeldPerService is held.
+func TestServiceFromOversized(t *testing.T) {
+	ports := func(n int) []corev1.ServicePort {
+		out := make([]corev1.ServicePort, n)
+		for i := range out {
+			out[i] = corev1.ServicePort{Protocol: corev1.ProtocolTCP, Port: int32(i%65535 + 1)}
+		}
+		return out
+	}
+	ips := func(n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}).String()
+		}
+		return out
+	}
+	held := fix.ServiceFrom(&corev1.Service{Spec: corev1.ServiceSpec{Ports: ports(fix.MaxHeldPerService), ExternalIPs: ips(fix.MaxHeldPerService)}})
+	if len(held.Ports) != fix.MaxHeldPerService || len(held.ExternalIPs) != fix.MaxHeldPerService || held.Oversized != nil {
+		t.Fatalf("%d ports and addresses: held %d and %d, oversized %v", fix.MaxHeldPerService, len(held.Ports), len(held.ExternalIPs), held.Oversized)
+	}
+	if _, over := held.OversizedSkip(); over {
+		t.Error("a Service whose lists are all held is refused")
+	}
+	n := fix.MaxHeldPerService + 1
+	big := fix.ServiceFrom(&corev1.Service{Spec: corev1.ServiceSpec{Ports: ports(30000), ExternalIPs: ips(n), ClusterIPs: []string{"10.96.0.1"}},
+		Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{{IP: "203.0.113.1"}}}}})
+	want := []fix.Oversized{{Field: "spec.externalIPs", Len: n}, {Field: "spec.ports", Len: 30000}}
+	if big.Ports != nil || big.ExternalIPs != nil || !reflect.DeepEqual(big.Oversized, want) {
+		t.Fatalf("ports %d, externalIPs %d, oversized %+v; want none held and %+v", len(big.Ports), len(big.ExternalIPs), big.Oversized, want)
+	}
+	if len(big.Ingress) != 1 || len(big.ClusterIPs) != 1 {
+		t.Errorf("the short lists were not held: ingress %v, clusterIPs %v", big.Ingress, big.ClusterIPs)
+	}
+	sk, over := big.OversizedSkip()
+	if !over || sk.Reason != fix.ReasonServiceBudget || !strings.Contains(sk.Detail, "spec.ports has 30000 items") || !strings.Contains(sk.Detail, fmt.Sprintf("spec.externalIPs has %d items", n)) {
+		t.Errorf("OversizedSkip: %+v, %v", sk, over)
 	}
 }

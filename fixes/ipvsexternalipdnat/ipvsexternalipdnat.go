@@ -216,6 +216,11 @@ func serviceEntries(svc *fix.Service, family rules.Family, g *guard) ([]rules.Ma
 		skips = append(skips, fix.Skip{Reason: reason, Detail: detail})
 	}
 	ext := externalIPs(svc, family, g, skip)
+	// A list the input did not hold (too long for any Service's budget): refused whole if the
+	// Service has an external address, or had more than could be held.
+	if sk, over := svc.OversizedSkip(); over && (len(ext) > 0 || slices.ContainsFunc(svc.Oversized, func(o fix.Oversized) bool { return o.Field != "spec.ports" })) {
+		return nil, append(skips, sk)
+	}
 	if len(ext) == 0 {
 		return nil, skips
 	}

@@ -12,6 +12,8 @@ package ipvsexternalipdnat
 
 import (
 	"fmt"
+	"maps"
+	"net/netip"
 	"reflect"
 	"slices"
 	"strings"
@@ -401,5 +403,39 @@ func BenchmarkRulesCold10k(b *testing.B) {
 		if rs, _, err := f.Rules(snap, rules.IPv4); err != nil || len(rs.Maps[0].Entries) != len(svcs) {
 			b.Fatalf("Rules: %v, want %d entries", err, len(svcs))
 		}
+	}
+}
+
+// A Service with a list the input does not hold (fix.MaxHeldPerService) is skipped under the
+// service budget when it has an external address, or when the list not held is one of addresses;
+// a Service with too many ports and no external address yet is neither programmed nor reported;
+// the others are programmed.
+func TestOversizedServices(t *testing.T) {
+	var many []tk.PortSpec
+	for p := range fix.MaxHeldPerService + 1 {
+		many = append(many, tk.TCP(int32(p+1)))
+	}
+	var ips []string
+	for i := range fix.MaxHeldPerService + 1 {
+		ips = append(ips, netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}).String())
+	}
+	snap := tk.Snapshot(tk.WithNode(nodeA), tk.WithServices(
+		tk.Service("t", "many-ports", tk.ClusterIPs("10.96.0.10"), tk.LoadBalancer("203.0.113.10"), tk.Ports(many...)),
+		tk.Service("t", "many-ports-no-ip", tk.ClusterIPs("10.96.0.11"), tk.Ports(many...)),
+		tk.Service("t", "many-ips", tk.ClusterIPs("10.96.0.12"), tk.ExternalIPs(ips...), tk.Ports(tk.TCP(80))),
+		tk.Service("t", "normal", tk.ClusterIPs("10.96.0.13"), tk.LoadBalancer("203.0.113.13"), tk.Ports(tk.TCP(80))),
+	))
+	e := tk.NewFixEnv(t, New, map[string]any{"specExternalIPs": true})
+	rs, report := e.Sync(snap, rules.IPv4)
+	got := map[string]string{}
+	for _, s := range report.Skipped {
+		got[s.Object] = s.Reason
+	}
+	want := map[string]string{"t/many-ports": fix.ReasonServiceBudget, "t/many-ips": fix.ReasonServiceBudget}
+	if !maps.Equal(got, want) {
+		t.Errorf("skips %v, want %v (%+v)", got, want, report.Skipped)
+	}
+	if entries := rs.Map(MapName).Entries; len(entries) != 1 || entries[0].Addr != netip.MustParseAddr("203.0.113.13") || report.Covered != 1 {
+		t.Errorf("entries %v, covered %d; want t/normal's one", entries, report.Covered)
 	}
 }
