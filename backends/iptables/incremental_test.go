@@ -54,8 +54,8 @@ func TestKernelIncrementalTreeEqualsScratch(t *testing.T) {
 	}
 }
 
-// incrementalEqualsScratch runs 40 random changes of entries spread over buckets buckets (see
-// TestKernelIncrementalEqualsScratch).
+// incrementalEqualsScratch runs 40 random changes (or more, up to 200, until the variant's paths
+// were taken) of entries spread over buckets buckets (see TestKernelIncrementalEqualsScratch).
 func incrementalEqualsScratch(t *testing.T, v Variant, f rules.Family, gen bool, buckets int) {
 	ctx := context.Background()
 	inc, scratch := newKernel(t, v, f), newKernel(t, v, f)
@@ -72,7 +72,20 @@ func incrementalEqualsScratch(t *testing.T, v Variant, f rules.Family, gen bool,
 	rnd := rand.New(rand.NewPCG(seed, 1))
 	var entries []rules.MapEntry
 	edited, appended, inserted, nodesIn, nodesOut := 0, 0, 0, 0, 0
-	for step := range 40 {
+	// What the variant must have taken: a walk of 40 steps (a seed) may not have, e.g. one whose
+	// every step fills or empties a bucket edits none in place; it goes on until it has, up to 200.
+	covered := func() bool {
+		switch {
+		case buckets > dispatchLeaf:
+			return nodesIn > 0 && nodesOut > 0
+		case gen:
+			return edited > 0 && appended > 0 && inserted > 0
+		}
+		return true
+	}
+	steps := 0
+	for step := 0; step < 40 || step < 200 && !covered(); step++ {
+		steps++
 		entries = mutateEntries(rnd, f, entries, buckets)
 		// Two runs of lookups on one map: one DNAT rule (unordered buckets), and a MARK and a DNAT
 		// rule (ordered buckets: every MARK rule ahead of every DNAT rule).
@@ -121,7 +134,7 @@ func incrementalEqualsScratch(t *testing.T, v Variant, f rules.Family, gen bool,
 	case gen && (edited == 0 || appended == 0 || inserted == 0):
 		t.Errorf("%d changes edited buckets in place, %d appended to unordered ones, %d inserted into ordered ones: want some of each", edited, appended, inserted)
 	}
-	t.Logf("%d of 40 changes edited buckets in place (%d appending, %d inserting); %d dispatch nodes declared, %d removed", edited, appended, inserted, nodesIn, nodesOut)
+	t.Logf("%d of %d changes edited buckets in place (%d appending, %d inserting); %d dispatch nodes declared, %d removed", edited, steps, appended, inserted, nodesIn, nodesOut)
 }
 
 // treeNode and treeNodeGone find a dispatch node's declaration and removal in iptables-restore input
