@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"testing"
 )
@@ -26,12 +27,18 @@ func TestPlanChunks(t *testing.T) {
 	}
 	nat.appends = append(nat.appends, "-A FOREIGN -j RETURN") // a chain the plan does not declare
 	nat.deletes = []string{"-D OLD -j X"}
-	nat.flushes, nat.removes = []string{"STALE"}, []string{"STALE"}
+	nat.flushes, nat.removes = []string{"STALE", "GONE"}, []string{"STALE", "GONE"}
+	nat.drains = []string{"GONE"} // its rules all go: emptied in the first restore
 	nat.inserts = []string{"-I PREROUTING 1 -j TOP"}
 	p.table("mangle").appends = []string{"-A M -j RETURN"}
 
 	if got := p.chunks(100, "fx"); len(got) != 1 {
 		t.Fatalf("a plan under the bound is %d restores, want 1", len(got))
+	} else if undrained := *nat; true {
+		undrained.drains = nil
+		if want := (plan{"nat": &undrained, "mangle": p["mangle"]}).String(); got[0].String() != want {
+			t.Errorf("a plan of one restore renders its drains:\n%s\nwant\n%s", got[0], want)
+		}
 	}
 	const max = 9
 	cs := p.chunks(max, "fx")
@@ -49,7 +56,14 @@ func TestPlanChunks(t *testing.T) {
 			if len(o.appends) > max {
 				t.Errorf("restore %d, table %s: %d appends, more than %d", i, tn, len(o.appends), max)
 			}
-			if i < len(cs)-1 && (len(o.deletes)+len(o.flushes)+len(o.removes)+len(o.inserts) > 0 || tn == "mangle") {
+			early := o.flushes
+			if i == 0 {
+				if !slices.Equal(o.flushes, nat.drains) {
+					t.Errorf("the first restore flushes %v, want the drains %v", o.flushes, nat.drains)
+				}
+				early = nil
+			}
+			if i < len(cs)-1 && (len(o.deletes)+len(early)+len(o.removes)+len(o.inserts) > 0 || tn == "mangle") {
 				t.Errorf("restore %d of %d has deletes, removals, jumps or a small table: %+v", i, len(cs), o)
 			}
 			for _, d := range o.decls {
@@ -125,4 +139,23 @@ func checkLoading(t *testing.T, i int, last bool, tn string, o *tableOps, remove
 		t.Errorf("restore %d: the loading chain jumps to %v, want %v", i, held, want)
 	}
 	return appends
+}
+
+// drainable: of the stale chains, only buckets whose prefix no bucket of the new ruleset has; not
+// a bucket whose prefix moved to another chain (an IPv6 bucket renamed by a collision), not a
+// dispatch node, not a chain the old rendering does not know.
+func TestDrainable(t *testing.T) {
+	p := func(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+	bucket := func(name, prefix string) *rchain {
+		return &rchain{table: "nat", name: name, parent: "NNM-EXTIP-DNAT", lookup: "external-ips", prefix: p(prefix)}
+	}
+	gone, renamed := bucket("NNM-B-GONE", "fd00::10/124"), bucket("NNM-B-RENAMED", "fd00::20/124")
+	node := &rchain{table: "nat", name: "NNM-T-NODE", parent: "NNM-EXTIP-DNAT", node: true}
+	was := map[tchain]*rchain{gone.key(): gone, renamed.key(): renamed, node.key(): node}
+	now := []*rchain{bucket("NNM-B-NEW", "fd00::20/124"), bucket("NNM-B-OTHER", "fd00::30/124"),
+		{table: "nat", name: "NNM-B-OTHERMAP", parent: "NNM-X", lookup: "other-map", prefix: p("fd00::10/124")}}
+	stale := []tchain{gone.key(), renamed.key(), node.key(), {"nat", "NNM-UNKNOWN"}}
+	if got := drainable(stale, was, now); !slices.Equal(got, []tchain{gone.key()}) {
+		t.Errorf("drainable = %v, want [%v]", got, gone.key())
+	}
 }

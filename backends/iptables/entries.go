@@ -131,7 +131,30 @@ func (b *Ops) applyEntries(ctx context.Context, from, rs *rules.Ruleset, prev *r
 	sort.Slice(changed, func(i, j int) bool { return changed[i].name < changed[j].name })
 	sort.Slice(stale, func(i, j int) bool { return stale[i].String() < stale[j].String() })
 	nrec := &record{content: content, parent: parent, jumps: prev.jumps, chains: chains, counters: prev.counters, precede: prev.precede}
-	return b.rewriteChains(ctx, rs, changed, edits, stale, prev, nrec)
+	return b.rewriteChains(ctx, rs, changed, edits, stale, drainable(stale, was, newChains), prev, nrec)
+}
+
+// drainable are the stale chains whose rules all go: buckets (was: the old ruleset's rendered
+// buckets) whose map prefix no bucket of the new ruleset has. A stale bucket whose prefix is still
+// wanted moved to another chain (an IPv6 bucket renamed when a colliding prefix came or went:
+// bucketNameTry) and holds entries that stay until that chain is filled.
+func drainable(stale []tchain, was map[tchain]*rchain, now []*rchain) []tchain {
+	wanted := map[string]map[netip.Prefix]bool{}
+	for _, c := range now {
+		if c.parent != "" && !c.node {
+			if wanted[c.lookup] == nil {
+				wanted[c.lookup] = map[netip.Prefix]bool{}
+			}
+			wanted[c.lookup][c.prefix] = true
+		}
+	}
+	var out []tchain
+	for _, k := range stale {
+		if c := was[k]; c != nil && c.parent != "" && !c.node && !wanted[c.lookup][c.prefix] {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // renderChange renders the chains of from and of rs that a change of the touched buckets' entries

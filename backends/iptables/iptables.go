@@ -408,7 +408,7 @@ func (b *Ops) applyChanged(ctx context.Context, rs *rules.Ruleset, r *rendering,
 		stale = append(stale, c)
 	}
 	sort.Slice(stale, func(i, j int) bool { return stale[i].String() < stale[j].String() })
-	return b.rewriteChains(ctx, rs, changed, nil, stale, prev, r.record(countersOf(rs)))
+	return b.rewriteChains(ctx, rs, changed, nil, stale, nil, prev, r.record(countersOf(rs)))
 }
 
 // rewriteChains rewrites the changed chains (or edits those that edits has an edit for) and deletes
@@ -416,7 +416,7 @@ func (b *Ops) applyChanged(ctx context.Context, rs *rules.Ruleset, r *rendering,
 // record nrec (whose rendering the caller filled in). It returns backend.ErrStale, having changed
 // nothing, when the restore failed (an edit's delete names a rule that is not there, an insert a
 // position beyond the chain's end).
-func (b *Ops) rewriteChains(ctx context.Context, rs *rules.Ruleset, changed []*rchain, edits map[tchain]edit, stale []tchain, prev, nrec *record) (backend.Step[*record], error) {
+func (b *Ops) rewriteChains(ctx context.Context, rs *rules.Ruleset, changed []*rchain, edits map[tchain]edit, stale, drains []tchain, prev, nrec *record) (backend.Step[*record], error) {
 	p := plan{}
 	for _, c := range changed {
 		ops := p.table(c.table)
@@ -431,6 +431,9 @@ func (b *Ops) rewriteChains(ctx context.Context, rs *rules.Ruleset, changed []*r
 	for _, c := range stale {
 		p.table(c.table).flushes = append(p.table(c.table).flushes, c.chain)
 		p.table(c.table).removes = append(p.table(c.table).removes, c.chain)
+	}
+	for _, c := range drains {
+		p.table(c.table).drains = append(p.table(c.table).drains, c.chain)
 	}
 	if err := b.restore(ctx, rs.Family, rs.Fix, p); err != nil {
 		b.log.Warn("rewriting changed chains failed", "fix", rs.Fix, "family", rs.Family, "error", err)

@@ -61,6 +61,11 @@ type tableOps struct {
 	flushes []string
 	removes []string
 	inserts []string
+	// drains are chains of removes whose every rule goes with them (buckets whose prefix no bucket
+	// of the new ruleset has). A plan split into several restores (chunks) empties them in its
+	// first, so that the kernel never holds their rules beside those of the chains that replace
+	// them; a plan of one restore does not use them (not rendered).
+	drains []string
 }
 
 func (o *tableOps) empty() bool {
