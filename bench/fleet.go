@@ -83,6 +83,11 @@ func runFleet(ctx context.Context, fo fleetOptions) error {
 		return err
 	}
 	logf("%d LoadBalancer Services exist (%v)", fo.n, time.Since(t0).Round(time.Millisecond))
+	t0 = time.Now()
+	if err := c.seedEndpointSlices(ctx, fo.n); err != nil {
+		return err
+	}
+	logf("%d EndpointSlices exist, %d ready endpoints each (%v)", fo.n, endpointsPerSlice, time.Since(t0).Round(time.Millisecond))
 	if err := fleetIdentities(ctx, cp); err != nil {
 		return err
 	}
