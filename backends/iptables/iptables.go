@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"unsafe"
 
 	"golang.org/x/sync/singleflight"
 
@@ -708,8 +707,9 @@ func (b *Ops) noteUnparsed(bin string, d *dump) {
 // else nil. The common case (the predecessor's takeover once at start, next to 100,000 rules of
 // ours at 50,000 Services) is decided by one iptables-save whose output is scanned line by line as
 // it arrives, holding one line: held whole, that output was 20-25 MB at 50,000 Services, and the
-// largest live heap of the agent's run. Only when a chain matches is the dump taken again and parsed
-// whole (the rule removal needs every jump to the chains).
+// largest live heap of the agent's run. Only when a chain matches is the dump taken again, parsed as
+// it arrives like any save (the rule removal needs every jump to the chains): held whole first, it
+// was most of `cleanup --dry-run`'s memory beside the agent it runs in (below).
 func (b *Ops) dumpDeclaring(ctx context.Context, family rules.Family, match func(string) bool) (*dump, error) {
 	bin := b.Binary(family, "save")
 	scan := newDeclScanner(match)
@@ -719,12 +719,7 @@ func (b *Ops) dumpDeclaring(ctx context.Context, family rules.Family, match func
 	if !scan.found {
 		return nil, nil
 	}
-	var out bytes.Buffer
-	stderr, err := b.runSave(ctx, bin, &out)
-	if err != nil {
-		return nil, fmt.Errorf("%s -c: %w: %s", bin, err, strings.TrimSpace(string(stderr)))
-	}
-	return parseDump(bin, out.Bytes())
+	return b.save(ctx, family)
 }
 
 // runSave runs bin (an iptables-save) with -c, its output written to w (runTool).
@@ -741,16 +736,6 @@ func (b *Ops) runTool(ctx context.Context, bin string, args []string, stdin io.R
 	}
 	defer release()
 	return b.run.Run(ctx, bin, args, stdin, stdout)
-}
-
-// parseDump parses the output of bin (iptables-save), without a copy of out (the dump keeps copies
-// of what it keeps).
-func parseDump(bin string, out []byte) (*dump, error) {
-	d, err := parseSave(unsafe.String(unsafe.SliceData(out), len(out)))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", bin, err)
-	}
-	return d, nil // dumpDeclaring's second dump: save logged the first
 }
 
 // declScanner is written iptables-save output and reports whether it declares a chain
