@@ -4,14 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/uuid"
-
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 )
 
 // etcdEndpointSlicesKey is where kube-apiserver keeps EndpointSlices.
@@ -42,22 +40,8 @@ func (c *cluster) seedEndpointSlices(ctx context.Context, n int) error {
 	if err := newEtcdKV(c.cp).put(ctx, kvs); err != nil {
 		return fmt.Errorf("write EndpointSlices to etcd: %w", err)
 	}
-	return agenttest.Poll(ctx, 5*time.Minute, 200*time.Millisecond, func() error {
-		got := 0
-		for _, ns := range scaleNamespaces(n) {
-			l, err := c.client.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{Limit: 1})
-			if err != nil {
-				return err
-			}
-			got += len(l.Items)
-			if l.RemainingItemCount != nil {
-				got += int(*l.RemainingItemCount)
-			}
-		}
-		if got < n {
-			return fmt.Errorf("the apiserver lists %d of the %d EndpointSlices written to etcd", got, n)
-		}
-		return nil
+	return waitCount(ctx, n, "EndpointSlices", func(ns string, opts metav1.ListOptions) (runtime.Object, error) {
+		return c.client.DiscoveryV1().EndpointSlices(ns).List(ctx, opts)
 	})
 }
 

@@ -31,6 +31,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
@@ -332,20 +333,28 @@ func (c *cluster) markNodePorts(ctx context.Context, etcd etcdKV, ports []int) e
 
 // waitListed waits until the apiserver lists n scale Services in their namespaces.
 func (c *cluster) waitListed(ctx context.Context, n int) error {
+	return waitCount(ctx, n, "scale Services", func(ns string, opts metav1.ListOptions) (runtime.Object, error) {
+		return c.client.CoreV1().Services(ns).List(ctx, opts)
+	})
+}
+
+// waitCount waits until the apiserver lists n objects (what) in the scale namespaces of n Services,
+// counted from one item per namespace and the remaining count the apiserver gives with it.
+func waitCount(ctx context.Context, n int, what string, list func(ns string, opts metav1.ListOptions) (runtime.Object, error)) error {
 	return agenttest.Poll(ctx, 5*time.Minute, 200*time.Millisecond, func() error {
 		got := 0
 		for _, ns := range scaleNamespaces(n) {
-			l, err := c.client.CoreV1().Services(ns).List(ctx, metav1.ListOptions{Limit: 1})
+			l, err := list(ns, metav1.ListOptions{Limit: 1})
 			if err != nil {
 				return err
 			}
-			got += len(l.Items)
-			if l.RemainingItemCount != nil {
-				got += int(*l.RemainingItemCount)
+			got += meta.LenList(l)
+			if li, err := meta.ListAccessor(l); err == nil && li.GetRemainingItemCount() != nil {
+				got += int(*li.GetRemainingItemCount())
 			}
 		}
 		if got < n {
-			return fmt.Errorf("the apiserver lists %d of the %d scale Services written to etcd", got, n)
+			return fmt.Errorf("the apiserver lists %d of the %d %s written to etcd", got, n, what)
 		}
 		return nil
 	})
