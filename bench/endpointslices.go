@@ -47,7 +47,8 @@ func (c *cluster) seedEndpointSlices(ctx context.Context, n int) error {
 
 // seededEndpointSlice is the EndpointSlice of the i-th scale Service (tmpl's ports, its target
 // port), as the EndpointSlice controller names, labels and owns it: endpointsPerSlice ready IPv4
-// endpoints, Pod IPs from 10.128.0.0/9 (distinct up to 4 million endpoints), on nodes fleet-node-0, fleet-node-1, ….
+// endpoints, Pod IPs from 10.128.0.0/9 (distinct up to 8 million endpoints), on nodes fleet-node-0,
+// fleet-node-1, ….
 func seededEndpointSlice(tmpl *corev1.Service, i int) *discoveryv1.EndpointSlice {
 	svcName := scaleName(i)
 	ready := true

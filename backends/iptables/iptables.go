@@ -470,9 +470,9 @@ func (b *Ops) rewriteChains(ctx context.Context, rs *rules.Ruleset, changed []*r
 }
 
 // readBackListMax is the most chains a change reads back with one `iptables -S CHAIN` each; more
-// are read from one iptables-save of the family. At 10,000 entries a list takes 8-12 ms and a save
-// 200-300 ms (the backend's tool calls timed in a test namespace, iptables-nft 1.8.9): one save is
-// cheaper from about 20 chains. A change that adds thousands of Services at once (a cold start
+// are read from one iptables-save of the family. At 10,000 entries a list took 7-23 ms and a save
+// about 200-300 ms (the backend's tool calls timed in a test namespace and in the scale bench,
+// iptables-nft 1.8.9): one save is cheaper from about 15-30 chains. A change that adds thousands of Services at once (a cold start
 // coalesced into changes, a watch reconnecting) rewrites a chain per bucket: with a list each, 1,400
 // chains took minutes of process starts under emulation (make test-cluster's day 2).
 const readBackListMax = 16
