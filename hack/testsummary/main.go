@@ -1,6 +1,7 @@
 // Command testsummary reads `go test -json` on stdin and prints what a developer needs from a long
 // run: the package result lines (ok / FAIL / no test files), the output of every failed test, the
-// reason of every skipped one, then a table of how many tests (subtests included) ran, passed, failed
+// reason of every skipped one, then a recap of each failed test's own messages (its t.Error and
+// t.Fatal lines, so that the cause stays in the last lines of a long log), then a table of how many tests (subtests included) ran, passed, failed
 // and were skipped in each package and how many seconds the package ran, and a closing line
 // "N passed, N failed, N skipped". It exits 1
 // when a test or a build failed.
@@ -14,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -39,6 +41,7 @@ type summary struct {
 	pkgs    map[string]*counts
 	pending map[string][]string // output of a running test, by package + test
 	failed  bool                // a package or build failed (also without a failed test)
+	recap   []string            // per failed test: its name and its messages (recapLines)
 }
 
 func newSummary(out io.Writer) *summary {
@@ -79,6 +82,9 @@ func (s *summary) line(raw string) {
 	case e.Action == "fail":
 		s.pkg(e.Package).fail++
 		fmt.Fprint(s.out, strings.Join(s.pending[key], ""))
+		if msgs := recapLines(s.pending[key]); len(msgs) > 0 {
+			s.recap = append(s.recap, e.Test+":\n"+strings.Join(msgs, ""))
+		}
 		delete(s.pending, key)
 	case e.Action == "skip":
 		s.pkg(e.Package).skip++
@@ -119,6 +125,39 @@ func skipReason(lines []string) string {
 	return b.String()
 }
 
+// message is the first line of a test's t.Log, t.Error or t.Fatal output: "    file_test.go:12: ".
+var message = regexp.MustCompile(`^\s+[\w.-]+\.go:\d+: `)
+
+// Bounds of a recap: the lines kept of each message and their length.
+const (
+	recapMessageLines = 3
+	recapLineChars    = 400
+)
+
+// recapLines returns the messages of a failed test's output, each cut to recapMessageLines lines of
+// recapLineChars characters. Subtests' messages stay with their own test; a log dumped into a message
+// (an agent's log tail) is cut with it.
+func recapLines(out []string) []string {
+	var msgs []string
+	kept := 0
+	for _, l := range out {
+		switch {
+		case message.MatchString(l):
+			kept = 1
+		case kept > 0 && kept < recapMessageLines && !strings.HasPrefix(strings.TrimSpace(l), "--- "):
+			kept++
+		default:
+			kept = 0
+			continue
+		}
+		if len(l) > recapLineChars {
+			l = l[:recapLineChars] + " …\n"
+		}
+		msgs = append(msgs, l)
+	}
+	return msgs
+}
+
 // report prints the table and the closing line; it returns whether everything passed.
 func (s *summary) report() bool {
 	names := make([]string, 0, len(s.pkgs))
@@ -131,6 +170,12 @@ func (s *summary) report() bool {
 		total.skip += c.skip
 	}
 	sort.Strings(names)
+	if len(s.recap) > 0 {
+		fmt.Fprintln(s.out, "\nwhy each test failed (its messages, cut; the whole output is above):")
+		for _, r := range s.recap {
+			fmt.Fprint(s.out, r)
+		}
+	}
 	fmt.Fprintln(s.out, "\ntests per suite (subtests included) and the seconds each package ran:")
 	w := tabwriter.NewWriter(s.out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "ran\tpassed\tfailed\tskipped\tseconds\t\tpackage")

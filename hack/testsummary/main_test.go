@@ -24,6 +24,9 @@ func TestSummaryCountsPerPackageAndPrintsFailuresAndSkips(t *testing.T) {
 		`{"Action":"pass","Package":"a","Elapsed":12.34}`,
 		`{"Action":"run","Package":"b","Test":"TestBad"}`,
 		`{"Action":"output","Package":"b","Test":"TestBad","Output":"    b_test.go:9: want 1, got 2\n"}`,
+		`{"Action":"output","Package":"b","Test":"TestBad","Output":"        second line of the message\n"}`,
+		`{"Action":"output","Package":"b","Test":"TestBad","Output":"        third line\n"}`,
+		`{"Action":"output","Package":"b","Test":"TestBad","Output":"        fourth line, cut from the recap\n"}`,
 		`{"Action":"fail","Package":"b","Test":"TestBad"}`,
 		`{"Action":"output","Package":"b","Output":"FAIL\tb\t0.2s\n"}`,
 		`{"Action":"fail","Package":"b"}`,
@@ -60,6 +63,14 @@ func TestSummaryCountsPerPackageAndPrintsFailuresAndSkips(t *testing.T) {
 	}
 	if a := s.pkgs["a"]; *a != (counts{run: 3, pass: 2, skip: 1, seconds: 12.34}) {
 		t.Errorf("package a: %+v", *a)
+	}
+	// The recap, after every test's output and before the table: TestBad's message, cut to 3 lines.
+	recap := got[strings.Index(got, "why each test failed"):strings.Index(got, "tests per suite")]
+	if want := "TestBad:\n    b_test.go:9: want 1, got 2\n        second line of the message\n        third line\n"; !strings.Contains(recap, want) {
+		t.Errorf("recap lacks %q:\n%s", want, recap)
+	}
+	if strings.Contains(recap, "fourth line") || strings.Contains(recap, "skipping") {
+		t.Errorf("recap holds more than the failed test's messages, cut:\n%s", recap)
 	}
 	if !strings.HasSuffix(got, "2 passed, 1 failed, 1 skipped\n") {
 		t.Errorf("the closing line is not the plain count:\n%s", got)

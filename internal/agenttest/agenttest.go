@@ -231,6 +231,9 @@ func (a *Agent) Logs() string { return a.proc.Load().Logs() }
 // LogTail returns the last n lines of the log.
 func (a *Agent) LogTail(n int) string { return a.proc.Load().LogTail(n) }
 
+// LogWarnings returns the last n lines the agent logged at level WARN or ERROR (testenv.LogWarnings).
+func (a *Agent) LogWarnings(n int) string { return testenv.LogWarnings(a.proc.Load().Logs(), n) }
+
 // Stop sends SIGTERM and waits up to grace for the process to end, then kills it. The agent leaves its
 // rules in place on exit. Stopping a stopped agent is a no-op.
 func (a *Agent) Stop(grace time.Duration) error {

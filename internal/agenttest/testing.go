@@ -42,6 +42,7 @@ func StartT(tb testing.TB, opts Options) *Agent {
 		err := a.Stop(StopGrace)
 		if tb.Failed() {
 			tb.Logf("agent log (%s), last 60 lines:\n%s", a.LogPath(), a.LogTail(60))
+			tb.Logf("agent log, last 30 warnings and errors:\n%s", a.LogWarnings(30))
 		}
 		if err != nil {
 			tb.Errorf("stop agent: %v", err)

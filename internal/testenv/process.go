@@ -123,6 +123,18 @@ func (p *Process) Logs() string {
 // LogTail returns the last n lines of the log file.
 func (p *Process) LogTail(n int) string { return LogTail(p.Logs(), n) }
 
+// LogWarnings returns the last n lines of log that the agent's logger (log/slog) wrote at level WARN
+// or ERROR: what went wrong in a log whose tail a debug level fills with chatter.
+func LogWarnings(log string, n int) string {
+	var out []string
+	for l := range strings.Lines(log) {
+		if strings.Contains(l, " level=WARN ") || strings.Contains(l, " level=ERROR ") {
+			out = append(out, strings.TrimRight(l, "\n"))
+		}
+	}
+	return strings.Join(out[max(len(out)-n, 0):], "\n")
+}
+
 // LogTail returns the last n lines of log.
 func LogTail(log string, n int) string {
 	lines := strings.Split(strings.TrimRight(log, "\n"), "\n")
