@@ -124,11 +124,12 @@ func (p *Process) Logs() string {
 func (p *Process) LogTail(n int) string { return LogTail(p.Logs(), n) }
 
 // LogWarnings returns the last n lines of log that the agent's logger (log/slog) wrote at level WARN
-// or ERROR: what went wrong in a log whose tail a debug level fills with chatter.
+// or ERROR, but for "probe failing" (every start logs it until the first sync): what went wrong in a
+// log whose tail a debug level fills with chatter.
 func LogWarnings(log string, n int) string {
 	var out []string
 	for l := range strings.Lines(log) {
-		if strings.Contains(l, " level=WARN ") || strings.Contains(l, " level=ERROR ") {
+		if (strings.Contains(l, " level=WARN ") || strings.Contains(l, " level=ERROR ")) && !strings.Contains(l, ` msg="probe failing"`) {
 			out = append(out, strings.TrimRight(l, "\n"))
 		}
 	}

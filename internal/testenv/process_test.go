@@ -9,6 +9,7 @@ func TestLogWarningsKeepsTheLastWarningsAndErrors(t *testing.T) {
 	log := strings.Join([]string{
 		`time=1 level=WARN msg="first warning"`,
 		`time=2 level=DEBUG msg=chatter`,
+		`time=2 level=WARN msg="probe failing" path=/readyz`,
 		`time=3 level=ERROR msg="an error"`,
 		`time=4 level=INFO msg="level=WARN in a message is no warning"`,
 		`time=5 level=WARN msg="last warning"`,
