@@ -330,7 +330,14 @@ func renderChains(rs *rules.Ruleset, sc scope) ([]*rchain, []hookJump, error) {
 			lookup, key := r.Match.Lookup, r.Match.LookupKey
 			first, end := i, runEnd(c, i)
 			unordered := end-first == 1 && oneLinePerKey(r)
-			runNames := bucketNames(rs, c, first, t, run, names)
+			var only map[netip.Prefix]bool
+			if sc.bucketsOnly {
+				only = sc.only[lookup]
+				if only == nil {
+					only = map[netip.Prefix]bool{} // this map has no touched bucket: none to name
+				}
+			}
+			runNames := bucketNames(rs, c, first, t, run, names, only)
 			buckets := make(map[netip.Prefix]*rchain, len(runNames))
 			prefixes := make([]netip.Prefix, 0, len(runNames))
 			for p, n := range runNames {
@@ -624,24 +631,38 @@ func nodeName(chain string, run int, p netip.Prefix, try int) string {
 // bucketNames names the buckets of the lookup run that starts at rule first of chain c (the run-th of
 // the chain, in table t): every prefix that an entry the run expands falls in, in address order, gets
 // bucketName unless a chain already in names has it (a collision), else its next try. names gets
-// the names given.
-func bucketNames(rs *rules.Ruleset, c rules.Chain, first int, t string, run int, names map[tchain]bool) map[netip.Prefix]string {
+// the names given. A non-nil only narrows it to those prefixes: a change that keeps every bucket
+// (scope.bucketsOnly) names the buckets it renders and not the thousands it leaves as they are.
+// Those are named without the other buckets in names, so where the full naming would have taken a
+// next try (a collision, which needs two IPv6 prefixes of the same hash) the name differs from the
+// record's, and applyEntries, finding no such chain or other rules in it, takes the full way.
+func bucketNames(rs *rules.Ruleset, c rules.Chain, first int, t string, run int, names map[tchain]bool, only map[netip.Prefix]bool) map[netip.Prefix]string {
 	head := c.Rules[first].Match
 	m := rs.Map(head.Lookup)
 	if m == nil {
 		return nil
 	}
 	var prefixes []netip.Prefix
-	for _, e := range m.Sorted() { // sorted by address: a bucket's entries are consecutive
-		p := bucketPrefix(e.Addr)
-		if len(prefixes) > 0 && prefixes[len(prefixes)-1] == p {
-			continue
-		}
-		for i := first; i < len(c.Rules) && sameRun(c.Rules[i].Match, head); i++ {
-			if expands(c.Rules[i].Match, &e) {
-				prefixes = append(prefixes, p)
-				break
+	add := func(entries []rules.MapEntry) {
+		for _, e := range entries { // sorted by address: a bucket's entries are consecutive
+			p := bucketPrefix(e.Addr)
+			if len(prefixes) > 0 && prefixes[len(prefixes)-1] == p {
+				continue
 			}
+			for i := first; i < len(c.Rules) && sameRun(c.Rules[i].Match, head); i++ {
+				if expands(c.Rules[i].Match, &e) {
+					prefixes = append(prefixes, p)
+					break
+				}
+			}
+		}
+	}
+	if only == nil {
+		add(m.Sorted())
+	} else {
+		sorted := m.Sorted()
+		for _, p := range slices.SortedFunc(maps.Keys(only), func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) }) {
+			add(bucketEntries(sorted, p))
 		}
 	}
 	out := make(map[netip.Prefix]string, len(prefixes))
