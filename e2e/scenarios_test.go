@@ -86,7 +86,13 @@ func (n *node) checkSyncHealthy() {
 		return last
 	})
 	if err != nil {
-		n.t.Errorf("sync not healthy within %v: %v", converge, last)
+		// The agent's last logged error first: a failed sync counted in nnm_sync_errors_total is
+		// logged with its cause, and the first line is what a summary of the run shows.
+		logged := "none"
+		if w := n.agent.LogWarnings(1); w != "" {
+			logged = w
+		}
+		n.t.Errorf("sync not healthy within %v (the agent's last warning or error: %s): %v", converge, logged, last)
 	}
 }
 
