@@ -845,7 +845,16 @@ func probesAndRestarts(t *testing.T, c *Cluster, newTag string) {
 				failed = append(failed, l)
 			}
 		}
-		t.Logf("%s: the kubelet logged %d failed probes of the agent over the run (upgrade to %s included)%s", n.name, len(failed), newTag, firstLines(failed, 3))
+		// By kind: the liveness probe's settings (deploy/base) were chosen from what this stage
+		// does to the probes under emulation, and only its failures restart the agent.
+		kinds := map[string]int{}
+		for _, l := range failed {
+			_, kind, _ := strings.Cut(l, `probeType="`)
+			kind, _, _ = strings.Cut(kind, `"`)
+			kinds[kind]++
+		}
+		t.Logf("%s: the kubelet logged %d failed probes of the agent over the run (upgrade to %s included; Liveness %d, Readiness %d)%s",
+			n.name, len(failed), newTag, kinds["Liveness"], kinds["Readiness"], firstLines(failed, 3))
 		if len(failed) > 3 {
 			t.Logf("%s: the last ones:\n%s", n.name, strings.Join(failed[max(3, len(failed)-5):], "\n"))
 		}
