@@ -292,6 +292,18 @@ type scope struct {
 	bucketsOnly bool
 }
 
+// named is what bucketNames names of map lookup's buckets: those of sc.only when only buckets are
+// rendered (none when the map has no touched bucket), else all (nil).
+func (sc scope) named(lookup string) map[netip.Prefix]bool {
+	if !sc.bucketsOnly {
+		return nil
+	}
+	if only := sc.only[lookup]; only != nil {
+		return only
+	}
+	return map[netip.Prefix]bool{}
+}
+
 // renderChains renders the chains of rs, each followed by its lookup buckets, and the jumps that hook
 // them in; sc narrows it (scope).
 func renderChains(rs *rules.Ruleset, sc scope) ([]*rchain, []hookJump, error) {
@@ -330,14 +342,7 @@ func renderChains(rs *rules.Ruleset, sc scope) ([]*rchain, []hookJump, error) {
 			lookup, key := r.Match.Lookup, r.Match.LookupKey
 			first, end := i, runEnd(c, i)
 			unordered := end-first == 1 && oneLinePerKey(r)
-			var only map[netip.Prefix]bool
-			if sc.bucketsOnly {
-				only = sc.only[lookup]
-				if only == nil {
-					only = map[netip.Prefix]bool{} // this map has no touched bucket: none to name
-				}
-			}
-			runNames := bucketNames(rs, c, first, t, run, names, only)
+			runNames := bucketNames(rs, c, first, t, run, names, sc.named(lookup))
 			buckets := make(map[netip.Prefix]*rchain, len(runNames))
 			prefixes := make([]netip.Prefix, 0, len(runNames))
 			for p, n := range runNames {
