@@ -12,12 +12,12 @@
 #
 # Day 2 runs in IPVS mode only: that cluster carries the agent's heaviest load (the iptables-nft
 # backend, ipvs-externalip-dnat over 10,000 External-IPs); nftables mode's day 2 differs in the
-# backend only, which make test's e2e suite runs on a real kernel. It adds about 14 minutes (821 s
-# in a 1,535 s IPVS-only lane). Its 10,000-Service stage under emulation is what the DaemonSet's
-# probe settings were set from: with a liveness timeout of 3 s the kubelet once restarted an agent
-# whose starved HTTP server answered late; with 10 s and 6 failures no agent restarted (the
-# readiness probe, 3 s, still times out now and then under that load, which restarts nothing; the
-# lane logs the failed probes by kind).
+# backend only, which make test's e2e suite runs on a real kernel. It adds 14-17 minutes (822 s and
+# 1,000 s in two runs; .ci/run took 2,324 s in all with it). Its 10,000-Service stage under
+# emulation is what the DaemonSet's liveness probe was set from: with a timeout of 3 s the kubelet
+# once restarted an agent whose starved HTTP server answered late; with 10 s and 6 failures no
+# agent restarted (one liveness probe in two runs still timed out; the readiness probe, 3 s, times
+# out now and then under that load, which restarts nothing; the lane logs the failures by kind).
 NNM_CLUSTER_DAY2 ?= ipvs
 
 # What the nodes run from this machine's root (shared read-only into the guests), as
