@@ -16,7 +16,7 @@
 # 1,000 s in two runs; .ci/run took 2,324 s in all with it). Its 10,000-Service stage under
 # emulation is what the DaemonSet's liveness probe was set from: with a timeout of 3 s the kubelet
 # once restarted an agent whose starved HTTP server answered late; with 10 s and 6 failures no
-# agent restarted (one liveness probe in two runs still timed out; the readiness probe, 3 s, times
+# agent restarted (one liveness probe in two runs still failed; the readiness probe, 3 s, times
 # out now and then under that load, which restarts nothing; the lane logs the failures by kind).
 NNM_CLUSTER_DAY2 ?= ipvs
 
