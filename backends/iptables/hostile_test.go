@@ -67,8 +67,10 @@ func collisionRuleset(local netip.Addr, which ...int) *rules.Ruleset {
 
 // TestKernelBucketNameCollision (issue #41 row 1): a ruleset with entries in both colliding /124s
 // is applied (on main at d0ea2ac: "kernel chain NNM-EXTIP-DNAT-1E0A25A9327A is rendered twice"),
-// real connections to both addresses are DNATed to their own targets, a one-entry change takes the
-// short way, a fresh process verifies it in sync and removes it all.
+// real connections to both addresses are DNATed to their own targets, a one-entry change in the
+// renamed (higher) bucket applies, a fresh process verifies it in sync and removes it all. That
+// change takes the full way: a change that keeps every bucket names only its own buckets
+// (bucketNames), so the renamed one gets its twin's name, which the record shows with other rules.
 func TestKernelBucketNameCollision(t *testing.T) {
 	ctx := context.Background()
 	for _, v := range []Variant{NFT, Legacy} {
