@@ -242,6 +242,10 @@ func nodeNamespace(ctx context.Context, cp *controlplane.ControlPlane, ns string
 
 // changes measures create, update and delete of one Service at a time: from the start of the API
 // write to the nf_tables commit after which the kernel shows the change.
+// slowChange is the change latency above which the benchmark logs the change (the target is a p99
+// of 50 ms).
+const slowChange = 40 * time.Millisecond
+
 func changes(ctx context.Context, c *cluster, k kernel, w *genWatcher, a *agenttest.Agent, ns string, count int, r *result) error {
 	svcs := c.client.CoreV1().Services(namespace)
 	objs := make([]*corev1.Service, count)
@@ -263,6 +267,10 @@ func changes(ctx context.Context, c *cluster, k kernel, w *genWatcher, a *agentt
 			return fmt.Errorf("%s %d: %w\n%s", kind, i, err, a.LogTail(20))
 		}
 		r.latency[kind] = append(r.latency[kind], at.Sub(tw))
+		if d := at.Sub(tw); d > slowChange {
+			// Named with its time, to be found in the agent's log (-agent-log-level debug).
+			logf("%s N=%d: %s %d took %v (written at %s)", r.backend, r.n, kind, i, d.Round(time.Millisecond), tw.UTC().Format("15:04:05.000"))
+		}
 		return nil
 	}
 	has := func(ip netip.Addr, want bool) func() (bool, error) {
