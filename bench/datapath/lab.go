@@ -31,10 +31,14 @@ import (
 // The External-IPs (the map's keys) are routed nowhere but by the node's default route: a packet to
 // one is DNATed to its Cluster-IP, which the server answers.
 type plan struct {
-	family                 rules.Family
-	podCIDR, serviceCIDR   netip.Prefix
-	sides                  [2]side                // the node with the rules, the floor node
-	consecutive, scattered func(i int) netip.Addr // the i-th External-IP of a layout (0-based)
+	family               rules.Family
+	podCIDR, serviceCIDR netip.Prefix
+	// floorExtIP and floorClusterIP are the floor node's one translation (floorRules): External-IP
+	// traffic on the floor side goes to floorExtIP and is DNATed to floorClusterIP, an address of
+	// the Service CIDR that no Service of the benchmark has (they take its first 50,000).
+	floorExtIP, floorClusterIP netip.Addr
+	sides                      [2]side                // the node with the rules, the floor node
+	consecutive, scattered     func(i int) netip.Addr // the i-th External-IP of a layout (0-based)
 }
 
 // side is one client–node–server path's addresses.
@@ -45,6 +49,7 @@ type side struct {
 var plans = map[rules.Family]plan{
 	rules.IPv4: {
 		family: rules.IPv4, podCIDR: pfx("10.244.0.0/24"), serviceCIDR: pfx("10.96.0.0/16"),
+		floorExtIP: netip.MustParseAddr("198.51.100.7"), floorClusterIP: netip.MustParseAddr("10.96.255.254"),
 		sides: [2]side{
 			{client: pfx("10.244.0.2/24"), nodePod: pfx("10.244.0.1/24"), nodeUp: pfx("192.168.99.1/24"), server: pfx("192.168.99.2/24")},
 			{client: pfx("10.245.0.2/24"), nodePod: pfx("10.245.0.1/24"), nodeUp: pfx("192.168.98.1/24"), server: pfx("192.168.98.2/24")},
@@ -54,6 +59,7 @@ var plans = map[rules.Family]plan{
 	},
 	rules.IPv6: {
 		family: rules.IPv6, podCIDR: pfx("fd00:10:244::/64"), serviceCIDR: pfx("fd00:10:96::/112"),
+		floorExtIP: netip.MustParseAddr("3fff::7"), floorClusterIP: netip.MustParseAddr("fd00:10:96::fffe"),
 		sides: [2]side{
 			{client: pfx("fd00:10:244::2/64"), nodePod: pfx("fd00:10:244::1/64"), nodeUp: pfx("fd00:99::1/64"), server: pfx("fd00:99::2/64")},
 			{client: pfx("fd00:10:245::2/64"), nodePod: pfx("fd00:10:245::1/64"), nodeUp: pfx("fd00:98::1/64"), server: pfx("fd00:98::2/64")},
@@ -202,7 +208,7 @@ func (l *lab) setup(ctx context.Context) error {
 			return err
 		}
 	}
-	return nil
+	return floorRules(ctx, l.node[1])
 }
 
 // baseRules is what kube-proxy holds on every node and the floor has too: a nat table whose
@@ -216,9 +222,38 @@ func baseRules(ctx context.Context, node string) error {
 	const base = "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-POSTROUTING - [0:0]\n" +
 		"-A PREROUTING -j KUBE-SERVICES\n-A OUTPUT -j KUBE-SERVICES\n-A POSTROUTING -j KUBE-POSTROUTING\n" +
 		"-A KUBE-POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE\nCOMMIT\n"
-	for _, tool := range []string{"iptables-nft-restore", "ip6tables-nft-restore"} {
+	return restoreBoth(ctx, node, func(rules.Family) string { return base })
+}
+
+// floorComment marks the floor node's translation rules (floorRules).
+const floorComment = "nnm-bench-floor-translation"
+
+// floorRules give the floor node the translation that External-IP traffic pays whatever looks its
+// entry up: one DNAT rule, before KUBE-SERVICES in PREROUTING and OUTPUT, from the plan's
+// floorExtIP to floorClusterIP, and one masquerade rule for what it DNATed, whose conntrack status
+// test is the one the fix's guard makes. So an External-IP connection's Δ is what the lookup of its
+// entry among the map's costs (the fix's dispatch, its buckets, its masquerade's), not the DNAT and
+// the masquerade themselves, which any rule doing them pays (kube-proxy's for a Cluster-IP too).
+// Each rule tests the destination first, with a native compare: a connection to a Cluster-IP (no
+// entry) meets three such compares on the floor side, and nothing else of them.
+func floorRules(ctx context.Context, node string) error {
+	return restoreBoth(ctx, node, func(f rules.Family) string {
+		p, c := plans[f], "-m comment --comment "+floorComment
+		to := p.floorClusterIP.String() + ":80"
+		if f == rules.IPv6 {
+			to = "[" + p.floorClusterIP.String() + "]:80"
+		}
+		dnat := fmt.Sprintf("-d %s -p tcp -m tcp --dport 80 %s -j DNAT --to-destination %s", p.floorExtIP, c, to)
+		return "*nat\n-I PREROUTING 1 " + dnat + "\n-I OUTPUT 1 " + dnat + "\n" +
+			fmt.Sprintf("-I POSTROUTING 1 -d %s -m conntrack --ctstate DNAT %s -j MASQUERADE\n", p.floorClusterIP, c) + "COMMIT\n"
+	})
+}
+
+// restoreBoth loads text(family) into node with iptables-nft-restore --noflush, both families.
+func restoreBoth(ctx context.Context, node string, text func(rules.Family) string) error {
+	for f, tool := range map[rules.Family]string{rules.IPv4: "iptables-nft-restore", rules.IPv6: "ip6tables-nft-restore"} {
 		cmd := testenv.Command(ctx, node, tool, "--noflush")
-		cmd.Stdin = strings.NewReader(base)
+		cmd.Stdin = strings.NewReader(text(f))
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("%s in %s: %w: %s", tool, node, err, out)
 		}

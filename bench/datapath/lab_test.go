@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -88,8 +89,8 @@ func TestLoadIsTheFixsRules(t *testing.T) {
 
 // TestFloorIsTheNodeWithoutTheRules: the floor node holds what the node holds without the fix's
 // rules (the same nat base chains and kube-proxy stand-in, so the same hooks run for every new
-// connection), and with the rules loaded the node differs from it only by the fix's chains, tables
-// and jumps.
+// connection) and its one-rule translation of External-IP traffic (floorRules), and with the rules
+// loaded the node differs from it only by the fix's chains, tables and jumps.
 func TestFloorIsTheNodeWithoutTheRules(t *testing.T) {
 	testenv.RequireKernel(t, "iptables-nft-restore", "ip6tables-nft-restore", "nft", "ip")
 	ctx := context.Background()
@@ -106,6 +107,11 @@ func TestFloorIsTheNodeWithoutTheRules(t *testing.T) {
 		return withoutTheFix(out)
 	}
 	floor := dump(l.node[1])
+	translation := floorTranslation(floor)
+	if len(translation) != 6 { // 3 rules, ip and ip6
+		t.Errorf("the floor node holds %d rules of its one-rule translation, want 6:\n%s", len(translation), floor)
+	}
+	floor = strings.Join(slices.DeleteFunc(strings.Split(floor, "\n"), func(l string) bool { return slices.Contains(translation, l) }), "\n")
 	for _, hook := range []string{"type nat hook prerouting", "type nat hook output", "type nat hook postrouting"} {
 		if strings.Count(floor, hook) != 2 { // ip and ip6
 			t.Errorf("the floor node lacks a %s chain in a family:\n%s", hook, floor)
@@ -157,6 +163,21 @@ func withoutTheFix(dump string) string {
 		out = append(out, counterValues.ReplaceAllString(line, "counter"))
 	}
 	return strings.Join(out, "\n")
+}
+
+// floorTranslation is the lines of an nft dump that match a floor address (floorRules), as nft
+// lists them ("daddr A ").
+func floorTranslation(dump string) []string {
+	var out []string
+	for _, l := range strings.Split(dump, "\n") {
+		for _, p := range plans {
+			if strings.Contains(l, "daddr "+p.floorExtIP.String()+" ") || strings.Contains(l, "daddr "+p.floorClusterIP.String()+" ") {
+				out = append(out, l)
+				break
+			}
+		}
+	}
+	return out
 }
 
 var counterValues = regexp.MustCompile(`counter packets \d+ bytes \d+`)

@@ -212,7 +212,8 @@ func measure(ctx context.Context, o options, progress io.Writer) ([]*cell, error
 
 // measureCell measures one cell, its rules and its floor interleaved (runPair): miss traffic goes to
 // Cluster-IPs (no map key), hit traffic to External-IPs of random entries, and on the floor side to
-// their Cluster-IPs (where the DNAT would have sent them).
+// the floor node's one translated External-IP (floorRules: the same DNAT and masquerade by one rule
+// each).
 func measureCell(l *lab, n int, p plan, c *cell) error {
 	ns := l.client
 	if c.path == "host" {
@@ -231,6 +232,7 @@ func measureCell(l *lab, n int, p plan, c *cell) error {
 	withRules := floor
 	if c.traffic == "hit" {
 		withRules = func(i int) netip.Addr { return p.extIP(c.layout, idx[i]) }
+		floor = func(int) netip.Addr { return p.floorExtIP }
 	}
 	pr, err := runPair(ns, n, [2]func(int) netip.Addr{withRules, floor})
 	c.rules, c.floor = pr[0], pr[1]

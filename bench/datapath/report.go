@@ -79,7 +79,7 @@ func report(m machine, o options, cells []*cell) string {
 		strings.Join(os.Args[1:], " "), o.n, warmup)
 	b.WriteString("First-packet reply latency (connect(2) → handshake done, µs) and new connections per second from one thread; " +
 		"*floor* is the same connections through an identical node without the agent's rules, alternating with them connection by connection; Δ is rules − floor. " +
-		"*no entry*: to a Cluster-IP (no map key); *External-IP*: to a random entry's External-IP, DNATed (its floor: to the Cluster-IP directly).\n\n")
+		"*no entry*: to a Cluster-IP (no map key); *External-IP*: to a random entry's External-IP, DNATed and masqueraded (its floor: the same DNAT and masquerade on the floor node by one rule each, so Δ is the lookup of the entry among the map's).\n\n")
 	b.WriteString("| run | backend | family | layout | entries | from | floor p50 / p99 | no entry p50 / p99 | Δ p50 / Δ p99 | conn/s (floor) | External-IP p50 / p99 | Δ p50 / Δ p99 | conn/s (floor) |\n")
 	b.WriteString("|---:|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	var keys []rowKey
@@ -206,7 +206,11 @@ func plot(cells []*cell) string {
 	panel := func(traffic string) []*series {
 		var out []*series
 		by := map[string]*series{}
-		floor := &series{name: "floor (no agent rules)", color: "#555555", dash: true, pts: map[int]float64{}}
+		floorName := "floor (no agent rules)"
+		if traffic == "hit" {
+			floorName = "floor (one DNAT rule, one masquerade rule)"
+		}
+		floor := &series{name: floorName, color: "#555555", dash: true, pts: map[int]float64{}}
 		nfloor := map[int]int{}
 		zero := map[string]float64{}
 		for _, c := range cells {
