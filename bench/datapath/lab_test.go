@@ -181,3 +181,20 @@ func floorTranslation(dump string) []string {
 }
 
 var counterValues = regexp.MustCompile(`counter packets \d+ bytes \d+`)
+
+// TestTargets: -hot narrows External-IP traffic to the first entries and leaves the rest alone.
+func TestTargets(t *testing.T) {
+	maxOf := func(idx []int) int { return slices.Max(idx) }
+	if m := maxOf(targets(50000, 100, "hit", 10000)); m >= 100 {
+		t.Errorf("hot 100: an External-IP connection went to entry %d", m)
+	}
+	if m := maxOf(targets(50000, 100, "miss", 10000)); m < 100 {
+		t.Errorf("hot 100 narrowed no-entry traffic too: highest entry %d", m)
+	}
+	if m := maxOf(targets(50000, 0, "hit", 10000)); m < 40000 {
+		t.Errorf("without hot, External-IP traffic reached only the first %d of 50,000 entries", m+1)
+	}
+	if m := maxOf(targets(1000, 5000, "hit", 10000)); m >= 1000 {
+		t.Errorf("hot above the entries: entry %d of 1,000", m)
+	}
+}

@@ -35,6 +35,7 @@ type options struct {
 	families           []rules.Family
 	layouts            []layout
 	runs               int
+	hot                int // External-IP traffic goes to the first hot entries only (0: all)
 	out, bench, svg    string
 	write, progressOff bool
 }
@@ -60,6 +61,7 @@ func main() {
 	flag.StringVar(&families, "families", "ipv4,ipv6", "families")
 	flag.StringVar(&layouts, "layouts", "consecutive,scattered", "External-IP layouts: consecutive (172.16.0.1 + i), scattered (one /24 or /120 each)")
 	flag.StringVar(&paths, "paths", "pod,host", "where connections start: pod (a client namespace: nat PREROUTING) and host (the node namespace: nat OUTPUT)")
+	flag.IntVar(&o.hot, "hot", 0, "send External-IP traffic to the first this many entries only, not to all (0): whether a cost grows with the entries or with the ones in use")
 	flag.IntVar(&o.runs, "runs", 1, "repeat the whole matrix this many times (the spread between runs is printed)")
 	flag.StringVar(&o.out, "out", "bin/bench-datapath.md", "where the tables go (besides stdout)")
 	flag.BoolVar(&o.write, "write", false, "also write the tables into BENCHMARKS.md's datapath section and draw the plot beside it")
@@ -188,7 +190,7 @@ func measure(ctx context.Context, o options, progress io.Writer) ([]*cell, error
 								if err := l.flushConntrack(ctx); err != nil {
 									return nil, err
 								}
-								if err := measureCell(l, o.n, p, c); err != nil {
+								if err := measureCell(l, o.n, o.hot, p, c); err != nil {
 									return nil, fmt.Errorf("%s %s %s %d %s %s: %w", be, fam, lay, size, c.path, c.traffic, err)
 								}
 								row = append(row, c)
@@ -210,24 +212,35 @@ func measure(ctx context.Context, o options, progress io.Writer) ([]*cell, error
 	return cells, nil
 }
 
+// targets is the entry index of each of n connections of a cell, at random (the same sequence for
+// the same entries): among the first hot entries for External-IP traffic when hot > 0, else among
+// all; without entries, among the first 50,000 Cluster-IPs.
+func targets(entries, hot int, traffic string, n int) []int {
+	rng := rand.New(rand.NewPCG(uint64(entries), 42))
+	among := entries
+	switch {
+	case entries == 0:
+		among = 50000
+	case hot > 0 && traffic == "hit":
+		among = min(hot, entries)
+	}
+	idx := make([]int, n)
+	for i := range idx {
+		idx[i] = rng.IntN(among)
+	}
+	return idx
+}
+
 // measureCell measures one cell, its rules and its floor interleaved (runPair): miss traffic goes to
-// Cluster-IPs (no map key), hit traffic to External-IPs of random entries, and on the floor side to
-// the floor node's one translated External-IP (floorRules: the same DNAT and masquerade by one rule
-// each).
-func measureCell(l *lab, n int, p plan, c *cell) error {
+// Cluster-IPs (no map key), hit traffic to External-IPs of random entries (of the first hot ones
+// when hot > 0), and on the floor side to the floor node's one translated External-IP (floorRules:
+// the same DNAT and masquerade by one rule each).
+func measureCell(l *lab, n, hot int, p plan, c *cell) error {
 	ns := l.client
 	if c.path == "host" {
 		ns = l.node
 	}
-	rng := rand.New(rand.NewPCG(uint64(c.entries), 42))
-	idx := make([]int, n+warmup)
-	for i := range idx {
-		if c.entries > 0 {
-			idx[i] = rng.IntN(c.entries)
-		} else {
-			idx[i] = rng.IntN(50000)
-		}
-	}
+	idx := targets(c.entries, hot, c.traffic, n+warmup)
 	floor := func(i int) netip.Addr { return p.clusterIP(idx[i]) }
 	withRules := floor
 	if c.traffic == "hit" {
