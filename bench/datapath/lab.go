@@ -251,7 +251,8 @@ func floorRules(ctx context.Context, node string) error {
 
 // restoreBoth loads text(family) into node with iptables-nft-restore --noflush, both families.
 func restoreBoth(ctx context.Context, node string, text func(rules.Family) string) error {
-	for f, tool := range map[rules.Family]string{rules.IPv4: "iptables-nft-restore", rules.IPv6: "ip6tables-nft-restore"} {
+	for _, f := range []rules.Family{rules.IPv4, rules.IPv6} { // in order: nft lists tables as they were made
+		tool := map[rules.Family]string{rules.IPv4: "iptables-nft-restore", rules.IPv6: "ip6tables-nft-restore"}[f]
 		cmd := testenv.Command(ctx, node, tool, "--noflush")
 		cmd.Stdin = strings.NewReader(text(f))
 		if out, err := cmd.CombinedOutput(); err != nil {
