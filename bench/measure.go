@@ -240,12 +240,12 @@ func nodeNamespace(ctx context.Context, cp *controlplane.ControlPlane, ns string
 	}, nil
 }
 
-// changes measures create, update and delete of one Service at a time: from the start of the API
-// write to the nf_tables commit after which the kernel shows the change.
 // slowChange is the change latency above which the benchmark logs the change (the target is a p99
 // of 50 ms).
 const slowChange = 40 * time.Millisecond
 
+// changes measures create, update and delete of one Service at a time: from the start of the API
+// write to the nf_tables commit after which the kernel shows the change.
 func changes(ctx context.Context, c *cluster, k kernel, w *genWatcher, a *agenttest.Agent, ns string, count int, r *result) error {
 	svcs := c.client.CoreV1().Services(namespace)
 	objs := make([]*corev1.Service, count)

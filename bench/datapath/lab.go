@@ -225,9 +225,6 @@ func baseRules(ctx context.Context, node string) error {
 	return restoreBoth(ctx, node, func(rules.Family) string { return base })
 }
 
-// floorComment marks the floor node's translation rules (floorRules).
-const floorComment = "nnm-bench-floor-translation"
-
 // floorRules give the floor node the translation that External-IP traffic pays whatever looks its
 // entry up: one DNAT rule, before KUBE-SERVICES in PREROUTING and OUTPUT, from the plan's
 // floorExtIP to floorClusterIP, and one masquerade rule for what it DNATed, whose conntrack status
@@ -235,24 +232,26 @@ const floorComment = "nnm-bench-floor-translation"
 // entry among the map's costs (the fix's dispatch, its buckets, its masquerade's), not the DNAT and
 // the masquerade themselves, which any rule doing them pays (kube-proxy's for a Cluster-IP too).
 // Each rule tests the destination first, with a native compare: a connection to a Cluster-IP (no
-// entry) meets three such compares on the floor side, and nothing else of them.
+// entry) meets three such compares on the floor side, and nothing else of them. They carry no
+// comment: under iptables-nft `-m comment` is an xt match, a cost the floor must not add.
 func floorRules(ctx context.Context, node string) error {
 	return restoreBoth(ctx, node, func(f rules.Family) string {
-		p, c := plans[f], "-m comment --comment "+floorComment
-		to := p.floorClusterIP.String() + ":80"
-		if f == rules.IPv6 {
-			to = "[" + p.floorClusterIP.String() + "]:80"
-		}
-		dnat := fmt.Sprintf("-d %s -p tcp -m tcp --dport 80 %s -j DNAT --to-destination %s", p.floorExtIP, c, to)
+		p := plans[f]
+		to := netip.AddrPortFrom(p.floorClusterIP, 80)
+		dnat := fmt.Sprintf("-d %s -p tcp -m tcp --dport 80 -j DNAT --to-destination %s", p.floorExtIP, to)
 		return "*nat\n-I PREROUTING 1 " + dnat + "\n-I OUTPUT 1 " + dnat + "\n" +
-			fmt.Sprintf("-I POSTROUTING 1 -d %s -m conntrack --ctstate DNAT %s -j MASQUERADE\n", p.floorClusterIP, c) + "COMMIT\n"
+			fmt.Sprintf("-I POSTROUTING 1 -d %s -m conntrack --ctstate DNAT -j MASQUERADE\n", p.floorClusterIP) + "COMMIT\n"
 	})
 }
 
 // restoreBoth loads text(family) into node with iptables-nft-restore --noflush, both families.
 func restoreBoth(ctx context.Context, node string, text func(rules.Family) string) error {
-	for _, f := range []rules.Family{rules.IPv4, rules.IPv6} { // in order: nft lists tables as they were made
-		tool := map[rules.Family]string{rules.IPv4: "iptables-nft-restore", rules.IPv6: "ip6tables-nft-restore"}[f]
+	// In order: nft lists tables as they were made, and the two nodes' dumps are compared.
+	for _, t := range []struct {
+		f    rules.Family
+		tool string
+	}{{rules.IPv4, "iptables-nft-restore"}, {rules.IPv6, "ip6tables-nft-restore"}} {
+		f, tool := t.f, t.tool
 		cmd := testenv.Command(ctx, node, tool, "--noflush")
 		cmd.Stdin = strings.NewReader(text(f))
 		if out, err := cmd.CombinedOutput(); err != nil {
