@@ -101,7 +101,7 @@ func (nftKernel) addOne(nsPath string, ip netip.Addr) error {
 type iptKernel struct{}
 
 func (iptKernel) save(ctx context.Context, ns string) (string, error) {
-	return testenv.Exec(ctx, ns, "iptables-nft-save", "-t", "nat")
+	return testenv.Output(ctx, ns, "iptables-nft-save", "-t", "nat")
 }
 
 func (k iptKernel) entries(ctx context.Context, ns string) (int, error) {

@@ -275,7 +275,7 @@ func runImage(t *testing.T, cp *controlplane.ControlPlane, ds *appsv1.DaemonSet,
 		// invalid-drop's chains are in mangle (before any filter-table ACCEPT), ipvs-externalip-dnat's
 		// in nat: every table of the whole save, not one named table, so a fix moving its chains to
 		// another table does not fail this check (it failed when invalid-drop left filter).
-		out := ns.MustExec("iptables-nft-save")
+		out := ns.MustOutput("iptables-nft-save")
 		got := chainTables(out, iptables.ChainPrefix)
 		for _, table := range []string{"mangle", "nat"} {
 			if !slices.Contains(got, table) {
@@ -385,7 +385,7 @@ func runImage(t *testing.T, cp *controlplane.ControlPlane, ds *appsv1.DaemonSet,
 	}
 	switch backend {
 	case "iptables":
-		if out := ns.MustExec("iptables-nft-save"); strings.Contains(out, iptables.ChainPrefix) {
+		if out := ns.MustOutput("iptables-nft-save"); strings.Contains(out, iptables.ChainPrefix) {
 			t.Errorf("the uninstall cleanup left %s chains:\n%s", iptables.ChainPrefix, out)
 		}
 	case "nftables":
@@ -420,7 +420,7 @@ func ruleState(t *testing.T, ns *testenv.NS, backend string) string {
 	if backend == "nftables" {
 		return regexp.MustCompile(`packets \d+ bytes \d+`).ReplaceAllString(ns.MustExec("nft", "list", "ruleset"), "")
 	}
-	out := ns.MustExec("iptables-nft-save")
+	out := ns.MustOutput("iptables-nft-save")
 	return regexp.MustCompile(`(?m)^#.*$|\[\d+:\d+\]`).ReplaceAllString(out, "")
 }
 

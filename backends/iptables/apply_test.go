@@ -598,10 +598,14 @@ func TestApplyRewritesOnlyChangedBucket(t *testing.T) {
 	if err := apply(ctx, b, changed); err != nil {
 		t.Fatal(err)
 	}
+	label, err := labels.of(changed.Fix, "external-ips")
+	if err != nil {
+		t.Fatal(err)
+	}
 	want := []call{
 		{name: "iptables-nft-restore", args: "-w 5 --noflush", stdin: `*nat
 :NNM-EXTIP-DNAT-C6336400 - [0:0]
--A NNM-EXTIP-DNAT-C6336400 -d 198.51.100.7/32 -p tcp -m tcp --dport 80 -m comment --comment "ipvs-externalip-dnat/dnat: default/c:http" -j DNAT --to-destination 10.96.0.99:80
+-A NNM-EXTIP-DNAT-C6336400 -d 198.51.100.7/32 -p tcp -m tcp --dport 80 -m connlabel --label ` + strconv.Itoa(label) + ` --set -m comment --comment "ipvs-externalip-dnat/dnat: default/c:http" -j DNAT --to-destination 10.96.0.99:80
 COMMIT
 `},
 		{name: "iptables-nft", args: "-w 5 -t nat -S NNM-EXTIP-DNAT-C6336400"},
@@ -613,7 +617,8 @@ COMMIT
 }
 
 // TestApplyRemovesEmptiedBucket: when the last entry of a bucket goes, the parent chain loses its
-// dispatch rule (it is rewritten) and the bucket chain is deleted, in one restore and without a save.
+// dispatch rule (it is rewritten) and the bucket chain is deleted, in one restore and without a save;
+// the masquerade, one label match whatever the entries, is left as it is.
 func TestApplyRemovesEmptiedBucket(t *testing.T) {
 	ctx := context.Background()
 	f, b := appliedOnFake(t, externalIPSharded(rules.IPv4))
@@ -623,27 +628,22 @@ func TestApplyRemovesEmptiedBucket(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := f.restores()
-	if len(r) != 1 || len(f.calls) != 3 || f.calls[1].args != "-w 5 -t nat -S NNM-EXTIP-DNAT" || f.calls[2].args != "-w 5 -t nat -S "+nodeName("EXTIP-MASQ", 1, netip.MustParsePrefix("0.0.0.0/0"), 0) {
-		t.Fatalf("calls %v, want one restore and a listing of each parent chain (the masquerade's: its conntrack guard)", f.calls)
+	if len(r) != 1 || len(f.calls) != 2 || f.calls[1].args != "-w 5 -t nat -S NNM-EXTIP-DNAT" {
+		t.Fatalf("calls %v, want one restore and a listing of the parent chain", f.calls)
 	}
 	want := `*nat
 :NNM-EXTIP-DNAT - [0:0]
-:NNM-EXTIP-MASQ-T0000000000 - [0:0]
 -A NNM-EXTIP-DNAT -m comment --comment "ipvs-externalip-dnat: mark for masquerade" -j MARK --or-mark 0x8000
--A NNM-EXTIP-DNAT -d 203.0.113.0/28 -m comment --comment "ipvs-externalip-dnat: lookup external-ips 203.0.113.0/28" -j NNM-EXTIP-DNAT-CB007100
--A NNM-EXTIP-DNAT -d 203.0.113.192/28 -m comment --comment "ipvs-externalip-dnat: lookup external-ips 203.0.113.192/28" -j NNM-EXTIP-DNAT-CB0071C0
+-A NNM-EXTIP-DNAT -d 203.0.113.0/28 -j NNM-EXTIP-DNAT-CB007100
+-A NNM-EXTIP-DNAT -d 203.0.113.192/28 -j NNM-EXTIP-DNAT-CB0071C0
 -A NNM-EXTIP-DNAT -m comment --comment "ipvs-externalip-dnat: not DNATed" -j MARK --and-mark 0xffff7fff
 -A NNM-EXTIP-DNAT -p udp -m comment --comment "ipvs-externalip-dnat: udp is not ours" -j RETURN
--A NNM-EXTIP-DNAT -d 203.0.113.0/28 -m comment --comment "ipvs-externalip-dnat: lookup external-ips 203.0.113.0/28" -j NNM-EXTIP-DNAT2-CB007100
--A NNM-EXTIP-DNAT -d 203.0.113.192/28 -m comment --comment "ipvs-externalip-dnat: lookup external-ips 203.0.113.192/28" -j NNM-EXTIP-DNAT2-CB0071C0
--A NNM-EXTIP-MASQ-T0000000000 -m conntrack --ctorigdst 203.0.113.0/28 -m comment --comment "ipvs-externalip-dnat: lookup external-ips by original destination 203.0.113.0/28" -j NNM-EXTIP-MASQ-CB007100
--A NNM-EXTIP-MASQ-T0000000000 -m comment --comment "ipvs-externalip-dnat: lookup external-ips by original destination 203.0.113.192/28 and the rest of the node" -j NNM-EXTIP-MASQ-CB0071C0
+-A NNM-EXTIP-DNAT -d 203.0.113.0/28 -j NNM-EXTIP-DNAT2-CB007100
+-A NNM-EXTIP-DNAT -d 203.0.113.192/28 -j NNM-EXTIP-DNAT2-CB0071C0
 -F NNM-EXTIP-DNAT-C6336400
 -F NNM-EXTIP-DNAT2-C6336400
--F NNM-EXTIP-MASQ-C6336400
 -X NNM-EXTIP-DNAT-C6336400
 -X NNM-EXTIP-DNAT2-C6336400
--X NNM-EXTIP-MASQ-C6336400
 COMMIT
 `
 	if diff := cmp.Diff(want, r[0].stdin); diff != "" {

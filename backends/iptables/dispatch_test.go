@@ -46,7 +46,7 @@ func walk(chains map[string]*rchain, from string, dst netip.Addr) (string, int, 
 		target := ""
 		for i := 0; i+1 < len(f); i++ {
 			switch f[i] {
-			case "-d", "--ctorigdst":
+			case "-d":
 				d = netip.MustParsePrefix(f[i+1])
 			case "-j", "-g":
 				target = f[i+1]
@@ -57,9 +57,7 @@ func walk(chains map[string]*rchain, from string, dst netip.Addr) (string, int, 
 			continue // not a dispatch rule (the mark rules of the DNAT chain)
 		}
 		steps++
-		// A dispatch rule without a prefix is a lookup's conntrack-status guard (the walked
-		// connection has the status).
-		if d.IsValid() && !d.Contains(dst) {
+		if !d.Contains(dst) {
 			continue
 		}
 		if !c.node {
@@ -205,54 +203,88 @@ func scatteredMasq(family rules.Family, n int) *rules.Ruleset {
 	return rs
 }
 
-// TestMasqueradeDispatchTree: the masquerade's lookup by original destination is a tree too, behind
-// one guard rule: its postrouting chain holds that rule alone, every entry's original destination
-// reaches its own masquerade bucket, and the dispatch rules a DNATed connection meets grow with the
-// logarithm of the buckets, as in the DNAT chain (one -m conntrack match per rule met, so this is
-// the walk that costs most per rule).
-func TestMasqueradeDispatchTree(t *testing.T) {
+// TestMasqueradeByLabel: the masquerade's lookup by original destination is one rule whatever the
+// map's size, a match of the map's conntrack label (connlabel.go) ahead of the rule's conntrack
+// status, and no bucket or node of its own; every rule that DNATs an entry sets
+// that label after its native matches; a ruleset with no such lookup sets none.
+func TestMasqueradeByLabel(t *testing.T) {
 	for _, family := range []rules.Family{rules.IPv4, rules.IPv6} {
-		for _, n := range []int{ctDispatchLeaf, 100, 2000, 20000} {
+		for _, n := range []int{1, 100, 20000} {
 			t.Run(fmt.Sprintf("%s/%d", family, n), func(t *testing.T) {
 				rs := scatteredMasq(family, n)
+				label, err := labels.of(rs.Fix, "external-ips")
+				if err != nil {
+					t.Fatal(err)
+				}
 				out, _, err := renderChains(rs, scope{})
 				if err != nil {
 					t.Fatal(err)
 				}
-				chains := map[string]*rchain{}
+				want := fmt.Sprintf(`-A NNM-EXTIP-MASQ -m connlabel --label %d -m conntrack --ctstate DNAT -m comment --comment "ipvs-externalip-dnat: masquerade what was DNATed" -j MASQUERADE`, label)
+				set := fmt.Sprintf(" --dport 80 -m connlabel --label %d --set ", label)
+				dnats := 0
 				for _, c := range out {
-					chains[c.name] = c
-				}
-				post := chains["NNM-EXTIP-MASQ"]
-				if len(post.lines) != 1 || !strings.Contains(post.lines[0], "-m conntrack --ctstate DNAT ") || strings.Contains(post.lines[0], "--ctorigdst") {
-					t.Fatalf("the postrouting chain is not one guard rule:\n%s", strings.Join(post.lines, "\n"))
-				}
-				// Levels of ctDispatchStride bits (a random trie nests a little deeper than
-				// log4(n/ctDispatchLeaf)), each node's last rule unchecked, ctDispatchLeaf at the bottom.
-				levels := (bits.Len(uint(n))+ctDispatchStride-1)/ctDispatchStride + 1
-				bound := 1 + (1<<ctDispatchStride)*levels + ctDispatchLeaf
-				worst := 0
-				rng := rand.New(rand.NewPCG(3, 4))
-				for range min(n, 2000) {
-					a := scatteredAddr(family, rng.IntN(n))
-					got, steps, _ := walk(chains, "NNM-EXTIP-MASQ", a)
-					if want := bucketName("EXTIP-MASQ", 1, bucketPrefix(a)); got != want {
-						t.Fatalf("original destination %s reaches %q, want its bucket %s", a, got, want)
+					switch {
+					case c.name == "NNM-EXTIP-MASQ":
+						if len(c.lines) != 1 || c.lines[0] != want {
+							t.Fatalf("the postrouting chain is\n%s\nwant\n%s", strings.Join(c.lines, "\n"), want)
+						}
+					case strings.HasPrefix(c.name, "NNM-EXTIP-MASQ"):
+						t.Fatalf("the masquerade has a chain of its own: %s", c.name)
 					}
-					if !strings.Contains(strings.Join(chains[got].lines, "\n"), "--ctorigdst "+a.String()+" ") {
-						t.Fatalf("bucket %s does not masquerade %s:\n%s", got, a, strings.Join(chains[got].lines, "\n"))
+					for _, l := range c.lines {
+						if strings.Contains(l, " -j DNAT ") {
+							dnats++
+							if !strings.Contains(l, set) {
+								t.Fatalf("a DNAT rule does not set label %d after its port: %s", label, l)
+							}
+						}
 					}
-					worst = max(worst, steps)
 				}
-				if worst > bound {
-					t.Errorf("%d buckets: a DNATed connection meets up to %d masquerade dispatch rules, want at most %d", n, worst, bound)
+				if dnats != n {
+					t.Errorf("%d DNAT rules for %d entries", dnats, n)
 				}
-				if n > ctDispatchLeaf && worst >= n/4 {
-					t.Errorf("%d buckets: %d masquerade dispatch rules met, a linear walk", n, worst)
+				plain, _, err := renderChains(scatteredDNAT(family, n), scope{})
+				if err != nil {
+					t.Fatal(err)
 				}
-				t.Logf("%d buckets: at most %d masquerade dispatch rules met (the guard included; bound %d)", n, worst, bound)
+				for _, c := range plain {
+					for _, l := range c.lines {
+						if strings.Contains(l, "connlabel") {
+							t.Fatalf("no lookup by original destination, but a label: %s", l)
+						}
+					}
+				}
 			})
 		}
+	}
+}
+
+// TestLabelBook: a (fix, map) pair keeps its bit; pairs get distinct bits within
+// [labelFirst, labelEnd), the one a pair hashes to taken already or not; the pair after the last bit
+// gets an error that names it.
+func TestLabelBook(t *testing.T) {
+	b := labelBook{bit: map[string]int{}}
+	seen := map[int]string{}
+	for i := range labelEnd - labelFirst {
+		m := fmt.Sprintf("map-%d", i)
+		bit, err := b.of("fix", m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bit < labelFirst || bit >= labelEnd {
+			t.Fatalf("%s: bit %d outside [%d, %d)", m, bit, labelFirst, labelEnd)
+		}
+		if other, ok := seen[bit]; ok {
+			t.Fatalf("%s and %s share bit %d", m, other, bit)
+		}
+		seen[bit] = m
+		if again, _ := b.of("fix", m); again != bit {
+			t.Fatalf("%s: bit %d, then %d", m, bit, again)
+		}
+	}
+	if _, err := b.of("fix", "one-too-many"); err == nil || !strings.Contains(err.Error(), "fix/one-too-many") {
+		t.Fatalf("the %dth map: %v, want an error naming it", labelEnd-labelFirst+1, err)
 	}
 }
 

@@ -302,7 +302,7 @@ func bucketsKept(from, rs *rules.Ruleset, touched map[string]map[netip.Prefix]bo
 	for _, c := range rs.Chains {
 		for first := 0; first < len(c.Rules); {
 			end := runEnd(c, first)
-			if lookup := c.Rules[first].Match.Lookup; lookup != "" {
+			if lookup := c.Rules[first].Match.Lookup; bucketed(c.Rules[first].Match) {
 				for p := range touched[lookup] {
 					if hasBucket(from, c.Rules[first:end], p) != hasBucket(rs, c.Rules[first:end], p) {
 						return false

@@ -72,7 +72,7 @@ var counterRe = regexp.MustCompile(`\[\d+:\d+\]`)
 // save is iptables-save of the namespace without timestamps and counters.
 func (k *kernel) save() string {
 	k.t.Helper()
-	out := k.ns.MustExec(k.bin("save"))
+	out := k.ns.MustOutput(k.bin("save"))
 	var b strings.Builder
 	for _, l := range strings.Split(out, "\n") {
 		if strings.HasPrefix(l, "#") || l == "" {

@@ -325,7 +325,7 @@ func renderChains(rs *rules.Ruleset, sc scope) ([]*rchain, []hookJump, error) {
 		run := 0
 		for i := 0; i < len(c.Rules); {
 			r := c.Rules[i]
-			if r.Match.Lookup == "" {
+			if !bucketed(r.Match) {
 				err := ln.render(rs, c, r, func(_ netip.Addr, spec []byte) error {
 					parent.lines = append(parent.lines, ln.line(name, spec))
 					return nil
@@ -339,7 +339,7 @@ func renderChains(rs *rules.Ruleset, sc scope) ([]*rchain, []hookJump, error) {
 			// A run of consecutive rules on the same map shares its buckets: inside a bucket the
 			// rules keep their order (say all MARK rules of the bucket's entries, then all DNAT rules).
 			run++
-			lookup, key := r.Match.Lookup, r.Match.LookupKey
+			lookup := r.Match.Lookup
 			first, end := i, runEnd(c, i)
 			unordered := end-first == 1 && oneLinePerKey(r)
 			runNames := bucketNames(rs, c, first, t, run, names, sc.named(lookup))
@@ -375,17 +375,8 @@ func renderChains(rs *rules.Ruleset, sc scope) ([]*rchain, []hookJump, error) {
 				}
 				continue
 			}
-			d := dispatcher{fix: rs.Fix, lookup: lookup, chain: c.Name, run: run, table: t, names: names, buckets: buckets, out: out,
-				match: "-d", what: "lookup " + lookup + " ", stride: dispatchStride, leaf: dispatchLeaf, depth: dispatchDepth}
-			from := parent
-			if key == rules.LookupCTOriginal {
-				d.match, d.what = "-m conntrack --ctorigdst", "lookup "+lookup+" by original destination "
-				d.stride, d.leaf, d.depth, d.openLast = ctDispatchStride, ctDispatchLeaf, ctDispatchDepth, true
-				if st := commonCTStatus(c.Rules[first:end]); st != "" && len(prefixes) > 0 {
-					from = d.guard(parent, st, netip.PrefixFrom(prefixes[0].Addr(), 0).Masked())
-				}
-			}
-			d.emit(from, prefixes, 0)
+			d := dispatcher{chain: c.Name, run: run, table: t, names: names, buckets: buckets, out: out}
+			d.emit(parent, prefixes, 0)
 			out = d.out
 		}
 		if c.Hook != "" {
@@ -430,10 +421,10 @@ func kernelNames(rs *rules.Ruleset) map[tchain]bool {
 }
 
 // runEnd is the end (exclusive) of the run of rules of c that starts at rule first: consecutive
-// lookups of one map by one key (sameRun), or the one rule first when it is no lookup.
+// lookups of one map into buckets (sameRun), or the one rule first when it is not one (bucketed).
 func runEnd(c rules.Chain, first int) int {
 	end := first + 1
-	if c.Rules[first].Match.Lookup == "" {
+	if !bucketed(c.Rules[first].Match) {
 		return end
 	}
 	for end < len(c.Rules) && sameRun(c.Rules[end].Match, c.Rules[first].Match) {
@@ -442,10 +433,13 @@ func runEnd(c rules.Chain, first int) int {
 	return end
 }
 
-// sameRun says whether two lookup matches belong to one run of bucket chains: the same map, looked
-// up by the same key (a bucket dispatches on the packet's destination or on the connection's
-// original one).
+// sameRun says whether two lookup matches belong to one run of bucket chains: the same map.
 func sameRun(a, b rules.Match) bool { return a.Lookup == b.Lookup && a.LookupKey == b.LookupKey }
+
+// bucketed says whether a rule with match m expands its map's entries into bucket chains: a lookup of
+// the packet's destination. A lookup by the connection's original destination is one rule that
+// matches the map's conntrack label (connlabel.go).
+func bucketed(m rules.Match) bool { return m.Lookup != "" && m.LookupKey == rules.LookupPacket }
 
 // Dispatch tree: with more than dispatchLeaf buckets, the dispatching rules are not one per bucket in
 // the chain (a new connection to no entry would walk all of them: 10,000 rules with 10,000 scattered
@@ -455,11 +449,12 @@ func sameRun(a, b rules.Match) bool { return a.Lookup == b.Lookup && a.LookupKey
 // matches the group's own common prefix and splits it again, down to sets of at most dispatchLeaf
 // buckets listed one rule each. A packet matches the destination of at most one rule per chain (the
 // groups are disjoint), so it meets at most 16 rules in each of a few chains: 4 levels for 50,000
-// random /24s. Why 4 bits and not 1: a binary tree nests 12-17 nodes deep and makes 2-3 times the
-// chains; the per-connection cost measured alike (bench/datapath, 10,000 scattered entries: 6-9 µs
-// per DNATed connection for 1, 2 and 4 bits per level, within the run-to-run noise). Below
-// dispatchDepth nodes the
-// rest of a set is listed linearly: nf_tables refuses rulesets whose jumps nest 16 deep
+// random /24s. Why 4 bits: what a new connection pays is mostly the chains it enters, each a cold
+// block of rules in the kernel, more than the rules it walks in one (bench/datapath, 50,000 scattered
+// entries, one run each: +16.5 µs per DNATed connection with 2 bits and 4 buckets a leaf, +6.9 with 4
+// and 16, +11.8 with 8 and 64). The dispatch rules carry no comment: iptables-nft runs -m comment as
+// an xt match, about 0.25 µs for each rule a connection walks; a node's name says its prefix. Below
+// dispatchDepth nodes the rest of a set is listed linearly: nf_tables refuses rulesets whose jumps nest 16 deep
 // (NFT_JUMP_STACK_SIZE), and whoever writes a Service's ingress IPs could otherwise choose IPv6
 // prefixes that nest a node per level. The nodes depend only on which buckets exist, so a change
 // inside a bucket rewrites that bucket alone; a bucket that appears or goes rewrites the node (or the
@@ -470,105 +465,34 @@ const (
 	dispatchDepth  = 8
 )
 
-// The dispatch of a lookup by the connection's original destination (the DNAT fix's masquerade)
-// is shaped for its rules' cost: each is a -m conntrack match, which iptables-nft runs as an xt
-// match (nft_compat), several times a rule with a -d prefix, so it walks as few of them as it can.
-// Two bits a level (up to 4 rules a node, not 16), and the last rule of every node matches nothing:
-// its group is whatever the node's other rules did not take. A connection then meets 1 to 3
-// conntrack matches a level, 2.25 on average for four groups, 1.1 a bit, against 2.1 a bit with 16
-// rules a node: about 15 conntrack matches instead of 28 for 10,000 scattered buckets, and at most
-// 28-29 instead of 49-51 for 20,000 (TestMasqueradeDispatchTree). Unchecked groups are
-// safe because nothing is decided on the way: every bucket rule matches its entry's whole original
-// destination (--ctorigdst A --ctorigdstport P, with the status), so a connection that no entry
-// holds, sent down a group that is not its own, is masqueraded by no rule there and goes on behind
-// the dispatch, as before. Only connections with the guard's conntrack status walk this tree (on an
-// IPVS node: the ones the fix DNATed, and hostPort or other agents' DNATs), and it nests deeper than
-// the -d tree: 10 nodes below the guard keep the deepest jump at 13 of nf_tables' 16 (base chain,
-// the fix's postrouting chain, the guard's node, 10 nodes, the bucket).
-const (
-	ctDispatchLeaf   = 4
-	ctDispatchStride = 2
-	ctDispatchDepth  = 10
-)
-
 // dispatcher emits the dispatch of one lookup run: its rules into the chain and its nodes, and the
 // buckets behind them, in order, into out.
 type dispatcher struct {
-	fix, lookup, chain string
-	// match is the dispatch rules' match of a prefix ("-d", or "-m conntrack --ctorigdst" for a
-	// lookup by the connection's original destination); what their comment's start.
-	match, what string
-	run         int
-	table       string
-	names       map[tchain]bool
-	buckets     map[netip.Prefix]*rchain
-	out         []*rchain
-	// stride, leaf and depth shape the tree (dispatchStride, … or ctDispatchStride, …); openLast:
-	// a node's last rule matches no prefix (see ctDispatchStride).
-	stride, leaf, depth int
-	openLast            bool
+	chain   string
+	run     int
+	table   string
+	names   map[tchain]bool
+	buckets map[netip.Prefix]*rchain
+	out     []*rchain
 }
 
 func (d *dispatcher) line(from *rchain, p netip.Prefix, to string) {
-	from.lines = append(from.lines, fmt.Sprintf("-A %s %s %s -m comment --comment %s -j %s",
-		from.name, d.match, p, quote(ruleComment(d.fix, "", d.what+p.String())), to))
-}
-
-// open rewrites the last rule of node n without its prefix match (openLast): its group is the rest
-// of the node, and the bucket behind it checks every entry's whole original destination.
-func (d *dispatcher) open(n *rchain, p netip.Prefix, to string) {
-	if !d.openLast || !n.node || len(n.lines) == 0 {
-		return
-	}
-	n.lines[len(n.lines)-1] = fmt.Sprintf("-A %s -m comment --comment %s -j %s",
-		n.name, quote(ruleComment(d.fix, "", d.what+p.String()+" and the rest of the node")), to)
-}
-
-// guard puts the run's dispatch behind one rule that matches the conntrack status every rule of the
-// run requires (the masquerade of what the DNAT fix translated: --ctstate DNAT): a connection
-// without it, the node's common case, meets that one rule instead of the dispatch, whose
-// --ctorigdst rules are a conntrack match each. The guard's chain is a node of prefix all (/0).
-func (d *dispatcher) guard(from *rchain, st rules.CTStatus, all netip.Prefix) *rchain {
-	n := nodeName(d.chain, d.run, all, 0)
-	for try := 1; d.names[tchain{d.table, n}]; try++ {
-		n = nodeName(d.chain, d.run, all, try)
-	}
-	d.names[tchain{d.table, n}] = true
-	g := &rchain{table: d.table, name: n, parent: from.name, node: true}
-	from.lines = append(from.lines, fmt.Sprintf("-A %s -m conntrack --ctstate %s -m comment --comment %s -j %s",
-		from.name, strings.ToUpper(string(st)), quote(ruleComment(d.fix, "", d.what+"with conntrack status "+string(st))), n))
-	d.out = append(d.out, g)
-	return g
-}
-
-// commonCTStatus is the conntrack status that every rule of rs matches, or "".
-func commonCTStatus(rs []rules.Rule) rules.CTStatus {
-	st := rs[0].Match.CTStatus
-	for _, r := range rs[1:] {
-		if r.Match.CTStatus != st {
-			return ""
-		}
-	}
-	return st
+	from.lines = append(from.lines, "-A "+from.name+" -d "+p.String()+" -j "+to)
 }
 
 // emit dispatches the buckets of ps (sorted by address) from chain from, a node at depth depth (0:
 // the lookup's own chain).
 func (d *dispatcher) emit(from *rchain, ps []netip.Prefix, depth int) {
-	var lastP netip.Prefix
-	var lastTo string
-	defer func() { d.open(from, lastP, lastTo) }()
-	if len(ps) <= d.leaf || depth >= d.depth {
+	if len(ps) <= dispatchLeaf || depth >= dispatchDepth {
 		for _, p := range ps {
 			bc := d.buckets[p]
 			bc.parent = from.name
 			d.line(from, p, bc.name)
 			d.out = append(d.out, bc)
-			lastP, lastTo = p, bc.name
 		}
 		return
 	}
-	end := min(commonPrefix(ps[0], ps[len(ps)-1]).Bits()+d.stride, ps[0].Bits())
+	end := min(commonPrefix(ps[0], ps[len(ps)-1]).Bits()+dispatchStride, ps[0].Bits())
 	for i := 0; i < len(ps); {
 		g := netip.PrefixFrom(ps[i].Addr(), end).Masked()
 		j := i + 1
@@ -582,7 +506,6 @@ func (d *dispatcher) emit(from *rchain, ps []netip.Prefix, depth int) {
 			bc.parent = from.name
 			d.line(from, group[0], bc.name)
 			d.out = append(d.out, bc)
-			lastP, lastTo = group[0], bc.name
 			continue
 		}
 		np := commonPrefix(group[0], group[len(group)-1])
@@ -594,7 +517,6 @@ func (d *dispatcher) emit(from *rchain, ps []netip.Prefix, depth int) {
 		node := &rchain{table: d.table, name: n, parent: from.name, node: true}
 		d.line(from, np, n)
 		d.out = append(d.out, node)
-		lastP, lastTo = np, n
 		d.emit(node, group, depth+1)
 	}
 }
@@ -727,9 +649,10 @@ type target struct {
 	to       netip.AddrPort
 	comment  string
 	fromEntr bool
-	// ctOrig: dst, proto and port are the connection's original destination (a LookupCTOriginal
-	// entry), matched with -m conntrack, not the packet's.
-	ctOrig bool
+	// label (a bit of conntrack's labels, connlabel.go; 0: none) is matched, or set by a rule that
+	// DNATs by a map whose connections a lookup by original destination finds (setLabel).
+	label    int
+	setLabel bool
 }
 
 // lineBuf is the scratch space of a rendering: every kernel rule is assembled in it and leaves it as
@@ -773,12 +696,16 @@ func (l *lineBuf) render(rs *rules.Ruleset, c rules.Chain, r rules.Rule, emit fu
 		return err
 	}
 	dnat := r.Verdict.Kind == rules.DNAT || r.Verdict.Kind == rules.DNATLookup
-	for tg := range targetsOf(rs, r) {
+	label, err := labelOf(rs, r)
+	if err != nil {
+		return err
+	}
+	for tg := range targetsOf(rs, r, label) {
 		if dnat && tg.to.Port() != 0 && tg.proto == "" {
 			return fmt.Errorf("dnat to a port needs Match.Protocol")
 		}
 		dsts := m.DstPrefixes
-		if tg.dst.IsValid() && !tg.ctOrig {
+		if tg.dst.IsValid() {
 			a := tg.dst.Unmap()
 			dsts = []netip.Prefix{netip.PrefixFrom(a, a.BitLen())}
 		}
@@ -844,7 +771,7 @@ func appendMatch(b []byte, m rules.Match, tg target, p, d netip.Prefix) []byte {
 	if m.OutInterfacePrefix != "" {
 		b = append(append(append(b, " -o "...), m.OutInterfacePrefix...), '+')
 	}
-	if tg.proto != "" && !tg.ctOrig {
+	if tg.proto != "" {
 		b = append(append(b, " -p "...), tg.proto...)
 		if tg.port != 0 || m.TCPFlags.Mask != 0 {
 			b = append(append(b, " -m "...), tg.proto...)
@@ -868,31 +795,41 @@ func appendMatch(b []byte, m rules.Match, tg target, p, d netip.Prefix) []byte {
 			b = append(b, strings.ToUpper(string(s))...)
 		}
 	}
-	// A conntrack status and the original destination share one match (its options are ANDed); the
-	// states above are a list of alternatives, so they stay a match of their own.
-	if m.CTStatus != "" || tg.ctOrig {
-		b = append(b, " -m conntrack"...)
-		if m.CTStatus != "" {
-			b = append(append(b, " --ctstate "...), strings.ToUpper(string(m.CTStatus))...)
-		}
-		if tg.ctOrig {
-			b = append(append(b, " --ctproto "...), tg.proto...)
-			b = tg.dst.Unmap().AppendTo(append(b, " --ctorigdst "...))
-			b = strconv.AppendUint(append(b, " --ctorigdstport "...), uint64(tg.port), 10)
-		}
+	// A matched label goes before the status (a match of its own: the states above are a list of
+	// alternatives): both are xt matches, and a connection without the label, the common case,
+	// meets only the first.
+	if tg.label != 0 && !tg.setLabel {
+		b = appendLabel(b, tg)
+	}
+	if m.CTStatus != "" {
+		b = append(append(b, " -m conntrack --ctstate "...), strings.ToUpper(string(m.CTStatus))...)
 	}
 	if m.Mark != 0 {
 		b = fmt.Appendf(b, " -m mark --mark 0x%x/0x%x", m.Mark, m.Mark)
 	}
+	// A set label last, so that only the packets every native match above took run it.
+	if tg.setLabel {
+		b = appendLabel(b, tg)
+	}
 	return b
 }
 
-// targetsOf yields what a rule is rendered for: each map entry its lookup expands, or its own match.
-func targetsOf(rs *rules.Ruleset, r rules.Rule) iter.Seq[target] {
+// appendLabel appends tg's -m connlabel match (connlabel.go), which sets the label for setLabel.
+func appendLabel(b []byte, tg target) []byte {
+	b = strconv.AppendInt(append(b, " -m connlabel --label "...), int64(tg.label), 10)
+	if tg.setLabel {
+		b = append(b, " --set"...)
+	}
+	return b
+}
+
+// targetsOf yields what a rule is rendered for: each map entry its lookup expands, or its own match
+// (a lookup by original destination: its map's label, which the rule matches). label is labelOf's.
+func targetsOf(rs *rules.Ruleset, r rules.Rule, label int) iter.Seq[target] {
 	m := r.Match
 	return func(yield func(target) bool) {
-		if m.Lookup == "" {
-			yield(target{dst: m.DstAddr, proto: m.Protocol, port: m.DstPort, to: r.Verdict.To, comment: r.Comment})
+		if !bucketed(m) {
+			yield(target{dst: m.DstAddr, proto: m.Protocol, port: m.DstPort, to: r.Verdict.To, comment: r.Comment, label: label})
 			return
 		}
 		for _, e := range rs.Map(m.Lookup).Sorted() {
@@ -903,7 +840,7 @@ func targetsOf(rs *rules.Ruleset, r rules.Rule) iter.Seq[target] {
 			if cm == "" {
 				cm = r.Comment
 			}
-			if !yield(target{dst: e.Addr, proto: e.Protocol, port: e.Port, to: e.To, comment: cm, fromEntr: true, ctOrig: m.LookupKey == rules.LookupCTOriginal}) {
+			if !yield(target{dst: e.Addr, proto: e.Protocol, port: e.Port, to: e.To, comment: cm, fromEntr: true, label: label, setLabel: label != 0}) {
 				return
 			}
 		}

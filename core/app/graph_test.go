@@ -90,8 +90,10 @@ func TestPlanPrintsBothBackends(t *testing.T) {
 	for _, want := range []string{
 		"# ---- backend iptables, fix invalid-drop, family ipv4",
 		"-A NNM-INVALID-INPUT -m conntrack --ctstate INVALID",
-		"-A NNM-EXTIP-DNAT -d 203.0.113.0/28 -m comment --comment \"ipvs-externalip-dnat: lookup svc 203.0.113.0/28\" -j NNM-EXTIP-DNAT-CB007100",
-		"-A NNM-EXTIP-DNAT-CB007100 -d 203.0.113.10/32 -p tcp -m tcp --dport 80 -j DNAT --to-destination 10.96.0.10:80",
+		"-A NNM-EXTIP-DNAT -d 203.0.113.0/28 -j NNM-EXTIP-DNAT-CB007100",
+		"-A NNM-EXTIP-DNAT-CB007100 -d 203.0.113.10/32 -p tcp -m tcp --dport 80 -m connlabel --label ",
+		"--set -j DNAT --to-destination 10.96.0.10:80",
+		"-A NNM-EXTIP-POSTROUTING -m connlabel --label ",
 		"-j DNAT --to-destination [fd00:10:96::a]:443",
 		"# ---- backend nftables, fix ipvs-externalip-dnat, family ipv6",
 		"add element ip nnm-ipvs-externalip-dnat svc { 203.0.113.53 . udp . 53",

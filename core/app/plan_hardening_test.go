@@ -62,7 +62,7 @@ func TestPlanHostileServices(t *testing.T) {
 		"# ---- backend iptables, fix ipvs-externalip-dnat, family ipv4",
 		// A map entry's iptables rule carries no comment (f138994); the name is in the nftables
 		// element's comment above.
-		`-d 203.0.113.20/32 -p tcp -m tcp --dport 80 -j DNAT --to-destination`,
+		`-d 203.0.113.20/32 -p tcp -m tcp --dport 80 -m connlabel --label `,
 		"# skipped default/web: special-address",
 		"# skipped default/web: pod-cidr",
 	} {

@@ -170,9 +170,14 @@ const (
 	// LookupPacket (the zero value) looks up the packet's destination address, protocol and
 	// destination port.
 	LookupPacket LookupKey = ""
-	// LookupCTOriginal looks up the connection's original destination (conntrack's original tuple):
-	// the address, protocol and port the connection was opened to, before any DNAT. It finds, in
-	// postrouting, the connections a DNATLookup on the same map translated, without a packet mark.
+	// LookupCTOriginal finds, in postrouting, the connections that a DNATLookup on the same map (in
+	// the same Ruleset, which Validate requires) translated, without a packet mark that any other
+	// component may set or clear: by the connection's original destination (conntrack's original
+	// tuple: the address, protocol and port the connection was opened to, before any DNAT). How a
+	// backend finds them is its own: nftables looks the original destination up in the map (so it
+	// also finds a connection another component DNATed from a key, with the rule's CTStatus);
+	// iptables, which can only walk rules, has the DNATLookup's rules put a conntrack label on the
+	// connections they translate and matches the label, one match whatever the map's size.
 	LookupCTOriginal LookupKey = "ct-original"
 )
 
@@ -404,6 +409,19 @@ const MaxChainName = 24
 // ValidFixID reports whether id is a short kebab-case word, as fix ids must be.
 func ValidFixID(id string) bool { return fixIDPattern.MatchString(id) }
 
+// DNATs reports whether a rule of rs translates by a lookup of map name (a DNATLookup on the
+// packet's destination): the connections a LookupCTOriginal of that map finds.
+func (rs *Ruleset) DNATs(name string) bool {
+	for _, c := range rs.Chains {
+		for _, r := range c.Rules {
+			if r.Verdict.Kind == DNATLookup && r.Match.Lookup == name && r.Match.LookupKey == LookupPacket {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Validate checks that the ruleset is well formed: names, jump targets, lookups, families of
 // addresses, hooks fit chain types. Backends call it before rendering; fakes call it too.
 func (rs *Ruleset) Validate() error {
@@ -462,6 +480,9 @@ func (rs *Ruleset) Validate() error {
 			where := fmt.Sprintf("chain %s rule %d", c.Name, i+1)
 			if err := rs.validateRule(c, r, chains, maps); err != nil {
 				return fmt.Errorf("%s: %w", where, err)
+			}
+			if r.Match.LookupKey == LookupCTOriginal && !rs.DNATs(r.Match.Lookup) {
+				return fmt.Errorf("%s: a %s lookup of map %q, but no %s rule translates by it (the lookup finds the connections one did)", where, LookupCTOriginal, r.Match.Lookup, DNATLookup)
 			}
 			if r.Counter != "" {
 				if counters[r.Counter] {

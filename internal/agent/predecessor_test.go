@@ -38,7 +38,7 @@ var predecessorSetup = [][]string{
 
 func save(t *testing.T, ns *testenv.NS, bin string) string {
 	t.Helper()
-	out := ns.MustExec(bin + "-save")
+	out := ns.MustOutput(bin + "-save")
 	var keep []string
 	for _, l := range strings.Split(out, "\n") {
 		if !strings.HasPrefix(l, "#") { // timestamps

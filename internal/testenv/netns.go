@@ -80,6 +80,20 @@ func Exec(ctx context.Context, name string, args ...string) (string, error) {
 	return string(out), nil
 }
 
+// Output is Exec with the command's standard output alone; its standard error goes into an error
+// only. For dumps that a tool may warn beside on success (iptables-save without
+// /etc/xtables/connlabel.conf warns for each -m connlabel rule it prints).
+func Output(ctx context.Context, name string, args ...string) (string, error) {
+	cmd := Command(ctx, name, args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out), fmt.Errorf("%s (in netns %s): %w: %s", strings.Join(args, " "), name, err, strings.TrimSpace(stderr.String()))
+	}
+	return string(out), nil
+}
+
 // run runs a host command (iproute2 managing namespaces), with the same error form as Exec.
 func run(ctx context.Context, name string, args ...string) (string, error) {
 	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
@@ -211,6 +225,17 @@ func (ns *NS) Command(args ...string) *exec.Cmd {
 // Exec runs a command inside the namespace and returns its combined output.
 func (ns *NS) Exec(args ...string) (string, error) {
 	return Exec(context.Background(), ns.Name, args...)
+}
+
+// MustOutput runs a command inside the namespace and returns its standard output (Output); it
+// fails the test on error.
+func (ns *NS) MustOutput(args ...string) string {
+	ns.t.Helper()
+	out, err := Output(context.Background(), ns.Name, args...)
+	if err != nil {
+		ns.t.Fatal(err)
+	}
+	return out
 }
 
 // MustExec is Exec that fails the test on error.
