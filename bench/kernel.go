@@ -167,7 +167,7 @@ func runIn(nsPath string, name string, args ...string) error {
 
 // floor applies dump with one restore/nft -f into fresh namespaces, runs times, and returns the
 // median time; and the median time of adding one more entry with one process (one `nft add
-// element`, or one `iptables-restore --noflush` appending the entry's two rules) on top.
+// element`, or one `iptables-restore --noflush` appending a DNAT rule) on top.
 func floor(k kernel, dump string, runs int) (full, one time.Duration, err error) {
 	dir, err := os.MkdirTemp("", "nnm-bench-floor-")
 	if err != nil {

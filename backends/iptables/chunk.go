@@ -11,9 +11,13 @@ import (
 // holds the whole batch of a table in memory until it commits, about 2.5 KB per rule: at 10,000
 // map entries (20,000-40,000 rules) one restore took 50-99 MB, charged to the agent's memory cgroup
 // beside the agent itself, and the DaemonSet's 128Mi limit OOM-killed it (issue #38; measured with
-// `go run ./bench -manifest`, whose agent runs in a memory cgroup with the DaemonSet's limit). With
-// 2,000 rules a restore stays under 8 MB; it costs one process start (about 5 ms) per chunk.
-const MaxRestoreRules = 2000
+// `go run ./bench -manifest`, whose agent runs in a memory cgroup with the DaemonSet's limit). Each
+// restore costs a process start and a commit, 20-30 ms together, on the cold start's path: 10,000
+// entries took 7 restores and 350 ms with 2,000 rules a restore, 4 and 320 ms with 5,000, 290 ms in
+// one. With 5,000 the hostile Services of `go run ./bench -hostile 4x30000,12x5000 -manifest
+// -backends iptables` peak at 91.9 MiB of the agent's cgroup (28 % spare), as with 2,000 (88.7-91.1
+// MiB): the restore's batch is not the peak.
+const MaxRestoreRules = 5000
 
 // chunks splits p, a plan of fix, into restores of at most max appended rules per table (and a jump
 // per chain they declare, below), run in order: first whole chains (declared, so created or flushed,

@@ -59,7 +59,9 @@ func TestKernelSplitChangeDrainsFirst(t *testing.T) {
 				return out
 			}
 			kept = entries(1, 3, 5)
-			moving, moved = entries(2, 60, 25), entries(3, 60, 25) // 1,500 entries, over MaxRestoreRules
+			// Over MaxRestoreRules: externalIPSharded renders 3 rules an entry.
+			hosts := 2*MaxRestoreRules/(25*3) + 1
+			moving, moved = entries(2, hosts, 25), entries(3, hosts, 25)
 			rs := func(e ...[]rules.MapEntry) *rules.Ruleset {
 				r := externalIPSharded(f)
 				for _, l := range e {

@@ -55,7 +55,7 @@ func TestKernelInterruptedLoadIsOwned(t *testing.T) {
 	forEachKernel(t, func(t *testing.T, k *kernel) {
 		k.addForeign()
 		before := foreign(k.save())
-		rs := splitLoad(k.family, 3000, 16)
+		rs := splitLoad(k.family, 2*MaxRestoreRules+1, 16)
 		if n := len(mustPlan(t, rs).chunks(MaxRestoreRules, rs.Fix)); n < 3 {
 			t.Fatalf("the load is %d restores, want at least 3 (a split plan)", n)
 		}
