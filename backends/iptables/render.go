@@ -433,7 +433,8 @@ func runEnd(c rules.Chain, first int) int {
 	return end
 }
 
-// sameRun says whether two lookup matches belong to one run of bucket chains: the same map.
+// sameRun says whether two lookup matches belong to one run of bucket chains: the same map, looked
+// up by the same key (a lookup by original destination after a run of its map is not of the run).
 func sameRun(a, b rules.Match) bool { return a.Lookup == b.Lookup && a.LookupKey == b.LookupKey }
 
 // bucketed says whether a rule with match m expands its map's entries into bucket chains: a lookup of

@@ -126,8 +126,8 @@ func externalIPSharded(family rules.Family) *rules.Ruleset {
 		rules.Rule{Match: rules.Match{Lookup: "external-ips", SrcAddrType: rules.Local}, SetMark: 0x4000_0000, Comment: "second run, marked per entry"},
 		rules.Rule{Match: rules.Match{Lookup: "external-ips", SrcAddrType: rules.Local}, Verdict: rules.Verdict{Kind: rules.DNATLookup}, Comment: "second run"},
 	)
-	// A lookup by the connection's original destination: buckets of its own, dispatched by
-	// -m conntrack --ctorigdst (issue #41: masquerade what was DNATed without a mark).
+	// A lookup by the connection's original destination (issue #41: masquerade what was DNATed
+	// without a mark): one rule matching the label that the map's DNAT rules set.
 	masq := &rs.Chains[3]
 	masq.Rules = append(masq.Rules, rules.Rule{Match: rules.Match{CTStatus: rules.CTDNAT, Lookup: "external-ips", LookupKey: rules.LookupCTOriginal},
 		Verdict: rules.Verdict{Kind: rules.Masquerade}, Comment: "masquerade by conntrack"})

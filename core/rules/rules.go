@@ -412,11 +412,22 @@ func ValidFixID(id string) bool { return fixIDPattern.MatchString(id) }
 // DNATs reports whether a rule of rs translates by a lookup of map name (a DNATLookup on the
 // packet's destination): the connections a LookupCTOriginal of that map finds.
 func (rs *Ruleset) DNATs(name string) bool {
+	return rs.anyRule(func(r Rule) bool {
+		return r.Verdict.Kind == DNATLookup && r.Match.Lookup == name && r.Match.LookupKey == LookupPacket
+	})
+}
+
+// FindsOriginal reports whether a rule of rs looks map name up by the connection's original
+// destination (LookupCTOriginal): whether the connections its DNATLookups translate are looked for.
+func (rs *Ruleset) FindsOriginal(name string) bool {
+	return rs.anyRule(func(r Rule) bool { return r.Match.LookupKey == LookupCTOriginal && r.Match.Lookup == name })
+}
+
+// anyRule reports whether a rule of rs, in any chain, satisfies f.
+func (rs *Ruleset) anyRule(f func(Rule) bool) bool {
 	for _, c := range rs.Chains {
-		for _, r := range c.Rules {
-			if r.Verdict.Kind == DNATLookup && r.Match.Lookup == name && r.Match.LookupKey == LookupPacket {
-				return true
-			}
+		if slices.ContainsFunc(c.Rules, f) {
+			return true
 		}
 	}
 	return false
