@@ -302,7 +302,7 @@ func TestScopeRendersWhatTheWholeRenders(t *testing.T) {
 		kept, notKept := 0, 0
 		for range 300 {
 			next := externalIP(f)
-			next.Maps[0].Entries = mutateEntries(rnd, f, rs.Maps[0].Entries, 4)
+			next.Maps[0].Entries = mutateEntries(rnd, f, rs.Maps[0].Entries, 4, 0)
 			touched := changedBuckets(rs, next)
 			if touched == nil {
 				rs = next

@@ -74,6 +74,8 @@ func incrementalEqualsScratch(t *testing.T, v Variant, f rules.Family, gen bool,
 	edited, appended, inserted, nodesIn, nodesOut := 0, 0, 0, 0, 0
 	// What the variant must have taken: a walk of 40 steps (a seed) may not have, e.g. one whose
 	// every step fills or empties a bucket edits none in place; it goes on until it has, up to 200.
+	// Over a tree, a random walk mostly grows (adds outweigh removals), so past 40 steps it is
+	// steered: it empties buckets until a dispatch node has gone, after growing one if none was.
 	covered := func() bool {
 		switch {
 		case buckets > dispatchLeaf:
@@ -86,7 +88,11 @@ func incrementalEqualsScratch(t *testing.T, v Variant, f rules.Family, gen bool,
 	steps := 0
 	for step := 0; step < 40 || step < 200 && !covered(); step++ {
 		steps++
-		entries = mutateEntries(rnd, f, entries, buckets)
+		steer := 0
+		if step >= 40 && buckets > dispatchLeaf {
+			steer = map[bool]int{false: grow, true: shrink}[nodesIn > 0]
+		}
+		entries = mutateEntries(rnd, f, entries, buckets, steer)
 		// Two runs of lookups on one map: one DNAT rule (unordered buckets), and a MARK and a DNAT
 		// rule (ordered buckets: every MARK rule ahead of every DNAT rule).
 		rs := externalIPSharded(f)
@@ -198,8 +204,15 @@ func ours(save string) string {
 	return b.String()
 }
 
-// mutateEntries changes entries in one random way; the result has unique keys, in random order.
-func mutateEntries(rnd *rand.Rand, f rules.Family, in []rules.MapEntry, buckets int) []rules.MapEntry {
+// How mutateEntries is steered: random (0), adding entries, or emptying a bucket.
+const (
+	grow = iota + 1
+	shrink
+)
+
+// mutateEntries changes entries in one random way (or the way steer says); the result has unique
+// keys, in random order.
+func mutateEntries(rnd *rand.Rand, f rules.Family, in []rules.MapEntry, buckets, steer int) []rules.MapEntry {
 	addr := func(bucket, host int) netip.Addr {
 		if f == rules.IPv4 {
 			return netip.AddrFrom4([4]byte{203, 0, byte(113 + bucket), byte(host + 1)})
@@ -218,7 +231,14 @@ func mutateEntries(rnd *rand.Rand, f rules.Family, in []rules.MapEntry, buckets 
 			Comment: fmt.Sprintf("ns/svc-%d:%s", rnd.IntN(100), proto)}
 	}
 	out := append([]rules.MapEntry(nil), in...)
-	switch op := rnd.IntN(6); {
+	op := rnd.IntN(6)
+	switch {
+	case steer == grow:
+		op = 0
+	case steer == shrink && len(out) > 0:
+		op = 4
+	}
+	switch {
 	case op <= 1 || len(out) == 0: // add a few
 		for range 1 + rnd.IntN(4) {
 			out = append(out, random())
