@@ -13,12 +13,16 @@ import (
 
 // TestAgentFollowsKubeProxy (#40): the real kube-proxy is restarted from iptables to nftables mode
 // while the agent runs with `proxyMode: auto` and `backend: auto`. The agent follows it without a
-// restart: nnm_agent_info says nftables from kube-proxy's /proxyMode, invalid-drop moves to the
+// restart: kube-proxy away for restartGap is not taken for "no kube-proxy"; nnm_agent_info says nftables from kube-proxy's /proxyMode, invalid-drop moves to the
 // nftables backend and its iptables chains go once it is in (make before break, the takeover's path),
 // a ProxyModeChanged Event is posted on the Node, and Service traffic through kube-proxy still works.
 // Sampled every 100 ms from before kube-proxy stops until the iptables chains are gone, invalid-drop
 // is never missing from both backends (longest gap 0 samples). The IPVS → nftables restart, where
 // ipvs-externalip-dnat must go, needs IP_VS: the VM lane (e2e/vm, TestGuestKubeProxyIPVS/follow/ipvs-to-nftables).
+// restartGap is how long TestAgentFollowsKubeProxy keeps kube-proxy away: longer than several
+// detections (agent.FollowPoll), shorter than agent.FollowSettle.
+const restartGap = 5 * time.Second
+
 func TestAgentFollowsKubeProxy(t *testing.T) {
 	require(t)
 	kubeproxytest.Require(t)
@@ -53,6 +57,13 @@ func TestAgentFollowsKubeProxy(t *testing.T) {
 
 	restart := time.Now()
 	n.kp.Stop(10 * time.Second)
+	// kube-proxy's rules go and it stays away for a while, as when its DaemonSet replaces its Pod
+	// with one in another mode, which removes the old mode's rules before it answers: the agent sees
+	// no kube-proxy for several detections and must not follow that (agent.FollowSettle).
+	if err := n.kp.Cleanup(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(restartGap)
 	opts := n.kpOpts
 	opts.Mode = "nftables"
 	n.kp = kubeproxytest.StartT(t, opts)
@@ -94,6 +105,9 @@ func TestAgentFollowsKubeProxy(t *testing.T) {
 		t.Errorf("want one log line of the change, got %q", l)
 	} else {
 		t.Logf("logged: %s", l[0])
+	}
+	if l := agenttest.Lines(a.Logs(), "kube-proxy mode may have changed"); len(l) == 0 || !strings.Contains(l[0], "seen=none") {
+		t.Errorf("kube-proxy was away for %v: want the agent to log that it saw none and waited, got %q", restartGap, l)
 	}
 	agenttest.Eventually(t, converge, func() error {
 		for _, e := range nodeEvents(t, c, n.name) {

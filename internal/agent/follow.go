@@ -21,6 +21,13 @@ import (
 // once; every syncPeriod one runs regardless.
 var FollowPoll = time.Second
 
+// FollowSettle is how long a mode read from kube-proxy's traces (a link, a table, a chain, or none
+// of them: no kube-proxy) must be seen without a break before the agent follows it. A kube-proxy
+// Pod replaced by its DaemonSet is gone for a few seconds (2.9 s from stop to its new /proxyMode
+// answer in e2e/followkubeproxy_test.go), leaving no traces or its old ones; its answer, when it
+// comes, is followed at once.
+var FollowSettle = 30 * time.Second
+
 // BackendFactory builds, for a switch while the agent runs, the backend named name (iptables
 // variant for the iptables backend) and the Leftovers of the other one, what the switch leaves
 // behind (backends.Takeover provides it). It does no I/O.
@@ -47,8 +54,8 @@ type FollowParams struct {
 // Follow makes the agent follow kube-proxy while it runs (with `proxyMode: auto`; a configured mode
 // does not change): kube-proxy's mode is detected again (detect.ProxyMode) every syncPeriod and as
 // soon as its /proxyMode answer changes (asked every FollowPoll). A new mode is taken at once when
-// kube-proxy answers it, else when two detections in a row agree (kube-proxy restarting leaves
-// its old traces for a moment); an unknown result changes nothing. A new mode is logged, posted as a
+// kube-proxy answers it, else once every detection for FollowSettle agreed (kube-proxy restarting
+// leaves its old traces, or none, for a moment); an unknown result changes nothing. A new mode is logged, posted as a
 // ProxyModeChanged Event, exported in nnm_agent_info, and handed to the engine (engine.Follow),
 // which asks the fixes again (ipvs-externalip-dnat is refused outside IPVS mode and its rules go in
 // the same pass); with `backend: auto` and a backend that is an *engine.Live, a mode that moves the
@@ -75,8 +82,8 @@ type follower struct {
 	live   *engine.Live
 	period time.Duration
 
-	mode, source, backend string // what the agent runs with now
-	pending               string // a new mode seen once, not from kube-proxy's answer
+	mode, source, backend string  // what the agent runs with now
+	pending               Pending // a new mode seen, not from kube-proxy's answer
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -98,7 +105,7 @@ func (f *follower) start(context.Context) error {
 			case <-ctx.Done():
 				return
 			case <-poll.C:
-				if a := f.answer(ctx); a != last || f.pending != "" {
+				if a := f.answer(ctx); a != last || f.pending.Mode != "" {
 					last = a
 					f.check(ctx)
 				}
@@ -136,34 +143,49 @@ func (f *follower) check(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
-	take, pending := Decide(f.mode, f.pending, r)
+	was := f.pending
+	take, pending := Decide(f.mode, f.pending, r, time.Now())
 	f.pending = pending
 	switch {
 	case r.Mode == "":
 		f.p.Log.Debug("kube-proxy mode not detected on resync; keeping the running one", "proxyMode", f.mode, "why", r.Unknown)
-	case pending != "":
-		f.p.Log.Info("kube-proxy mode may have changed; checking again before following", "proxyMode", f.mode, "seen", pending, "source", r.Source)
+	case pending.Mode != "" && pending.Mode != was.Mode:
+		f.p.Log.Info("kube-proxy mode may have changed; following it if it holds", "proxyMode", f.mode, "seen", pending.Mode,
+			"source", r.Source, "settle", FollowSettle)
+	case pending.Mode == "" && was.Mode != "" && !take:
+		f.p.Log.Info("kube-proxy mode change did not hold; keeping the running one", "proxyMode", f.mode, "seen", was.Mode)
 	}
 	if take {
 		f.follow(r)
 	}
 }
 
-// Decide is the follower's rule: given the mode the agent runs with, a new mode seen once before
-// (pending) and a detection, whether to take the detected mode now, and what is pending after. A
-// mode from kube-proxy's own answer is taken at once; one from other traces (a link, a table, a
-// chain, no kube-proxy at all) when seen twice in a row, since kube-proxy restarting in another mode
-// leaves its old traces, or none, for a moment; an unknown result keeps everything.
-func Decide(running, pending string, r detect.ProxyModeResult) (take bool, nextPending string) {
+// Pending is a new mode the follower has seen from kube-proxy's traces, and since when.
+type Pending struct {
+	Mode  string
+	Since time.Time
+}
+
+// Decide is the follower's rule: given the mode the agent runs with, what is pending and a
+// detection made at now, whether to take the detected mode now, and what is pending after. A mode
+// from kube-proxy's own answer is taken at once; one from other traces (a link, a table, a chain, no
+// kube-proxy at all) once it has been seen for FollowSettle without another mode in between, since
+// kube-proxy restarting in another mode leaves its old traces, or none, for a moment; an unknown
+// result keeps everything.
+func Decide(running string, pending Pending, r detect.ProxyModeResult, now time.Time) (take bool, next Pending) {
 	switch {
 	case r.Mode == "":
 		return false, pending
 	case r.Mode == running:
-		return false, ""
-	case r.Source == detect.SourceMetricsEndpoint, r.Mode == pending:
-		return true, ""
+		return false, Pending{}
+	case r.Source == detect.SourceMetricsEndpoint:
+		return true, Pending{}
+	case r.Mode != pending.Mode:
+		return false, Pending{Mode: r.Mode, Since: now}
+	case now.Sub(pending.Since) >= FollowSettle:
+		return true, Pending{}
 	}
-	return false, r.Mode
+	return false, pending
 }
 
 // follow switches to r's mode: the backend with it under `backend: auto`, the engine, the metric,

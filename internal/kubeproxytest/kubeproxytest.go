@@ -147,6 +147,16 @@ func (p *Proxy) Exited() error { return p.proc.Load().Exited() }
 // Stop sends SIGTERM and waits up to grace, then kills. kube-proxy's rules stay in the kernel.
 func (p *Proxy) Stop(grace time.Duration) { _ = p.proc.Load().Signal(syscall.SIGTERM, grace) }
 
+// Cleanup runs `kube-proxy --cleanup` with p's options in its namespace, after Stop: kube-proxy
+// removes its rules and exits, as a kube-proxy starting in another mode removes the old mode's.
+func (p *Proxy) Cleanup(ctx context.Context) error {
+	out, err := testenv.Exec(ctx, p.opts.Netns, append([]string{p.bin}, append(p.Args(), "--cleanup")...)...)
+	if err != nil {
+		return fmt.Errorf("kube-proxy --cleanup: %w: %s", err, out)
+	}
+	return nil
+}
+
 // Restart stops kube-proxy and starts it again with the same options.
 func (p *Proxy) Restart(grace time.Duration) error {
 	p.Stop(grace)
