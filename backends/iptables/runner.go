@@ -3,6 +3,7 @@ package iptables
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"os/exec"
 )
@@ -19,12 +20,38 @@ type Runner interface {
 // ExecRunner runs commands with os/exec in the caller's network namespace.
 type ExecRunner struct{}
 
-// Run implements Runner.
+// Run implements Runner. Of stderr it keeps the first MaxStderr bytes (cappedBuffer).
 func (ExecRunner) Run(ctx context.Context, name string, args []string, stdin io.Reader, stdout io.Writer) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Stdin, cmd.Stdout = stdin, stdout
-	var errb bytes.Buffer
+	var errb cappedBuffer
 	cmd.Stderr = &errb
 	err := cmd.Run()
 	return errb.Bytes(), err
+}
+
+// MaxStderr is how much of a tool's stderr the agent keeps, for the error that quotes it. A tool can
+// write far more than its error: iptables-save warns once per connlabel rule when
+// /etc/xtables/connlabel.conf is missing (76 bytes a rule, 760 KB at 10,000 entries).
+const MaxStderr = 16 << 10
+
+// cappedBuffer is an io.Writer that keeps the first MaxStderr bytes written to it and counts the rest.
+type cappedBuffer struct {
+	buf     bytes.Buffer
+	dropped int
+}
+
+func (c *cappedBuffer) Write(p []byte) (int, error) {
+	keep := min(len(p), MaxStderr-c.buf.Len())
+	c.buf.Write(p[:keep])
+	c.dropped += len(p) - keep
+	return len(p), nil
+}
+
+// Bytes is what was kept, followed by how many bytes were not.
+func (c *cappedBuffer) Bytes() []byte {
+	if c.dropped == 0 {
+		return c.buf.Bytes()
+	}
+	return fmt.Appendf(c.buf.Bytes(), "… (%d more bytes)", c.dropped)
 }
