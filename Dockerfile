@@ -32,6 +32,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && iptables-nft-save --version && iptables-legacy-save --version && nft --version
 COPY --from=build /out/network-node-manager /usr/local/bin/network-node-manager
+# Names no label bit the agent sets; without it iptables-save warns once per connlabel rule.
+COPY deploy/image/connlabel.conf /etc/xtables/connlabel.conf
 # Netfilter needs uid 0 in the node's network namespace; capabilities are limited by the pod spec.
 USER 0:0
 # The container ports of deploy/base: 9484 /metrics (metricsAddress), 9485 the plain-HTTP probes

@@ -137,9 +137,10 @@ func TestDockerfile(t *testing.T) {
 		}
 	}
 
-	// The runtime copies that binary and runs it.
+	// The runtime copies that binary and runs it; its other copies are files of the build context
+	// (imageFiles).
 	copies := runtime.find("COPY")
-	if len(copies) != 1 {
+	if len(copies) != 1+len(imageFiles(t, runtime)) {
 		t.Fatalf("runtime COPY = %v", copies)
 	}
 	cf := strings.Fields(copies[0])
@@ -324,6 +325,11 @@ func TestImageScriptMatchesDockerfile(t *testing.T) {
 	if !strings.Contains(sh, `"$mnt`+cf[2]+`"`) {
 		t.Errorf("image.sh does not install the agent at the Dockerfile's %s", cf[2])
 	}
+	for src, dst := range imageFiles(t, runtime) {
+		if !regexp.MustCompile(`install -D -m 0644 "\$ROOT/` + regexp.QuoteMeta(src) + `" "\$mnt` + regexp.QuoteMeta(dst) + `"`).MatchString(sh) {
+			t.Errorf("image.sh does not install %s at %s as the Dockerfile does", src, dst)
+		}
+	}
 	if e := runtime.find("ENTRYPOINT")[0]; !strings.Contains(sh, "--entrypoint '"+e+"'") {
 		t.Errorf("image.sh entrypoint differs from the Dockerfile's %s", e)
 	}
@@ -339,4 +345,21 @@ func TestImageScriptMatchesDockerfile(t *testing.T) {
 			t.Errorf("image.sh does not expose the Dockerfile's port %s", p)
 		}
 	}
+}
+
+// imageFiles are the runtime stage's copies from the build context (source → path in the image),
+// each a file of the repository.
+func imageFiles(t *testing.T, runtime stage) map[string]string {
+	files := map[string]string{}
+	for _, c := range runtime.find("COPY") {
+		f := strings.Fields(c)
+		if len(f) != 2 || strings.HasPrefix(f[0], "--") {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join("..", f[0])); err != nil {
+			t.Errorf("the Dockerfile copies %s: %v", f[0], err)
+		}
+		files[f[0]] = f[1]
+	}
+	return files
 }

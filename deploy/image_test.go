@@ -108,6 +108,36 @@ func TestImageRunsAsTheDaemonSet(t *testing.T) {
 			runImage(t, cp, ds, cm, rootfs, img.OCIv1.Config.Entrypoint, backend)
 		})
 	}
+	t.Run("connlabel", func(t *testing.T) { imageSavesLabels(t, rootfs) })
+}
+
+// imageSavesLabels: the image's iptables-nft-save prints a rule that sets a conntrack label bit of
+// the agent's (64-127) as the agent wrote it, by number, and warns about nothing: the image has an
+// /etc/xtables/connlabel.conf (deploy/image/connlabel.conf), without which it warns once per rule.
+func imageSavesLabels(t *testing.T, rootfs string) {
+	ns := testenv.New(t, "nnm-img-cl")
+	in := "*nat\n:NNM-LABEL - [0:0]\n" +
+		"-A NNM-LABEL -d 203.0.113.10/32 -p tcp -m tcp --dport 80 -m connlabel --label 64 --set -j DNAT --to-destination 10.96.0.10:80\n" +
+		"-A NNM-LABEL -m connlabel --label 127 -m conntrack --ctstate DNAT -j MASQUERADE\nCOMMIT\n"
+	restore := ns.Command("chroot", rootfs, "iptables-nft-restore", "--noflush")
+	restore.Stdin = strings.NewReader(in)
+	if out, err := restore.CombinedOutput(); err != nil {
+		t.Fatalf("the image's iptables-nft-restore: %v: %s", err, out)
+	}
+	save := ns.Command("chroot", rootfs, "iptables-nft-save", "-t", "nat")
+	var stdout, stderr strings.Builder
+	save.Stdout, save.Stderr = &stdout, &stderr
+	if err := save.Run(); err != nil {
+		t.Fatalf("the image's iptables-nft-save: %v: %s", err, stderr.String())
+	}
+	if stderr.Len() > 0 {
+		t.Errorf("the image's iptables-nft-save wrote to stderr: %q", stderr.String())
+	}
+	for _, want := range []string{`--label "64" --set`, `--label "127" -m conntrack`} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("the image's iptables-nft-save does not print %s:\n%s", want, stdout.String())
+		}
+	}
 }
 
 func run(t *testing.T, name string, args ...string) string {

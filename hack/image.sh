@@ -146,6 +146,7 @@ main() {
 	mnt="$(buildah mount "$ctr")"
 	tar -C "$mnt" --numeric-owner -xf "$BASE"
 	install -D -m 0755 "$BIN/.image-agent-$ARCH" "$mnt/usr/local/bin/network-node-manager"
+	install -D -m 0644 "$ROOT/deploy/image/connlabel.conf" "$mnt/etc/xtables/connlabel.conf"
 	# The image's agent runs (natively or under qemu-user) and says what it is.
 	run_arch "$mnt" "$mnt/usr/local/bin/network-node-manager" version | sed -n '1,3p'
 	if [[ -n "${IMAGE_EXPORT:-}" ]]; then
