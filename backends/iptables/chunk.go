@@ -25,7 +25,7 @@ const MaxRestoreRules = 5000
 // the plan its rules jump to, then one restore with what is left: the appends to chains the plan
 // does not declare, the deletes, flushes, removals and the jumps from the built-in chains. A new
 // chain therefore is unreferenced from the built-in chains until the last restore makes the fix's
-// jumps; a chain the kernel already holds is rewritten whole, but not at the same moment as the
+// jumps (the last chains go in that restore when they and what is left fit in one); a chain the kernel already holds is rewritten whole, but not at the same moment as the
 // other chains of the fix. The chains that go and whose rules all go too (drains: buckets no longer
 // wanted) are emptied in the first restore, so that the kernel does not hold their rules and their
 // replacements' at once (a tenant's Services moving 10,000 entries to other addresses took the
@@ -109,6 +109,7 @@ func (p plan) chunks(max int, fix string) []plan {
 			early = append(early, plan{t: cur})
 			cur = &tableOps{}
 		}
+		first := len(early)
 		for _, c := range order {
 			if len(cur.appends) > 0 && len(cur.appends)+len(lines[c]) > max {
 				flush()
@@ -116,7 +117,12 @@ func (p plan) chunks(max int, fix string) []plan {
 			cur.decls = append(cur.decls, c)
 			cur.appends = append(cur.appends, lines[c]...)
 		}
-		flush()
+		if len(early) > first && len(cur.appends)+len(rest.appends) <= max {
+			// The last chains go with what is left when both fit: one process and commit fewer.
+			rest.decls, rest.appends = cur.decls, append(cur.appends, rest.appends...)
+		} else {
+			flush()
+		}
 		if !slices.Contains(rest.removes, loading) {
 			rest.flushes = append(rest.flushes, loading)
 			rest.removes = append(rest.removes, loading)

@@ -94,8 +94,17 @@ func TestPlanChunks(t *testing.T) {
 	}
 	last := cs[len(cs)-1]
 	withLoading := append(slices.Clone(nat.removes), loading)
-	if l := last["nat"]; l == nil || !slices.Equal(l.inserts, nat.inserts) || !slices.Equal(l.deletes, nat.deletes) || !slices.Equal(l.removes, withLoading) || !slices.Equal(l.flushes, withLoading) || !slices.Equal(l.appends, []string{"-A FOREIGN -j RETURN"}) {
+	if l := last["nat"]; l == nil || !slices.Equal(l.inserts, nat.inserts) || !slices.Equal(l.deletes, nat.deletes) || !slices.Equal(l.removes, withLoading) || !slices.Equal(l.flushes, withLoading) ||
+		!slices.Equal(slices.DeleteFunc(slices.Clone(l.appends), func(a string) bool { return slices.Contains(l.decls, appendChain(a)) }), []string{"-A FOREIGN -j RETURN"}) {
 		t.Errorf("last restore %+v", last["nat"])
+	}
+	// The last chains go in the last restore when they fit with what is left (at 9: TOP's 5 jumps
+	// and FOREIGN's rule), else in one of their own (at 5).
+	for max, want := range map[int][]string{9: {"TOP"}, 5: nil} {
+		cs := p.chunks(max, "fx")
+		if got := cs[len(cs)-1]["nat"].decls; !slices.Equal(got, want) {
+			t.Errorf("at %d rules a restore, the last restore declares %v, want %v", max, got, want)
+		}
 	}
 	if got := p.commits("fx"); got != 2 { // under MaxRestoreRules: one restore, two tables
 		t.Errorf("commits() = %d, want 2", got)
