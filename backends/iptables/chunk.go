@@ -11,13 +11,32 @@ import (
 // holds the whole batch of a table in memory until it commits, about 2.5 KB per rule: at 10,000
 // map entries (20,000-40,000 rules) one restore took 50-99 MB, charged to the agent's memory cgroup
 // beside the agent itself, and the DaemonSet's 128Mi limit OOM-killed it (issue #38; measured with
-// `go run ./bench -manifest`, whose agent runs in a memory cgroup with the DaemonSet's limit). Each
-// restore costs a process start and a commit, 20-30 ms together, on the cold start's path: 10,000
-// entries took 7 restores and 350 ms with 2,000 rules a restore, 4 and 320 ms with 5,000, 290 ms in
-// one. With 5,000 the hostile Services of `go run ./bench -hostile 4x30000,12x5000 -manifest
-// -backends iptables` peak at 91.9 MiB of the agent's cgroup (28 % spare), as with 2,000 (88.7-91.1
-// MiB): the restore's batch is not the peak.
-const MaxRestoreRules = 5000
+// `go run ./bench -manifest`, whose agent runs in a memory cgroup with the DaemonSet's limit). A
+// split costs far more than a process start: the cold start of 10,000 entries (10,004 rules and
+// ~800 of dispatch) took 391-401 ms in two restores a family and 242-266 ms in one, against a floor
+// of 264-289 ms (`go run ./bench -n 10000 -runs 1 -changes 20 -idle 5s -floor-runs 3 -backends
+// iptables`, two runs each, interleaved). 12,000 makes such a cold start one restore; with it the
+// cold start of `go run ./bench -hostile 4x30000,12x5000 -manifest -backends iptables` peaked at
+// 78.5 MiB of the agent's cgroup, against 82-84 MiB split.
+const MaxRestoreRules = 12000
+
+// MaxDrainingRestoreRules bounds a restore of a plan that drains chains (buckets no longer wanted
+// whose rules all go): split at this bound, the drains are emptied in the first restore, so the
+// kernel does not hold the old rules and their replacements at once. The hostile Services moving to
+// other addresses peaked at 96.4 MiB of the agent's cgroup (24.7 % spare, under the 25 % wanted) in
+// one restore of 12,000, at 91.9 MiB (28 %) split at 5,000.
+const MaxDrainingRestoreRules = 5000
+
+// bound is the most rules a restore of p appends to a table: MaxDrainingRestoreRules when p drains
+// chains, else MaxRestoreRules.
+func (p plan) bound() int {
+	for _, o := range p {
+		if len(o.drains) > 0 {
+			return MaxDrainingRestoreRules
+		}
+	}
+	return MaxRestoreRules
+}
 
 // chunks splits p, a plan of fix, into restores of at most max appended rules per table (and a jump
 // per chain they declare, below), run in order: first whole chains (declared, so created or flushed,

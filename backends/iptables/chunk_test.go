@@ -3,7 +3,9 @@ package iptables
 import (
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -166,5 +168,40 @@ func TestDrainable(t *testing.T) {
 	stale := []tchain{gone.key(), renamed.key(), node.key(), {"nat", "NNM-UNKNOWN"}}
 	if got := drainable(stale, was, now); !slices.Equal(got, []tchain{gone.key()}) {
 		t.Errorf("drainable = %v, want [%v]", got, gone.key())
+	}
+}
+
+// A plan that drains chains is split at MaxDrainingRestoreRules, so that its drains are emptied in a
+// restore before the replacements come; any other at MaxRestoreRules.
+func TestPlanBound(t *testing.T) {
+	p := plan{}
+	p.table("nat").appends = []string{"-A B -j RETURN"}
+	if got := p.bound(); got != MaxRestoreRules {
+		t.Errorf("a plan without drains: bound %d, want %d", got, MaxRestoreRules)
+	}
+	p.table("mangle").drains = []string{"GONE"}
+	if got := p.bound(); got != MaxDrainingRestoreRules || MaxDrainingRestoreRules >= MaxRestoreRules {
+		t.Errorf("a plan that drains: bound %d, want %d (below %d)", got, MaxDrainingRestoreRules, MaxRestoreRules)
+	}
+}
+
+// The pages that explain split loads quote the bounds as they are: this package's README and
+// docs/deploy.md (its cleanup section).
+func TestDocsQuoteRestoreBounds(t *testing.T) {
+	thousands := func(n int) string { return fmt.Sprintf("%d,%03d", n/1000, n%1000) }
+	for file, wants := range map[string][]string{
+		"README.md":            {"`MaxRestoreRules` (" + thousands(MaxRestoreRules) + ")", "`MaxDrainingRestoreRules` (" + thousands(MaxDrainingRestoreRules) + ")"},
+		"../../docs/deploy.md": {thousands(MaxRestoreRules) + " rules in a table, or " + thousands(MaxDrainingRestoreRules) + " in a change"},
+	} {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := strings.Join(strings.Fields(string(data)), " ")
+		for _, want := range wants {
+			if !strings.Contains(text, want) {
+				t.Errorf("%s does not say %q", file, want)
+			}
+		}
 	}
 }

@@ -59,8 +59,8 @@ func TestKernelSplitChangeDrainsFirst(t *testing.T) {
 				return out
 			}
 			kept = entries(1, 3, 5)
-			// Over MaxRestoreRules: externalIPSharded renders 3 rules an entry.
-			hosts := 2*MaxRestoreRules/(25*3) + 1
+			// Over MaxDrainingRestoreRules (the change drains): externalIPSharded renders 3 rules an entry.
+			hosts := 2*MaxDrainingRestoreRules/(25*3) + 1
 			moving, moved = entries(2, hosts, 25), entries(3, hosts, 25)
 			rs := func(e ...[]rules.MapEntry) *rules.Ruleset {
 				r := externalIPSharded(f)

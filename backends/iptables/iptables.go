@@ -772,7 +772,7 @@ func (b *Ops) list(ctx context.Context, family rules.Family, table, chain string
 var lineNo = regexp.MustCompile(`line:? (\d+)`)
 
 // restore feeds p to iptables-restore --noflush, one transaction per table, rendered as it is sent;
-// a plan of more than MaxRestoreRules rules in a table goes in several restores (plan.chunks), so
+// a plan of more rules in a table than plan.bound goes in several restores (plan.chunks), so
 // that no iptables-restore holds a batch of tens of thousands of rules. The error names the tool's
 // message and the input line it complains about; one that names a line is a refusal of the content
 // (backend.ErrRejected). A failed restore changed nothing, but the restores before it of the same
@@ -781,7 +781,7 @@ func (b *Ops) restore(ctx context.Context, family rules.Family, fix string, p pl
 	if len(extra) > 0 { // --test: the later chunks would name chains only the earlier ones make
 		return b.restoreOne(ctx, family, p, extra...)
 	}
-	for _, c := range p.chunks(MaxRestoreRules, fix) {
+	for _, c := range p.chunks(p.bound(), fix) {
 		if err := b.restoreOne(ctx, family, c); err != nil {
 			return err
 		}

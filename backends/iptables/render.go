@@ -144,7 +144,7 @@ func (p plan) tables() []string {
 // operations, in each of its restores (plan.chunks).
 func (p plan) commits(fix string) int {
 	n := 0
-	for _, c := range p.chunks(MaxRestoreRules, fix) {
+	for _, c := range p.chunks(p.bound(), fix) {
 		n += len(c.tables())
 	}
 	return n
