@@ -11,18 +11,19 @@ import (
 	"github.com/network-node-manager/network-node-manager/internal/kubeproxytest"
 )
 
+// restartGap is how long TestAgentFollowsKubeProxy keeps kube-proxy away: longer than several
+// detections (agent.FollowPoll), shorter than agent.FollowSettle.
+const restartGap = 5 * time.Second
+
 // TestAgentFollowsKubeProxy (#40): the real kube-proxy is restarted from iptables to nftables mode
 // while the agent runs with `proxyMode: auto` and `backend: auto`. The agent follows it without a
-// restart: kube-proxy away for restartGap is not taken for "no kube-proxy"; nnm_agent_info says nftables from kube-proxy's /proxyMode, invalid-drop moves to the
+// restart: kube-proxy away for restartGap, its rules removed, is not taken for "no kube-proxy";
+// nnm_agent_info says nftables from kube-proxy's /proxyMode, invalid-drop moves to the
 // nftables backend and its iptables chains go once it is in (make before break, the takeover's path),
 // a ProxyModeChanged Event is posted on the Node, and Service traffic through kube-proxy still works.
 // Sampled every 100 ms from before kube-proxy stops until the iptables chains are gone, invalid-drop
 // is never missing from both backends (longest gap 0 samples). The IPVS → nftables restart, where
 // ipvs-externalip-dnat must go, needs IP_VS: the VM lane (e2e/vm, TestGuestKubeProxyIPVS/follow/ipvs-to-nftables).
-// restartGap is how long TestAgentFollowsKubeProxy keeps kube-proxy away: longer than several
-// detections (agent.FollowPoll), shorter than agent.FollowSettle.
-const restartGap = 5 * time.Second
-
 func TestAgentFollowsKubeProxy(t *testing.T) {
 	require(t)
 	kubeproxytest.Require(t)

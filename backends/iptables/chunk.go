@@ -44,8 +44,9 @@ func (p plan) bound() int {
 // the plan its rules jump to, then one restore with what is left: the appends to chains the plan
 // does not declare, the deletes, flushes, removals and the jumps from the built-in chains. A new
 // chain therefore is unreferenced from the built-in chains until the last restore makes the fix's
-// jumps (the last chains go in that restore when they and what is left fit in one); a chain the kernel already holds is rewritten whole, but not at the same moment as the
-// other chains of the fix. The chains that go and whose rules all go too (drains: buckets no longer
+// jumps (the last chains go in that restore when they and what is left fit in one); a chain the
+// kernel already holds is rewritten whole, but not at the same moment as the other chains of the
+// fix. The chains that go and whose rules all go too (drains: buckets no longer
 // wanted) are emptied in the first restore, so that the kernel does not hold their rules and their
 // replacements' at once (a tenant's Services moving 10,000 entries to other addresses took the
 // kernel memory of the agent's cgroup from 16.8 to 29 MiB). A plan with at most max appends per

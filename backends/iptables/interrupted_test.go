@@ -56,8 +56,9 @@ func TestKernelInterruptedLoadIsOwned(t *testing.T) {
 		k.addForeign()
 		before := foreign(k.save())
 		rs := splitLoad(k.family, 2*MaxRestoreRules+1, 16)
-		if p := mustPlan(t, rs); len(p.chunks(p.bound(), rs.Fix)) < 3 {
-			t.Fatalf("the load is %d restores, want at least 3 (a split plan)", len(p.chunks(p.bound(), rs.Fix)))
+		p := mustPlan(t, rs)
+		if n := len(p.chunks(p.bound(), rs.Fix)); n < 3 {
+			t.Fatalf("the load is %d restores, want at least 3 (a split plan)", n)
 		}
 		interrupt := func() {
 			t.Helper()

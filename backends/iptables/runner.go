@@ -1,7 +1,6 @@
 package iptables
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -20,7 +19,7 @@ type Runner interface {
 // ExecRunner runs commands with os/exec in the caller's network namespace.
 type ExecRunner struct{}
 
-// Run implements Runner. Of stderr it keeps the first MaxStderr bytes (cappedBuffer).
+// Run implements Runner. Of stderr it keeps MaxStderr bytes (cappedBuffer).
 func (ExecRunner) Run(ctx context.Context, name string, args []string, stdin io.Reader, stdout io.Writer) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Stdin, cmd.Stdout = stdin, stdout
@@ -30,28 +29,41 @@ func (ExecRunner) Run(ctx context.Context, name string, args []string, stdin io.
 	return errb.Bytes(), err
 }
 
-// MaxStderr is how much of a tool's stderr the agent keeps, for the error that quotes it. A tool can
-// write far more than its error: iptables-save warns once per connlabel rule when
+// MaxStderr is how much of a tool's stderr the agent keeps, for the error that quotes it: its first
+// and its last MaxStderr/2 bytes, so that a failing tool's last words are kept too. A tool can write
+// far more than its error: iptables-save warns once per connlabel rule when
 // /etc/xtables/connlabel.conf is missing (76 bytes a rule, 760 KB at 10,000 entries).
 const MaxStderr = 16 << 10
 
-// cappedBuffer is an io.Writer that keeps the first MaxStderr bytes written to it and counts the rest.
+// cappedBuffer is an io.Writer that keeps the first and the last MaxStderr/2 bytes written to it
+// and counts the bytes in between.
 type cappedBuffer struct {
-	buf     bytes.Buffer
-	dropped int
+	head, tail []byte
+	dropped    int
 }
 
 func (c *cappedBuffer) Write(p []byte) (int, error) {
-	keep := min(len(p), MaxStderr-c.buf.Len())
-	c.buf.Write(p[:keep])
-	c.dropped += len(p) - keep
-	return len(p), nil
+	const half = MaxStderr / 2
+	n := len(p)
+	k := min(len(p), half-len(c.head))
+	c.head, p = append(c.head, p[:k]...), p[k:]
+	c.tail = append(c.tail, p...)
+	if over := len(c.tail) - half; over > half { // trimmed once it is twice what is kept
+		c.dropped += over
+		c.tail = append(c.tail[:0], c.tail[over:]...)
+	}
+	return n, nil
 }
 
-// Bytes is what was kept, followed by how many bytes were not.
+// Bytes is what was kept: the head, how many bytes were left out if any, and the tail.
 func (c *cappedBuffer) Bytes() []byte {
-	if c.dropped == 0 {
-		return c.buf.Bytes()
+	tail, dropped := c.tail, c.dropped
+	if over := len(tail) - MaxStderr/2; over > 0 {
+		tail, dropped = tail[over:], dropped+over
 	}
-	return fmt.Appendf(c.buf.Bytes(), "… (%d more bytes)", c.dropped)
+	out := append([]byte(nil), c.head...)
+	if dropped > 0 {
+		out = fmt.Appendf(out, "… (%d bytes left out) …", dropped)
+	}
+	return append(out, tail...)
 }

@@ -6,22 +6,27 @@ import (
 	"testing"
 )
 
-// ExecRunner returns a tool's stderr whole when it is short, and its first MaxStderr bytes with
-// the count of the rest when the tool writes more (iptables-save's per-rule connlabel warning).
+// ExecRunner returns a tool's stderr whole when it is short, and when the tool writes more
+// (iptables-save's per-rule connlabel warning) its first and last MaxStderr/2 bytes, with the count
+// of those between: a failing tool's last line, its error, is kept.
 func TestExecRunnerCapsStderr(t *testing.T) {
-	for _, n := range []int{10, MaxStderr, 10 * MaxStderr} {
-		script := fmt.Sprintf("head -c %d /dev/zero | tr '\\0' w >&2; exit 3", n)
+	const half = MaxStderr / 2
+	for _, n := range []int{10, MaxStderr - 4, MaxStderr, 3*MaxStderr + 7} {
+		// n-4 bytes of 'w' in writes of 1 KiB at most, then "END\n".
+		script := fmt.Sprintf("head -c %d /dev/zero | tr '\\0' w | dd bs=1024 status=none >&2; echo END >&2; exit 3", n-4)
 		stderr, err := ExecRunner{}.Run(t.Context(), "sh", []string{"-c", script}, nil, nil)
 		if err == nil || !strings.Contains(err.Error(), "exit status 3") {
 			t.Errorf("%d bytes: err = %v, want exit status 3", n, err)
 		}
-		kept := min(n, MaxStderr)
-		want := strings.Repeat("w", kept)
+		whole := strings.Repeat("w", n-4) + "END\n"
+		want := whole
 		if n > MaxStderr {
-			want += fmt.Sprintf("… (%d more bytes)", n-MaxStderr)
+			want = whole[:half] + fmt.Sprintf("… (%d bytes left out) …", n-MaxStderr) + whole[n-half:]
 		}
 		if string(stderr) != want {
-			t.Errorf("%d bytes written: got %d bytes back (%.40q…), want %d", n, len(stderr), stderr, len(want))
+			t.Errorf("%d bytes written: got %d bytes back (…%q), want %d (…%q)", n, len(stderr), tailOf(string(stderr)), len(want), tailOf(want))
 		}
 	}
 }
+
+func tailOf(s string) string { return s[max(0, len(s)-40):] }

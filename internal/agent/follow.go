@@ -23,9 +23,10 @@ var FollowPoll = time.Second
 
 // FollowSettle is how long a mode read from kube-proxy's traces (a link, a table, a chain, or none
 // of them: no kube-proxy) must be seen without a break before the agent follows it. A kube-proxy
-// Pod replaced by its DaemonSet is gone for a few seconds (2.9 s from stop to its new /proxyMode
-// answer in e2e/followkubeproxy_test.go), leaving no traces or its old ones; its answer, when it
-// comes, is followed at once.
+// Pod replaced by its DaemonSet is gone for a few seconds, leaving no traces or its old ones (one
+// started in nftables mode removes the iptables rules before it answers: 2.9 s from the old one's
+// stop to the new one's /proxyMode answer in a CI run of TestAgentFollowsKubeProxy); its answer,
+// when it comes, is followed at once.
 var FollowSettle = 30 * time.Second
 
 // BackendFactory builds, for a switch while the agent runs, the backend named name (iptables
@@ -55,8 +56,8 @@ type FollowParams struct {
 // does not change): kube-proxy's mode is detected again (detect.ProxyMode) every syncPeriod and as
 // soon as its /proxyMode answer changes (asked every FollowPoll). A new mode is taken at once when
 // kube-proxy answers it, else once every detection for FollowSettle agreed (kube-proxy restarting
-// leaves its old traces, or none, for a moment); an unknown result changes nothing. A new mode is logged, posted as a
-// ProxyModeChanged Event, exported in nnm_agent_info, and handed to the engine (engine.Follow),
+// leaves its old traces, or none, for a moment); an unknown result changes nothing. A new mode is
+// logged, posted as a ProxyModeChanged Event, exported in nnm_agent_info, and handed to the engine (engine.Follow),
 // which asks the fixes again (ipvs-externalip-dnat is refused outside IPVS mode and its rules go in
 // the same pass); with `backend: auto` and a backend that is an *engine.Live, a mode that moves the
 // backend switches it, and what the old backend holds goes fix by fix once the fix synced with the
