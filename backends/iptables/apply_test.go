@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/internal/connlabel"
 )
 
 type call struct {
@@ -598,7 +599,7 @@ func TestApplyRewritesOnlyChangedBucket(t *testing.T) {
 	if err := apply(ctx, b, changed); err != nil {
 		t.Fatal(err)
 	}
-	label, err := labels.of(changed.Fix, "external-ips")
+	label, err := connlabel.Bit(changed.Fix, "external-ips")
 	if err != nil {
 		t.Fatal(err)
 	}

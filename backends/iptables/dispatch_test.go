@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/internal/connlabel"
 )
 
 // scatteredDNAT is externalIP(family) with n entries (TCP port 80), each External-IP in its own
@@ -212,7 +213,7 @@ func TestMasqueradeByLabel(t *testing.T) {
 		for _, n := range []int{1, 100, 20000} {
 			t.Run(fmt.Sprintf("%s/%d", family, n), func(t *testing.T) {
 				rs := scatteredMasq(family, n)
-				label, err := labels.of(rs.Fix, "external-ips")
+				label, err := connlabel.Bit(rs.Fix, "external-ips")
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -257,34 +258,6 @@ func TestMasqueradeByLabel(t *testing.T) {
 				}
 			})
 		}
-	}
-}
-
-// TestLabelBook: a (fix, map) pair keeps its bit; pairs get distinct bits within
-// [labelFirst, labelEnd), the one a pair hashes to taken already or not; the pair after the last bit
-// gets an error that names it.
-func TestLabelBook(t *testing.T) {
-	b := labelBook{bit: map[string]int{}}
-	seen := map[int]string{}
-	for i := range labelEnd - labelFirst {
-		m := fmt.Sprintf("map-%d", i)
-		bit, err := b.of("fix", m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if bit < labelFirst || bit >= labelEnd {
-			t.Fatalf("%s: bit %d outside [%d, %d)", m, bit, labelFirst, labelEnd)
-		}
-		if other, ok := seen[bit]; ok {
-			t.Fatalf("%s and %s share bit %d", m, other, bit)
-		}
-		seen[bit] = m
-		if again, _ := b.of("fix", m); again != bit {
-			t.Fatalf("%s: bit %d, then %d", m, bit, again)
-		}
-	}
-	if _, err := b.of("fix", "one-too-many"); err == nil || !strings.Contains(err.Error(), "fix/one-too-many") {
-		t.Fatalf("the %dth map: %v, want an error naming it", labelEnd-labelFirst+1, err)
 	}
 }
 

@@ -439,7 +439,7 @@ func sameRun(a, b rules.Match) bool { return a.Lookup == b.Lookup && a.LookupKey
 
 // bucketed says whether a rule with match m expands its map's entries into bucket chains: a lookup of
 // the packet's destination. A lookup by the connection's original destination is one rule that
-// matches the map's conntrack label (connlabel.go).
+// matches the map's conntrack label (internal/connlabel).
 func bucketed(m rules.Match) bool { return m.Lookup != "" && m.LookupKey == rules.LookupPacket }
 
 // Dispatch tree: with more than dispatchLeaf buckets, the dispatching rules are not one per bucket in
@@ -650,7 +650,7 @@ type target struct {
 	to       netip.AddrPort
 	comment  string
 	fromEntr bool
-	// label (a bit of conntrack's labels, connlabel.go; 0: none) is matched, or set by a rule that
+	// label (a bit of conntrack's labels, internal/connlabel; 0: none) is matched, or set by a rule that
 	// DNATs by a map whose connections a lookup by original destination finds (setLabel).
 	label    int
 	setLabel bool
@@ -815,7 +815,7 @@ func appendMatch(b []byte, m rules.Match, tg target, p, d netip.Prefix) []byte {
 	return b
 }
 
-// appendLabel appends tg's -m connlabel match (connlabel.go), which sets the label for setLabel.
+// appendLabel appends tg's -m connlabel match (internal/connlabel), which sets the label for setLabel.
 func appendLabel(b []byte, tg target) []byte {
 	b = strconv.AppendInt(append(b, " -m connlabel --label "...), int64(tg.label), 10)
 	if tg.setLabel {

@@ -11,6 +11,7 @@ import (
 	"runtime/debug"
 	"runtime/metrics"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/internal/connlabel"
 	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
@@ -154,11 +156,17 @@ func testKernel(t *testing.T, f rules.Family) {
 		return nil
 	})
 	listing := nftList(t, ns, "list", "table", nf, extTable)
+	label, err := connlabel.Bit(ext.Fix, "external-ips")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, want := range []string{
 		"type nat hook prerouting priority dstnat - 10; policy accept;",
 		"type nat hook postrouting priority srcnat + 10; policy accept;",
 		`comment "ns1/svc1:udp-53" : ` + addrs(f, "10.96.0.2", "fd00:96::2") + " . 53",
-		`counter name "cnt-dnat" meta mark set meta mark | 0x00004000 dnat ` + nf + ` to ` + nf + ` daddr . meta l4proto . th dport map @external-ips comment "external IP to cluster IP"`,
+		`counter name "cnt-dnat" meta mark set meta mark | 0x00004000 ct label set ` + strconv.Itoa(label) + ` dnat ` + nf + ` to ` + nf + ` daddr . meta l4proto . th dport map @external-ips comment "external IP to cluster IP"`,
+		// the masquerade's lookup by original destination is the label the DNAT set
+		`ct status dnat ct label ` + strconv.Itoa(label) + ` masquerade comment "masquerade by conntrack"`,
 	} {
 		if !strings.Contains(listing, want) {
 			t.Errorf("kernel listing lacks %q:\n%s", want, listing)

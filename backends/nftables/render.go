@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/internal/connlabel"
 )
 
 // TablePrefix starts the name of every table this backend owns: table <family> nnm-<fix-id>.
@@ -163,7 +164,11 @@ func build(rs *rules.Ruleset) (*model, error) {
 			cm.chain.Policy = knftables.PtrTo(knftables.AcceptPolicy)
 		}
 		for i, r := range c.Rules {
-			text, err := ruleText(f, c, r)
+			label, err := connlabel.Of(rs, r)
+			if err != nil {
+				return nil, fmt.Errorf("nftables backend: chain %s rule %d: %w", c.Name, i+1, err)
+			}
+			text, err := ruleText(f, c, r, label)
 			if err != nil {
 				return nil, fmt.Errorf("nftables backend: chain %s rule %d: %w", c.Name, i+1, err)
 			}
@@ -223,7 +228,9 @@ func elementKey(e *knftables.Element) string { return strings.Join(e.Key, " . ")
 func addrString(a netip.Addr) string { return a.Unmap().String() }
 
 // ruleText renders the nft expression of one rule (without its comment, which knftables adds).
-func ruleText(f fam, c rules.Chain, r rules.Rule) (string, error) {
+// label is the rule's conntrack label (connlabel.Of): a lookup by original destination matches it
+// instead of looking the key up, and a DNAT by the map sets it.
+func ruleText(f fam, c rules.Chain, r rules.Rule, label int) (string, error) {
 	var p []string
 	m := r.Match
 	if m.InInterfacePrefix != "" {
@@ -287,9 +294,10 @@ func ruleText(f fam, c rules.Chain, r rules.Rule) (string, error) {
 		case rules.LookupPacket:
 			p = append(p, lookupKey+" @"+keySetName(m.Lookup))
 		case rules.LookupCTOriginal:
-			// nft gives "ct original proto-dst" a type only after a match on the protocol: every key
-			// of a map has one of these (rules.Map), so the match changes nothing else.
-			p = append(p, "ct original protocol { tcp, udp, sctp } ct original "+f.addr+" daddr . ct original protocol . ct original proto-dst @"+keySetName(m.Lookup))
+			// The connections the map's DNAT labelled (internal/connlabel): one compare, where a
+			// lookup of the original destination in the key set cost a DNATed connection a hash
+			// lookup more (bench/datapath).
+			p = append(p, fmt.Sprintf("ct label %d", label))
 		default:
 			return "", fmt.Errorf("unsupported lookup key %q", m.LookupKey)
 		}
@@ -305,6 +313,11 @@ func ruleText(f fam, c rules.Chain, r rules.Rule) (string, error) {
 	}
 	if r.ClearMark != 0 {
 		p = append(p, fmt.Sprintf("meta mark set meta mark & 0x%08x", ^r.ClearMark))
+	}
+	if label != 0 && r.Verdict.Kind == rules.DNATLookup {
+		// Ahead of the dnat, which ends the rule; after the key set's lookup, so only an entry's
+		// connections get it.
+		p = append(p, fmt.Sprintf("ct label set %d", label))
 	}
 	p, err := appendVerdict(p, f, m, r.Verdict, lookupKey)
 	if err != nil {
