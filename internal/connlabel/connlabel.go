@@ -9,8 +9,9 @@
 // (bench/datapath; the datapath section of BENCHMARKS.md). Why not a packet mark: a mark is shared
 // with every other component (Cilium's and Calico's marks, kube-proxy's 0x4000; issue #41), while
 // the 128 label bits are used by little on a Kubernetes node (Open vSwitch labels connections of
-// its own conntrack zones). The agent takes bits from First up. The kernel gives a connection
-// labels only while a rule that uses them is loaded (nf_connlabels_get), at no cost to others.
+// its own conntrack zones). The agent takes bits from First up. The kernel gives connections
+// labels only while a rule that uses them is loaded (nf_connlabels_get): then every new connection
+// carries the 16 bytes of its labels (nf_ct_labels_ext_add), whether a rule sets a bit or not.
 package connlabel
 
 import (
