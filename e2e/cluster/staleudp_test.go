@@ -216,6 +216,9 @@ func staleUDP(t *testing.T, c *Cluster, ext *testenv.NS, phase string, sport int
 			r.after = at.Sub(gone)
 		}
 		r.entry = udpEntry(ctx, c, sport)
+		// As for the first Pod: let a pass of the fix see the new Pod's address held before the
+		// next replacement deletes it (an address never seen held is never judged).
+		time.Sleep(2 * time.Second)
 		if phase == "with" {
 			t.Logf("stale UDP (with the agent): %s's agent on it:\n%s", udpNode, staleUDPLogLines(ctx, c))
 		}

@@ -110,10 +110,22 @@ func (f *Fix) Check(env fix.Env) error {
 // pending, running and terminating Pods keep theirs. Host-network Pods hold node addresses, not pod
 // addresses, and are left out.
 func LiveAddrs(pods []*corev1.Pod) map[netip.Addr]bool {
-	live := map[netip.Addr]bool{}
+	live, _ := podAddrs(pods)
+	return live
+}
+
+// podAddrs returns the pod addresses in the status of this node's Pods (host-network Pods hold node
+// addresses and are left out): those of Pods that are not finished (live), and those of finished
+// (Succeeded or Failed) Pods, which gave theirs up.
+func podAddrs(pods []*corev1.Pod) (live, finished map[netip.Addr]bool) {
+	live, finished = map[netip.Addr]bool{}, map[netip.Addr]bool{}
 	for _, p := range pods {
-		if p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		if p.Spec.HostNetwork {
 			continue
+		}
+		to := live
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			to = finished
 		}
 		ips := p.Status.PodIPs
 		if len(ips) == 0 && p.Status.PodIP != "" {
@@ -121,11 +133,11 @@ func LiveAddrs(pods []*corev1.Pod) map[netip.Addr]bool {
 		}
 		for _, ip := range ips {
 			if a, err := netip.ParseAddr(ip.IP); err == nil {
-				live[a.Unmap()] = true
+				to[a.Unmap()] = true
 			}
 		}
 	}
-	return live
+	return live, finished
 }
 
 // waitingForAddress says whether p is a Pod of this node that may be about to take a pod address: not
@@ -181,13 +193,18 @@ func (f *Fix) waitingPods(list []*corev1.Pod, now time.Time, grace time.Duration
 func (f *Fix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Result, error) {
 	cfg := f.Config()
 	list := pods.Table.Get(snap)
-	live := LiveAddrs(list)
+	live, finished := podAddrs(list)
 	now := f.now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for a := range f.held {
-		if _, known := f.dead[a]; !live[a] && !known {
-			f.dead[a], f.fresh = now, true
+	// Gone: an address a Pod of this node was seen holding, or one a finished Pod of this node shows
+	// in its status (given up, even if no pass saw it live: a Pod deleted moments after its address
+	// appeared is shown finished before it goes), that no live Pod holds.
+	for _, seen := range []map[netip.Addr]bool{f.held, finished} {
+		for a := range seen {
+			if _, known := f.dead[a]; !live[a] && !known {
+				f.dead[a], f.fresh = now, true
+			}
 		}
 	}
 	for a, since := range f.dead {

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -182,6 +183,37 @@ func TestFinishedAndTerminatingPods(t *testing.T) {
 		ensure(e, true, tc.pod)
 		if gone := len(e.Conntrack.Entries()) == 0; gone != tc.gone {
 			t.Errorf("%s pod: entry deleted = %v, want %v", tc.name, gone, tc.gone)
+		}
+	}
+}
+
+// A Pod deleted moments after its address appeared may be first seen by a pass already finished
+// (the kubelet sets a terminal phase before the Pod goes): its address is given up all the same,
+// unless a live Pod holds it. make test-cluster's stale-udp-with failed this way: a replacement Pod
+// deleted right after it answered was never seen live, and its entry stayed.
+func TestFinishedPodNeverSeenLive(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		pods []*corev1.Pod
+		gone bool
+	}{
+		{"failed", []*corev1.Pod{pod("a", corev1.PodFailed, "10.244.1.10")}, true},
+		{"succeeded", []*corev1.Pod{pod("a", corev1.PodSucceeded, "10.244.1.10")}, true},
+		{"failed, the address taken again", []*corev1.Pod{pod("a", corev1.PodFailed, "10.244.1.10"), pod("c", corev1.PodRunning, "10.244.1.10")}, false},
+		{"failed, host network", []*corev1.Pod{func() *corev1.Pod {
+			p := pod("a", corev1.PodFailed, "10.244.1.10")
+			p.Spec.HostNetwork = true
+			return p
+		}()}, false},
+	} {
+		e := newEnv(t, nil, toA4, toB4)
+		ensure(e, true, podB)
+		ensure(e, false, append([]*corev1.Pod{podB}, tc.pods...)...)
+		if gone := len(e.Conntrack.Entries()) == 1; gone != tc.gone {
+			t.Errorf("%s: entry to 10.244.1.10 deleted = %v, want %v (table %v)", tc.name, gone, tc.gone, e.Conntrack.Entries())
+		}
+		if got := e.Conntrack.Entries(); len(got) == 0 || !slices.Contains(got, toB4) {
+			t.Errorf("%s: the live Pod's entry was deleted (table %v)", tc.name, got)
 		}
 	}
 }
