@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/fix"
@@ -38,11 +39,13 @@ type Fix struct {
 	// dead: the addresses that a Pod of this node held and no longer holds, with the time the fix
 	// saw them go; only entries DNATed to one of them are deleted, for retention. fresh: an address
 	// died since the last dump. more: the last pass stopped at maxDeletesPerPass.
-	held     map[netip.Addr]bool
-	dead     map[netip.Addr]time.Time
-	fresh    bool
-	more     bool
-	lastDump map[rules.Family]time.Time
+	held map[netip.Addr]bool
+	// unfinished: the UIDs of this node's Pods that were not finished at the last pass.
+	unfinished map[types.UID]bool
+	dead       map[netip.Addr]time.Time
+	fresh      bool
+	more       bool
+	lastDump   map[rules.Family]time.Time
 	// waiting: the Pods of this node waiting for a pod address (namespace/name), with the time the
 	// fix first saw them so; holding: the last pass held deletions back for them.
 	waiting map[string]*waitingPod
@@ -110,22 +113,28 @@ func (f *Fix) Check(env fix.Env) error {
 // pending, running and terminating Pods keep theirs. Host-network Pods hold node addresses, not pod
 // addresses, and are left out.
 func LiveAddrs(pods []*corev1.Pod) map[netip.Addr]bool {
-	live, _ := podAddrs(pods)
+	live, _, _ := podAddrs(pods, nil)
 	return live
 }
 
 // podAddrs returns the pod addresses in the status of this node's Pods (host-network Pods hold node
-// addresses and are left out): those of Pods that are not finished (live), and those of finished
-// (Succeeded or Failed) Pods, which gave theirs up.
-func podAddrs(pods []*corev1.Pod) (live, finished map[netip.Addr]bool) {
-	live, finished = map[netip.Addr]bool{}, map[netip.Addr]bool{}
+// addresses and are left out): those of Pods that are not finished (live); those of Pods finished
+// (Succeeded or Failed) since the last pass, that is, not finished in wasUnfinished (given up); and
+// the UIDs of the Pods not finished, for the next pass.
+func podAddrs(pods []*corev1.Pod, wasUnfinished map[types.UID]bool) (live, givenUp map[netip.Addr]bool, unfinished map[types.UID]bool) {
+	live, givenUp, unfinished = map[netip.Addr]bool{}, map[netip.Addr]bool{}, map[types.UID]bool{}
 	for _, p := range pods {
 		if p.Spec.HostNetwork {
 			continue
 		}
-		to := live
-		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			to = finished
+		var to map[netip.Addr]bool
+		switch {
+		case p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed:
+			to, unfinished[p.UID] = live, true
+		case wasUnfinished[p.UID]:
+			to = givenUp
+		default:
+			continue // finished before the last pass (or before the agent started): judged then, or never
 		}
 		ips := p.Status.PodIPs
 		if len(ips) == 0 && p.Status.PodIP != "" {
@@ -137,7 +146,7 @@ func podAddrs(pods []*corev1.Pod) (live, finished map[netip.Addr]bool) {
 			}
 		}
 	}
-	return live, finished
+	return live, givenUp, unfinished
 }
 
 // waitingForAddress says whether p is a Pod of this node that may be about to take a pod address: not
@@ -193,14 +202,16 @@ func (f *Fix) waitingPods(list []*corev1.Pod, now time.Time, grace time.Duration
 func (f *Fix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Result, error) {
 	cfg := f.Config()
 	list := pods.Table.Get(snap)
-	live, finished := podAddrs(list)
 	now := f.now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	// Gone: an address a Pod of this node was seen holding, or one a finished Pod of this node shows
-	// in its status (given up, even if no pass saw it live: a Pod deleted moments after its address
-	// appeared is shown finished before it goes), that no live Pod holds.
-	for _, seen := range []map[netip.Addr]bool{f.held, finished} {
+	live, givenUp, unfinished := podAddrs(list, f.unfinished)
+	f.unfinished = unfinished
+	// Gone: an address a Pod of this node was seen holding, or one that a Pod seen unfinished at the
+	// last pass shows in its status now that it finished (even if no pass saw the address: a Pod
+	// deleted moments after its address appeared is shown finished before it goes), that no live Pod
+	// holds.
+	for _, seen := range []map[netip.Addr]bool{f.held, givenUp} {
 		for a := range seen {
 			if _, known := f.dead[a]; !live[a] && !known {
 				f.dead[a], f.fresh = now, true
@@ -321,7 +332,7 @@ func (f *Fix) anyDead(fam rules.Family) bool {
 func (f *Fix) Revert(context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.held, f.fresh, f.more, f.holding = nil, false, false, false
+	f.held, f.unfinished, f.fresh, f.more, f.holding = nil, nil, false, false, false
 	clear(f.dead)
 	clear(f.waiting)
 	f.m.dead.Set(0)
