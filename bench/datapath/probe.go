@@ -136,9 +136,18 @@ func connectOnce(dst netip.Addr) (time.Duration, error) {
 // runPair measures n connections from namespace ns[0] to dst[0](i) and n from ns[1] to dst[1](i),
 // alternating connection by connection (which side goes first alternates too), from one thread:
 // both sides see the same moments of the machine's load. A socket belongs to the namespace it is
-// made in; the thread switches namespace between connections, outside the timed part.
+// made in; the thread switches namespace between connections, outside the timed part. The
+// destinations are computed before the first connection: the connection rate is the kernel's and
+// the probe's, not the address plan's (the i-th scattered IPv4 External-IP takes a loop over i).
 func runPair(ns [2]string, n int, dst [2]func(i int) netip.Addr) ([2]probe, error) {
 	var p [2]probe
+	var to [2][]netip.Addr
+	for side := range 2 {
+		to[side] = make([]netip.Addr, n+warmup)
+		for i := range to[side] {
+			to[side][i] = dst[side](i)
+		}
+	}
 	err := testenv.Do(testenv.Path(ns[0]), func() error {
 		var hs [2]netns.NsHandle
 		for i := range hs {
@@ -153,7 +162,7 @@ func runPair(ns [2]string, n int, dst [2]func(i int) netip.Addr) ([2]probe, erro
 			if err := netns.Set(hs[side]); err != nil {
 				return 0, err
 			}
-			return connectOnce(dst[side](i))
+			return connectOnce(to[side][i])
 		}
 		for i := range warmup {
 			for side := range 2 {
