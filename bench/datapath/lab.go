@@ -25,20 +25,23 @@ import (
 //	                n1 192.168.98.1/24   fd00:98::1/64        default via the server
 //	server          s0 192.168.99.2/24   fd00:99::2/64        routes back to each side's client; the
 //	                s1 192.168.98.2/24   fd00:98::2/64        Service CIDR (10.96.0.0/16,
-//	                                                          fd00:10:96::/112) is local (AnyIP), a
-//	                                                          listener on port 80
+//	                                                          fd00:10:96::/112) and the floor's
+//	                                                          (10.97.0.0/16, fd00:10:97::/112) are
+//	                                                          local (AnyIP), a listener on port 80
 //
 // The External-IPs (the map's keys) are routed nowhere but by the node's default route: a packet to
 // one is DNATed to its Cluster-IP, which the server answers.
 type plan struct {
 	family               rules.Family
 	podCIDR, serviceCIDR netip.Prefix
-	// floorExtIP and floorClusterIP are the floor node's one translation (floorRules): External-IP
-	// traffic on the floor side goes to floorExtIP and is DNATed to floorClusterIP, an address of
-	// the Service CIDR that no Service of the benchmark has (they take its first 50,000).
-	floorExtIP, floorClusterIP netip.Addr
-	sides                      [2]side                // the node with the rules, the floor node
-	consecutive, scattered     func(i int) netip.Addr // the i-th External-IP of a layout (0-based)
+	// floorExt and floorService are the floor node's one translation (floorRules): External-IP
+	// traffic on the floor side goes to floorExtIP(i) for entry i and is mapped, by one rule, to
+	// the same offset in floorService. So the floor's connections reach as many distinct server
+	// addresses as the node's do (entry i's Cluster-IP on the node, its twin in floorService on the
+	// floor), and Δ leaves out what reaching them costs: the lookup of the entry is what is left.
+	floorExt, floorService netip.Prefix
+	sides                  [2]side                // the node with the rules, the floor node
+	consecutive, scattered func(i int) netip.Addr // the i-th External-IP of a layout (0-based)
 }
 
 // side is one client–node–server path's addresses.
@@ -49,7 +52,7 @@ type side struct {
 var plans = map[rules.Family]plan{
 	rules.IPv4: {
 		family: rules.IPv4, podCIDR: pfx("10.244.0.0/24"), serviceCIDR: pfx("10.96.0.0/16"),
-		floorExtIP: netip.MustParseAddr("198.51.100.7"), floorClusterIP: netip.MustParseAddr("10.96.255.254"),
+		floorExt: pfx("198.18.0.0/16"), floorService: pfx("10.97.0.0/16"),
 		sides: [2]side{
 			{client: pfx("10.244.0.2/24"), nodePod: pfx("10.244.0.1/24"), nodeUp: pfx("192.168.99.1/24"), server: pfx("192.168.99.2/24")},
 			{client: pfx("10.245.0.2/24"), nodePod: pfx("10.245.0.1/24"), nodeUp: pfx("192.168.98.1/24"), server: pfx("192.168.98.2/24")},
@@ -59,7 +62,7 @@ var plans = map[rules.Family]plan{
 	},
 	rules.IPv6: {
 		family: rules.IPv6, podCIDR: pfx("fd00:10:244::/64"), serviceCIDR: pfx("fd00:10:96::/112"),
-		floorExtIP: netip.MustParseAddr("3fff::7"), floorClusterIP: netip.MustParseAddr("fd00:10:96::fffe"),
+		floorExt: pfx("3fff::/112"), floorService: pfx("fd00:10:97::/112"),
 		sides: [2]side{
 			{client: pfx("fd00:10:244::2/64"), nodePod: pfx("fd00:10:244::1/64"), nodeUp: pfx("fd00:99::1/64"), server: pfx("fd00:99::2/64")},
 			{client: pfx("fd00:10:245::2/64"), nodePod: pfx("fd00:10:245::1/64"), nodeUp: pfx("fd00:98::1/64"), server: pfx("fd00:98::2/64")},
@@ -73,6 +76,10 @@ func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }
 
 // clusterIP is the i-th Service's Cluster-IP: the Service CIDR's address i+1.
 func (p plan) clusterIP(i int) netip.Addr { return addN(p.serviceCIDR.Addr(), uint64(i)+1) }
+
+// floorExtIP is where the floor side sends entry i's External-IP traffic: floorExt's address i+1,
+// which the floor node maps to floorService's address i+1.
+func (p plan) floorExtIP(i int) netip.Addr { return addN(p.floorExt.Addr(), uint64(i)+1) }
 
 // addN is a + n (n well below the family's width).
 func addN(a netip.Addr, n uint64) netip.Addr {
@@ -159,6 +166,8 @@ func (l *lab) setup(ctx context.Context) error {
 		{"sysctl", "-qw", "net.core.somaxconn=65535", "net.ipv4.tcp_max_syn_backlog=65535"},
 		{"ip", "route", "add", "local", plans[rules.IPv4].serviceCIDR.String(), "dev", "lo"},
 		{"ip", "-6", "route", "add", "local", plans[rules.IPv6].serviceCIDR.String(), "dev", "lo"},
+		{"ip", "route", "add", "local", plans[rules.IPv4].floorService.String(), "dev", "lo"},
+		{"ip", "-6", "route", "add", "local", plans[rules.IPv6].floorService.String(), "dev", "lo"},
 	}}
 	for i := range 2 {
 		s0 := fmt.Sprintf("s%d", i)
@@ -226,21 +235,22 @@ func baseRules(ctx context.Context, node string) error {
 }
 
 // floorRules give the floor node the translation that External-IP traffic pays whatever looks its
-// entry up: one DNAT rule, before KUBE-SERVICES in PREROUTING and OUTPUT, from the plan's
-// floorExtIP to floorClusterIP, and one masquerade rule for what it DNATed, whose conntrack status
-// test is the one the fix's guard makes. So an External-IP connection's Δ is what the lookup of its
-// entry among the map's costs (the fix's dispatch, its buckets, its masquerade's), not the DNAT and
-// the masquerade themselves, which any rule doing them pays (kube-proxy's for a Cluster-IP too).
-// Each rule tests the destination first, with a native compare: a connection to a Cluster-IP (no
-// entry) meets three such compares on the floor side, and nothing else of them. They carry no
-// comment: under iptables-nft `-m comment` is an xt match, a cost the floor must not add.
+// entry up: one rule, before KUBE-SERVICES in PREROUTING and OUTPUT, that maps floorExt onto
+// floorService (NETMAP, a DNAT that keeps the address's offset), and one masquerade rule for what it
+// DNATed, whose conntrack status test is the one the fix's guard makes. So an External-IP
+// connection's Δ is what the lookup of its entry among the map's costs (the fix's dispatch, its
+// buckets, its masquerade's), not the DNAT and the masquerade themselves, which any rule doing them
+// pays (kube-proxy's for a Cluster-IP too), nor the thousands of distinct destinations that the
+// connections reach on both sides. Each rule tests the destination first, with a native compare:
+// a connection to a Cluster-IP (no entry) meets three such compares on the floor side, and nothing
+// else of them. They carry no comment: under iptables-nft `-m comment` is an xt match, a cost the
+// floor must not add.
 func floorRules(ctx context.Context, node string) error {
 	return restoreBoth(ctx, node, func(f rules.Family) string {
 		p := plans[f]
-		to := netip.AddrPortFrom(p.floorClusterIP, 80)
-		dnat := fmt.Sprintf("-d %s -p tcp -m tcp --dport 80 -j DNAT --to-destination %s", p.floorExtIP, to)
+		dnat := fmt.Sprintf("-d %s -p tcp -m tcp --dport 80 -j NETMAP --to %s", p.floorExt, p.floorService)
 		return "*nat\n-I PREROUTING 1 " + dnat + "\n-I OUTPUT 1 " + dnat + "\n" +
-			fmt.Sprintf("-I POSTROUTING 1 -d %s -m conntrack --ctstate DNAT -j MASQUERADE\n", p.floorClusterIP) + "COMMIT\n"
+			fmt.Sprintf("-I POSTROUTING 1 -d %s -m conntrack --ctstate DNAT -j MASQUERADE\n", p.floorService) + "COMMIT\n"
 	})
 }
 

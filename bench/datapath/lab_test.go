@@ -171,7 +171,7 @@ func floorTranslation(dump string) []string {
 	var out []string
 	for _, l := range strings.Split(dump, "\n") {
 		for _, p := range plans {
-			if strings.Contains(l, "daddr "+p.floorExtIP.String()+" ") || strings.Contains(l, "daddr "+p.floorClusterIP.String()+" ") {
+			if strings.Contains(l, "daddr "+p.floorExt.String()+" ") || strings.Contains(l, "daddr "+p.floorService.String()+" ") {
 				out = append(out, l)
 				break
 			}

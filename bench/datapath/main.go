@@ -233,8 +233,8 @@ func targets(entries, hot int, traffic string, n int) []int {
 
 // measureCell measures one cell, its rules and its floor interleaved (runPair): miss traffic goes to
 // Cluster-IPs (no map key), hit traffic to External-IPs of random entries (of the first hot ones
-// when hot > 0), and on the floor side to the floor node's one translated External-IP (floorRules:
-// the same DNAT and masquerade by one rule each).
+// when hot > 0), and on the floor side to the same entries' twins in the floor node's one
+// translation (floorRules: the same DNAT and masquerade by one rule each).
 func measureCell(l *lab, n, hot int, p plan, c *cell) error {
 	ns := l.client
 	if c.path == "host" {
@@ -245,7 +245,7 @@ func measureCell(l *lab, n, hot int, p plan, c *cell) error {
 	withRules := floor
 	if c.traffic == "hit" {
 		withRules = func(i int) netip.Addr { return p.extIP(c.layout, idx[i]) }
-		floor = func(int) netip.Addr { return p.floorExtIP }
+		floor = func(i int) netip.Addr { return p.floorExtIP(idx[i]) }
 	}
 	pr, err := runPair(ns, n, [2]func(int) netip.Addr{withRules, floor})
 	c.rules, c.floor = pr[0], pr[1]
