@@ -81,7 +81,7 @@ func report(m machine, o options, cells []*cell) string {
 		fmt.Fprintf(&b, "External-IP traffic goes to the first %d entries of each map only (-hot).\n\n", o.hot)
 	}
 	b.WriteString("First-packet reply latency (connect(2) → handshake done, µs) and new connections per second from one thread; " +
-		"*floor* is the same connections through an identical node without the agent's rules (for External-IP traffic it holds one DNAT, a NETMAP, and one masquerade rule), alternating with them connection by connection; Δ is rules − floor. " +
+		"*floor* is the same connections through an identical node without the agent's rules (for External-IP traffic it holds one DNAT (a NETMAP) and one masquerade rule), alternating with them connection by connection; Δ is rules − floor. " +
 		"*no entry*: to a Cluster-IP (no map key); *External-IP*: to a random entry's External-IP, DNATed and masqueraded (its floor: the same DNAT and masquerade on the floor node by one rule each, to as many distinct addresses, so Δ is the lookup of the entry among the map's).\n\n")
 	b.WriteString("| run | backend | family | layout | entries | from | floor p50 / p99 | no entry p50 / p99 | Δ p50 / Δ p99 | conn/s (floor) | External-IP p50 / p99 | Δ p50 / Δ p99 | conn/s (floor) |\n")
 	b.WriteString("|---:|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
