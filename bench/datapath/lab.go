@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"strings"
 
@@ -80,6 +81,19 @@ func (p plan) clusterIP(i int) netip.Addr { return addN(p.serviceCIDR.Addr(), ui
 // floorExtIP is where the floor side sends entry i's External-IP traffic: floorExt's address i+1,
 // which the floor node maps to floorService's address i+1.
 func (p plan) floorExtIP(i int) netip.Addr { return addN(p.floorExt.Addr(), uint64(i)+1) }
+
+// maxEntries is the largest map size the lab's address plan holds, in every family: entry i takes
+// address i+1 of the Service CIDR and of the floor's two prefixes (clusterIP, floorExtIP), and
+// must stay inside each.
+func maxEntries() int {
+	n := math.MaxInt
+	for _, p := range plans {
+		for _, pf := range []netip.Prefix{p.serviceCIDR, p.floorExt, p.floorService} {
+			n = min(n, 1<<min(pf.Addr().BitLen()-pf.Bits(), 62)-1)
+		}
+	}
+	return n
+}
 
 // addN is a + n (n well below the family's width).
 func addN(a netip.Addr, n uint64) netip.Addr {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net/netip"
 	"regexp"
 	"slices"
 	"strings"
@@ -181,6 +182,33 @@ func floorTranslation(dump string) []string {
 }
 
 var counterValues = regexp.MustCompile(`counter packets \d+ bytes \d+`)
+
+// TestSizes: a size the address plan cannot hold (an entry's Cluster-IP or floor twin outside its
+// prefix) is refused by name, and the default sizes are held.
+func TestSizes(t *testing.T) {
+	if got := maxEntries(); got != 65535 {
+		t.Errorf("maxEntries = %d, want 65535 (the /16 and /112 prefixes)", got)
+	}
+	if _, err := ints("0,1000,10000,50000"); err != nil {
+		t.Errorf("default sizes: %v", err)
+	}
+	for _, bad := range []string{"65536", "-1", "1000,100000"} {
+		if _, err := ints(bad); err == nil || !strings.Contains(err.Error(), "size ") {
+			t.Errorf("sizes %q: err %v, want a size refused", bad, err)
+		}
+	}
+	for _, p := range plans {
+		last := maxEntries() - 1
+		for _, a := range []struct {
+			pf netip.Prefix
+			ip netip.Addr
+		}{{p.serviceCIDR, p.clusterIP(last)}, {p.floorExt, p.floorExtIP(last)}} {
+			if !a.pf.Contains(a.ip) {
+				t.Errorf("%s: entry %d's address %s is outside %s", p.family, last, a.ip, a.pf)
+			}
+		}
+	}
+}
 
 // TestTargets: -hot narrows External-IP traffic to the first entries and leaves the rest alone.
 func TestTargets(t *testing.T) {

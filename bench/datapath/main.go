@@ -120,6 +120,9 @@ func ints(s string) ([]int, error) {
 		if err != nil {
 			return nil, fmt.Errorf("size %q: %w", f, err)
 		}
+		if v < 0 || v > maxEntries() {
+			return nil, fmt.Errorf("size %d: the lab's address plan holds 0 to %d entries (its Service CIDR and floor prefixes)", v, maxEntries())
+		}
 		out = append(out, v)
 	}
 	return out, nil
