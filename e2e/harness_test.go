@@ -352,11 +352,25 @@ func (n *node) dnatEntries(family string) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		// The entries sit in bucket chains NNM-EXTIP-DNAT-<prefix> that NNM-EXTIP-DNAT dispatches to
-		// (one per destination /28 or /124); only the DNAT rules of dispatched buckets are in effect.
+		// The entries sit in bucket chains NNM-EXTIP-DNAT-<prefix> (one per destination /28 or
+		// /124) that NNM-EXTIP-DNAT dispatches to, through dispatch nodes when there are many, or
+		// inlined into the chain that lists them (a bucket of one rule); only the DNAT rules of
+		// chains reached from NNM-EXTIP-DNAT are in effect.
+		jumps := map[string][]string{}
+		for _, line := range agenttest.Lines(save, "-A NNM-EXTIP-DNAT", "-j NNM-EXTIP-DNAT-") {
+			from, _, _ := strings.Cut(strings.TrimPrefix(line, "-A "), " ")
+			jumps[from] = append(jumps[from], line[strings.LastIndex(line, " ")+1:])
+		}
 		chains := map[string]bool{"NNM-EXTIP-DNAT": true}
-		for _, line := range agenttest.Lines(save, "-A NNM-EXTIP-DNAT ", "-j NNM-EXTIP-DNAT-") {
-			chains[line[strings.LastIndex(line, " ")+1:]] = true
+		for todo := []string{"NNM-EXTIP-DNAT"}; len(todo) > 0; {
+			c := todo[len(todo)-1]
+			todo = todo[:len(todo)-1]
+			for _, to := range jumps[c] {
+				if !chains[to] {
+					chains[to] = true
+					todo = append(todo, to)
+				}
+			}
 		}
 		for _, line := range agenttest.Lines(save, "-A NNM-EXTIP-DNAT", "-j DNAT") {
 			if name, _, _ := strings.Cut(strings.TrimPrefix(line, "-A "), " "); !chains[name] {

@@ -586,45 +586,83 @@ func appliedOnFake(t *testing.T, rs *rules.Ruleset) (*fakeRunner, *Backend) {
 	return f, b
 }
 
+// withSecondEntry is externalIPSharded with a second entry beside its second one (IPv4: 198.51.100.8
+// beside .7), whose bucket then is a chain of its own (a bucket of one rule is inlined into the
+// chain that lists it).
+func withSecondEntry(rs *rules.Ruleset) *rules.Ruleset {
+	e := rs.Maps[0].Entries[1]
+	e.Addr, e.Comment = e.Addr.Next(), "default/d:http"
+	rs.Maps[0].Entries = append(rs.Maps[0].Entries, e)
+	return rs
+}
+
+// TestApplyRewritesOnlyChangedBucket: a change of an entry rewrites its bucket alone, with one
+// restore and a listing of that chain; of an inlined bucket's entry, the chain that lists it.
 func TestApplyRewritesOnlyChangedBucket(t *testing.T) {
 	ctx := context.Background()
-	oneRun := func() *rules.Ruleset { // one lookup run (mark, DNAT, unmark) over two buckets
+	oneRun := func(second bool) *rules.Ruleset { // one lookup run (mark, DNAT, unmark) over two buckets
 		rs := externalIPSharded(rules.IPv4)
 		rs.Chains[2].Rules = rs.Chains[2].Rules[:3]
+		if second {
+			return withSecondEntry(rs)
+		}
 		return rs
 	}
-	f, b := appliedOnFake(t, oneRun())
-	changed := oneRun()
-	changed.Maps[0].Entries[1].To = netip.MustParseAddrPort("10.96.0.99:80") // 198.51.100.7
-	if err := apply(ctx, b, changed); err != nil {
-		t.Fatal(err)
-	}
-	label, err := connlabel.Bit(changed.Fix, "external-ips")
+	label, err := connlabel.Bit(oneRun(false).Fix, "external-ips")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []call{
-		{name: "iptables-nft-restore", args: "-w 5 --noflush", stdin: `*nat
-:NNM-EXTIP-DNAT-C6336400 - [0:0]
--A NNM-EXTIP-DNAT-C6336400 -d 198.51.100.7/32 -p tcp -m tcp --dport 80 -m connlabel --label ` + strconv.Itoa(label) + ` --set -m comment --comment "ipvs-externalip-dnat/dnat: default/c:http" -j DNAT --to-destination 10.96.0.99:80
-COMMIT
+	dnat := func(chain, addr, comment, to string) string {
+		return "-A " + chain + " -d " + addr + "/32 -p tcp -m tcp --dport 80 -m connlabel --label " + strconv.Itoa(label) +
+			` --set -m comment --comment "ipvs-externalip-dnat/dnat: ` + comment + `" -j DNAT --to-destination ` + to + "\n"
+	}
+	for _, c := range []struct {
+		name   string
+		second bool
+		chain  string
+		rules  string
+	}{
+		{"bucket", true, "NNM-EXTIP-DNAT-C6336400",
+			dnat("NNM-EXTIP-DNAT-C6336400", "198.51.100.7", "default/c:http", "10.96.0.99:80") + dnat("NNM-EXTIP-DNAT-C6336400", "198.51.100.8", "default/d:http", "10.96.0.13:80")},
+		{"inlined", false, "NNM-EXTIP-DNAT", `-A NNM-EXTIP-DNAT -m comment --comment "ipvs-externalip-dnat: mark for masquerade" -j MARK --or-mark 0x8000
+` + dnat("NNM-EXTIP-DNAT", "198.51.100.7", "default/c:http", "10.96.0.99:80") + `-A NNM-EXTIP-DNAT -d 203.0.113.0/28 -j NNM-EXTIP-DNAT-CB007100
+-A NNM-EXTIP-DNAT -d 203.0.113.192/28 -j NNM-EXTIP-DNAT-CB0071C0
+-A NNM-EXTIP-DNAT -m comment --comment "ipvs-externalip-dnat: not DNATed" -j MARK --and-mark 0xffff7fff
 `},
-		{name: "iptables-nft", args: "-w 5 -t nat -S NNM-EXTIP-DNAT-C6336400"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rs := oneRun(c.second)
+			if !c.second { // the other buckets keep chains of their own
+				rs.Maps[0].Entries = append(rs.Maps[0].Entries, rules.MapEntry{Addr: netip.MustParseAddr("203.0.113.6"), Protocol: rules.TCP, Port: 443, To: netip.MustParseAddrPort("10.96.0.11:443")},
+					rules.MapEntry{Addr: netip.MustParseAddr("203.0.113.201"), Protocol: rules.TCP, Port: 80, To: netip.MustParseAddrPort("10.96.0.12:80")})
+			}
+			f, b := appliedOnFake(t, rs)
+			changed := oneRun(c.second)
+			changed.Maps[0].Entries = slices.Clone(rs.Maps[0].Entries)
+			changed.Maps[0].Entries[1].To = netip.MustParseAddrPort("10.96.0.99:80") // 198.51.100.7
+			if err := apply(ctx, b, changed); err != nil {
+				t.Fatal(err)
+			}
+			want := []call{
+				{name: "iptables-nft-restore", args: "-w 5 --noflush", stdin: "*nat\n:" + c.chain + " - [0:0]\n" + c.rules + "COMMIT\n"},
+				{name: "iptables-nft", args: "-w 5 -t nat -S " + c.chain},
+			}
+			if diff := cmp.Diff(want, f.calls, cmp.AllowUnexported(call{})); diff != "" {
+				t.Errorf("calls (-want +got):\n%s", diff)
+			}
+		})
 	}
-	if diff := cmp.Diff(want, f.calls, cmp.AllowUnexported(call{})); diff != "" {
-		t.Errorf("calls (-want +got):\n%s", diff)
-	}
-
 }
 
-// TestApplyRemovesEmptiedBucket: when the last entry of a bucket goes, the parent chain loses its
-// dispatch rule (it is rewritten) and the bucket chain is deleted, in one restore and without a save;
+// TestApplyRemovesEmptiedBucket: when the last entries of a bucket go, the parent chain loses its
+// dispatch rule (it is rewritten, the other buckets' one rule each inlined as before) and the
+// bucket chain is deleted, in one restore and without a save;
 // the masquerade, one label match whatever the entries, is left as it is.
 func TestApplyRemovesEmptiedBucket(t *testing.T) {
 	ctx := context.Background()
-	f, b := appliedOnFake(t, externalIPSharded(rules.IPv4))
+	f, b := appliedOnFake(t, withSecondEntry(externalIPSharded(rules.IPv4)))
 	changed := externalIPSharded(rules.IPv4)
-	changed.Maps[0].Entries = append(changed.Maps[0].Entries[:1], changed.Maps[0].Entries[2:]...) // 198.51.100.7
+	changed.Maps[0].Entries = append(changed.Maps[0].Entries[:1], changed.Maps[0].Entries[2:]...) // 198.51.100.7 and .8
 	if err := apply(ctx, b, changed); err != nil {
 		t.Fatal(err)
 	}
@@ -632,11 +670,16 @@ func TestApplyRemovesEmptiedBucket(t *testing.T) {
 	if len(r) != 1 || len(f.calls) != 2 || f.calls[1].args != "-w 5 -t nat -S NNM-EXTIP-DNAT" {
 		t.Fatalf("calls %v, want one restore and a listing of the parent chain", f.calls)
 	}
+	label, err := connlabel.Bit(changed.Fix, "external-ips")
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := "-m connlabel --label " + strconv.Itoa(label) + " --set"
 	want := `*nat
 :NNM-EXTIP-DNAT - [0:0]
 -A NNM-EXTIP-DNAT -m comment --comment "ipvs-externalip-dnat: mark for masquerade" -j MARK --or-mark 0x8000
--A NNM-EXTIP-DNAT -d 203.0.113.0/28 -j NNM-EXTIP-DNAT-CB007100
--A NNM-EXTIP-DNAT -d 203.0.113.192/28 -j NNM-EXTIP-DNAT-CB0071C0
+-A NNM-EXTIP-DNAT -d 203.0.113.5/32 -p tcp -m tcp --dport 80 ` + set + ` -m comment --comment "ipvs-externalip-dnat/dnat: default/a:http" -j DNAT --to-destination 10.96.0.11:80
+-A NNM-EXTIP-DNAT -d 203.0.113.200/32 -p tcp -m tcp --dport 443 ` + set + ` -m comment --comment "ipvs-externalip-dnat/dnat: default/b:https" -j DNAT --to-destination 10.96.0.12:443
 -A NNM-EXTIP-DNAT -m comment --comment "ipvs-externalip-dnat: not DNATed" -j MARK --and-mark 0xffff7fff
 -A NNM-EXTIP-DNAT -p udp -m comment --comment "ipvs-externalip-dnat: udp is not ours" -j RETURN
 -A NNM-EXTIP-DNAT -d 203.0.113.0/28 -j NNM-EXTIP-DNAT2-CB007100

@@ -2,9 +2,11 @@ package iptables
 
 import (
 	"fmt"
+	"maps"
 	"math/bits"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -35,10 +37,11 @@ func scatteredAddr(family rules.Family, i int) netip.Addr {
 	return netip.AddrFrom16(b)
 }
 
-// walk follows the dispatch rules of the rendered chains from chain for a packet to dst, as the
-// kernel does: each rule is one step; a rule whose -d does not hold dst is passed, one that does
-// is followed into its chain (a node, or a bucket: the end). It returns the bucket reached ("" for
-// none), the dispatch rules met and the nodes entered in a row (the nesting).
+// walk follows the rendered chains from chain for a packet to dst, as the kernel does: a rule whose
+// -d does not hold dst is passed (a rule without -d, the DNAT chain's mark rules, too); a dispatch
+// rule that holds it is followed into its chain (a node or a bucket); any other rule that holds it is
+// the end: an entry's rule, in its bucket or inlined. It returns that rule ("" for none), the rules
+// with a -d met, and the nodes entered in a row (the nesting).
 func walk(chains map[string]*rchain, from string, dst netip.Addr) (string, int, int) {
 	steps, depth := 0, 0
 	for _, l := range chains[from].lines {
@@ -53,20 +56,22 @@ func walk(chains map[string]*rchain, from string, dst netip.Addr) (string, int, 
 				target = f[i+1]
 			}
 		}
-		c := chains[target]
-		if c == nil || c.parent == "" {
-			continue // not a dispatch rule (the mark rules of the DNAT chain)
+		if !d.IsValid() {
+			continue
 		}
 		steps++
 		if !d.Contains(dst) {
 			continue
 		}
-		if !c.node {
-			return target, steps, depth
+		c := chains[target]
+		if c == nil || c.parent == "" {
+			return l, steps, depth // an entry's rule
 		}
 		got, n, dn := walk(chains, target, dst)
 		steps += n
-		depth = max(depth, dn+1)
+		if c.node {
+			depth = max(depth, dn+1)
+		}
 		if got != "" {
 			return got, steps, depth
 		}
@@ -74,8 +79,13 @@ func walk(chains map[string]*rchain, from string, dst netip.Addr) (string, int, 
 	return "", steps, depth
 }
 
+// entryRule says whether rule l is the DNAT rule of an entry at address a.
+func entryRule(l string, a netip.Addr) bool {
+	return strings.Contains(l, " -d "+netip.PrefixFrom(a, a.BitLen()).String()+" ") && strings.Contains(l, " -j DNAT ")
+}
+
 // TestDispatchTree: with many buckets the dispatch is a tree: every entry's address reaches its own
-// bucket, addresses of no bucket reach none, and the dispatch rules a packet meets grow with the
+// rule (its bucket's, inlined: one entry a bucket), addresses of no bucket reach none, and the dispatch rules a packet meets grow with the
 // logarithm of the buckets (today's one rule per bucket met all 20,000); up to dispatchLeaf buckets
 // it stays one rule per bucket in the chain.
 func TestDispatchTree(t *testing.T) {
@@ -112,8 +122,8 @@ func TestDispatchTree(t *testing.T) {
 					a := scatteredAddr(family, j)
 					got, steps, depth := walk(chains, "NNM-EXTIP-DNAT", a)
 					deepest = max(deepest, depth)
-					if want := bucketName("EXTIP-DNAT", 1, bucketPrefix(a)); got != want {
-						t.Fatalf("entry %d (%s) reaches %q, want its bucket %s", j, a, got, want)
+					if !entryRule(got, a) {
+						t.Fatalf("entry %d (%s) reaches %q, want its DNAT rule", j, a, got)
 					}
 					worst = max(worst, steps)
 					// An address beside it, outside every bucket (the next /24 or /120 up; scattered
@@ -126,7 +136,7 @@ func TestDispatchTree(t *testing.T) {
 						continue
 					}
 					if got, steps, _ := walk(chains, "NNM-EXTIP-DNAT", miss); got != "" {
-						t.Fatalf("%s (no entry) reaches bucket %s", miss, got)
+						t.Fatalf("%s (no entry) reaches rule %s", miss, got)
 					} else {
 						worst = max(worst, steps)
 					}
@@ -159,7 +169,7 @@ func nestedDNAT() *rules.Ruleset {
 }
 
 // TestDispatchTreeDepth: prefixes that nest a node per level stop nesting at dispatchDepth nodes
-// and are listed there; every entry still reaches its bucket.
+// and are listed there; every entry still reaches its rule.
 func TestDispatchTreeDepth(t *testing.T) {
 	rs := nestedDNAT()
 	out, _, err := renderChains(rs, scope{})
@@ -173,8 +183,8 @@ func TestDispatchTreeDepth(t *testing.T) {
 	deepest := 0
 	for _, e := range rs.Maps[0].Entries {
 		got, _, depth := walk(chains, "NNM-EXTIP-DNAT", e.Addr)
-		if want := bucketName("EXTIP-DNAT", 1, bucketPrefix(e.Addr)); got != want {
-			t.Errorf("%s reaches %q, want %s", e.Addr, got, want)
+		if !entryRule(got, e.Addr) {
+			t.Errorf("%s reaches %q, want its DNAT rule", e.Addr, got)
 		}
 		deepest = max(deepest, depth)
 	}
@@ -262,17 +272,21 @@ func TestMasqueradeByLabel(t *testing.T) {
 }
 
 // TestScopeRendersWhatTheWholeRenders: for random changes of a map (mutateEntries) on both families,
-// the narrowed renderings applyEntries uses give, for every chain they hold in full (a bucket of the
-// change, a chain with rules of its own, a dispatch node), exactly the rules the whole ruleset
-// renders for that chain; with bucketsOnly (a change that keeps every bucket) they hold the changed
-// buckets alone, and the whole ruleset has no new bucket. It fails when a scope names a bucket
-// otherwise than the whole does, renders another bucket's entries into it, or takes a change that
-// adds or drops a bucket for one that keeps them.
+// with the record of the whole rendering before, the narrowed renderings of renderChange give, for
+// every chain they hold in full (a bucket of the change, a chain with rules of its own, a dispatch
+// node), exactly the rules the whole ruleset renders for that chain; with kept (a change that keeps
+// every bucket, none of them inlined) they hold the changed buckets alone, and the whole ruleset has
+// no new bucket; otherwise they hold every chain of the whole, and the inlined buckets' rules in
+// theirs. With the record true, no change is declined (applyEntries would take the full way: by
+// renderChange, or for an untouched bucket rendered as a chain that the record has not).
+// It fails when a scope names a bucket otherwise than the whole does, renders another bucket's
+// entries into it, inlines otherwise than the whole, or takes a change that adds or drops a bucket
+// for one that keeps them.
 func TestScopeRendersWhatTheWholeRenders(t *testing.T) {
 	for _, f := range rules.Families {
 		rnd := rand.New(rand.NewPCG(7, uint64(len(f))))
 		rs := externalIP(f)
-		kept, notKept := 0, 0
+		counts := map[string]int{}
 		for range 300 {
 			next := externalIP(f)
 			next.Maps[0].Entries = mutateEntries(rnd, f, rs.Maps[0].Entries, 4, 0)
@@ -281,60 +295,92 @@ func TestScopeRendersWhatTheWholeRenders(t *testing.T) {
 				rs = next
 				continue
 			}
-			whole := func(r *rules.Ruleset) map[tchain]*rchain {
-				cs, _, err := renderChains(r, scope{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				m := map[tchain]*rchain{}
-				for _, c := range cs {
-					m[c.key()] = c
-				}
-				return m
-			}
-			before, after := whole(rs), whole(next)
-			sc := scope{only: touched, bucketsOnly: bucketsKept(rs, next, touched)}
-			if sc.bucketsOnly {
-				kept++
-				for k, c := range after {
-					if before[k] == nil && c.parent != "" {
-						t.Fatalf("%s: bucketsKept, but bucket %s is new", f, k)
-					}
-				}
-			} else {
-				notKept++
-			}
-			for _, r := range []*rules.Ruleset{rs, next} {
-				all := whole(r)
-				got, _, err := renderChains(r, sc)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, c := range got {
-					w := all[c.key()]
-					if w == nil {
-						t.Fatalf("%s: scope %+v rendered chain %s, which the whole ruleset has not", f, sc.bucketsOnly, c.name)
-					}
-					isBucket := w.parent != "" && !w.node
-					if sc.bucketsOnly && (!isBucket || !touched[c.lookup][c.prefix]) {
-						t.Fatalf("%s: bucketsOnly rendered %s, not a bucket of the change", f, c.name)
-					}
-					if isBucket && !touched[c.lookup][c.prefix] {
-						if len(c.lines) != 0 {
-							t.Fatalf("%s: untouched bucket %s rendered with %d rules", f, c.name, len(c.lines))
-						}
-						continue
-					}
-					if strings.Join(c.lines, "\n") != strings.Join(w.lines, "\n") {
-						t.Fatalf("%s: chain %s: scope renders\n%s\nthe whole ruleset\n%s", f, c.name, strings.Join(c.lines, "\n"), strings.Join(w.lines, "\n"))
-					}
+			before, after := wholeChains(t, rs), wholeChains(t, next)
+			counts[scopeCase(t, f, touched, before, after, rs, next)]++
+			for _, c := range after {
+				if len(c.holds) > 0 {
+					counts["with an inlined bucket"]++
+					break
 				}
 			}
 			rs = next
 		}
-		if kept == 0 || notKept == 0 {
-			t.Fatalf("%s: the changes took one way only (kept %d, not kept %d)", f, kept, notKept)
+		if counts["kept"] == 0 || counts["not kept"] == 0 || counts["with an inlined bucket"] == 0 || counts["declined"] != 0 {
+			t.Fatalf("%s: the changes did not take both ways, or were declined: %v", f, counts)
 		}
-		t.Logf("%s: %d changes kept every bucket, %d did not", f, kept, notKept)
+		t.Logf("%s: %v", f, counts)
 	}
+}
+
+// wholeChains is the whole rendering of r, by chain.
+func wholeChains(t *testing.T, r *rules.Ruleset) map[tchain]*rchain {
+	t.Helper()
+	cs, _, err := renderChains(r, scope{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[tchain]*rchain{}
+	for _, c := range cs {
+		m[c.key()] = c
+	}
+	return m
+}
+
+// scopeCase checks renderChange's renderings of the change from rs to next against the wholes
+// before and after, and says which way the change took: "kept", "not kept" or "declined".
+func scopeCase(t *testing.T, f rules.Family, touched map[string]map[netip.Prefix]bool, before, after map[tchain]*rchain, rs, next *rules.Ruleset) string {
+	t.Helper()
+	prev := newRendering(slices.Collect(maps.Values(before)), nil, nil).record(nil)
+	old, now, kept, ok := renderChange(rs, next, touched, prev)
+	if !ok {
+		return "declined"
+	}
+	same := func(c, w *rchain, what string) {
+		if w == nil {
+			t.Fatalf("%s: %s: rendered chain %s, which the whole ruleset has not", f, what, c.name)
+		}
+		if strings.Join(c.lines, "\n") != strings.Join(w.lines, "\n") {
+			t.Fatalf("%s: %s: chain %s: scope renders\n%s\nthe whole ruleset\n%s", f, what, c.name, strings.Join(c.lines, "\n"), strings.Join(w.lines, "\n"))
+		}
+	}
+	untouched := func(c *rchain) bool { return !c.node && c.lookup != "" && !touched[c.lookup][c.prefix] }
+	for _, c := range now {
+		if untouched(c) && !prev.chains[c.key()] {
+			return "declined" // applyEntries: an untouched bucket cannot appear
+		}
+	}
+	for _, c := range old {
+		same(c, before[c.key()], "before")
+	}
+	for _, c := range now {
+		isBucket := !c.node && c.lookup != ""
+		if untouched(c) {
+			if len(c.lines) != 0 || after[c.key()] == nil {
+				t.Fatalf("%s: untouched bucket %s rendered with %d rules, or gone from the whole", f, c.name, len(c.lines))
+			}
+			continue
+		}
+		if kept && !isBucket {
+			t.Fatalf("%s: kept, but rendered %s, not a bucket of the change", f, c.name)
+		}
+		same(c, after[c.key()], "after")
+	}
+	if kept {
+		for k, c := range after {
+			if before[k] == nil && c.parent != "" {
+				t.Fatalf("%s: kept, but bucket %s is new", f, k)
+			}
+		}
+		return "kept"
+	}
+	rendered := map[tchain]bool{}
+	for _, c := range now {
+		rendered[c.key()] = true
+	}
+	for k := range after {
+		if !rendered[k] {
+			t.Fatalf("%s: not kept, but chain %s of the whole is not rendered", f, k)
+		}
+	}
+	return "not kept"
 }

@@ -51,16 +51,19 @@ func TestBucketNameCollisionResolved(t *testing.T) {
 	}
 }
 
-// collisionRuleset is the DNAT fix's chains (without MASQUERADE) with one entry, port 80, in each
-// colliding /124 (the host .1 of each) to local:7781+i.
+// collisionRuleset is the DNAT fix's chains (without MASQUERADE) with two entries, ports 80 and
+// 8080, in each colliding /124 (the host ::1 of each) to local:7781+i: two rules a bucket, so each
+// is a chain of its own (one rule would be inlined, and its bucket's name never used).
 func collisionRuleset(local netip.Addr, which ...int) *rules.Ruleset {
 	r := externalIP(rules.IPv6)
 	r.Chains = r.Chains[:3]
 	r.Maps[0].Entries = nil
 	for _, i := range which {
-		r.Maps[0].Entries = append(r.Maps[0].Entries, rules.MapEntry{
-			Addr: netip.MustParsePrefix(collidingV6[i]).Addr().Next(), Protocol: rules.TCP, Port: 80,
-			To: netip.AddrPortFrom(local, uint16(7781+i)), Comment: fmt.Sprintf("tenant/collide:%d", i)})
+		for _, port := range []uint16{80, 8080} {
+			r.Maps[0].Entries = append(r.Maps[0].Entries, rules.MapEntry{
+				Addr: netip.MustParsePrefix(collidingV6[i]).Addr().Next(), Protocol: rules.TCP, Port: port,
+				To: netip.AddrPortFrom(local, uint16(7781+i)), Comment: fmt.Sprintf("tenant/collide:%d", i)})
+		}
 	}
 	return r
 }
@@ -93,7 +96,7 @@ func TestKernelBucketNameCollision(t *testing.T) {
 				}
 			}
 			changed := collisionRuleset(local, 0, 1)
-			changed.Maps[0].Entries[1].Comment = "tenant/collide:renamed"
+			changed.Maps[0].Entries[len(changed.Maps[0].Entries)-1].Comment = "tenant/collide:renamed" // in the renamed bucket
 			mustApply(t, b, changed)
 			if ok, err := inSync(ctx, k.backend(), changed); err != nil || !ok {
 				t.Errorf("a fresh process finds the kernel in sync = %v, %v; want true", ok, err)

@@ -274,22 +274,33 @@ func mutateEntries(rnd *rand.Rand, f rules.Family, in []rules.MapEntry, buckets,
 	return uniq
 }
 
-// BenchmarkApply10k: one change among 10,000 map entries (10,000 kernel rules in 40 buckets), as
-// one Service changing at the scale of `make bench`: one bucket is rendered and rewritten.
+// BenchmarkApply10k: one change among 10,000 map entries, as one Service changing at the scale of
+// `make bench` (10,000 kernel rules in 625 buckets: one bucket is rendered and rewritten), and
+// among 10,000 scattered ones (scatteredDNAT: one entry a bucket, each inlined into the dispatch
+// node that lists it; the dispatch nodes are rendered with every inlined entry).
 func BenchmarkApply10k(b *testing.B) {
 	ctx := context.Background()
 	for _, c := range []struct {
 		name string
 		f    rules.Family
-	}{{"one-entry", rules.IPv4}, {"one-entry", rules.IPv6}, {"new-bucket", rules.IPv4}} {
+	}{{"one-entry", rules.IPv4}, {"one-entry", rules.IPv6}, {"new-bucket", rules.IPv4}, {"scattered-one-entry", rules.IPv4}, {"scattered-new-bucket", rules.IPv4}} {
 		f := c.f
 		b.Run(c.name+"-"+string(f), func(b *testing.B) {
 			k := newKernel(b, NFT, f)
 			be := k.backend()
 			entries := scaleEntries(f, 10000)
+			if strings.HasPrefix(c.name, "scattered-") {
+				entries = scatteredDNAT(f, 10000).Maps[0].Entries
+				// Sorted, as the agent's maps are (fix.ServiceMap): Map.Sorted then copies nothing.
+				slices.SortFunc(entries, func(a, b rules.MapEntry) int { return rules.CompareEntries(&a, &b) })
+			}
 			other := append(entries[:9999:9999], entries[9998])
 			other[9999].Port = 81
-			if c.name == "new-bucket" { // one more entry, alone in a /28 of its own
+			if c.name == "scattered-one-entry" { // an inlined entry's Cluster-IP port changes
+				other = slices.Clone(entries)
+				other[9999].To = netip.AddrPortFrom(other[9999].To.Addr(), 8081)
+			}
+			if strings.HasSuffix(c.name, "new-bucket") { // one more entry, alone in a /28 of its own
 				other = append(entries[:10000:10000], entries[0])
 				other[10000].Addr = netip.MustParseAddr("198.51.100.1")
 			}

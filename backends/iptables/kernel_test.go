@@ -730,17 +730,10 @@ func TestKernelBuckets(t *testing.T) {
 			k.ns.MustExec("ip", "route", "add", "198.51.100.0/24", "dev", "d0")
 		}
 		ports := []uint16{7781, 7782}
-		rs := func(entries ...int) *rules.Ruleset {
-			r := externalIP(k.family)
-			r.Chains = r.Chains[:3] // no MASQUERADE: the connections stay on the node
-			r.Maps[0].Entries = nil
-			for _, i := range entries {
-				r.Maps[0].Entries = append(r.Maps[0].Entries, rules.MapEntry{
-					Addr: netip.MustParseAddr(ips[i]), Protocol: rules.TCP, Port: 80,
-					To: netip.AddrPortFrom(netip.MustParseAddr(local), ports[i]), Comment: fmt.Sprintf("ns/svc-%d:http", i)})
-			}
-			return r
+		entries := func(single bool, is ...int) *rules.Ruleset {
+			return bucketsRuleset(k.family, local, ips, ports, single, is)
 		}
+		rs := func(is ...int) *rules.Ruleset { return entries(false, is...) }
 		b := k.backend()
 		mustApply(t, b, rs(0, 1))
 		buckets := []string{bucketName("EXTIP-DNAT", 1, bucketPrefix(netip.MustParseAddr(ips[0]))), bucketName("EXTIP-DNAT", 1, bucketPrefix(netip.MustParseAddr(ips[1])))}
@@ -764,7 +757,7 @@ func TestKernelBuckets(t *testing.T) {
 
 		// One entry changes: one restore and a listing of its bucket, no iptables-save.
 		changed := rs(0, 1)
-		changed.Maps[0].Entries[1].Comment = "ns/svc-1:renamed"
+		changed.Maps[0].Entries[2].Comment = "ns/svc-1:renamed"
 		k.run.reset()
 		mustApply(t, b, changed)
 		if c := k.run.reset(); c[k.bin("restore")] != 1 || c[k.bin("save")] != 0 || c[k.bin("")] != 1 {
@@ -796,12 +789,67 @@ func TestKernelBuckets(t *testing.T) {
 			t.Errorf("Apply did not restore the bucket:\nwant:\n%s\ngot:\n%s", s, after)
 		}
 
+		kernelInlinedBuckets(t, k, func(is ...int) *rules.Ruleset { return entries(true, is...) }, ips, ports, buckets)
+
 		// A fresh process's Remove finds the buckets through the dispatch rules.
 		if err := remove(ctx, k.backend(), "ipvs-externalip-dnat", k.family); err != nil {
 			t.Fatal(err)
 		}
 		mustLack(t, k.save(), "NNM-")
 	})
+}
+
+// bucketsRuleset is the DNAT fix's chains without the masquerade (the connections stay on the
+// node) with entries for the External-IPs ips[i] of is, to local:ports[i]: single, one entry (port
+// 80) an External-IP, so one rule a bucket, inlined; else also port 8080, and each bucket is a
+// chain of its own.
+func bucketsRuleset(f rules.Family, local string, ips []string, ports []uint16, single bool, is []int) *rules.Ruleset {
+	r := externalIP(f)
+	r.Chains = r.Chains[:3]
+	r.Maps[0].Entries = nil
+	for _, i := range is {
+		for _, port := range []uint16{80, 8080} {
+			if port != 80 && single {
+				continue
+			}
+			r.Maps[0].Entries = append(r.Maps[0].Entries, rules.MapEntry{
+				Addr: netip.MustParseAddr(ips[i]), Protocol: rules.TCP, Port: port,
+				To: netip.AddrPortFrom(netip.MustParseAddr(local), ports[i]), Comment: fmt.Sprintf("ns/svc-%d:%d", i, port)})
+		}
+	}
+	return r
+}
+
+// kernelInlinedBuckets: with one entry an External-IP, each bucket's one rule stands in the chain
+// that lists it (the bucket chains go); connections still reach their entry's port; a change of one
+// such entry is one restore and a listing, no save; Verify notices an inlined rule deleted.
+func kernelInlinedBuckets(t *testing.T, k *kernel, rs func(...int) *rules.Ruleset, ips []string, ports []uint16, buckets []string) {
+	ctx := context.Background()
+	b := k.backend()
+	mustApply(t, b, rs(0, 1))
+	s := k.save()
+	mustLack(t, s, buckets[0], buckets[1])
+	for i := range ips {
+		mustContain(t, s, "-A NNM-EXTIP-DNAT -d "+netip.PrefixFrom(netip.MustParseAddr(ips[i]), netip.MustParseAddr(ips[i]).BitLen()).String())
+		if got := k.connect(ips[i], ports); got != ports[i] {
+			t.Errorf("inlined: connection to %s:80 reached port %d, want %d", ips[i], got, ports[i])
+		}
+	}
+	changed := rs(0, 1)
+	changed.Maps[0].Entries[1].Comment = "ns/svc-1:inlined"
+	k.run.reset()
+	mustApply(t, b, changed)
+	if c := k.run.reset(); c[k.bin("restore")] != 1 || c[k.bin("save")] != 0 || c[k.bin("")] != 1 {
+		t.Errorf("a one-entry change of an inlined bucket ran %v, want 1 restore, 1 listing and no save", c)
+	}
+	mustContain(t, k.save(), "ns/svc-1:inlined")
+	k.ipt("-t", "nat", "-D", "NNM-EXTIP-DNAT", "2")
+	if ok, err := inSync(ctx, b, changed); err != nil || ok {
+		t.Errorf("Verify after deleting an inlined rule found it in sync (%v, %v)", ok, err)
+	}
+	if ok, err := inSync(ctx, b, changed); err != nil || !ok {
+		t.Errorf("in sync after Verify restored the inlined rule = %v, %v; want true", ok, err)
+	}
 }
 
 // connect listens on every port of ports at the node's address (all addresses), dials addr:80 from

@@ -280,7 +280,7 @@ func TestBucketNames(t *testing.T) {
 // chains that are not buckets are never unordered.
 func TestUnorderedBuckets(t *testing.T) {
 	for _, f := range rules.Families {
-		chains, _, err := renderChains(externalIPSharded(f), scope{})
+		chains, _, err := renderChains(withSecondEntry(externalIPSharded(f)), scope{})
 		if err != nil {
 			t.Fatal(err)
 		}
