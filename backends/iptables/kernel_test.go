@@ -758,11 +758,7 @@ func TestKernelBuckets(t *testing.T) {
 		// One entry changes: one restore and a listing of its bucket, no iptables-save.
 		changed := rs(0, 1)
 		changed.Maps[0].Entries[2].Comment = "ns/svc-1:renamed"
-		k.run.reset()
-		mustApply(t, b, changed)
-		if c := k.run.reset(); c[k.bin("restore")] != 1 || c[k.bin("save")] != 0 || c[k.bin("")] != 1 {
-			t.Errorf("a one-entry change ran %v, want 1 restore, 1 listing and no save", c)
-		}
+		k.applyOneEntryChange(t, b, changed, "a one-entry change")
 		if ok, err := inSync(ctx, b, changed); err != nil || !ok {
 			t.Errorf("in sync after a bucket rewrite = %v, %v; want true", ok, err)
 		}
@@ -797,6 +793,17 @@ func TestKernelBuckets(t *testing.T) {
 		}
 		mustLack(t, k.save(), "NNM-")
 	})
+}
+
+// applyOneEntryChange applies changed, a change of one entry, with b and checks that it took one
+// restore and one listing, and no iptables-save (what names the change in the error).
+func (k *kernel) applyOneEntryChange(t *testing.T, b *Backend, changed *rules.Ruleset, what string) {
+	t.Helper()
+	k.run.reset()
+	mustApply(t, b, changed)
+	if c := k.run.reset(); c[k.bin("restore")] != 1 || c[k.bin("save")] != 0 || c[k.bin("")] != 1 {
+		t.Errorf("%s ran %v, want 1 restore, 1 listing and no save", what, c)
+	}
 }
 
 // bucketsRuleset is the DNAT fix's chains without the masquerade (the connections stay on the
@@ -837,11 +844,7 @@ func kernelInlinedBuckets(t *testing.T, k *kernel, rs func(...int) *rules.Rulese
 	}
 	changed := rs(0, 1)
 	changed.Maps[0].Entries[1].Comment = "ns/svc-1:inlined"
-	k.run.reset()
-	mustApply(t, b, changed)
-	if c := k.run.reset(); c[k.bin("restore")] != 1 || c[k.bin("save")] != 0 || c[k.bin("")] != 1 {
-		t.Errorf("a one-entry change of an inlined bucket ran %v, want 1 restore, 1 listing and no save", c)
-	}
+	k.applyOneEntryChange(t, b, changed, "a one-entry change of an inlined bucket")
 	mustContain(t, k.save(), "ns/svc-1:inlined")
 	k.ipt("-t", "nat", "-D", "NNM-EXTIP-DNAT", "2")
 	if ok, err := inSync(ctx, b, changed); err != nil || ok {
