@@ -19,7 +19,7 @@ import (
 const (
 	nftTable   = "nnm-ipvs-externalip-dnat" // nftables backend: table ip nnm-<fix>
 	nftMap     = "svc"                      // ipvsexternalipdnat.MapName
-	iptDNATPfx = "-A NNM-EXTIP-DNAT"        // iptables backend: chain NNM-<Chain.Name> and its lookup buckets NNM-EXTIP-DNAT-<prefix>
+	iptDNATPfx = "-A NNM-EXTIP-DNAT"        // iptables backend: chain NNM-<Chain.Name>, its dispatch nodes and lookup buckets NNM-EXTIP-DNAT-<suffix> (a bucket of one rule inlined into its node)
 )
 
 // kernel reads what a backend left in a namespace. Reads are never timed: the benchmark times the
