@@ -50,7 +50,7 @@ TEST_FLAGS  ?= -count=1 -timeout 30m
 # early in the tail they overlap with the CPU-bound links of the short packages instead of holding
 # both slots at the end (in a warm run the last 40 s were staleudpconntrack and controlplane alone).
 SLOW_TEST_PKGS := ./e2e/vm ./e2e ./dataplane ./backends/iptables ./fixes/staleudpconntrack ./deploy \
-	./internal/controlplane ./backends/nftables ./fixes/mssclamp
+	./internal/testing/controlplane ./backends/nftables ./fixes/mssclamp
 # Every fuzz target runs FUZZTIME long in `make fuzz`. `make test` runs each target's seed corpus (f.Add
 # and testdata/fuzz/) as a plain test but does not fuzz: three seconds of fuzzing per target cost
 # ~250 s in `make test`, nearly all of it building the instrumented test binaries.

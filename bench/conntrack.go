@@ -2,7 +2,7 @@ package main
 
 // bench -conntrack: the peak RSS of stale-udp-conntrack against a conntrack table of N entries
 // (fixes/staleudpconntrack/README.md, "Memory"). The table is made in a network namespace of its
-// own with internal/ctfill (no packets): half UDP, half TCP, every entry DNATed (the old dump held
+// own with internal/testing/ctfill (no packets): half UDP, half TCP, every entry DNATed (the old dump held
 // all of them), 10% of them UDP entries to addresses of Pods that went away. A child process, in
 // that namespace, with the DaemonSet's environment (GOMEMLIMIT), runs the fix as the engine does (a
 // first pass that sees the Pods, then passes without the gone ones while Result.More says so) and
@@ -30,9 +30,9 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/fixes/staleudpconntrack"
-	"github.com/network-node-manager/network-node-manager/internal/ctfill"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/internal/testing/ctfill"
 )
 
 // ctChildEnv makes the bench binary (or a test binary, see conntrack_test.go) the measured child.
@@ -81,7 +81,7 @@ func measureConntrack(ctx context.Context, n int, env []string, old bool) (*ctRe
 	}
 	defer exec.Command("ip", "netns", "del", name).Run()
 	t0 := time.Now()
-	if err := testenv.Do("/run/netns/"+name, func() error { return ctfill.Create(n, tableEntry) }); err != nil {
+	if err := netns.Do("/run/netns/"+name, func() error { return ctfill.Create(n, tableEntry) }); err != nil {
 		return nil, err
 	}
 	logf("conntrack: %d entries created in %v", n, time.Since(t0).Round(time.Millisecond))

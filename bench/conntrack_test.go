@@ -6,7 +6,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // TestMain lets the test binary be the measured child of measureConntrack and the fleet child.
@@ -37,7 +37,7 @@ func TestConntrackMemory70k(t *testing.T) {
 	if testing.Short() || os.Getenv("NNM_SLOW") == "" {
 		t.Skip("slow (15-40 s): NNM_SLOW=1 runs it")
 	}
-	testenv.Require(t)
+	netns.Require(t)
 	m, err := readManifest()
 	if err != nil {
 		t.Fatal(err)

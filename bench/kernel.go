@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 const (
@@ -48,7 +48,7 @@ func kernelFor(backend string) kernel {
 type nftKernel struct{}
 
 func (nftKernel) entries(ctx context.Context, ns string) (int, error) {
-	out, err := testenv.Exec(ctx, ns, "nft", "--json", "list", "map", "ip", nftTable, nftMap)
+	out, err := netns.Exec(ctx, ns, "nft", "--json", "list", "map", "ip", nftTable, nftMap)
 	if err != nil {
 		if strings.Contains(out, "No such file or directory") {
 			return 0, nil
@@ -74,7 +74,7 @@ func (nftKernel) entries(ctx context.Context, ns string) (int, error) {
 }
 
 func (nftKernel) has(ctx context.Context, ns string, ip netip.Addr) (bool, error) {
-	out, err := testenv.Exec(ctx, ns, "nft", "get", "element", "ip", nftTable, nftMap,
+	out, err := netns.Exec(ctx, ns, "nft", "get", "element", "ip", nftTable, nftMap,
 		fmt.Sprintf("{ %s . tcp . %d }", ip, svcPort))
 	if err == nil {
 		return true, nil
@@ -86,7 +86,7 @@ func (nftKernel) has(ctx context.Context, ns string, ip netip.Addr) (bool, error
 }
 
 func (nftKernel) dump(ctx context.Context, ns string) (string, error) {
-	return testenv.Exec(ctx, ns, "nft", "list", "table", "ip", nftTable)
+	return netns.Exec(ctx, ns, "nft", "list", "table", "ip", nftTable)
 }
 
 func (nftKernel) restore(nsPath, file string) error {
@@ -101,7 +101,7 @@ func (nftKernel) addOne(nsPath string, ip netip.Addr) error {
 type iptKernel struct{}
 
 func (iptKernel) save(ctx context.Context, ns string) (string, error) {
-	return testenv.Output(ctx, ns, "iptables-nft-save", "-t", "nat")
+	return netns.Output(ctx, ns, "iptables-nft-save", "-t", "nat")
 }
 
 func (k iptKernel) entries(ctx context.Context, ns string) (int, error) {
@@ -141,7 +141,7 @@ func (iptKernel) restore(nsPath, file string) error {
 }
 
 func (iptKernel) addOne(nsPath string, ip netip.Addr) error {
-	return testenv.Do(nsPath, func() error {
+	return netns.Do(nsPath, func() error {
 		cmd := exec.Command("iptables-nft-restore", "-w", "5", "--noflush")
 		cmd.Stdin = strings.NewReader(fmt.Sprintf("*nat\n"+
 			"-A NNM-EXTIP-DNAT -d %[1]s/32 -p tcp -m tcp --dport %[2]d -j DNAT --to-destination 10.96.0.1:%[2]d\n"+
@@ -156,7 +156,7 @@ func (iptKernel) addOne(nsPath string, ip netip.Addr) error {
 // runIn runs a command in a namespace from a thread that entered it (no `ip netns exec` in the
 // timed path: the agent runs its tools directly too).
 func runIn(nsPath string, name string, args ...string) error {
-	return testenv.Do(nsPath, func() error {
+	return netns.Do(nsPath, func() error {
 		out, err := exec.Command(name, args...).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
@@ -181,20 +181,20 @@ func floor(k kernel, dump string, runs int) (full, one time.Duration, err error)
 	var times, ones []time.Duration
 	for i := 0; i < runs; i++ {
 		ns := fmt.Sprintf("nnmb-floor-%d", os.Getpid())
-		_ = testenv.Delete(context.Background(), ns)
-		if err := testenv.Create(context.Background(), ns); err != nil {
+		_ = netns.Delete(context.Background(), ns)
+		if err := netns.Create(context.Background(), ns); err != nil {
 			return 0, 0, err
 		}
 		start := time.Now()
-		err := k.restore(testenv.Path(ns), file)
+		err := k.restore(netns.Path(ns), file)
 		d := time.Since(start)
 		var d1 time.Duration
 		if err == nil {
 			start = time.Now()
-			err = k.addOne(testenv.Path(ns), netip.MustParseAddr("198.51.100.1"))
+			err = k.addOne(netns.Path(ns), netip.MustParseAddr("198.51.100.1"))
 			d1 = time.Since(start)
 		}
-		_ = testenv.Delete(context.Background(), ns)
+		_ = netns.Delete(context.Background(), ns)
 		if err != nil {
 			return 0, 0, err
 		}

@@ -15,9 +15,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/controlplane"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
 )
 
 // result holds one backend's figures at one N.
@@ -101,7 +101,7 @@ func measure(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o o
 		return nil, err
 	}
 	defer done()
-	w, err := newGenWatcher(testenv.Path(ns))
+	w, err := newGenWatcher(netns.Path(ns))
 	if err != nil {
 		return nil, err
 	}
@@ -225,18 +225,18 @@ func measure(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, o o
 // nodeNamespace makes the node namespace ns afresh and connects it to the control plane; done
 // disconnects and deletes it.
 func nodeNamespace(ctx context.Context, cp *controlplane.ControlPlane, ns string) (kubeconfig string, done func(), err error) {
-	_ = testenv.Delete(ctx, ns)
-	if err := testenv.Create(ctx, ns); err != nil {
+	_ = netns.Delete(ctx, ns)
+	if err := netns.Create(ctx, ns); err != nil {
 		return "", nil, err
 	}
 	kc, err := cp.ConnectNamespace(ns)
 	if err != nil {
-		_ = testenv.Delete(context.Background(), ns)
+		_ = netns.Delete(context.Background(), ns)
 		return "", nil, err
 	}
 	return kc, func() {
 		_ = cp.DisconnectNamespace(ns)
-		_ = testenv.Delete(context.Background(), ns)
+		_ = netns.Delete(context.Background(), ns)
 	}, nil
 }
 

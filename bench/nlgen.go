@@ -10,8 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/network-node-manager/network-node-manager/internal/recvloop"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/recvloop"
 )
 
 // Netfilter netlink constants (linux/netfilter/nfnetlink.h, nf_tables.h).
@@ -46,7 +46,7 @@ type genWatcher struct {
 
 func newGenWatcher(netnsPath string) (*genWatcher, error) {
 	w := &genWatcher{events: make(chan genEvent, 4096), stop: make(chan struct{})}
-	err := testenv.Do(netnsPath, func() error {
+	err := netns.Do(netnsPath, func() error {
 		fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
 		if err != nil {
 			return fmt.Errorf("netlink socket: %w", err)

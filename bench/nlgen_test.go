@@ -4,14 +4,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // The watcher sees an nft commit in its namespace, named after the committing process, and Close
 // ends its receive loop.
 func TestKernelGenWatcherSeesCommits(t *testing.T) {
-	testenv.RequireKernel(t, "nft")
-	ns := testenv.New(t, "nnm-nlgen")
+	netns.RequireKernel(t, "nft")
+	ns := netns.New(t, "nnm-nlgen")
 	w, err := newGenWatcher(ns.Path())
 	if err != nil {
 		t.Fatal(err)

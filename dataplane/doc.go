@@ -3,7 +3,7 @@
 // show it gone with the agent running each backend (iptables, nftables) in the "node" namespace.
 //
 //   - connection reset (invalid-drop, kubernetes#74839): reset_test.go, and beside kube-proxy
-//     kubeproxy_test.go; the reproduction itself is internal/resettest (the VM lane, e2e/vm, runs it too)
+//     kubeproxy_test.go; the reproduction itself is internal/testing/resettest (the VM lane, e2e/vm, runs it too)
 //   - External-IP unreachable from inside in IPVS mode (ipvs-externalip-dnat, kubernetes#75262):
 //     externalip_test.go
 //

@@ -69,9 +69,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/controlplane"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
 )
 
 // extipPlan is the address plan of one family.
@@ -169,11 +169,11 @@ func seedCluster(ctx context.Context, cp *controlplane.ControlPlane) error {
 	return nil
 }
 
-type extipTopo struct{ pod, node, backend *testenv.NS }
+type extipTopo struct{ pod, node, backend *netns.NS }
 
 func newExtIPTopo(t *testing.T) *extipTopo {
 	t.Helper()
-	tp := &extipTopo{pod: testenv.NewNoDAD(t, "nnmdp-pod"), node: testenv.NewNoDAD(t, "nnmdp-node"), backend: testenv.NewNoDAD(t, "nnmdp-bk")}
+	tp := &extipTopo{pod: netns.NewNoDAD(t, "nnmdp-pod"), node: netns.NewNoDAD(t, "nnmdp-node"), backend: netns.NewNoDAD(t, "nnmdp-bk")}
 	tp.node.Veth("pod0", tp.pod, "eth0")
 	tp.node.Veth("bk0", tp.backend, "eth0")
 	tp.node.Veth("kube-ipvs0", tp.node, "ipvs0-peer")
@@ -208,18 +208,18 @@ func newExtIPTopo(t *testing.T) *extipTopo {
 }
 
 // backendBody is what the backend in ns answers.
-func backendBody(ns *testenv.NS) string { return "hello from " + ns.Name + "\n" }
+func backendBody(ns *netns.NS) string { return "hello from " + ns.Name + "\n" }
 
 // serveBackend answers every connection on :backendPort (both families) with backendBody, and on
 // :peerPort with the client's address (peerBody), and closes it.
-func serveBackend(t *testing.T, ns *testenv.NS) {
+func serveBackend(t *testing.T, ns *netns.NS) {
 	for port, body := range map[int]func(net.Conn) string{
 		backendPort: func(net.Conn) string { return backendBody(ns) },
 		peerPort: func(c net.Conn) string {
 			return peerBody(netip.MustParseAddrPort(c.RemoteAddr().String()).Addr().Unmap())
 		},
 	} {
-		testenv.Serve(ns.Listen(t, fmt.Sprintf(":%d", port)), func(c net.Conn) {
+		netns.Serve(ns.Listen(t, fmt.Sprintf(":%d", port)), func(c net.Conn) {
 			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 			_, _ = io.WriteString(c, body(c))
 			c.Close()
@@ -245,7 +245,7 @@ func checkNotMasqueraded(t *testing.T, label string, tp *extipTopo) {
 
 // startForwarder listens on each key of routes inside node and relays every connection to the
 // route's target, dialing from node: the stand-in for an IPVS virtual server.
-func startForwarder(t *testing.T, node *testenv.NS, routes map[netip.AddrPort]netip.AddrPort) {
+func startForwarder(t *testing.T, node *netns.NS, routes map[netip.AddrPort]netip.AddrPort) {
 	t.Helper()
 	var (
 		wg    sync.WaitGroup
@@ -302,7 +302,7 @@ func startForwarder(t *testing.T, node *testenv.NS, routes map[netip.AddrPort]ne
 // probe is one connection attempt and its expected outcome.
 type probe struct {
 	name  string
-	from  *testenv.NS
+	from  *netns.NS
 	to    netip.AddrPort
 	reach bool // the backend's answer is expected
 }

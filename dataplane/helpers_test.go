@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 )
 
 // backends are the agent's rule backends; every "with agent" case runs once per backend, each time in
@@ -20,14 +20,14 @@ var backends = []string{"iptables", "nftables"}
 // require skips the test unless it runs as root with the agent binary and the given tools.
 func require(t *testing.T, tools ...string) {
 	t.Helper()
-	testenv.Require(t, tools...)
+	netns.Require(t, tools...)
 	agenttest.Require(t)
 }
 
 // dial opens a TCP connection from inside the namespace at nsPath.
 func dial(ctx context.Context, nsPath string, addr netip.AddrPort, timeout time.Duration) (net.Conn, error) {
 	var c net.Conn
-	err := testenv.Do(nsPath, func() (err error) {
+	err := netns.Do(nsPath, func() (err error) {
 		c, err = (&net.Dialer{Timeout: timeout}).DialContext(ctx, "tcp", addr.String())
 		return
 	})
@@ -36,7 +36,7 @@ func dial(ctx context.Context, nsPath string, addr netip.AddrPort, timeout time.
 
 // fetch connects from ns to addr and reads everything the server sends until it closes. Any failure
 // within timeout (connect or read) is an error.
-func fetch(ctx context.Context, ns *testenv.NS, addr netip.AddrPort, timeout time.Duration) (string, error) {
+func fetch(ctx context.Context, ns *netns.NS, addr netip.AddrPort, timeout time.Duration) (string, error) {
 	deadline := time.Now().Add(timeout)
 	c, err := dial(ctx, ns.Path(), addr, timeout)
 	if err != nil {

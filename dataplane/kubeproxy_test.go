@@ -1,6 +1,6 @@
 package dataplane
 
-// The connection-reset reproduction (internal/resettest) with a real kube-proxy in the node namespace
+// The connection-reset reproduction (internal/testing/resettest) with a real kube-proxy in the node namespace
 // (bin/kube-proxy, v1.36.3, dual-stack, against the shared control plane), both families in each
 // topology. Which lane proves what:
 //   - reset_test.go: the problem and the fix on a bare node, both families and backends;
@@ -16,9 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/kubeproxytest"
-	"github.com/network-node-manager/network-node-manager/internal/resettest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/kubeproxytest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/resettest"
 )
 
 // withKubeProxy starts kube-proxy in mode in the topology's node namespace (Node named name, its

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/controlplane"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
 )
 
 // One control plane (etcd + kube-apiserver) serves every test of the package. It starts on first use,
@@ -36,7 +36,7 @@ func TestMain(m *testing.M) {
 }
 
 // controlPlane returns the shared control plane, starting it and creating the cluster objects
-// (seedCluster) on first use; it ends the test when the machine cannot run one (testenv.Unavailable).
+// (seedCluster) on first use; it ends the test when the machine cannot run one (netns.Unavailable).
 func controlPlane(t *testing.T) *controlplane.ControlPlane {
 	t.Helper()
 	shared.once.Do(func() {
@@ -64,7 +64,7 @@ func controlPlane(t *testing.T) *controlplane.ControlPlane {
 		t.Logf("control plane %s ready in %v", cp.Netns(), time.Since(start).Round(time.Millisecond))
 	})
 	if shared.skip != "" {
-		testenv.Unavailable(t, "%s", shared.skip)
+		netns.Unavailable(t, "%s", shared.skip)
 	}
 	if shared.err != nil {
 		t.Fatal(shared.err)

@@ -1,7 +1,7 @@
 package dataplane
 
 // A good neighbour (issue #20): beside an agent that keeps its own jumps at position 1 of the
-// built-in chains (internal/insertfirst, Calico's Felix in its default insert mode), our agent at
+// built-in chains (internal/testing/insertfirst, Calico's Felix in its default insert mode), our agent at
 // syncPeriod 2s counts no repair, neither side moves a jump once both are in, and the connection-reset
 // reproduction still sees no RST, although the neighbour's filter INPUT chain ACCEPTs everything
 // ahead of anything of ours in filter.
@@ -23,9 +23,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/insertfirst"
-	"github.com/network-node-manager/network-node-manager/internal/resettest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/insertfirst"
+	"github.com/network-node-manager/network-node-manager/internal/testing/resettest"
 )
 
 // chainCounters are the packet and byte counters of a chain declaration in iptables-save.

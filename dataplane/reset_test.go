@@ -1,7 +1,7 @@
 package dataplane
 
 // Connection reset by an INVALID reply (kubernetes#74839, #117924) and the invalid-drop fix, on a
-// bare node: the reproduction, its topology and what it observes are internal/resettest's.
+// bare node: the reproduction, its topology and what it observes are internal/testing/resettest's.
 // Without the agent the reset happens; with the agent (invalid-drop, iptables then nftables) the
 // segment is dropped in INPUT, no RST leaves the node, the connection keeps working both ways, and
 // nnm_invalid_drop_dropped_packets_total counts it.
@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/resettest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/resettest"
 )
 
 func TestConnectionResetIPv4(t *testing.T) { testConnectionReset(t, resettest.V4) }

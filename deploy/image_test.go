@@ -27,11 +27,11 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/backends/iptables"
 	"github.com/network-node-manager/network-node-manager/backends/nftables"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/fixes/conntrackliberal"
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 	"github.com/network-node-manager/network-node-manager/internal/events"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
 )
 
 // The image built by hack/image.sh (make image), run the way deploy/base's DaemonSet runs it, without a
@@ -58,12 +58,12 @@ func TestImageRunsAsTheDaemonSet(t *testing.T) {
 		t.Skipf("set %s=1 (make test-image builds the image and runs this test)", imageTestEnv)
 	}
 	if _, err := exec.LookPath("buildah"); err != nil {
-		testenv.Unavailable(t, "buildah missing: make image (installs buildah and debootstrap)")
+		netns.Unavailable(t, "buildah missing: make image (installs buildah and debootstrap)")
 	}
 	if out, err := exec.Command("buildah", "inspect", "--type", "image", imageRef).CombinedOutput(); err != nil {
-		testenv.Unavailable(t, "image %s not built (make image): %v: %s", imageRef, err, out)
+		netns.Unavailable(t, "image %s not built (make image): %v: %s", imageRef, err, out)
 	}
-	testenv.Require(t, "iptables-save", "nft", "setpriv", "unshare", "chroot")
+	netns.Require(t, "iptables-save", "nft", "setpriv", "unshare", "chroot")
 	cp := controlplane.StartT(t, controlplane.Options{})
 	ctx := t.Context()
 	a, err := agenttest.NewApplier(cp.AdminRESTConfig())
@@ -115,7 +115,7 @@ func TestImageRunsAsTheDaemonSet(t *testing.T) {
 // the agent's (64-127) as the agent wrote it, by number, and warns about nothing: the image has an
 // /etc/xtables/connlabel.conf (deploy/image/connlabel.conf), without which it warns once per rule.
 func imageSavesLabels(t *testing.T, rootfs string) {
-	ns := testenv.New(t, "nnm-img-cl")
+	ns := netns.New(t, "nnm-img-cl")
 	in := "*nat\n:NNM-LABEL - [0:0]\n" +
 		"-A NNM-LABEL -d 203.0.113.10/32 -p tcp -m tcp --dport 80 -m connlabel --label 64 --set -j DNAT --to-destination 10.96.0.10:80\n" +
 		"-A NNM-LABEL -m connlabel --label 127 -m conntrack --ctstate DNAT -j MASQUERADE\nCOMMIT\n"
@@ -154,7 +154,7 @@ func run(t *testing.T, name string, args ...string) string {
 
 func runImage(t *testing.T, cp *controlplane.ControlPlane, ds *appsv1.DaemonSet, cm *corev1.ConfigMap, rootfs string, entrypoint []string, backend string) {
 	ctx := t.Context()
-	ns := testenv.New(t, "nnm-img")
+	ns := netns.New(t, "nnm-img")
 	nodeKC, err := cp.ConnectNamespace(ns.Name)
 	if err != nil {
 		t.Fatal(err)
@@ -272,9 +272,9 @@ func runImage(t *testing.T, cp *controlplane.ControlPlane, ds *appsv1.DaemonSet,
 	nsPath := ns.Path()
 	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{
 		DisableKeepAlives: true, TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
-		DialContext: testenv.DialContext(nsPath, &net.Dialer{Timeout: 2 * time.Second}),
+		DialContext: netns.DialContext(nsPath, &net.Dialer{Timeout: 2 * time.Second}),
 	}}
-	get := func(u, token string) (int, string, error) { return testenv.Get(ctx, client, u, token) }
+	get := func(u, token string) (int, string, error) { return netns.Get(ctx, client, u, token) }
 	start := time.Now()
 	readyz := "http://127.0.0.1:" + port(c.ReadinessProbe.HTTPGet.Port.StrVal) + c.ReadinessProbe.HTTPGet.Path
 	for {
@@ -445,7 +445,7 @@ func docsExecArgv(t *testing.T) []string {
 
 // ruleState is the node's ruleset of one backend, as its save or list tool prints it (counters
 // zeroed out, so packets do not count as a change).
-func ruleState(t *testing.T, ns *testenv.NS, backend string) string {
+func ruleState(t *testing.T, ns *netns.NS, backend string) string {
 	t.Helper()
 	if backend == "nftables" {
 		return regexp.MustCompile(`packets \d+ bytes \d+`).ReplaceAllString(ns.MustExec("nft", "list", "ruleset"), "")
@@ -599,9 +599,9 @@ func containerScript(t *testing.T, r containerRun) string {
 
 // forwardInNetns listens on addr inside the network namespace ns and forwards each connection to
 // target, dialled from inside that namespace too.
-func forwardInNetns(t *testing.T, ns *testenv.NS, addr, target string) {
+func forwardInNetns(t *testing.T, ns *netns.NS, addr, target string) {
 	t.Helper()
-	testenv.Serve(ns.Listen(t, addr), func(c net.Conn) {
+	netns.Serve(ns.Listen(t, addr), func(c net.Conn) {
 		defer c.Close()
 		var up net.Conn
 		if err := ns.Do(func() error {

@@ -14,12 +14,12 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/controlplane"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/internal/kube"
 	"github.com/network-node-manager/network-node-manager/internal/server"
-	"github.com/network-node-manager/network-node-manager/internal/servertest"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
+	"github.com/network-node-manager/network-node-manager/internal/testing/servertest"
 )
 
 // agentClient is a client with the identity of the agent's ServiceAccount (as deploy/base creates it).
@@ -88,7 +88,7 @@ func checkProtectedMetrics(t *testing.T, cp *controlplane.ControlPlane, a *agent
 		{"a ServiceAccount without the metrics reader role", token("default", "stranger"), http.StatusForbidden},
 		{"the PodMonitor's scraper", token("kube-system", "network-node-manager-metrics-scraper"), http.StatusOK},
 	} {
-		code, body, err := testenv.Get(ctx, client, metrics, c.token)
+		code, body, err := netns.Get(ctx, client, metrics, c.token)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -18,11 +18,11 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/fixes"
 	"github.com/network-node-manager/network-node-manager/internal/agent"
-	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 	"github.com/network-node-manager/network-node-manager/internal/engine"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
 )
 
 // The alerts (components/prometheusrule) and the dashboard (components/grafana-dashboard) are checked
@@ -42,7 +42,7 @@ func promtool(t *testing.T) string {
 	}
 	p := filepath.Join(dir, "promtool")
 	if _, err := os.Stat(p); err != nil {
-		testenv.Unavailable(t, "%s missing: run `make promtool` (hack/fetch-promtool.sh)", p)
+		netns.Unavailable(t, "%s missing: run `make promtool` (hack/fetch-promtool.sh)", p)
 	}
 	return p
 }

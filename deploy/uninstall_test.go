@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/network-node-manager/network-node-manager/core/sysctl"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/fixes/conntrackliberal"
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/nodelock"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 )
 
 // The uninstall path restores what conntrack-liberal changed: the agent (the real binary, in a node
@@ -21,15 +21,15 @@ import (
 // (TestUninstallRevertsNodeState checks they see the same state directory and /proc/sys/net), writes
 // the recorded value back and forgets it, and removes the rules.
 func TestUninstallRestoresConntrackLiberal(t *testing.T) {
-	testenv.RequireKernel(t, "nft")
+	netns.RequireKernel(t, "nft")
 	agenttest.Require(t)
-	ns := testenv.New(t, "nnm-uninst")
+	ns := netns.New(t, "nnm-uninst")
 	proc := "/proc/sys/" + strings.ReplaceAll(sysctl.ConntrackTCPBeLiberal, ".", "/")
 	read := func() string {
 		t.Helper()
 		out, err := ns.Exec("cat", proc)
 		if err != nil {
-			testenv.Unavailable(t, "the namespace has no %s (nf_conntrack not loaded): %v", sysctl.ConntrackTCPBeLiberal, err)
+			netns.Unavailable(t, "the namespace has no %s (nf_conntrack not loaded): %v", sysctl.ConntrackTCPBeLiberal, err)
 		}
 		return strings.TrimSpace(out)
 	}

@@ -16,10 +16,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/internal/diagnose"
-	"github.com/network-node-manager/network-node-manager/internal/kubeproxytest"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/kubeproxytest"
 )
 
 // diagnoseExtIP is the External-IP of Service "ext" (externalTrafficPolicy: Local, its one endpoint
@@ -208,7 +208,7 @@ func TestDiagnoseBesideKubeProxy(t *testing.T) {
 			}
 		}
 		dial := func() error {
-			conn, err := testenv.DialContext(n.ns.Path(), &net.Dialer{Timeout: 3 * time.Second})(t.Context(), "tcp", net.JoinHostPort("127.0.0.1", fmt.Sprint(nodePort)))
+			conn, err := netns.DialContext(n.ns.Path(), &net.Dialer{Timeout: 3 * time.Second})(t.Context(), "tcp", net.JoinHostPort("127.0.0.1", fmt.Sprint(nodePort)))
 			if err != nil {
 				return err
 			}

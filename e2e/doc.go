@@ -1,6 +1,6 @@
 // Package e2e holds the end-to-end scenarios: the real agent binary runs with the ServiceAccount and
 // RBAC of deploy/base in a "node" network namespace against a real kube-apiserver and etcd
-// (internal/controlplane), and each scenario asserts on the kernel's ruleset (iptables-save, nft list)
+// (internal/testing/controlplane), and each scenario asserts on the kernel's ruleset (iptables-save, nft list)
 // and on the agent's /metrics.
 //
 // Run them as root after `make build controlplane`:

@@ -12,9 +12,9 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/internal/events"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 )
 
 const fixLiberal = "conntrack-liberal"
@@ -198,7 +198,7 @@ func TestNodeEvents(t *testing.T) {
 
 // addPredecessorChains leaves what Kakao's network-node-manager leaves: an NMANAGER_ chain jumped to
 // from INPUT, in every iptables variant installed (the agent takes over in the one it detects).
-func addPredecessorChains(t *testing.T, ns *testenv.NS) {
+func addPredecessorChains(t *testing.T, ns *netns.NS) {
 	var errs []error
 	added := 0
 	for _, bin := range []string{"iptables-legacy", "iptables-nft"} {

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/kubeproxytest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/kubeproxytest"
 )
 
 // restartGap is how long TestAgentFollowsKubeProxy keeps kube-proxy away: longer than several

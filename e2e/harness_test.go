@@ -23,9 +23,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/controlplane"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
 )
 
 // Agent settings shared by every scenario: short periods keep the suite fast.
@@ -49,13 +49,13 @@ var backendNames = []string{"iptables", "nftables"}
 
 // ---- prerequisites and the shared control planes ----
 
-// require ends the test unless the whole end-to-end setup can run here (testenv.Unavailable: a skip,
+// require ends the test unless the whole end-to-end setup can run here (netns.Unavailable: a skip,
 // or a failure under CI).
 func require(t *testing.T) {
 	t.Helper()
 	requireAgent(t)
 	if err := controlplane.CheckPrerequisites(""); err != nil {
-		testenv.Unavailable(t, "end-to-end scenario: %v", err)
+		netns.Unavailable(t, "end-to-end scenario: %v", err)
 	}
 }
 
@@ -79,9 +79,9 @@ func requireAgent(t *testing.T) {
 		t.Skip("end-to-end scenario: skipped with -short")
 	}
 	if err := agenttest.CheckPrerequisites(); err != nil {
-		testenv.Unavailable(t, "end-to-end scenario: %v", err)
+		netns.Unavailable(t, "end-to-end scenario: %v", err)
 	}
-	testenv.Require(t, "iptables-save", "ip6tables-save", "nft")
+	netns.Require(t, "iptables-save", "ip6tables-save", "nft")
 }
 
 // cluster is a control plane with the project's RBAC applied.
@@ -172,7 +172,7 @@ type nodeOptions struct {
 	// noWait skips waiting for /readyz.
 	noWait bool
 	// setup prepares the node's netns before the agent starts (e.g. a predecessor's chains).
-	setup func(t *testing.T, ns *testenv.NS)
+	setup func(t *testing.T, ns *netns.NS)
 	// kubeconfig replaces the ServiceAccount kubeconfig of the cluster; with no cluster and no
 	// kubeconfig the agent gets no --kubeconfig.
 	kubeconfig string
@@ -191,7 +191,7 @@ fixes:
 type node struct {
 	t       *testing.T
 	c       *cluster
-	ns      *testenv.NS
+	ns      *netns.NS
 	name    string // Node name given to the agent
 	backend string
 	config  string // config file path
@@ -205,7 +205,7 @@ type node struct {
 // starts the agent in it with the ServiceAccount identity, then waits for /readyz.
 func startNode(t *testing.T, c *cluster, backend string, o nodeOptions) *node {
 	t.Helper()
-	ns := testenv.New(t, "nnm-e2e")
+	ns := netns.New(t, "nnm-e2e")
 	n := &node{t: t, c: c, ns: ns, name: "node-" + ns.Name[len(ns.Name)-8:], backend: backend}
 	if o.sa == "" {
 		o.sa = saName
@@ -388,7 +388,7 @@ func (n *node) dnatEntries(family string) ([]string, error) {
 		}
 	} else {
 		fam := agenttest.NftFamily(family)
-		raw, err := testenv.Exec(ctx, n.ns.Name, "nft", "-j", "list", "table", fam, "nnm-"+fixExtIP)
+		raw, err := netns.Exec(ctx, n.ns.Name, "nft", "-j", "list", "table", fam, "nnm-"+fixExtIP)
 		if err != nil {
 			if strings.Contains(raw, "No such file or directory") {
 				return nil, nil

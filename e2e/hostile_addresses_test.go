@@ -34,8 +34,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 )
 
 // hostileIngress are LoadBalancer ingress IPs that kube-apiserver accepts (the status subresource
@@ -306,7 +306,7 @@ func testClusterIPTakeover(t *testing.T, c *cluster, backend, cfgName, config, c
 func (n *node) udpResponder(addr, name string) {
 	n.t.Helper()
 	pc := n.ns.ListenPacket(n.t, net.JoinHostPort(addr, "53"))
-	testenv.ServePackets(pc, func(net.Addr, []byte) []byte { return []byte(name) })
+	netns.ServePackets(pc, func(net.Addr, []byte) []byte { return []byte(name) })
 }
 
 // udpQuery sends one datagram from the node's netns to addr:53 (a fresh socket, so a fresh

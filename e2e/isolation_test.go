@@ -19,8 +19,8 @@ import (
 	"time"
 
 	"github.com/network-node-manager/network-node-manager/core/app"
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
 
@@ -124,7 +124,7 @@ func TestAPIReachableLater(t *testing.T) {
 		svcs.setIngress("a", "203.0.16.10")
 
 		start := time.Now()
-		n := startNode(t, c, be, nodeOptions{noWait: true, setup: func(t *testing.T, ns *testenv.NS) { setUplink(t, ns.Name, "down") }})
+		n := startNode(t, c, be, nodeOptions{noWait: true, setup: func(t *testing.T, ns *netns.NS) { setUplink(t, ns.Name, "down") }})
 		agenttest.Eventually(t, converge, func() error { return n.fixPresentAll(fixDrop) })
 		t.Logf("%s: invalid-drop in the kernel %v after the agent started without its API server", be, time.Since(start).Round(time.Millisecond))
 		n.waitUnhealthy(fixExtIP, waitingForAPI)
@@ -159,7 +159,7 @@ func TestAPIReachableLater(t *testing.T) {
 // iptables-restore -w, and one health for all fixes failed as a whole ("no successful sync").
 func TestXtablesLockHeld(t *testing.T) {
 	requireAgent(t)
-	testenv.Require(t, "iptables-legacy-save", "ip6tables-legacy-save")
+	netns.Require(t, "iptables-legacy-save", "ip6tables-legacy-save")
 	const be = "iptables"
 	lock := filepath.Join(t.TempDir(), "xtables.lock")
 	config := fmt.Sprintf(`# written by the e2e test
@@ -191,12 +191,12 @@ fixes:
 	// the verify pass finds the rule gone, and the repair needs the lock.
 	foreignLock := filepath.Join(t.TempDir(), "foreign.lock")
 	for _, bin := range []string{"iptables-legacy", "ip6tables-legacy"} {
-		if _, err := testenv.Exec(t.Context(), n.ns.Name, "env", "XTABLES_LOCKFILE="+foreignLock, bin, "-w", "1", "-t", "mangle", "-F", "NNM-INVALID-INPUT"); err != nil {
+		if _, err := netns.Exec(t.Context(), n.ns.Name, "env", "XTABLES_LOCKFILE="+foreignLock, bin, "-w", "1", "-t", "mangle", "-F", "NNM-INVALID-INPUT"); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// A foreign writer reverts the sysctl while the lock is held: conntrack-liberal repairs it.
-	if _, err := testenv.Exec(t.Context(), n.ns.Name, "sh", "-c", "echo 0 > "+liberalSysctl); err != nil {
+	if _, err := netns.Exec(t.Context(), n.ns.Name, "sh", "-c", "echo 0 > "+liberalSysctl); err != nil {
 		t.Fatal(err)
 	}
 	took := agenttest.Eventually(t, converge, func() error {
@@ -317,7 +317,7 @@ var linkIndex = regexp.MustCompile(`^[0-9]+:$`)
 
 func setUplink(t *testing.T, ns, state string) {
 	t.Helper()
-	out, err := testenv.Exec(t.Context(), ns, "ip", "-o", "link", "show")
+	out, err := netns.Exec(t.Context(), ns, "ip", "-o", "link", "show")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +338,7 @@ func setUplink(t *testing.T, ns, state string) {
 	if len(links) != 1 {
 		t.Fatalf("want one link besides lo in %s, got %q", ns, links)
 	}
-	if _, err := testenv.Exec(t.Context(), ns, "ip", "link", "set", "dev", links[0], state); err != nil {
+	if _, err := netns.Exec(t.Context(), ns, "ip", "link", "set", "dev", links[0], state); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -346,7 +346,7 @@ func setUplink(t *testing.T, ns, state string) {
 // sysctl reads a file under /proc/sys in the node netns.
 func (n *node) sysctl(path string) string {
 	n.t.Helper()
-	out, err := testenv.Exec(n.t.Context(), n.ns.Name, "cat", path)
+	out, err := netns.Exec(n.t.Context(), n.ns.Name, "cat", path)
 	if err != nil {
 		n.t.Fatal(err)
 	}

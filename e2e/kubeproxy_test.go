@@ -6,7 +6,7 @@ package e2e
 //	node  (netns)  kube-proxy --proxy-mode=<mode> --conntrack-max-per-core=0, then the agent
 //	  pod0 10.244.1.1/24 (the Node's InternalIP)  <->  pod netns eth0 10.244.1.2/24 (default via node)
 //	  rem0 10.244.2.1/24                          <->  ep netns  eth0 10.244.2.2/24: TCP :8080, UDP :8053
-//	  plus the veth to the control plane (internal/controlplane)
+//	  plus the veth to the control plane (internal/testing/controlplane)
 //
 // The test creates the Node (InternalIP, Ready) and the EndpointSlice of Service "web" (NodePort,
 // TCP 80 → 8080 and UDP 53 → 8053, its one endpoint on another node); no controller manager runs.
@@ -31,9 +31,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/util/retry"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/kubeproxytest"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/kubeproxytest"
 )
 
 const (
@@ -54,8 +54,8 @@ type kpNode struct {
 	c         *cluster
 	mode      string
 	name      string
-	ns        *testenv.NS
-	pod       *testenv.NS
+	ns        *netns.NS
+	pod       *netns.NS
 	kp        *kubeproxytest.Proxy
 	kpOpts    kubeproxytest.Options // how kp was started (restartMode starts another with another mode)
 	svc       *corev1.Service
@@ -66,11 +66,11 @@ func startKubeProxyNode(t *testing.T, c *cluster, mode string) *kpNode {
 	t.Helper()
 	ctx := t.Context()
 	n := &kpNode{t: t, c: c, mode: mode, name: "kp-" + mode}
-	n.ns = testenv.New(t, "nnm-kp")
-	n.pod = testenv.New(t, "nnm-kp-pod")
-	ep := testenv.New(t, "nnm-kp-ep")
+	n.ns = netns.New(t, "nnm-kp")
+	n.pod = netns.New(t, "nnm-kp-pod")
+	ep := netns.New(t, "nnm-kp-ep")
 	for _, l := range []struct {
-		peer                   *testenv.NS
+		peer                   *netns.NS
 		nodeIf, nodeIP, peerIP string
 	}{{n.pod, "pod0", kpNodeIP + "/24", kpPodIP + "/24"}, {ep, "rem0", kpNodeEPSide + "/24", kpEndpointIP + "/24"}} {
 		n.ns.MustExec("ip", "link", "add", l.nodeIf, "type", "veth", "peer", "name", "eth0", "netns", l.peer.Name)
@@ -107,15 +107,15 @@ func startKubeProxyNode(t *testing.T, c *cluster, mode string) *kpNode {
 }
 
 // serveEndpoint answers TCP :8080 with a greeting and echoes UDP :8053, in the ep namespace.
-func serveEndpoint(t *testing.T, ep *testenv.NS) {
+func serveEndpoint(t *testing.T, ep *netns.NS) {
 	t.Helper()
 	ln := ep.Listen(t, net.JoinHostPort(kpEndpointIP, strconv.Itoa(kpTCPPort)))
-	testenv.Serve(ln, func(c net.Conn) {
+	netns.Serve(ln, func(c net.Conn) {
 		fmt.Fprintf(c, "tcp endpoint saw %s\n", c.RemoteAddr())
 		c.Close()
 	})
 	pc := ep.ListenPacket(t, net.JoinHostPort(kpEndpointIP, strconv.Itoa(kpUDPPort)))
-	testenv.ServePackets(pc, func(from net.Addr, req []byte) []byte {
+	netns.ServePackets(pc, func(from net.Addr, req []byte) []byte {
 		return fmt.Appendf(nil, "udp endpoint saw %s: %s", from, req)
 	})
 }

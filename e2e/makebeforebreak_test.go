@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 )
 
 // TestBackendSwitchWithTheAPIDown (#41 row 4): when the backend switched while the API server was
@@ -150,7 +150,7 @@ func TestPredecessorDNATStaysUntilReplaced(t *testing.T) {
 	requireAgent(t)
 	const server = "127.0.0.1:6443" // nothing listens there in a new netns
 	n := startNode(t, nil, "iptables", nodeOptions{kubeconfig: unreachableKubeconfig(t, server), noWait: true,
-		args: []string{"--iptables-variant", "nft"}, setup: func(t *testing.T, ns *testenv.NS) {
+		args: []string{"--iptables-variant", "nft"}, setup: func(t *testing.T, ns *netns.NS) {
 			for _, args := range [][]string{
 				{"-t", "filter", "-N", "NMANAGER_DROP_INVALID_INPUT"},
 				{"-t", "filter", "-A", "NMANAGER_DROP_INVALID_INPUT", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"},

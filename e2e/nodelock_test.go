@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 )
 
 // TestSecondAgentLeavesTheFirstAlone (#41 rows 5 and 9): a second agent started by hand with the

@@ -11,8 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 )
 
 const fixMSS = "mss-clamp"
@@ -38,8 +38,8 @@ nodeOverrides:
   fixes:
     mss-clamp: {enabled: true}
 `
-	withNode := func(pool string) func(t *testing.T, ns *testenv.NS) {
-		return func(t *testing.T, ns *testenv.NS) {
+	withNode := func(pool string) func(t *testing.T, ns *netns.NS) {
+		return func(t *testing.T, ns *netns.NS) {
 			name := "node-" + ns.Name[len(ns.Name)-8:] // startNode's name for the netns
 			nodes := c.admin.CoreV1().Nodes()
 			if _, err := nodes.Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name,

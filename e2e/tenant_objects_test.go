@@ -31,8 +31,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/events"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 )
 
 // TestBucketNameCollisionService (issue #41 row 1): a dual-stack Service whose two IPv6 ingress

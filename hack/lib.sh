@@ -4,7 +4,7 @@
 # NNM_ROOT is the repository root.
 NNM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-# BIN is where the tools are built: $NNM_BIN_DIR, else <repo>/bin (internal/controlplane reads the same).
+# BIN is where the tools are built: $NNM_BIN_DIR, else <repo>/bin (internal/testing/controlplane reads the same).
 BIN="${NNM_BIN_DIR:-$NNM_ROOT/bin}"
 
 # nnm_inputs_hash SCRIPT DIR... prints a hash over everything that determines tool binaries: the Go

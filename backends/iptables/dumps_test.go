@@ -12,14 +12,14 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // dumpGauge runs the binaries inside a namespace and records, for the iptables-save and
 // iptables-restore runs, how many ran at once at most and how many ran in all. Each run is held for
 // hold after it finished, so that callers which overlap it in time really do.
 type dumpGauge struct {
-	ns              *testenv.NS
+	ns              *netns.NS
 	hold            time.Duration
 	now, max, total atomic.Int32
 }
@@ -44,8 +44,8 @@ func (g *dumpGauge) Run(ctx context.Context, name string, args []string, stdin i
 // iptables-restore at a time in the kernel, and the counters of several fixes read in one scrape
 // share a dump of each family.
 func TestOneDumpAtATime(t *testing.T) {
-	testenv.RequireKernel(t, "iptables-nft-save", "ip6tables-nft-save")
-	g := &dumpGauge{ns: testenv.New(t, "nnm-dumps"), hold: 300 * time.Millisecond}
+	netns.RequireKernel(t, "iptables-nft-save", "ip6tables-nft-save")
+	g := &dumpGauge{ns: netns.New(t, "nnm-dumps"), hold: 300 * time.Millisecond}
 	ops, err := NewOps(Options{Variant: NFT, Runner: g, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -120,8 +120,8 @@ func TestOneDumpAtATime(t *testing.T) {
 // TestDumpWaitEndsWithTheContext: a read queued behind another dump gives up when its context
 // ends, with an error that says what it waited for.
 func TestDumpWaitEndsWithTheContext(t *testing.T) {
-	testenv.RequireKernel(t, "iptables-nft-save")
-	g := &dumpGauge{ns: testenv.New(t, "nnm-dumps"), hold: 2 * time.Second}
+	netns.RequireKernel(t, "iptables-nft-save")
+	g := &dumpGauge{ns: netns.New(t, "nnm-dumps"), hold: 2 * time.Second}
 	ops, err := NewOps(Options{Variant: NFT, Runner: g, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

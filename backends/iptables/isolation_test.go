@@ -13,7 +13,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 )
 
 // TestKernelBlockedUnitDelaysNoOther: one fix's iptables-restore waits for the xtables lock, which

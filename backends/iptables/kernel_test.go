@@ -16,14 +16,14 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
-	"github.com/network-node-manager/network-node-manager/internal/insertfirst"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/internal/nfgen"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/internal/testing/insertfirst"
 )
 
 // nsRunner runs the binaries inside a test namespace and counts the calls per binary.
 type nsRunner struct {
-	ns    *testenv.NS
+	ns    *netns.NS
 	calls testkit.Counts
 	// after, when set, is called after each run (with the run's error).
 	after func(name string, err error)
@@ -44,7 +44,7 @@ func (r *nsRunner) reset() map[string]int { return r.calls.Take() }
 // kernel is one namespace, one variant, one family.
 type kernel struct {
 	t       testing.TB
-	ns      *testenv.NS
+	ns      *netns.NS
 	variant Variant
 	family  rules.Family
 	run     *nsRunner
@@ -97,8 +97,8 @@ func foreign(save string) string {
 
 func newKernel(t testing.TB, variant Variant, family rules.Family) *kernel {
 	k := &kernel{t: t, variant: variant, family: family}
-	testenv.Require(t, k.bin(""), k.bin("save"), k.bin("restore"))
-	k.ns = testenv.New(t, "nnm-ipt")
+	netns.Require(t, k.bin(""), k.bin("save"), k.bin("restore"))
+	k.ns = netns.New(t, "nnm-ipt")
 	k.run = &nsRunner{ns: k.ns}
 	return k
 }
@@ -624,7 +624,7 @@ func TestKernelPositionPolicy(t *testing.T) {
 	})
 }
 
-// TestKernelInsertFirstNeighbour runs an insert-first agent (internal/insertfirst, Felix's default
+// TestKernelInsertFirstNeighbour runs an insert-first agent (internal/testing/insertfirst, Felix's default
 // insert mode) beside the backend's periodic Verify: the agent moves its jumps ahead of ours once,
 // after which neither side moves anything, Verify repairs nothing, and the order stays.
 func TestKernelInsertFirstNeighbour(t *testing.T) {

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // oddComment holds everything nft cannot take between double quotes as it is: a quote, a
@@ -76,10 +76,10 @@ func mustRender(t *testing.T, b *Backend, rs *rules.Ruleset) string {
 // finds the table in sync and sends nothing (a comment the kernel stored differently would be
 // "repaired" on every sync).
 func TestKernelOddComments(t *testing.T) {
-	testenv.Require(t, "nft")
+	netns.Require(t, "nft")
 	ctx := context.Background()
 	for _, f := range rules.Families {
-		ns := testenv.New(t, "nnm-nft")
+		ns := netns.New(t, "nnm-nft")
 		k := newRealKernel()
 		b := k.backend(t)
 		rs := oddRuleset(f)

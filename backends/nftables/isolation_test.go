@@ -10,7 +10,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // TestKernelBlockedUnitDelaysNoOther: one fix's `nft -f` hangs (held before it runs). Meanwhile
@@ -18,7 +18,7 @@ import (
 // are read; the blocked transaction lands once released. With one mutex per backend they all
 // queued behind it.
 func TestKernelBlockedUnitDelaysNoOther(t *testing.T) {
-	eachFamily(t, "nnm-nft", func(t *testing.T, ns *testenv.NS, f rules.Family) {
+	eachFamily(t, "nnm-nft", func(t *testing.T, ns *netns.NS, f rules.Family) {
 		ctx := context.Background()
 		k := newRealKernel()
 		b := k.backend(t)

@@ -21,44 +21,44 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/internal/connlabel"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // These tests program a real kernel inside a network namespace of their own and assert on what
 // `nft list` prints there. They skip without root.
 
-func inNS(t *testing.T, ns *testenv.NS, fn func() error) {
+func inNS(t *testing.T, ns *netns.NS, fn func() error) {
 	t.Helper()
 	if err := ns.Do(fn); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func nftList(t *testing.T, ns *testenv.NS, args ...string) string {
+func nftList(t *testing.T, ns *netns.NS, args ...string) string {
 	t.Helper()
 	return ns.MustExec(append([]string{"nft"}, args...)...)
 }
 
 // listTable is `nft list table` of one table in ns without the counters' values, which traffic
 // moves: what two listings of the same rules compare equal on.
-func listTable(t *testing.T, ns *testenv.NS, f rules.Family, table string) string {
+func listTable(t *testing.T, ns *netns.NS, f rules.Family, table string) string {
 	t.Helper()
 	return counterValues.ReplaceAllString(nftList(t, ns, "list", "table", string(nftFamily(f)), table), "")
 }
 
 // eachFamily runs fn as one subtest per family, each in a namespace of its own (prefix-<random>);
 // it needs nft.
-func eachFamily(t *testing.T, prefix string, fn func(t *testing.T, ns *testenv.NS, f rules.Family)) {
+func eachFamily(t *testing.T, prefix string, fn func(t *testing.T, ns *netns.NS, f rules.Family)) {
 	t.Helper()
-	testenv.Require(t, "nft")
+	netns.Require(t, "nft")
 	for _, f := range rules.Families {
-		t.Run(string(f), func(t *testing.T) { fn(t, testenv.New(t, prefix), f) })
+		t.Run(string(f), func(t *testing.T) { fn(t, netns.New(t, prefix), f) })
 	}
 }
 
 // applyIn applies the rulesets in order with b inside ns; the first error fails the test.
-func applyIn(ctx context.Context, t *testing.T, ns *testenv.NS, b *Backend, rss ...*rules.Ruleset) {
+func applyIn(ctx context.Context, t *testing.T, ns *netns.NS, b *Backend, rss ...*rules.Ruleset) {
 	t.Helper()
 	inNS(t, ns, func() error {
 		for _, rs := range rss {
@@ -72,7 +72,7 @@ func applyIn(ctx context.Context, t *testing.T, ns *testenv.NS, b *Backend, rss 
 
 // foreign creates tables that belong to someone else: a kube-proxy-like nft table and an
 // iptables-nft rule (which lives in nft table ip/ip6 filter).
-func foreign(t *testing.T, ns *testenv.NS, f rules.Family) (snapshot func() string) {
+func foreign(t *testing.T, ns *netns.NS, f rules.Family) (snapshot func() string) {
 	t.Helper()
 	nf, ipt, addr := "ip", "iptables", "10.96.0.1"
 	if f == rules.IPv6 {
@@ -112,7 +112,7 @@ func sendUDP(addr string, n int) error {
 var counterValues = regexp.MustCompile(`packets \d+ bytes \d+`)
 
 func TestKernel(t *testing.T) {
-	testenv.Require(t, "nft", "iptables", "ip6tables")
+	netns.Require(t, "nft", "iptables", "ip6tables")
 	for _, f := range rules.Families {
 		t.Run(string(f), func(t *testing.T) { testKernel(t, f) })
 	}
@@ -122,7 +122,7 @@ func TestKernel(t *testing.T) {
 type kt struct {
 	t        *testing.T
 	ctx      context.Context
-	ns       *testenv.NS
+	ns       *netns.NS
 	f        rules.Family
 	nf       string
 	k        *kernel
@@ -134,7 +134,7 @@ type kt struct {
 
 func testKernel(t *testing.T, f rules.Family) {
 	ctx := context.Background()
-	ns := testenv.New(t, "nnm-nft")
+	ns := netns.New(t, "nnm-nft")
 	foreignState := foreign(t, ns, f)
 	before := foreignState()
 	nf := string(nftFamily(f))
@@ -347,8 +347,8 @@ func (x *kt) remove(foreignState func() string, before string) {
 // TestKernelCost logs what the parts of an Apply cost with a map of 10,000 elements (run with -v;
 // BenchmarkApply10k gives averaged numbers) and checks the no-op and element paths are taken.
 func TestKernelCost(t *testing.T) {
-	testenv.Require(t, "nft")
-	ns := testenv.New(t, "nnm-nft")
+	netns.Require(t, "nft")
+	ns := netns.New(t, "nnm-nft")
 	k := newRealKernel()
 	b := k.backend(t)
 	ctx := context.Background()
@@ -413,8 +413,8 @@ func manyEntries(f rules.Family, n int) []rules.MapEntry {
 }
 
 func BenchmarkApply10k(b *testing.B) {
-	testenv.Require(b, "nft")
-	ns := testenv.New(b, "nnm-nft")
+	netns.Require(b, "nft")
+	ns := netns.New(b, "nnm-nft")
 	ctx := context.Background()
 	for _, f := range rules.Families {
 		entries := manyEntries(f, 10000)
@@ -499,7 +499,7 @@ func BenchmarkApply10k(b *testing.B) {
 // commit lists nothing; a commit by someone else anywhere moves the generation, and the next Verify
 // lists our table alone; a foreign change inside our table is found that way and repaired.
 func TestKernelGeneration(t *testing.T) {
-	eachFamily(t, "nnm-nft", func(t *testing.T, ns *testenv.NS, f rules.Family) {
+	eachFamily(t, "nnm-nft", func(t *testing.T, ns *netns.NS, f rules.Family) {
 		ctx := context.Background()
 		nf := string(nftFamily(f))
 		k := newRealKernel()
@@ -564,7 +564,7 @@ func TestKernelGeneration(t *testing.T) {
 // apply makes.
 func TestKernelUpgradeFromMapLookup(t *testing.T) {
 	ctx := context.Background()
-	eachFamily(t, "nnm-nft", func(t *testing.T, ns *testenv.NS, f rules.Family) {
+	eachFamily(t, "nnm-nft", func(t *testing.T, ns *netns.NS, f rules.Family) {
 		rs := externalIPRuleset(f, threeEntries(f))
 		table, nf := TableName(rs.Fix), string(nftFamily(f))
 		text, err := (&Ops{}).Render(rs)
@@ -603,7 +603,7 @@ func TestKernelUpgradeFromMapLookup(t *testing.T) {
 // finds both tables in sync. The lister itself: a missing table is isNotFound, anonymous sets are not
 // objects of ours.
 func TestKernelReadsOverNetlink(t *testing.T) {
-	eachFamily(t, "nnm-rd", func(t *testing.T, ns *testenv.NS, f rules.Family) {
+	eachFamily(t, "nnm-rd", func(t *testing.T, ns *netns.NS, f rules.Family) {
 		ctx := context.Background()
 		b, err := New(Options{})
 		if err != nil {
@@ -691,7 +691,7 @@ func TestKernelReadsOverNetlink(t *testing.T) {
 // must not become the record: Verify would then find the empty chains matching. The Driver applies
 // again, and the table is what an undisturbed apply makes.
 func TestKernelInterferenceBeforeReadBack(t *testing.T) {
-	eachFamily(t, "nnm-nft", func(t *testing.T, ns *testenv.NS, f rules.Family) {
+	eachFamily(t, "nnm-nft", func(t *testing.T, ns *netns.NS, f rules.Family) {
 		ctx := context.Background()
 		nf := string(nftFamily(f))
 		inv := invalidDropRuleset(f)

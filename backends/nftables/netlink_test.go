@@ -13,7 +13,7 @@ import (
 	gnft "github.com/google/nftables"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // TestKernelColdLoadOverNetlink: a new table whose maps go over netlink first (loadMaps, what the
@@ -21,7 +21,7 @@ import (
 // families; later element changes and a Verify that lists the table work on it as on any other;
 // and when the netlink load fails, nft -f sends the maps with the rest.
 func TestKernelColdLoadOverNetlink(t *testing.T) {
-	eachFamily(t, "nnm-nl", func(t *testing.T, ns *testenv.NS, f rules.Family) {
+	eachFamily(t, "nnm-nl", func(t *testing.T, ns *netns.NS, f rules.Family) {
 		ctx := context.Background()
 		nf := string(nftFamily(f))
 		entries := manyEntries(f, 3000)
@@ -79,8 +79,8 @@ func TestKernelColdLoadOverNetlink(t *testing.T) {
 // thread's namespace, whoever owns it (the caller filters by TablePrefix), and none of the other
 // family; a family with no table lists none; and it runs no nft.
 func TestKernelListTablesOverNetlink(t *testing.T) {
-	testenv.Require(t, "nft")
-	ns := testenv.New(t, "nnm-lt")
+	netns.Require(t, "nft")
+	ns := netns.New(t, "nnm-lt")
 	list := func(f knftables.Family) []string {
 		t.Helper()
 		var tables []TableInfo
@@ -120,9 +120,9 @@ func TestKernelListTablesOverNetlink(t *testing.T) {
 // comments included. When the kernel refuses the transaction (an element to delete is gone: someone
 // deleted it), nothing of it is applied and the table is rewritten from a listing.
 func TestKernelElementsOverNetlink(t *testing.T) {
-	eachFamily(t, "nnm-el", func(t *testing.T, ns *testenv.NS, f rules.Family) {
+	eachFamily(t, "nnm-el", func(t *testing.T, ns *netns.NS, f rules.Family) {
 		ctx := context.Background()
-		ref := testenv.New(t, "nnm-elref")
+		ref := netns.New(t, "nnm-elref")
 		k := newRealKernel()
 		b := k.backend(t)
 		sends := 0
@@ -171,9 +171,9 @@ func TestKernelElementsOverNetlink(t *testing.T) {
 // ruleset makes it; the Driver counts every transaction as a commit of ours, so a Verify right after
 // lists nothing.
 func TestKernelBoundedElementTransactions(t *testing.T) {
-	eachFamily(t, "nnm-bt", func(t *testing.T, ns *testenv.NS, f rules.Family) {
+	eachFamily(t, "nnm-bt", func(t *testing.T, ns *netns.NS, f rules.Family) {
 		ctx := context.Background()
-		ref := testenv.New(t, "nnm-btref")
+		ref := netns.New(t, "nnm-btref")
 		k := newRealKernel()
 		b := k.backend(t)
 		var sent [][4]int // per transaction: element deletes, key deletes, element adds, key adds

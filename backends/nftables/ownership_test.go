@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // TestKernelForeignNNMTables (issue #41 row 10): tables named nnm-… that this backend did not make
@@ -16,7 +16,7 @@ import (
 // creation (with and without maps loaded over netlink). On main at d0ea2ac RemoveAll deleted
 // `ip nnm-thirdparty-fw`.
 func TestKernelForeignNNMTables(t *testing.T) {
-	eachFamily(t, "nnm-own", func(t *testing.T, ns *testenv.NS, f rules.Family) {
+	eachFamily(t, "nnm-own", func(t *testing.T, ns *netns.NS, f rules.Family) {
 		ctx := context.Background()
 		nf := string(nftFamily(f))
 		ns.MustExec("nft", "add table "+nf+" nnm-thirdparty-fw")

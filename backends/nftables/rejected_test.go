@@ -9,7 +9,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // zoned is entry i with a DNAT target that carries an IPv6 zone: rules.Validate and the renderer
@@ -28,7 +28,7 @@ func zoned(i int) rules.MapEntry {
 // What was programmed before stays; a later change of the good entries goes in with the bad one
 // still out; once the object's entry is good it is programmed.
 func TestKernelRejectedObjectIsSkipped(t *testing.T) {
-	testenv.Require(t, "nft")
+	netns.Require(t, "nft")
 	for name, mk := range map[string]func(t *testing.T) *Backend{
 		"production": func(t *testing.T) *Backend {
 			b, err := New(Options{})
@@ -40,7 +40,7 @@ func TestKernelRejectedObjectIsSkipped(t *testing.T) {
 		"nft-text": func(t *testing.T) *Backend { return newRealKernel().backend(t) },
 	} {
 		t.Run(name, func(t *testing.T) {
-			ns := testenv.New(t, "nnm-nft")
+			ns := netns.New(t, "nnm-nft")
 			ctx := context.Background()
 			f := rules.IPv6
 			b := mk(t)

@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // transport can load the 10k table and add or delete the extra element, one way.
@@ -25,7 +25,7 @@ type transport struct {
 
 // elementTransports returns the transports compared (nft -f, netlink with one socket, netlink with
 // a socket per transaction) over the table of m, whose extra element is extra's; done closes them.
-func elementTransports(b *testing.B, ns *testenv.NS, m, extra *model) ([]transport, func()) {
+func elementTransports(b *testing.B, ns *netns.NS, m, extra *model) ([]transport, func()) {
 	ctx := context.Background()
 	mm := m.maps[0]
 	elems, keyElems := elementsOf(mm)
@@ -118,8 +118,8 @@ func elementTransports(b *testing.B, ns *testenv.NS, m, extra *model) ([]transpo
 //
 //	go test ./backends/nftables -run '^$' -bench ElementTransport -benchtime 20x -count 1
 func BenchmarkElementTransport(b *testing.B) {
-	testenv.Require(b, "nft")
-	ns := testenv.New(b, "nnm-tx")
+	netns.Require(b, "nft")
+	ns := netns.New(b, "nnm-tx")
 	const n = transportElements
 	f := rules.IPv4
 	m, err := build(externalIPRuleset(f, manyEntries(f, n)))

@@ -11,7 +11,7 @@ import (
 	"strings"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // The lab's address plan, one per family (a fact in one place: the rulesets, the routes and the
@@ -169,10 +169,10 @@ func newLab(ctx context.Context) (*lab, error) {
 
 func (l *lab) setup(ctx context.Context) error {
 	for _, ns := range l.names() {
-		if err := testenv.Create(ctx, ns); err != nil {
+		if err := netns.Create(ctx, ns); err != nil {
 			return err
 		}
-		if _, err := testenv.Exec(ctx, ns, "sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"); err != nil {
+		if _, err := netns.Exec(ctx, ns, "sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"); err != nil {
 			return err
 		}
 	}
@@ -221,7 +221,7 @@ func (l *lab) setup(ctx context.Context) error {
 	}
 	for _, ns := range l.names() {
 		for _, c := range in[ns] {
-			if _, err := testenv.Exec(ctx, ns, c...); err != nil {
+			if _, err := netns.Exec(ctx, ns, c...); err != nil {
 				return err
 			}
 		}
@@ -276,7 +276,7 @@ func restoreBoth(ctx context.Context, node string, text func(rules.Family) strin
 		tool string
 	}{{rules.IPv4, "iptables-nft-restore"}, {rules.IPv6, "ip6tables-nft-restore"}} {
 		f, tool := t.f, t.tool
-		cmd := testenv.Command(ctx, node, tool, "--noflush")
+		cmd := netns.Command(ctx, node, tool, "--noflush")
 		cmd.Stdin = strings.NewReader(text(f))
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("%s in %s: %w: %s", tool, node, err, out)
@@ -289,7 +289,7 @@ func restoreBoth(ctx context.Context, node string, text func(rules.Family) strin
 func (l *lab) flushConntrack(ctx context.Context) error {
 	for _, n := range l.node {
 		for _, f := range []string{"ipv4", "ipv6"} {
-			out, err := testenv.Exec(ctx, n, "conntrack", "-F", "-f", f)
+			out, err := netns.Exec(ctx, n, "conntrack", "-F", "-f", f)
 			if err != nil && !strings.Contains(out, "flushed") {
 				return err
 			}
@@ -301,7 +301,7 @@ func (l *lab) flushConntrack(ctx context.Context) error {
 func (l *lab) close() error {
 	var errs []error
 	for _, ns := range l.names() {
-		errs = append(errs, testenv.Delete(context.Background(), ns))
+		errs = append(errs, netns.Delete(context.Background(), ns))
 	}
 	return errors.Join(errs...)
 }

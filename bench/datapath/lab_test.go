@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // TestLabSmoke runs the benchmark's matrix at toy size (100 connections, 300 entries, both backends
@@ -17,7 +17,7 @@ import (
 // and DNAT the External-IP traffic to the server, and the rules are gone for the floor. It checks
 // that the benchmark works; it asserts no timing.
 func TestLabSmoke(t *testing.T) {
-	testenv.RequireKernel(t, "iptables-nft-restore", "ip6tables-nft-restore", "nft", "conntrack", "ip")
+	netns.RequireKernel(t, "iptables-nft-restore", "ip6tables-nft-restore", "nft", "conntrack", "ip")
 	ctx := context.Background()
 	o := options{n: 100, sizes: []int{0, 300}, backends: []string{"iptables", "nftables"}, paths: []string{"pod", "host"},
 		families: []rules.Family{rules.IPv4, rules.IPv6}, layouts: []layout{consecutive, scattered}, runs: 1}
@@ -47,11 +47,11 @@ func TestLabSmoke(t *testing.T) {
 // TestLoadIsTheFixsRules: a load leaves the fix's DNAT of every entry in the node (iptables rule
 // or nftables map element), and loading nil removes it.
 func TestLoadIsTheFixsRules(t *testing.T) {
-	testenv.RequireKernel(t, "iptables-nft-restore", "ip6tables-nft-restore", "nft", "ip")
+	netns.RequireKernel(t, "iptables-nft-restore", "ip6tables-nft-restore", "nft", "ip")
 	ctx := context.Background()
 	l, err := newLab(ctx)
 	if err != nil {
-		testenv.Unavailable(t, "lab: %v", err)
+		netns.Unavailable(t, "lab: %v", err)
 	}
 	defer l.close()
 	for _, fam := range []rules.Family{rules.IPv4, rules.IPv6} {
@@ -93,15 +93,15 @@ func TestLoadIsTheFixsRules(t *testing.T) {
 // connection) and its one-rule translation of External-IP traffic (floorRules), and with the rules
 // loaded the node differs from it only by the fix's chains, tables and jumps.
 func TestFloorIsTheNodeWithoutTheRules(t *testing.T) {
-	testenv.RequireKernel(t, "iptables-nft-restore", "ip6tables-nft-restore", "nft", "ip")
+	netns.RequireKernel(t, "iptables-nft-restore", "ip6tables-nft-restore", "nft", "ip")
 	ctx := context.Background()
 	l, err := newLab(ctx)
 	if err != nil {
-		testenv.Unavailable(t, "lab: %v", err)
+		netns.Unavailable(t, "lab: %v", err)
 	}
 	defer l.close()
 	dump := func(ns string) string {
-		out, err := testenv.Exec(ctx, ns, "nft", "list", "ruleset")
+		out, err := netns.Exec(ctx, ns, "nft", "list", "ruleset")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,10 +8,10 @@ import (
 	"slices"
 	"time"
 
-	"github.com/vishvananda/netns"
+	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // serve listens on TCP port 80 of every address of the server namespace (IPv4 and IPv6, the
@@ -20,7 +20,7 @@ import (
 // backlog from filling.
 func (l *lab) serve(stop <-chan struct{}) (<-chan error, error) {
 	var fd int
-	err := testenv.Do(testenv.Path(l.server), func() error {
+	err := netns.Do(netns.Path(l.server), func() error {
 		var err error
 		fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
@@ -148,10 +148,10 @@ func runPair(ns [2]string, n int, dst [2]func(i int) netip.Addr) ([2]probe, erro
 			to[side][i] = dst[side](i)
 		}
 	}
-	err := testenv.Do(testenv.Path(ns[0]), func() error {
-		var hs [2]netns.NsHandle
+	err := netns.Do(netns.Path(ns[0]), func() error {
+		var hs [2]vnetns.NsHandle
 		for i := range hs {
-			h, err := netns.GetFromPath(testenv.Path(ns[i]))
+			h, err := vnetns.GetFromPath(netns.Path(ns[i]))
 			if err != nil {
 				return err
 			}
@@ -159,7 +159,7 @@ func runPair(ns [2]string, n int, dst [2]func(i int) netip.Addr) ([2]probe, erro
 			hs[i] = h
 		}
 		one := func(side, i int) (time.Duration, error) {
-			if err := netns.Set(hs[side]); err != nil {
+			if err := vnetns.Set(hs[side]); err != nil {
 				return 0, err
 			}
 			return connectOnce(to[side][i])

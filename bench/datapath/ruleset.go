@@ -15,8 +15,8 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	tk "github.com/network-node-manager/network-node-manager/core/testkit"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/fixes/ipvsexternalipdnat"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // layout is how the External-IPs lie: consecutive addresses (a few /24s fill up) or one /24 each.
@@ -62,7 +62,7 @@ func ruleset(p plan, l layout, n int) (*rules.Ruleset, error) {
 }
 
 // newBackend is the real backend of that name, to be used on a thread inside the node namespace
-// (testenv.Do): its processes and netlink sockets live there.
+// (netns.Do): its processes and netlink sockets live there.
 func newBackend(name string) (backend.Backend, error) {
 	switch name {
 	case "iptables":
@@ -76,7 +76,7 @@ func newBackend(name string) (backend.Backend, error) {
 // load makes the node hold rs (nil: nothing of the fix) with backend name, from a fresh backend (as
 // an agent's first sync).
 func (l *lab) load(ctx context.Context, name string, family rules.Family, rs *rules.Ruleset) error {
-	return testenv.Do(testenv.Path(l.node[0]), func() error {
+	return netns.Do(netns.Path(l.node[0]), func() error {
 		b, err := newBackend(name)
 		if err != nil {
 			return err
@@ -93,11 +93,11 @@ func (l *lab) kernelRules(ctx context.Context, family rules.Family) (string, err
 	if family == rules.IPv6 {
 		save = "ip6tables-nft-save"
 	}
-	ipt, err := testenv.Exec(ctx, l.node[0], save, "-t", "nat")
+	ipt, err := netns.Exec(ctx, l.node[0], save, "-t", "nat")
 	if err != nil {
 		return "", err
 	}
-	nft, err := testenv.Exec(ctx, l.node[0], "nft", "list", "ruleset")
+	nft, err := netns.Exec(ctx, l.node[0], "nft", "list", "ruleset")
 	return ipt + nft, err
 }
 

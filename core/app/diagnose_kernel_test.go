@@ -10,15 +10,15 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/network-node-manager/network-node-manager/internal/ctfill"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/internal/diagnose"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/internal/testing/ctfill"
 )
 
 // TestDiagnoseHelperProcess is the child of TestDiagnoseChangesNothing: `diagnose` in text and in
 // JSON, every setting on auto, inside the test's network namespace.
 func TestDiagnoseHelperProcess(t *testing.T) {
-	testenv.Child(t, "TestDiagnoseChangesNothing")
+	netns.Child(t, "TestDiagnoseChangesNothing")
 	for _, args := range [][]string{{"diagnose"}, {"diagnose", "--output", "json", "--proxy-mode", "iptables"}, {"diagnose", "--proxy-mode", "nftables"}} {
 		out, err := runCmd(t, args...)
 		var exit *ExitError
@@ -43,8 +43,8 @@ var (
 // of legacy tables, the sysctls the checks read and the conntrack table are the same after it ran
 // (in text and JSON, kube-proxy's mode detected, iptables and nftables).
 func TestDiagnoseChangesNothing(t *testing.T) {
-	testenv.Require(t, "nft", "iptables-legacy-save", "ip6tables-legacy-save", "iptables-legacy", "iptables-nft", "conntrack")
-	ns := testenv.New(t, "nnm-diag")
+	netns.Require(t, "nft", "iptables-legacy-save", "ip6tables-legacy-save", "iptables-legacy", "iptables-nft", "conntrack")
+	ns := netns.New(t, "nnm-diag")
 	ns.MustExec("iptables-legacy", "-t", "filter", "-N", "KUBE-FORWARD")
 	ns.MustExec("iptables-legacy", "-t", "filter", "-A", "KUBE-FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
 	ns.NftLoad(`table ip kube-proxy {

@@ -3,13 +3,13 @@ package app
 import (
 	"testing"
 
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // TestPlanHelperProcess is the child of TestPlanCreatesNothing: `plan` with every setting on auto,
 // so that detection probes everything it can, run entirely inside the test's network namespace.
 func TestPlanHelperProcess(t *testing.T) {
-	testenv.Child(t, "TestPlanCreatesNothing")
+	netns.Child(t, "TestPlanCreatesNothing")
 	if _, err := runCmd(t, "plan", "--services", examples+"services.yaml"); err != nil {
 		t.Fatal(err)
 	}
@@ -20,8 +20,8 @@ func TestPlanHelperProcess(t *testing.T) {
 // which creates the table), after which iptables-nft warns "iptables-legacy tables present". The
 // legacy and nftables rulesets, and the kernel's list of legacy tables, are the same before and after.
 func TestPlanCreatesNothing(t *testing.T) {
-	testenv.Require(t, "nft", "iptables-legacy-save", "ip6tables-legacy-save", "iptables-nft")
-	ns := testenv.New(t, "nnm-plan")
+	netns.Require(t, "nft", "iptables-legacy-save", "ip6tables-legacy-save", "iptables-nft")
+	ns := netns.New(t, "nnm-plan")
 	snapshot := func() map[string]string {
 		out := map[string]string{}
 		for name, cmd := range map[string][]string{

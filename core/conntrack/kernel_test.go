@@ -11,7 +11,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
-	"github.com/network-node-manager/network-node-manager/internal/ctfill"
+	"github.com/network-node-manager/network-node-manager/internal/testing/ctfill"
 )
 
 // The kernel filters the dump: EachDNAT hands over only the DNATed entries of the family and

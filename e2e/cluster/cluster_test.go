@@ -22,9 +22,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/controlplane"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
 )
 
 // The address plan. The bridge lives in the control plane's network namespace, which holds the
@@ -65,7 +65,7 @@ func readEnv(t *testing.T, path string, keys ...string) env {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
-		testenv.Unavailable(t, "%v: run `make test-cluster`, which prepares it", err)
+		netns.Unavailable(t, "%v: run `make test-cluster`, which prepares it", err)
 	}
 	e := env{}
 	for _, line := range strings.Split(string(data), "\n") {
@@ -75,7 +75,7 @@ func readEnv(t *testing.T, path string, keys ...string) env {
 	}
 	for _, k := range keys {
 		if e[k] == "" {
-			testenv.Unavailable(t, "%s lacks %s: run `make test-cluster` again", path, k)
+			netns.Unavailable(t, "%s lacks %s: run `make test-cluster` again", path, k)
 		}
 	}
 	return e
@@ -99,7 +99,7 @@ func require(t *testing.T) prerequisites {
 	if os.Getenv(laneEnv) != "1" {
 		t.Skipf("the cluster lane is opt-in: make test-cluster (sets %s=1)", laneEnv)
 	}
-	testenv.RequireRoot(t)
+	netns.RequireRoot(t)
 	root, err := agenttest.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -117,12 +117,12 @@ func require(t *testing.T) prerequisites {
 	p.images = readEnv(t, filepath.Join(p.imagesDir, "images.env"), "NNM_CLUSTER_PAUSE_IMAGE", "NNM_CLUSTER_WORKLOAD_IMAGE")
 	for _, b := range []string{"kubelet", "kubectl", "kube-proxy", "kube-controller-manager", "kube-scheduler"} {
 		if st, err := os.Stat(filepath.Join(p.bin, b)); err != nil || st.Mode()&0o111 == 0 {
-			testenv.Unavailable(t, "%s/%s missing: run `make test-cluster` (hack/cluster/build.sh)", p.bin, b)
+			netns.Unavailable(t, "%s/%s missing: run `make test-cluster` (hack/cluster/build.sh)", p.bin, b)
 		}
 	}
 	for _, f := range []string{"pause.tar", "workload.tar", "sampler"} {
 		if _, err := os.Stat(filepath.Join(p.imagesDir, f)); err != nil {
-			testenv.Unavailable(t, "%v: run `make test-cluster` (hack/cluster/images.sh)", err)
+			netns.Unavailable(t, "%v: run `make test-cluster` (hack/cluster/images.sh)", err)
 		}
 	}
 	return p
@@ -281,7 +281,7 @@ func (c *Cluster) boot(n *Node) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.cmd = testenv.Command(context.Background(), ns, append([]string{c.p.vm["NNM_VM_QEMU"]}, args...)...)
+	n.cmd = netns.Command(context.Background(), ns, append([]string{c.p.vm["NNM_VM_QEMU"]}, args...)...)
 	n.cmd.Stdout, n.cmd.Stderr = console, console
 	n.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := n.cmd.Start(); err != nil {
@@ -295,7 +295,7 @@ func (c *Cluster) boot(n *Node) {
 
 func mustNS(t *testing.T, ns string, args ...string) {
 	t.Helper()
-	if out, err := testenv.Exec(context.Background(), ns, args...); err != nil {
+	if out, err := netns.Exec(context.Background(), ns, args...); err != nil {
 		t.Fatalf("%v: %v: %s", args, err, out)
 	}
 }
@@ -313,7 +313,7 @@ func tail(path string, n int) string {
 func (n *Node) Shell(ctx context.Context, c *Cluster, script string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	conn, err := testenv.DialContext(testenv.Path(c.cp.Netns()), nil)(ctx, "tcp", n.ip+":"+strconv.Itoa(shellPort))
+	conn, err := netns.DialContext(netns.Path(c.cp.Netns()), nil)(ctx, "tcp", n.ip+":"+strconv.Itoa(shellPort))
 	if err != nil {
 		return "", fmt.Errorf("%s shell: %w", n.name, err)
 	}

@@ -38,7 +38,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/fixes/invaliddrop"
 	"github.com/network-node-manager/network-node-manager/fixes/ipvsexternalipdnat"
 	"github.com/network-node-manager/network-node-manager/fixes/mssclamp"
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 )
 
 // day2Env selects the kube-proxy modes whose cluster also runs day 2 after the fixes' proofs: a

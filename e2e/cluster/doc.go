@@ -2,7 +2,7 @@
 // nodes without Docker, the agent installed as docs/deploy.md says, and the fixes proven with real
 // Pods, once per kube-proxy mode (IPVS, nftables).
 //
-//	root netns            control-plane netns (internal/controlplane, Options.Controllers)
+//	root netns            control-plane netns (internal/testing/controlplane, Options.Controllers)
 //	+-----------+         +-------------------------------------------------------------+
 //	| test,     |--veth-->| etcd, kube-apiserver, kube-controller-manager, scheduler    |
 //	| kubectl   |         | bridge nnmbr0 192.168.100.1/24 (the apiserver's address)    |
@@ -28,5 +28,5 @@
 // getCgroupDriverFromCRI): 1.37 is the release that will need containerd 2.
 //
 // Missing prerequisites skip the lane on a developer's machine and fail it under CI
-// (internal/testenv); `make test-cluster` prepares everything and sets NNM_REQUIRE_KERNEL=1.
+// (core/testkit/netns); `make test-cluster` prepares everything and sets NNM_REQUIRE_KERNEL=1.
 package cluster

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // The MSS black hole with a real Pod: client-a on node-a downloads from a server behind a router
@@ -37,9 +37,9 @@ const (
 // newMSSPath makes the router and the server (namespaces of the test) and node-a's route.
 func newMSSPath(t *testing.T, c *Cluster) string {
 	cpNS := c.cp.Netns()
-	rtr := testenv.NewNoDAD(t, "nnmcl-rtr")
-	srv := testenv.NewNoDAD(t, "nnmcl-srv")
-	rtr.Veth("eth0", testenv.Existing(t, cpNS), "rtr-br")
+	rtr := netns.NewNoDAD(t, "nnmcl-rtr")
+	srv := netns.NewNoDAD(t, "nnmcl-srv")
+	rtr.Veth("eth0", netns.Existing(t, cpNS), "rtr-br")
 	mustNS(t, cpNS, "ip", "link", "set", "rtr-br", "mtu", narrowMTU)
 	mustNS(t, cpNS, "ip", "link", "set", "rtr-br", "master", bridge)
 	// A port of 1400 bytes would lower the bridge's own MTU: the rest of the bridge stays at 1500.

@@ -10,16 +10,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/rawtcp"
-	"github.com/network-node-manager/network-node-manager/internal/resettest"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/rawtcp"
+	"github.com/network-node-manager/network-node-manager/internal/testing/resettest"
 )
 
 // kubernetes#74839 with a real Pod: client-a on node-a connects to a server outside the cluster
 // network (a namespace of the test on the bridge, extIP), through node-a's masquerade (the CNI bridge
 // plugin's ipMasq). The test's server then sends one segment of that connection far beyond the
-// window, as internal/resettest does: without the agent node-a's conntrack marks it INVALID, does not
+// window, as internal/testing/resettest does: without the agent node-a's conntrack marks it INVALID, does not
 // de-NAT it, and node-a's own TCP stack answers with an RST that resets the server's socket; with the
 // agent (invalid-drop) the segment is dropped and the connection lives on.
 
@@ -48,9 +48,9 @@ func (r resetResult) String() string {
 }
 
 // newExternal makes the external namespace on the cluster's bridge.
-func newExternal(t *testing.T, c *Cluster) *testenv.NS {
-	ext := testenv.NewNoDAD(t, "nnmcl-ext")
-	ext.Veth(extLinkExt, testenv.Existing(t, c.cp.Netns()), extLinkBr)
+func newExternal(t *testing.T, c *Cluster) *netns.NS {
+	ext := netns.NewNoDAD(t, "nnmcl-ext")
+	ext.Veth(extLinkExt, netns.Existing(t, c.cp.Netns()), extLinkBr)
 	mustNS(t, c.cp.Netns(), "ip", "link", "set", extLinkBr, "master", bridge)
 	ext.AddAddrs(extLinkExt, extIP+bridgeBits)
 	return ext
@@ -58,7 +58,7 @@ func newExternal(t *testing.T, c *Cluster) *testenv.NS {
 
 // injectReset runs the reproduction once.
 // Each run listens on its own port: the listeners stay open until the test ends.
-func injectReset(t *testing.T, c *Cluster, ext *testenv.NS, port uint16) resetResult {
+func injectReset(t *testing.T, c *Cluster, ext *netns.NS, port uint16) resetResult {
 	ctx := t.Context()
 	server := netip.AddrPortFrom(netip.MustParseAddr(extIP), port)
 	ln := ext.Listen(t, server.String())

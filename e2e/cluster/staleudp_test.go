@@ -18,10 +18,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/fixes/staleudpconntrack"
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/events"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 )
 
 // Stale UDP with real Pods (kubernetes#58336): a UDP server Pod on node-b with a hostPort (the CNI
@@ -69,7 +69,7 @@ type udpClient struct {
 	closed sync.Once
 }
 
-func startUDPClient(t *testing.T, ext *testenv.NS, sport int, to string) *udpClient {
+func startUDPClient(t *testing.T, ext *netns.NS, sport int, to string) *udpClient {
 	addr, err := net.ResolveUDPAddr("udp", to)
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +174,7 @@ func (r replaceResult) String() string {
 
 // staleUDP runs both replacements once (phase "without" or "with" the agent) with its own client
 // source port, and returns their outcomes.
-func staleUDP(t *testing.T, c *Cluster, ext *testenv.NS, phase string, sport int) (recreated, hostNet replaceResult) {
+func staleUDP(t *testing.T, c *Cluster, ext *netns.NS, phase string, sport int) (recreated, hostNet replaceResult) {
 	ctx := t.Context()
 	workload := c.p.images["NNM_CLUSTER_WORKLOAD_IMAGE"]
 	node := c.node(udpNode)

@@ -9,10 +9,10 @@
 //
 // Per Felix data plane (iptables with the nft variant; nftables when the Calico build has it) and
 // per agent backend (iptables, nftables), in a node namespace of its own (the reset reproduction's
-// topology, internal/resettest) wired to one local API server (internal/controlplane):
+// topology, internal/testing/resettest) wired to one local API server (internal/testing/controlplane):
 //
 //  1. Calico's CRDs, ClusterInformation "default" (datastoreReady) and the Node; Felix starts (KDD,
-//     internal/felixtest) and programs its rules;
+//     internal/testing/felixtest) and programs its rules;
 //  2. the agent starts with invalid-drop and ipvs-externalip-dnat (--proxy-mode ipvs, so the DNAT
 //     fix runs; a dual-stack LoadBalancer Service with externalTrafficPolicy: Local gives it
 //     entries), both families, --sync-period 2s;
@@ -20,7 +20,7 @@
 //     settling time and again after NNM_FELIX_DURATION (default 60s; 10m for the record);
 //  4. then: nnm_sync_repairs_total is 0 per fix and family, Felix logged no "Detected out-of-sync"
 //     warning since the agent started, both rule sets are present in both snapshots and the order
-//     did not change, and the connection-reset reproduction (internal/resettest) sends no RST with
+//     did not change, and the connection-reset reproduction (internal/testing/resettest) sends no RST with
 //     Felix's chains in place, for both families.
 //
 // The lanes run in parallel (one Felix, one agent, three namespaces each). Run:

@@ -1,6 +1,6 @@
 package felix
 
-// Address plan: the node is internal/resettest's (pod0 10.244.1.1/24 and fd00:10:244:1::1/64 towards
+// Address plan: the node is internal/testing/resettest's (pod0 10.244.1.1/24 and fd00:10:244:1::1/64 towards
 // the pod, ext0 192.0.2.1/24 and 2001:db8:1::1/64 towards the external server; the Node's
 // InternalIPs are the ext0 addresses), plus the veth to the control plane. The LoadBalancer's
 // External-IPs, 203.0.113.10 and 2001:db8:113::10 (documentation prefixes), exist nowhere: they
@@ -22,12 +22,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/controlplane"
-	"github.com/network-node-manager/network-node-manager/internal/felixtest"
-	"github.com/network-node-manager/network-node-manager/internal/kubeproxytest"
-	"github.com/network-node-manager/network-node-manager/internal/resettest"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
+	"github.com/network-node-manager/network-node-manager/internal/testing/felixtest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/kubeproxytest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/resettest"
 )
 
 const (
@@ -66,7 +66,7 @@ fixes:
 
 func TestFelixBesideAgent(t *testing.T) {
 	b := felixtest.Load(t)
-	testenv.Require(t, "iptables-nft-save", "ip6tables-nft-save", "nft", "conntrack", "ipset")
+	netns.Require(t, "iptables-nft-save", "ip6tables-nft-save", "nft", "conntrack", "ipset")
 	agenttest.Require(t)
 	if err := controlplane.CheckPrerequisites(""); err != nil {
 		t.Fatalf("the Felix lane needs the control plane: %v (make controlplane)", err)
@@ -289,7 +289,7 @@ var (
 	jumpRE  = regexp.MustCompile(`\b(?:jump|goto) (\S+)`)
 )
 
-func snapshot(t *testing.T, node *testenv.NS) order {
+func snapshot(t *testing.T, node *netns.NS) order {
 	t.Helper()
 	return parseOrder(node.MustExec("nft", "list", "ruleset"))
 }

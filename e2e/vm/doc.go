@@ -19,7 +19,7 @@
 //     (iptables backend, then nftables) both reach it, on the Service's port only, and an
 //     ipMode: Proxy Service is left alone.
 //     connection-reset: kube-proxy's IPVS mode installs no INVALID drop, so the reset reproduction
-//     of internal/resettest (an out-of-window segment answered by the node's RST) happens beside
+//     of internal/testing/resettest (an out-of-window segment answered by the node's RST) happens beside
 //     kube-proxy alone, and with the agent (each backend) the segment is dropped and the connection
 //     lives on, counted by nnm_invalid_drop_dropped_packets_total.
 //     follow/ipvs-to-nftables (#40): kube-proxy restarted from IPVS to nftables mode while the agent
@@ -33,7 +33,7 @@
 //   - e2e/kubeproxy_test.go (host kernel): the agent beside a real kube-proxy in iptables and
 //     nftables mode.
 //
-// Where the API server runs: on the host, as in every other e2e test (internal/controlplane), not
+// Where the API server runs: on the host, as in every other e2e test (internal/testing/controlplane), not
 // in the guest. Under emulation every guest instruction costs ~10-50 host ones; etcd and
 // kube-apiserver would add a minute of startup and contend with kube-proxy and the agent for the
 // two emulated CPUs. The guest reaches it through qemu's user-mode network with restrict=on (the

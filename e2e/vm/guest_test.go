@@ -14,7 +14,7 @@ package vm
 //	  rem0  10.244.2.1/24 fd00:10:244:2::1/64 <-> netns ep   eth0 10.244.2.2, fd00:10:244:2::2: TCP :8080,
 //	                                        the Service's only endpoint, on another node as far as the API says
 //	  ext0  192.0.2.1/24 2001:db8:1::1/64    <-> netns nnmdp-ext eth0 192.0.2.2, 2001:db8:1::2: the
-//	                                        connection-reset reproduction's external server (internal/resettest)
+//	                                        connection-reset reproduction's external server (internal/testing/resettest)
 
 import (
 	"bufio"
@@ -34,11 +34,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/internal/diagnose"
-	"github.com/network-node-manager/network-node-manager/internal/kubeproxytest"
-	"github.com/network-node-manager/network-node-manager/internal/resettest"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/kubeproxytest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/resettest"
 )
 
 // nodeNetns names the guest's initial namespace, so that the netns-based helpers address it.
@@ -64,16 +64,16 @@ func sh(t *testing.T, args ...string) string {
 }
 
 // guestTopology builds the pod and endpoint namespaces around the node and starts the endpoint.
-func guestTopology(t *testing.T) (pod *testenv.NS) {
+func guestTopology(t *testing.T) (pod *netns.NS) {
 	t.Helper()
 	sh(t, "ip", "netns", "attach", nodeNetns, "1")
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", nodeNetns).Run() })
 	sh(t, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
 	sh(t, "ip", "addr", "add", plans[1].nodeIP+"/64", "dev", "eth0", "nodad")
-	pod = testenv.New(t, "pod")
-	ep := testenv.New(t, "ep")
+	pod = netns.New(t, "pod")
+	ep := netns.New(t, "ep")
 	for _, l := range []struct {
-		ns     *testenv.NS
+		ns     *netns.NS
 		nodeIf string
 		nodeIP func(plan) string
 		nsIP   func(plan) string
@@ -95,7 +95,7 @@ func guestTopology(t *testing.T) (pod *testenv.NS) {
 	}
 	for _, p := range plans {
 		ln := ep.Listen(t, net.JoinHostPort(p.endpoint, strconv.Itoa(endpointPort)))
-		testenv.Serve(ln, func(c net.Conn) {
+		netns.Serve(ln, func(c net.Conn) {
 			fmt.Fprintf(c, "endpoint %s saw %s\n", c.LocalAddr(), c.RemoteAddr())
 			c.Close()
 		})
@@ -105,7 +105,7 @@ func guestTopology(t *testing.T) (pod *testenv.NS) {
 
 // fetch connects to addr from the pod namespace (pod != nil) or from the node itself (a host-network
 // process) and returns the endpoint's greeting.
-func fetch(ctx context.Context, pod *testenv.NS, addr string) (string, error) {
+func fetch(ctx context.Context, pod *netns.NS, addr string) (string, error) {
 	var c net.Conn
 	dial := func() (err error) {
 		c, err = (&net.Dialer{Timeout: dialWait}).DialContext(ctx, "tcp", addr)
@@ -213,7 +213,7 @@ func ourRules(t *testing.T, backend string) string {
 // both families:
 //   - external-ip: kubernetes#75262 with real IPVS (ipvs-externalip-dnat);
 //   - connection-reset: kubernetes#74839, the INVALID segment answered by an RST
-//     (internal/resettest; invalid-drop), since IPVS mode installs no INVALID drop of its own.
+//     (internal/testing/resettest; invalid-drop), since IPVS mode installs no INVALID drop of its own.
 func TestGuestKubeProxyIPVS(t *testing.T) {
 	requireGuest(t)
 	ctx := t.Context()
@@ -226,7 +226,7 @@ func TestGuestKubeProxyIPVS(t *testing.T) {
 	t.Logf("guest kernel %s", strings.TrimSpace(sh(t, "uname", "-r")))
 
 	pod := guestTopology(t)
-	reset := resettest.Extend(t, testenv.Existing(t, nodeNetns), pod)
+	reset := resettest.Extend(t, netns.Existing(t, nodeNetns), pod)
 	start := time.Now()
 	kp := kubeproxytest.StartT(t, kubeproxytest.Options{
 		Netns: nodeNetns, Kubeconfig: kubeconfig, Mode: "ipvs", NodeName: nodeName,
@@ -275,7 +275,7 @@ func TestGuestKubeProxyIPVS(t *testing.T) {
 			}
 			// The Service works by its ClusterIP (once kube-proxy has synced the family's ipsets and
 			// masquerade rules too): the failure below is the External-IP path only.
-			for _, from := range []*testenv.NS{pod, nil} {
+			for _, from := range []*netns.NS{pod, nil} {
 				var got string
 				took := agenttest.Eventually(t, time.Minute, func() (err error) {
 					got, err = fetch(ctx, from, cluster)
@@ -355,7 +355,7 @@ func TestGuestKubeProxyIPVS(t *testing.T) {
 			t.Run("external-ip", func(t *testing.T) {
 				for _, p := range plans {
 					lb := addr(p.lbLocal, servicePort)
-					for _, from := range []*testenv.NS{pod, nil} {
+					for _, from := range []*netns.NS{pod, nil} {
 						var got string
 						took := agenttest.Eventually(t, 30*time.Second, func() (err error) {
 							got, err = fetch(ctx, from, lb)
@@ -606,7 +606,7 @@ func lbLocalSet(p plan) string {
 	return map[string]string{"ipv4": "KUBE-LOAD-BALANCER-LOCAL", "ipv6": "KUBE-6-LOAD-BALANCER-LOCAL"}[p.family]
 }
 
-func who(pod *testenv.NS) string {
+func who(pod *netns.NS) string {
 	if pod == nil {
 		return "the node (host network)"
 	}
@@ -615,9 +615,9 @@ func who(pod *testenv.NS) string {
 
 // assertUnreachable fails unless addr is unreachable from each of the given places (a pod
 // namespace, or nil for the node itself).
-func assertUnreachable(t *testing.T, pod *testenv.NS, addr, when string) {
+func assertUnreachable(t *testing.T, pod *netns.NS, addr, when string) {
 	t.Helper()
-	froms := []*testenv.NS{nil}
+	froms := []*netns.NS{nil}
 	if pod != nil {
 		froms = append(froms, pod)
 	}

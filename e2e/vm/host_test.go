@@ -29,11 +29,11 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/controlplane"
-	"github.com/network-node-manager/network-node-manager/internal/kubeproxytest"
-	"github.com/network-node-manager/network-node-manager/internal/resettest"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
+	"github.com/network-node-manager/network-node-manager/internal/testing/kubeproxytest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/resettest"
 )
 
 // guestEnv is set in the guest: the test binary runs there again, with -test.run selecting the guest
@@ -65,7 +65,7 @@ type plan struct {
 }
 
 var plans = []plan{
-	// The pod side is the connection-reset reproduction's (internal/resettest), which the guest extends.
+	// The pod side is the connection-reset reproduction's (internal/testing/resettest), which the guest extends.
 	{"ipv4", "10.0.2.15", resettest.V4.PodCIDR.String(), resettest.V4.PodGW().String(), resettest.V4.PodIP().String(), "10.244.2.1", "10.244.2.2", "/24", "203.0.113.10", "203.0.113.11"},
 	{"ipv6", "fd00:10:0:2::15", resettest.V6.PodCIDR.String(), resettest.V6.PodGW().String(), resettest.V6.PodIP().String(), "fd00:10:244:2::1", "fd00:10:244:2::2", "/64", "2001:db8:113::10", "2001:db8:113::11"},
 }
@@ -91,7 +91,7 @@ func loadVM(t *testing.T) vmEnv {
 	path := strings.TrimSpace(string(out))
 	data, err := os.ReadFile(path)
 	if err != nil {
-		testenv.Unavailable(t, "the VM lane is not prepared (%v): run `make test-vm` or hack/vm/prepare.sh (root on Debian: installs qemu-system-x86, busybox-static, kmod, ipset and fetches the pinned kernel)", err)
+		netns.Unavailable(t, "the VM lane is not prepared (%v): run `make test-vm` or hack/vm/prepare.sh (root on Debian: installs qemu-system-x86, busybox-static, kmod, ipset and fetches the pinned kernel)", err)
 	}
 	env := vmEnv{}
 	for _, line := range strings.Split(string(data), "\n") {
@@ -101,7 +101,7 @@ func loadVM(t *testing.T) vmEnv {
 	}
 	for _, k := range []string{"NNM_VM_KERNEL", "NNM_VM_INITRD", "NNM_VM_MODULES", "NNM_VM_QEMU", "NNM_VM_BUSYBOX"} {
 		if _, err := os.Stat(env[k]); err != nil {
-			testenv.Unavailable(t, "%s from %s: %v; run hack/vm/prepare.sh again", k, path, err)
+			netns.Unavailable(t, "%s from %s: %v; run hack/vm/prepare.sh again", k, path, err)
 		}
 	}
 	return env
@@ -137,7 +137,7 @@ func runGuest(t *testing.T, vm vmEnv, apiserver, guestRun string, env []string) 
 		k, v, _ := strings.Cut(kv, "=")
 		fmt.Fprintf(&b, "export %s=%s\n", k, strconv.Quote(v))
 	}
-	for _, k := range []string{"CI", testenv.RequireEnv, agenttest.BinEnv, controlplane.BinDirEnv} {
+	for _, k := range []string{"CI", netns.RequireEnv, agenttest.BinEnv, controlplane.BinDirEnv} {
 		if v, ok := os.LookupEnv(k); ok {
 			fmt.Fprintf(&b, "export %s=%s\n", k, strconv.Quote(v))
 		}
@@ -216,17 +216,17 @@ func requireHost(t *testing.T) vmEnv {
 		t.Skip("VM lane: skipped with -short")
 	}
 	if os.Geteuid() != 0 {
-		testenv.Unavailable(t, "the VM lane needs root (network namespaces for the control plane)")
+		netns.Unavailable(t, "the VM lane needs root (network namespaces for the control plane)")
 	}
 	vm := loadVM(t)
 	if err := controlplane.CheckPrerequisites(""); err != nil {
-		testenv.Unavailable(t, "%v", err)
+		netns.Unavailable(t, "%v", err)
 	}
 	if err := agenttest.CheckPrerequisites(); err != nil {
-		testenv.Unavailable(t, "%v", err)
+		netns.Unavailable(t, "%v", err)
 	}
 	if _, err := kubeproxytest.Binary(); err != nil {
-		testenv.Unavailable(t, "%v", err)
+		netns.Unavailable(t, "%v", err)
 	}
 	return vm
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/sysctl"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // TestKernel runs the fix against the real /proc/sys inside a throwaway network namespace. The sysctl
@@ -21,12 +21,12 @@ import (
 // value from a separate process in the namespace (ip netns exec) and checks that the host's value is
 // the same before and after.
 func TestKernel(t *testing.T) {
-	testenv.RequireKernel(t)
-	ns := testenv.New(t, "nnm-ctliberal")
+	netns.RequireKernel(t)
+	ns := netns.New(t, "nnm-ctliberal")
 	proc := "/proc/sys/" + strings.ReplaceAll(sysctl.ConntrackTCPBeLiberal, ".", "/")
 	host, err := os.ReadFile(proc)
 	if err != nil {
-		testenv.Unavailable(t, "the host has no %s (nf_conntrack not loaded): %v", sysctl.ConntrackTCPBeLiberal, err)
+		netns.Unavailable(t, "the host has no %s (nf_conntrack not loaded): %v", sysctl.ConntrackTCPBeLiberal, err)
 	}
 	defer func() {
 		if after, _ := os.ReadFile(proc); string(after) != string(host) {
@@ -35,7 +35,7 @@ func TestKernel(t *testing.T) {
 	}()
 	inNS := func() string { return strings.TrimSpace(ns.MustExec("cat", proc)) }
 	if _, err := ns.Exec("cat", proc); err != nil {
-		testenv.Unavailable(t, "the namespace has no %s: %v", sysctl.ConntrackTCPBeLiberal, err)
+		netns.Unavailable(t, "the namespace has no %s: %v", sysctl.ConntrackTCPBeLiberal, err)
 	}
 	ns.MustExec("sh", "-c", "echo 0 > "+proc)
 	stateDir := t.TempDir()

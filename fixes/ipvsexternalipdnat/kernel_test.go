@@ -15,7 +15,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	tk "github.com/network-node-manager/network-node-manager/core/testkit"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // The kernel test programs the fix's rules (each backend in turn, both families) in a node namespace
@@ -99,11 +99,11 @@ table inet neighbour {
 `, nbrPrePort, nbrFwdPort, neighbourMark, ciliumMark, strings.Join(counters, "\n\t"), strings.Join(kept, "\n\t\t"))
 }
 
-type markLab struct{ pod, node, backend *testenv.NS }
+type markLab struct{ pod, node, backend *netns.NS }
 
 func newMarkLab(t *testing.T) *markLab {
 	t.Helper()
-	l := &markLab{pod: testenv.NewNoDAD(t, "nnm-mark-pod"), node: testenv.NewNoDAD(t, "nnm-mark-node"), backend: testenv.NewNoDAD(t, "nnm-mark-bk")}
+	l := &markLab{pod: netns.NewNoDAD(t, "nnm-mark-pod"), node: netns.NewNoDAD(t, "nnm-mark-node"), backend: netns.NewNoDAD(t, "nnm-mark-bk")}
 	l.node.Veth("pod0", l.pod, "eth0")
 	l.node.Veth("bk0", l.backend, "eth0")
 	l.node.Veth("ext0", l.node, "ext0-peer")
@@ -129,7 +129,7 @@ func newMarkLab(t *testing.T) *markLab {
 	l.node.MustExec("sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
 	l.node.NftLoad(neighbourRuleset())
 	for _, port := range []int{svcPort, nbrPrePort, nbrFwdPort} {
-		testenv.Serve(l.backend.Listen(t, fmt.Sprintf(":%d", port)), func(c net.Conn) {
+		netns.Serve(l.backend.Listen(t, fmt.Sprintf(":%d", port)), func(c net.Conn) {
 			defer c.Close()
 			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 			_, _ = io.WriteString(c, youAre(netip.MustParseAddrPort(c.RemoteAddr().String()).Addr().Unmap()))
@@ -141,7 +141,7 @@ func newMarkLab(t *testing.T) *markLab {
 func youAre(a netip.Addr) string { return "you are " + a.String() + "\n" }
 
 // ask connects from ns (from the local address src when valid) to dst and returns the answer.
-func ask(ctx context.Context, ns *testenv.NS, src netip.Addr, dst netip.AddrPort) (string, error) {
+func ask(ctx context.Context, ns *netns.NS, src netip.Addr, dst netip.AddrPort) (string, error) {
 	var c net.Conn
 	d := &net.Dialer{Timeout: 2 * time.Second}
 	if src.IsValid() {
@@ -175,7 +175,7 @@ func (l *markLab) counter(t *testing.T, name string) int {
 // with each backend and both families, the fix's DNATed connections are masqueraded and reach the
 // Cluster-IP's backend, and the neighbour's connections keep their mark and their source address.
 func TestKernelNeighbourMark(t *testing.T) {
-	testenv.RequireKernel(t, "iptables-nft-restore", "ip6tables-nft-restore", "nft", "sysctl")
+	netns.RequireKernel(t, "iptables-nft-restore", "ip6tables-nft-restore", "nft", "sysctl")
 	if testing.Short() {
 		t.Skip("kernel test")
 	}
@@ -221,7 +221,7 @@ func TestKernelNeighbourMark(t *testing.T) {
 					}
 					time.Sleep(100 * time.Millisecond)
 				}
-				check := func(what string, from *testenv.NS, src netip.Addr, dst netip.AddrPort, want netip.Addr) {
+				check := func(what string, from *netns.NS, src netip.Addr, dst netip.AddrPort, want netip.Addr) {
 					t.Helper()
 					got, err := ask(ctx, from, src, dst)
 					if err != nil || got != youAre(want) {

@@ -17,7 +17,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
-	"github.com/network-node-manager/network-node-manager/internal/rawtcp"
+	"github.com/network-node-manager/network-node-manager/internal/testing/rawtcp"
 )
 
 // The kernel test builds a path-MTU black hole in four network namespaces and downloads through it:

@@ -23,18 +23,18 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/config"
-	"github.com/network-node-manager/network-node-manager/internal/controlplane"
-	"github.com/network-node-manager/network-node-manager/internal/ctfill"
 	"github.com/network-node-manager/network-node-manager/internal/engine"
 	"github.com/network-node-manager/network-node-manager/internal/kube"
-	"github.com/network-node-manager/network-node-manager/internal/kube/kubetest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
+	"github.com/network-node-manager/network-node-manager/internal/testing/ctfill"
+	"github.com/network-node-manager/network-node-manager/internal/testing/kubetest"
 	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
 
 // The judging tests of issue 19 (items 3 and 4), with a real kube-apiserver, the real engine and
-// informers, and the real conntrack table of a node namespace (entries made by internal/ctfill).
+// informers, and the real conntrack table of a node namespace (entries made by internal/testing/ctfill).
 // Node n2 has no spec.podCIDRs; the configuration's documented fallback is the cluster's
 // 10.244.0.0/16 and fd00:244::/48.
 //

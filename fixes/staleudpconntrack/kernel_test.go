@@ -18,8 +18,8 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/config"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 )
 
 // The kernel test reproduces kubernetes#58336 with real packets, a real kube-apiserver and the real

@@ -27,9 +27,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/controlplane"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
 )
 
 const metricsPort = 9484
@@ -102,7 +102,7 @@ func run() (err error) {
 		return err
 	}
 	undo = append(undo, func() {
-		if err := testenv.Delete(context.Background(), nodeNS); err != nil {
+		if err := netns.Delete(context.Background(), nodeNS); err != nil {
 			fmt.Fprintf(os.Stderr, "demo: %v\n", err)
 		}
 	})
@@ -193,16 +193,16 @@ func waitExit(a *agenttest.Agent) <-chan struct{} {
 // removed first.
 func createNetns(name string) error {
 	ctx := context.Background()
-	if testenv.Exists(name) {
+	if netns.Exists(name) {
 		out, _ := exec.Command("ip", "netns", "pids", name).Output()
 		if strings.TrimSpace(string(out)) != "" {
 			return fmt.Errorf("network namespace %s exists and processes run in it (another demo?); set DEMO_NETNS", name)
 		}
-		if err := testenv.Delete(ctx, name); err != nil {
+		if err := netns.Delete(ctx, name); err != nil {
 			return fmt.Errorf("remove leftover netns: %w", err)
 		}
 	}
-	return testenv.Create(ctx, name)
+	return netns.Create(ctx, name)
 }
 
 // createExamples creates the Nodes and Services of the file; a Service's status is written afterwards
@@ -300,7 +300,7 @@ func settle(ctx context.Context, a *agenttest.Agent) {
 func show(ctx context.Context, a *agenttest.Agent, backend, nodeNS string) error {
 	if backend == "nftables" {
 		step("the agent's nftables tables in %s (nft list table …)", nodeNS)
-		out, err := testenv.Exec(ctx, nodeNS, "nft", "list", "tables")
+		out, err := netns.Exec(ctx, nodeNS, "nft", "list", "tables")
 		if err != nil {
 			return err
 		}
@@ -309,7 +309,7 @@ func show(ctx context.Context, a *agenttest.Agent, backend, nodeNS string) error
 			if len(f) != 3 || !strings.HasPrefix(f[2], "nnm-") {
 				continue
 			}
-			t, err := testenv.Exec(ctx, nodeNS, "nft", "list", "table", f[1], f[2])
+			t, err := netns.Exec(ctx, nodeNS, "nft", "list", "table", f[1], f[2])
 			if err != nil {
 				return err
 			}

@@ -20,8 +20,8 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/internal/config"
 	"github.com/network-node-manager/network-node-manager/internal/kube"
-	"github.com/network-node-manager/network-node-manager/internal/kube/kubetest"
 	"github.com/network-node-manager/network-node-manager/internal/logbuffer"
+	"github.com/network-node-manager/network-node-manager/internal/testing/kubetest"
 	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
 

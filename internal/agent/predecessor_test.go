@@ -11,11 +11,11 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/backends/iptables"
 	"github.com/network-node-manager/network-node-manager/core/backend"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/fixes/invaliddrop"
 	"github.com/network-node-manager/network-node-manager/internal/agent"
 	"github.com/network-node-manager/network-node-manager/internal/detect"
 	"github.com/network-node-manager/network-node-manager/internal/engine"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
 	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
 
@@ -36,7 +36,7 @@ var predecessorSetup = [][]string{
 	{"-t", "nat", "-A", "PREROUTING", "-j", "KUBE-SERVICES"},
 }
 
-func save(t *testing.T, ns *testenv.NS, bin string) string {
+func save(t *testing.T, ns *netns.NS, bin string) string {
 	t.Helper()
 	out := ns.MustOutput(bin + "-save")
 	var keep []string
@@ -52,7 +52,7 @@ func save(t *testing.T, ns *testenv.NS, bin string) string {
 // an empty list of objects, with no host probes (the values are configured), cleaning up the
 // predecessor as the agent does and running the engine; env adds to the agent's settings, extra to
 // the app.
-func agentApp(t *testing.T, ns *testenv.NS, variant iptables.Variant, env []string, extra ...fx.Option) *fxtest.App {
+func agentApp(t *testing.T, ns *netns.NS, variant iptables.Variant, env []string, extra ...fx.Option) *fxtest.App {
 	t.Helper()
 	return fxtest.New(t, append([]fx.Option{fx.NopLogger,
 		invaliddrop.Module,
@@ -82,10 +82,10 @@ func foreign(dump string) string {
 // When the agent takes over (its first fix synced), the predecessor's NMANAGER_ chains and the jumps
 // to them go, in both families; our chains and foreign chains stay.
 func TestPredecessorChainsRemovedOnTakeover(t *testing.T) {
-	testenv.Require(t, "iptables-nft", "iptables-legacy", "ip6tables-nft", "ip6tables-legacy")
+	netns.Require(t, "iptables-nft", "iptables-legacy", "ip6tables-nft", "ip6tables-legacy")
 	for _, variant := range []iptables.Variant{iptables.NFT, iptables.Legacy} {
 		t.Run(string(variant), func(t *testing.T) {
-			ns := testenv.New(t, "nnm-pred")
+			ns := netns.New(t, "nnm-pred")
 			bins := []string{"iptables-" + string(variant), "ip6tables-" + string(variant)}
 			for _, bin := range bins {
 				for _, args := range predecessorSetup {
@@ -134,8 +134,8 @@ func TestPredecessorChainsRemovedOnTakeover(t *testing.T) {
 
 // Without any enabled fix nothing is taken over, so nothing of the predecessor is removed.
 func TestPredecessorKeptWithoutEnabledFix(t *testing.T) {
-	testenv.Require(t, "iptables-nft")
-	ns := testenv.New(t, "nnm-pred")
+	netns.Require(t, "iptables-nft")
+	ns := netns.New(t, "nnm-pred")
 	for _, args := range predecessorSetup[:3] {
 		ns.MustExec(append([]string{"iptables-nft"}, args...)...)
 	}
@@ -152,8 +152,8 @@ func TestPredecessorKeptWithoutEnabledFix(t *testing.T) {
 // synced (then the rest): at that moment our chains are already in the kernel, so a backend switch
 // never leaves the node without the fix.
 func TestLeftoversAfterFirstSync(t *testing.T) {
-	testenv.Require(t, "iptables-nft")
-	ns := testenv.New(t, "nnm-left")
+	netns.Require(t, "iptables-nft")
+	ns := netns.New(t, "nnm-left")
 	type call struct{ fix, kernel string }
 	calls := make(chan call, 4)
 	app := agentApp(t, ns, iptables.NFT, []string{"NNM_MIN_SYNC_PERIOD=0s", "NNM_FIXES_IPVS_EXTERNALIP_DNAT_ENABLED=false"},

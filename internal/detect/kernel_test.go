@@ -12,8 +12,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/internal/config"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
 )
 
 // Real-kernel detection: each case builds a node's signals in a fresh network namespace (a dummy
@@ -25,7 +25,7 @@ import (
 // TestHelperProcess is the child: it serves a fake /proxyMode when asked, runs detection with the real
 // probes (no API client) and prints the result as JSON.
 func TestHelperProcess(t *testing.T) {
-	testenv.Child(t, "TestRealDetection")
+	netns.Child(t, "TestRealDetection")
 	if mode := os.Getenv("NNM_FAKE_KUBE_PROXY_MODE"); mode != "" {
 		ln, err := net.Listen("tcp", "127.0.0.1:10249")
 		if err != nil {
@@ -44,7 +44,7 @@ func TestHelperProcess(t *testing.T) {
 	os.Exit(0)
 }
 
-func detectIn(t *testing.T, ns *testenv.NS, env ...string) Result {
+func detectIn(t *testing.T, ns *netns.NS, env ...string) Result {
 	t.Helper()
 	out, stderr, err := ns.RunChild("TestHelperProcess", env...)
 	if err != nil {
@@ -65,7 +65,7 @@ func detectIn(t *testing.T, ns *testenv.NS, env ...string) Result {
 }
 
 func TestRealDetection(t *testing.T) {
-	testenv.Require(t, "nft", "iptables-nft", "iptables-legacy")
+	netns.Require(t, "nft", "iptables-nft", "iptables-legacy")
 	type want struct{ mode, modeSrc, backend, variant, variantSrc string }
 	tests := []struct {
 		name  string
@@ -106,7 +106,7 @@ func TestRealDetection(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ns := testenv.New(t, "nnm-detect")
+			ns := netns.New(t, "nnm-detect")
 			for _, c := range tt.setup {
 				ns.MustExec(c...)
 			}
@@ -125,8 +125,8 @@ func TestRealDetection(t *testing.T) {
 // TestKernelNFTTablesOverNetlink: the probe lists every family's tables as nft names them, without
 // running nft (PATH holds only a stand-in nft that fails), and fails naming nft when none is installed.
 func TestKernelNFTTablesOverNetlink(t *testing.T) {
-	testenv.Require(t, "nft")
-	ns := testenv.New(t, "nnm-det")
+	netns.Require(t, "nft")
+	ns := netns.New(t, "nnm-det")
 	for _, tbl := range []string{"ip kube-proxy", "ip6 kube-proxy", "inet filter", "bridge br"} {
 		ns.MustExec("nft", "add table "+tbl)
 	}

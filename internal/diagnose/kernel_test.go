@@ -15,9 +15,9 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
 	"github.com/network-node-manager/network-node-manager/core/sysctl"
-	"github.com/network-node-manager/network-node-manager/internal/ctfill"
-	"github.com/network-node-manager/network-node-manager/internal/resettest"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/ctfill"
+	"github.com/network-node-manager/network-node-manager/internal/testing/resettest"
 )
 
 // The labs: each reproduces a check's condition in network namespaces of its own, on the real
@@ -43,7 +43,7 @@ func labEnv(mode string, on ...string) *Env {
 }
 
 // runIn runs check in ns with env and returns its finding.
-func runIn(t *testing.T, ns *testenv.NS, env *Env, check Check) Finding {
+func runIn(t *testing.T, ns *netns.NS, env *Env, check Check) Finding {
 	t.Helper()
 	var r *Report
 	if err := ns.Do(func() error { r = Run(context.Background(), env, []Check{check}); return nil }); err != nil {
@@ -66,7 +66,7 @@ func wantState(t *testing.T, what string, f Finding, state State, by string) {
 // has counted INVALID packets: diagnose names the problem; with invalid-drop enabled, "handled by
 // invalid-drop"; a node namespace where only clean traffic flowed names nothing.
 func TestLabInvalidReplies(t *testing.T) {
-	testenv.Require(t, "nft", "conntrack")
+	netns.Require(t, "nft", "conntrack")
 	tp := resettest.New(t)
 	clean := runIn(t, tp.Node, labEnv("iptables"), invalidCheck{})
 	wantState(t, "before the out-of-window segment", clean, OK, "")
@@ -82,8 +82,8 @@ func TestLabInvalidReplies(t *testing.T) {
 }
 
 // pmtuLab is pod — node — router: the pod link is 1500 bytes, the node's uplink mtu.
-func pmtuLab(t *testing.T, uplinkMTU int) *testenv.NS {
-	node, pod, router := testenv.NewNoDAD(t, "nnmdg-node"), testenv.NewNoDAD(t, "nnmdg-pod"), testenv.NewNoDAD(t, "nnmdg-rtr")
+func pmtuLab(t *testing.T, uplinkMTU int) *netns.NS {
+	node, pod, router := netns.NewNoDAD(t, "nnmdg-node"), netns.NewNoDAD(t, "nnmdg-pod"), netns.NewNoDAD(t, "nnmdg-rtr")
 	node.Veth("pod0", pod, "eth0")
 	node.Veth("ext0", router, "eth0")
 	node.AddAddrs("pod0", "10.244.1.1/24", "fd00:10:244:1::1/64")
@@ -98,7 +98,7 @@ func pmtuLab(t *testing.T, uplinkMTU int) *testenv.NS {
 // Lab pmtu: a 1400-byte uplink behind 1500-byte pod links (mss-clamp's TestKernelBlackHole
 // topology) is named; with mss-clamp enabled, handled; all links at 1500, nothing.
 func TestLabPMTU(t *testing.T) {
-	testenv.Require(t, "ip")
+	netns.Require(t, "ip")
 	cidrs := []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:244:1::/64")}
 	narrow := pmtuLab(t, 1400)
 	env := labEnv("iptables")
@@ -121,7 +121,7 @@ func TestLabPMTU(t *testing.T) {
 
 // Lab rp-filter: strict rp_filter on the pod link is named (report only), loose is not.
 func TestLabRPFilter(t *testing.T) {
-	testenv.Require(t, "ip", "sysctl")
+	netns.Require(t, "ip", "sysctl")
 	node := pmtuLab(t, 1500)
 	env := labEnv("iptables")
 	env.PodCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}
@@ -140,8 +140,8 @@ func TestLabRPFilter(t *testing.T) {
 // entries to the live Pod and to another node's pod are not. With the fix enabled, handled; with
 // only live targets, nothing.
 func TestLabStaleUDP(t *testing.T) {
-	testenv.Require(t, "conntrack")
-	ns := testenv.New(t, "nnmdg-ct")
+	netns.Require(t, "conntrack")
+	ns := netns.New(t, "nnmdg-ct")
 	entries := []ctfill.Entry{
 		{Protocol: syscall.IPPROTO_UDP, Src: netip.MustParseAddrPort("192.0.2.50:40000"), Dst: netip.MustParseAddrPort("192.0.2.1:8125"), DNATTo: netip.MustParseAddrPort("10.244.1.9:8125")},
 		{Protocol: syscall.IPPROTO_UDP, Src: netip.MustParseAddrPort("192.0.2.50:40001"), Dst: netip.MustParseAddrPort("192.0.2.1:8125"), DNATTo: netip.MustParseAddrPort("10.244.1.9:8125")},
@@ -180,7 +180,7 @@ func TestLabStaleUDP(t *testing.T) {
 // against limits that a network namespace cannot lower (nf_conntrack_max and gc_thresh3 are set in
 // the initial namespace only): the limits come from a sysctl view over the real one.
 func TestLabTables(t *testing.T) {
-	testenv.Require(t, "ip", "conntrack")
+	netns.Require(t, "ip", "conntrack")
 	node := pmtuLab(t, 1500)
 	for i := 10; i < 40; i++ {
 		node.MustExec("ip", "neigh", "add", fmt.Sprintf("10.244.1.%d", i), "lladdr", fmt.Sprintf("02:00:00:00:00:%02x", i), "dev", "pod0", "nud", "permanent")

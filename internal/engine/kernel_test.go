@@ -11,16 +11,16 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/backends/iptables"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/internal/config"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 )
 
 // slowReadBack runs the iptables binaries in a test namespace; once armed, every iptables-save
 // (the read-back of a Verify) first waits for a real child process that takes 30 s, as a read-back of
 // a huge ruleset on a loaded node may, and which only the caller's context ending stops.
 type slowReadBack struct {
-	ns       *testenv.NS
+	ns       *netns.NS
 	armed    atomic.Bool
 	started  atomic.Int32
 	canceled atomic.Int32
@@ -46,8 +46,8 @@ func (r *slowReadBack) Run(ctx context.Context, name string, args []string, stdi
 // preempted Verify is not counted as a failure. Without preemption the change would wait the 30 s
 // of the read-back (the backend serialises its kernel operations).
 func TestKernelChangePreemptsReadBack(t *testing.T) {
-	testenv.Require(t, "iptables-nft", "iptables-nft-save", "iptables-nft-restore", "ip6tables-nft-save", "ip6tables-nft-restore")
-	ns := testenv.New(t, "nnm-eng")
+	netns.Require(t, "iptables-nft", "iptables-nft-save", "iptables-nft-restore", "ip6tables-nft-save", "ip6tables-nft-restore")
+	ns := netns.New(t, "nnm-eng")
 	run := &slowReadBack{ns: ns}
 	// With a Runner of its own the backend has no nf_tables generation: every Verify reads back.
 	be, err := iptables.New(iptables.Options{Variant: iptables.NFT, Runner: run, Logger: slog.New(slog.DiscardHandler)})

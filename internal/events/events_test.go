@@ -21,9 +21,9 @@ import (
 	k8sevents "k8s.io/client-go/tools/events"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/engine"
-	"github.com/network-node-manager/network-node-manager/internal/kube/kubetest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/kubetest"
 )
 
 var _ engine.Notifier = (*Recorder)(nil)

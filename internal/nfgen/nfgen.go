@@ -6,7 +6,7 @@
 //
 // The request goes over a NETLINK_NETFILTER socket opened in the calling thread's network namespace
 // and closed again, so it works wherever the backend's own kernel calls run (the agent's namespace,
-// or a test's thread inside testenv.Do). Legacy iptables is not nf_tables and has no generation.
+// or a test's thread inside netns.Do). Legacy iptables is not nf_tables and has no generation.
 package nfgen
 
 import (

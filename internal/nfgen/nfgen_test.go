@@ -6,14 +6,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // TestGenerationCountsCommitsInItsNamespace checks that the generation is read in the calling
 // thread's namespace and that each committed nft transaction bumps it by one, while a listing does not.
 func TestGenerationCountsCommitsInItsNamespace(t *testing.T) {
-	testenv.Require(t, "nft")
-	ns := testenv.New(t, "nnmt-gen")
+	netns.Require(t, "nft")
+	ns := netns.New(t, "nnmt-gen")
 	read := func() uint32 {
 		t.Helper()
 		var g uint32
@@ -44,7 +44,7 @@ func TestGenerationCountsCommitsInItsNamespace(t *testing.T) {
 		t.Fatalf("one transaction of two commands: generation %d -> %d, want +1", g1, g3)
 	}
 	// A namespace of its own: commits here do not move the namespace above.
-	other := testenv.New(t, "nnmt-gen2")
+	other := netns.New(t, "nnmt-gen2")
 	other.MustExec("nft", "add table ip elsewhere")
 	if g4 := read(); g4 != g1+1 {
 		t.Fatalf("a commit in another namespace moved this one's generation to %d", g4)

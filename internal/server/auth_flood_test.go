@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/controlplane"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/internal/server"
-	"github.com/network-node-manager/network-node-manager/internal/servertest"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
+	"github.com/network-node-manager/network-node-manager/internal/testing/servertest"
 )
 
 // countReviews counts the TokenReviews the agent's client sends.
@@ -75,7 +75,7 @@ func TestGarbageTokensDoNotStarveAScrape(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			code, body, err := testenv.Get(ctx, attacker, url, fmt.Sprintf("garbage-%d-%d", time.Now().UnixNano(), i))
+			code, body, err := netns.Get(ctx, attacker, url, fmt.Sprintf("garbage-%d-%d", time.Now().UnixNano(), i))
 			key := fmt.Sprint(code)
 			if err != nil {
 				key = "error"
@@ -94,7 +94,7 @@ func TestGarbageTokensDoNotStarveAScrape(t *testing.T) {
 
 	// A legitimate scrape, its token not cached yet, from another address, in the middle of the flood.
 	scrapeStart := time.Now()
-	code, body, err := testenv.Get(ctx, fromAddr("127.0.0.2"), url, token)
+	code, body, err := netns.Get(ctx, fromAddr("127.0.0.2"), url, token)
 	took := time.Since(scrapeStart)
 	wg.Wait()
 	floodTook := time.Since(start)
@@ -109,12 +109,12 @@ func TestGarbageTokensDoNotStarveAScrape(t *testing.T) {
 
 	// A rejected token is remembered: sent again (from a fresh address) it costs no review.
 	other := fromAddr("127.0.0.3")
-	if code, _, err := testenv.Get(ctx, other, url, "garbage-repeated"); err != nil || code != http.StatusUnauthorized {
+	if code, _, err := netns.Get(ctx, other, url, "garbage-repeated"); err != nil || code != http.StatusUnauthorized {
 		t.Fatalf("garbage token: %d %v, want 401", code, err)
 	}
 	before := reviews.Load()
 	for range 3 {
-		if code, _, err := testenv.Get(ctx, other, url, "garbage-repeated"); err != nil || code != http.StatusUnauthorized {
+		if code, _, err := netns.Get(ctx, other, url, "garbage-repeated"); err != nil || code != http.StatusUnauthorized {
 			t.Fatalf("garbage token again: %d %v, want 401", code, err)
 		}
 	}

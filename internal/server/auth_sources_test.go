@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/controlplane"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/internal/server"
-	"github.com/network-node-manager/network-node-manager/internal/servertest"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
+	"github.com/network-node-manager/network-node-manager/internal/testing/servertest"
 )
 
 // TestReviewBudgetPerSlash64AndGlobal (#41 row 7): the TokenReview budget was per address, so 1,000
@@ -32,7 +32,7 @@ func TestReviewBudgetPerSlash64AndGlobal(t *testing.T) {
 	var reviews atomic.Int64
 	client := agentClient(t, cp, &reviews)
 
-	ns := testenv.NewNoDAD(t, "nnm-rv")
+	ns := netns.NewNoDAD(t, "nnm-rv")
 	var batch strings.Builder
 	for i := range 1000 {
 		fmt.Fprintf(&batch, "addr add fd00:41::%x/128 dev lo nodad\n", i+1)
@@ -60,7 +60,7 @@ func TestReviewBudgetPerSlash64AndGlobal(t *testing.T) {
 	from := func(src string) *http.Client {
 		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
 		return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
-			DialContext:       testenv.DialContext(ns.Path(), d),
+			DialContext:       netns.DialContext(ns.Path(), d),
 			TLSClientConfig:   &tls.Config{InsecureSkipVerify: true},
 			DisableKeepAlives: true,
 		}}
@@ -88,7 +88,7 @@ func TestReviewBudgetPerSlash64AndGlobal(t *testing.T) {
 				sem <- struct{}{}
 				go func() {
 					defer func() { <-sem; wg.Done() }()
-					code, _, _ := testenv.Get(t.Context(), c, url, fmt.Sprintf("garbage-%d-%d-%d", time.Now().UnixNano(), i, j))
+					code, _, _ := netns.Get(t.Context(), c, url, fmt.Sprintf("garbage-%d-%d-%d", time.Now().UnixNano(), i, j))
 					answered.Add(1)
 					mu.Lock()
 					codes[code]++
@@ -101,7 +101,7 @@ func TestReviewBudgetPerSlash64AndGlobal(t *testing.T) {
 	}
 	scrape := func(what, src, tok string) {
 		t0 := time.Now()
-		code, body, err := testenv.Get(t.Context(), from(src), url, tok)
+		code, body, err := netns.Get(t.Context(), from(src), url, tok)
 		t.Logf("%s from %s: %d in %v", what, src, code, time.Since(t0).Round(time.Millisecond))
 		if err != nil || code != http.StatusOK || !strings.Contains(body, "nnm_sources_test 1") {
 			t.Errorf("%s from %s: %d %v %.200q", what, src, code, err, body)

@@ -16,10 +16,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/controlplane"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/internal/server"
-	"github.com/network-node-manager/network-node-manager/internal/servertest"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
+	"github.com/network-node-manager/network-node-manager/internal/testing/servertest"
 )
 
 // TestIdleFloodDoesNotStarveProbesOrScrape (#41 row 3): idle keep-alive connections to the plain
@@ -77,7 +77,7 @@ func TestIdleFloodDoesNotStarveProbesOrScrape(t *testing.T) {
 	for i := range 20 {
 		src := fmt.Sprintf("127.0.200.%d", 1+i%2) // not flooding (a flooding source at its cap is refused)
 		t0 := time.Now()
-		code, body, err := testenv.Get(ctx, plainFrom(src), "http://"+probeAddr+"/livez", "")
+		code, body, err := netns.Get(ctx, plainFrom(src), "http://"+probeAddr+"/livez", "")
 		took := time.Since(t0)
 		worst = max(worst, took)
 		if err != nil || code != http.StatusOK || took > 10*time.Second {
@@ -85,7 +85,7 @@ func TestIdleFloodDoesNotStarveProbesOrScrape(t *testing.T) {
 		}
 	}
 	t0 := time.Now()
-	code, body, err := testenv.Get(ctx, fromAddr("127.2.0.1"), "https://"+metricsAddr+"/metrics", token)
+	code, body, err := netns.Get(ctx, fromAddr("127.2.0.1"), "https://"+metricsAddr+"/metrics", token)
 	scrapeTook := time.Since(t0)
 	t.Logf("during the flood: the probe listener held %d connections, the metrics listener %d (MaxConns %d); worst of 20 /livez %v; an uncached authenticated scrape %d in %v",
 		probeHeld, metricsHeld, server.DefaultLimits.MaxConns, worst.Round(time.Millisecond), code, scrapeTook.Round(time.Millisecond))

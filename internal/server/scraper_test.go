@@ -13,8 +13,8 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/internal/agent"
 	"github.com/network-node-manager/network-node-manager/internal/config"
-	"github.com/network-node-manager/network-node-manager/internal/controlplane"
 	"github.com/network-node-manager/network-node-manager/internal/kube"
+	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
 )
 
 // scraperToken makes the scraper, a ServiceAccount allowed to get /metrics as

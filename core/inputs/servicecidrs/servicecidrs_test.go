@@ -15,7 +15,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/internal/config"
 	"github.com/network-node-manager/network-node-manager/internal/kube"
-	"github.com/network-node-manager/network-node-manager/internal/kube/kubetest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/kubetest"
 	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
 

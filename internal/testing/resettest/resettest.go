@@ -49,9 +49,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/rawtcp"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/rawtcp"
 )
 
 // Plan is the address plan of one family; IPv4 and IPv6 differ only here.
@@ -126,12 +126,12 @@ table inet ` + observeTable + ` {
 }
 
 // Topo is the reproduction's three namespaces.
-type Topo struct{ Pod, Node, Ext *testenv.NS }
+type Topo struct{ Pod, Node, Ext *netns.NS }
 
 // New creates the pod, node and external namespaces (all deleted when t ends) and links them.
 func New(t *testing.T) *Topo {
 	t.Helper()
-	pod, node := testenv.NewNoDAD(t, "nnmdp-pod"), testenv.NewNoDAD(t, "nnmdp-node")
+	pod, node := netns.NewNoDAD(t, "nnmdp-pod"), netns.NewNoDAD(t, "nnmdp-node")
 	node.Veth(PodLink, pod, "eth0")
 	for _, p := range Plans {
 		pod.AddAddrs("eth0", p.prefix(p.PodIP()))
@@ -144,9 +144,9 @@ func New(t *testing.T) *Topo {
 // Extend adds the external namespace to a node and a pod that the caller linked as New does (the
 // node's PodLink holds each Plan's PodGW, the pod has PodIP and a default route via it): the e2e/vm
 // guest, whose node is the VM's own namespace.
-func Extend(t *testing.T, node, pod *testenv.NS) *Topo {
+func Extend(t *testing.T, node, pod *netns.NS) *Topo {
 	t.Helper()
-	tp := &Topo{Pod: pod, Node: node, Ext: testenv.NewNoDAD(t, "nnmdp-ext")}
+	tp := &Topo{Pod: pod, Node: node, Ext: netns.NewNoDAD(t, "nnmdp-ext")}
 	node.Veth(extLink, tp.Ext, "eth0")
 	for _, p := range Plans {
 		node.AddAddrs(extLink, p.extCIDR(p.NodeExt))
@@ -216,7 +216,7 @@ func Inject(t *testing.T, tp *Topo, p Plan, expectReset bool) *Injection {
 	}
 	t.Cleanup(func() { capture.Close() })
 
-	client, err := testenv.DialContext(tp.Pod.Path(), &net.Dialer{Timeout: 3 * time.Second})(ctx, "tcp", p.Server.String())
+	client, err := netns.DialContext(tp.Pod.Path(), &net.Dialer{Timeout: 3 * time.Second})(ctx, "tcp", p.Server.String())
 	if err != nil {
 		t.Fatalf("pod cannot connect to the external server %s: %v", p.Server, err)
 	}
@@ -403,7 +403,7 @@ func IsReset(err error) bool {
 var packetsRE = regexp.MustCompile(`packets (\d+)`)
 
 // nftCounter reads a named counter of the observation table.
-func nftCounter(t *testing.T, ns *testenv.NS, name string) uint64 {
+func nftCounter(t *testing.T, ns *netns.NS, name string) uint64 {
 	t.Helper()
 	out := ns.MustExec("nft", "list", "counter", "inet", observeTable, name)
 	m := packetsRE.FindStringSubmatch(out)
@@ -417,7 +417,7 @@ func nftCounter(t *testing.T, ns *testenv.NS, name string) uint64 {
 var invalidRE = regexp.MustCompile(`\binvalid=(\d+)`)
 
 // conntrackInvalid sums conntrack's per-CPU "invalid" statistic of the namespace (`conntrack -S`).
-func conntrackInvalid(t *testing.T, ns *testenv.NS) uint64 {
+func conntrackInvalid(t *testing.T, ns *netns.NS) uint64 {
 	t.Helper()
 	out := ns.MustExec("conntrack", "-S")
 	var total uint64

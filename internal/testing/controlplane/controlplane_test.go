@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 )
 
 func TestControlPlane(t *testing.T) {
@@ -96,7 +96,7 @@ func TestCloseRemovesEverything(t *testing.T) {
 			t.Fatalf("Close #%d: %v", i+1, err)
 		}
 	}
-	if testenv.Exists(cp.Netns()) {
+	if netns.Exists(cp.Netns()) {
 		t.Errorf("netns %s still exists", cp.Netns())
 	}
 	if err := exec.Command("ip", "link", "show", cp.hostLink.local).Run(); err == nil {
@@ -192,7 +192,7 @@ func clientFromKubeconfig(t *testing.T, path, nodeNS string) kubernetes.Interfac
 		t.Fatal(err)
 	}
 	if nodeNS != "" {
-		cfg.Dial = testenv.DialContext(testenv.Path(nodeNS), nil)
+		cfg.Dial = netns.DialContext(netns.Path(nodeNS), nil)
 	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -204,7 +204,7 @@ func clientFromKubeconfig(t *testing.T, path, nodeNS string) kubernetes.Interfac
 // newNodeNetns creates a netns standing in for a node; removed at cleanup.
 func newNodeNetns(t *testing.T) string {
 	t.Helper()
-	return testenv.New(t, "nnm-cptest-node").Name
+	return netns.New(t, "nnm-cptest-node").Name
 }
 
 func TestNthSlash30(t *testing.T) {
@@ -224,14 +224,14 @@ func TestNthSlash30(t *testing.T) {
 	}
 }
 
-func TestParseNetnsName(t *testing.T) {
-	pid, id, ok := parseNetnsName("nnm-cp-1234-abcdef")
+func TestParseNetnetns(t *testing.T) {
+	pid, id, ok := parseNetnetns("nnm-cp-1234-abcdef")
 	if !ok || pid != 1234 || id != "abcdef" {
 		t.Errorf("got %d %q %v", pid, id, ok)
 	}
 	for _, bad := range []string{"nnm-cp-x-abc", "nnm-cp-12", "other-1-ab", "nnm-cp-12-"} {
-		if _, _, ok := parseNetnsName(bad); ok {
-			t.Errorf("parseNetnsName(%q) accepted", bad)
+		if _, _, ok := parseNetnetns(bad); ok {
+			t.Errorf("parseNetnetns(%q) accepted", bad)
 		}
 	}
 	if n := hostVethName("abcdef"); len(n) > 15 {

@@ -6,19 +6,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // StopGrace is how long Stop waits after SIGTERM in the test helpers.
 const StopGrace = 15 * time.Second
 
 // Require ends the test when the agent cannot run here (see CheckPrerequisites): a skip, or a failure
-// under CI (testenv.Unavailable).
+// under CI (netns.Unavailable).
 func Require(tb testing.TB) {
 	tb.Helper()
 	if err := CheckPrerequisites(); err != nil {
 		if errors.Is(err, ErrUnavailable) {
-			testenv.Unavailable(tb, "%v", err)
+			netns.Unavailable(tb, "%v", err)
 			return
 		}
 		tb.Fatal(err)

@@ -4,18 +4,18 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // StartT starts a control plane for a test: it ends the test when the
-// machine cannot run one (testenv.Unavailable: a skip, or a failure under CI) (see CheckPrerequisites), fails it when Start fails,
+// machine cannot run one (netns.Unavailable: a skip, or a failure under CI) (see CheckPrerequisites), fails it when Start fails,
 // and registers Close with tb.Cleanup. If the test failed, the tails of the
 // component logs are logged before teardown.
 func StartT(tb testing.TB, opts Options) *ControlPlane {
 	tb.Helper()
 	if err := CheckPrerequisites(opts.BinDir); err != nil {
 		if errors.Is(err, ErrUnavailable) {
-			testenv.Unavailable(tb, "%v", err)
+			netns.Unavailable(tb, "%v", err)
 			return nil
 		}
 		tb.Fatal(err)

@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
@@ -80,7 +80,7 @@ type ControlPlane struct {
 	opts       Options
 	bins       binaries
 	id         string // random, names the host veth
-	netns      string
+	nsName     string
 	dataDir    string
 	ownDataDir bool
 	creds      *credentials
@@ -155,7 +155,7 @@ func (c *ControlPlane) startControllers() error {
 		{c.bins.scheduler, kc, "--leader-elect=false", "--bind-address=127.0.0.1"},
 	} {
 		name := filepath.Base(argv[0])
-		p, err := startProcess(c.netns, name, c.logPath(name), argv)
+		p, err := startProcess(c.nsName, name, c.logPath(name), argv)
 		if err != nil {
 			return err
 		}
@@ -174,9 +174,9 @@ func (c *ControlPlane) prepare(ctx context.Context) error {
 		return err
 	}
 	c.id = id
-	c.netns = c.opts.Name
-	if c.netns == "" {
-		c.netns = generatedNetnsName(id)
+	c.nsName = c.opts.Name
+	if c.nsName == "" {
+		c.nsName = generatedNetnetns(id)
 	}
 	if err := c.makeDataDir(); err != nil {
 		return err
@@ -184,10 +184,10 @@ func (c *ControlPlane) prepare(ctx context.Context) error {
 	if c.creds, err = writeCredentials(c.dataDir, c.opts.ServiceClusterIPRange); err != nil {
 		return err
 	}
-	if testenv.Exists(c.netns) {
-		return fmt.Errorf("network namespace %q already exists", c.netns)
+	if netns.Exists(c.nsName) {
+		return fmt.Errorf("network namespace %q already exists", c.nsName)
 	}
-	if err := testenv.Create(ctx, c.netns); err != nil {
+	if err := netns.Create(ctx, c.nsName); err != nil {
 		return fmt.Errorf("create control-plane netns: %w", err)
 	}
 	c.ownNetns = true
@@ -195,7 +195,7 @@ func (c *ControlPlane) prepare(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	link := vethLink{local: hostVethName(id), peerNS: c.netns, peer: "host0", prefix: prefix}
+	link := vethLink{local: hostVethName(id), peerNS: c.nsName, peer: "host0", prefix: prefix}
 	if err := c.bins.createVeth(ctx, link); err != nil {
 		return fmt.Errorf("create host link: %w", err)
 	}
@@ -216,7 +216,7 @@ func (c *ControlPlane) makeDataDir() error {
 		c.dataDir = c.opts.DataDir
 		return os.MkdirAll(c.dataDir, 0o700)
 	}
-	dir, err := os.MkdirTemp("", c.netns+"-")
+	dir, err := os.MkdirTemp("", c.nsName+"-")
 	if err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
@@ -225,7 +225,7 @@ func (c *ControlPlane) makeDataDir() error {
 }
 
 func (c *ControlPlane) startEtcd(ctx context.Context) error {
-	p, err := startProcess(c.netns, "etcd", c.logPath("etcd"), c.etcdArgs())
+	p, err := startProcess(c.nsName, "etcd", c.logPath("etcd"), c.etcdArgs())
 	if err != nil {
 		return err
 	}
@@ -240,7 +240,7 @@ func (c *ControlPlane) startEtcd(ctx context.Context) error {
 // Etcd returns etcd's client URL and an HTTP client that reaches it inside the control plane's
 // netns: etcd's JSON gateway (/v3/kv/...), for writing objects past the apiserver in bulk.
 func (c *ControlPlane) Etcd() (string, *http.Client) {
-	return etcdURL, &http.Client{Transport: &http.Transport{DialContext: testenv.DialContext(testenv.Path(c.netns), nil)}}
+	return etcdURL, &http.Client{Transport: &http.Transport{DialContext: netns.DialContext(netns.Path(c.nsName), nil)}}
 }
 
 func (c *ControlPlane) etcdArgs() []string {
@@ -300,7 +300,7 @@ func (c *ControlPlane) StartAPIServer(ctx context.Context) error {
 		c.mu.Unlock()
 		return errors.New("kube-apiserver is already running")
 	}
-	p, err := startProcess(c.netns, "kube-apiserver", c.logPath("kube-apiserver"), c.apiserverArgs())
+	p, err := startProcess(c.nsName, "kube-apiserver", c.logPath("kube-apiserver"), c.apiserverArgs())
 	if err == nil {
 		c.apiserver = p
 	}
@@ -410,16 +410,16 @@ func (c *ControlPlane) connect(nodeNS string) (*nodeConn, error) {
 	if conn, ok := c.nodes[nodeNS]; ok {
 		return conn, nil
 	}
-	if nodeNS == "" || nodeNS == c.netns || !testenv.Exists(nodeNS) {
+	if nodeNS == "" || nodeNS == c.nsName || !netns.Exists(nodeNS) {
 		return nil, fmt.Errorf("connect node: network namespace %q not found in /run/netns", nodeNS)
 	}
 	ctx := context.Background()
-	prefix, next, err := c.bins.pickNodeLinkPrefix(ctx, c.netns, nodeNS, c.nextNode)
+	prefix, next, err := c.bins.pickNodeLinkPrefix(ctx, c.nsName, nodeNS, c.nextNode)
 	if err != nil {
 		return nil, err
 	}
 	link := vethLink{
-		localNS: c.netns, local: "node" + strconv.Itoa(next-1),
+		localNS: c.nsName, local: "node" + strconv.Itoa(next-1),
 		peerNS: nodeNS, peer: hostVethName(c.id),
 		prefix: prefix,
 	}
@@ -468,7 +468,7 @@ func (c *ControlPlane) APIServerPID() int {
 func (c *ControlPlane) Server() string { return serverURL(c.hostLink.peerIP()) }
 
 // Netns is the name of the control plane's network namespace.
-func (c *ControlPlane) Netns() string { return c.netns }
+func (c *ControlPlane) Netns() string { return c.nsName }
 
 // DataDir holds etcd data, credentials, kubeconfigs and the component logs
 // (etcd.log, kube-apiserver.log).
@@ -523,7 +523,7 @@ func (c *ControlPlane) Close() error {
 		errs = append(errs, c.bins.deleteVeth(ctx, c.hostLink))
 	}
 	if c.ownNetns {
-		errs = append(errs, testenv.Delete(ctx, c.netns))
+		errs = append(errs, netns.Delete(ctx, c.nsName))
 	}
 	if c.ownDataDir {
 		errs = append(errs, os.RemoveAll(c.dataDir))

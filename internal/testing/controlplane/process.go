@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // process is one component running inside the control-plane netns through
@@ -34,7 +34,7 @@ func startProcess(ns, name, logPath string, argv []string) (*process, error) {
 	defer logFile.Close() // the child holds its own copy
 	fmt.Fprintf(logFile, "==== %s starting: %s\n", time.Now().Format(time.RFC3339), strings.Join(argv, " "))
 
-	cmd := testenv.Command(context.Background(), ns, argv...)
+	cmd := netns.Command(context.Background(), ns, argv...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

@@ -5,14 +5,14 @@ import (
 	"context"
 	"strings"
 
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // IptablesSave returns `iptables-save -t table` (family "ipv4") or `ip6tables-save -t table` ("ipv6")
 // run inside netns, without comment lines and counters, so that outputs compare across calls. The
 // iptables variant is the system default (iptables-nft on Debian 12) unless variant is "legacy" or
 // "nft". An empty table means every table.
-func IptablesSave(ctx context.Context, netns, variant, family, table string) (string, error) {
+func IptablesSave(ctx context.Context, nsName, variant, family, table string) (string, error) {
 	bin := "iptables"
 	if family == "ipv6" {
 		bin = "ip6tables"
@@ -24,7 +24,7 @@ func IptablesSave(ctx context.Context, netns, variant, family, table string) (st
 	if table != "" {
 		args = append(args, "-t", table)
 	}
-	out, err := testenv.Exec(ctx, netns, args...)
+	out, err := netns.Exec(ctx, nsName, args...)
 	if err != nil {
 		return "", err
 	}
@@ -48,8 +48,8 @@ func IptablesSave(ctx context.Context, netns, variant, family, table string) (st
 }
 
 // NftList returns `nft list ruleset` run inside netns (all families).
-func NftList(ctx context.Context, netns string) (string, error) {
-	return testenv.Exec(ctx, netns, "nft", "list", "ruleset")
+func NftList(ctx context.Context, nsName string) (string, error) {
+	return netns.Exec(ctx, nsName, "nft", "list", "ruleset")
 }
 
 // NftFamily is nft's name of an address family ("ipv4" or "ipv6", as IptablesSave takes it): ip or ip6.
@@ -61,8 +61,8 @@ func NftFamily(family string) string {
 }
 
 // NftListTable returns `nft list table <family> <name>` inside netns; a missing table gives ("", nil).
-func NftListTable(ctx context.Context, netns, family, name string) (string, error) {
-	out, err := testenv.Exec(ctx, netns, "nft", "list", "table", family, name)
+func NftListTable(ctx context.Context, nsName, family, name string) (string, error) {
+	out, err := netns.Exec(ctx, nsName, "nft", "list", "table", family, name)
 	if err != nil && (strings.Contains(out, "No such file or directory") || strings.Contains(err.Error(), "No such file or directory")) {
 		return "", nil
 	}

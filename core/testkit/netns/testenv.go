@@ -1,12 +1,10 @@
-// Package testenv is the project's one test environment: the rule for tests whose prerequisites are
-// missing, throwaway network namespaces, commands and Go code run inside them. Every kernel,
-// dataplane, end-to-end and control-plane test reaches the machine through it; core/testkit/netns is
-// its public face for fix modules in other Go modules.
+// The rule for tests whose prerequisites are missing.
 //
 // A missing prerequisite (not root, no `ip netns`, a kernel feature, the control plane, a VM) skips
 // the test with a clear message on a developer's machine, and FAILS it under CI: when CI=true or
 // NNM_REQUIRE_KERNEL=1 (set by .ci/run), so that a green CI run means every suite ran.
-package testenv
+
+package netns
 
 import (
 	"fmt"

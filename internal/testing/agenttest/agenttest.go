@@ -30,7 +30,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // BinEnv overrides the path of the agent binary.
@@ -120,8 +120,8 @@ type Agent struct {
 	logPath string
 	client  *http.Client
 
-	mu   sync.Mutex                      // held while (re)starting
-	proc atomic.Pointer[testenv.Process] // the current run
+	mu   sync.Mutex                    // held while (re)starting
+	proc atomic.Pointer[netns.Process] // the current run
 }
 
 // Start starts the agent and returns without waiting for readiness (see WaitReady).
@@ -162,7 +162,7 @@ func Start(opts Options) (*Agent, error) {
 		opts.LogFile = filepath.Join(dir, "agent.log")
 	}
 	a := &Agent{opts: opts, addr: addr, logPath: opts.LogFile}
-	a.client = testenv.HTTPClient(opts.Netns)
+	a.client = netns.HTTPClient(opts.Netns)
 	if err := a.start(); err != nil {
 		return nil, err
 	}
@@ -190,7 +190,7 @@ func (a *Agent) start() error {
 		files = []*os.File{procs}
 		argv = append([]string{"/bin/sh", "-c", `echo $$ >&3 && exec 3>&- && exec "$@"`, "sh"}, argv...)
 	}
-	proc, err := testenv.StartProcessFiles(a.opts.Netns, "agent", a.logPath, cleanEnv(), a.opts.Env, files, argv...)
+	proc, err := netns.StartProcessFiles(a.opts.Netns, "agent", a.logPath, cleanEnv(), a.opts.Env, files, argv...)
 	if err != nil {
 		return err
 	}
@@ -231,8 +231,8 @@ func (a *Agent) Logs() string { return a.proc.Load().Logs() }
 // LogTail returns the last n lines of the log.
 func (a *Agent) LogTail(n int) string { return a.proc.Load().LogTail(n) }
 
-// LogWarnings returns the last n lines the agent logged at level WARN or ERROR (testenv.LogWarnings).
-func (a *Agent) LogWarnings(n int) string { return testenv.LogWarnings(a.proc.Load().Logs(), n) }
+// LogWarnings returns the last n lines the agent logged at level WARN or ERROR (netns.LogWarnings).
+func (a *Agent) LogWarnings(n int) string { return netns.LogWarnings(a.proc.Load().Logs(), n) }
 
 // Stop sends SIGTERM and waits up to grace for the process to end, then kills it. The agent leaves its
 // rules in place on exit. Stopping a stopped agent is a no-op.
@@ -244,7 +244,7 @@ func (a *Agent) Stop(grace time.Duration) error {
 	if err := p.Signal(syscall.SIGTERM, grace); err != nil {
 		return err
 	}
-	if err := p.Exited(); !errors.Is(err, testenv.ErrExitedZero) {
+	if err := p.Exited(); !errors.Is(err, netns.ErrExitedZero) {
 		return fmt.Errorf("agent exited with %v after SIGTERM", err)
 	}
 	return nil
@@ -265,7 +265,7 @@ func (a *Agent) Restart(grace time.Duration) error {
 
 // Get fetches path (e.g. "/readyz") from the agent's metrics server inside the namespace.
 func (a *Agent) Get(ctx context.Context, path string) (int, string, error) {
-	return testenv.Get(ctx, a.client, "http://"+a.addr+path, "")
+	return netns.Get(ctx, a.client, "http://"+a.addr+path, "")
 }
 
 // Probe returns nil if path answers 200, else an error with the status and body.

@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/network-node-manager/network-node-manager/internal/recvloop"
+	"github.com/network-node-manager/network-node-manager/internal/testing/recvloop"
 )
 
 // Send sends one segment through a raw socket opened in the calling thread's network namespace.

@@ -30,9 +30,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/controlplane"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
+	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
 )
 
 // MetricsAddr is where kube-proxy serves /proxyMode and /metrics (its default, inside its namespace).
@@ -85,7 +85,7 @@ type Proxy struct {
 	bin    string
 	client *http.Client
 
-	proc atomic.Pointer[testenv.Process] // the current run
+	proc atomic.Pointer[netns.Process] // the current run
 }
 
 // Start starts kube-proxy and returns without waiting (see WaitMode).
@@ -107,7 +107,7 @@ func Start(opts Options) (*Proxy, error) {
 		}
 		opts.LogFile = filepath.Join(dir, "kube-proxy.log")
 	}
-	p := &Proxy{opts: opts, bin: bin, client: testenv.HTTPClient(opts.Netns)}
+	p := &Proxy{opts: opts, bin: bin, client: netns.HTTPClient(opts.Netns)}
 	return p, p.start()
 }
 
@@ -133,7 +133,7 @@ func (p *Proxy) Args() []string {
 }
 
 func (p *Proxy) start() error {
-	proc, err := testenv.StartProcess(p.opts.Netns, "kube-proxy", p.opts.LogFile, nil, nil, append([]string{p.bin}, p.Args()...)...)
+	proc, err := netns.StartProcess(p.opts.Netns, "kube-proxy", p.opts.LogFile, nil, nil, append([]string{p.bin}, p.Args()...)...)
 	if err != nil {
 		return err
 	}
@@ -150,7 +150,7 @@ func (p *Proxy) Stop(grace time.Duration) { _ = p.proc.Load().Signal(syscall.SIG
 // Cleanup runs `kube-proxy --cleanup` with p's options in its namespace, after Stop: kube-proxy
 // removes its rules and exits, as a kube-proxy starting in another mode removes the old mode's.
 func (p *Proxy) Cleanup(ctx context.Context) error {
-	out, err := testenv.Exec(ctx, p.opts.Netns, append([]string{p.bin}, append(p.Args(), "--cleanup")...)...)
+	out, err := netns.Exec(ctx, p.opts.Netns, append([]string{p.bin}, append(p.Args(), "--cleanup")...)...)
 	if err != nil {
 		return fmt.Errorf("kube-proxy --cleanup: %w: %s", err, out)
 	}
@@ -165,7 +165,7 @@ func (p *Proxy) Restart(grace time.Duration) error {
 
 // Get fetches path from kube-proxy's metrics server inside the namespace.
 func (p *Proxy) Get(ctx context.Context, path string) (string, error) {
-	code, body, err := testenv.Get(ctx, p.client, "http://"+MetricsAddr+path, "")
+	code, body, err := netns.Get(ctx, p.client, "http://"+MetricsAddr+path, "")
 	if err == nil && code != http.StatusOK {
 		err = fmt.Errorf("%s: status %d", path, code)
 	}
@@ -228,16 +228,16 @@ func (p *Proxy) LogPath() string { return p.opts.LogFile }
 // LogTail returns the last n lines of the log.
 func (p *Proxy) LogTail(n int) string { return p.proc.Load().LogTail(n) }
 
-// Require ends the test when kube-proxy is not built (testenv.Unavailable: a skip, or a failure under
+// Require ends the test when kube-proxy is not built (netns.Unavailable: a skip, or a failure under
 // CI, where `make controlplane` builds it).
 func Require(tb testing.TB) {
 	tb.Helper()
 	if _, err := Binary(); err != nil {
-		testenv.Unavailable(tb, "%v", err)
+		netns.Unavailable(tb, "%v", err)
 	}
 }
 
-// StartT starts kube-proxy for a test: it ends the test when kube-proxy is not built (testenv.Unavailable),
+// StartT starts kube-proxy for a test: it ends the test when kube-proxy is not built (netns.Unavailable),
 // fails when it cannot start, and stops it when the test ends, printing the log tail on failure.
 func StartT(tb testing.TB, opts Options) *Proxy {
 	tb.Helper()

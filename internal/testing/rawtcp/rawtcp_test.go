@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // Test address plan: 192.0.2.0/24 and 2001:db8:9::/64 (documentation prefixes), only inside the test's
@@ -73,10 +73,10 @@ func TestMarshalParseRoundTrip(t *testing.T) {
 // one namespace is answered with a SYN-ACK by a listener's kernel in another (veth does not skip
 // checksum validation of raw-socket packets), and the capture sees both. A corrupted SYN gets no answer.
 func TestKernelAnswersCraftedSYN(t *testing.T) {
-	testenv.Require(t)
-	a, b := testenv.New(t, "nnmraw-a"), testenv.New(t, "nnmraw-b")
+	netns.Require(t)
+	a, b := netns.New(t, "nnmraw-a"), netns.New(t, "nnmraw-b")
 	a.MustExec("ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", b.Name)
-	for _, ns := range []*testenv.NS{a, b} {
+	for _, ns := range []*netns.NS{a, b} {
 		ns.MustExec("sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.eth0.accept_dad=0")
 		ns.MustExec("ip", "link", "set", "eth0", "up")
 	}

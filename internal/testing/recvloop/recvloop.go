@@ -1,5 +1,5 @@
 // Package recvloop reads a socket until it is told to stop: the receive loop of the AF_PACKET
-// capture (internal/rawtcp) and of the benchmark's nf_tables commit watcher (bench).
+// capture (internal/testing/rawtcp) and of the benchmark's nf_tables commit watcher (bench).
 package recvloop
 
 import (

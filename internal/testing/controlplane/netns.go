@@ -14,7 +14,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 var (
@@ -81,7 +81,7 @@ func (b binaries) createVeth(ctx context.Context, l vethLink) error {
 // deleteVeth deletes the pair (deleting one end removes both); a pair that is
 // already gone is not an error.
 func (b binaries) deleteVeth(ctx context.Context, l vethLink) error {
-	if l.localNS != "" && !testenv.Exists(l.localNS) {
+	if l.localNS != "" && !netns.Exists(l.localNS) {
 		return nil
 	}
 	out, err := b.ipCmd(ctx, l.localNS, "link", "del", l.local)
@@ -192,12 +192,12 @@ func (b binaries) removeStale(ctx context.Context) error {
 			continue
 		}
 		name := fields[0]
-		pid, id, ok := parseNetnsName(name)
+		pid, id, ok := parseNetnetns(name)
 		if !ok || pid == os.Getpid() || processExists(pid) {
 			continue
 		}
 		errs = append(errs, b.deleteVeth(ctx, vethLink{local: hostVethName(id)}))
-		errs = append(errs, testenv.Delete(ctx, name))
+		errs = append(errs, netns.Delete(ctx, name))
 		dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), name+"-*"))
 		for _, d := range dirs {
 			errs = append(errs, os.RemoveAll(d))
@@ -206,12 +206,12 @@ func (b binaries) removeStale(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func generatedNetnsName(id string) string {
+func generatedNetnetns(id string) string {
 	return fmt.Sprintf("%s%d-%s", netnsPrefix, os.Getpid(), id)
 }
 
-// parseNetnsName splits "nnm-cp-<pid>-<id>".
-func parseNetnsName(name string) (pid int, id string, ok bool) {
+// parseNetnetns splits "nnm-cp-<pid>-<id>".
+func parseNetnetns(name string) (pid int, id string, ok bool) {
 	rest, found := strings.CutPrefix(name, netnsPrefix)
 	if !found {
 		return 0, "", false

@@ -1,5 +1,5 @@
 // Package felixtest runs the real Calico Felix (built by hack/felix/build.sh from a pinned Calico
-// commit) in a "node" network namespace against the local API server (internal/controlplane), with
+// commit) in a "node" network namespace against the local API server (internal/testing/controlplane), with
 // the Kubernetes datastore (KDD), for the Felix lane (e2e/felix, `make test-felix`):
 //
 //	b := felixtest.Load(t)                                      // the build, from $NNM_FELIX_ENV
@@ -30,8 +30,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
-	"github.com/network-node-manager/network-node-manager/internal/agenttest"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 )
 
 // EnvFile names the variable holding the path of felix.env (what hack/felix/build.sh wrote). It is
@@ -156,7 +156,7 @@ type Options struct {
 
 // Felix is one running calico-felix.
 type Felix struct {
-	*testenv.Process
+	*netns.Process
 	opts Options
 }
 
@@ -193,7 +193,7 @@ func Start(b *Build, opts Options) (*Felix, error) {
 	if opts.Mode == NFTables && !b.NFTables {
 		return nil, fmt.Errorf("felixtest: Calico %s has no nftables data plane", b.CalicoCommit)
 	}
-	proc, err := testenv.StartProcess(opts.Netns, "calico-felix", opts.LogFile, nil, Env(opts), b.Bin)
+	proc, err := netns.StartProcess(opts.Netns, "calico-felix", opts.LogFile, nil, Env(opts), b.Bin)
 	if err != nil {
 		return nil, err
 	}

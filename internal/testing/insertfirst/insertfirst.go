@@ -18,7 +18,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
 
 // Jump is one rule the agent keeps first in a built-in chain: "-j Target" from Table/Chain, where
@@ -83,7 +83,7 @@ func Start(ctx context.Context, opts Options) (*Agent, error) {
 func (a *Agent) bin(b string) string { return b + "-" + a.opts.Variant }
 
 func (a *Agent) ipt(ctx context.Context, bin string, args ...string) (string, error) {
-	return testenv.Exec(ctx, a.opts.Netns, append([]string{a.bin(bin), "-w", "5"}, args...)...)
+	return netns.Exec(ctx, a.opts.Netns, append([]string{a.bin(bin), "-w", "5"}, args...)...)
 }
 
 func (a *Agent) declare(ctx context.Context, bin string) error {

@@ -3,7 +3,7 @@
 // established connection (IPv4 and IPv6) and to see which packets cross a link.
 //
 // Sockets are opened in the network namespace of the calling thread: call Send and NewCapture from
-// inside testenv.NS.Do. A Capture keeps reading in the background after Do returns; the socket stays
+// inside netns.NS.Do. A Capture keeps reading in the background after Do returns; the socket stays
 // bound to the namespace it was opened in.
 package rawtcp
 
