@@ -20,15 +20,16 @@ import (
 	"strings"
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	"github.com/prometheus/client_golang/prometheus"
 	ct "github.com/ti-mo/conntrack"
 	"github.com/ti-mo/netfilter"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/fixes/staleudpconntrack"
@@ -129,7 +130,7 @@ func conntrackChild(spec string) error {
 		r.Passes = len(held[0]) + len(held[1]) // entries held at once
 		c.Close()
 	} else {
-		f, err := staleudpconntrack.New(fix.Params{Conntrack: conntrack.New(), Registry: prometheus.NewRegistry(),
+		f, err := staleudpconntrack.New(fix.Params{Conntrack: nodestate.NewConntrack(), Registry: prometheus.NewRegistry(),
 			Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			return err
@@ -141,7 +142,7 @@ func conntrackChild(spec string) error {
 					Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: podAddr(i).String()}}}})
 			}
 			snap := fix.NewSnapshot(fix.Env{}, nil)
-			pods.Table.Set(snap, out)
+			inputs.Pods.Set(snap, out)
 			return snap
 		}
 		if _, err := f.Ensure(ctx, podsOf(livePods+gonePods), true); err != nil {
@@ -160,7 +161,7 @@ func conntrackChild(spec string) error {
 	}
 	r.Took = time.Since(start)
 	// What is left: stale entries (must be none) and UDP entries to live targets (must all be there).
-	if err := conntrack.New().EachDNAT(ctx, rules.IPv4, rules.UDP, func(e conntrack.Entry) bool {
+	if err := nodestate.NewConntrack().EachDNAT(ctx, rules.IPv4, rules.UDP, func(e nodestate.ConntrackEntry) bool {
 		if a := e.Reply.Src.Addr(); a.As4()[2] == 1 && int(a.As4()[3]) > livePods {
 			r.LeftStale++
 		} else {

@@ -40,6 +40,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -51,11 +53,11 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/network-node-manager/network-node-manager/core/inputs/node"
-	"github.com/network-node-manager/network-node-manager/core/inputs/servicecidrs"
-	"github.com/network-node-manager/network-node-manager/core/inputs/services"
 	"github.com/network-node-manager/network-node-manager/internal/agent"
 	"github.com/network-node-manager/network-node-manager/internal/config"
+	"github.com/network-node-manager/network-node-manager/internal/inputs/node"
+	"github.com/network-node-manager/network-node-manager/internal/inputs/servicecidrs"
+	"github.com/network-node-manager/network-node-manager/internal/inputs/services"
 	"github.com/network-node-manager/network-node-manager/internal/kube"
 	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
@@ -234,7 +236,7 @@ func newAgentMember(spec fleetSpec, i int, log *reqLog, contentType string, slog
 	}
 	client = c
 	svc := services.New()
-	ins := []watch.Input{svc, node.New(), servicecidrs.New()}
+	ins := []inputs.Input{svc, node.New(), servicecidrs.New()}
 	for _, in := range ins {
 		if err := in.Start(h); err != nil {
 			return nil, err

@@ -16,10 +16,10 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/network-node-manager/network-node-manager/core/app"
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/fixes"
+	"github.com/network-node-manager/network-node-manager/internal/app"
 )
 
 // docBlock returns the ```sh block that follows <!-- marker --> in docs/deploy.md: the one place those

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/core/sysctl"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/fixes/conntrackliberal"
 	"github.com/network-node-manager/network-node-manager/internal/nodelock"
@@ -24,18 +24,18 @@ func TestUninstallRestoresConntrackLiberal(t *testing.T) {
 	netns.RequireKernel(t, "nft")
 	agenttest.Require(t)
 	ns := netns.New(t, "nnm-uninst")
-	proc := "/proc/sys/" + strings.ReplaceAll(sysctl.ConntrackTCPBeLiberal, ".", "/")
+	proc := "/proc/sys/" + strings.ReplaceAll(nodestate.ConntrackTCPBeLiberal, ".", "/")
 	read := func() string {
 		t.Helper()
 		out, err := ns.Exec("cat", proc)
 		if err != nil {
-			netns.Unavailable(t, "the namespace has no %s (nf_conntrack not loaded): %v", sysctl.ConntrackTCPBeLiberal, err)
+			netns.Unavailable(t, "the namespace has no %s (nf_conntrack not loaded): %v", nodestate.ConntrackTCPBeLiberal, err)
 		}
 		return strings.TrimSpace(out)
 	}
 	before := read()
 	if before == conntrackliberal.Liberal {
-		t.Fatalf("a new namespace starts with %s=%s; the test needs another value", sysctl.ConntrackTCPBeLiberal, before)
+		t.Fatalf("a new namespace starts with %s=%s; the test needs another value", nodestate.ConntrackTCPBeLiberal, before)
 	}
 	dir := t.TempDir()
 	state := filepath.Join(dir, "state")
@@ -56,7 +56,7 @@ func TestUninstallRestoresConntrackLiberal(t *testing.T) {
 	a := agenttest.StartT(t, agenttest.Options{Netns: ns.Name, Args: append([]string{"--node-name", "uninstall"}, common...)})
 	a.WaitReadyT(t, 30*time.Second)
 	if v := read(); v != conntrackliberal.Liberal {
-		t.Fatalf("the agent is ready but %s = %s", sysctl.ConntrackTCPBeLiberal, v)
+		t.Fatalf("the agent is ready but %s = %s", nodestate.ConntrackTCPBeLiberal, v)
 	}
 	// The node lock of the namespace (internal/nodelock), which the uninstall removes.
 	ino := strings.TrimSpace(ns.MustExec("stat", "-L", "-c", "%i", "/proc/self/ns/net"))
@@ -71,7 +71,7 @@ func TestUninstallRestoresConntrackLiberal(t *testing.T) {
 		t.Fatal(err)
 	}
 	if v := read(); v != conntrackliberal.Liberal {
-		t.Fatalf("stopping the agent changed %s to %s; it must stay until uninstall", sysctl.ConntrackTCPBeLiberal, v)
+		t.Fatalf("stopping the agent changed %s to %s; it must stay until uninstall", nodestate.ConntrackTCPBeLiberal, v)
 	}
 
 	bin, err := agenttest.Binary()
@@ -90,7 +90,7 @@ func TestUninstallRestoresConntrackLiberal(t *testing.T) {
 		}
 	}
 	if v := read(); v != conntrackliberal.Liberal {
-		t.Errorf("cleanup --dry-run changed %s to %s", sysctl.ConntrackTCPBeLiberal, v)
+		t.Errorf("cleanup --dry-run changed %s to %s", nodestate.ConntrackTCPBeLiberal, v)
 	}
 	if tables := ns.MustExec("nft", "list", "tables"); !strings.Contains(tables, "nnm-invalid-drop") {
 		t.Errorf("cleanup --dry-run removed tables:\n%s", tables)
@@ -101,7 +101,7 @@ func TestUninstallRestoresConntrackLiberal(t *testing.T) {
 		t.Fatalf("cleanup: %v\n%s", err, out)
 	}
 	if v := read(); v != before {
-		t.Errorf("after cleanup %s = %s, want the value before the agent, %s\n%s", sysctl.ConntrackTCPBeLiberal, v, before, out)
+		t.Errorf("after cleanup %s = %s, want the value before the agent, %s\n%s", nodestate.ConntrackTCPBeLiberal, v, before, out)
 	}
 	if _, err := os.Stat(filepath.Join(state, conntrackliberal.StateFile)); !os.IsNotExist(err) {
 		t.Errorf("cleanup left the state file (%v)", err)

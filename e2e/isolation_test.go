@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/core/app"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/app"
 	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/watch"
 )

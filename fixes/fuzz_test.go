@@ -6,11 +6,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/backends"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/services"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 )
@@ -48,9 +49,9 @@ func FuzzServiceRules(f *testing.F) {
 			testkit.WithNode(testkit.Node("node-a", testkit.PodCIDRs(split(podCIDRs)...))),
 			testkit.WithProxyMode("ipvs"),
 			testkit.WithServices(svc))
-		svcs := append(services.Table.Get(snap), services.Table.Get(base)...)
+		svcs := append(inputs.Services.Get(snap), inputs.Services.Get(base)...)
 		testkit.SortServices(svcs)
-		services.Table.Set(snap, svcs)
+		inputs.Services.Set(snap, svcs)
 		for _, fi := range all {
 			rf, ok := fi.(fix.RuleFix)
 			if !ok {

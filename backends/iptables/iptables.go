@@ -45,7 +45,7 @@ type Options struct {
 	// Generation reads the nf_tables generation (package nfgen). Nil means nfgen.Get for the nft
 	// variant run by ExecRunner (the process's own namespace), and none otherwise: Verify then always
 	// runs iptables-save. Legacy iptables is not nf_tables and never uses it.
-	Generation nfgen.Func
+	Generation backend.Generation
 }
 
 // Backend is the iptables backend: the shared Driver over this package's Ops.
@@ -65,7 +65,7 @@ type Ops struct {
 	lockWait int
 	run      Runner
 	log      *slog.Logger
-	gen      nfgen.Func
+	gen      backend.Generation
 
 	// shared is held by the operations that read the whole ruleset to change what units share: our
 	// jumps in the built-in chains (whose positions are computed from that reading) and chain

@@ -50,7 +50,7 @@ type Options struct {
 	// Generation reads the nf_tables generation (see package nfgen). Nil means nfgen.Get when
 	// NewInterface is nil too (the real kernel), and no generation otherwise (a fake kernel has none:
 	// Verify then always lists).
-	Generation nfgen.Func
+	Generation backend.Generation
 }
 
 // Backend is the nftables backend: the shared Driver over this package's Ops.

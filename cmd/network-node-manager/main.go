@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/network-node-manager/network-node-manager/core/app"
+	"github.com/network-node-manager/network-node-manager/app"
 	"github.com/network-node-manager/network-node-manager/fixes"
 )
 

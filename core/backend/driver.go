@@ -11,7 +11,6 @@ import (
 	"sync"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/internal/nfgen"
 )
 
 // Unit is one (fix, family): what one Reconcile is about, and what the Driver keeps a record and a
@@ -178,7 +177,7 @@ type Rejection struct {
 // repair, a dropped record) tries them again.
 type Driver[R any] struct {
 	ops Ops[R]
-	gen nfgen.Func
+	gen Generation
 	log *slog.Logger
 
 	// mu guards units and every unitState's fields except run; never held while the kernel is used.
@@ -198,7 +197,7 @@ type unitState[R any] struct {
 	asked, applied *rules.Ruleset
 	rev            uint64
 	rejected       []rejected
-	stamp          nfgen.Stamp // generation at which rec (or the absence) matched the kernel
+	stamp          stamp // generation at which rec (or the absence) matched the kernel
 	// absent: the unit is known to hold nothing (removed, or found empty). The one place that
 	// knows it: the engine asks again (Trust) instead of keeping its own mark.
 	absent bool
@@ -213,7 +212,7 @@ type rejected struct {
 
 // New returns the Backend that drives ops. gen reads the nf_tables generation (nil: none, Verify
 // always reads back).
-func New[R any](ops Ops[R], gen nfgen.Func, log *slog.Logger) *Driver[R] {
+func New[R any](ops Ops[R], gen Generation, log *slog.Logger) *Driver[R] {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -293,7 +292,7 @@ func (d *Driver[R]) Forget(match func(Unit) bool) {
 
 func (st *unitState[R]) reset() {
 	var zero R
-	st.rec, st.known, st.asked, st.applied, st.rev, st.rejected, st.stamp, st.absent = zero, false, nil, nil, 0, nil, nfgen.Stamp{}, false
+	st.rec, st.known, st.asked, st.applied, st.rev, st.rejected, st.stamp, st.absent = zero, false, nil, nil, 0, nil, stamp{}, false
 }
 
 func (d *Driver[R]) generation() (uint32, bool) { return d.gen.Read(d.log) }
@@ -315,7 +314,7 @@ type outcome struct {
 }
 
 // set records what the unit holds now.
-func (d *Driver[R]) set(st *unitState[R], rec R, o outcome, stamp nfgen.Stamp) {
+func (d *Driver[R]) set(st *unitState[R], rec R, o outcome, stamp stamp) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st.rec, st.known, st.asked, st.applied, st.rejected, st.stamp, st.absent = rec, true, o.asked, o.applied, o.rejected, stamp, false
@@ -348,7 +347,7 @@ type view[R any] struct {
 	asked, applied *rules.Ruleset
 	rev            uint64
 	rejected       []rejected
-	stamp          nfgen.Stamp
+	stamp          stamp
 	absent         bool
 }
 
@@ -390,7 +389,7 @@ func (d *Driver[R]) apply(ctx context.Context, u Unit, st *unitState[R], desired
 			return res, err
 		}
 		if ok {
-			v.stamp = nfgen.At(g0, genOK)
+			v.stamp = stampAt(g0, genOK)
 			d.set(st, v.rec, outcome{v.asked, v.applied, v.rejected}, v.stamp)
 		} else {
 			res.Repaired = true // the engine logs and counts it
@@ -682,7 +681,7 @@ func (d *Driver[R]) interfered(u Unit, err error) {
 // sent nothing keeps that stamp; one that did keeps a stamp when prev was at g0 and its own commits
 // alone moved the generation. An Apply (prev nil) is stamped when nothing committed while its result
 // was read back.
-func (d *Driver[R]) finish(ctx context.Context, st *unitState[R], o outcome, step Step[R], g0 uint32, genOK bool, prev *nfgen.Stamp) error {
+func (d *Driver[R]) finish(ctx context.Context, st *unitState[R], o outcome, step Step[R], g0 uint32, genOK bool, prev *stamp) error {
 	update := prev != nil
 	chained := update && prev.Is(g0, genOK)
 	g1, ok1 := d.generation()
@@ -702,16 +701,16 @@ func (d *Driver[R]) finish(ctx context.Context, st *unitState[R], o outcome, ste
 	if step.Finish != nil {
 		g2, ok2 = d.generation()
 	}
-	var stamp nfgen.Stamp
+	var stamp stamp
 	switch {
 	case update && !step.Applied:
 		stamp = *prev // nothing was sent: the record's stamp holds
 	case update:
 		if ours && chained && ok2 && g2 == g1 {
-			stamp = nfgen.At(g1, true)
+			stamp = stampAt(g1, true)
 		}
 	case ok1 && ok2 && g1 == g2:
-		stamp = nfgen.At(g2, true)
+		stamp = stampAt(g2, true)
 	}
 	d.set(st, rec, o.cloned(), stamp)
 	return nil
@@ -749,7 +748,7 @@ func (d *Driver[R]) remove(ctx context.Context, u Unit, st *unitState[R], mode M
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st.reset()
-	st.stamp, st.absent = nfgen.At(g1, ok1), true
+	st.stamp, st.absent = stampAt(g1, ok1), true
 	res.Absent = true
 	return res, nil
 }

@@ -10,10 +10,9 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
-	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/core/sysctl"
 )
 
 // Params is what the core injects into a fix's constructor (an fx parameter object): the seams
@@ -24,9 +23,9 @@ type Params struct {
 	// Backend is the rule backend; fixes read their rule counters through it (rulecounters).
 	Backend backend.Backend
 	// Sysctl reads and writes /proc/sys of the node's network namespace.
-	Sysctl sysctl.Interface
+	Sysctl nodestate.Sysctl
 	// Conntrack lists and deletes conntrack entries of the node's network namespace.
-	Conntrack conntrack.Interface
+	Conntrack nodestate.Conntrack
 	// Registry is where the fix registers its metrics (Base.Init does); nil registers nothing.
 	Registry prometheus.Registerer
 	// Logger is the agent's logger; nil means slog.Default(). Base.Init adds the field fix=<id>.
@@ -42,7 +41,7 @@ type Params struct {
 //
 //	var spec = fix.Spec[Config, settings]{
 //		ID: ID, Description: "…", Default: defaultConfig, Parse: parse,
-//		Reads: []fix.TableRef{node.PodCIDRs},
+//		Reads: []fix.TableRef{inputs.PodCIDRs},
 //	}
 type Spec[C, S any] struct {
 	// ID is the kebab-case fix id (Fix.ID).

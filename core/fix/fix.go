@@ -22,7 +22,6 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/internal/errtree"
 )
 
 // Snapshot is a consistent view of what fixes may look at: the tables the fix reads (Fix.Reads),
@@ -285,7 +284,7 @@ func Decode(options map[string]any, out any) error {
 // without Go type names (ValueProblem catches the usual ones before decoding; this is the rest).
 func DecodeError(err error) error {
 	var errs []error
-	for _, e := range errtree.Leaves(err) {
+	for _, e := range ErrorLeaves(err) {
 		var de *mapstructure.DecodeError
 		if errors.As(e, &de) {
 			e = &OptionError{Key: de.Name(), Problem: "this value cannot be read as the option (see its documentation)"}

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-
-	"github.com/network-node-manager/network-node-manager/internal/errtree"
 )
 
 // Settings holds a fix's validated options and swaps them atomically. Configure decodes the options
@@ -45,7 +43,7 @@ func (s *Settings[C, S]) Configure(options map[string]any) error {
 	cur, err := s.parse(cfg)
 	if err != nil {
 		// Parse names options by their key (Invalid); the fix is this one.
-		for _, e := range errtree.Leaves(err) {
+		for _, e := range ErrorLeaves(err) {
 			var oe *OptionError
 			if errors.As(e, &oe) && oe.Fix == "" {
 				oe.Fix = s.id

@@ -20,14 +20,12 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/node"
-	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
-	"github.com/network-node-manager/network-node-manager/core/inputs/servicecidrs"
-	"github.com/network-node-manager/network-node-manager/core/inputs/services"
 )
 
 // PortSpec is one Service port; build it with TCP, UDP, SCTP and Named.
@@ -186,42 +184,42 @@ func PodCIDRs(cidrs ...string) func(*corev1.Node) {
 }
 
 // Snapshot builds a snapshot changed by mods, then sorts Services by namespace/name as the core does.
-// When no mod set the pod CIDRs (node.PodCIDRs), they are taken from the Node's spec.podCIDRs
+// When no mod set the pod CIDRs (inputs.PodCIDRs), they are taken from the Node's spec.podCIDRs
 // (unparsable ones are left out), as the core does when no pod CIDR is configured.
 func Snapshot(mods ...func(*fix.Snapshot)) *fix.Snapshot {
 	s := with(fix.NewSnapshot(fix.Env{}, nil), mods)
-	SortServices(services.Table.Get(s))
-	if node.PodCIDRs.Get(s) == nil {
-		if cidrs := node.FromNode(node.Table.Get(s)); cidrs != nil {
-			node.PodCIDRs.Set(s, cidrs)
+	SortServices(inputs.Services.Get(s))
+	if inputs.PodCIDRs.Get(s) == nil {
+		if cidrs := inputs.NodePodCIDRs(inputs.Node.Get(s)); cidrs != nil {
+			inputs.PodCIDRs.Set(s, cidrs)
 		}
 	}
 	return s
 }
 
-// WithServices adds Services to the snapshot (services.Table), in the compact form the core hands
+// WithServices adds Services to the snapshot (inputs.Services), in the compact form the core hands
 // to fixes (fix.ServiceFrom); each call makes new objects.
 func WithServices(svcs ...*corev1.Service) func(*fix.Snapshot) {
 	return func(s *fix.Snapshot) {
-		list := services.Table.Get(s)
+		list := inputs.Services.Get(s)
 		for _, svc := range svcs {
 			list = append(list, fix.ServiceFrom(svc))
 		}
-		services.Table.Set(s, list)
+		inputs.Services.Set(s, list)
 	}
 }
 
-// WithNode sets the snapshot's Node (node.Table, and Env.NodeName).
+// WithNode sets the snapshot's Node (inputs.Node, and Env.NodeName).
 func WithNode(n *corev1.Node) func(*fix.Snapshot) {
 	return func(s *fix.Snapshot) {
-		node.Table.Set(s, n)
+		inputs.Node.Set(s, n)
 		if n != nil {
 			s.Env.NodeName = n.Name
 		}
 	}
 }
 
-// WithPodCIDRs sets the snapshot's pod CIDRs (node.PodCIDRs) explicitly (as if configured); it
+// WithPodCIDRs sets the snapshot's pod CIDRs (inputs.PodCIDRs) explicitly (as if configured); it
 // panics on a bad prefix. Called with no argument it records "no pod CIDR" and stops the Node's from
 // being used.
 func WithPodCIDRs(cidrs ...string) func(*fix.Snapshot) {
@@ -230,31 +228,31 @@ func WithPodCIDRs(cidrs ...string) func(*fix.Snapshot) {
 		for _, c := range cidrs {
 			out = append(out, netip.MustParsePrefix(c))
 		}
-		node.PodCIDRs.Set(s, out)
+		inputs.PodCIDRs.Set(s, out)
 	}
 }
 
-// WithServiceCIDRs sets the cluster's Service CIDRs (servicecidrs.Table: as if from ServiceCIDR
+// WithServiceCIDRs sets the cluster's Service CIDRs (inputs.ServiceCIDRs: as if from ServiceCIDR
 // objects or configured); it panics on a bad prefix.
 func WithServiceCIDRs(cidrs ...string) func(*fix.Snapshot) {
 	return func(s *fix.Snapshot) {
-		out := servicecidrs.Table.Get(s)
+		out := inputs.ServiceCIDRs.Get(s)
 		for _, c := range cidrs {
 			out = append(out, netip.MustParsePrefix(c))
 		}
-		servicecidrs.Table.Set(s, out)
+		inputs.ServiceCIDRs.Set(s, out)
 	}
 }
 
-// WithPods sets this node's Pods (pods.Table), stripped and sorted as the core hands them.
+// WithPods sets this node's Pods (inputs.Pods), stripped and sorted as the core hands them.
 func WithPods(ps ...*corev1.Pod) func(*fix.Snapshot) {
 	return func(s *fix.Snapshot) {
-		out := slices.Clone(pods.Table.Get(s))
+		out := slices.Clone(inputs.Pods.Get(s))
 		for _, p := range ps {
-			out = append(out, pods.StripPod(p))
+			out = append(out, inputs.StripPod(p))
 		}
-		pods.Sort(out)
-		pods.Table.Set(s, out)
+		inputs.SortPods(out)
+		inputs.Pods.Set(s, out)
 	}
 }
 

@@ -11,14 +11,13 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
-	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/core/sysctl"
 )
 
 // FixEnv is where a fix's unit tests run: the fix, built by its constructor on the core's seams
-// faked (a FakeBackend, a sysctl.Fake, a conntrack.Fake), a fresh Prometheus registry, and the
+// faked (a FakeBackend, a nodestate.FakeSysctl, a nodestate.FakeConntrack), a fresh Prometheus registry, and the
 // fix's logs. Its helpers fail the test on error.
 //
 //	e := testkit.NewFixEnv(t, mssclamp.New, map[string]any{"mss": 1360})
@@ -28,8 +27,8 @@ import (
 type FixEnv[F fix.Fix] struct {
 	Fix       F
 	Backend   *FakeBackend
-	Sysctl    *sysctl.Fake
-	Conntrack *conntrack.Fake
+	Sysctl    *nodestate.FakeSysctl
+	Conntrack *nodestate.FakeConntrack
 	// Registry is the one the fix registered its metrics on; Restart replaces it.
 	Registry *prometheus.Registry
 	// Logs holds what the fix logged (text format, debug level and up).
@@ -44,7 +43,7 @@ type FixEnv[F fix.Fix] struct {
 // Conntrack.Add) before the fix's first sync: constructors do no I/O.
 func NewFixEnv[F fix.Fix](tb testing.TB, newFix func(fix.Params) (F, error), options map[string]any) *FixEnv[F] {
 	tb.Helper()
-	e := &FixEnv[F]{Backend: NewFakeBackend(), Sysctl: sysctl.NewFake(nil), Conntrack: conntrack.NewFake(),
+	e := &FixEnv[F]{Backend: NewFakeBackend(), Sysctl: nodestate.NewFakeSysctl(nil), Conntrack: nodestate.NewFakeConntrack(),
 		Logs: &LogBuffer{}, tb: tb, newFix: newFix}
 	return e.Restart(options)
 }

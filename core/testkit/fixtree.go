@@ -17,11 +17,10 @@ import (
 	"go.uber.org/fx/fxtest"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
-	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/core/sysctl"
 )
 
 // FixFiles are the files every fix folder has (CONTRIBUTING.md step 2); <pkg> is the folder's name.
@@ -36,7 +35,7 @@ type FixTree struct {
 	// Modules register the fixes, one module per fix (e.g. invaliddrop.Module).
 	Modules []fx.Option
 	// Provide adds constructors for what the fixes need beyond the core's faked dependencies
-	// (backend.Backend, sysctl.Interface, conntrack.Interface, *prometheus.Registry and
+	// (backend.Backend, nodestate.Sysctl, nodestate.Conntrack, *prometheus.Registry and
 	// prometheus.Registerer).
 	Provide []any
 }
@@ -64,8 +63,8 @@ func (ft FixTree) Check(t *testing.T) {
 		app := fxtest.New(t, m,
 			fx.Provide(
 				func() backend.Backend { return be },
-				func() sysctl.Interface { return sysctl.NewFake(nil) },
-				func() conntrack.Interface { return conntrack.NewFake() },
+				func() nodestate.Sysctl { return nodestate.NewFakeSysctl(nil) },
+				func() nodestate.Conntrack { return nodestate.NewFakeConntrack() },
 				func() *prometheus.Registry { return rec.reg },
 				func() prometheus.Registerer { return rec },
 			),
@@ -180,14 +179,14 @@ func checkFix(t *testing.T, f fix.Fix, folder string, be *FakeBackend, rec *reco
 }
 
 // Fakes provides what the core gives fix modules, faked: backend.Backend (a FakeBackend),
-// sysctl.Interface (a Fake without values), conntrack.Interface (an empty Fake), and one
+// nodestate.Sysctl (a Fake without values), nodestate.Conntrack (an empty Fake), and one
 // *prometheus.Registry also provided as
 // prometheus.Registerer. For tests that build fix modules with fxtest.
 func Fakes() fx.Option {
 	return fx.Provide(
 		func() backend.Backend { return NewFakeBackend() },
-		func() sysctl.Interface { return sysctl.NewFake(nil) },
-		func() conntrack.Interface { return conntrack.NewFake() },
+		func() nodestate.Sysctl { return nodestate.NewFakeSysctl(nil) },
+		func() nodestate.Conntrack { return nodestate.NewFakeConntrack() },
 		prometheus.NewRegistry,
 		func(r *prometheus.Registry) prometheus.Registerer { return r },
 	)

@@ -7,10 +7,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/services"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -69,7 +70,7 @@ func CheckIncremental(t *testing.T, newFix func() fix.RuleFix, o IncrementalOpti
 				list = append(list, compact[s])
 			}
 			SortServices(list)
-			services.Table.Set(snap, list)
+			inputs.Services.Set(snap, list)
 			got, want := rulesDump(t, live, snap), rulesDump(t, newFix(), snap)
 			if got != want {
 				t.Fatalf("seed %d step %d: the long-lived fix differs from a fresh one after these events:\n  %s\n--- long-lived:\n%s\n--- fresh:\n%s",

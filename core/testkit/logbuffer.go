@@ -1,7 +1,36 @@
 package testkit
 
-import "github.com/network-node-manager/network-node-manager/internal/logbuffer"
+import (
+	"bytes"
+	"strings"
+	"sync"
+)
 
 // LogBuffer is a log sink (for slog handlers, klog) that running goroutines (informers, the engine)
 // may write to while the test reads it.
-type LogBuffer = logbuffer.Buffer
+type LogBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *LogBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String is everything written so far.
+func (l *LogBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// Lines returns the logged lines without their line ends; nil when nothing was logged.
+func (l *LogBuffer) Lines() []string {
+	s := strings.TrimSuffix(l.String(), "\n")
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, "\n")
+}

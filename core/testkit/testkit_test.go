@@ -10,12 +10,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/node"
-	"github.com/network-node-manager/network-node-manager/core/inputs/services"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -287,7 +287,7 @@ func TestBuilders(t *testing.T) {
 		WithNode(Node("node-a", PodCIDRs("10.244.1.0/24", "fd00:10:244:1::/64"))),
 		WithProxyMode("ipvs"),
 	)
-	svcs := services.Table.Get(snap)
+	svcs := inputs.Services.Get(snap)
 	var names []string
 	for _, s := range svcs {
 		names = append(names, s.Key())
@@ -306,14 +306,14 @@ func TestBuilders(t *testing.T) {
 	if !svcs[1].Headless || len(svcs[1].ClusterIPs) != 0 || svcs[0].Type != fix.ServiceTypeExternalName {
 		t.Errorf("headless or ExternalName built wrong: %+v %+v", svcs[1], svcs[0])
 	}
-	if got := rules.IPv6.Prefixes(node.PodCIDRs.Get(snap)); len(got) != 1 || got[0].String() != "fd00:10:244:1::/64" {
-		t.Errorf("pod CIDRs from node: %v", node.PodCIDRs.Get(snap))
+	if got := rules.IPv6.Prefixes(inputs.PodCIDRs.Get(snap)); len(got) != 1 || got[0].String() != "fd00:10:244:1::/64" {
+		t.Errorf("pod CIDRs from node: %v", inputs.PodCIDRs.Get(snap))
 	}
 	if snap.Env.NodeName != "node-a" || snap.Env.ProxyMode != "ipvs" {
 		t.Errorf("env: %+v", snap.Env)
 	}
-	if s := Snapshot(WithNode(Node("n", PodCIDRs("10.0.0.0/24"))), WithPodCIDRs()); len(node.PodCIDRs.Get(s)) != 0 {
-		t.Errorf("WithPodCIDRs() should override the node: %v", node.PodCIDRs.Get(s))
+	if s := Snapshot(WithNode(Node("n", PodCIDRs("10.0.0.0/24"))), WithPodCIDRs()); len(inputs.PodCIDRs.Get(s)) != 0 {
+		t.Errorf("WithPodCIDRs() should override the node: %v", inputs.PodCIDRs.Get(s))
 	}
 }
 

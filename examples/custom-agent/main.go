@@ -14,7 +14,8 @@ import (
 	"go.uber.org/fx"
 
 	"example.com/nnm-examples/fixes/metadatablock"
-	"github.com/network-node-manager/network-node-manager/core/app"
+
+	"github.com/network-node-manager/network-node-manager/app"
 	"github.com/network-node-manager/network-node-manager/fixes"
 )
 

@@ -11,10 +11,10 @@ import (
 	"sync"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/sysctl"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 )
 
-// Liberal is the value the fix keeps in sysctl.ConntrackTCPBeLiberal. The sysctl is per network
+// Liberal is the value the fix keeps in nodestate.ConntrackTCPBeLiberal. The sysctl is per network
 // namespace: the agent runs in the node's (hostNetwork), so it changes the node's.
 const Liberal = "1"
 
@@ -30,7 +30,7 @@ type record struct {
 // Fix is the conntrack-liberal fix.
 type Fix struct {
 	fix.Base[Config, Config]
-	sys sysctl.Interface
+	sys nodestate.Sysctl
 
 	mu       sync.Mutex
 	rec      *record // the value to restore; nil when nothing is owed
@@ -46,7 +46,7 @@ var (
 // New builds the fix with its default configuration and registers its metrics. No I/O.
 func New(p fix.Params) (*Fix, error) {
 	if p.Sysctl == nil {
-		return nil, errors.New(ID + ": no sysctl.Interface")
+		return nil, errors.New(ID + ": no nodestate.Sysctl")
 	}
 	f := &Fix{sys: p.Sysctl}
 	if err := f.Init(spec, p, newMetrics(f)); err != nil {
@@ -72,7 +72,7 @@ func (f *Fix) Ensure(_ context.Context, _ *fix.Snapshot, full bool) (fix.Result,
 	if f.ensured && !full {
 		return res, nil
 	}
-	cur, err := f.sys.Get(sysctl.ConntrackTCPBeLiberal)
+	cur, err := f.sys.Get(nodestate.ConntrackTCPBeLiberal)
 	if err != nil {
 		return res, fmt.Errorf("%w (is the nf_conntrack module loaded?)", err)
 	}
@@ -82,23 +82,23 @@ func (f *Fix) Ensure(_ context.Context, _ *fix.Snapshot, full bool) (fix.Result,
 	}
 	owed := rec != nil
 	if rec == nil {
-		rec = &record{Sysctl: sysctl.ConntrackTCPBeLiberal, Previous: cur}
+		rec = &record{Sysctl: nodestate.ConntrackTCPBeLiberal, Previous: cur}
 	}
 	if err := f.saveLocked(rec); err != nil {
 		return res, err
 	}
 	if cur != Liberal {
-		if err := f.sys.Set(sysctl.ConntrackTCPBeLiberal, Liberal); err != nil {
+		if err := f.sys.Set(nodestate.ConntrackTCPBeLiberal, Liberal); err != nil {
 			return res, err
 		}
-		if v, err := f.sys.Get(sysctl.ConntrackTCPBeLiberal); err != nil || v != Liberal {
-			return res, fmt.Errorf("sysctl %s is %q after writing %s (err: %v)", sysctl.ConntrackTCPBeLiberal, v, Liberal, err)
+		if v, err := f.sys.Get(nodestate.ConntrackTCPBeLiberal); err != nil || v != Liberal {
+			return res, fmt.Errorf("sysctl %s is %q after writing %s (err: %v)", nodestate.ConntrackTCPBeLiberal, v, Liberal, err)
 		}
 		if owed {
 			res.Repaired = true // it was ours and someone reset it
 		} else {
 			res.Changed = true
-			f.Log.Info("conntrack accepts out-of-window TCP segments now", "sysctl", sysctl.ConntrackTCPBeLiberal, "value", Liberal, "previous", cur)
+			f.Log.Info("conntrack accepts out-of-window TCP segments now", "sysctl", nodestate.ConntrackTCPBeLiberal, "value", Liberal, "previous", cur)
 		}
 	}
 	f.ensured = true
@@ -115,20 +115,20 @@ func (f *Fix) Revert(context.Context) error {
 	if err != nil || rec == nil {
 		return err
 	}
-	cur, err := f.sys.Get(sysctl.ConntrackTCPBeLiberal)
+	cur, err := f.sys.Get(nodestate.ConntrackTCPBeLiberal)
 	if err != nil {
 		return err
 	}
 	switch {
 	case cur == rec.Previous:
 	case cur == Liberal:
-		if err := f.sys.Set(sysctl.ConntrackTCPBeLiberal, rec.Previous); err != nil {
+		if err := f.sys.Set(nodestate.ConntrackTCPBeLiberal, rec.Previous); err != nil {
 			return err
 		}
 		f.restored++
-		f.Log.Info("restored the previous value", "sysctl", sysctl.ConntrackTCPBeLiberal, "value", rec.Previous)
+		f.Log.Info("restored the previous value", "sysctl", nodestate.ConntrackTCPBeLiberal, "value", rec.Previous)
 	default:
-		f.Log.Warn("someone else changed the sysctl since; leaving their value", "sysctl", sysctl.ConntrackTCPBeLiberal, "value", cur, "previous", rec.Previous)
+		f.Log.Warn("someone else changed the sysctl since; leaving their value", "sysctl", nodestate.ConntrackTCPBeLiberal, "value", cur, "previous", rec.Previous)
 	}
 	if f.savedIn != "" {
 		if err := os.Remove(filepath.Join(f.savedIn, StateFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -154,8 +154,8 @@ func (f *Fix) loadLocked() (*record, error) {
 		return nil, fmt.Errorf("read state: %w", err)
 	}
 	var rec record
-	if err := json.Unmarshal(b, &rec); err != nil || rec.Sysctl != sysctl.ConntrackTCPBeLiberal || rec.Previous == "" {
-		return nil, fmt.Errorf("state file %s is not ours or is damaged (%v): delete it after checking %s", path, err, sysctl.ConntrackTCPBeLiberal)
+	if err := json.Unmarshal(b, &rec); err != nil || rec.Sysctl != nodestate.ConntrackTCPBeLiberal || rec.Previous == "" {
+		return nil, fmt.Errorf("state file %s is not ours or is damaged (%v): delete it after checking %s", path, err, nodestate.ConntrackTCPBeLiberal)
 	}
 	f.rec, f.savedIn = &rec, dir
 	return f.rec, nil

@@ -18,8 +18,8 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/core/sysctl"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/fixes/invaliddrop"
 	"github.com/network-node-manager/network-node-manager/internal/config"
@@ -28,7 +28,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
 
-// The fix reads nothing from the cluster: the unit tests run it against sysctl.Fake and a state
+// The fix reads nothing from the cluster: the unit tests run it against nodestate.FakeSysctl and a state
 // directory under t.TempDir(); kernel_test.go runs it against the real /proc/sys of a throwaway
 // network namespace.
 
@@ -46,7 +46,7 @@ func newEnv(t *testing.T, value string, options map[string]any) *env {
 	e := &env{dir: t.TempDir()}
 	e.FixEnv = testkit.NewFixEnv(t, New, e.options(options))
 	if value != "" {
-		e.Sysctl.Values[sysctl.ConntrackTCPBeLiberal] = value
+		e.Sysctl.Values[nodestate.ConntrackTCPBeLiberal] = value
 	}
 	return e
 }
@@ -60,7 +60,7 @@ func (e *env) options(options map[string]any) map[string]any {
 	return opts
 }
 
-func (e *env) value() string { return e.Sysctl.Values[sysctl.ConntrackTCPBeLiberal] }
+func (e *env) value() string { return e.Sysctl.Values[nodestate.ConntrackTCPBeLiberal] }
 
 func (e *env) stateFile() (record, bool) {
 	b, err := os.ReadFile(filepath.Join(e.dir, StateFile))
@@ -77,7 +77,7 @@ func TestEnsureRepairRevert(t *testing.T) {
 	if res := e.Ensure(nil, true); !res.Changed || res.Repaired || e.value() != "1" {
 		t.Fatalf("first Ensure: %+v, value %q", res, e.value())
 	}
-	if r, ok := e.stateFile(); !ok || r.Previous != "0" || r.Sysctl != sysctl.ConntrackTCPBeLiberal {
+	if r, ok := e.stateFile(); !ok || r.Previous != "0" || r.Sysctl != nodestate.ConntrackTCPBeLiberal {
 		t.Fatalf("state file: %+v %v", r, ok)
 	}
 	// Nothing to do: no write, neither in a normal nor in a full pass.
@@ -86,7 +86,7 @@ func TestEnsureRepairRevert(t *testing.T) {
 		t.Fatalf("idempotent Ensure: %+v, %d writes", res, e.Sysctl.Writes)
 	}
 	// Someone resets it: a normal pass trusts its last Ensure, a full pass repairs.
-	e.Sysctl.Values[sysctl.ConntrackTCPBeLiberal] = "0"
+	e.Sysctl.Values[nodestate.ConntrackTCPBeLiberal] = "0"
 	if res := e.Ensure(nil, false); res.Repaired || e.value() != "0" {
 		t.Fatalf("a normal pass must not re-read the sysctl: %+v", res)
 	}
@@ -125,7 +125,7 @@ func TestRestartWhileEnabled(t *testing.T) {
 		t.Fatalf("restart forgot the previous value: %+v", r)
 	}
 	// Reset while the agent was down: a repair, and the previous value is still the original one.
-	e.Sysctl.Values[sysctl.ConntrackTCPBeLiberal] = "0"
+	e.Sysctl.Values[nodestate.ConntrackTCPBeLiberal] = "0"
 	e.restart(nil)
 	if res := e.Ensure(nil, true); !res.Repaired || e.value() != "1" {
 		t.Fatalf("reset during restart: %+v", res)
@@ -151,7 +151,7 @@ func TestAlreadyLiberalIsLeftAlone(t *testing.T) {
 func TestRevertLeavesSomeoneElsesValue(t *testing.T) {
 	e := newEnv(t, "1", nil)
 	e.Ensure(nil, true) // previous = 1
-	e.Sysctl.Values[sysctl.ConntrackTCPBeLiberal] = "0"
+	e.Sysctl.Values[nodestate.ConntrackTCPBeLiberal] = "0"
 	if err := e.Fix.Revert(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -245,9 +245,9 @@ func TestMetrics(t *testing.T) {
 	e.Ensure(nil, true)
 	want("1", "0")
 	// Someone resets it: the metric shows it at once, before the next resync repairs it.
-	e.Sysctl.Values[sysctl.ConntrackTCPBeLiberal] = "0"
+	e.Sysctl.Values[nodestate.ConntrackTCPBeLiberal] = "0"
 	want("0", "0")
-	delete(e.Sysctl.Values, sysctl.ConntrackTCPBeLiberal)
+	delete(e.Sysctl.Values, nodestate.ConntrackTCPBeLiberal)
 	want("", "0")
 
 	testkit.Promlint(t, e.Registry)
@@ -258,7 +258,7 @@ func TestMetrics(t *testing.T) {
 // restarts with conntrack-liberal disabled: the engine reverts it at start-up (the previous value
 // comes from the state file), and invalid-drop sees the drop is needed again.
 func TestWithInvalidDropThroughTheEngine(t *testing.T) {
-	sys := sysctl.NewFake(map[string]string{sysctl.ConntrackTCPBeLiberal: "0"})
+	sys := nodestate.NewFakeSysctl(map[string]string{nodestate.ConntrackTCPBeLiberal: "0"})
 	stateDir := t.TempDir()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	type agent struct {
@@ -293,7 +293,7 @@ func TestWithInvalidDropThroughTheEngine(t *testing.T) {
 		}
 		return v
 	}
-	value := func() string { v, _ := sys.Get(sysctl.ConntrackTCPBeLiberal); return v }
+	value := func() string { v, _ := sys.Get(nodestate.ConntrackTCPBeLiberal); return v }
 
 	a := start(true)
 	if a.e.SyncOnce(ctx, true) {
@@ -335,5 +335,5 @@ func TestREADMEFacts(t *testing.T) {
 	r.DocumentsMetrics(t, "nnm_sync_repairs_total", "nnm_invalid_drop_redundant") // the engine's and invalid-drop's, cited
 	r.Contains(t, "the state file name", StateFile)
 	r.Contains(t, "the default state directory", DefaultStateDir)
-	r.Contains(t, "the sysctl", sysctl.ConntrackTCPBeLiberal)
+	r.Contains(t, "the sysctl", nodestate.ConntrackTCPBeLiberal)
 }

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/sysctl"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 )
@@ -23,24 +23,24 @@ import (
 func TestKernel(t *testing.T) {
 	netns.RequireKernel(t)
 	ns := netns.New(t, "nnm-ctliberal")
-	proc := "/proc/sys/" + strings.ReplaceAll(sysctl.ConntrackTCPBeLiberal, ".", "/")
+	proc := "/proc/sys/" + strings.ReplaceAll(nodestate.ConntrackTCPBeLiberal, ".", "/")
 	host, err := os.ReadFile(proc)
 	if err != nil {
-		netns.Unavailable(t, "the host has no %s (nf_conntrack not loaded): %v", sysctl.ConntrackTCPBeLiberal, err)
+		netns.Unavailable(t, "the host has no %s (nf_conntrack not loaded): %v", nodestate.ConntrackTCPBeLiberal, err)
 	}
 	defer func() {
 		if after, _ := os.ReadFile(proc); string(after) != string(host) {
-			t.Errorf("THE HOST'S %s CHANGED: %q -> %q", sysctl.ConntrackTCPBeLiberal, host, after)
+			t.Errorf("THE HOST'S %s CHANGED: %q -> %q", nodestate.ConntrackTCPBeLiberal, host, after)
 		}
 	}()
 	inNS := func() string { return strings.TrimSpace(ns.MustExec("cat", proc)) }
 	if _, err := ns.Exec("cat", proc); err != nil {
-		netns.Unavailable(t, "the namespace has no %s: %v", sysctl.ConntrackTCPBeLiberal, err)
+		netns.Unavailable(t, "the namespace has no %s: %v", nodestate.ConntrackTCPBeLiberal, err)
 	}
 	ns.MustExec("sh", "-c", "echo 0 > "+proc)
 	stateDir := t.TempDir()
 	newFix := func() *Fix {
-		f, err := New(fix.Params{Sysctl: sysctl.New(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		f, err := New(fix.Params{Sysctl: nodestate.NewSysctl(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if err != nil {
 			t.Fatal(err)
 		}

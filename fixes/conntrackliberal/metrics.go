@@ -3,7 +3,7 @@ package conntrackliberal
 import (
 	"strconv"
 
-	"github.com/network-node-manager/network-node-manager/core/sysctl"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/network-node-manager/network-node-manager/core/metrics"
@@ -36,7 +36,7 @@ func (m *fixMetrics) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (m *fixMetrics) Collect(ch chan<- prometheus.Metric) {
-	if v, err := m.f.sys.Get(sysctl.ConntrackTCPBeLiberal); err == nil {
+	if v, err := m.f.sys.Get(nodestate.ConntrackTCPBeLiberal); err == nil {
 		if n, err := strconv.ParseFloat(v, 64); err == nil {
 			ch <- prometheus.MustNewConstMetric(m.value, prometheus.GaugeValue, n)
 		}

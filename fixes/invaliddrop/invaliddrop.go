@@ -10,8 +10,8 @@ import (
 	"sync/atomic"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/core/sysctl"
 )
 
 // Comment is carried by every drop rule.
@@ -29,7 +29,7 @@ type settings struct {
 // Fix is the invalid-drop fix.
 type Fix struct {
 	fix.Base[Config, settings]
-	sysctl sysctl.Interface
+	sysctl nodestate.Sysctl
 	m      *fixMetrics
 	// redundant is the last be_liberal state seen by Observe, so the log line is written once.
 	redundant atomic.Bool
@@ -135,7 +135,7 @@ func (f *Fix) beLiberal() (bool, error) {
 	if f.sysctl == nil {
 		return false, errors.New("no sysctl access")
 	}
-	v, err := f.sysctl.Get(sysctl.ConntrackTCPBeLiberal)
+	v, err := f.sysctl.Get(nodestate.ConntrackTCPBeLiberal)
 	return err == nil && v == "1", err
 }
 
@@ -144,11 +144,11 @@ func (f *Fix) beLiberal() (bool, error) {
 func (f *Fix) Observe(_ context.Context, family rules.Family, _ fix.Report) {
 	redundant, err := f.beLiberal()
 	if err != nil {
-		f.Log.Debug("cannot read sysctl; assuming the drop is needed", "sysctl", sysctl.ConntrackTCPBeLiberal, "err", err)
+		f.Log.Debug("cannot read sysctl; assuming the drop is needed", "sysctl", nodestate.ConntrackTCPBeLiberal, "err", err)
 	}
 	changed := f.redundant.Swap(redundant) != redundant
 	if changed && redundant {
-		f.Log.Info("the INVALID drop is redundant: conntrack accepts out-of-window TCP segments because "+sysctl.ConntrackTCPBeLiberal+"=1; disable this fix or keep it as a safety net",
-			"sysctl", sysctl.ConntrackTCPBeLiberal)
+		f.Log.Info("the INVALID drop is redundant: conntrack accepts out-of-window TCP segments because "+nodestate.ConntrackTCPBeLiberal+"=1; disable this fix or keep it as a safety net",
+			"sysctl", nodestate.ConntrackTCPBeLiberal)
 	}
 }

@@ -8,8 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/core/sysctl"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 )
 
@@ -122,7 +122,7 @@ func TestRedundantMetricAndLog(t *testing.T) {
 	if gauge() != 0 || !strings.Contains(e.Logs.String(), "level=DEBUG") || strings.Contains(e.Logs.String(), "level=INFO") {
 		t.Fatalf("missing sysctl: gauge=%v logs=%s", gauge(), e.Logs)
 	}
-	e.Sysctl.Values[sysctl.ConntrackTCPBeLiberal] = "1"
+	e.Sysctl.Values[nodestate.ConntrackTCPBeLiberal] = "1"
 	for range 3 {
 		e.Fix.Observe(ctx, rules.IPv4, fix.Report{})
 		e.Fix.Observe(ctx, rules.IPv6, fix.Report{})
@@ -136,7 +136,7 @@ func TestRedundantMetricAndLog(t *testing.T) {
 	if !strings.Contains(e.Logs.String(), "fix=invalid-drop") {
 		t.Errorf("log lacks fix=invalid-drop: %s", e.Logs)
 	}
-	e.Sysctl.Values[sysctl.ConntrackTCPBeLiberal] = "0"
+	e.Sysctl.Values[nodestate.ConntrackTCPBeLiberal] = "0"
 	e.Fix.Observe(ctx, rules.IPv4, fix.Report{})
 	if gauge() != 0 {
 		t.Errorf("be_liberal=0: gauge=%v", gauge())

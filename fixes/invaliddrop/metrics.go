@@ -4,7 +4,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/network-node-manager/network-node-manager/core/metrics"
-	"github.com/network-node-manager/network-node-manager/core/rulecounters"
 )
 
 // subsystem puts the fix's metrics under nnm_invalid_drop_.
@@ -12,13 +11,13 @@ var subsystem = metrics.Subsystem(ID)
 
 type fixMetrics struct {
 	redundant prometheus.GaugeFunc
-	dropped   *rulecounters.Collector
+	dropped   *metrics.RuleCounters
 }
 
 // newMetrics takes the counters' reader and a function that reports whether the drop is redundant
 // now. The gauge is read at scrape time: it describes the sysctl, which another fix (conntrack-liberal)
 // or the operator may change at any moment, so a value stored at the last sync could be stale.
-func newMetrics(r rulecounters.Reader, redundant func() bool) *fixMetrics {
+func newMetrics(r metrics.CounterReader, redundant func() bool) *fixMetrics {
 	return &fixMetrics{
 		redundant: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "redundant",
@@ -31,11 +30,11 @@ func newMetrics(r rulecounters.Reader, redundant func() bool) *fixMetrics {
 		}),
 		// The kernel counters reset when the chains are rewritten; the collector keeps the exported
 		// counter monotonic.
-		dropped: rulecounters.New(rulecounters.Options{
+		dropped: metrics.NewRuleCounters(metrics.RuleCounterOptions{
 			Reader: r, Fix: ID,
 			Namespace: metrics.Namespace, Subsystem: subsystem, Name: "dropped_packets_total",
 			Help:  "Packets dropped because conntrack marked them INVALID, summed over hooks and protocols.",
-			Match: rulecounters.Prefix("dropped"),
+			Match: metrics.CounterPrefix("dropped"),
 		}),
 	}
 }

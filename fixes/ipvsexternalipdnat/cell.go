@@ -6,10 +6,9 @@ package ipvsexternalipdnat
 import (
 	"net/netip"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/node"
-	"github.com/network-node-manager/network-node-manager/core/inputs/servicecidrs"
-	"github.com/network-node-manager/network-node-manager/core/inputs/services"
 )
 
 // ID is the fix id: config key fixes.ipvs-externalip-dnat, metric label, log field, rule comments.
@@ -26,7 +25,7 @@ var spec = fix.Spec[Config, Config]{
 	Description:    "IPVS mode: DNAT node-local traffic for Service External-IPs to the Cluster-IP so eTP=Local Services stay reachable from the node (kubernetes#75262)",
 	Default:        func() Config { return Config{FromPods: true, FromHost: true} },
 	Parse:          validate,
-	Reads:          []fix.TableRef{services.Table, node.Table, node.PodCIDRs, servicecidrs.Table},
+	Reads:          []fix.TableRef{inputs.Services, inputs.Node, inputs.PodCIDRs, inputs.ServiceCIDRs},
 	DefaultEnabled: func(env fix.Env) bool { return env.ProxyMode == "ipvs" },
 	// The predecessor's variable (Kakao network-node-manager).
 	LegacyEnabledEnv: "RULE_EXTERNAL_CLUSTER_ENABLE",

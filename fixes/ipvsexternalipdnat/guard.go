@@ -5,12 +5,11 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/node"
-	"github.com/network-node-manager/network-node-manager/core/inputs/servicecidrs"
-	"github.com/network-node-manager/network-node-manager/core/netaddr"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -20,7 +19,7 @@ const (
 	// never be DNATed (loopback, link-local, unspecified, broadcast, multicast, reserved, IPv4-mapped…;
 	// see core/netaddr), or an IPv6 form (NAT64, 6to4, Teredo) that carries such an IPv4 address.
 	ReasonSpecialAddress = "special-address"
-	// ReasonCloudMetadata: the address is a cloud metadata endpoint (netaddr.Metadata), or an IPv6
+	// ReasonCloudMetadata: the address is a cloud metadata endpoint (rules.MetadataAddrs), or an IPv6
 	// form that carries one.
 	ReasonCloudMetadata = "cloud-metadata"
 	// ReasonPodCIDR: the address is inside one of this node's pod CIDRs.
@@ -60,9 +59,9 @@ type guard struct {
 }
 
 func newGuard(cfg Config, snap *fix.Snapshot, clusterIPs []rules.MapEntry) guard {
-	g := guard{allowed: cfg.allowed, spec: cfg.SpecExternalIPs, podCIDRs: node.PodCIDRs.Get(snap), serviceCIDRs: servicecidrs.Table.Get(snap)}
-	if node.Table.Get(snap) != nil {
-		for _, na := range node.Table.Get(snap).Status.Addresses {
+	g := guard{allowed: cfg.allowed, spec: cfg.SpecExternalIPs, podCIDRs: inputs.PodCIDRs.Get(snap), serviceCIDRs: inputs.ServiceCIDRs.Get(snap)}
+	if inputs.Node.Get(snap) != nil {
+		for _, na := range inputs.Node.Get(snap).Status.Addresses {
 			if na.Type != corev1.NodeInternalIP && na.Type != corev1.NodeExternalIP {
 				continue
 			}
@@ -94,7 +93,7 @@ func (g *guard) inServiceCIDRs(a netip.Addr) netip.Prefix {
 // check returns "" when the fix may DNAT raw (as written in the Service, before unmapping), else the
 // skip reason and a detail naming the rule that refuses it.
 func (g *guard) check(raw netip.Addr) (reason, detail string) {
-	if r, refused := netaddr.NeverDNAT(raw); refused {
+	if r, refused := rules.NeverDNAT(raw); refused {
 		reason := ReasonSpecialAddress
 		if r.Metadata {
 			reason = ReasonCloudMetadata
@@ -153,7 +152,7 @@ func parseAllowed(list []string) ([]netip.Prefix, error) {
 		return nil, fix.OptionErr(key, err)
 	}
 	for _, p := range out {
-		if b, ok := netaddr.WithinRefused(p); ok {
+		if b, ok := rules.WithinRefused(p); ok {
 			return nil, fix.Invalid(key, "%s lies within %s (%s), which is never DNATed, so it would allow nothing", p, b.Name, b.Prefix)
 		}
 	}

@@ -6,9 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/network-node-manager/network-node-manager/core/inputs/node"
-	"github.com/network-node-manager/network-node-manager/core/inputs/servicecidrs"
-	"github.com/network-node-manager/network-node-manager/core/netaddr"
+	"github.com/network-node-manager/network-node-manager/core/inputs"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	tk "github.com/network-node-manager/network-node-manager/core/testkit"
 )
@@ -43,17 +41,17 @@ func FuzzNoRefusedEntry(f *testing.F) {
 		snap := tk.Snapshot(tk.WithNode(nodeWithAddresses), tk.WithServiceCIDRs("10.96.0.0/16", "fd00:10:96::/112"), tk.WithServices(
 			tk.Service("default", "fuzz", tk.ClusterIPs("10.96.0.10", "fd00:10:96::10"), tk.LoadBalancer(a, b), tk.ExternalIPs(c), tk.Ports(tk.TCP(80))),
 			tk.Service("default", "other", tk.ClusterIPs("198.18.0.10", "2001:2::10"), tk.Ports(tk.TCP(80)))))
-		inputs := []string{a, b, c}
+		ins := []string{a, b, c}
 		for _, fam := range rules.Families {
 			rs, _, err := fx.Rules(snap, fam)
 			if err != nil {
 				t.Fatalf("Rules(%s): %v", fam, err)
 			}
 			for _, e := range rs.Map(MapName).Entries {
-				if _, refused := netaddr.NeverDNAT(e.Addr); refused {
-					t.Errorf("%s: entry for the never-DNAT address %s (inputs %q)", fam, e.Addr, inputs)
+				if _, refused := rules.NeverDNAT(e.Addr); refused {
+					t.Errorf("%s: entry for the never-DNAT address %s (inputs %q)", fam, e.Addr, ins)
 				}
-				for _, p := range append(slices.Clone(node.PodCIDRs.Get(snap)), servicecidrs.Table.Get(snap)...) {
+				for _, p := range append(slices.Clone(inputs.PodCIDRs.Get(snap)), inputs.ServiceCIDRs.Get(snap)...) {
 					if p.Contains(e.Addr) {
 						t.Errorf("%s: entry for %s in the pod CIDR %s", fam, e.Addr, p)
 					}
@@ -71,13 +69,13 @@ func FuzzNoRefusedEntry(f *testing.F) {
 					t.Errorf("%s: entry for %s outside allowedCIDRs", fam, e.Addr)
 				}
 				from := false
-				for _, s := range inputs {
+				for _, s := range ins {
 					if x, err := netip.ParseAddr(strings.TrimSpace(s)); err == nil && x == e.Addr {
 						from = true
 					}
 				}
 				if !from {
-					t.Errorf("%s: entry for %s comes from no input written as that address (inputs %q)", fam, e.Addr, inputs)
+					t.Errorf("%s: entry for %s comes from no input written as that address (inputs %q)", fam, e.Addr, ins)
 				}
 			}
 		}

@@ -9,10 +9,9 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/node"
-	"github.com/network-node-manager/network-node-manager/core/inputs/servicecidrs"
-	"github.com/network-node-manager/network-node-manager/core/inputs/services"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -131,7 +130,7 @@ var precedes = []string{"KUBE-SERVICES"}
 func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fix.Report, error) {
 	cfg := f.Config()
 
-	m := f.entries.Update(services.Table.Get(snap), family, f.guardFor(cfg, snap, family))
+	m := f.entries.Update(inputs.Services.Get(snap), family, f.guardFor(cfg, snap, family))
 	report := m.Report
 	report.Skipped = slices.Clip(report.Skipped) // the node skip below must not write into the cached report
 	rs := &rules.Ruleset{Fix: ID, Family: family, Maps: []rules.Map{{Name: MapName, Entries: m.Entries}}}
@@ -139,7 +138,7 @@ func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fi
 	jump := rules.Verdict{Kind: rules.Jump, Chain: ChainDNAT}
 	if cfg.FromPods {
 		c := rules.Chain{Name: ChainPrerouting, Type: rules.NAT, Hook: rules.Prerouting, Precedes: precedes}
-		if cidrs := family.Prefixes(node.PodCIDRs.Get(snap)); len(cidrs) > 0 {
+		if cidrs := family.Prefixes(inputs.PodCIDRs.Get(snap)); len(cidrs) > 0 {
 			c.Rules = append(c.Rules, rules.Rule{
 				Match: rules.Match{SrcPrefixes: cidrs}, Verdict: jump,
 				Comment: "from local pods",
@@ -188,18 +187,18 @@ func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fi
 func (f *Fix) guardFor(cfg Config, snap *fix.Snapshot, family rules.Family) *guard {
 	f.mu.Lock()
 	cidrs := f.cidrs[family]
-	if cidrs == nil || !slices.Equal(cidrs.prefixes, servicecidrs.Table.Get(snap)) {
-		cidrs = &cidrSet{prefixes: slices.Clone(servicecidrs.Table.Get(snap))}
+	if cidrs == nil || !slices.Equal(cidrs.prefixes, inputs.ServiceCIDRs.Get(snap)) {
+		cidrs = &cidrSet{prefixes: slices.Clone(inputs.ServiceCIDRs.Get(snap))}
 		f.cidrs[family] = cidrs
 	}
 	f.mu.Unlock()
-	g := newGuard(cfg, snap, f.clusterIPs.Update(services.Table.Get(snap), family, cidrs).Entries)
+	g := newGuard(cfg, snap, f.clusterIPs.Update(inputs.Services.Get(snap), family, cidrs).Entries)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if len(servicecidrs.Table.Get(snap)) == 0 && !f.noCIDRsLogged {
+	if len(inputs.ServiceCIDRs.Get(snap)) == 0 && !f.noCIDRsLogged {
 		f.Log.Warn("no Service CIDRs known (no ServiceCIDR objects in the API, no serviceCIDRs configured): every Service's Cluster-IP is refused by name, and a Service with a new Cluster-IP makes every Service be computed again; set serviceCIDRs")
 	}
-	f.noCIDRsLogged = len(servicecidrs.Table.Get(snap)) == 0
+	f.noCIDRsLogged = len(inputs.ServiceCIDRs.Get(snap)) == 0
 	if prev := f.guard[family]; prev != nil && prev.same(&g) {
 		return prev
 	}

@@ -20,10 +20,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/services"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	tk "github.com/network-node-manager/network-node-manager/core/testkit"
 )
@@ -185,13 +186,13 @@ func TestRulesPure(t *testing.T) {
 		for _, i := range order {
 			svcs = append(svcs, fix.ServiceFrom(all[i])) // deliberately not sorted
 		}
-		services.Table.Set(s, svcs)
+		inputs.Services.Set(s, svcs)
 		return s
 	}
 	e := tk.NewFixEnv(t, New, nil)
 	snap := mk(2, 1, 0)
 	got := e.Dump(snap)
-	if !reflect.DeepEqual(services.Table.Get(mk(2, 1, 0))[0], services.Table.Get(snap)[0]) {
+	if !reflect.DeepEqual(inputs.Services.Get(mk(2, 1, 0))[0], inputs.Services.Get(snap)[0]) {
 		t.Error("Rules modified a Service of the snapshot")
 	}
 	if want := e.Dump(mk(0, 1, 2)); got != want {
@@ -373,7 +374,7 @@ func BenchmarkRulesOneNewService10k(b *testing.B) {
 			b.ResetTimer()
 			for i := range b.N {
 				s := snap.Clone()
-				services.Table.Set(s, append(slices.Clip(services.Table.Get(snap)), fix.ServiceFrom(svc(10000+i%5000))))
+				inputs.Services.Set(s, append(slices.Clip(inputs.Services.Get(snap)), fix.ServiceFrom(svc(10000+i%5000))))
 				if _, _, err := f.Rules(s, rules.IPv4); err != nil {
 					b.Fatal(err)
 				}

@@ -5,7 +5,7 @@ package mssclamp
 
 import (
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/node"
+	"github.com/network-node-manager/network-node-manager/core/inputs"
 )
 
 // ID is the fix id: config key fixes.mss-clamp, metric label, log field, rule comments.
@@ -21,7 +21,7 @@ var spec = fix.Spec[Config, Config]{
 	ID:          ID,
 	Description: "clamp the TCP MSS of forwarded pod SYN and SYN-ACK segments to the route's MTU so large transfers do not stall in a PMTU black hole (Calico #7651)",
 	Parse:       parse,
-	Reads:       []fix.TableRef{node.PodCIDRs},
+	Reads:       []fix.TableRef{inputs.PodCIDRs},
 }
 
 // Config is the fix's configuration (keys under fixes.mss-clamp).

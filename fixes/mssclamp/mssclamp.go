@@ -3,8 +3,9 @@ package mssclamp
 import (
 	"fmt"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/node"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -65,7 +66,7 @@ func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fi
 		from.InInterfacePrefix, to.OutInterfacePrefix = cfg.PodInterfacePrefix, cfg.PodInterfacePrefix
 		scope = "interfaces " + cfg.PodInterfacePrefix + "*"
 	} else {
-		pods := family.Prefixes(node.PodCIDRs.Get(snap))
+		pods := family.Prefixes(inputs.PodCIDRs.Get(snap))
 		if len(pods) == 0 {
 			return nil, fix.Report{Skipped: []fix.Skip{{
 				Object: string(family), Reason: "no-pod-cidr",

@@ -7,8 +7,9 @@ package staleudpconntrack
 import (
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
 )
 
 // ID is the fix id: config key fixes.stale-udp-conntrack, metric label, log field.
@@ -27,7 +28,7 @@ var spec = fix.Spec[Config, Config]{
 		return Config{MaxDeletesPerPass: 1000, MinDumpInterval: 200 * time.Millisecond, Retention: 5 * time.Minute, PendingGrace: 2 * time.Minute}
 	},
 	Parse: parse,
-	Reads: []fix.TableRef{pods.Table},
+	Reads: []fix.TableRef{inputs.Pods},
 }
 
 // Config is the fix's configuration (keys under fixes.stale-udp-conntrack).

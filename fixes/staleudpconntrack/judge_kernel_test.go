@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
@@ -15,16 +17,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs"
-	"github.com/network-node-manager/network-node-manager/core/inputs/node"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/internal/config"
 	"github.com/network-node-manager/network-node-manager/internal/engine"
+	"github.com/network-node-manager/network-node-manager/internal/inputs/builtin"
 	"github.com/network-node-manager/network-node-manager/internal/kube"
 	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
@@ -69,7 +70,7 @@ type nodeReader struct{}
 func (nodeReader) ID() string                     { return "node-reader" }
 func (nodeReader) Description() string            { return "reads the Node" }
 func (nodeReader) DefaultEnabled(fix.Env) bool    { return true }
-func (nodeReader) Reads() []fix.TableRef          { return []fix.TableRef{node.Table} }
+func (nodeReader) Reads() []fix.TableRef          { return []fix.TableRef{inputs.Node} }
 func (nodeReader) Configure(map[string]any) error { return nil }
 func (nodeReader) Rules(*fix.Snapshot, rules.Family) (*rules.Ruleset, fix.Report, error) {
 	return nil, fix.Report{}, nil
@@ -113,7 +114,7 @@ func judge(t *testing.T, cs kubernetes.Interface, byReload bool) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	real := inNS{node, conntrack.New()}
+	real := inNS{node, nodestate.NewConntrack()}
 	before := ids(t, real)
 	if len(before) != len(judgeEntries) {
 		t.Fatalf("entries made: %v", before)
@@ -176,7 +177,7 @@ func startCluster(t *testing.T, node *corev1.Node) kubernetes.Interface {
 // runEngine runs stale-udp-conntrack on the conntrack seam ct, and others, in the real engine with
 // the real informers of cs and configuration c, until the test ends. It returns the engine, its
 // sync metrics and the registry holding both the engine's and the fix's metrics.
-func runEngine(t *testing.T, cs kubernetes.Interface, c *config.Config, ct conntrack.Interface, others ...fix.Fix) (*engine.Engine, *metrics.Sync, *prometheus.Registry) {
+func runEngine(t *testing.T, cs kubernetes.Interface, c *config.Config, ct nodestate.Conntrack, others ...fix.Fix) (*engine.Engine, *metrics.Sync, *prometheus.Registry) {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	reg := prometheus.NewRegistry()
@@ -185,7 +186,7 @@ func runEngine(t *testing.T, cs kubernetes.Interface, c *config.Config, ct connt
 		t.Fatal(err)
 	}
 	hub := watch.NewHub(func() (kube.Interface, error) { return kubetest.From(cs), nil }, c.NodeName, log)
-	ins, err := inputs.All()
+	ins, err := builtin.All()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/network-node-manager/network-node-manager/core/conntrack"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
@@ -125,10 +125,10 @@ func sendEvery(t *testing.T, ns *netns.NS, src, dst netip.AddrPort) {
 // inNS runs the real conntrack seam inside the node's network namespace.
 type inNS struct {
 	ns *netns.NS
-	ct conntrack.Interface
+	ct nodestate.Conntrack
 }
 
-func (n inNS) EachDNAT(ctx context.Context, f rules.Family, p rules.Protocol, fn func(conntrack.Entry) bool) (err error) {
+func (n inNS) EachDNAT(ctx context.Context, f rules.Family, p rules.Protocol, fn func(nodestate.ConntrackEntry) bool) (err error) {
 	if derr := n.ns.Do(func() error { err = n.ct.EachDNAT(ctx, f, p, fn); return nil }); derr != nil {
 		return derr
 	}
@@ -136,16 +136,16 @@ func (n inNS) EachDNAT(ctx context.Context, f rules.Family, p rules.Protocol, fn
 }
 
 // list returns the DNAT entries of family and protocol.
-func (n inNS) list(t *testing.T, f rules.Family, p rules.Protocol) []conntrack.Entry {
+func (n inNS) list(t *testing.T, f rules.Family, p rules.Protocol) []nodestate.ConntrackEntry {
 	t.Helper()
-	var out []conntrack.Entry
-	if err := n.EachDNAT(context.Background(), f, p, func(e conntrack.Entry) bool { out = append(out, e); return true }); err != nil {
+	var out []nodestate.ConntrackEntry
+	if err := n.EachDNAT(context.Background(), f, p, func(e nodestate.ConntrackEntry) bool { out = append(out, e); return true }); err != nil {
 		t.Fatal(err)
 	}
 	return out
 }
 
-func (n inNS) Delete(ctx context.Context, es []conntrack.Entry) (c int, err error) {
+func (n inNS) Delete(ctx context.Context, es []nodestate.ConntrackEntry) (c int, err error) {
 	if derr := n.ns.Do(func() error { c, err = n.ct.Delete(ctx, es); return nil }); derr != nil {
 		return 0, derr
 	}
@@ -231,17 +231,17 @@ func testStaleUDP(t *testing.T, cs kubernetes.Interface, p plan) {
 		}
 		return nil
 	})
-	real := inNS{node, conntrack.New()}
-	entryTo := func(target string, port uint16) (conntrack.Entry, bool) {
+	real := inNS{node, nodestate.NewConntrack()}
+	entryTo := func(target string, port uint16) (nodestate.ConntrackEntry, bool) {
 		for _, e := range real.list(t, p.family, rules.UDP) {
 			if e.Reply.Src == netip.AddrPortFrom(netip.MustParseAddr(target), port) {
 				return e, true
 			}
 		}
-		return conntrack.Entry{}, false
+		return nodestate.ConntrackEntry{}, false
 	}
 	// The flow to B is sent from a goroutine of its own: its first packet may come after A's.
-	var toB conntrack.Entry
+	var toB nodestate.ConntrackEntry
 	agenttest.Eventually(t, 5*time.Second, func() error {
 		var ok bool
 		if toB, ok = entryTo(p.podB, 8126); !ok {

@@ -9,7 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/network-node-manager/network-node-manager/core/conntrack"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/internal/config"
@@ -70,7 +70,7 @@ func TestKernelPodIPReuse(t *testing.T) {
 	createPodOn(t, cs, reuseNode, "a", "10.244.1.30", "fd00:244:1::30")
 	createPodOn(t, cs, reuseNode, "d", "10.244.1.31")
 	node := netns.New(t, "nnm-reuse")
-	real := inNS{node, conntrack.New()}
+	real := inNS{node, nodestate.NewConntrack()}
 	fill(t, node, reuseToA, reuseToD)
 	c := config.Defaults()
 	c.NodeName = reuseNode

@@ -7,12 +7,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -28,7 +29,7 @@ const (
 // Fix is the stale-udp-conntrack fix, an Actuator: it changes the conntrack table, not rules.
 type Fix struct {
 	fix.Base[Config, Config]
-	ct  conntrack.Interface
+	ct  nodestate.Conntrack
 	m   *fixMetrics
 	now func() time.Time
 	// sleep waits for the rate limit; tests replace it.
@@ -201,7 +202,7 @@ func (f *Fix) waitingPods(list []*corev1.Pod, now time.Time, grace time.Duration
 // this node, a pod of another node, an address never seen held) is never deleted.
 func (f *Fix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Result, error) {
 	cfg := f.Config()
-	list := pods.Table.Get(snap)
+	list := inputs.Pods.Get(snap)
 	now := f.now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -264,8 +265,8 @@ func (f *Fix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Re
 		f.m.dumps.WithLabelValues(string(fam)).Inc()
 		// Only the entries to a dead address are kept, at most one batch of maxDeletesPerPass: the
 		// dump stops there, and the next pass (Result.More) continues.
-		var stale []conntrack.Entry
-		err := f.ct.EachDNAT(ctx, fam, rules.UDP, func(e conntrack.Entry) bool {
+		var stale []nodestate.ConntrackEntry
+		err := f.ct.EachDNAT(ctx, fam, rules.UDP, func(e nodestate.ConntrackEntry) bool {
 			if f.isDead(e) {
 				stale = append(stale, e)
 			}
@@ -303,13 +304,13 @@ func (f *Fix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Re
 // DNATTarget returns the address e is destination-NATed to (its reply source, when that differs from
 // the original destination), and false when e is not destination-NATed. The fix deletes an entry
 // whose target is dead; `diagnose` previews with it which entries point to no Pod of this node.
-func DNATTarget(e conntrack.Entry) (netip.Addr, bool) {
+func DNATTarget(e nodestate.ConntrackEntry) (netip.Addr, bool) {
 	target := e.Reply.Src.Addr()
 	return target, target != e.Orig.Dst.Addr()
 }
 
 // isDead says whether e is DNATed to a dead address.
-func (f *Fix) isDead(e conntrack.Entry) bool {
+func (f *Fix) isDead(e nodestate.ConntrackEntry) bool {
 	target, ok := DNATTarget(e)
 	if !ok {
 		return false

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxtest"
@@ -22,9 +24,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 )
@@ -37,13 +38,13 @@ func pod(name string, phase corev1.PodPhase, ips ...string) *corev1.Pod {
 	return p
 }
 
-func entry(proto rules.Protocol, client, nodePort, target string) conntrack.Entry {
+func entry(proto rules.Protocol, client, nodePort, target string) nodestate.ConntrackEntry {
 	c, n, tg := netip.MustParseAddrPort(client), netip.MustParseAddrPort(nodePort), netip.MustParseAddrPort(target)
 	fam := rules.IPv4
 	if c.Addr().Is6() {
 		fam = rules.IPv6
 	}
-	return conntrack.Entry{Family: fam, Protocol: proto, Orig: conntrack.Tuple{Src: c, Dst: n}, Reply: conntrack.Tuple{Src: tg, Dst: c}}
+	return nodestate.ConntrackEntry{Family: fam, Protocol: proto, Orig: nodestate.ConntrackTuple{Src: c, Dst: n}, Reply: nodestate.ConntrackTuple{Src: tg, Dst: c}}
 }
 
 var (
@@ -60,7 +61,7 @@ var (
 )
 
 // newEnv builds the fix on a conntrack table holding entries; it never waits for its rate limit.
-func newEnv(t *testing.T, options map[string]any, entries ...conntrack.Entry) *testkit.FixEnv[*Fix] {
+func newEnv(t *testing.T, options map[string]any, entries ...nodestate.ConntrackEntry) *testkit.FixEnv[*Fix] {
 	t.Helper()
 	e := testkit.NewFixEnv(t, New, options)
 	e.Conntrack.Add(entries...)
@@ -71,7 +72,7 @@ func newEnv(t *testing.T, options map[string]any, entries ...conntrack.Entry) *t
 // ensure runs one pass of the fix on a dual-stack node whose live Pods are pods.
 func ensure(e *testkit.FixEnv[*Fix], full bool, live ...*corev1.Pod) fix.Result {
 	snap := testkit.Snapshot(dualNode)
-	pods.Table.Set(snap, live)
+	inputs.Pods.Set(snap, live)
 	return e.Ensure(snap, full)
 }
 
@@ -90,7 +91,7 @@ func TestDeletesOnlyStaleUDPToGonePods(t *testing.T) {
 	if len(res.Skipped) != 0 {
 		t.Errorf("skips %+v, want none", res.Skipped)
 	}
-	want := []conntrack.Entry{toB4, tcpToA4, toSvc4, direct4}
+	want := []nodestate.ConntrackEntry{toB4, tcpToA4, toSvc4, direct4}
 	if got := e.Conntrack.Entries(); len(got) != len(want) {
 		t.Fatalf("table after A is gone: %v, want %v", got, want)
 	}
@@ -126,7 +127,7 @@ func TestNeverJudgesAddressesNotSeenGoing(t *testing.T) {
 	e := newEnv(t, nil, remote4, left, toA4)
 	snap := testkit.Snapshot(testkit.WithNode(testkit.Node("node-a")), testkit.WithPodCIDRs("10.244.0.0/16"))
 	for i, live := range [][]*corev1.Pod{{podA}, {}, {}, {podB}} {
-		pods.Table.Set(snap, live)
+		inputs.Pods.Set(snap, live)
 		e.Ensure(snap, true)
 		if i == 0 && len(e.Conntrack.Entries()) != 3 {
 			t.Fatalf("first pass deleted entries: %v", e.Conntrack.Entries())
@@ -233,7 +234,7 @@ func TestFinishedPodNeverSeenLive(t *testing.T) {
 }
 
 func TestBoundedPasses(t *testing.T) {
-	var entries []conntrack.Entry
+	var entries []nodestate.ConntrackEntry
 	for i := range 5 {
 		entries = append(entries, entry(rules.UDP, "192.0.2.7:"+string(rune('1'+i))+"0000", "198.51.100.1:8125", "10.244.1.10:8125"))
 	}

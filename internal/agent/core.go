@@ -14,6 +14,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"go.uber.org/fx"
@@ -21,16 +23,15 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
-	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
-	"github.com/network-node-manager/network-node-manager/core/sysctl"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/internal/config"
 	"github.com/network-node-manager/network-node-manager/internal/detect"
 	"github.com/network-node-manager/network-node-manager/internal/diagnose"
 	"github.com/network-node-manager/network-node-manager/internal/engine"
 	"github.com/network-node-manager/network-node-manager/internal/events"
+	"github.com/network-node-manager/network-node-manager/internal/inputs/builtin"
 	"github.com/network-node-manager/network-node-manager/internal/kube"
 	"github.com/network-node-manager/network-node-manager/internal/logging"
 	"github.com/network-node-manager/network-node-manager/internal/nodelock"
@@ -52,16 +53,16 @@ type Inputs struct {
 // the engine. The graph still needs a backend.Backend, a *watch.Hub (Hub or FileHub) and fix
 // modules.
 var Module = fx.Module("core",
-	inputs.Module,
+	builtin.Module,
 	fx.Provide(
 		LoadConfig,
 		NewLogger,
 		metrics.NewRegistry,
 		func(r *prometheus.Registry) prometheus.Registerer { return r },
 		metrics.NewSync,
-		func(cfg *config.Config) sysctl.Interface { return &sysctl.Proc{Root: cfg.ProcSysPath} },
+		func(cfg *config.Config) nodestate.Sysctl { return &nodestate.ProcSysctl{Root: cfg.ProcSysPath} },
 		Limits,
-		func() conntrack.Interface { return conntrack.New() },
+		func() nodestate.Conntrack { return nodestate.NewConntrack() },
 		Detect,
 		Env,
 		NewEngine,
@@ -238,7 +239,7 @@ type EngineParams struct {
 	Fixes   []fix.Fix `group:"fixes"`
 	Backend backend.Backend
 	Hub     *watch.Hub
-	Inputs  []watch.Input `group:"inputs"`
+	Inputs  []inputs.Input `group:"inputs"`
 	Config  *config.Config
 	Env     fix.Env
 	Metrics *metrics.Sync
@@ -383,8 +384,8 @@ func Hub(cfg *config.Config, log *slog.Logger, api *APIClient) *watch.Hub {
 
 // FileHub serves the objects of a YAML file to the inputs (for `plan`): Services, and the other
 // kinds the inputs watch. Without a configured node name, the file's one Node is this node.
-func FileHub(path string) func(cfg *config.Config, log *slog.Logger, in watch.Inputs) (*watch.Hub, error) {
-	return func(cfg *config.Config, log *slog.Logger, in watch.Inputs) (*watch.Hub, error) {
+func FileHub(path string) func(cfg *config.Config, log *slog.Logger, in inputs.Group) (*watch.Hub, error) {
+	return func(cfg *config.Config, log *slog.Logger, in inputs.Group) (*watch.Hub, error) {
 		if strings.TrimSpace(path) == "" {
 			return nil, fmt.Errorf("plan: --services FILE is required")
 		}
@@ -406,10 +407,10 @@ func FileHubOf(f *watch.File, cfg *config.Config, log *slog.Logger) *watch.Hub {
 }
 
 // InputResources lists the resources the inputs watch.
-func InputResources(inputs []watch.Input) []kube.Resource {
+func InputResources(ins []inputs.Input) []kube.Resource {
 	var out []kube.Resource
-	for _, in := range inputs {
-		if w, ok := in.(watch.Watcher); ok {
+	for _, in := range ins {
+		if w, ok := in.(inputs.Watcher); ok {
 			out = append(out, w.Resources()...)
 		}
 	}

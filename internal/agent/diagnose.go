@@ -8,8 +8,7 @@ import (
 
 	"go.uber.org/fx"
 
-	"github.com/network-node-manager/network-node-manager/core/conntrack"
-	"github.com/network-node-manager/network-node-manager/core/sysctl"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/internal/config"
 	"github.com/network-node-manager/network-node-manager/internal/detect"
 	"github.com/network-node-manager/network-node-manager/internal/diagnose"
@@ -33,8 +32,8 @@ type DiagnoseParams struct {
 	Config    *config.Config
 	Detected  detect.Result
 	Engine    *engine.Engine
-	Sysctl    sysctl.Interface
-	Conntrack conntrack.Interface
+	Sysctl    nodestate.Sysctl
+	Conntrack nodestate.Conntrack
 	// Overrides is the resolver of nodeOverrides where the graph has one (`run`).
 	Overrides *NodeOverrides `optional:"true"`
 }
@@ -57,7 +56,7 @@ func DiagnoseEnv(p DiagnoseParams, cfg *config.Config, ov config.Override) *diag
 		Kernel:           diagnose.RealKernel{ProcSys: p.Config.ProcSysPath},
 		KubeProxyMetrics: kubeProxyMetrics(KubeProxyMetricsURL),
 	}
-	if s, ok := p.Conntrack.(conntrack.StatsReader); ok {
+	if s, ok := p.Conntrack.(nodestate.ConntrackStatsReader); ok {
 		env.Stats = s
 	}
 	for _, st := range p.Engine.Statuses() {

@@ -10,10 +10,10 @@ import (
 	"go.uber.org/fx"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/network-node-manager/network-node-manager/core/inputs/node"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/internal/config"
 	"github.com/network-node-manager/network-node-manager/internal/engine"
+	"github.com/network-node-manager/network-node-manager/internal/inputs/node"
 	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
 

@@ -16,11 +16,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/network-node-manager/network-node-manager/core/inputs/node"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
+	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/internal/config"
+	"github.com/network-node-manager/network-node-manager/internal/inputs/node"
 	"github.com/network-node-manager/network-node-manager/internal/kube"
-	"github.com/network-node-manager/network-node-manager/internal/logbuffer"
 	"github.com/network-node-manager/network-node-manager/internal/testing/kubetest"
 	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
@@ -44,7 +44,7 @@ func TestNodeOverridesFollowLabelsAndReloads(t *testing.T) {
 	}
 	cfg := write("fixes:\n  mss-clamp: {enabled: false}\nnodeOverrides:\n- nodeSelector: {matchLabels: {pool: canary}}\n  fixes: {mss-clamp: {enabled: true}}\n")
 	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"pool": "canary"}}})
-	var logs logbuffer.Buffer
+	var logs testkit.LogBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	h := watch.NewHub(func() (kube.Interface, error) { return kubetest.From(cs), nil }, "n1", log)
 	t.Cleanup(h.Stop)

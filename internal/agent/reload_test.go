@@ -16,12 +16,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/fixes/ipvsexternalipdnat"
 	"github.com/network-node-manager/network-node-manager/internal/config"
 	"github.com/network-node-manager/network-node-manager/internal/engine"
+	"github.com/network-node-manager/network-node-manager/internal/inputs/builtin"
 	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
 
@@ -156,7 +156,7 @@ func TestConfigReloadRejectsWhatBackendsCannotRender(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ins, err := inputs.All()
+	ins, err := builtin.All()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,7 +31,6 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/internal/errtree"
 	"github.com/network-node-manager/network-node-manager/internal/logging"
 )
 
@@ -733,7 +732,7 @@ func (o origins) unknown(key, noun, name string, known []string) error {
 // value's kind, so this is unexpected) in the same shape.
 func (o origins) decodeError(err error) error {
 	var errs []error
-	for _, e := range errtree.Leaves(fix.DecodeError(err)) {
+	for _, e := range fix.ErrorLeaves(fix.DecodeError(err)) {
 		var oe *fix.OptionError
 		if errors.As(e, &oe) {
 			ke := o.keyError(oe.Key, oe.Problem)
@@ -752,7 +751,7 @@ func (o origins) decodeError(err error) error {
 func (c *Config) FixError(id string, err error) error {
 	prefix := "fixes." + id
 	var errs []error
-	for _, e := range errtree.Leaves(err) {
+	for _, e := range fix.ErrorLeaves(err) {
 		var oe *fix.OptionError
 		if errors.As(e, &oe) {
 			key := prefix
@@ -1152,7 +1151,7 @@ func (c *Config) ConfigureFix(id string, configure func(map[string]any) error) (
 		return nil, c.fixError(id, err)
 	}
 	var drop, warnings []string
-	for _, e := range errtree.Leaves(err) {
+	for _, e := range fix.ErrorLeaves(err) {
 		var oe *fix.OptionError
 		if errors.As(e, &oe) && oe.Unknown && c.origins.fromFile("fixes."+id+"."+oe.Key) {
 			drop = append(drop, oe.Key)

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -15,15 +17,15 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/endpointslices"
-	"github.com/network-node-manager/network-node-manager/core/inputs/node"
-	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
-	"github.com/network-node-manager/network-node-manager/core/inputs/services"
+	"github.com/network-node-manager/network-node-manager/internal/inputs/endpointslices"
+	"github.com/network-node-manager/network-node-manager/internal/inputs/node"
+	"github.com/network-node-manager/network-node-manager/internal/inputs/pods"
+	"github.com/network-node-manager/network-node-manager/internal/inputs/services"
 	"github.com/network-node-manager/network-node-manager/internal/kube"
 )
 
 // ClusterTables are the tables the checks read from the API.
-var ClusterTables = []fix.TableRef{node.Table, pods.Table, services.Table, endpointslices.Table}
+var ClusterTables = []fix.TableRef{inputs.Node, inputs.Pods, inputs.Services, inputs.EndpointSlices}
 
 // ListTimeout bounds each list of ReadCluster.
 const ListTimeout = 15 * time.Second
@@ -53,18 +55,18 @@ func ReadCluster(ctx context.Context, client kube.Interface, nodeName string) (*
 	snap := fix.NewSnapshot(fix.Env{NodeName: nodeName}, nil)
 	missing := map[string]string{}
 	if nodeName == "" {
-		missing[node.Table.Name()] = "no node name (nodeName / NNM_NODE_NAME)"
-		missing[pods.Table.Name()] = "no node name (nodeName / NNM_NODE_NAME)"
+		missing[inputs.Node.Name()] = "no node name (nodeName / NNM_NODE_NAME)"
+		missing[inputs.Pods.Name()] = "no node name (nodeName / NNM_NODE_NAME)"
 	} else {
 		if objs, err := list(ctx, client, node.Resource, fields.OneTermEqualSelector("metadata.name", nodeName).String()); err != nil {
-			missing[node.Table.Name()] = err.Error()
+			missing[inputs.Node.Name()] = err.Error()
 		} else if len(objs) == 0 {
-			missing[node.Table.Name()] = "no Node named " + nodeName
+			missing[inputs.Node.Name()] = "no Node named " + nodeName
 		} else if n, ok := objs[0].(*corev1.Node); ok {
-			node.Table.Set(snap, n)
+			inputs.Node.Set(snap, n)
 		}
 		if objs, err := list(ctx, client, pods.Resource, fields.OneTermEqualSelector("spec.nodeName", nodeName).String()); err != nil {
-			missing[pods.Table.Name()] = err.Error()
+			missing[inputs.Pods.Name()] = err.Error()
 		} else {
 			var ps []*corev1.Pod
 			for _, o := range objs {
@@ -72,11 +74,11 @@ func ReadCluster(ctx context.Context, client kube.Interface, nodeName string) (*
 					ps = append(ps, p)
 				}
 			}
-			pods.Table.Set(snap, ps)
+			inputs.Pods.Set(snap, ps)
 		}
 	}
 	if objs, err := list(ctx, client, services.Resource, ""); err != nil {
-		missing[services.Table.Name()] = err.Error()
+		missing[inputs.Services.Name()] = err.Error()
 	} else {
 		var ss []*fix.Service
 		for _, o := range objs {
@@ -85,10 +87,10 @@ func ReadCluster(ctx context.Context, client kube.Interface, nodeName string) (*
 			}
 		}
 		slices.SortFunc(ss, fix.CompareServices)
-		services.Table.Set(snap, ss)
+		inputs.Services.Set(snap, ss)
 	}
 	if objs, err := list(ctx, client, endpointslices.Resource, ""); err != nil {
-		missing[endpointslices.Table.Name()] = err.Error()
+		missing[inputs.EndpointSlices.Name()] = err.Error()
 	} else {
 		var es []*discoveryv1.EndpointSlice
 		for _, o := range objs {
@@ -96,7 +98,7 @@ func ReadCluster(ctx context.Context, client kube.Interface, nodeName string) (*
 				es = append(es, endpointslices.StripEndpointSlice(s))
 			}
 		}
-		endpointslices.Table.Set(snap, es)
+		inputs.EndpointSlices.Set(snap, es)
 	}
 	return snap, missing
 }
@@ -128,11 +130,11 @@ func FromAgent(snap *fix.Snapshot, reads []string) map[string]string {
 // why there are none.
 func PodCIDRsOf(snap *fix.Snapshot, missing map[string]string, configured []netip.Prefix) ([]netip.Prefix, string) {
 	if snap != nil {
-		if p := node.PodCIDRs.Get(snap); len(p) > 0 {
+		if p := inputs.PodCIDRs.Get(snap); len(p) > 0 {
 			return p, ""
 		}
-		if n := node.Table.Get(snap); n != nil {
-			if p := node.FromNode(n); len(p) > 0 {
+		if n := inputs.Node.Get(snap); n != nil {
+			if p := inputs.NodePodCIDRs(n); len(p) > 0 {
 				return p, ""
 			}
 		}
@@ -140,7 +142,7 @@ func PodCIDRsOf(snap *fix.Snapshot, missing map[string]string, configured []neti
 	if len(configured) > 0 {
 		return configured, ""
 	}
-	if why, ok := missing[node.Table.Name()]; ok {
+	if why, ok := missing[inputs.Node.Name()]; ok {
 		return nil, "the Node was not read (" + why + ") and no podCIDRs are configured"
 	}
 	return nil, "the Node has no spec.podCIDRs and no podCIDRs are configured"

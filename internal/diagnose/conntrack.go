@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/core/sysctl"
 )
 
 // Fix ids the checks name (the fixes' own ID constants live in fixes/, which the runtime does not
@@ -91,13 +91,13 @@ func (invalidCheck) Run(ctx context.Context, env *Env) Finding {
 	f := Finding{Remedy: "enable invalid-drop (fixes.invalid-drop.enabled: true), or conntrack-liberal (nf_conntrack_tcp_be_liberal=1)"}
 	liberal := "unknown"
 	if env.Sysctl != nil {
-		if v, err := env.Sysctl.Get(sysctl.ConntrackTCPBeLiberal); err == nil {
+		if v, err := env.Sysctl.Get(nodestate.ConntrackTCPBeLiberal); err == nil {
 			liberal = v
 		} else {
 			liberal = "unreadable: " + err.Error()
 		}
 	}
-	f.Evidence = append(f.Evidence, ev(sysctl.ConntrackTCPBeLiberal, "%s", liberal))
+	f.Evidence = append(f.Evidence, ev(nodestate.ConntrackTCPBeLiberal, "%s", liberal))
 	var invalid uint64
 	statsOK := false
 	if env.Stats != nil {

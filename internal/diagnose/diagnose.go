@@ -6,7 +6,7 @@
 // running agent exports the same findings as metrics (Metrics).
 //
 // Nothing here writes: no rule, table, sysctl, link or conntrack entry is created or changed
-// (core/app's TestDiagnoseChangesNothing).
+// (internal/app's TestDiagnoseChangesNothing).
 package diagnose
 
 import (
@@ -17,9 +17,8 @@ import (
 	"sort"
 	"time"
 
-	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/sysctl"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 )
 
 // SchemaVersion is the version of the JSON document (Report). It changes when a field is renamed,
@@ -130,9 +129,9 @@ type Env struct {
 	// Options are the effective options of the fixes (fix id → key → value), as configured.
 	Options map[string]map[string]any
 
-	Sysctl    sysctl.Interface
-	Conntrack conntrack.Interface
-	Stats     conntrack.StatsReader
+	Sysctl    nodestate.Sysctl
+	Conntrack nodestate.Conntrack
+	Stats     nodestate.ConntrackStatsReader
 	// Kernel reads links, routes, neighbours and rulesets; the real one reads the namespace of the
 	// calling thread.
 	Kernel Kernel

@@ -9,19 +9,17 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/endpointslices"
-	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
-	"github.com/network-node-manager/network-node-manager/core/inputs/services"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
-	"github.com/network-node-manager/network-node-manager/core/sysctl"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 )
 
@@ -62,18 +60,18 @@ func (k *fakeKernel) NftList(_ context.Context, args ...string) (string, error) 
 	return "", errors.New("Error: No such file or directory")
 }
 
-type fakeStats struct{ s conntrack.Stats }
+type fakeStats struct{ s nodestate.ConntrackStats }
 
-func (f fakeStats) Stats(context.Context) (conntrack.Stats, error) { return f.s, nil }
+func (f fakeStats) Stats(context.Context) (nodestate.ConntrackStats, error) { return f.s, nil }
 
 func ptr[T any](v T) *T { return &v }
 
-func entry(proto rules.Protocol, src, dst, dnat string) conntrack.Entry {
+func entry(proto rules.Protocol, src, dst, dnat string) nodestate.ConntrackEntry {
 	d := netip.MustParseAddrPort(dst)
 	to := netip.MustParseAddrPort(dnat)
-	return conntrack.Entry{Family: rules.IPv4, Protocol: proto,
-		Orig:  conntrack.Tuple{Src: netip.MustParseAddrPort(src), Dst: d},
-		Reply: conntrack.Tuple{Src: to, Dst: netip.MustParseAddrPort(src)}}
+	return nodestate.ConntrackEntry{Family: rules.IPv4, Protocol: proto,
+		Orig:  nodestate.ConntrackTuple{Src: netip.MustParseAddrPort(src), Dst: d},
+		Reply: nodestate.ConntrackTuple{Src: to, Dst: netip.MustParseAddrPort(src)}}
 }
 
 // troubled is a node with every problem: the golden report.
@@ -85,21 +83,21 @@ func troubled() *Env {
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "statsd"},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.244.1.5"}}}}
 	snap := fix.NewSnapshot(fix.Env{NodeName: "n1"}, nil)
-	services.Table.Set(snap, []*fix.Service{fix.ServiceFrom(svc)})
-	endpointslices.Table.Set(snap, []*discoveryv1.EndpointSlice{elsewhere})
-	pods.Table.Set(snap, []*corev1.Pod{pod})
+	inputs.Services.Set(snap, []*fix.Service{fix.ServiceFrom(svc)})
+	inputs.EndpointSlices.Set(snap, []*discoveryv1.EndpointSlice{elsewhere})
+	inputs.Pods.Set(snap, []*corev1.Pod{pod})
 	return &Env{
 		Node: "n1", ProxyMode: "ipvs", ProxyModeSource: "metrics-endpoint", IptablesVariant: "nft", Override: "override 0 (pool=canary)",
 		Fixes: []FixState{{ID: "invalid-drop"}, {ID: "conntrack-liberal"}, {ID: "ipvs-externalip-dnat"}, {ID: "mss-clamp"}, {ID: "stale-udp-conntrack"}},
-		Sysctl: sysctl.NewFake(map[string]string{
-			sysctl.ConntrackTCPBeLiberal:        "0",
+		Sysctl: nodestate.NewFakeSysctl(map[string]string{
+			nodestate.ConntrackTCPBeLiberal:     "0",
 			"net.netfilter.nf_conntrack_count":  "950",
 			"net.netfilter.nf_conntrack_max":    "1000",
 			"net.ipv4.neigh.default.gc_thresh3": "1024",
 			"net.ipv6.neigh.default.gc_thresh3": "1024",
 		}),
-		Stats: fakeStats{conntrack.Stats{Invalid: 42, InsertFailed: 3, Drop: 0, EarlyDrop: 7, CPUs: 2}},
-		Conntrack: conntrack.NewFake(
+		Stats: fakeStats{nodestate.ConntrackStats{Invalid: 42, InsertFailed: 3, Drop: 0, EarlyDrop: 7, CPUs: 2}},
+		Conntrack: nodestate.NewFakeConntrack(
 			entry(rules.UDP, "192.0.2.50:40000", "192.0.2.1:8125", "10.244.1.9:8125"), // pod gone
 			entry(rules.UDP, "192.0.2.51:40000", "192.0.2.1:8125", "10.244.1.5:8125"), // live pod
 			entry(rules.UDP, "10.244.1.5:5000", "10.96.0.10:53", "10.244.2.3:53"),     // another node's pod
@@ -293,7 +291,7 @@ func TestCountersRise(t *testing.T) {
 	}
 	env = troubled()
 	env.Previous = first
-	env.Stats = fakeStats{conntrack.Stats{Invalid: 50, InsertFailed: 3, EarlyDrop: 7, CPUs: 2}}
+	env.Stats = fakeStats{nodestate.ConntrackStats{Invalid: 50, InsertFailed: 3, EarlyDrop: 7, CPUs: 2}}
 	if f := Run(context.Background(), env, Checks()).Find("invalid-replies"); f.State != Problem {
 		t.Errorf("invalid-replies rising by 8: %s %q", f.State, f.Summary)
 	}

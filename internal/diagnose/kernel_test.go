@@ -8,13 +8,13 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
-	"github.com/network-node-manager/network-node-manager/core/sysctl"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/internal/testing/ctfill"
 	"github.com/network-node-manager/network-node-manager/internal/testing/resettest"
@@ -29,8 +29,8 @@ var fixIDs = []string{fixInvalidDrop, fixLiberal, fixIPVS, fixMSSClamp, fixStale
 
 // labEnv is the Env of a node namespace: the real readers, no fix enabled except those in on.
 func labEnv(mode string, on ...string) *Env {
-	env := &Env{Node: "n1", ProxyMode: mode, IptablesVariant: "nft", Sysctl: &sysctl.Proc{},
-		Conntrack: conntrack.New(), Stats: conntrack.New(), Kernel: RealKernel{}, Missing: map[string]string{},
+	env := &Env{Node: "n1", ProxyMode: mode, IptablesVariant: "nft", Sysctl: &nodestate.ProcSysctl{},
+		Conntrack: nodestate.NewConntrack(), Stats: nodestate.NewConntrack(), Kernel: RealKernel{}, Missing: map[string]string{},
 		Options: map[string]map[string]any{}}
 	for _, id := range fixIDs {
 		enabled := false
@@ -77,7 +77,7 @@ func TestLabInvalidReplies(t *testing.T) {
 	wantState(t, "after the out-of-window segment", runIn(t, tp.Node, labEnv("iptables"), invalidCheck{}), Problem, "")
 	wantState(t, "with invalid-drop", runIn(t, tp.Node, labEnv("iptables", fixInvalidDrop), invalidCheck{}), Handled, fixInvalidDrop)
 	wantState(t, "with conntrack-liberal", runIn(t, tp.Node, labEnv("iptables", fixLiberal), invalidCheck{}), Handled, fixLiberal)
-	tp.Node.MustExec("sysctl", "-qw", sysctl.ConntrackTCPBeLiberal+"=1")
+	tp.Node.MustExec("sysctl", "-qw", nodestate.ConntrackTCPBeLiberal+"=1")
 	wantState(t, "with nf_conntrack_tcp_be_liberal=1 set by someone else", runIn(t, tp.Node, labEnv("iptables"), invalidCheck{}), OK, "")
 }
 
@@ -159,7 +159,7 @@ func TestLabStaleUDP(t *testing.T) {
 		env := labEnv("iptables", on...)
 		env.PodCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:244:1::/64")}
 		env.Cluster = fix.NewSnapshot(fix.Env{NodeName: "n1"}, nil)
-		pods.Table.Set(env.Cluster, []*corev1.Pod{live})
+		inputs.Pods.Set(env.Cluster, []*corev1.Pod{live})
 		return env
 	}
 	f := runIn(t, ns, mk(), staleUDPCheck{})
@@ -172,7 +172,7 @@ func TestLabStaleUDP(t *testing.T) {
 	env := mk()
 	reborn := live.DeepCopy()
 	reborn.Status.PodIPs = []corev1.PodIP{{IP: "10.244.1.9"}, {IP: "fd00:10:244:1::9"}}
-	pods.Table.Set(env.Cluster, []*corev1.Pod{live, reborn})
+	inputs.Pods.Set(env.Cluster, []*corev1.Pod{live, reborn})
 	wantState(t, "every target held", runIn(t, ns, env, staleUDPCheck{}), OK, "")
 }
 
@@ -194,7 +194,7 @@ func TestLabTables(t *testing.T) {
 	}
 	limits := func(ctMax, thresh3 string) *Env {
 		env := labEnv("iptables")
-		env.Sysctl = &overlay{real: &sysctl.Proc{}, values: map[string]string{
+		env.Sysctl = &overlay{real: &nodestate.ProcSysctl{}, values: map[string]string{
 			"net.netfilter.nf_conntrack_max":    ctMax,
 			"net.ipv4.neigh.default.gc_thresh3": thresh3, "net.ipv6.neigh.default.gc_thresh3": thresh3}}
 		return env
@@ -207,7 +207,7 @@ func TestLabTables(t *testing.T) {
 
 // overlay answers some sysctls itself and reads the others from real.
 type overlay struct {
-	real   sysctl.Interface
+	real   nodestate.Sysctl
 	values map[string]string
 }
 

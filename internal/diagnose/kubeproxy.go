@@ -10,14 +10,13 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
-	"github.com/network-node-manager/network-node-manager/core/conntrack"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/endpointslices"
-	"github.com/network-node-manager/network-node-manager/core/inputs/node"
-	"github.com/network-node-manager/network-node-manager/core/inputs/services"
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -62,7 +61,7 @@ func BlackholedExternalIPs(svcs []*fix.Service, slices []*discoveryv1.EndpointSl
 			}
 		}
 		addrs = append(addrs, s.ExternalIPs...)
-		if len(addrs) == 0 || endpointslices.LocalEndpoints(slices, s.Namespace, s.Name, node) > 0 {
+		if len(addrs) == 0 || inputs.LocalEndpoints(slices, s.Namespace, s.Name, node) > 0 {
 			continue
 		}
 		for _, a := range addrs {
@@ -77,7 +76,7 @@ func (ipvsExternalIPCheck) Run(_ context.Context, env *Env) Finding {
 	if f, other := otherMode(env, "ipvs"); other {
 		return f
 	}
-	for _, t := range []fix.TableRef{services.Table, endpointslices.Table} {
+	for _, t := range []fix.TableRef{inputs.Services, inputs.EndpointSlices} {
 		if why := env.missing(t); why != "" {
 			if env.Enabled(fixIPVS) {
 				return Finding{State: Handled, HandledBy: fixIPVS, Summary: "ipvs-externalip-dnat sends this node's traffic to External-IPs through the Cluster-IP (" + t.Name() + " not read: " + why + ")"}
@@ -88,7 +87,7 @@ func (ipvsExternalIPCheck) Run(_ context.Context, env *Env) Finding {
 	if env.Node == "" {
 		return cannot("the node name is unknown (nodeName / NNM_NODE_NAME): local endpoints cannot be told")
 	}
-	hit := BlackholedExternalIPs(services.Table.Get(env.Cluster), endpointslices.Table.Get(env.Cluster), env.Node)
+	hit := BlackholedExternalIPs(inputs.Services.Get(env.Cluster), inputs.EndpointSlices.Get(env.Cluster), env.Node)
 	f := Finding{Remedy: "enable ipvs-externalip-dnat (on by default in IPVS mode)",
 		Evidence: []Evidence{ev("External-IPs without a local endpoint (eTP Local)", "%d", len(hit))}}
 	for i, h := range hit {
@@ -317,15 +316,15 @@ func nodePortsOnOtherAddresses(ctx context.Context, env *Env) ([]string, string)
 	return out, ""
 }
 
-type conntrackEntry = conntrack.Entry
+type conntrackEntry = nodestate.ConntrackEntry
 
-var nodeTableRef = node.Table
+var nodeTableRef = inputs.Node
 
 func nodeTable(env *Env) *corev1.Node {
-	if env.missing(node.Table) != "" {
+	if env.missing(inputs.Node) != "" {
 		return nil
 	}
-	return node.Table.Get(env.Cluster)
+	return inputs.Node.Get(env.Cluster)
 }
 
 // localAddrs are the addresses of the namespace's interfaces.

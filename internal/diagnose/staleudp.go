@@ -5,8 +5,9 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/network-node-manager/network-node-manager/core/conntrack"
-	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
+	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/fixes/staleudpconntrack"
 )
@@ -25,15 +26,15 @@ func (staleUDPCheck) Title() string {
 // StaleUDP counts the UDP entries destination-NATed into cidrs to an address that no live Pod of
 // pods holds, with up to StaleExamples of them: stale-udp-conntrack's judge (its LiveAddrs and
 // DNATTarget) on a one-off reading, without the history of addresses the fix keeps.
-func StaleUDP(ctx context.Context, ct conntrack.Interface, live map[netip.Addr]bool, cidrs []netip.Prefix) (int, []conntrack.Entry, error) {
+func StaleUDP(ctx context.Context, ct nodestate.Conntrack, live map[netip.Addr]bool, cidrs []netip.Prefix) (int, []nodestate.ConntrackEntry, error) {
 	n := 0
-	var examples []conntrack.Entry
+	var examples []nodestate.ConntrackEntry
 	for _, fam := range rules.Families {
 		in := fam.Prefixes(cidrs)
 		if len(in) == 0 {
 			continue
 		}
-		err := ct.EachDNAT(ctx, fam, rules.UDP, func(e conntrack.Entry) bool {
+		err := ct.EachDNAT(ctx, fam, rules.UDP, func(e nodestate.ConntrackEntry) bool {
 			t, ok := staleudpconntrack.DNATTarget(e)
 			if !ok || live[t] || !contains(in, t) {
 				return true
@@ -67,13 +68,13 @@ func (staleUDPCheck) Run(ctx context.Context, env *Env) Finding {
 	if len(env.PodCIDRs) == 0 {
 		return cannot("this node's pod CIDRs are unknown: %s", env.PodCIDRsWhy)
 	}
-	if why := env.missing(pods.Table); why != "" {
+	if why := env.missing(inputs.Pods); why != "" {
 		if env.Enabled(fixStaleUDP) {
 			return Finding{State: Handled, HandledBy: fixStaleUDP, Summary: "stale-udp-conntrack deletes the entries of the pod addresses it sees go (this node's Pods were not read: " + why + ")"}
 		}
 		return cannot("this node's Pods cannot be read: %s", why)
 	}
-	live := staleudpconntrack.LiveAddrs(pods.Table.Get(env.Cluster))
+	live := staleudpconntrack.LiveAddrs(inputs.Pods.Get(env.Cluster))
 	n, examples, err := StaleUDP(ctx, env.Conntrack, live, env.PodCIDRs)
 	if err != nil {
 		return cannot("dump the UDP conntrack entries: %v", err)

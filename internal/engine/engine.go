@@ -24,6 +24,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
@@ -38,7 +40,7 @@ type Options struct {
 	Fixes   []fix.Fix
 	Backend backend.Backend
 	// Inputs provide the tables the fixes read (fix.Fix.Reads), on Hub.
-	Inputs  []watch.Input
+	Inputs  []inputs.Input
 	Hub     *watch.Hub
 	Config  *config.Config
 	Env     fix.Env
@@ -54,7 +56,7 @@ type Options struct {
 type Engine struct {
 	be     backend.Backend
 	hub    *watch.Hub
-	inputs []watch.Input
+	ins    []inputs.Input
 	m      *metrics.Sync
 	log    *slog.Logger
 	notify Notifier
@@ -68,7 +70,7 @@ type Engine struct {
 	env      fix.Env
 	families []rules.Family
 	// inputsStarted are the inputs whose Start succeeded.
-	inputsStarted map[watch.Input]bool
+	inputsStarted map[inputs.Input]bool
 	fixes         []*fixState
 	units         []*unit
 	started       time.Time
@@ -93,8 +95,8 @@ func New(o Options) (*Engine, error) {
 	if o.Notify == nil {
 		o.Notify = nopNotifier{}
 	}
-	e := &Engine{be: o.Backend, hub: o.Hub, inputs: o.Inputs, m: o.Metrics, log: o.Log, now: o.Now, notify: o.Notify,
-		reconfig: make(chan *config.Config, 1), env: o.Env, inputsStarted: map[watch.Input]bool{}}
+	e := &Engine{be: o.Backend, hub: o.Hub, ins: o.Inputs, m: o.Metrics, log: o.Log, now: o.Now, notify: o.Notify,
+		reconfig: make(chan *config.Config, 1), env: o.Env, inputsStarted: map[inputs.Input]bool{}}
 	byTable, err := indexInputs(o.Inputs)
 	if err != nil {
 		return nil, err

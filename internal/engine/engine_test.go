@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
@@ -18,8 +20,6 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
-	"github.com/network-node-manager/network-node-manager/core/inputs/services"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
@@ -46,7 +46,7 @@ type countFix struct {
 func (f *countFix) ID() string                       { return f.id }
 func (f *countFix) Description() string              { return "test fix" }
 func (f *countFix) DefaultEnabled(fix.Env) bool      { return f.defaultOn }
-func (f *countFix) Reads() []fix.TableRef            { return []fix.TableRef{services.Table} }
+func (f *countFix) Reads() []fix.TableRef            { return []fix.TableRef{inputs.Services} }
 func (f *countFix) Configure(o map[string]any) error { return f.optErr }
 func (f *countFix) Check(fix.Env) error              { return f.refuse }
 func (f *countFix) Observe(context.Context, rules.Family, fix.Report) {
@@ -60,7 +60,7 @@ func (f *countFix) Rules(snap *fix.Snapshot, fam rules.Family) (*rules.Ruleset, 
 	c := rules.Chain{Name: "T-" + strings.ToUpper(f.id), Type: rules.Filter, Hook: rules.Input}
 	rep := fix.Report{}
 	m := rules.Map{Name: "m"}
-	for _, s := range services.Table.Get(snap) {
+	for _, s := range inputs.Services.Get(snap) {
 		for _, a := range s.ClusterIPs {
 			if !fam.Contains(a) {
 				continue
@@ -89,7 +89,7 @@ func testOptions(o Options) Options {
 	}
 	if o.Hub == nil {
 		src := newMemSource()
-		o.Hub, o.Inputs = src.hub, src.inputs()
+		o.Hub, o.Inputs = src.hub, src.ins()
 	}
 	if o.Config == nil {
 		c := config.Defaults()
@@ -136,7 +136,7 @@ func (h *harness) setFixes(t *testing.T, fixes map[string]map[string]any) {
 func newHarness(t *testing.T, cfg *config.Config, fixes ...fix.Fix) *harness {
 	t.Helper()
 	h := &harness{be: testkit.NewFakeBackend(), src: newMemSource(), m: metrics.NewSync(prometheus.NewRegistry()), now: time.Unix(1000, 0)}
-	h.e = mustNew(t, Options{Fixes: fixes, Backend: h.be, Hub: h.src.hub, Inputs: h.src.inputs(), Config: cfg, Metrics: h.m, Now: func() time.Time { return h.now }})
+	h.e = mustNew(t, Options{Fixes: fixes, Backend: h.be, Hub: h.src.hub, Inputs: h.src.ins(), Config: cfg, Metrics: h.m, Now: func() time.Time { return h.now }})
 	return h
 }
 
@@ -153,7 +153,7 @@ func TestRulesComputedOncePerState(t *testing.T) {
 	f := &countFix{id: "count", defaultOn: true}
 	src := newMemSource()
 	be := testkit.NewFakeBackend()
-	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Backend: be, Hub: src.hub, Inputs: src.inputs()})
+	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Backend: be, Hub: src.hub, Inputs: src.ins()})
 	units := len(e.units)
 	src.set(svc("a", "10.96.0.1", "fd00::1"))
 	step := func(name string, full bool, wantComputed int) {
@@ -693,7 +693,7 @@ func TestHealthCountsFromEnabling(t *testing.T) {
 // A fix that reads this node's Pods gets the Pods input started and the Pods in its snapshot; a
 // snapshot for fixes that do not read them carries none, and their input is not started.
 func TestPodsOnlyWhenRead(t *testing.T) {
-	reader := &nodeFix{id: "pod-reader", defaultOn: true, reads: []fix.TableRef{pods.Table}}
+	reader := &nodeFix{id: "pod-reader", defaultOn: true, reads: []fix.TableRef{inputs.Pods}}
 	h := newHarness(t, nil, reader)
 	h.src.pods.set([]*corev1.Pod{{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "p"}}})
 	if got := strings.Join(h.e.Reads(), ","); got != "Pods" {
@@ -703,16 +703,16 @@ func TestPodsOnlyWhenRead(t *testing.T) {
 	if h.src.pods.startCount() != 1 || h.src.services.startCount() != 0 {
 		t.Errorf("inputs started: Pods %d, Services %d; want the Pods once, not the Services", h.src.pods.startCount(), h.src.services.startCount())
 	}
-	if snap := h.e.Snapshot(); len(pods.Table.Get(snap)) != 1 {
-		t.Fatalf("snapshot Pods = %v", pods.Table.Get(snap))
+	if snap := h.e.Snapshot(); len(inputs.Pods.Get(snap)) != 1 {
+		t.Fatalf("snapshot Pods = %v", inputs.Pods.Get(snap))
 	}
-	if len(reader.snaps) == 0 || len(pods.Table.Get(reader.snaps[len(reader.snaps)-1])) != 1 {
+	if len(reader.snaps) == 0 || len(inputs.Pods.Get(reader.snaps[len(reader.snaps)-1])) != 1 {
 		t.Fatalf("the fix's Ensure did not see the Pods")
 	}
 	other := newHarness(t, nil, &nodeFix{id: "other", defaultOn: true})
-	other.src.pods.set(pods.Table.Get(h.e.Snapshot()))
-	if r, snap := other.e.Reads(), other.e.Snapshot(); len(r) != 0 || pods.Table.Get(snap) != nil {
-		t.Fatalf("Reads = %v, Pods %v; want none", r, pods.Table.Get(snap))
+	other.src.pods.set(inputs.Pods.Get(h.e.Snapshot()))
+	if r, snap := other.e.Reads(), other.e.Snapshot(); len(r) != 0 || inputs.Pods.Get(snap) != nil {
+		t.Fatalf("Reads = %v, Pods %v; want none", r, inputs.Pods.Get(snap))
 	}
 }
 

@@ -8,19 +8,20 @@ import (
 	"strings"
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/internal/config"
-	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
 
-// The engine knows inputs only as watch.Input: a fix's Reads name tables, each resolved once (at
+// The engine knows inputs only as inputs.Input: a fix's Reads name tables, each resolved once (at
 // New) to the input that provides it. Which units to wake and whether what a unit reads changed
 // both come from the inputs' revisions (revision); whether a unit may act from their Synced.
 
 // resolveReads returns the inputs of the tables f reads, sorted by table name, or an error naming
 // a table no input module provides.
-func resolveReads(f fix.Fix, byTable map[string]watch.Input) ([]watch.Input, error) {
-	var out []watch.Input
+func resolveReads(f fix.Fix, byTable map[string]inputs.Input) ([]inputs.Input, error) {
+	var out []inputs.Input
 	for _, t := range f.Reads() {
 		in, ok := byTable[t.Name()]
 		if !ok {
@@ -34,12 +35,12 @@ func resolveReads(f fix.Fix, byTable map[string]watch.Input) ([]watch.Input, err
 	return out, nil
 }
 
-func compareInputs(a, b watch.Input) int { return strings.Compare(a.Table().Name(), b.Table().Name()) }
+func compareInputs(a, b inputs.Input) int { return strings.Compare(a.Table().Name(), b.Table().Name()) }
 
 // indexInputs maps table names to their inputs; two inputs of one table are an error.
-func indexInputs(inputs []watch.Input) (map[string]watch.Input, error) {
-	byTable := map[string]watch.Input{}
-	for _, in := range inputs {
+func indexInputs(ins []inputs.Input) (map[string]inputs.Input, error) {
+	byTable := map[string]inputs.Input{}
+	for _, in := range ins {
 		name := in.Table().Name()
 		if other, ok := byTable[name]; ok {
 			return nil, fmt.Errorf("engine: the table %s is provided twice (%T and %T)", name, other, in)
@@ -49,18 +50,26 @@ func indexInputs(inputs []watch.Input) (map[string]watch.Input, error) {
 	return byTable, nil
 }
 
-// configureInputs hands cfg to the inputs that read the configuration.
-func configureInputs(inputs []watch.Input, cfg *config.Config) {
-	for _, in := range inputs {
-		if c, ok := in.(watch.Configurable); ok {
-			c.Configure(cfg)
+// configureInputs hands cfg's settings to the inputs that read the configuration.
+func configureInputs(ins []inputs.Input, cfg *config.Config) {
+	s := InputSettings(cfg)
+	for _, in := range ins {
+		if c, ok := in.(inputs.Configurable); ok {
+			c.Configure(s)
 		}
 	}
 }
 
+// InputSettings is what inputs read of cfg, which is already validated.
+func InputSettings(cfg *config.Config) inputs.Settings {
+	pod, _ := cfg.ParsedPodCIDRs()
+	svc, _ := cfg.ParsedServiceCIDRs()
+	return inputs.Settings{PodCIDRs: pod, ServiceCIDRs: svc}
+}
+
 // readLocked is the inputs the enabled fixes read, sorted by table name. Call with e.mu held.
-func (e *Engine) readLocked() []watch.Input {
-	var out []watch.Input
+func (e *Engine) readLocked() []inputs.Input {
+	var out []inputs.Input
 	for _, st := range e.fixes {
 		if !st.enabled {
 			continue
@@ -77,7 +86,7 @@ func (e *Engine) readLocked() []watch.Input {
 
 // startInputs starts the inputs of ins not started yet and returns those it started; on error the
 // ones started before stay started (they are harmless: nothing reads them).
-func (e *Engine) startInputs(ins []watch.Input) (started []watch.Input, err error) {
+func (e *Engine) startInputs(ins []inputs.Input) (started []inputs.Input, err error) {
 	for _, in := range ins {
 		e.mu.Lock()
 		done := e.inputsStarted[in]
@@ -98,7 +107,7 @@ func (e *Engine) startInputs(ins []watch.Input) (started []watch.Input, err erro
 
 // revision numbers the state of what ins hold: it differs from every earlier one once any of them
 // changed (each input's revision only grows).
-func revision(ins []watch.Input) uint64 {
+func revision(ins []inputs.Input) uint64 {
 	var v uint64
 	for _, in := range ins {
 		v += in.Revision()
@@ -107,7 +116,7 @@ func revision(ins []watch.Input) uint64 {
 }
 
 // inputsSynced returns nil when every input of ins holds its first complete state, else why not.
-func inputsSynced(ins []watch.Input) error {
+func inputsSynced(ins []inputs.Input) error {
 	var missing []string
 	for _, in := range ins {
 		if err := in.Synced(); err != nil {
@@ -122,7 +131,7 @@ func inputsSynced(ins []watch.Input) error {
 
 // snapshot builds the view of ins: each table as its input holds it now, and what the engine knows
 // about the node.
-func (e *Engine) snapshot(ins []watch.Input) *fix.Snapshot {
+func (e *Engine) snapshot(ins []inputs.Input) *fix.Snapshot {
 	e.mu.Lock()
 	env := e.env
 	e.mu.Unlock()
@@ -148,7 +157,7 @@ func (e *Engine) Reads() []string {
 	return tableNames(e.readLocked())
 }
 
-func tableNames(ins []watch.Input) []string {
+func tableNames(ins []inputs.Input) []string {
 	out := make([]string, 0, len(ins))
 	for _, in := range ins {
 		out = append(out, in.Table().Name())
@@ -157,7 +166,7 @@ func tableNames(ins []watch.Input) []string {
 }
 
 // describe names the tables of ins: "Node, Services" ("none" for none).
-func describe(ins []watch.Input) string {
+func describe(ins []inputs.Input) string {
 	if len(ins) == 0 {
 		return "none"
 	}
@@ -192,7 +201,7 @@ func (e *Engine) Load(ctx context.Context) error {
 }
 
 // waitSynced waits until every input of ins holds its first state, or ctx ends (then why not).
-func waitSynced(ctx context.Context, ins []watch.Input) error {
+func waitSynced(ctx context.Context, ins []inputs.Input) error {
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for {

@@ -6,15 +6,13 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/node"
-	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
-	"github.com/network-node-manager/network-node-manager/core/inputs/servicecidrs"
-	"github.com/network-node-manager/network-node-manager/core/inputs/services"
 	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
 
-// memInput is an in-memory watch.Input of one table: set changes it (and moves its revision).
+// memInput is an in-memory inputs.Input of one table: set changes it (and moves its revision).
 type memInput struct {
 	table fix.TableRef
 
@@ -23,14 +21,14 @@ type memInput struct {
 	starts   int
 	startErr error // what Start returns
 	unsynced error // what Synced returns once started (nil: synced)
-	hub      *watch.Hub
+	hub      inputs.Source
 	rev      atomic.Uint64
 }
 
 func newMemInput(t fix.TableRef) *memInput { return &memInput{table: t} }
 
 func (m *memInput) Table() fix.TableRef { return m.table }
-func (m *memInput) Start(h *watch.Hub) error {
+func (m *memInput) Start(h inputs.Source) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.starts++
@@ -87,12 +85,12 @@ type memSource struct {
 
 func newMemSource() *memSource {
 	return &memSource{hub: watch.Offline(slog.New(slog.DiscardHandler)),
-		services: newMemInput(services.Table), node: newMemInput(node.Table), pods: newMemInput(pods.Table),
-		cidrs: newMemInput(servicecidrs.Table), podCIDRs: newMemInput(node.PodCIDRs)}
+		services: newMemInput(inputs.Services), node: newMemInput(inputs.Node), pods: newMemInput(inputs.Pods),
+		cidrs: newMemInput(inputs.ServiceCIDRs), podCIDRs: newMemInput(inputs.PodCIDRs)}
 }
 
-func (s *memSource) inputs() []watch.Input {
-	return []watch.Input{s.services, s.node, s.pods, s.cidrs, s.podCIDRs}
+func (s *memSource) ins() []inputs.Input {
+	return []inputs.Input{s.services, s.node, s.pods, s.cidrs, s.podCIDRs}
 }
 
 // set makes svcs the Services.

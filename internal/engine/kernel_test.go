@@ -59,7 +59,7 @@ func TestKernelChangePreemptsReadBack(t *testing.T) {
 	c := config.Defaults()
 	c.Families = []string{"ipv4", "ipv6"}
 	c.MinSyncPeriod = 10 * time.Millisecond
-	e := mustNew(t, Options{Fixes: []fix.Fix{&countFix{id: "count", defaultOn: true}}, Backend: be, Hub: src.hub, Inputs: src.inputs(), Config: &c})
+	e := mustNew(t, Options{Fixes: []fix.Fix{&countFix{id: "count", defaultOn: true}}, Backend: be, Hub: src.hub, Inputs: src.ins(), Config: &c})
 	if err := e.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -8,10 +8,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/internal/config"
-	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
 
 // fixState is one registered fix and what the config says about it.
@@ -21,7 +22,7 @@ type fixState struct {
 	rules fix.RuleFix
 	act   fix.Actuator
 	// reads are the inputs of the tables the fix reads (Fix.Reads), sorted by table name.
-	reads   []watch.Input
+	reads   []inputs.Input
 	enabled bool
 	refusal error
 	// envRefusal is why a change of the environment (kube-proxy's mode, Follow) stopped the fix
@@ -97,7 +98,7 @@ func (u *unit) String() string {
 // unit per family, an Actuator one unit without a family. A fix whose id is not kebab-case or taken,
 // that is neither or both a RuleFix and an Actuator, or that reads a table no input provides, is
 // refused with an error naming it.
-func register(f fix.Fix, registered []*fixState, byTable map[string]watch.Input) (*fixState, error) {
+func register(f fix.Fix, registered []*fixState, byTable map[string]inputs.Input) (*fixState, error) {
 	id := f.ID()
 	if !rules.ValidFixID(id) {
 		return nil, fmt.Errorf("engine: fix id %q (%T) is not kebab-case", id, f)
@@ -174,7 +175,7 @@ func (e *Engine) configure(cfg *config.Config) error {
 	e.cfg = cfg
 	e.cfgGen++
 	e.families = cfg.ParsedFamilies()
-	configureInputs(e.inputs, cfg)
+	configureInputs(e.ins, cfg)
 	e.evaluateLocked()
 	return nil
 }
@@ -284,7 +285,7 @@ func (e *Engine) applyConfig(ctx context.Context, cfg *config.Config) bool {
 	err := e.configure(cfg)
 	reads := e.readLocked()
 	e.mu.Unlock()
-	var added []watch.Input
+	var added []inputs.Input
 	for _, in := range reads {
 		if !slices.Contains(oldReads, in) {
 			added = append(added, in)
@@ -327,12 +328,12 @@ func (e *Engine) applyConfig(ctx context.Context, cfg *config.Config) bool {
 }
 
 // newlyReading names the enabled fixes that read a table outside old ("fix mss-clamp (Node)").
-func (e *Engine) newlyReading(old []watch.Input) string {
+func (e *Engine) newlyReading(old []inputs.Input) string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var out []string
 	for _, st := range e.fixes {
-		var extra []watch.Input
+		var extra []inputs.Input
 		for _, in := range st.reads {
 			if !slices.Contains(old, in) {
 				extra = append(extra, in)

@@ -6,8 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/servicecidrs"
 	"github.com/network-node-manager/network-node-manager/internal/config"
 )
 
@@ -17,9 +18,9 @@ import (
 func TestReloadRejectionNamesEveryTable(t *testing.T) {
 	src := newMemSource()
 	src.cidrs.startErr = errors.New("no API client")
-	f := &nodeFix{id: "reads-cidrs", reads: []fix.TableRef{servicecidrs.Table}}
+	f := &nodeFix{id: "reads-cidrs", reads: []fix.TableRef{inputs.ServiceCIDRs}}
 	rejected := &rejections{}
-	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Hub: src.hub, Inputs: src.inputs(), Notify: rejected})
+	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Hub: src.hub, Inputs: src.ins(), Notify: rejected})
 	on := config.Defaults()
 	on.Fixes = map[string]map[string]any{"reads-cidrs": {"enabled": true}}
 	if e.applyConfig(context.Background(), &on) {

@@ -9,11 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
 	"github.com/network-node-manager/network-node-manager/internal/config"
 	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
@@ -28,11 +29,11 @@ type podsFix struct {
 func (f *podsFix) ID() string                       { return "reads-pods" }
 func (f *podsFix) Description() string              { return "test actuator reading Pods" }
 func (f *podsFix) DefaultEnabled(fix.Env) bool      { return false }
-func (f *podsFix) Reads() []fix.TableRef            { return []fix.TableRef{pods.Table} }
+func (f *podsFix) Reads() []fix.TableRef            { return []fix.TableRef{inputs.Pods} }
 func (f *podsFix) Configure(o map[string]any) error { return nil }
 func (f *podsFix) Ensure(_ context.Context, snap *fix.Snapshot, _ bool) (fix.Result, error) {
 	f.ensures.Add(1)
-	f.pods.Store(int32(len(pods.Table.Get(snap))))
+	f.pods.Store(int32(len(inputs.Pods.Get(snap))))
 	return fix.Result{}, nil
 }
 func (f *podsFix) Revert(context.Context) error { return nil }
@@ -48,7 +49,7 @@ func TestReloadStartsTheWatchesOfAnEnabledFix(t *testing.T) {
 	m := metrics.NewSync(reg)
 	c := config.Defaults()
 	c.MinSyncPeriod = 10 * time.Millisecond
-	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Hub: src.hub, Inputs: src.inputs(), Config: &c, Metrics: m})
+	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Hub: src.hub, Inputs: src.ins(), Config: &c, Metrics: m})
 	if err := e.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +94,7 @@ func TestReloadRejectedWhenWatchesCannotStart(t *testing.T) {
 	m := metrics.NewSync(prometheus.NewRegistry())
 	c := config.Defaults()
 	rejected := &rejections{}
-	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Hub: src.hub, Inputs: src.inputs(), Config: &c, Metrics: m, Notify: rejected})
+	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Hub: src.hub, Inputs: src.ins(), Config: &c, Metrics: m, Notify: rejected})
 	on := config.Defaults()
 	on.Fixes = map[string]map[string]any{"reads-pods": {"enabled": true}}
 	if e.applyConfig(context.Background(), &on) {

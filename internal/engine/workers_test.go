@@ -49,7 +49,7 @@ func launch(t *testing.T, be *testkit.FakeBackend, src *memSource, fixes ...fix.
 	c.Families = []string{"ipv4"}
 	c.MinSyncPeriod = 10 * time.Millisecond
 	r := &running{be: be, clk: &clock{now: time.Unix(1000, 0)}}
-	e := mustNew(t, Options{Fixes: fixes, Backend: be, Hub: src.hub, Inputs: src.inputs(), Config: &c, Now: r.clk.Now})
+	e := mustNew(t, Options{Fixes: fixes, Backend: be, Hub: src.hub, Inputs: src.ins(), Config: &c, Now: r.clk.Now})
 	r.e = e
 	t.Cleanup(func() {
 		be.OnReconcile(nil)

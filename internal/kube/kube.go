@@ -18,6 +18,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -49,29 +51,8 @@ type Interface interface {
 	PatchEvent(ctx context.Context, namespace, name string, pt types.PatchType, data []byte) (*eventsv1.Event, error)
 }
 
-// Resource is a kind of object the agent lists and watches: an input module declares its own (the
-// set is open), and the client makes a REST client of its group version when it is first watched.
-type Resource struct {
-	// GroupVersion is the API group version that serves it ("v1", "discovery.k8s.io/v1").
-	GroupVersion schema.GroupVersion
-	// Name is the resource's plural name in URLs ("services").
-	Name string
-	// Kind is the object's kind ("Service"), as in YAML documents.
-	Kind string
-	// Namespaced: its objects live in namespaces (Services, Pods), not cluster-wide (Nodes).
-	Namespaced bool
-	// New returns an empty object; NewList an empty list of them.
-	New, NewList func() runtime.Object
-	// AddToScheme registers the group version's types (the API package's AddToScheme).
-	AddToScheme func(*runtime.Scheme) error
-}
-
-func (r Resource) String() string { return r.Name }
-
-// GroupVersionResource is the resource's group, version and name.
-func (r Resource) GroupVersionResource() schema.GroupVersionResource {
-	return r.GroupVersion.WithResource(r.Name)
-}
+// Resource is a kind of object the agent lists and watches (declared by the input modules).
+type Resource = inputs.Resource
 
 var (
 	scheme = runtime.NewScheme()

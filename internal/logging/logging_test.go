@@ -11,13 +11,13 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/klog/v2"
 
-	"github.com/network-node-manager/network-node-manager/internal/logbuffer"
+	"github.com/network-node-manager/network-node-manager/core/testkit"
 )
 
 // newLog is a logger of format writing to a buffer, at the level of the returned LevelVar (info).
-func newLog(t *testing.T, format string) (*slog.Logger, *logbuffer.Buffer, *slog.LevelVar) {
+func newLog(t *testing.T, format string) (*slog.Logger, *testkit.LogBuffer, *slog.LevelVar) {
 	t.Helper()
-	buf, level := &logbuffer.Buffer{}, new(slog.LevelVar)
+	buf, level := &testkit.LogBuffer{}, new(slog.LevelVar)
 	log, err := New(buf, format, level)
 	if err != nil {
 		t.Fatal(err)

@@ -12,14 +12,10 @@ package nfgen
 import (
 	"encoding/binary"
 	"fmt"
-	"log/slog"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
-
-// Func reads a generation; backends take one as a seam (tests count or fake it).
-type Func func() (uint32, error)
 
 // Get returns the current generation id of this network namespace's nf_tables ruleset. It fails
 // when the kernel has no nf_tables or the caller lacks CAP_NET_ADMIN.
@@ -59,40 +55,4 @@ func Get() (uint32, error) {
 		}
 	}
 	return 0, fmt.Errorf("nf_tables generation: no NFTA_GEN_ID in the kernel's answer")
-}
-
-// Read calls f; ok is false when there is no generation (f nil: legacy iptables, a fake kernel) or
-// it cannot be read, which is logged at debug level: the caller then reads its objects instead.
-func (f Func) Read(log *slog.Logger) (gen uint32, ok bool) {
-	if f == nil {
-		return 0, false
-	}
-	g, err := f()
-	if err != nil {
-		log.Debug("cannot read the nf_tables generation; reading our objects instead", "err", err)
-		return 0, false
-	}
-	return g, true
-}
-
-// Stamp is the generation at which a backend's record was known to match the kernel. The zero
-// Stamp knows nothing.
-type Stamp struct {
-	gen uint32
-	ok  bool
-}
-
-// At is the stamp of generation g when ok (a successful Read), else the zero Stamp.
-func At(g uint32, ok bool) Stamp { return Stamp{gen: g, ok: ok} }
-
-// Is reports whether the stamp is generation g (ok: g was read successfully).
-func (s Stamp) Is(g uint32, ok bool) bool { return ok && s.ok && s.gen == g }
-
-// Promoted is s moved from g0 to g1 after only our own commit moved the generation between
-// them; any other stamp is returned unchanged.
-func (s Stamp) Promoted(g0, g1 uint32) Stamp {
-	if s.Is(g0, true) {
-		return At(g1, true)
-	}
-	return s
 }

@@ -18,8 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
-	"github.com/network-node-manager/network-node-manager/internal/errtree"
 )
 
 // Checks are the probes behind /healthz, /readyz and /livez; a nil error is healthy/ready/alive.
@@ -176,7 +176,7 @@ func probe(path string, check func() error, log *slog.Logger) http.HandlerFunc {
 // when it has one (engine.ProbeError), else only that it fails.
 func Short(err error) string {
 	var out []string
-	for _, e := range errtree.Leaves(err) {
+	for _, e := range fix.ErrorLeaves(err) {
 		var s interface{ Short() string }
 		if errors.As(e, &s) {
 			out = append(out, s.Short())

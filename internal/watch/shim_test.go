@@ -10,15 +10,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs"
-	"github.com/network-node-manager/network-node-manager/core/inputs/node"
-	"github.com/network-node-manager/network-node-manager/core/inputs/pods"
-	"github.com/network-node-manager/network-node-manager/core/inputs/servicecidrs"
-	"github.com/network-node-manager/network-node-manager/core/inputs/services"
 	"github.com/network-node-manager/network-node-manager/internal/config"
+	"github.com/network-node-manager/network-node-manager/internal/engine"
+	"github.com/network-node-manager/network-node-manager/internal/inputs/builtin"
+	"github.com/network-node-manager/network-node-manager/internal/inputs/node"
+	"github.com/network-node-manager/network-node-manager/internal/inputs/pods"
+	"github.com/network-node-manager/network-node-manager/internal/inputs/servicecidrs"
+	"github.com/network-node-manager/network-node-manager/internal/inputs/services"
 	"github.com/network-node-manager/network-node-manager/internal/kube"
 	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
@@ -41,15 +44,15 @@ type informers struct {
 func newInformers(newClient func() (kube.Interface, error), nodeName string, log *slog.Logger) *informers {
 	s := &informers{hub: watch.NewHub(newClient, nodeName, log), svc: services.New(), node: node.New(), pods: pods.New(), cidrs: servicecidrs.New()}
 	c := config.Defaults()
-	s.cidrs.Configure(&c)
+	s.cidrs.Configure(engine.InputSettings(&c))
 	return s
 }
 
-func (s *informers) inputs(n needs) []watch.Input {
-	var out []watch.Input
+func (s *informers) ins(n needs) []inputs.Input {
+	var out []inputs.Input
 	for _, x := range []struct {
 		on bool
-		in watch.Input
+		in inputs.Input
 	}{{n.Services, s.svc}, {n.Node, s.node}, {n.Pods, s.pods}, {n.ServiceCIDRs, s.cidrs}} {
 		if x.on {
 			out = append(out, x.in)
@@ -59,7 +62,7 @@ func (s *informers) inputs(n needs) []watch.Input {
 }
 
 func (s *informers) Start(_ context.Context, n needs) error {
-	for _, in := range s.inputs(n) {
+	for _, in := range s.ins(n) {
 		if err := in.Start(s.hub); err != nil {
 			return err
 		}
@@ -78,7 +81,7 @@ func (s *informers) Started() needs {
 
 func (s *informers) NeedsSynced(n needs) error {
 	var missing []string
-	for _, in := range s.inputs(n) {
+	for _, in := range s.ins(n) {
 		if err := in.Synced(); err != nil {
 			missing = append(missing, err.Error())
 		}
@@ -113,7 +116,7 @@ func (s *informers) Stop()                                 { s.hub.Stop() }
 // Version is the sum of the revisions of what n reads.
 func (s *informers) Version(n needs) uint64 {
 	var v uint64
-	for _, in := range s.inputs(n) {
+	for _, in := range s.ins(n) {
 		v += in.Revision()
 	}
 	return v
@@ -142,13 +145,13 @@ func fileView(t *testing.T, f *watch.File) *informers {
 // resources are the kinds the agent's inputs watch.
 func resources(t *testing.T) []kube.Resource {
 	t.Helper()
-	ins, err := inputs.All()
+	ins, err := builtin.All()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []kube.Resource
 	for _, in := range ins {
-		if w, ok := in.(watch.Watcher); ok {
+		if w, ok := in.(inputs.Watcher); ok {
 			out = append(out, w.Resources()...)
 		}
 	}

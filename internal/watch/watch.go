@@ -13,58 +13,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.uber.org/fx"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/internal/config"
+	"github.com/network-node-manager/network-node-manager/core/inputs"
 	"github.com/network-node-manager/network-node-manager/internal/kube"
 	"github.com/network-node-manager/network-node-manager/internal/waitgroup"
 )
-
-// Input is what an input module provides (the fx group "inputs", see Provide): one table, filled
-// from the API through a Hub, with a revision and the Hub's change signal.
-type Input interface {
-	// Table is the table it fills.
-	Table() fix.TableRef
-	// Start begins filling the table through h; later calls do nothing. It does not block: h.Stop
-	// ends what it started. An error means the table cannot be filled (no API client).
-	Start(h *Hub) error
-	// Synced returns nil once the table holds its first complete state (a fix must not act on a
-	// partial one), else why not.
-	Synced() error
-	// Revision moves after every change that Value shows, and after Start and Configure: read it
-	// before Value, and the value is at least that new.
-	Revision() uint64
-	// Value returns the table's current contents, of the table's type. Callers must not modify it.
-	Value() any
-}
-
-// Configurable is implemented by inputs that read the agent's configuration (a configured fallback,
-// such as podCIDRs). The engine calls Configure before the first Start and after every accepted
-// reload; the configuration is already validated.
-type Configurable interface {
-	Configure(cfg *config.Config)
-}
-
-// Watcher is implemented by inputs that list objects of the API: the resources they watch, whose
-// kinds a file for `plan` may hold.
-type Watcher interface {
-	Resources() []kube.Resource
-}
-
-// Provide registers an input module's constructor: its Input joins the "inputs" group.
-//
-//	var Module = fx.Module("services", watch.Provide(New))
-func Provide(newInput any) fx.Option {
-	return fx.Provide(fx.Annotate(newInput, fx.As(new(Input)), fx.ResultTags(`group:"inputs"`)))
-}
-
-// Inputs is embedded by constructors that receive every registered input.
-type Inputs struct {
-	fx.In
-	Inputs []Input `group:"inputs"`
-}
 
 // Hub runs the inputs' informers. It does no I/O until an input starts one, and makes the API
 // client only then, so an agent whose fixes read nothing needs no API server.
@@ -135,7 +89,7 @@ func (h *Hub) clientLocked() (kube.Interface, error) {
 
 // Go runs f in the background until Stop, with the hub's context and client (e.g. a discovery that
 // decides whether an informer can run).
-func (h *Hub) Go(f func(ctx context.Context, client kube.Interface)) error {
+func (h *Hub) Go(f func(ctx context.Context, api inputs.Discovery)) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	client, err := h.clientLocked()
@@ -185,3 +139,5 @@ var ErrNoAPI = errors.New("no API client")
 func Offline(log *slog.Logger) *Hub {
 	return NewHub(func() (kube.Interface, error) { return nil, ErrNoAPI }, "", log)
 }
+
+var _ inputs.Source = (*Hub)(nil)

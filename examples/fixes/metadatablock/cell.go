@@ -9,7 +9,7 @@ package metadatablock
 
 import (
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/node"
+	"github.com/network-node-manager/network-node-manager/core/inputs"
 )
 
 // ID is the fix id: config key fixes.metadata-block, metric label, log field, rule comments.
@@ -19,13 +19,13 @@ const ID = "metadata-block"
 var Module = fix.Module(spec, New)
 
 // spec declares the fix to the core. It is off by default (blocking is a policy choice the cluster
-// owner makes) and reads the Node, for its pod CIDRs (the table node.PodCIDRs).
+// owner makes) and reads the Node, for its pod CIDRs (the table inputs.PodCIDRs).
 var spec = fix.Spec[Config, settings]{
 	ID:          ID,
 	Description: "drop traffic from this node's pods to cloud metadata addresses (169.254.169.254), keeping the node's own access",
 	Default:     func() Config { return Config{Addresses: []string{"169.254.169.254"}} },
 	Parse:       parse,
-	Reads:       []fix.TableRef{node.PodCIDRs},
+	Reads:       []fix.TableRef{inputs.PodCIDRs},
 }
 
 // Config is the fix's configuration (keys under fixes.metadata-block).

@@ -6,8 +6,9 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/network-node-manager/network-node-manager/core/inputs"
+
 	"github.com/network-node-manager/network-node-manager/core/fix"
-	"github.com/network-node-manager/network-node-manager/core/inputs/node"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
 
@@ -69,7 +70,7 @@ func (f *Fix) Rules(snap *fix.Snapshot, family rules.Family) (*rules.Ruleset, fi
 	if len(addrs) == 0 {
 		return nil, rep, nil // nothing to block in this family: the core removes what we had
 	}
-	pods := family.Prefixes(node.PodCIDRs.Get(snap))
+	pods := family.Prefixes(inputs.PodCIDRs.Get(snap))
 	if len(pods) == 0 {
 		rep.Skipped = append(rep.Skipped, fix.Skip{Object: "node", Reason: "no-pod-cidr",
 			Detail: fmt.Sprintf("no %s pod CIDR (node.spec.podCIDRs or podCIDRs): cannot tell pod traffic apart", family)})
