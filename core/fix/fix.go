@@ -5,8 +5,8 @@
 //     wants. It never talks to the Kubernetes API or the kernel itself: the core watches the API,
 //     calls Rules when something changed and hands the result to the rule backend.
 //   - Actuator: a repair that is not a netfilter rule (a sysctl, conntrack entries). It changes the
-//     node in Ensure and undoes it in Revert, through a seam the core injects (sysctl.Interface,
-//     conntrack.Interface), so that unit tests can fake it.
+//     node in Ensure and undoes it in Revert, through a seam the core injects (nodestate.Sysctl,
+//     nodestate.Conntrack), so that unit tests can fake it.
 package fix
 
 import (

@@ -163,10 +163,19 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 	st.svcs, st.spare = w.next, st.svcs
 	clear(st.spare[:cap(st.spare)]) // Services that left are not kept alive by the spare
 
-	// Update the owners, remembering who had each touched key before. A map that had no entries
-	// (the first call) knows that without a record: every key is new.
-	fresh := len(st.owner) == 0
-	before := map[entryKey]*svcState{}
+	before, fresh := m.reassign(st, family, budget, removed, added, entriesOf)
+	st.patch(before, fresh, entriesOf)
+	st.result.Report = st.report(entriesOf)
+	return st.result
+}
+
+// reassign updates the owners of the keys for the Services removed and added (and those the Budget
+// now lets in or out), and returns who had each touched key before. A map that had no entries (the
+// first call, fresh) knows that without a record: every key is new.
+func (m *ServiceMap[In]) reassign(st *serviceMapState[In], family rules.Family, budget Budget, removed, added []*svcState,
+	entriesOf func(*svcState) []rules.MapEntry) (before map[entryKey]*svcState, fresh bool) {
+	fresh = len(st.owner) == 0
+	before = map[entryKey]*svcState{}
 	releaseAll := func(s *svcState) {
 		entries := entriesOf(s)
 		for e := range entries {
@@ -199,8 +208,12 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 			st.claim(k, s)
 		}
 	}
+	return before, fresh
+}
 
-	// Move the keys whose owner changed, and patch the sorted entries in one merge.
+// patch moves the keys whose owner changed since before (every key when fresh), and patches the
+// sorted entries in one merge.
+func (st *serviceMapState[In]) patch(before map[entryKey]*svcState, fresh bool, entriesOf func(*svcState) []rules.MapEntry) {
 	type change struct {
 		key   entryKey
 		entry *rules.MapEntry // nil: the key leaves the map
@@ -250,8 +263,6 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 		}
 		st.result.Entries = append(out, old[o:]...)
 	}
-	st.result.Report = st.report(entriesOf)
-	return st.result
 }
 
 // admit applies the budget to st.svcs (the new Services, in namespace/name order): it sets each
@@ -270,44 +281,8 @@ func (m *ServiceMap[In]) Update(services []*Service, family rules.Family, in In)
 // own entries alone until then (its engine unit computes again when a Service changes).
 func (m *ServiceMap[In]) admit(st *serviceMapState[In], family rules.Family, added []*svcState) (in, out []*svcState) {
 	svcs := st.svcs
-	// The families, in one order whatever family is computed: the decisions add up alike.
-	fams := []rules.Family{family}
-	for f := range m.fams {
-		if f != family {
-			fams = append(fams, f)
-		}
-	}
-	slices.Sort(fams)
-	others := make([]*serviceMapState[In], len(fams)) // nil at family
-	cursors := make([]int, len(fams))
-	for i, f := range fams {
-		if f != family {
-			others[i] = m.fams[f]
-		}
-	}
-	// count is how many entries svc wants in the i-th family.
-	count := func(i int, ref svcRef) int {
-		o := others[i]
-		if o == nil {
-			if ref.st == nil {
-				return 0
-			}
-			return int(ref.st.n)
-		}
-		j := cursors[i]
-		for j < len(o.svcs) && CompareServices(o.svcs[j].obj, ref.obj) < 0 {
-			j++
-		}
-		cursors[i] = j
-		if j < len(o.svcs) && o.svcs[j].obj == ref.obj {
-			if o.svcs[j].st == nil {
-				return 0
-			}
-			return int(o.svcs[j].st.n)
-		}
-		e, _ := m.wanted(ref.obj, fams[i], o.in)
-		return len(e)
-	}
+	c := m.countsAcross(family)
+	fams, others := c.fams, c.others
 	isNew := make(map[*svcState]bool, len(added))
 	for _, s := range added {
 		isNew[s] = true
@@ -322,7 +297,7 @@ func (m *ServiceMap[In]) admit(st *serviceMapState[In], family rules.Family, add
 	for _, ref := range svcs {
 		sum := 0
 		for i := range fams {
-			n[i] = count(i, ref)
+			n[i] = c.count(i, ref)
 			sum += n[i]
 		}
 		if sum == 0 {
@@ -332,25 +307,7 @@ func (m *ServiceMap[In]) admit(st *serviceMapState[In], family rules.Family, add
 			ns = ref.obj.Namespace
 			clear(nsUsed)
 		}
-		// The key and a skip are made only for a Service that is refused: this loop runs over
-		// every Service at every change, and building them for all was 20,000 allocations (0.64 MB)
-		// a change at 10,000 Services (BenchmarkRulesOneNewService10k).
-		var over *Skip
-		for i, f := range fams {
-			if sk, ok := serviceBudgetSkip("", n[i], b.PerService); ok {
-				sk.Object, sk.Detail = ref.obj.Key(), fmt.Sprintf("%s (%s)", sk.Detail, f)
-				over = new(sk)
-				break
-			}
-		}
-		for i, f := range fams {
-			if over == nil && nsUsed[i]+n[i] > b.PerNamespace {
-				over = &Skip{Object: ref.obj.Key(), Reason: ReasonNamespaceBudget, Detail: fmt.Sprintf("the Service wants %d %s entries and the Services before it in namespace %s have %d of the %d one namespace may have in a family (fix.MaxEntriesPerNamespace, or half of fix.MaxEntriesPerFixAt the backend and memory limit); none of them is programmed, in any family", n[i], f, ns, nsUsed[i], b.PerNamespace)}
-			}
-		}
-		if over == nil && total+sum > b.PerMap {
-			over = &Skip{Object: ref.obj.Key(), Reason: ReasonFixBudget, Detail: fmt.Sprintf("the Service wants %d entries in all families and the fix has %d of the %d it may program in all families with its backend at the agent's memory limit (fix.MaxEntriesPerFixAt, config memoryLimit); none of them is programmed, in any family", sum, total, b.PerMap)}
-		}
+		over := overBudget(ref, fams, n, nsUsed, total, sum, b)
 		if over == nil {
 			for i := range fams {
 				nsUsed[i] += n[i]
@@ -380,6 +337,81 @@ func (m *ServiceMap[In]) admit(st *serviceMapState[In], family rules.Family, add
 		}
 	}
 	return in, out
+}
+
+// familyCounts counts the entries a Service wants in each family the map knows, in one order
+// whatever family is computed (so the decisions add up alike): the computed family's from its
+// state, another family's from its last Update (computed again with that family's input for a
+// Service whose object changed since).
+type familyCounts[In comparable] struct {
+	m       *ServiceMap[In]
+	fams    []rules.Family
+	others  []*serviceMapState[In] // nil at the computed family
+	cursors []int
+}
+
+func (m *ServiceMap[In]) countsAcross(family rules.Family) *familyCounts[In] {
+	fams := []rules.Family{family}
+	for f := range m.fams {
+		if f != family {
+			fams = append(fams, f)
+		}
+	}
+	slices.Sort(fams)
+	c := &familyCounts[In]{m: m, fams: fams, others: make([]*serviceMapState[In], len(fams)), cursors: make([]int, len(fams))}
+	for i, f := range fams {
+		if f != family {
+			c.others[i] = m.fams[f]
+		}
+	}
+	return c
+}
+
+// count is how many entries the Service wants in the i-th family; called in namespace/name order.
+func (c *familyCounts[In]) count(i int, ref svcRef) int {
+	o := c.others[i]
+	if o == nil {
+		if ref.st == nil {
+			return 0
+		}
+		return int(ref.st.n)
+	}
+	j := c.cursors[i]
+	for j < len(o.svcs) && CompareServices(o.svcs[j].obj, ref.obj) < 0 {
+		j++
+	}
+	c.cursors[i] = j
+	if j < len(o.svcs) && o.svcs[j].obj == ref.obj {
+		if o.svcs[j].st == nil {
+			return 0
+		}
+		return int(o.svcs[j].st.n)
+	}
+	e, _ := c.m.wanted(ref.obj, c.fams[i], o.in)
+	return len(e)
+}
+
+// overBudget is the skip of a Service that wants n[i] entries in the i-th family (sum in all) when
+// the Budget refuses it: the Services before it in its namespace have nsUsed, in the map total.
+// nil: it gets in. The key and the skip are made only for a Service that is refused: admit runs
+// over every Service at every change, and building them for all was 20,000 allocations (0.64 MB) a
+// change at 10,000 Services (BenchmarkRulesOneNewService10k).
+func overBudget(ref svcRef, fams []rules.Family, n, nsUsed []int, total, sum int, b Budget) *Skip {
+	for i, f := range fams {
+		if sk, ok := serviceBudgetSkip("", n[i], b.PerService); ok {
+			sk.Object, sk.Detail = ref.obj.Key(), fmt.Sprintf("%s (%s)", sk.Detail, f)
+			return new(sk)
+		}
+	}
+	for i, f := range fams {
+		if nsUsed[i]+n[i] > b.PerNamespace {
+			return &Skip{Object: ref.obj.Key(), Reason: ReasonNamespaceBudget, Detail: fmt.Sprintf("the Service wants %d %s entries and the Services before it in namespace %s have %d of the %d one namespace may have in a family (fix.MaxEntriesPerNamespace, or half of fix.MaxEntriesPerFixAt the backend and memory limit); none of them is programmed, in any family", n[i], f, ref.obj.Namespace, nsUsed[i], b.PerNamespace)}
+		}
+	}
+	if total+sum > b.PerMap {
+		return &Skip{Object: ref.obj.Key(), Reason: ReasonFixBudget, Detail: fmt.Sprintf("the Service wants %d entries in all families and the fix has %d of the %d it may program in all families with its backend at the agent's memory limit (fix.MaxEntriesPerFixAt, config memoryLimit); none of them is programmed, in any family", sum, total, b.PerMap)}
+	}
+	return nil
 }
 
 // refusedSeed seeds the digests of refused Services (compared within the process only).

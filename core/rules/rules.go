@@ -536,7 +536,24 @@ func (rs *Ruleset) validateEntries(m *Map) error {
 }
 
 func (rs *Ruleset) validateRule(c Chain, r Rule, chains map[string]bool, maps map[string]*Map) error {
-	m := r.Match
+	if err := rs.validateMatch(c, r.Match); err != nil {
+		return err
+	}
+	if err := validateLookup(r, maps); err != nil {
+		return err
+	}
+	if len(r.Comment) > MaxComment {
+		return fmt.Errorf("comment longer than %d bytes", MaxComment)
+	}
+	if r.SetMark != 0 && r.ClearMark != 0 {
+		return fmt.Errorf("a rule that both sets and clears mark bits (0x%x, 0x%x): use one rule for each", r.SetMark, r.ClearMark)
+	}
+	return rs.validateVerdict(c, r, chains)
+}
+
+// validateMatch checks what a rule matches on the packet: addresses of the family, interfaces,
+// protocol, ports and TCP flags.
+func (rs *Ruleset) validateMatch(c Chain, m Match) error {
 	for _, p := range m.SrcPrefixes {
 		if !p.IsValid() || !rs.Family.Contains(p.Addr()) || p.Addr().Is4In6() {
 			return fmt.Errorf("source prefix %s is not %s", p, rs.Family)
@@ -579,6 +596,12 @@ func (rs *Ruleset) validateRule(c Chain, r Rule, chains map[string]bool, maps ma
 	if m.DstPort != 0 && m.Protocol == "" {
 		return fmt.Errorf("a destination port needs a protocol")
 	}
+	return nil
+}
+
+// validateLookup checks a rule's map lookup: the map exists and the key fits the verdict.
+func validateLookup(r Rule, maps map[string]*Map) error {
+	m := r.Match
 	if m.Lookup != "" && maps[m.Lookup] == nil {
 		return fmt.Errorf("lookup in missing map %q", m.Lookup)
 	}
@@ -602,12 +625,13 @@ func (rs *Ruleset) validateRule(c Chain, r Rule, chains map[string]bool, maps ma
 	default:
 		return fmt.Errorf("unknown conntrack status %q", m.CTStatus)
 	}
-	if len(r.Comment) > MaxComment {
-		return fmt.Errorf("comment longer than %d bytes", MaxComment)
-	}
-	if r.SetMark != 0 && r.ClearMark != 0 {
-		return fmt.Errorf("a rule that both sets and clears mark bits (0x%x, 0x%x): use one rule for each", r.SetMark, r.ClearMark)
-	}
+	return nil
+}
+
+// validateVerdict checks a rule's verdict against its chain: jumps to existing chains, NAT
+// verdicts in NAT chains, targets of the family.
+func (rs *Ruleset) validateVerdict(c Chain, r Rule, chains map[string]bool) error {
+	m := r.Match
 	switch r.Verdict.Kind {
 	case Continue, Accept, Drop, Return:
 	case Jump:

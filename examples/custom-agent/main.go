@@ -14,6 +14,7 @@ import (
 	"go.uber.org/fx"
 
 	"example.com/nnm-examples/fixes/metadatablock"
+	"example.com/nnm-examples/inputs/namespacelabels"
 
 	"github.com/network-node-manager/network-node-manager/app"
 	"github.com/network-node-manager/network-node-manager/fixes"
@@ -23,7 +24,7 @@ import (
 var version = "dev"
 
 func main() {
-	if err := app.NewCommand(version, fx.Options(fixes.Standard, metadatablock.Module)).Execute(); err != nil {
+	if err := app.NewCommand(version, fx.Options(fixes.Standard, metadatablock.Module, namespacelabels.Module)).Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
 	}

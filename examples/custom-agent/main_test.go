@@ -46,11 +46,29 @@ func TestBinary(t *testing.T) {
 			t.Errorf("plan output lacks %q:\n%s", want, out)
 		}
 	}
-	// The stock agent (make test sets NNM_AGENT_BIN) does not know the fix, and says so.
+	// The out-of-tree input is registered: `plan` reads Namespaces from a file only when an input
+	// of the agent watches them.
+	objects := filepath.Join(t.TempDir(), "objects.yaml")
+	services, err := os.ReadFile("../services.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	namespace := "---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: tenant-a\n  labels: {exempt: \"true\"}\n"
+	if err := os.WriteFile(objects, append(services, namespace...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(bin, "plan", "--services", objects, "--config", "config.yaml"); err != nil {
+		t.Fatalf("plan with a Namespace: %v\n%s", err, out)
+	}
+	// The stock agent (make test sets NNM_AGENT_BIN) knows neither the fix nor the input, and says so.
 	if stock := os.Getenv("NNM_AGENT_BIN"); stock != "" {
 		cmd := exec.Command(stock, "plan", "--services", "../services.yaml", "--config", "config.yaml")
 		if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "metadata-block") {
 			t.Errorf("the stock agent accepted fixes.metadata-block: %v\n%s", err, out)
+		}
+		cmd = exec.Command(stock, "plan", "--services", objects)
+		if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "Namespace") {
+			t.Errorf("the stock agent read a Namespace: %v\n%s", err, out)
 		}
 	}
 }

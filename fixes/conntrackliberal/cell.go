@@ -3,7 +3,7 @@
 // invalid-drop that kube-proxy offers as --conntrack-tcp-be-liberal (kubernetes#74839, #117924).
 //
 // It is the in-tree example of a fix that is not a netfilter rule: it implements fix.Actuator and
-// changes the node only through the sysctl.Interface the core injects.
+// changes the node only through the nodestate.Sysctl the core injects.
 package conntrackliberal
 
 import (

@@ -17,7 +17,7 @@ import (
 const (
 	// ReasonSpecialAddress: the address is in a block of the IANA special-purpose registries that must
 	// never be DNATed (loopback, link-local, unspecified, broadcast, multicast, reserved, IPv4-mapped…;
-	// see core/netaddr), or an IPv6 form (NAT64, 6to4, Teredo) that carries such an IPv4 address.
+	// see rules.NeverDNAT), or an IPv6 form (NAT64, 6to4, Teredo) that carries such an IPv4 address.
 	ReasonSpecialAddress = "special-address"
 	// ReasonCloudMetadata: the address is a cloud metadata endpoint (rules.MetadataAddrs), or an IPv6
 	// form that carries one.

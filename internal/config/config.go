@@ -343,83 +343,15 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string, legacy ...fix.Le
 	if file == "" {
 		file = env["NNM_CONFIG"]
 	}
-	version := Version
-	var overrides []NodeOverride
-	var overrideWarnings []string
-	if file != "" {
-		settings, err := readFile(file, o)
-		if err != nil {
-			return nil, err
-		}
-		if version, err = fileVersion(settings, o); err != nil {
-			return nil, err
-		}
-		// nodeOverrides is no viper key: viper would fold the case of the label keys in its
-		// selectors, which Kubernetes compares exactly.
-		for name, val := range settings {
-			if strings.EqualFold(name, NodeOverridesKey) {
-				delete(settings, name)
-				if overrides, overrideWarnings, err = parseNodeOverrides(val, fixIDs, o, version); err != nil {
-					return nil, err
-				}
-			}
-		}
-		canonicalFixKeys(settings)
-		if err := v.MergeConfigMap(settings); err != nil {
-			return nil, fmt.Errorf("config file %s: %w", file, err)
-		}
-	}
-
-	// Environment: every known key, and any NNM_FIXES_<ID>_<OPTION> variable.
-	envLayer := map[string]any{}
-	for _, k := range Keys {
-		if val, ok := env[k.Env()]; ok {
-			envLayer[k.Key] = val
-			o.set(k.Key, k.Env())
-		}
-	}
-	fixesLayer := map[string]any{}
-	for _, id := range fixIDs {
-		prefix := EnvName("fixes."+id) + "_"
-		section := map[string]any{}
-		for name, val := range env {
-			if rest, ok := strings.CutPrefix(name, prefix); ok && rest != "" {
-				opt := NormalizeKey(rest)
-				section[opt] = val
-				o.set("fixes."+id+"."+opt, name)
-			}
-		}
-		if err := applyLegacyFixEnv(section, id, legacy, env, o); err != nil {
-			return nil, err
-		}
-		if len(section) > 0 {
-			fixesLayer[id] = section
-		}
-	}
-	if len(fixesLayer) > 0 {
-		envLayer["fixes"] = fixesLayer
-	}
-	if err := applyLegacyPodCIDRs(envLayer, env, o); err != nil {
+	version, overrides, overrideWarnings, err := mergeFile(v, file, fixIDs, o)
+	if err != nil {
 		return nil, err
 	}
-	if err := v.MergeConfigMap(envLayer); err != nil {
-		return nil, fmt.Errorf("config: environment: %w", err)
+	if err := mergeEnv(v, env, fixIDs, legacy, o); err != nil {
+		return nil, err
 	}
-
-	if fs != nil {
-		for _, k := range Keys {
-			if f := fs.Lookup(k.Flag); f != nil {
-				if err := v.BindPFlag(k.Key, f); err != nil {
-					return nil, fmt.Errorf("config: flag --%s: %w", k.Flag, err)
-				}
-				if f.Changed {
-					o.set(k.Key, "--"+k.Flag)
-				}
-			}
-		}
-		if err := applyFixFlags(v, fs, o); err != nil {
-			return nil, err
-		}
+	if err := bindFlags(v, fs, o); err != nil {
+		return nil, err
 	}
 
 	settings := v.AllSettings()
@@ -445,6 +377,98 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string, legacy ...fix.Le
 		return nil, err
 	}
 	return &cfg, nil
+}
+
+// mergeFile merges the config file (none: "") into v and returns its version and node overrides.
+func mergeFile(v *viper.Viper, file string, fixIDs []string, o origins) (version int, overrides []NodeOverride, overrideWarnings []string, err error) {
+	version = Version
+	if file == "" {
+		return version, nil, nil, nil
+	}
+	settings, err := readFile(file, o)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	if version, err = fileVersion(settings, o); err != nil {
+		return 0, nil, nil, err
+	}
+	// nodeOverrides is no viper key: viper would fold the case of the label keys in its
+	// selectors, which Kubernetes compares exactly.
+	for name, val := range settings {
+		if strings.EqualFold(name, NodeOverridesKey) {
+			delete(settings, name)
+			if overrides, overrideWarnings, err = parseNodeOverrides(val, fixIDs, o, version); err != nil {
+				return 0, nil, nil, err
+			}
+		}
+	}
+	canonicalFixKeys(settings)
+	if err := v.MergeConfigMap(settings); err != nil {
+		return 0, nil, nil, fmt.Errorf("config file %s: %w", file, err)
+	}
+	return version, overrides, overrideWarnings, nil
+}
+
+// mergeEnv merges the environment into v: every known key, and any NNM_FIXES_<ID>_<OPTION>
+// variable (and the predecessor's variables the fixes and podCIDRs still take).
+func mergeEnv(v *viper.Viper, env map[string]string, fixIDs []string, legacy []fix.Legacy, o origins) error {
+	envLayer := map[string]any{}
+	for _, k := range Keys {
+		if val, ok := env[k.Env()]; ok {
+			envLayer[k.Key] = val
+			o.set(k.Key, k.Env())
+		}
+	}
+	fixesLayer := map[string]any{}
+	for _, id := range fixIDs {
+		prefix := EnvName("fixes."+id) + "_"
+		section := map[string]any{}
+		for name, val := range env {
+			if rest, ok := strings.CutPrefix(name, prefix); ok && rest != "" {
+				opt := NormalizeKey(rest)
+				section[opt] = val
+				o.set("fixes."+id+"."+opt, name)
+			}
+		}
+		if err := applyLegacyFixEnv(section, id, legacy, env, o); err != nil {
+			return err
+		}
+		if len(section) > 0 {
+			fixesLayer[id] = section
+		}
+	}
+	if len(fixesLayer) > 0 {
+		envLayer["fixes"] = fixesLayer
+	}
+	if err := applyLegacyPodCIDRs(envLayer, env, o); err != nil {
+		return err
+	}
+	if err := v.MergeConfigMap(envLayer); err != nil {
+		return fmt.Errorf("config: environment: %w", err)
+	}
+
+	return nil
+}
+
+// bindFlags binds the command line's flags (fs nil: none) to v's keys.
+func bindFlags(v *viper.Viper, fs *pflag.FlagSet, o origins) error {
+	if fs == nil {
+		return nil
+	}
+	for _, k := range Keys {
+		if f := fs.Lookup(k.Flag); f != nil {
+			if err := v.BindPFlag(k.Key, f); err != nil {
+				return fmt.Errorf("config: flag --%s: %w", k.Flag, err)
+			}
+			if f.Changed {
+				o.set(k.Key, "--"+k.Flag)
+			}
+		}
+	}
+	if err := applyFixFlags(v, fs, o); err != nil {
+		return err
+	}
+	return nil
 }
 
 // MaxFileSize bounds the config file: a ConfigMap, where the file comes from in a cluster, holds at

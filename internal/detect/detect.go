@@ -177,113 +177,156 @@ type ProxyModeResult struct {
 // cannot be ruled out. Read-only; a nil probe counts as failed. The agent calls it at start and on
 // every resync (Follower), `diagnose` may call it as it is.
 func ProxyMode(ctx context.Context, p Probes) ProxyModeResult {
-	var r ProxyModeResult
-	see := func(format string, args ...any) { r.Evidence = append(r.Evidence, fmt.Sprintf(format, args...)) }
-	failed := false // a probe could not look: kube-proxy cannot be ruled out
-	if p.ProxyModeEndpoint == nil {
-		failed = true
-	} else {
-		body, err := p.ProxyModeEndpoint(ctx)
-		mode := strings.TrimSpace(body)
-		switch {
-		case err != nil:
-			see("metrics endpoint: no answer: %v", err)
-		case knownMode(mode):
-			see("metrics endpoint: %s", mode)
-			r.Mode, r.Source = mode, SourceMetricsEndpoint
-			return r
-		default:
-			// Something answers there, but not with a mode we know.
-			see("metrics endpoint: unexpected answer %q", mode)
-			failed = true
+	d := &detection{p: p}
+	for _, probe := range []func(context.Context) bool{d.metricsEndpoint, d.ipvsLink, d.nftablesTable, d.kubeServicesChain} {
+		if probe(ctx) {
+			return d.r
 		}
 	}
-	if p.LinkExists == nil {
-		failed = true
-	} else {
-		ok, err := p.LinkExists("kube-ipvs0")
-		switch {
-		case err != nil:
-			see("kube-ipvs0 link: %v", err)
-			failed = true
-		case ok:
-			see("kube-ipvs0 link: present")
-			r.Mode, r.Source = "ipvs", SourceIPVSLink
-			return r
-		default:
-			see("kube-ipvs0 link: absent")
-		}
-	}
-	if p.NFTTables == nil {
-		failed = true
-	} else {
-		tables, err := p.NFTTables(ctx)
-		if err != nil {
-			see("nftables tables: %v", err)
-			failed = true
-		}
-		for _, t := range tables {
-			if f := strings.Fields(t); len(f) == 2 && (f[0] == "ip" || f[0] == "ip6") && f[1] == "kube-proxy" {
-				see("nftables table %s: present", t)
-				r.Mode, r.Source = "nftables", SourceNFTablesTable
-				return r
-			}
-		}
-		if err == nil {
-			see("nftables table ip/ip6 kube-proxy: absent")
-		}
-	}
-	if p.IptablesSave == nil {
-		failed = true
-	} else {
-		for _, v := range []string{"nft", "legacy"} {
-			for _, fam := range []string{"ipv4", "ipv6"} {
-				out, err := p.IptablesSave(ctx, v, fam, "nat")
-				if err != nil {
-					see("%s %s nat table: %v", v, fam, err)
-					failed = true
-					continue
-				}
-				if hasChain(out, "KUBE-SERVICES") {
-					see("%s %s nat table: chain KUBE-SERVICES present", v, fam)
-					r.Mode, r.Source = "iptables", SourceKubeServicesChain
-					return r
-				}
-			}
-		}
-		see("iptables nat tables: no KUBE-SERVICES chain")
-	}
-	var cmMode string
-	if p.KubeProxyConfigMap != nil {
-		conf, found, err := p.KubeProxyConfigMap(ctx)
-		switch {
-		case err != nil:
-			see("kube-proxy ConfigMap: %v", err)
-		case !found:
-			see("kube-proxy ConfigMap: not found")
-		default:
-			mode, err := ModeFromKubeProxyConfig(conf)
-			if err != nil {
-				see("kube-proxy ConfigMap: %v", err)
-			} else {
-				cmMode = mode
-			}
-		}
-	}
+	cmMode := d.configMapMode(ctx)
 	switch {
-	case !failed:
+	case !d.failed:
 		if cmMode != "" {
-			see("kube-proxy ConfigMap: mode %s, but nothing of kube-proxy on this node: a leftover, ignored", cmMode)
+			d.see("kube-proxy ConfigMap: mode %s, but nothing of kube-proxy on this node: a leftover, ignored", cmMode)
 		}
-		r.Mode, r.Source = ModeNone, SourceNoKubeProxy
+		d.r.Mode, d.r.Source = ModeNone, SourceNoKubeProxy
 	case cmMode != "":
-		see("kube-proxy ConfigMap: mode %s (a probe failed, so kube-proxy could not be ruled out)", cmMode)
-		r.Mode, r.Source = cmMode, SourceConfigMap
+		d.see("kube-proxy ConfigMap: mode %s (a probe failed, so kube-proxy could not be ruled out)", cmMode)
+		d.r.Mode, d.r.Source = cmMode, SourceConfigMap
 	default:
-		r.Source = SourceUnknown
-		r.Unknown = "no probe saw kube-proxy and at least one could not look: " + strings.Join(r.Evidence, "; ")
+		d.r.Source = SourceUnknown
+		d.r.Unknown = "no probe saw kube-proxy and at least one could not look: " + strings.Join(d.r.Evidence, "; ")
 	}
-	return r
+	return d.r
+}
+
+// detection is one ProxyMode run: each probe records what it saw in r.Evidence and returns true
+// when it found kube-proxy (r then holds the mode and its source); failed is set when a probe could
+// not look, so kube-proxy cannot be ruled out.
+type detection struct {
+	p      Probes
+	r      ProxyModeResult
+	failed bool
+}
+
+func (d *detection) see(format string, args ...any) {
+	d.r.Evidence = append(d.r.Evidence, fmt.Sprintf(format, args...))
+}
+
+func (d *detection) found(mode, source string) bool {
+	d.r.Mode, d.r.Source = mode, source
+	return true
+}
+
+// metricsEndpoint asks kube-proxy's /proxyMode.
+func (d *detection) metricsEndpoint(ctx context.Context) bool {
+	if d.p.ProxyModeEndpoint == nil {
+		d.failed = true
+		return false
+	}
+	body, err := d.p.ProxyModeEndpoint(ctx)
+	mode := strings.TrimSpace(body)
+	switch {
+	case err != nil:
+		d.see("metrics endpoint: no answer: %v", err)
+	case knownMode(mode):
+		d.see("metrics endpoint: %s", mode)
+		return d.found(mode, SourceMetricsEndpoint)
+	default:
+		// Something answers there, but not with a mode we know.
+		d.see("metrics endpoint: unexpected answer %q", mode)
+		d.failed = true
+	}
+	return false
+}
+
+// ipvsLink looks for IPVS mode's dummy interface.
+func (d *detection) ipvsLink(context.Context) bool {
+	if d.p.LinkExists == nil {
+		d.failed = true
+		return false
+	}
+	ok, err := d.p.LinkExists("kube-ipvs0")
+	switch {
+	case err != nil:
+		d.see("kube-ipvs0 link: %v", err)
+		d.failed = true
+	case ok:
+		d.see("kube-ipvs0 link: present")
+		return d.found("ipvs", SourceIPVSLink)
+	default:
+		d.see("kube-ipvs0 link: absent")
+	}
+	return false
+}
+
+// nftablesTable looks for nftables mode's tables.
+func (d *detection) nftablesTable(ctx context.Context) bool {
+	if d.p.NFTTables == nil {
+		d.failed = true
+		return false
+	}
+	tables, err := d.p.NFTTables(ctx)
+	if err != nil {
+		d.see("nftables tables: %v", err)
+		d.failed = true
+	}
+	for _, t := range tables {
+		if f := strings.Fields(t); len(f) == 2 && (f[0] == "ip" || f[0] == "ip6") && f[1] == "kube-proxy" {
+			d.see("nftables table %s: present", t)
+			return d.found("nftables", SourceNFTablesTable)
+		}
+	}
+	if err == nil {
+		d.see("nftables table ip/ip6 kube-proxy: absent")
+	}
+	return false
+}
+
+// kubeServicesChain looks for iptables mode's KUBE-SERVICES chain in both variants and families.
+func (d *detection) kubeServicesChain(ctx context.Context) bool {
+	if d.p.IptablesSave == nil {
+		d.failed = true
+		return false
+	}
+	for _, v := range []string{"nft", "legacy"} {
+		for _, fam := range []string{"ipv4", "ipv6"} {
+			out, err := d.p.IptablesSave(ctx, v, fam, "nat")
+			if err != nil {
+				d.see("%s %s nat table: %v", v, fam, err)
+				d.failed = true
+				continue
+			}
+			if hasChain(out, "KUBE-SERVICES") {
+				d.see("%s %s nat table: chain KUBE-SERVICES present", v, fam)
+				return d.found("iptables", SourceKubeServicesChain)
+			}
+		}
+	}
+	d.see("iptables nat tables: no KUBE-SERVICES chain")
+	return false
+}
+
+// configMapMode is the mode kube-proxy's ConfigMap names, "" when it names none.
+func (d *detection) configMapMode(ctx context.Context) string {
+	if d.p.KubeProxyConfigMap == nil {
+		return ""
+	}
+	conf, found, err := d.p.KubeProxyConfigMap(ctx)
+	switch {
+	case err != nil:
+		d.see("kube-proxy ConfigMap: %v", err)
+	case !found:
+		d.see("kube-proxy ConfigMap: not found")
+	default:
+		mode, err := ModeFromKubeProxyConfig(conf)
+		if err != nil {
+			d.see("kube-proxy ConfigMap: %v", err)
+			return ""
+		}
+		return mode
+	}
+	return ""
 }
 
 // hasChain reports whether an iptables-save dump declares chain.

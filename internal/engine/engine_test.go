@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -473,6 +474,18 @@ func TestActuatorEnsuredOncePerPassWithMetrics(t *testing.T) {
 	for _, st := range h.e.Statuses() {
 		if st.NodeState != (st.Fix == "node-setting") {
 			t.Errorf("status of %s: NodeState %v", st.Fix, st.NodeState)
+		}
+		// One unit per family for the rule fix, one without a family for the node-state fix; each
+		// synced, with no error.
+		var fams []rules.Family
+		for _, u := range st.Units {
+			fams = append(fams, u.Family)
+			if !u.Synced || u.LastErr != nil || u.LastOK.IsZero() {
+				t.Errorf("status of %s (%s): %+v", st.Fix, u.Family, u)
+			}
+		}
+		if want := map[bool][]rules.Family{true: {""}, false: rules.Families}[st.NodeState]; !slices.Equal(fams, want) {
+			t.Errorf("status of %s: units of families %v, want %v", st.Fix, fams, want)
 		}
 	}
 }

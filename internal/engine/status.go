@@ -134,6 +134,26 @@ type Status struct {
 	// Backend is the backend with which every wanted unit of the fix last synced successfully; ""
 	// when they differ or one has not synced (after a backend switch, until each has synced again).
 	Backend string
+	// Units is the status of each wanted unit: one per family for a rule fix, one without a family
+	// for a node-state fix.
+	Units []UnitStatus
+}
+
+// UnitStatus is the status of one unit (a fix in one family, or a node-state fix): whether its
+// last sync succeeded, and when it last did.
+type UnitStatus struct {
+	// Family is the unit's family; "" for a node-state fix.
+	Family rules.Family
+	// Synced: it synced successfully since it became wanted.
+	Synced bool
+	// Waiting: the inputs its fix reads have not synced yet, so it has not run.
+	Waiting bool
+	// LastOK is its last successful sync (zero: none).
+	LastOK time.Time
+	// LastErr is its last sync's error; nil when the last sync succeeded.
+	LastErr error
+	// Backend is the backend of its last successful sync ("node" for a node-state fix).
+	Backend string
 }
 
 // Statuses returns the status of every registered fix, sorted by id.
@@ -159,6 +179,8 @@ func (e *Engine) Statuses() []Status {
 				s.Backend = ""
 			}
 			first = false
+			s.Units = append(s.Units, UnitStatus{Family: u.family, Synced: u.everOK, Waiting: u.waiting,
+				LastOK: u.lastOK, LastErr: u.lastErr, Backend: u.okBackend})
 			if u.lastErr != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", u.where(), u.lastErr))
 			}

@@ -1,7 +1,7 @@
 // Package watch is the machinery the input modules share to fill their tables from the cluster: a
 // Hub runs their informers on the agent's one API client (or on a file's objects, for `plan`),
 // logs API errors once per cause, and carries one coalesced change signal to the engine. It knows no
-// input: each table (fix.Table) is provided by an input module (core/inputs/…) as an Input.
+// input: each table (fix.Table) is provided by an input module as an inputs.Input, and the Hub is the inputs.Source it fills it through.
 package watch
 
 import (

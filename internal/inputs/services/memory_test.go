@@ -27,7 +27,7 @@ import (
 // sorted list snapshots hand out, and the state ipvs-externalip-dnat keeps for it after an IPv4
 // Rules call (both fix.ServiceMaps, the map entries of the ruleset, which the nftables backend
 // keeps as they are). Live heap is HeapAlloc after a forced GC, before and after each step.
-// Run: go test -run - -bench MemoryPerService -benchtime 1x ./core/inputs/services
+// Run: go test -run - -bench MemoryPerService -benchtime 1x ./internal/inputs/services
 func BenchmarkMemoryPerService(b *testing.B) {
 	for _, n := range []int{10000, 50000} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
