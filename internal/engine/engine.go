@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/network-node-manager/network-node-manager/core/inputs"
+	"k8s.io/utils/clock"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
@@ -48,7 +49,11 @@ type Options struct {
 	Log     *slog.Logger
 	// Notify hears about fixes enabled, refused, synced or failing (nil: nobody).
 	Notify Notifier
-	// Now is time.Now unless a test replaces it.
+	// Clock is what the engine waits on and reads the time from (nil: the real clock); tests step
+	// a fake one (k8s.io/utils/clock/testing).
+	Clock clock.WithTicker
+	// Now, when set, replaces Clock.Now alone (tests that move the time health reads while the
+	// workers wait on the real clock).
 	Now func() time.Time
 }
 
@@ -61,6 +66,7 @@ type Engine struct {
 	log    *slog.Logger
 	notify Notifier
 	now    func() time.Time
+	clock  clock.WithTicker
 
 	reconfig chan *config.Config
 
@@ -89,13 +95,16 @@ func New(o Options) (*Engine, error) {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
 	if o.Now == nil {
-		o.Now = time.Now
+		o.Now = o.Clock.Now
 	}
 	if o.Notify == nil {
 		o.Notify = nopNotifier{}
 	}
-	e := &Engine{be: o.Backend, hub: o.Hub, ins: o.Inputs, m: o.Metrics, log: o.Log, now: o.Now, notify: o.Notify,
+	e := &Engine{be: o.Backend, hub: o.Hub, ins: o.Inputs, m: o.Metrics, log: o.Log, now: o.Now, clock: o.Clock, notify: o.Notify,
 		reconfig: make(chan *config.Config, 1), env: o.Env, inputsStarted: map[inputs.Input]bool{}}
 	byTable, err := indexInputs(o.Inputs)
 	if err != nil {

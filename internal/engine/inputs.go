@@ -197,12 +197,12 @@ func (e *Engine) Load(ctx context.Context) error {
 	if _, err := e.startInputs(ins); err != nil {
 		return fmt.Errorf("watches not started: %w", err)
 	}
-	return waitSynced(ctx, ins)
+	return e.waitSynced(ctx, ins)
 }
 
 // waitSynced waits until every input of ins holds its first state, or ctx ends (then why not).
-func waitSynced(ctx context.Context, ins []inputs.Input) error {
-	tick := time.NewTicker(10 * time.Millisecond)
+func (e *Engine) waitSynced(ctx context.Context, ins []inputs.Input) error {
+	tick := e.clock.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		err := inputsSynced(ins)
@@ -212,7 +212,7 @@ func waitSynced(ctx context.Context, ins []inputs.Input) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%w: %w", err, ctx.Err())
-		case <-tick.C:
+		case <-tick.C():
 		}
 	}
 }

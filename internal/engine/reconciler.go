@@ -33,7 +33,7 @@ func (e *Engine) SyncOnce(ctx context.Context, full bool) (failed bool) {
 		// Inputs started here (a file's objects, a test's API) get a bounded wait for their
 		// first list; a unit whose inputs have not synced after it waits, as always.
 		wctx, cancel := context.WithTimeout(ctx, syncOnceWait)
-		_ = waitSynced(wctx, started)
+		_ = e.waitSynced(wctx, started)
 		cancel()
 	}
 	for _, u := range e.units {

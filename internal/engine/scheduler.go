@@ -45,29 +45,24 @@ func (e *Engine) dispatch(ctx context.Context) {
 // (at most once per minSyncPeriod), verifies the kernel every syncPeriod and after a config change,
 // and retries failures with backoff. A change that arrives during a verify preempts it.
 func (e *Engine) work(ctx context.Context, u *unit) {
-	beat := time.NewTicker(heartbeatEvery)
+	beat := e.clock.NewTicker(heartbeatEvery)
 	defer beat.Stop()
-	if !e.waitNeeds(ctx, u, beat.C) {
+	if !e.waitNeeds(ctx, u, beat.C()) {
 		return
 	}
-	var last time.Time
+	pace := pacing{clock: e.clock}
 	pending, full := true, true
-	var backoff time.Duration
 	var retry <-chan time.Time
-	resync := time.NewTicker(e.syncPeriod())
-	defer resync.Stop()
+	resync := e.clock.NewTicker(e.syncPeriod())
+	defer func() { resync.Stop() }()
 	for {
 		e.heartbeat(u)
 		if pending {
-			if wait := e.minSyncPeriod() - e.now().Sub(last); wait > 0 && !last.IsZero() {
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(wait):
-				}
+			if !pace.wait(ctx, e.minSyncPeriod()) {
+				return
 			}
 			// A reload may have enabled the fix: wait for its watches, doing nothing meanwhile.
-			if !e.waitNeeds(ctx, u, beat.C) {
+			if !e.waitNeeds(ctx, u, beat.C()) {
 				return
 			}
 			kicked := drain(u.kick)
@@ -91,7 +86,6 @@ func (e *Engine) work(ctx context.Context, u *unit) {
 			if errors.As(err, new(errWaiting)) {
 				continue // the fix was enabled between the wait and the pass: wait again
 			}
-			last = e.now()
 			pending, full = again, again
 			e.mu.Lock()
 			if u.more && err == nil {
@@ -99,13 +93,9 @@ func (e *Engine) work(ctx context.Context, u *unit) {
 				u.more, pending = false, true
 			}
 			e.mu.Unlock()
-			retry = nil
-			if err != nil {
-				backoff = nextBackoff(backoff, e.minSyncPeriod(), e.syncPeriod())
+			var backoff time.Duration
+			if retry, backoff = pace.done(err, e.minSyncPeriod(), e.syncPeriod()); err != nil {
 				e.log.Info("sync failed; retrying", "unit", u.String(), "in", backoff)
-				retry = time.After(backoff)
-			} else {
-				backoff = 0
 			}
 			continue
 		}
@@ -114,14 +104,15 @@ func (e *Engine) work(ctx context.Context, u *unit) {
 			return
 		case <-u.kick:
 			pending = true
-		case <-resync.C:
+		case <-resync.C():
 			pending, full = true, true
 		case <-retry:
 			pending, full = true, true
 		case <-u.reconf:
-			resync.Reset(e.syncPeriod())
+			resync.Stop()
+			resync = e.clock.NewTicker(e.syncPeriod())
 			pending, full = true, true
-		case <-beat.C:
+		case <-beat.C():
 		}
 	}
 }
@@ -185,7 +176,7 @@ func (e *Engine) waitNeeds(ctx context.Context, u *unit, beat <-chan time.Time) 
 		case <-u.reconf:
 		case <-u.kick:
 		case <-beat:
-		case <-time.After(waitPoll):
+		case <-e.clock.After(waitPoll):
 		}
 	}
 }
@@ -221,17 +212,4 @@ func drain(c <-chan struct{}) (any bool) {
 			return any
 		}
 	}
-}
-
-func nextBackoff(cur, lo, hi time.Duration) time.Duration {
-	if lo <= 0 {
-		lo = 100 * time.Millisecond
-	}
-	if cur < lo {
-		return lo
-	}
-	if cur*2 > hi {
-		return hi
-	}
-	return cur * 2
 }

@@ -18,18 +18,18 @@ import (
 )
 
 // clock is a settable time source that running workers may read.
-type clock struct {
+type fakeNow struct {
 	mu  sync.Mutex
 	now time.Time
 }
 
-func (c *clock) Now() time.Time {
+func (c *fakeNow) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.now
 }
 
-func (c *clock) Add(d time.Duration) {
+func (c *fakeNow) Add(d time.Duration) {
 	c.mu.Lock()
 	c.now = c.now.Add(d)
 	c.mu.Unlock()
@@ -39,7 +39,7 @@ func (c *clock) Add(d time.Duration) {
 type running struct {
 	e   *Engine
 	be  *testkit.FakeBackend
-	clk *clock
+	clk *fakeNow
 }
 
 // launch starts an engine on be and src, with fixes, for IPv4 only and a short minSyncPeriod.
@@ -48,7 +48,7 @@ func launch(t *testing.T, be *testkit.FakeBackend, src *memSource, fixes ...fix.
 	c := config.Defaults()
 	c.Families = []string{"ipv4"}
 	c.MinSyncPeriod = 10 * time.Millisecond
-	r := &running{be: be, clk: &clock{now: time.Unix(1000, 0)}}
+	r := &running{be: be, clk: &fakeNow{now: time.Unix(1000, 0)}}
 	e := mustNew(t, Options{Fixes: fixes, Backend: be, Hub: src.hub, Inputs: src.ins(), Config: &c, Now: r.clk.Now})
 	r.e = e
 	t.Cleanup(func() {
@@ -147,8 +147,8 @@ func TestBlockedFixDoesNotStarveOthers(t *testing.T) {
 	before = r.lastOK("b-free")
 	src.set(svc("a", "10.96.0.1"), svc("b", "10.96.0.2"))
 	agenttest.Until(t, wait, func() bool { return r.lastOK("b-free").After(before) })
-	time.Sleep(2 * heartbeatEvery) // the idle worker of b-free beats on the new clock
-	err = r.e.Alive()
+	// The idle worker of b-free beats on the new clock within heartbeatEvery.
+	agenttest.Until(t, wait, func() bool { err = r.e.Alive(); return err != nil && !strings.Contains(err.Error(), "b-free") })
 	if err == nil || !strings.Contains(err.Error(), "a-blocked") || !strings.Contains(err.Error(), "in one pass") || strings.Contains(err.Error(), "b-free") {
 		t.Fatalf("Alive = %v; want only the wedged worker of a-blocked reported", err)
 	}
@@ -175,7 +175,8 @@ func TestFailingBackendKeepsLiveness(t *testing.T) {
 	r := launch(t, be, src, &countFix{id: "count", defaultOn: true})
 	agenttest.Until(t, wait, func() bool { return be.FailedApplies() >= 2 })
 	r.clk.Add(5 * time.Minute)
-	time.Sleep(2 * heartbeatEvery) // the idle worker beats on the new clock
+	// The idle worker beats on the new clock within heartbeatEvery.
+	agenttest.Until(t, wait, func() bool { return r.e.Alive() == nil })
 	if err := r.e.Alive(); err != nil {
 		t.Fatalf("Alive = %v with a failing backend; want alive", err)
 	}
