@@ -61,7 +61,12 @@ func TestReloadStartsTheWatchesOfAnEnabledFix(t *testing.T) {
 	on.Fixes = map[string]map[string]any{"reads-pods": {"enabled": true}}
 	e.Reconfigure(&on)
 	agenttest.Until(t, wait, func() bool { return src.pods.startCount() > 0 })
-	time.Sleep(200 * time.Millisecond) // the worker had every chance to run
+	// The worker marks the unit waiting before it waits for the watch, and runs nothing until the
+	// watch synced: once the status says waiting, the fix has had its chance to run too early.
+	agenttest.Until(t, wait, func() bool {
+		st := e.Statuses()
+		return len(st) == 1 && len(st[0].Units) == 1 && st[0].Units[0].Waiting
+	})
 	if n := f.ensures.Load(); n != 0 {
 		t.Fatalf("the fix ran %d times before its Pods watch synced", n)
 	}
