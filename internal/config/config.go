@@ -331,7 +331,7 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string, legacy ...fix.Le
 	for _, k := range Keys {
 		v.SetDefault(k.Key, k.Default)
 	}
-	o := origins{}
+	o := newOrigins()
 
 	file := ""
 	if fs != nil {
@@ -343,7 +343,7 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string, legacy ...fix.Le
 	if file == "" {
 		file = env["NNM_CONFIG"]
 	}
-	version, overrides, overrideWarnings, err := mergeFile(v, file, fixIDs, o)
+	version, overrides, overrideWarnings, err := mergeFile(v, file, fixIDs, &o)
 	if err != nil {
 		return nil, err
 	}
@@ -380,7 +380,7 @@ func Load(fs *pflag.FlagSet, environ []string, fixIDs []string, legacy ...fix.Le
 }
 
 // mergeFile merges the config file (none: "") into v and returns its version and node overrides.
-func mergeFile(v *viper.Viper, file string, fixIDs []string, o origins) (version int, overrides []NodeOverride, overrideWarnings []string, err error) {
+func mergeFile(v *viper.Viper, file string, fixIDs []string, o *origins) (version int, overrides []NodeOverride, overrideWarnings []string, err error) {
 	version = Version
 	if file == "" {
 		return version, nil, nil, nil
@@ -389,7 +389,7 @@ func mergeFile(v *viper.Viper, file string, fixIDs []string, o origins) (version
 	if err != nil {
 		return 0, nil, nil, err
 	}
-	if version, err = fileVersion(settings, o); err != nil {
+	if version, err = fileVersion(settings, *o); err != nil {
 		return 0, nil, nil, err
 	}
 	// nodeOverrides is no viper key: viper would fold the case of the label keys in its
@@ -397,9 +397,10 @@ func mergeFile(v *viper.Viper, file string, fixIDs []string, o origins) (version
 	for name, val := range settings {
 		if strings.EqualFold(name, NodeOverridesKey) {
 			delete(settings, name)
-			if overrides, overrideWarnings, err = parseNodeOverrides(val, fixIDs, o, version); err != nil {
+			if overrides, overrideWarnings, err = parseNodeOverrides(val, fixIDs, *o, version); err != nil {
 				return 0, nil, nil, err
 			}
+			o.keepOverrideOptions()
 		}
 	}
 	canonicalFixKeys(settings)
@@ -479,7 +480,7 @@ const MaxFileSize = 1 << 20
 // name the file and a line, never the content: the file may not be ours. A path that is not a
 // regular file (a FIFO would block the read, a device never end) or is larger than MaxFileSize is
 // refused before it is read.
-func readFile(file string, o origins) (map[string]any, error) {
+func readFile(file string, o *origins) (map[string]any, error) {
 	fi, err := os.Stat(file)
 	if err != nil {
 		return nil, fmt.Errorf("config file: %w", err)
@@ -516,27 +517,46 @@ func readFile(file string, o origins) (map[string]any, error) {
 	if root.Kind != yaml.MappingNode {
 		return nil, fmt.Errorf("config file %s: line %d: not a YAML mapping of configuration keys", file, root.Line)
 	}
-	var walk func(n *yaml.Node, prefix string) error
-	walk = func(n *yaml.Node, prefix string) error {
+	// walk records the line of every key path. It builds each path's origins key (originKey's
+	// spelling) a segment at a time beside the path as written, so that no key costs more than its
+	// own two strings: at 6,393 nodeOverrides entries (the largest accepted file) a lower-cased copy
+	// of each whole path and a line number formatted into each was a tenth of the load's garbage.
+	// fixLevel is 1 when n's keys are fix ids (the value of a fixes key at the top or in an entry of
+	// a list), 2 when they are a fix's options or below (NormalizeKey's spelling), else 0.
+	var walk func(n *yaml.Node, written, key string, fixLevel int) error
+	walk = func(n *yaml.Node, written, key string, fixLevel int) error {
 		for i := 0; i+1 < len(n.Content); i += 2 {
-			written := prefix + n.Content[i].Value
+			seg := n.Content[i].Value
+			kseg := strings.ToLower(seg)
+			if fixLevel == 2 {
+				kseg = NormalizeKey(seg)
+			}
+			w, k := written+seg, key+kseg
 			line := n.Content[i].Line
 			// Keys match without regard to case (viper), so syncPeriod and syncperiod are one key.
-			if prev, dup := o[originKey(written)]; dup {
-				return fmt.Errorf("config: %s is set twice (%s and %d)", shownKey(written), strings.Replace(prev.where, "line", "lines", 1), line)
+			if prev, dup := o.m[k]; dup {
+				return fmt.Errorf("config: %s is set twice (lines %d and %d)", shownKey(w), prev.line, line)
 			}
-			o.set(written, fmt.Sprintf("line %d", line))
+			o.m[k] = origin{written: w, line: line}
+			next := 0
+			switch {
+			case fixLevel > 0:
+				next = 2
+			case kseg == "fixes" && (key == "" || strings.HasSuffix(key, "].")):
+				next = 1
+			}
 			switch val := n.Content[i+1]; val.Kind {
 			case yaml.MappingNode:
-				if err := walk(val, written+"."); err != nil {
+				if err := walk(val, w+".", k+".", next); err != nil {
 					return err
 				}
 			case yaml.SequenceNode:
 				// Entries of a list (nodeOverrides) are named written[i].
 				for j, item := range val.Content {
-					o.set(fmt.Sprintf("%s[%d]", written, j), fmt.Sprintf("line %d", item.Line))
+					index := "[" + strconv.Itoa(j) + "]"
+					o.m[k+index] = origin{written: w + index, line: item.Line}
 					if item.Kind == yaml.MappingNode {
-						if err := walk(item, fmt.Sprintf("%s[%d].", written, j)); err != nil {
+						if err := walk(item, w+index+".", k+index+".", next&2); err != nil {
 							return err
 						}
 					}
@@ -545,7 +565,8 @@ func readFile(file string, o origins) (map[string]any, error) {
 		}
 		return nil
 	}
-	if err := walk(root, ""); err != nil {
+	o.m = make(map[string]origin, len(o.m)+keyPaths(root)) // grown once, not doubling
+	if err := walk(root, "", "", 0); err != nil {
 		return nil, err
 	}
 	settings := map[string]any{}
@@ -569,6 +590,25 @@ func readFile(file string, o origins) (map[string]any, error) {
 		}
 	}
 	return settings, nil
+}
+
+// keyPaths counts the key paths walk records under n: a key of a mapping, an item of a list.
+func keyPaths(n *yaml.Node) int {
+	count := 0
+	switch n.Kind {
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			count += 1 + keyPaths(n.Content[i+1])
+		}
+	case yaml.SequenceNode:
+		for _, item := range n.Content {
+			count++
+			if item.Kind == yaml.MappingNode {
+				count += keyPaths(item)
+			}
+		}
+	}
+	return count
 }
 
 func fileKind(m os.FileMode) string {
@@ -600,15 +640,60 @@ func shownKey(key string) string {
 	return "(a key that is no configuration key name, not shown)"
 }
 
-// origin is where a key was set last: its spelling there and the place ("line 3", "NNM_SYNC_PERIOD",
-// "--sync-period", "--set").
-type origin struct{ written, where string }
+// origin is where a key was set last: its spelling there and the place: a line of the config file,
+// else where ("NNM_SYNC_PERIOD", "--sync-period", "--set").
+type origin struct {
+	written, where string
+	line           int
+}
 
-// origins map each lower-case dotted key path to its origin; the layers record in rising precedence,
-// so the entry is the layer whose value counts.
-type origins map[string]origin
+// place is "line 3", or where.
+func (x origin) place() string {
+	if x.line > 0 {
+		return "line " + strconv.Itoa(x.line)
+	}
+	return x.where
+}
 
-func (o origins) set(written, where string) { o[originKey(written)] = origin{written, where} }
+// origins map each dotted key path, in originKey's spelling, to its origin; the layers record in
+// rising precedence, so the entry is the layer whose value counts. A configuration for a node
+// (ForNode) records only what its override changes, over the loaded file's origins (under).
+type origins struct {
+	m     map[string]origin
+	under *origins
+}
+
+func newOrigins() origins { return origins{m: map[string]origin{}} }
+
+func (o origins) set(written, where string) {
+	o.m[originKey(written)] = origin{written: written, where: where}
+}
+
+// keepOverrideOptions forgets where the parts of the nodeOverrides entries were, once they are
+// checked, except their fixes' options, which errors about an entry's options name when it applies
+// (ForNode): at 6,393 entries the paths of their selectors were most of what the loaded
+// configuration held.
+func (o *origins) keepOverrideOptions() {
+	kept := make(map[string]origin, len(o.m)/2)
+	prefix := strings.ToLower(NodeOverridesKey)
+	for k, x := range o.m {
+		_, opt, isFixes := strings.Cut(k, "].fixes.")
+		if !strings.HasPrefix(k, prefix) || isFixes && strings.Count(opt, ".") == 1 && !strings.Contains(opt, "[") {
+			kept[k] = x
+		}
+	}
+	o.m = kept
+}
+
+// lookup is the origin of key (in originKey's spelling), from this layer or those under it.
+func (o origins) lookup(key string) (origin, bool) {
+	for l := &o; l != nil; l = l.under {
+		if x, ok := l.m[key]; ok {
+			return x, true
+		}
+	}
+	return origin{}, false
+}
 
 // originKey is the spelling under which origins keeps a key path: lower case (viper's), and the
 // option of a fix (fixes.<id>.<option>, also inside nodeOverrides) in NormalizeKey's spelling, as
@@ -654,8 +739,8 @@ func canonicalFixKeys(settings map[string]any) {
 
 // at returns the key as written and where it was set ("" when nowhere: a default).
 func (o origins) at(key string) (string, string) {
-	if x, ok := o[originKey(key)]; ok {
-		return x.written, x.where
+	if x, ok := o.lookup(originKey(key)); ok {
+		return x.written, x.place()
 	}
 	return key, ""
 }

@@ -1,8 +1,6 @@
 package config
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -116,7 +114,7 @@ func (c *Config) ForNode(nodeLabels map[string]string) (*Config, Override) {
 	eff := *base
 	eff.base, eff.override = base, ov
 	eff.ignored = nil
-	eff.origins = maps.Clone(base.origins)
+	eff.origins = origins{m: map[string]origin{}, under: &base.origins}
 	eff.Fixes = map[string]map[string]any{}
 	for id, opts := range base.Fixes {
 		eff.Fixes[id] = maps.Clone(opts)
@@ -138,8 +136,12 @@ func (c *Config) ForNode(nodeLabels map[string]string) (*Config, Override) {
 				}
 			}
 			section[k] = entry.Fixes[id][k] // in NormalizeKey's spelling
-			written, where := base.origins.at(fmt.Sprintf("%s[%d].fixes.%s.%s", NodeOverridesKey, ov.Index, id, k))
-			eff.origins[originKey("fixes."+id+"."+k)] = origin{written: written, where: where}
+			at := fmt.Sprintf("%s[%d].fixes.%s.%s", NodeOverridesKey, ov.Index, id, k)
+			x, ok := base.origins.lookup(originKey(at))
+			if !ok {
+				x = origin{written: at}
+			}
+			eff.origins.m[originKey("fixes."+id+"."+k)] = x
 		}
 	}
 	return &eff, ov
@@ -213,7 +215,9 @@ func parseNodeOverrides(val any, fixIDs []string, o origins, version int) ([]Nod
 }
 
 // labelSelector reads a metav1.LabelSelector strictly: only matchLabels and matchExpressions, each
-// expression only key, operator and values.
+// expression only key, operator and values, every label and value a string. It converts what YAML
+// read field by field (a round trip through JSON was a tenth of the garbage of loading the largest
+// accepted file, issue #63).
 func labelSelector(val any, at string, o origins) (metav1.LabelSelector, error) {
 	var s metav1.LabelSelector
 	m, ok := val.(map[string]any)
@@ -225,32 +229,60 @@ func labelSelector(val any, at string, o origins) (metav1.LabelSelector, error) 
 			return s, o.unknown(at+"."+k, "key", k, []string{"matchLabels", "matchExpressions"})
 		}
 	}
-	if exprs, ok := m["matchExpressions"].([]any); ok {
+	notSelector := func(field string) error {
+		return o.errorf(field, "not a label selector such as {matchLabels: {pool: canary}} or {matchExpressions: [{key: pool, operator: In, values: [canary]}]}")
+	}
+	if v := m["matchLabels"]; v != nil {
+		labels, ok := v.(map[string]any)
+		if !ok {
+			return s, notSelector(at + ".matchLabels")
+		}
+		s.MatchLabels = make(map[string]string, len(labels))
+		for k, lv := range labels {
+			if s.MatchLabels[k], ok = lv.(string); !ok {
+				return s, notSelector(at + ".matchLabels." + k)
+			}
+		}
+	}
+	if v := m["matchExpressions"]; v != nil {
+		exprs, ok := v.([]any)
+		if !ok {
+			return s, notSelector(at + ".matchExpressions")
+		}
 		for j, e := range exprs {
+			where := fmt.Sprintf("%s.matchExpressions[%d]", at, j)
 			em, ok := e.(map[string]any)
 			if !ok {
-				return s, o.errorf(fmt.Sprintf("%s.matchExpressions[%d]", at, j), "%s is not a mapping such as {key: pool, operator: In, values: [canary]}", fix.ShowValue(e))
+				return s, o.errorf(where, "%s is not a mapping such as {key: pool, operator: In, values: [canary]}", fix.ShowValue(e))
 			}
-			for k := range em {
-				if k != "key" && k != "operator" && k != "values" {
-					return s, o.unknown(fmt.Sprintf("%s.matchExpressions[%d].%s", at, j, k), "key", k, []string{"key", "operator", "values"})
+			var req metav1.LabelSelectorRequirement
+			for k, f := range em {
+				switch k {
+				case "key":
+					req.Key, ok = f.(string)
+				case "operator":
+					var op string
+					op, ok = f.(string)
+					req.Operator = metav1.LabelSelectorOperator(op)
+				case "values":
+					var vals []any
+					if vals, ok = f.([]any); ok || f == nil {
+						ok = true
+						for _, x := range vals {
+							str, isStr := x.(string)
+							ok = ok && isStr
+							req.Values = append(req.Values, str)
+						}
+					}
+				default:
+					return s, o.unknown(where+"."+k, "key", k, []string{"key", "operator", "values"})
+				}
+				if !ok && f != nil {
+					return s, notSelector(where + "." + k)
 				}
 			}
+			s.MatchExpressions = append(s.MatchExpressions, req)
 		}
-	}
-	data, err := json.Marshal(m)
-	if err != nil {
-		return s, o.errorf(at, "not a label selector: %v", err)
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&s); err != nil {
-		field := at
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) && te.Field != "" {
-			field = at + "." + te.Field
-		}
-		return s, o.errorf(field, "not a label selector such as {matchLabels: {pool: canary}} or {matchExpressions: [{key: pool, operator: In, values: [canary]}]}")
 	}
 	return s, nil
 }
