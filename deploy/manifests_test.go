@@ -538,9 +538,14 @@ func TestDaemonSet(t *testing.T) {
 	ann := ds.Spec.Template.Annotations
 	check(ann["prometheus.io/port"] == ports["metrics"] && ann["prometheus.io/scheme"] == "https",
 		"prometheus.io annotations %v, want port %s and scheme https", ann, ports["metrics"])
+	// The probes on the node's loopback (issue #63 row 2): a Pod cannot reach the listener, so no
+	// flood of Pod connections can keep the kubelet's out.
+	host, _, _ := net.SplitHostPort(cfg.HealthzAddress)
+	check(net.ParseIP(host).IsLoopback(), "healthzAddress %q, want the node's loopback (127.0.0.1:…)", cfg.HealthzAddress)
 	for name, p := range map[string]*corev1.Probe{"/livez": c.LivenessProbe, "/readyz": c.ReadinessProbe} {
 		check(p != nil && p.HTTPGet != nil && p.HTTPGet.Path == name && p.HTTPGet.Port.String() == "healthz" &&
-			p.HTTPGet.Scheme != corev1.URISchemeHTTPS, "probe %s = %+v, want plain HTTP on the healthz port", name, p)
+			p.HTTPGet.Host == host && p.HTTPGet.Scheme != corev1.URISchemeHTTPS,
+			"probe %s = %+v, want plain HTTP on the healthz port of host %s", name, p, host)
 	}
 
 	// Resources and privileges.

@@ -168,7 +168,7 @@ var Keys = []Key{
 	{Key: "metricsCertDir", Flag: "metrics-cert-dir", Default: "", Doc: "self-signed", Restart: true,
 		Help: "directory with `tls.crt` and `tls.key` for the HTTPS metrics (re-read when they change)"},
 	{Key: "healthzAddress", Flag: "healthz-address", Default: "", Doc: "on `metricsAddress`", Restart: true,
-		Help: "`/healthz`, `/readyz` over plain HTTP (`0.0.0.0:9485` in deploy/base)"},
+		Help: "`/livez`, `/readyz`, `/healthz` over plain HTTP (`127.0.0.1:9485` in deploy/base: the kubelet probes the node's loopback)"},
 	{Key: "procSysPath", Flag: "proc-sys-path", Default: "/proc/sys", Restart: true,
 		Help: "the sysctl tree the agent writes; a container's `/proc/sys` is read-only, so components/conntrack-liberal mounts the node's `/proc/sys/net` at `/host/proc/sys/net` and sets this"},
 	{Key: "memoryLimit", Flag: "memory-limit", Default: "", Doc: "`128Mi`", Restart: true,
