@@ -40,9 +40,13 @@ func sourceOf(hostport string) netip.Prefix {
 // closed at once (cheap, so that a flooder's re-dials do not hold up the accept queue in front of a
 // kubelet probe). At the listener's cap, a connection of the sources holding the most is closed to
 // admit the new one, the one idle the longest (no request in the handler: idle keep-alive, a TLS
-// handshake or request head not finished), when that source holds at least two more than the new
-// one's; otherwise the new one is closed. So sources flooding the listener end up with equal shares
-// and a source with few connections (the kubelet's, a scraper's) always gets in.
+// handshake or request head not finished), when that source holds more than the new one's;
+// otherwise the new one is closed. So sources flooding the listener end up with equal shares, and a
+// source holding fewer than the most (the kubelet's, a scraper's: none) always gets in, however
+// many sources the flood is spread over. (Issue #63: with "at least two more", a flood from 500
+// sources left each holding 0 or 1, and a new source, holding none, was closed at once.) Sources at
+// equal shares then take each other's connections in turn as they re-dial: that costs an accept and
+// a close each, as a refusal does.
 //
 // golang.org/x/net/netutil.LimitListener is not used: it stops accepting when full, so a kubelet
 // probe then waits in the kernel's backlog behind idle connections until one times out (the
@@ -86,6 +90,9 @@ type trackedConn struct {
 	counted bool
 	serving int
 	since   time.Time
+	// served: the connection has answered a request (an idle one is a keep-alive); a connection that
+	// has not is closed to make room only after those that have (its first request may be on its way).
+	served bool
 }
 
 func (c *trackedConn) Close() error {
@@ -137,7 +144,7 @@ func (l *connLimiter) admit(c *trackedConn) (evict *trackedConn, ok bool) {
 	}
 	if l.max > 0 && len(l.conns) >= l.max {
 		evict = l.victim()
-		if evict == nil || l.bySource[evict.source] < l.bySource[c.source]+2 {
+		if evict == nil || l.bySource[evict.source] <= l.bySource[c.source] {
 			l.closed[closedListenerCap]++
 			return nil, false
 		}
@@ -151,7 +158,9 @@ func (l *connLimiter) admit(c *trackedConn) (evict *trackedConn, ok bool) {
 }
 
 // victim is the connection to close to make room: among those that serve no request, of the
-// sources holding the most connections, the one idle the longest. Called with l.mu held.
+// sources holding the most connections, one that has served a request before (an idle keep-alive)
+// rather than one whose first request may be on its way, and of those the one idle the longest.
+// Called with l.mu held.
 func (l *connLimiter) victim() *trackedConn {
 	var best *trackedConn
 	for c := range l.conns {
@@ -162,7 +171,17 @@ func (l *connLimiter) victim() *trackedConn {
 			best = c
 			continue
 		}
-		if nc, nb := l.bySource[c.source], l.bySource[best.source]; nc > nb || (nc == nb && c.since.Before(best.since)) {
+		nc, nb := l.bySource[c.source], l.bySource[best.source]
+		switch {
+		case nc != nb:
+			if nc > nb {
+				best = c
+			}
+		case c.served != best.served:
+			if c.served {
+				best = c
+			}
+		case c.since.Before(best.since):
 			best = c
 		}
 	}
@@ -211,6 +230,7 @@ func serving(h http.Handler) http.Handler {
 		defer func() {
 			c.l.mu.Lock()
 			c.serving--
+			c.served = true
 			c.since = time.Now()
 			c.l.mu.Unlock()
 		}()

@@ -1,17 +1,13 @@
 package server_test
 
 import (
-	"bufio"
 	"context"
-	"crypto/tls"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -39,33 +35,11 @@ func TestIdleFloodDoesNotStarveProbesOrScrape(t *testing.T) {
 	probeAddr, metricsAddr := s.HealthzAddr(), s.Addr()
 
 	ctx, stop := context.WithCancel(t.Context())
-	var wg sync.WaitGroup
-	defer func() { stop(); wg.Wait() }()
 	var opened, failed atomic.Int64
-	flood := func(addr string, sources, perSource int, useTLS bool, path string) {
-		for i := range sources * perSource {
-			src := fmt.Sprintf("127.0.%d.%d", 10+i%sources/250, 1+i%sources%250)
-			if useTLS {
-				src = fmt.Sprintf("127.1.%d.%d", i%sources/250, 1+i%sources%250)
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for ctx.Err() == nil {
-					if !idleConn(ctx, src, addr, useTLS, path, &opened) {
-						failed.Add(1)
-					}
-					select { // the agent closed it (or refused it): dial again, as a flooder would
-					case <-ctx.Done():
-					case <-time.After(2 * time.Second):
-					}
-				}
-			}()
-		}
-	}
 	start := time.Now()
-	flood(probeAddr, 100, 20, false, "/livez")
-	flood(metricsAddr, 30, 20, true, "/metrics")
+	waitProbe := servertest.Flood(ctx, loopbackSources("127.0.", 10, 100), 20, probeAddr, false, "/livez", 2*time.Second, &opened, &failed)
+	waitMetrics := servertest.Flood(ctx, loopbackSources("127.1.", 0, 30), 20, metricsAddr, true, "/metrics", 2*time.Second, &opened, &failed)
+	defer func() { stop(); waitProbe(); waitMetrics() }()
 	// With the limits at most 2 × 256 are held at a time; the others are refused or closed.
 	for opened.Load() < 2*int64(server.DefaultLimits.MaxConns) && time.Since(start) < 30*time.Second {
 		time.Sleep(50 * time.Millisecond)
@@ -97,39 +71,14 @@ func TestIdleFloodDoesNotStarveProbesOrScrape(t *testing.T) {
 	}
 }
 
-// idleConn dials addr from src, makes one keep-alive request for path (counting the answer in
-// answered), and keeps the connection open, idle, until the server closes it or ctx ends; false when
-// no answer came.
-func idleConn(ctx context.Context, src, addr string, useTLS bool, path string, answered *atomic.Int64) bool {
-	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
-	c, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return false
+// loopbackSources are n loopback addresses prefix<third>.<fourth> from prefix<first>.1 on, 250 to a
+// third octet.
+func loopbackSources(prefix string, first, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s%d.%d", prefix, first+i/250, 1+i%250)
 	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(time.Minute)) // a bound on the test, far beyond any limit
-	stop := context.AfterFunc(ctx, func() { c.Close() })
-	defer stop()
-	if useTLS {
-		tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true})
-		if err := tc.HandshakeContext(ctx); err != nil {
-			return false
-		}
-		c = tc
-	}
-	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path); err != nil {
-		return false
-	}
-	br := bufio.NewReader(c)
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil {
-		return false
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	answered.Add(1)
-	_, _ = br.ReadByte() // idle until the server closes the connection
-	return true
+	return out
 }
 
 // plainFrom is an HTTP client whose connections leave from the loopback address src.
