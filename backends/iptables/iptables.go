@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"regexp"
 	"slices"
 	"sort"
@@ -274,9 +275,16 @@ func (b *Ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*reco
 		}
 	}
 	owners := d.owners()
-	for c := range r.set {
+	for _, c := range slices.SortedFunc(maps.Keys(r.set), func(a, b tchain) int { return strings.Compare(a.String(), b.String()) }) {
 		if o, ok := owners[c]; ok && o != rs.Fix {
 			return step, fmt.Errorf("chain %s is already used by fix %s", c, o)
+		}
+		// A chain of the name that is not the fix's (by the kernel's marks or our record) is
+		// someone else's, as cleanup judges it: declaring it in the restore would flush it (issue
+		// #63). It stays as it is, and the unit is not applied.
+		if d.has(c) && !old[c] {
+			return step, &backend.ForeignError{Object: fmt.Sprintf("chain %s of table %s (%s)", c.chain, c.table, b.Binary(rs.Family, "")),
+				Why: "no jump commented " + jumpCommentPrefix + rs.Fix + " in a built-in chain leads to it, nor did this agent make it"}
 		}
 	}
 	placeJumps(p, d, rs.Fix, jumps, r.precede)

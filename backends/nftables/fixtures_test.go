@@ -236,6 +236,8 @@ type kernel struct {
 	fakes  map[tableKey]*knftables.Fake
 	// genReads counts the generation reads of a real kernel's backend.
 	genReads int
+	// log, when set, receives the backend's log (text); nil discards it.
+	log io.Writer
 }
 
 func newFakeKernel() *kernel {
@@ -295,6 +297,36 @@ func (k *kernel) listTables(ctx context.Context, family knftables.Family) ([]Tab
 	return out, nil
 }
 
+// describeTable is Options.DescribeTable: over netlink on a real kernel, from the fake otherwise.
+func (k *kernel) describeTable(ctx context.Context, family knftables.Family, table string) (*TableShape, error) {
+	if k.real {
+		return describeRealTable(ctx, family, table)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	f := k.fakes[tableKey{family, table}]
+	if f == nil || f.Table == nil {
+		return nil, errNoTable
+	}
+	s := &TableShape{}
+	for _, c := range f.Table.Chains {
+		s.Chains = append(s.Chains, c.Chain)
+	}
+	for name := range f.Table.Maps {
+		s.Maps = append(s.Maps, name)
+	}
+	for name := range f.Table.Sets {
+		s.Sets = append(s.Sets, name)
+	}
+	for name := range f.Table.Counters {
+		s.Counters = append(s.Counters, name)
+	}
+	for name := range f.Table.Flowtables {
+		s.Others = append(s.Others, "flowtable "+name)
+	}
+	return s, nil
+}
+
 func (k *kernel) rec(family knftables.Family, table string) *recorder {
 	r, err := k.newInterface(family, table)
 	if err != nil {
@@ -304,8 +336,12 @@ func (k *kernel) rec(family knftables.Family, table string) *recorder {
 }
 
 func (k *kernel) backend(t testing.TB) *Backend {
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	opts := Options{NewInterface: k.newInterface, ListTables: k.listTables, Logger: log,
+	w := k.log
+	if w == nil {
+		w = io.Discard
+	}
+	log := slog.New(slog.NewTextHandler(w, nil))
+	opts := Options{NewInterface: k.newInterface, ListTables: k.listTables, DescribeTable: k.describeTable, Logger: log,
 		NewLister: func(family knftables.Family, table string) (Lister, error) { return k.newInterface(family, table) }}
 	if k.real {
 		// The real kernel's generation, read by the caller's thread (inside the test's namespace).

@@ -2,7 +2,6 @@ package nftables
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -181,39 +180,11 @@ type ruleHead struct {
 // byte, as four: "attribute 3 is not a uint32"), which would fail every listing of a table with a
 // "ct original" match; the backend needs neither the expressions nor that risk.
 func ruleHandles(t *gnft.Table, chain string) ([]ruleHead, error) {
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{
+	var out []ruleHead
+	err := nftDump(unix.NFT_MSG_GETRULE, byte(t.Family), []netlink.Attribute{
 		{Type: unix.NFTA_RULE_TABLE, Data: []byte(t.Name + "\x00")},
 		{Type: unix.NFTA_RULE_CHAIN, Data: []byte(chain + "\x00")},
-	})
-	if err != nil {
-		return nil, err
-	}
-	msgs, err := conn.Execute(netlink.Message{
-		Header: netlink.Header{
-			Type:  netlink.HeaderType((unix.NFNL_SUBSYS_NFTABLES << 8) | unix.NFT_MSG_GETRULE),
-			Flags: netlink.Request | netlink.Dump,
-		},
-		// struct nfgenmsg: family, version, resource id.
-		Data: append([]byte{byte(t.Family), unix.NFNETLINK_V0, 0, 0}, attrs...),
-	})
-	if err != nil {
-		return nil, err
-	}
-	var out []ruleHead
-	for _, m := range msgs {
-		if len(m.Data) < 4 {
-			continue
-		}
-		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
-		if err != nil {
-			return nil, err
-		}
-		ad.ByteOrder = binary.BigEndian
+	}, func(ad *netlink.AttributeDecoder) {
 		var r ruleHead
 		for ad.Next() {
 			switch ad.Type() {
@@ -223,12 +194,9 @@ func ruleHandles(t *gnft.Table, chain string) ([]ruleHead, error) {
 				r.userData = ad.Bytes()
 			}
 		}
-		if err := ad.Err(); err != nil {
-			return nil, err
-		}
 		out = append(out, r)
-	}
-	return out, nil
+	})
+	return out, err
 }
 
 // ListElements lists a map's or set's elements as nft writes ours (element, keyElement): address .

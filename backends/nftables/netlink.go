@@ -339,30 +339,8 @@ const nftaTableUserdata = 0x6
 // NFT_MSG_GETTABLE, whose answers carry NFTA_TABLE_NAME and NFTA_TABLE_USERDATA (libnftnl's TLV,
 // the comment under type 0, as a rule's).
 func dumpTables(family byte) ([]TableInfo, error) {
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	msgs, err := conn.Execute(netlink.Message{
-		Header: netlink.Header{
-			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETTABLE),
-			Flags: netlink.Request | netlink.Dump,
-		},
-		Data: []byte{family, unix.NFNETLINK_V0, 0, 0}, // struct nfgenmsg, res_id 0
-	})
-	if err != nil {
-		return nil, err
-	}
 	var out []TableInfo
-	for _, m := range msgs {
-		if len(m.Data) < 4 {
-			continue
-		}
-		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
-		if err != nil {
-			return nil, err
-		}
+	err := nftDump(unix.NFT_MSG_GETTABLE, family, nil, func(ad *netlink.AttributeDecoder) {
 		var t TableInfo
 		for ad.Next() {
 			switch ad.Type() {
@@ -372,12 +350,52 @@ func dumpTables(family byte) ([]TableInfo, error) {
 				t.Comment, _ = userdata.GetString(ad.Bytes(), userdata.TypeComment)
 			}
 		}
-		if err := ad.Err(); err != nil {
-			return nil, err
-		}
 		if t.Name != "" {
 			out = append(out, t)
 		}
+	})
+	return out, err
+}
+
+// nftDump sends one nf_tables dump request (msg: an NFT_MSG_GET… type) for family with attrs over
+// netlink, in the calling thread's network namespace, and calls each with the attributes of every
+// message of the answer (big-endian), decoding nothing else: google/nftables decodes whole objects
+// and fails on some the kernel accepts (see ruleHandles), and the backend reads only a few of their
+// attributes.
+func nftDump(msg int, family byte, attrs []netlink.Attribute, each func(ad *netlink.AttributeDecoder)) error {
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	if err != nil {
+		return err
 	}
-	return out, nil
+	defer conn.Close()
+	data := []byte{family, unix.NFNETLINK_V0, 0, 0} // struct nfgenmsg, res_id 0
+	if len(attrs) > 0 {
+		b, err := netlink.MarshalAttributes(attrs)
+		if err != nil {
+			return err
+		}
+		data = append(data, b...)
+	}
+	msgs, err := conn.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | msg), Flags: netlink.Request | netlink.Dump},
+		Data:   data,
+	})
+	if err != nil {
+		return err
+	}
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return err
+		}
+		ad.ByteOrder = binary.BigEndian
+		each(ad)
+		if err := ad.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -44,6 +44,10 @@ type Options struct {
 	// table dump over netlink (listRealTables). Cleanup uses it, and remove for a table this process
 	// never touched.
 	ListTables func(ctx context.Context, family knftables.Family) ([]TableInfo, error)
+	// DescribeTable reads a table's objects with their definitions (TableShape), to tell whether a
+	// table without a comment is an earlier version's or someone else's. Nil means a dump over
+	// netlink (describeRealTable).
+	DescribeTable func(ctx context.Context, family knftables.Family, table string) (*TableShape, error)
 	// NewLister returns what reads one table back (Lister). Nil means netlinkLister when NewInterface
 	// is nil too (the real kernel), and the table's knftables interface otherwise (a fake kernel).
 	NewLister func(family knftables.Family, table string) (Lister, error)
@@ -129,6 +133,9 @@ func NewOps(opts Options) (*Ops, error) {
 	if opts.ListTables == nil {
 		opts.ListTables = listRealTables
 	}
+	if opts.DescribeTable == nil {
+		opts.DescribeTable = describeRealTable
+	}
 	b.opts = opts
 	return b, nil
 }
@@ -179,12 +186,6 @@ func (b *Ops) reader(k tableKey) (Lister, error) {
 		return b.opts.NewLister(k.family, k.table)
 	}
 	return b.iface(k)
-}
-
-func (b *Ops) hasIface(k tableKey) bool {
-	b.imu.Lock()
-	defer b.imu.Unlock()
-	return b.ifaces[k] != nil
 }
 
 // table returns the key and interface of a unit's table.
@@ -287,25 +288,38 @@ func (b *Ops) Apply(ctx context.Context, u backend.Unit, prev backend.Prev[*appl
 	if err != nil {
 		return step, err
 	}
+	// A table is rewritten from a listing only once it is known to be ours (claim): someone else's
+	// of the same name is left untouched and the unit is blocked; an earlier version's is replaced.
 	var ex *existing
+	adopt := false
 	if prev.Trusted {
 		ex = prev.Rec.model.existing()
-	} else if ex, err = b.listExisting(ctx, k, &step); err != nil {
+	} else if adopt, err = b.claim(ctx, k, &step); err != nil {
 		return step, err
-	}
-	ctx = context.WithoutCancel(ctx) // from here on the kernel is changed: finish what was started
-	tx, err := b.write(ctx, nft, m, ex, log)
-	if err != nil && prev.Trusted {
-		// The record was wrong about the kernel (an object deleted or redefined behind our back):
-		// list the table and rewrite it from what is really there.
-		log.Info("rewrite from our record failed; listing the table and rewriting it", "err", err)
+	} else if !adopt {
 		if ex, err = b.listExisting(ctx, k, &step); err != nil {
 			return step, err
+		}
+	}
+	ctx = context.WithoutCancel(ctx) // from here on the kernel is changed: finish what was started
+	tx, err := b.write(ctx, nft, m, ex, adopt, log)
+	if err != nil && prev.Trusted {
+		// The record was wrong about the kernel (an object deleted or redefined behind our back, or
+		// the table replaced): look at the table and rewrite it from what is really there.
+		log.Info("rewrite from our record failed; listing the table and rewriting it", "err", err)
+		if adopt, err = b.claim(ctx, k, &step); err != nil {
+			return step, err
+		}
+		ex = nil
+		if !adopt {
+			if ex, err = b.listExisting(ctx, k, &step); err != nil {
+				return step, err
+			}
 		}
 		if ex != nil {
 			ex.known = prev.Rec.model
 		}
-		tx, err = b.write(ctx, nft, m, ex, log)
+		tx, err = b.write(ctx, nft, m, ex, adopt, log)
 	}
 	if err != nil {
 		// The transaction is atomic: the kernel still holds what it held, maybe not the record.
@@ -373,8 +387,16 @@ func (e rejected) Unwrap() []error { return []error{e.error, backend.ErrRejected
 
 // write sends one transaction that makes the table hold m, given what it holds (ex, nil: no table).
 // A new table's maps go over netlink first (see loadMaps); if the transaction then fails, the
-// half-made table is deleted again, so that nothing of the attempt stays.
-func (b *Ops) write(ctx context.Context, nft knftables.Interface, m *model, ex *existing, log *slog.Logger) (*knftables.Transaction, error) {
+// half-made table is deleted again, so that nothing of the attempt stays. With replace (an earlier
+// version's table, adopted) the transaction deletes the table first and makes it anew with the
+// owner comment, which an existing table cannot be given.
+func (b *Ops) write(ctx context.Context, nft knftables.Interface, m *model, ex *existing, replace bool, log *slog.Logger) (*knftables.Transaction, error) {
+	if replace {
+		tx := nft.NewTransaction()
+		tx.Delete(&knftables.Table{})
+		writeFull(tx, m, nil, false)
+		return tx, nft.Run(ctx, tx)
+	}
 	loaded := false
 	if ex == nil && b.loadMaps != nil && len(m.maps) > 0 {
 		// The table is made with its owner comment first: loadMaps creates it over netlink
@@ -596,19 +618,18 @@ func (b *Ops) Remove(ctx context.Context, u backend.Unit, prev backend.Prev[*app
 	if err != nil {
 		return step, err
 	}
-	if !prev.Known && !b.hasIface(k) {
-		// A table this process never touched (the engine removes every disabled fix's tables at
-		// start): one listing says whether there is anything to delete, where creating the table's
-		// interface (nft --version, nft --check) and deleting would run nft three times. At start
-		// this is most of the fixed cost before the first rules reach the kernel.
-		step.ReadBack = true
-		tables, err := b.opts.ListTables(ctx, k.family)
-		if err == nil && !slices.Contains(tableNames(tables), k.table) {
-			return step, nil
-		}
-		if ctx.Err() != nil {
-			return step, ctx.Err()
-		}
+	// One table listing says whether there is anything to delete (where creating the table's
+	// interface, nft --version and nft --check, and deleting would run nft three times: at start,
+	// when the engine removes every disabled fix's tables, most of the fixed cost before the first
+	// rules reach the kernel), and whether it is ours to delete: a table of that name that is not
+	// ours is not the fix's, and stays.
+	step.ReadBack = true
+	switch o, why, err := b.owner(ctx, k); {
+	case err != nil || o == noTable:
+		return step, err
+	case o == foreignTable:
+		b.log.Info("leaving a table named like the fix's that is not ours", "fix", u.Fix, "table", string(k.family)+" "+k.table, "why", why)
+		return step, nil
 	}
 	step.Applied, err = b.removeTable(context.WithoutCancel(ctx), k)
 	return step, err
@@ -679,25 +700,28 @@ func (b *Ops) Cleanup(ctx context.Context) error {
 // and the removal of what this backend left when the agent runs with the iptables backend now
 // (backends.Leftovers).
 func (b *Ops) RemoveAll(ctx context.Context) (removed int, err error) {
-	return b.removeTables(ctx, func(tableKey) bool { return true })
+	return b.removeTables(ctx, func(ownedTable) bool { return true })
 }
 
 // RemoveFix deletes fix's tables (ip and ip6 nnm-<fix>) and returns how many there were: the one
 // fix's share of RemoveAll, once the iptables backend has that fix's replacement in
 // (backends.Leftovers).
 func (b *Ops) RemoveFix(ctx context.Context, fix string) (removed int, err error) {
-	return b.removeTables(ctx, func(k tableKey) bool { return k.table == TableName(fix) })
+	return b.removeTables(ctx, func(t ownedTable) bool { return t.table == TableName(fix) })
 }
 
 // removeTables deletes the tables of ours that pick chooses and returns how many there were.
-func (b *Ops) removeTables(ctx context.Context, pick func(tableKey) bool) (removed int, err error) {
-	keys, err := b.ownTables(ctx)
+func (b *Ops) removeTables(ctx context.Context, pick func(ownedTable) bool) (removed int, err error) {
+	tables, err := b.ownTables(ctx)
 	errs := []error{err}
-	for _, k := range keys {
-		if !pick(k) {
+	for _, t := range tables {
+		if !pick(t) {
 			continue
 		}
-		gone, err := b.removeTable(ctx, k)
+		if t.earlier {
+			b.log.Info("removing a table an earlier version of the agent made (no owner comment)", "table", string(t.family)+" "+t.table)
+		}
+		gone, err := b.removeTable(ctx, t.tableKey)
 		if err != nil {
 			errs = append(errs, err)
 		} else if gone {
@@ -786,10 +810,18 @@ func explain(err error) error {
 	return err
 }
 
-// ownTables lists the nnm-* tables of families ip and ip6, sorted by family and name: what RemoveAll
-// deletes and CleanupPlan names. A family that cannot be listed is an error; the other is still listed.
-func (b *Ops) ownTables(ctx context.Context) ([]tableKey, error) {
-	var out []tableKey
+// ownTable is a table of ours in the kernel: earlier says an earlier version made it (no owner
+// comment; see judge).
+type ownedTable struct {
+	tableKey
+	earlier bool
+}
+
+// ownTables lists the tables of ours (judge: with our owner comment, or an earlier version's) of
+// families ip and ip6, sorted by family and name: what RemoveAll deletes and CleanupPlan names. A
+// family that cannot be listed is an error; the other is still listed.
+func (b *Ops) ownTables(ctx context.Context) ([]ownedTable, error) {
+	var out []ownedTable
 	var errs []error
 	for _, family := range []knftables.Family{knftables.IPv4Family, knftables.IPv6Family} {
 		tables, err := b.opts.ListTables(ctx, family)
@@ -799,8 +831,16 @@ func (b *Ops) ownTables(ctx context.Context) ([]tableKey, error) {
 		}
 		sort.Slice(tables, func(i, j int) bool { return tables[i].Name < tables[j].Name })
 		for _, t := range tables {
-			if ours(t) {
-				out = append(out, tableKey{family: family, table: t.Name})
+			if !strings.HasPrefix(t.Name, TablePrefix) {
+				continue
+			}
+			o, _, err := b.judge(ctx, family, t)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if o == ownTable || o == earlierTable {
+				out = append(out, ownedTable{tableKey{family: family, table: t.Name}, o == earlierTable})
 			}
 		}
 	}

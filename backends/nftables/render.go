@@ -142,27 +142,7 @@ func build(rs *rules.Ruleset) (*model, error) {
 	}
 	m := &model{family: f.nft, table: TableName(rs.Fix)}
 	for _, c := range rs.Chains {
-		cm := chainModel{chain: knftables.Chain{Name: ChainName(c.Name)}}
-		if c.Hook != "" {
-			prio := PriorityFilter
-			if c.Type == rules.Mangle {
-				prio = PriorityMangle
-			}
-			if c.Type == rules.NAT {
-				prio = PriorityNATSrc
-				if c.Hook == rules.Prerouting || c.Hook == rules.Output {
-					prio = PriorityNATDst
-				}
-			}
-			typ := knftables.FilterType
-			if c.Type == rules.NAT {
-				typ = knftables.NATType
-			}
-			cm.chain.Type = knftables.PtrTo(typ)
-			cm.chain.Hook = knftables.PtrTo(knftables.BaseChainHook(c.Hook))
-			cm.chain.Priority = knftables.PtrTo(knftables.BaseChainPriority(fmt.Sprint(prio)))
-			cm.chain.Policy = knftables.PtrTo(knftables.AcceptPolicy)
-		}
+		cm := chainModel{chain: baseChain(c)}
 		for i, r := range c.Rules {
 			label, err := connlabel.Of(rs, r)
 			if err != nil {
@@ -194,6 +174,35 @@ func build(rs *rules.Ruleset) (*model, error) {
 		m.maps = append(m.maps, mm)
 	}
 	return m, nil
+}
+
+// baseChain is the kernel chain of c without its rules: named ChainName(c.Name), and for a chain
+// with a Hook a base chain of its type on that hook, at our priority for the type and hook, policy
+// accept.
+func baseChain(c rules.Chain) knftables.Chain {
+	kc := knftables.Chain{Name: ChainName(c.Name)}
+	if c.Hook == "" {
+		return kc
+	}
+	prio := PriorityFilter
+	if c.Type == rules.Mangle {
+		prio = PriorityMangle
+	}
+	if c.Type == rules.NAT {
+		prio = PriorityNATSrc
+		if c.Hook == rules.Prerouting || c.Hook == rules.Output {
+			prio = PriorityNATDst
+		}
+	}
+	typ := knftables.FilterType
+	if c.Type == rules.NAT {
+		typ = knftables.NATType
+	}
+	kc.Type = knftables.PtrTo(typ)
+	kc.Hook = knftables.PtrTo(knftables.BaseChainHook(c.Hook))
+	kc.Priority = knftables.PtrTo(knftables.BaseChainPriority(strconv.Itoa(prio)))
+	kc.Policy = knftables.PtrTo(knftables.AcceptPolicy)
+	return kc
 }
 
 func element(mapName string, e rules.MapEntry) knftables.Element {

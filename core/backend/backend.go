@@ -13,6 +13,8 @@ package backend
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
@@ -94,6 +96,27 @@ type Backend interface {
 	// Cleanup removes everything the backend owns in every family, whatever fix put it there.
 	Cleanup(ctx context.Context) error
 }
+
+// ErrForeign is wrapped by the error of a Reconcile that found an object of the name one of the
+// unit's objects must have, which the backend cannot prove it made (a ForeignError names it). The
+// object is left untouched and nothing of the unit is changed: the fix is blocked in that family
+// until its owner removes or renames it. Cleanup never takes such an object either.
+var ErrForeign = errors.New("an object of the same name is someone else's")
+
+// ForeignError is the error that names the foreign object; it wraps ErrForeign.
+type ForeignError struct {
+	// Object is the object as the backend's tool names it: "table ip6 nnm-invalid-drop",
+	// "chain NNM-INVALID-INPUT of table filter (ip6tables-nft)".
+	Object string
+	// Why says what shows it is not ours ("its comment is …", "no jump commented … leads to it").
+	Why string
+}
+
+func (e *ForeignError) Error() string {
+	return fmt.Sprintf("%s exists and is not ours (%s): left untouched; the fix is blocked here until it is removed or renamed", e.Object, e.Why)
+}
+
+func (e *ForeignError) Unwrap() error { return ErrForeign }
 
 // CleanupPlanner is implemented by backends that can say what Cleanup would remove without removing
 // anything (`cleanup --dry-run`).
