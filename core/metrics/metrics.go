@@ -51,6 +51,9 @@ type Sync struct {
 	ConfigReloads *prometheus.CounterVec
 	// NodeOverride is 1 for the entry of the config file's nodeOverrides that applies on this node.
 	NodeOverride *prometheus.GaugeVec
+	// Blocked is 1 for a fix and family whose objects cannot be applied because an object of the
+	// same name is someone else's (backend.ForeignError), naming it.
+	Blocked *prometheus.GaugeVec
 }
 
 // NewSync creates and registers the engine's metrics on reg.
@@ -97,9 +100,12 @@ func NewSync(reg prometheus.Registerer) *Sync {
 		NodeOverride: GaugeVec("config_node_override",
 			"1 for the entry of the config file's nodeOverrides that applies on this node (override is its index from 0, or none).",
 			"override"),
+		Blocked: GaugeVec("fix_blocked",
+			"1 while the fix cannot apply its rules in family because object, named like one it makes, is not the agent's (left untouched).",
+			"fix", "family", "object"),
 	}
 	reg.MustRegister(m.Duration, m.Syncs, m.Errors, m.Repairs, m.Rules, m.LastSuccess, m.Enabled,
-		m.Refused, m.Covered, m.Skipped, m.Info, m.ConfigReloads, m.NodeOverride)
+		m.Refused, m.Covered, m.Skipped, m.Info, m.ConfigReloads, m.NodeOverride, m.Blocked)
 	return m
 }
 

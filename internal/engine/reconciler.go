@@ -179,6 +179,7 @@ func (e *Engine) account(ctx context.Context, u *unit, bname string, start time.
 	}
 	id := u.st.fix.ID()
 	now := e.now()
+	e.noteBlocked(u, err)
 	e.m.Duration.WithLabelValues(id, bname).Observe(now.Sub(start).Seconds())
 	e.m.Syncs.WithLabelValues(id, bname).Inc()
 	if err != nil {
@@ -239,6 +240,7 @@ func (e *Engine) remove(ctx context.Context, u *unit) error {
 		err = fmt.Errorf("remove: %w", err)
 	} else {
 		e.m.Rules.WithLabelValues(id, e.be.Name(), string(u.family)).Set(0)
+		e.noteBlocked(u, nil)
 	}
 	if err != nil {
 		if ctx.Err() != nil {

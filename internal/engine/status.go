@@ -6,6 +6,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
@@ -38,8 +41,25 @@ func (e *ProbeError) Short() string {
 		return e.Summary
 	case errors.Is(e.Err, ErrWaitingForWatches):
 		return e.Summary + ": " + ErrWaitingForWatches.Error()
+	case errors.Is(e.Err, backend.ErrForeign):
+		return e.Summary + ": blocked: an object named like one it makes is not the agent's and is left untouched (nnm_fix_blocked names it)"
 	}
 	return e.Summary + ": the last sync failed (the error is in the agent's log, the count in nnm_sync_errors_total)"
+}
+
+// noteBlocked keeps nnm_fix_blocked of a rule unit: 1, naming the object, while its last sync was
+// refused because an object of the name one of its objects must have is someone else's
+// (backend.ForeignError); no sample otherwise (err nil: it synced, or was removed).
+func (e *Engine) noteBlocked(u *unit, err error) {
+	if u.family == "" {
+		return
+	}
+	id, fam := u.st.fix.ID(), string(u.family)
+	e.m.Blocked.DeletePartialMatch(prometheus.Labels{"fix": id, "family": fam})
+	var fe *backend.ForeignError
+	if errors.As(err, &fe) {
+		e.m.Blocked.WithLabelValues(id, fam, fe.Object).Set(1)
+	}
 }
 
 // ErrWaitingForWatches is the last error of a fix that reads the API while its watches have not synced.

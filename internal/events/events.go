@@ -17,6 +17,7 @@ package events
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -27,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/network-node-manager/network-node-manager/core/backend"
 	fixpkg "github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/internal/kube"
@@ -42,6 +44,10 @@ const (
 	FixSynced = "FixSynced"
 	// FixSyncFailed (Warning): applying a fix's rules or node state failed; the previous state stays.
 	FixSyncFailed = "FixSyncFailed"
+	// FixBlocked (Warning): a fix cannot apply its rules in a family because an object named like one
+	// of its own (a table, a chain) is someone else's; the note names it. It is left untouched;
+	// nnm_fix_blocked is 1 until it is gone.
+	FixBlocked = "FixBlocked"
 	// ObjectSkipped (Warning): a fix left an object out (a Service over a budget, an address it never
 	// DNATs, …); the note names the object, the family and the reason.
 	ObjectSkipped = "ObjectSkipped"
@@ -61,7 +67,7 @@ const (
 )
 
 // Reasons are all of the above, in the order README.md's table lists them.
-var Reasons = []string{FixEnabled, FixDisabled, FixRefused, FixSynced, FixSyncFailed, ObjectSkipped, PredecessorTakenOver, ConfigReloadRejected, ProxyModeChanged}
+var Reasons = []string{FixEnabled, FixDisabled, FixRefused, FixSynced, FixSyncFailed, FixBlocked, ObjectSkipped, PredecessorTakenOver, ConfigReloadRejected, ProxyModeChanged}
 
 // Actions of the events that are not about one fix. An event about a fix has the fix id as its
 // action: the broadcaster keys its series on the action, so two fixes' events never merge.
@@ -161,9 +167,14 @@ func (r *Recorder) FixSynced(fix string) {
 	r.post(corev1.EventTypeNormal, FixSynced, fix, "fix %s synced", fix)
 }
 
-// FixSyncFailed says that a sync of fix failed.
+// FixSyncFailed says that a sync of fix failed: FixBlocked when an object of someone else's blocks
+// it (backend.ErrForeign).
 func (r *Recorder) FixSyncFailed(fix string, err error) {
-	r.post(corev1.EventTypeWarning, FixSyncFailed, fix, "%v", err)
+	reason := FixSyncFailed
+	if errors.Is(err, backend.ErrForeign) {
+		reason = FixBlocked
+	}
+	r.post(corev1.EventTypeWarning, reason, fix, "%v", err)
 }
 
 // ObjectSkipped says that fix newly left skip.Object out in family. The bound is per fix: a
