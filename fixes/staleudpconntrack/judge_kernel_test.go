@@ -179,7 +179,13 @@ func startCluster(t *testing.T, node *corev1.Node) kubernetes.Interface {
 // sync metrics and the registry holding both the engine's and the fix's metrics.
 func runEngine(t *testing.T, cs kubernetes.Interface, c *config.Config, ct nodestate.Conntrack, others ...fix.Fix) (*engine.Engine, *metrics.Sync, *prometheus.Registry) {
 	t.Helper()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	return runEngineLogging(t, io.Discard, cs, c, ct, others...)
+}
+
+// runEngineLogging is runEngine with the log written to w.
+func runEngineLogging(t *testing.T, w io.Writer, cs kubernetes.Interface, c *config.Config, ct nodestate.Conntrack, others ...fix.Fix) (*engine.Engine, *metrics.Sync, *prometheus.Registry) {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(w, nil))
 	reg := prometheus.NewRegistry()
 	f, err := New(fix.Params{Conntrack: ct, Registry: reg, Logger: log})
 	if err != nil {

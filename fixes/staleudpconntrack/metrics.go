@@ -13,7 +13,7 @@ type fixMetrics struct {
 	deleted, dumps *prometheus.CounterVec
 	errors         *prometheus.CounterVec
 	dead           prometheus.Gauge
-	heldBack       prometheus.Gauge
+	heldBack       *prometheus.GaugeVec
 	waiting        prometheus.Gauge
 }
 
@@ -30,10 +30,10 @@ func newMetrics() *fixMetrics {
 			"Failed conntrack dumps or deletions."), []string{"family", "operation"}),
 		dead: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: metrics.Namespace, Subsystem: subsystem, Name: "dead_addresses",
 			Help: "Addresses that a Pod of this node gave up, remembered for the retention; only entries DNATed to them are deleted."}),
-		heldBack: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: metrics.Namespace, Subsystem: subsystem, Name: "held_back_addresses",
-			Help: "Dead addresses whose entries the last pass did not delete because a Pod of this node was waiting for a pod address (within pendingGrace)."}),
+		heldBack: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: metrics.Namespace, Subsystem: subsystem, Name: "held_back_addresses",
+			Help: "Dead addresses whose entries the last pass did not judge, by reason: pod-waiting, a Pod of this node was waiting for a pod address (within pendingGrace) and the address was given up less than pendingGrace before."}, []string{"reason"}),
 		waiting: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: metrics.Namespace, Subsystem: subsystem, Name: "waiting_pods",
-			Help: "Pods of this node without a pod address for less than pendingGrace at the last pass: while there is one, no entry is deleted."}),
+			Help: "Pods of this node without a pod address for less than pendingGrace at the last pass: while there is one, the addresses given up less than pendingGrace before are held back."}),
 	}
 }
 

@@ -3,7 +3,10 @@ package staleudpconntrack
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,7 +46,7 @@ type Fix struct {
 	held map[netip.Addr]bool
 	// unfinished: the UIDs of this node's Pods that were not finished at the last pass.
 	unfinished map[types.UID]bool
-	dead       map[netip.Addr]time.Time
+	dead       map[netip.Addr]*deadAddr
 	fresh      bool
 	more       bool
 	lastDump   map[rules.Family]time.Time
@@ -51,6 +54,27 @@ type Fix struct {
 	// fix first saw them so; holding: the last pass held deletions back for them.
 	waiting map[string]*waitingPod
 	holding bool
+}
+
+// deadAddr is what the fix knows of a dead address.
+type deadAddr struct {
+	// since: when the fix saw it go.
+	since time.Time
+	// heldAt: the last pass that held its entries back (zero: none); heldNow: this pass does. Its
+	// retention runs from the later of since and heldAt, so that an address is judged at least once
+	// after its hold, however long that lasted.
+	heldAt  time.Time
+	heldNow bool
+	// released: its hold ended while Pods still waited (logged once).
+	released bool
+}
+
+// retained says until when d is remembered.
+func (d *deadAddr) retained(retention time.Duration) time.Time {
+	if d.heldAt.After(d.since) {
+		return d.heldAt.Add(retention)
+	}
+	return d.since.Add(retention)
 }
 
 // waitingPod is a Pod of this node seen without a pod address: since when, and whether the fix
@@ -68,7 +92,7 @@ var (
 // New builds the fix with its default configuration and registers its metrics.
 func New(p fix.Params) (*Fix, error) {
 	f := &Fix{ct: p.Conntrack, m: newMetrics(), now: time.Now, sleep: sleep,
-		lastDump: map[rules.Family]time.Time{}, dead: map[netip.Addr]time.Time{}, waiting: map[string]*waitingPod{}}
+		lastDump: map[rules.Family]time.Time{}, dead: map[netip.Addr]*deadAddr{}, waiting: map[string]*waitingPod{}}
 	if err := f.Init(spec, p, f.m.collectors()...); err != nil {
 		return nil, err
 	}
@@ -215,12 +239,12 @@ func (f *Fix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Re
 	for _, seen := range []map[netip.Addr]bool{f.held, givenUp} {
 		for a := range seen {
 			if _, known := f.dead[a]; !live[a] && !known {
-				f.dead[a], f.fresh = now, true
+				f.dead[a], f.fresh = &deadAddr{since: now}, true
 			}
 		}
 	}
-	for a, since := range f.dead {
-		if live[a] || now.Sub(since) > cfg.Retention {
+	for a, d := range f.dead {
+		if live[a] || now.After(d.retained(cfg.Retention)) {
 			delete(f.dead, a) // held again (the address was reused here), or forgotten
 		}
 	}
@@ -229,22 +253,16 @@ func (f *Fix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Re
 	res := fix.Result{Report: fix.Report{Covered: len(live)}}
 	// Pod IP reuse (issue #41): a Pod of this node waiting for its address may already have been
 	// given one of the dead addresses by the CNI, before its status shows it; its flows are then
-	// DNATed to that address. Nothing is deleted while such a Pod waits (within pendingGrace): the
-	// pass after it shows its address, or after the grace, dumps.
+	// DNATed to that address. While such a Pod waits (within pendingGrace), the entries of the
+	// addresses given up less than pendingGrace before are held back: the kubelet shows an address
+	// in the status within seconds of the CNI giving it, so an address free for longer that a Pod
+	// is about to show is the rarer race, and a stream of waiting Pods (one every few seconds, a slow
+	// volume or an IPAM outage) can no longer hold every deletion back for good (issue #63).
 	waiting, first := f.waitingPods(list, now, cfg.PendingGrace)
 	f.m.waiting.Set(float64(waiting))
-	if waiting > 0 && len(f.dead) > 0 {
-		f.m.heldBack.Set(float64(len(f.dead)))
-		if !f.holding {
-			f.Log.Info("deletion of stale UDP conntrack entries held back: a Pod of this node has no pod address yet and may be taking one of those given up", "pod", first, "waitingPods", waiting, "deadAddresses", len(f.dead), "pendingGrace", cfg.PendingGrace)
-		}
-		f.holding = true
-		return res, nil // fresh and more stay: the pass after the wait dumps
-	}
-	f.m.heldBack.Set(0)
-	if f.holding {
-		f.holding, f.fresh = false, true // entries may have waited: dump now
-		f.Log.Info("deletion of stale UDP conntrack entries resumes: no Pod of this node is waiting for a pod address", "deadAddresses", len(f.dead))
+	held := f.hold(waiting, now, cfg.PendingGrace, first)
+	if held > 0 && len(f.dead) == held {
+		return res, nil // nothing to judge; fresh and more stay for the pass after the hold
 	}
 	if len(f.dead) == 0 || (!full && !f.fresh && !f.more) {
 		f.fresh, f.more = false, false
@@ -301,6 +319,67 @@ func (f *Fix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fix.Re
 	return res, err
 }
 
+// reasonPodWaiting is the reason label of addresses held back for a Pod waiting for its address.
+const reasonPodWaiting = "pod-waiting"
+
+// hold marks the dead addresses whose entries this pass leaves (deadAddr.heldNow): while Pods of
+// this node wait for their address (waiting, the first of them pod), those given up less than grace
+// ago. An address whose hold ends while Pods still wait is logged once and judged from this pass on
+// (fresh: the table is read now); so are the start and the end of a hold. It exports how many are
+// held, and returns it.
+func (f *Fix) hold(waiting int, now time.Time, grace time.Duration, pod string) int {
+	n := f.markHeld(waiting > 0, now, grace, pod, waiting)
+	f.m.heldBack.WithLabelValues(reasonPodWaiting).Set(float64(n))
+	switch {
+	case n > 0 && !f.holding:
+		f.Log.Info("deletion of stale UDP conntrack entries held back: a Pod of this node has no pod address yet and may be taking one of the addresses given up less than pendingGrace ago",
+			"pod", pod, "waitingPods", waiting, "heldBack", f.heldList(), "deadAddresses", len(f.dead), "pendingGrace", grace)
+	case n == 0 && f.holding:
+		f.fresh = true // entries may have waited: dump now
+		f.Log.Info("deletion of stale UDP conntrack entries resumes: no dead address is held back any more", "waitingPods", waiting, "deadAddresses", len(f.dead))
+	}
+	f.holding = n > 0
+	return n
+}
+
+// markHeld sets deadAddr.heldNow for hold and returns how many are held.
+func (f *Fix) markHeld(wait bool, now time.Time, grace time.Duration, pod string, waiting int) int {
+	n := 0
+	for a, d := range f.dead {
+		was := d.heldNow
+		d.heldNow = wait && now.Sub(d.since) < grace
+		if d.heldNow {
+			d.heldAt = now
+			n++
+			continue
+		}
+		if was {
+			f.fresh = true
+			if wait && !d.released {
+				d.released = true
+				f.Log.Info("judging a dead address although a Pod of this node still waits for a pod address: it was given up more than pendingGrace ago",
+					"address", a, "pod", pod, "waitingPods", waiting, "pendingGrace", grace)
+			}
+		}
+	}
+	return n
+}
+
+// heldList names the held-back addresses for a log line: sorted, at most 8.
+func (f *Fix) heldList() string {
+	var out []string
+	for a, d := range f.dead {
+		if d.heldNow {
+			out = append(out, a.String())
+		}
+	}
+	slices.Sort(out)
+	if len(out) > 8 {
+		out = append(out[:8], fmt.Sprintf("and %d more", len(out)-8))
+	}
+	return strings.Join(out, ", ")
+}
+
 // DNATTarget returns the address e is destination-NATed to (its reply source, when that differs from
 // the original destination), and false when e is not destination-NATed. The fix deletes an entry
 // whose target is dead; `diagnose` previews with it which entries point to no Pod of this node.
@@ -309,19 +388,20 @@ func DNATTarget(e nodestate.ConntrackEntry) (netip.Addr, bool) {
 	return target, target != e.Orig.Dst.Addr()
 }
 
-// isDead says whether e is DNATed to a dead address.
+// isDead says whether e is DNATed to a dead address that this pass judges (not held back).
 func (f *Fix) isDead(e nodestate.ConntrackEntry) bool {
 	target, ok := DNATTarget(e)
 	if !ok {
 		return false
 	}
-	_, dead := f.dead[target]
-	return dead
+	d := f.dead[target]
+	return d != nil && !d.heldNow
 }
 
+// anyDead says whether this pass judges a dead address of fam.
 func (f *Fix) anyDead(fam rules.Family) bool {
-	for a := range f.dead {
-		if fam.Contains(a) {
+	for a, d := range f.dead {
+		if !d.heldNow && fam.Contains(a) {
 			return true
 		}
 	}
@@ -337,7 +417,7 @@ func (f *Fix) Revert(context.Context) error {
 	clear(f.dead)
 	clear(f.waiting)
 	f.m.dead.Set(0)
-	f.m.heldBack.Set(0)
+	f.m.heldBack.Reset()
 	f.m.waiting.Set(0)
 	return nil
 }

@@ -9,6 +9,7 @@ package staleudpconntrack
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -428,5 +429,54 @@ func TestWaitingPodBounded(t *testing.T) {
 	ensure(off, true, podA)
 	if res := ensure(off, false, pod("c", corev1.PodPending)); res.Items != 1 {
 		t.Error("pendingGrace 0 held back the deletion")
+	}
+}
+
+// Waiting Pods one after the other (one every 8 s: slow volumes, an IPAM outage) hold back only the
+// addresses given up less than pendingGrace before (issue #63 row 4): A, given up while they wait,
+// is judged pendingGrace later although a Pod still waits (logged once), while B, given up later,
+// is still held; and A is judged although its retention (shorter than the grace here) ran out while
+// it was held: its retention runs from the end of its hold. Before, one waiting Pod at a time held
+// every deletion back, and A was forgotten when its retention ran out: its entry stayed for good.
+func TestWaitingPodStreamHoldsBackOnlyRecentAddresses(t *testing.T) {
+	e := newEnv(t, map[string]any{"pendingGrace": "1m", "retention": "30s"}, toA4, toB4)
+	now := time.Unix(1000, 0)
+	e.Fix.now = func() time.Time { return now }
+	ensure(e, true, podA, podB)
+	var waiting []*corev1.Pod
+	step := func(full bool, live ...*corev1.Pod) fix.Result {
+		now = now.Add(8 * time.Second)
+		waiting = append(waiting, pod(fmt.Sprintf("w%d", len(waiting)), corev1.PodPending))
+		if len(waiting) > 2 {
+			waiting = waiting[1:] // the oldest shows its address elsewhere (not A's nor B's)
+		}
+		return ensure(e, full, append(live, waiting...)...)
+	}
+	step(true, podB) // A goes (t0); a Pod waits
+	heldBack := func() float64 { return testutil.ToFloat64(e.Fix.m.heldBack.WithLabelValues(reasonPodWaiting)) }
+	for range 6 { // 48 s: within the grace of A, past its retention
+		if res := step(true, podB); res.Items != 0 {
+			t.Fatalf("deleted %d entries %v after A went, while A is held back", res.Items, now)
+		}
+		if heldBack() != 2 {
+			t.Fatalf("held_back_addresses{reason=pod-waiting} = %v, want 2 (A's, both families)", heldBack())
+		}
+	}
+	step(true) // B goes (t0 + 56 s)
+	res := step(true)
+	if res.Items != 1 || len(e.Conntrack.Entries()) != 1 || e.Conntrack.Entries()[0] != toB4 {
+		t.Fatalf("at t0 + 64 s with Pods still waiting: deleted %d, table %v; want A's entry gone and B's (held) kept", res.Items, e.Conntrack.Entries())
+	}
+	if heldBack() != 2 {
+		t.Errorf("held_back_addresses{reason=pod-waiting} = %v, want 2 (B's)", heldBack())
+	}
+	if n := strings.Count(e.Logs.String(), "judging a dead address although a Pod of this node still waits"); n != 2 {
+		t.Errorf("the end of the hold of A's two addresses was logged %d times, want once each:\n%s", n, e.Logs)
+	}
+	for range 8 {
+		step(true)
+	}
+	if len(e.Conntrack.Entries()) != 0 {
+		t.Errorf("table %v: B's entry stayed past its own hold", e.Conntrack.Entries())
 	}
 }
