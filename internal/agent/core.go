@@ -5,6 +5,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -268,12 +269,22 @@ func NewEngine(p EngineParams) (*engine.Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return e, metrics.NewReady(p.Reg, e.Ready)
+	if err := p.Reg.Register(p.Hub.SilenceCollector()); err != nil {
+		return nil, fmt.Errorf("register nnm_watch_silence_seconds: %w", err)
+	}
+	return e, metrics.NewReady(p.Reg, Ready(e, p.Hub))
+}
+
+// Ready is the agent's readiness (/readyz, nnm_agent_ready): every enabled fix synced in every
+// family (engine.Engine.Ready), and the watches hear the API server (watch.Hub.Blind: not for
+// longer than watch.BlindAfter).
+func Ready(e *engine.Engine, hub *watch.Hub) func() error {
+	return func() error { return errors.Join(e.Ready(), hub.Blind()) }
 }
 
 // NewServer builds the /metrics, /healthz, /readyz server. With metricsSecure, /metrics is HTTPS and
 // every scrape is authenticated and authorized by the API server through the agent's client.
-func NewServer(cfg *config.Config, reg *prometheus.Registry, e *engine.Engine, log *slog.Logger, api *APIClient) (*server.Server, error) {
+func NewServer(cfg *config.Config, reg *prometheus.Registry, e *engine.Engine, hub *watch.Hub, log *slog.Logger, api *APIClient) (*server.Server, error) {
 	opts := server.Options{MetricsAddress: cfg.MetricsAddress, HealthzAddress: cfg.HealthzAddress}
 	if cfg.MetricsSecure {
 		client, err := api.Get()
@@ -285,7 +296,7 @@ func NewServer(cfg *config.Config, reg *prometheus.Registry, e *engine.Engine, l
 		}
 		opts.Auth = server.NewDelegated(client, log).Wrap
 	}
-	return server.New(opts, reg, server.Checks{Healthy: e.Healthy, Ready: e.Ready, Alive: e.Alive}, log), nil
+	return server.New(opts, reg, server.Checks{Healthy: e.Healthy, Ready: Ready(e, hub), Alive: e.Alive}, log), nil
 }
 
 // NodeName is this node's name: the configured one, else the host name (as the kubelet defaults it).

@@ -27,7 +27,8 @@ func (h *Hub) Informer(r kube.Resource, fieldSelector string, transform cache.Tr
 	if err != nil {
 		return nil, nil, err
 	}
-	inf := cache.NewSharedIndexInformerWithOptions(client.ListWatch(r, fieldSelector), r.New(), cache.SharedIndexInformerOptions{})
+	lw := h.hearing.add(r.Name).listWatch(client.ListWatch(r, fieldSelector))
+	inf := cache.NewSharedIndexInformerWithOptions(lw, r.New(), cache.SharedIndexInformerOptions{})
 	if transform != nil {
 		if err := inf.SetTransform(transform); err != nil {
 			return nil, nil, err
@@ -42,6 +43,14 @@ func (h *Hub) Informer(r kube.Resource, fieldSelector string, transform cache.Tr
 	}
 	if h.started.IsZero() {
 		h.started = time.Now()
+	}
+	if !h.blindWatched {
+		h.blindWatched = true
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			h.watchBlind()
+		}()
 	}
 	// Synced once the handler, not only the store, has seen the first list: inputs build their
 	// tables from the handler's events.

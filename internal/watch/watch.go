@@ -40,6 +40,10 @@ type Hub struct {
 	apiErrs  *apiErrorLog
 	wrapped  atomic.Bool // WrapTransport is in the client's transport
 	fileMode bool
+	// hearing: when each watch last heard from the API server (Blind, nnm_watch_silence_seconds);
+	// blindWatched: the goroutine that logs blindness runs.
+	hearing      hearing
+	blindWatched bool
 }
 
 // started is one informer the hub runs.
@@ -57,7 +61,7 @@ func NewHub(newClient func() (kube.Interface, error), nodeName string, log *slog
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Hub{newClient: newClient, nodeName: nodeName, log: log, changes: make(chan struct{}, 1),
-		ctx: ctx, cancel: cancel, apiErrs: newAPIErrorLog(log)}
+		ctx: ctx, cancel: cancel, apiErrs: newAPIErrorLog(log), hearing: hearing{now: time.Now}}
 }
 
 // NodeName is this node's name, "" when unknown.
