@@ -385,22 +385,18 @@ func mergeFile(v *viper.Viper, file string, fixIDs []string, o *origins) (versio
 	if file == "" {
 		return version, nil, nil, nil
 	}
-	settings, err := readFile(file, o)
+	// nodeOverrides is no viper key: viper would fold the case of the label keys in its
+	// selectors, which Kubernetes compares exactly. readFile leaves it out of settings.
+	settings, ovNode, err := readFile(file, o)
 	if err != nil {
 		return 0, nil, nil, err
 	}
 	if version, err = fileVersion(settings, *o); err != nil {
 		return 0, nil, nil, err
 	}
-	// nodeOverrides is no viper key: viper would fold the case of the label keys in its
-	// selectors, which Kubernetes compares exactly.
-	for name, val := range settings {
-		if strings.EqualFold(name, NodeOverridesKey) {
-			delete(settings, name)
-			if overrides, overrideWarnings, err = parseNodeOverrides(val, fixIDs, *o, version); err != nil {
-				return 0, nil, nil, err
-			}
-			o.keepOverrideOptions()
+	if ovNode != nil {
+		if overrides, overrideWarnings, err = parseNodeOverrides(ovNode, fixIDs, *o, version); err != nil {
+			return 0, nil, nil, err
 		}
 	}
 	canonicalFixKeys(settings)
@@ -480,101 +476,70 @@ const MaxFileSize = 1 << 20
 // name the file and a line, never the content: the file may not be ours. A path that is not a
 // regular file (a FIFO would block the read, a device never end) or is larger than MaxFileSize is
 // refused before it is read.
-func readFile(file string, o *origins) (map[string]any, error) {
+func readFile(file string, o *origins) (settings map[string]any, overrides *yaml.Node, err error) {
 	fi, err := os.Stat(file)
 	if err != nil {
-		return nil, fmt.Errorf("config file: %w", err)
+		return nil, nil, fmt.Errorf("config file: %w", err)
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("config file %s: not a regular file (%s); accepted: a YAML file of at most 1 MiB", file, fileKind(fi.Mode()))
+		return nil, nil, fmt.Errorf("config file %s: not a regular file (%s); accepted: a YAML file of at most 1 MiB", file, fileKind(fi.Mode()))
 	}
 	if fi.Size() > MaxFileSize {
-		return nil, fmt.Errorf("config file %s: %d bytes; accepted: a YAML file of at most 1 MiB (what a ConfigMap holds)", file, fi.Size())
+		return nil, nil, fmt.Errorf("config file %s: %d bytes; accepted: a YAML file of at most 1 MiB (what a ConfigMap holds)", file, fi.Size())
 	}
 	f, err := os.Open(file)
 	if err != nil {
-		return nil, fmt.Errorf("config file: %w", err)
+		return nil, nil, fmt.Errorf("config file: %w", err)
 	}
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1)) // it may grow after the Stat
 	if err != nil {
-		return nil, fmt.Errorf("config file: %w", err)
+		return nil, nil, fmt.Errorf("config file: %w", err)
 	}
 	if len(data) > MaxFileSize {
-		return nil, fmt.Errorf("config file %s: more than 1 MiB; accepted: a YAML file of at most 1 MiB (what a ConfigMap holds)", file)
+		return nil, nil, fmt.Errorf("config file %s: more than 1 MiB; accepted: a YAML file of at most 1 MiB (what a ConfigMap holds)", file)
 	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
-			return nil, fmt.Errorf("config file %s: not valid YAML (line %s)", file, m[1])
+			return nil, nil, fmt.Errorf("config file %s: not valid YAML (line %s)", file, m[1])
 		}
-		return nil, fmt.Errorf("config file %s: not valid YAML", file)
+		return nil, nil, fmt.Errorf("config file %s: not valid YAML", file)
 	}
 	if len(doc.Content) == 0 {
-		return map[string]any{}, nil // empty file: nothing set
+		return map[string]any{}, nil, nil // empty file: nothing set
 	}
 	root := doc.Content[0]
 	if root.Kind != yaml.MappingNode {
-		return nil, fmt.Errorf("config file %s: line %d: not a YAML mapping of configuration keys", file, root.Line)
+		return nil, nil, fmt.Errorf("config file %s: line %d: not a YAML mapping of configuration keys", file, root.Line)
 	}
-	// walk records the line of every key path. It builds each path's origins key (originKey's
-	// spelling) a segment at a time beside the path as written, so that no key costs more than its
-	// own two strings: at 6,393 nodeOverrides entries (the largest accepted file) a lower-cased copy
-	// of each whole path and a line number formatted into each was a tenth of the load's garbage.
-	// fixLevel is 1 when n's keys are fix ids (the value of a fixes key at the top or in an entry of
-	// a list), 2 when they are a fix's options or below (NormalizeKey's spelling), else 0.
-	var walk func(n *yaml.Node, written, key string, fixLevel int) error
-	walk = func(n *yaml.Node, written, key string, fixLevel int) error {
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			seg := n.Content[i].Value
-			kseg := strings.ToLower(seg)
-			if fixLevel == 2 {
-				kseg = NormalizeKey(seg)
-			}
-			w, k := written+seg, key+kseg
-			line := n.Content[i].Line
-			// Keys match without regard to case (viper), so syncPeriod and syncperiod are one key.
-			if prev, dup := o.m[k]; dup {
-				return fmt.Errorf("config: %s is set twice (lines %d and %d)", shownKey(w), prev.line, line)
-			}
-			o.m[k] = origin{written: w, line: line}
-			next := 0
-			switch {
-			case fixLevel > 0:
-				next = 2
-			case kseg == "fixes" && (key == "" || strings.HasSuffix(key, "].")):
-				next = 1
-			}
-			switch val := n.Content[i+1]; val.Kind {
-			case yaml.MappingNode:
-				if err := walk(val, w+".", k+".", next); err != nil {
-					return err
-				}
-			case yaml.SequenceNode:
-				// Entries of a list (nodeOverrides) are named written[i].
-				for j, item := range val.Content {
-					index := "[" + strconv.Itoa(j) + "]"
-					o.m[k+index] = origin{written: w + index, line: item.Line}
-					if item.Kind == yaml.MappingNode {
-						if err := walk(item, w+index+".", k+index+".", next&2); err != nil {
-							return err
-						}
-					}
-				}
-			}
+	// The nodeOverrides entries are read one at a time (parseNodeOverrides), not with the rest:
+	// at 6,393 entries (the largest accepted file) their nodes, their decoded values and the line of
+	// every key in them held at once were most of the agent's memory during a reload.
+	rest := *root
+	rest.Content = nil
+	var ovKey *yaml.Node
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		if ovKey == nil && strings.EqualFold(root.Content[i].Value, NodeOverridesKey) {
+			ovKey, overrides = root.Content[i], root.Content[i+1]
+			continue
 		}
-		return nil
+		rest.Content = append(rest.Content, root.Content[i], root.Content[i+1])
 	}
+	root = &rest
 	o.m = make(map[string]origin, len(o.m)+keyPaths(root)) // grown once, not doubling
-	if err := walk(root, "", "", 0); err != nil {
-		return nil, err
+	if ovKey != nil {
+		o.m[strings.ToLower(ovKey.Value)] = origin{written: ovKey.Value, line: ovKey.Line}
 	}
-	settings := map[string]any{}
+	if err := o.record(root.Content, "", "", 0); err != nil {
+		return nil, nil, err
+	}
+	settings = map[string]any{}
 	if err := root.Decode(&settings); err != nil {
 		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
-			return nil, fmt.Errorf("config file %s: line %s: not a mapping of configuration keys", file, m[1])
+			return nil, nil, fmt.Errorf("config file %s: line %s: not a mapping of configuration keys", file, m[1])
 		}
-		return nil, fmt.Errorf("config file %s: not a mapping of configuration keys", file)
+		return nil, nil, fmt.Errorf("config file %s: not a mapping of configuration keys", file)
 	}
 	// A key written without a value ("families:") is an explicitly empty value, not an absent key
 	// (viper would drop it and use the default silently).
@@ -589,10 +554,59 @@ func readFile(file string, o *origins) (map[string]any, error) {
 			}
 		}
 	}
-	return settings, nil
+	return settings, overrides, nil
 }
 
-// keyPaths counts the key paths walk records under n: a key of a mapping, an item of a list.
+// record records the line of every key path of the mapping pairs kv (a mapping node's Content),
+// and of everything under them, prefixed by written and key. It builds each path's origins key
+// (originKey's spelling) a segment at a time beside the path as written, so that no key costs more
+// than its own two strings: at 6,393 nodeOverrides entries (the largest accepted file) a lower-cased
+// copy of each whole path and a line number formatted into each was a tenth of the load's garbage.
+// fixLevel is 1 when the keys are fix ids (the value of a fixes key at the top or in an entry of a
+// list), 2 when they are a fix's options or below (NormalizeKey's spelling), else 0.
+func (o origins) record(kv []*yaml.Node, written, key string, fixLevel int) error {
+	for i := 0; i+1 < len(kv); i += 2 {
+		seg := kv[i].Value
+		kseg := strings.ToLower(seg)
+		if fixLevel == 2 {
+			kseg = NormalizeKey(seg)
+		}
+		w, k := written+seg, key+kseg
+		line := kv[i].Line
+		// Keys match without regard to case (viper), so syncPeriod and syncperiod are one key.
+		if prev, dup := o.m[k]; dup {
+			return fmt.Errorf("config: %s is set twice (lines %d and %d)", shownKey(w), prev.line, line)
+		}
+		o.m[k] = origin{written: w, line: line}
+		next := 0
+		switch {
+		case fixLevel > 0:
+			next = 2
+		case kseg == "fixes" && (key == "" || strings.HasSuffix(key, "].")):
+			next = 1
+		}
+		switch val := kv[i+1]; val.Kind {
+		case yaml.MappingNode:
+			if err := o.record(val.Content, w+".", k+".", next); err != nil {
+				return err
+			}
+		case yaml.SequenceNode:
+			// Entries of a list are named written[i].
+			for j, item := range val.Content {
+				index := "[" + strconv.Itoa(j) + "]"
+				o.m[k+index] = origin{written: w + index, line: item.Line}
+				if item.Kind == yaml.MappingNode {
+					if err := o.record(item.Content, w+index+".", k+index+".", next&2); err != nil {
+						return err
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// keyPaths counts the key paths record records under n: a key of a mapping, an item of a list.
 func keyPaths(n *yaml.Node) int {
 	count := 0
 	switch n.Kind {
@@ -667,22 +681,6 @@ func newOrigins() origins { return origins{m: map[string]origin{}} }
 
 func (o origins) set(written, where string) {
 	o.m[originKey(written)] = origin{written: written, where: where}
-}
-
-// keepOverrideOptions forgets where the parts of the nodeOverrides entries were, once they are
-// checked, except their fixes' options, which errors about an entry's options name when it applies
-// (ForNode): at 6,393 entries the paths of their selectors were most of what the loaded
-// configuration held.
-func (o *origins) keepOverrideOptions() {
-	kept := make(map[string]origin, len(o.m)/2)
-	prefix := strings.ToLower(NodeOverridesKey)
-	for k, x := range o.m {
-		_, opt, isFixes := strings.Cut(k, "].fixes.")
-		if !strings.HasPrefix(k, prefix) || isFixes && strings.Count(opt, ".") == 1 && !strings.Contains(opt, "[") {
-			kept[k] = x
-		}
-	}
-	o.m = kept
 }
 
 // lookup is the origin of key (in originKey's spelling), from this layer or those under it.

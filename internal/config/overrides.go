@@ -1,12 +1,15 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 
+	"go.yaml.in/yaml/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
@@ -20,16 +23,36 @@ import (
 // environment variable): a list of selectors is no single value.
 const NodeOverridesKey = "nodeOverrides"
 
-// NodeOverride is one entry of nodeOverrides, validated.
+// NodeOverride is one entry of nodeOverrides, validated. It holds what it needs only (the compiled
+// selector; its options in a list, not maps): the loaded configuration is held twice while a reload
+// loads the next, and at 6,393 entries (the largest accepted file) the selectors as written and two
+// maps per entry were most of it.
 type NodeOverride struct {
 	// Index is the entry's place in the list, from 0: nodeOverrides[Index].
 	Index int
-	// NodeSelector is the selector as written.
-	NodeSelector metav1.LabelSelector
-	// Fixes are the fixes.<id> settings the entry lays over the base ones, option by option.
-	Fixes map[string]map[string]any
 
 	selector labels.Selector
+	// options are the fixes.<id> settings the entry lays over the base ones, option by option,
+	// sorted by fix and option (in NormalizeKey's spelling).
+	options []fixOption
+}
+
+// fixOption is one option of a fix that an entry sets.
+type fixOption struct {
+	fix, key string
+	value    any
+}
+
+// Fixes are the fixes.<id> settings the entry lays over the base ones (a map made at each call).
+func (o NodeOverride) Fixes() map[string]map[string]any {
+	out := map[string]map[string]any{}
+	for _, opt := range o.options {
+		if out[opt.fix] == nil {
+			out[opt.fix] = map[string]any{}
+		}
+		out[opt.fix][opt.key] = opt.value
+	}
+	return out
 }
 
 // Selector is the entry's selector in Kubernetes' text form ("pool=canary,zone in (a,b)"); an empty
@@ -122,27 +145,25 @@ func (c *Config) ForNode(nodeLabels map[string]string) (*Config, Override) {
 	if !ov.Applies() {
 		return &eff, ov
 	}
-	entry := base.overrides[ov.Index]
-	for _, id := range slices.Sorted(maps.Keys(entry.Fixes)) {
+	for _, opt := range base.overrides[ov.Index].options {
+		id, k := opt.fix, opt.key
 		section := eff.Fixes[id]
 		if section == nil {
 			section = map[string]any{}
 			eff.Fixes[id] = section
 		}
-		for _, k := range slices.Sorted(maps.Keys(entry.Fixes[id])) {
-			for old := range section { // a Config built by hand may spell options otherwise
-				if old != k && NormalizeKey(old) == k {
-					delete(section, old)
-				}
+		for old := range section { // a Config built by hand may spell options otherwise
+			if old != k && NormalizeKey(old) == k {
+				delete(section, old)
 			}
-			section[k] = entry.Fixes[id][k] // in NormalizeKey's spelling
-			at := fmt.Sprintf("%s[%d].fixes.%s.%s", NodeOverridesKey, ov.Index, id, k)
-			x, ok := base.origins.lookup(originKey(at))
-			if !ok {
-				x = origin{written: at}
-			}
-			eff.origins.m[originKey("fixes."+id+"."+k)] = x
 		}
+		section[k] = opt.value // in NormalizeKey's spelling
+		at := fmt.Sprintf("%s[%d].fixes.%s.%s", NodeOverridesKey, ov.Index, id, k)
+		x, ok := base.origins.lookup(originKey(at))
+		if !ok {
+			x = origin{written: at}
+		}
+		eff.origins.m[originKey("fixes."+id+"."+k)] = x
 	}
 	return &eff, ov
 }
@@ -152,66 +173,101 @@ func (c *Config) ForNode(nodeLabels map[string]string) (*Config, Override) {
 // It is fix.NormalizeKey, which fix.Decode matches options with.
 func NormalizeKey(key string) string { return fix.NormalizeKey(key) }
 
-// parseNodeOverrides validates the file's nodeOverrides (val as YAML read it). Errors name the entry
+// parseNodeOverrides validates the file's nodeOverrides (n, as YAML read it). Errors name the entry
 // and the field: nodeOverrides[1].nodeSelector.matchExpressions (line 9): …
-func parseNodeOverrides(val any, fixIDs []string, o origins, version int) ([]NodeOverride, []string, error) {
-	newer := func(key string) bool { return version > Version && o.fromFile(key) }
-	if val == nil {
+//
+// The entries are read one at a time: the lines of an entry's keys are recorded in a layer of
+// origins of its own over o, its node decoded and then dropped from n, and once it is checked only
+// the lines of its fixes' options (what errors name when it applies, ForNode) are kept in o. So the
+// memory a load holds at once does not grow with the entries' text beyond their nodes (issue #63).
+func parseNodeOverrides(n *yaml.Node, fixIDs []string, o origins, version int) ([]NodeOverride, []string, error) {
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
 		return nil, nil, nil
 	}
-	list, ok := val.([]any)
-	if !ok {
+	if n.Kind != yaml.SequenceNode {
+		var val any
+		_ = n.Decode(&val)
 		return nil, nil, o.errorf(NodeOverridesKey, "%s is not a list of {nodeSelector: …, fixes: …} entries", fix.ShowValue(val))
 	}
+	written, _ := o.at(NodeOverridesKey)
+	key := strings.ToLower(NodeOverridesKey)
 	var out []NodeOverride
 	var warnings []string
 	var errs []error
-	for i, item := range list {
-		at := fmt.Sprintf("%s[%d]", NodeOverridesKey, i)
-		m, ok := item.(map[string]any)
-		if !ok {
-			errs = append(errs, o.errorf(at, "%s is not a mapping such as {nodeSelector: {matchLabels: {pool: canary}}, fixes: {mss-clamp: {enabled: true}}}", fix.ShowValue(item)))
-			continue
-		}
-		entry := NodeOverride{Index: i, Fixes: map[string]map[string]any{}}
-		var sel any
-		haveSel := false
-		for _, k := range slices.Sorted(maps.Keys(m)) {
-			switch {
-			case strings.EqualFold(k, "nodeSelector"):
-				sel, haveSel = m[k], true
-			case strings.EqualFold(k, "fixes"):
-				w, err := overrideFixes(m[k], at+"."+k, fixIDs, o, newer, version, entry.Fixes)
-				warnings = append(warnings, w...)
-				if err != nil {
-					errs = append(errs, err)
-				}
-			case newer(at + "." + k):
-				warnings = append(warnings, o.newerKey(at+"."+k, version))
-			default:
-				errs = append(errs, o.unknown(at+"."+k, "key", k, []string{"nodeSelector", "fixes"}))
+	for i, itemNode := range n.Content {
+		index := "[" + strconv.Itoa(i) + "]"
+		eo := origins{m: map[string]origin{key + index: {written: written + index, line: itemNode.Line}}, under: &o}
+		var item any
+		if itemNode.Kind == yaml.MappingNode {
+			if err := eo.record(itemNode.Content, written+index+".", key+index+".", 0); err != nil {
+				return nil, nil, err
 			}
 		}
-		if !haveSel || sel == nil {
-			errs = append(errs, o.errorf(at, "no nodeSelector; accepted: a label selector such as {matchLabels: {pool: canary}} ({} selects every node)"))
-			continue
+		if err := itemNode.Decode(&item); err != nil {
+			return nil, nil, eo.errorf(fmt.Sprintf("%s[%d]", NodeOverridesKey, i), "not a mapping such as {nodeSelector: {matchLabels: {pool: canary}}, fixes: {mss-clamp: {enabled: true}}}")
 		}
-		s, err := labelSelector(sel, at+".nodeSelector", o)
+		n.Content[i] = nil // its nodes are garbage from here on
+		entry, w, err := parseNodeOverride(i, item, fixIDs, eo, version)
+		warnings = append(warnings, w...)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		entry.NodeSelector = s
-		if entry.selector, err = metav1.LabelSelectorAsSelector(&s); err != nil {
-			errs = append(errs, o.errorf(at+".nodeSelector", "%v", err))
-			continue
-		}
 		out = append(out, entry)
+		for k, x := range eo.m {
+			if _, opt, isFixes := strings.Cut(k, "].fixes."); isFixes && strings.Count(opt, ".") == 1 && !strings.Contains(opt, "[") {
+				o.m[k] = x
+			}
+		}
 	}
 	if len(errs) > 0 {
 		return nil, nil, errors.Join(errs...)
 	}
 	return out, warnings, nil
+}
+
+// parseNodeOverride validates entry i of nodeOverrides (item, as YAML read it), o the origins of
+// its keys.
+func parseNodeOverride(i int, item any, fixIDs []string, o origins, version int) (NodeOverride, []string, error) {
+	newer := func(key string) bool { return version > Version && o.fromFile(key) }
+	var warnings []string
+	var errs []error
+	at := fmt.Sprintf("%s[%d]", NodeOverridesKey, i)
+	m, ok := item.(map[string]any)
+	if !ok {
+		return NodeOverride{}, nil, o.errorf(at, "%s is not a mapping such as {nodeSelector: {matchLabels: {pool: canary}}, fixes: {mss-clamp: {enabled: true}}}", fix.ShowValue(item))
+	}
+	entry := NodeOverride{Index: i}
+	var sel any
+	haveSel := false
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		switch {
+		case strings.EqualFold(k, "nodeSelector"):
+			sel, haveSel = m[k], true
+		case strings.EqualFold(k, "fixes"):
+			w, err := overrideFixes(m[k], at+"."+k, fixIDs, o, newer, version, &entry.options)
+			warnings = append(warnings, w...)
+			if err != nil {
+				errs = append(errs, err)
+			}
+		case newer(at + "." + k):
+			warnings = append(warnings, o.newerKey(at+"."+k, version))
+		default:
+			errs = append(errs, o.unknown(at+"."+k, "key", k, []string{"nodeSelector", "fixes"}))
+		}
+	}
+	if !haveSel || sel == nil {
+		errs = append(errs, o.errorf(at, "no nodeSelector; accepted: a label selector such as {matchLabels: {pool: canary}} ({} selects every node)"))
+		return entry, warnings, errors.Join(errs...)
+	}
+	s, err := labelSelector(sel, at+".nodeSelector", o)
+	if err != nil {
+		return entry, warnings, errors.Join(append(errs, err)...)
+	}
+	if entry.selector, err = metav1.LabelSelectorAsSelector(&s); err != nil {
+		errs = append(errs, o.errorf(at+".nodeSelector", "%v", err))
+	}
+	return entry, warnings, errors.Join(errs...)
 }
 
 // labelSelector reads a metav1.LabelSelector strictly: only matchLabels and matchExpressions, each
@@ -288,9 +344,9 @@ func labelSelector(val any, at string, o origins) (metav1.LabelSelector, error) 
 }
 
 // overrideFixes checks an entry's fixes (a mapping of registered fix ids to mappings; enabled true or
-// false) into out. The options themselves are checked by the fix wherever the entry applies, as
+// false) into out, sorted by fix and option. The options themselves are checked by the fix wherever the entry applies, as
 // the base ones are.
-func overrideFixes(val any, at string, fixIDs []string, o origins, newer func(string) bool, version int, out map[string]map[string]any) ([]string, error) {
+func overrideFixes(val any, at string, fixIDs []string, o origins, newer func(string) bool, version int, out *[]fixOption) ([]string, error) {
 	if val == nil {
 		return nil, nil
 	}
@@ -315,16 +371,17 @@ func overrideFixes(val any, at string, fixIDs []string, o origins, newer func(st
 			errs = append(errs, o.errorf(key, "%s is not a mapping such as {enabled: true}", fix.ShowValue(sections[id])))
 			continue
 		}
-		out[id] = map[string]any{}
-		for k, v := range section {
+		for _, k := range slices.Sorted(maps.Keys(section)) {
+			v := section[k]
 			if strings.EqualFold(k, "enabled") {
 				if _, err := parseBool(v); err != nil {
 					errs = append(errs, o.errorf(key+"."+k, "%s is not true or false", fix.ShowValue(v)))
 					continue
 				}
 			}
-			out[id][NormalizeKey(k)] = v
+			*out = append(*out, fixOption{fix: id, key: NormalizeKey(k), value: v})
 		}
 	}
+	slices.SortStableFunc(*out, func(a, b fixOption) int { return cmp.Or(strings.Compare(a.fix, b.fix), strings.Compare(a.key, b.key)) })
 	return warnings, errors.Join(errs...)
 }
