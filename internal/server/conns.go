@@ -41,12 +41,13 @@ func sourceOf(hostport string) netip.Prefix {
 // kubelet probe). At the listener's cap, a connection of the sources holding the most is closed to
 // admit the new one, the one idle the longest (no request in the handler: idle keep-alive, a TLS
 // handshake or request head not finished), when that source holds more than the new one's;
-// otherwise the new one is closed. So sources flooding the listener end up with equal shares, and a
-// source holding fewer than the most (the kubelet's, a scraper's: none) always gets in, however
-// many sources the flood is spread over. (Issue #63: with "at least two more", a flood from 500
-// sources left each holding 0 or 1, and a new source, holding none, was closed at once.) Sources at
-// equal shares then take each other's connections in turn as they re-dial: that costs an accept and
-// a close each, as a refusal does.
+// otherwise the new one is closed. So a source holding fewer than the most (the kubelet's, a
+// scraper's: none) gets in, however many sources the flood is spread over (issue #63: with "at
+// least two more", a flood from 500 sources left each holding 0 or 1, and a new source, holding
+// none, was closed at once). A source refused at a cap in the last floodMemory is a flooder: its
+// new connections are closed at once, without taking anyone's, so that flooding sources at equal
+// shares do not take each other's connections in turn (each a TLS handshake more for the agent)
+// while they re-dial.
 //
 // golang.org/x/net/netutil.LimitListener is not used: it stops accepting when full, so a kubelet
 // probe then waits in the kernel's backlog behind idle connections until one times out (the
@@ -58,9 +59,16 @@ type connLimiter struct {
 	mu       sync.Mutex
 	conns    map[*trackedConn]struct{}
 	bySource map[netip.Prefix]int
+	// refused: when each source was last refused at a cap (kept for floodMemory).
+	refused map[netip.Prefix]time.Time
 	// closed counts, per closeReason, the connections closed at a cap (guarded by mu).
 	closed [closeReasons]uint64
 }
+
+// floodMemory is how long a source refused at a cap is taken for a flooder: while it re-dials
+// within it, its connections are refused without taking anyone's. A kubelet probe or a scrape is
+// refused only when every connection of the listener is serving a request at once.
+const floodMemory = 10 * time.Second
 
 // closeReason is why the limiter closed a connection at a cap (label of
 // nnm_server_connections_closed_total).
@@ -77,7 +85,7 @@ var closeReasonNames = [closeReasons]string{"source-cap", "listener-cap", "evict
 
 func newConnLimiter(ln net.Listener, max, perSource int) *connLimiter {
 	return &connLimiter{Listener: ln, max: max, perSource: perSource,
-		conns: map[*trackedConn]struct{}{}, bySource: map[netip.Prefix]int{}}
+		conns: map[*trackedConn]struct{}{}, bySource: map[netip.Prefix]int{}, refused: map[netip.Prefix]time.Time{}}
 }
 
 // trackedConn is an accepted connection as the limiter counts it.
@@ -139,12 +147,19 @@ func (l *connLimiter) admit(c *trackedConn) (evict *trackedConn, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.perSource > 0 && l.bySource[c.source] >= l.perSource {
+		l.refuse(c.source, c.since)
 		l.closed[closedSourceCap]++
 		return nil, false
 	}
 	if l.max > 0 && len(l.conns) >= l.max {
+		if last, ok := l.refused[c.source]; ok && c.since.Sub(last) < floodMemory {
+			l.refuse(c.source, c.since)
+			l.closed[closedListenerCap]++
+			return nil, false
+		}
 		evict = l.victim()
 		if evict == nil || l.bySource[evict.source] <= l.bySource[c.source] {
+			l.refuse(c.source, c.since)
 			l.closed[closedListenerCap]++
 			return nil, false
 		}
@@ -155,6 +170,20 @@ func (l *connLimiter) admit(c *trackedConn) (evict *trackedConn, ok bool) {
 	l.conns[c] = struct{}{}
 	l.bySource[c.source]++
 	return evict, true
+}
+
+// refuse remembers that source was refused at now; it forgets the sources not refused within
+// floodMemory when there are many. Called with l.mu held.
+func (l *connLimiter) refuse(source netip.Prefix, now time.Time) {
+	l.refused[source] = now
+	if len(l.refused) <= 4*max(l.max, l.perSource, 64) {
+		return
+	}
+	for s, t := range l.refused {
+		if now.Sub(t) >= floodMemory {
+			delete(l.refused, s)
+		}
+	}
 }
 
 // victim is the connection to close to make room: among those that serve no request, of the

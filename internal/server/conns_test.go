@@ -122,3 +122,47 @@ func TestConnectionMetrics(t *testing.T) {
 	until("all closed", func() bool { return value("nnm_server_connections", "listener", "healthz") == 0 })
 	testkit.Promlint(t, reg)
 }
+
+// The admission at the listener's cap: a source holding fewer than the source holding the most takes
+// an idle connection of that source, a keep-alive before a connection that has served nothing;
+// a source refused within floodMemory is refused again without taking anyone's, while one never
+// refused still gets in.
+func TestAdmitAtTheCap(t *testing.T) {
+	l := newConnLimiter(nil, 3, 2)
+	now := time.Unix(1000, 0)
+	conn := func(src string) *trackedConn {
+		now = now.Add(time.Second)
+		return &trackedConn{l: l, source: netip.MustParsePrefix(src), since: now}
+	}
+	admit := func(c *trackedConn) (*trackedConn, bool) { return l.admit(c) }
+	a1, b1, c1 := conn("10.0.0.1/32"), conn("10.0.0.2/32"), conn("10.0.0.3/32")
+	for _, c := range []*trackedConn{a1, b1, c1} {
+		if _, ok := admit(c); !ok {
+			t.Fatal("refused below the cap")
+		}
+	}
+	b1.served = true // b1 is an idle keep-alive; a1 and c1 wait for their first request
+	// Every source holds one: a fourth source holding none takes b1 (served), not the older a1.
+	d1 := conn("10.0.0.4/32")
+	if evict, ok := admit(d1); !ok || evict != b1 {
+		t.Fatalf("a new source at the cap: admitted %v, closing %v; want b1 closed", ok, evict)
+	}
+	// A source holding one, as many as the most, is refused, and taken for a flooder.
+	a2 := conn("10.0.0.1/32")
+	if _, ok := admit(a2); ok {
+		t.Fatal("a source holding as many as the most took a connection")
+	}
+	// a's first connection goes; b, holding none, takes the free place. At the cap again, a,
+	// refused within floodMemory, takes nothing, although it holds fewer than the most.
+	l.drop(a1)
+	if _, ok := admit(conn("10.0.0.2/32")); !ok {
+		t.Fatal("b, holding none, was refused below the cap")
+	}
+	if _, ok := admit(conn("10.0.0.1/32")); ok {
+		t.Fatal("a source refused within floodMemory took a connection")
+	}
+	now = now.Add(floodMemory)
+	if _, ok := admit(conn("10.0.0.1/32")); !ok {
+		t.Fatal("a source refused longer than floodMemory ago, holding none, was refused")
+	}
+}
