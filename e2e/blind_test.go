@@ -75,7 +75,12 @@ func TestBlindWatchesAreKnown(t *testing.T) {
 		}
 		return nil
 	})
-	if v, ok := n.metrics().Value("nnm_watch_silence_seconds", "resource", "services"); !ok || v != 0 {
-		t.Errorf("nnm_watch_silence_seconds{resource=services} = %v after the recovery, want 0", v)
-	}
+	// Between a list and its watch stream the silence grows from 0 again for a moment (a loaded
+	// machine showed 3.4 s): the stream opens within the reflector's next step.
+	agenttest.Eventually(t, 15*time.Second, func() error {
+		if v, ok := n.metrics().Value("nnm_watch_silence_seconds", "resource", "services"); !ok || v != 0 {
+			return fmt.Errorf("nnm_watch_silence_seconds{resource=services} = %v after the recovery, want 0 (its stream open)", v)
+		}
+		return nil
+	})
 }
