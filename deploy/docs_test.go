@@ -249,8 +249,8 @@ func checkAgentCommand(t *testing.T, call string, argv []string, daemonSets []*a
 			return
 		}
 		c := daemonSets[i].Spec.Template.Spec.Containers[0]
-		if !slices.Contains(c.Args, "--config="+cfg) {
-			t.Errorf("%q: --config=%s is not the file the agent container reads (args %v)", call, cfg, c.Args)
+		if !slices.Contains(c.Args, "--config="+cfg) && !slices.Contains(c.Env, corev1.EnvVar{Name: "NNM_CONFIG", Value: cfg}) {
+			t.Errorf("%q: --config=%s is not the file the agent container reads (args %v, env %v)", call, cfg, c.Args, c.Env)
 		}
 	}
 }

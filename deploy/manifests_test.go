@@ -488,7 +488,14 @@ func TestDaemonSet(t *testing.T) {
 	m, ok := mounts[cfgVol]
 	check(ok && m.SubPath == "" && m.ReadOnly, "ConfigMap %s must be mounted read-only as a directory (no subPath): %+v", cm.Name, m)
 	cfgPath := filepath.Join(m.MountPath, "config.yaml")
-	check(slices.Contains(c.Args, "--config="+cfgPath), "args %v must pass --config=%s", c.Args, cfgPath)
+	cfgEnv := ""
+	for _, e := range c.Env {
+		if e.Name == "NNM_CONFIG" {
+			cfgEnv = e.Value
+		}
+	}
+	check(cfgEnv == cfgPath && !slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--config") }),
+		"NNM_CONFIG %q, args %v: the environment must name %s, for run and every command exec'd in the container", cfgEnv, c.Args, cfgPath)
 	_, hasKey := cm.Data["config.yaml"]
 	check(hasKey, "ConfigMap has no config.yaml key")
 
@@ -974,4 +981,63 @@ func podMounts(pod corev1.PodSpec, c corev1.Container) map[string]podMount {
 		out[m.Name] = pm
 	}
 	return out
+}
+
+// #61: a command exec'd in the agent's container (`kubectl exec ds/network-node-manager --
+// network-node-manager diagnose`, no flags) reads the configuration `run` reads: the file comes
+// from the container's environment, not from run's arguments alone.
+func TestExecReadsTheAgentsConfig(t *testing.T) {
+	objs := render(t, "base")
+	ds := typed[appsv1.DaemonSet](t, find(t, objs, "DaemonSet", "network-node-manager"))
+	cm := typed[corev1.ConfigMap](t, find(t, objs, "ConfigMap", "network-node-manager"))
+	c := ds.Spec.Template.Spec.Containers[0]
+	// The ConfigMap's file, where the container mounts it, here.
+	dir := t.TempDir()
+	mount := ""
+	for _, m := range c.VolumeMounts {
+		if m.Name == "config" {
+			mount = m.MountPath
+		}
+	}
+	if mount == "" {
+		t.Fatal("the container mounts no volume named config")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(cm.Data["config.yaml"]+"acknowledgedChecks: [rp-filter]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	local := func(s string) string { return strings.ReplaceAll(s, mount, dir) }
+	var environ []string
+	for _, e := range c.Env {
+		if e.ValueFrom == nil {
+			environ = append(environ, e.Name+"="+local(e.Value))
+		}
+	}
+	var ids fix.IDs
+	if err := fx.New(fx.NopLogger, fixes.Standard, fx.Invoke(func(in fix.IDs) { ids = in })).Err(); err != nil {
+		t.Fatal(err)
+	}
+	root := app.NewCommand("test", fixes.Standard)
+	load := func(args []string) *config.Config {
+		t.Helper()
+		cmd, rest, err := root.Find(args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range rest {
+			rest[i] = local(rest[i])
+		}
+		if err := cmd.ParseFlags(rest); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := config.Load(cmd.Flags(), environ, ids.IDs, ids.Legacy...)
+		if err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		return cfg
+	}
+	run, exec := load(slices.Clone(c.Args)), load([]string{"diagnose"})
+	if run.File == "" || exec.File != run.File || !slices.Equal(exec.AcknowledgedChecks, run.AcknowledgedChecks) {
+		t.Errorf("run %v reads %q (acknowledgedChecks %v), `diagnose` exec'd in the container reads %q (%v): set the file in the environment (NNM_CONFIG)",
+			c.Args, run.File, run.AcknowledgedChecks, exec.File, exec.AcknowledgedChecks)
+	}
 }

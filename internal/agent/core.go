@@ -88,6 +88,7 @@ var Agent = fx.Options(
 	fx.Decorate(func(be backend.Backend) backend.Backend { return engine.NewLive(be) }),
 	fx.Invoke(CleanPredecessor),
 	fx.Invoke(RunDiagnosis),
+	fx.Invoke(PublishStatus),
 	fx.Invoke(func(lc fx.Lifecycle, e *engine.Engine, s *server.Server) {
 		lc.Append(fx.Hook{OnStart: s.Start, OnStop: s.Stop})
 		lc.Append(fx.Hook{OnStart: e.Start, OnStop: e.Stop})
@@ -407,8 +408,8 @@ func FileHubOf(f *watch.File, cfg *config.Config, log *slog.Logger) *watch.Hub {
 }
 
 // InputResources lists the resources the inputs watch.
-func InputResources(ins []inputs.Input) []kube.Resource {
-	var out []kube.Resource
+func InputResources(ins []inputs.Input) []inputs.Resource {
+	var out []inputs.Resource
 	for _, in := range ins {
 		if w, ok := in.(inputs.Watcher); ok {
 			out = append(out, w.Resources()...)

@@ -1,14 +1,19 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
 	"go.uber.org/fx"
 
+	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/nodestate"
+	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/internal/config"
 	"github.com/network-node-manager/network-node-manager/internal/detect"
 	"github.com/network-node-manager/network-node-manager/internal/diagnose"
@@ -32,6 +37,7 @@ type DiagnoseParams struct {
 	Config    *config.Config
 	Detected  detect.Result
 	Engine    *engine.Engine
+	Backend   backend.Backend
 	Sysctl    nodestate.Sysctl
 	Conntrack nodestate.Conntrack
 	// Overrides is the resolver of nodeOverrides where the graph has one (`run`).
@@ -40,7 +46,8 @@ type DiagnoseParams struct {
 
 // DiagnoseEnv is the checks' environment without the cluster's objects: this node, what detection
 // found, the fixes' states (from the engine, configured with cfg, the configuration in effect on
-// this node, whose nodeOverrides entry is ov) and the node's readers.
+// this node, whose nodeOverrides entry is ov; without their last sync: the running agent's engine
+// adds it, EngineSyncs) and the node's readers.
 func DiagnoseEnv(p DiagnoseParams, cfg *config.Config, ov config.Override) *diagnose.Env {
 	// The engine holds kube-proxy's mode as the agent follows it (Follow); detection's result is
 	// the mode at start.
@@ -55,6 +62,15 @@ func DiagnoseEnv(p DiagnoseParams, cfg *config.Config, ov config.Override) *diag
 		Sysctl:          p.Sysctl, Conntrack: p.Conntrack,
 		Kernel:           diagnose.RealKernel{ProcSys: p.Config.ProcSysPath},
 		KubeProxyMetrics: kubeProxyMetrics(KubeProxyMetricsURL),
+		Acknowledged:     cfg.AcknowledgedChecks,
+	}
+	if p.Backend != nil {
+		env.RuleCounters = diagnose.BackendCounters(p.Backend)
+	}
+	for _, f := range cfg.Families {
+		if fam, err := rules.ParseFamily(f); err == nil {
+			env.Families = append(env.Families, fam)
+		}
 	}
 	if s, ok := p.Conntrack.(nodestate.ConntrackStatsReader); ok {
 		env.Stats = s
@@ -68,6 +84,28 @@ func DiagnoseEnv(p DiagnoseParams, cfg *config.Config, ov config.Override) *diag
 		env.Options[st.Fix] = cfg.FixOptions(st.Fix)
 	}
 	return env
+}
+
+// EngineSyncs adds to fixes the last sync of each enabled fix as the engine's statuses say
+// (the running agent: its engine syncs).
+func EngineSyncs(fixes []diagnose.FixState, statuses []engine.Status) {
+	for i := range fixes {
+		for _, st := range statuses {
+			if st.Fix == fixes[i].ID && fixes[i].Enabled {
+				fixes[i].Sync = SyncOf(st)
+			}
+		}
+	}
+}
+
+// SyncOf is the last sync of a fix as its engine status says: ok when no unit's last pass failed
+// and every unit has succeeded once.
+func SyncOf(st engine.Status) *diagnose.SyncState {
+	s := &diagnose.SyncState{OK: st.LastErr == nil && !st.LastOK.IsZero(), LastOK: st.LastOK}
+	if st.LastErr != nil {
+		s.Error = st.LastErr.Error()
+	}
+	return s
 }
 
 func kubeProxyMetrics(url string) func(context.Context) (string, error) {
@@ -86,6 +124,11 @@ func RunDiagnosis(lc fx.Lifecycle, p DiagnoseParams, m *diagnose.Metrics, log *s
 			cfg, ov = p.Overrides.Effective()
 		}
 		env := DiagnoseEnv(p, cfg, ov)
+		EngineSyncs(env.Fixes, p.Engine.Statuses())
+		env.Agent = "from this agent's engine"
+		if err := diagnose.ValidateAcknowledged(env.Acknowledged); err != nil {
+			log.Error("diagnosis: acknowledgedChecks names no check; it stays unacknowledged", "err", err)
+		}
 		env.Cluster = p.Engine.Snapshot()
 		env.Missing = diagnose.FromAgent(env.Cluster, p.Engine.Reads())
 		cidrs, _ := p.Config.ParsedPodCIDRs()
@@ -118,4 +161,105 @@ func RunDiagnosis(lc fx.Lifecycle, p DiagnoseParams, m *diagnose.Metrics, log *s
 		},
 		OnStop: func(context.Context) error { cancel(); wg.Wait(); return nil },
 	})
+}
+
+// statusCheck is how often the agent compares its fixes' states with the status it last wrote.
+const statusCheck = 5 * time.Second
+
+// PublishStatus keeps the agent's status (diagnose.AgentStatus: its fixes, their options and last
+// sync) in its state directory for `diagnose` run beside it: written when a fix's state, error or
+// options change, renewed every diagnose.StatusRefresh, removed when the agent stops. A write that
+// fails is logged once per error text; the agent runs on.
+func PublishStatus(lc fx.Lifecycle, p DiagnoseParams, log *slog.Logger) {
+	path, err := diagnose.StatusPath(diagnose.DefaultStatusDir)
+	if err != nil {
+		log.Warn("no agent status for diagnose", "err", err)
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var last []byte
+	var written time.Time
+	lastErr := ""
+	publish := func() {
+		s := agentStatus(p)
+		key, _ := json.Marshal(struct {
+			F []diagnose.FixState
+			O map[string]map[string]any
+			V string
+		}{withoutLastOK(s.Fixes), s.Options, s.Override})
+		now := time.Now()
+		if bytes.Equal(key, last) && now.Sub(written) < diagnose.StatusRefresh {
+			return
+		}
+		s.PID, s.Written, s.ValidUntil = os.Getpid(), now, now.Add(diagnose.StatusValid)
+		if err := diagnose.WriteStatus(path, s); err != nil {
+			if err.Error() != lastErr {
+				log.Warn("cannot write the agent status for diagnose", "err", err)
+				lastErr = err.Error()
+			}
+			return
+		}
+		last, written, lastErr = key, now, ""
+	}
+	lc.Append(fx.Hook{
+		OnStart: func(context.Context) error {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				t := time.NewTicker(statusCheck)
+				defer t.Stop()
+				for {
+					publish()
+					select {
+					case <-ctx.Done():
+						return
+					case <-t.C:
+					}
+				}
+			}()
+			return nil
+		},
+		OnStop: func(context.Context) error {
+			cancel()
+			wg.Wait()
+			return diagnose.RemoveStatus(path)
+		},
+	})
+}
+
+// agentStatus is the agent's status now.
+func agentStatus(p DiagnoseParams) *diagnose.AgentStatus {
+	cfg, ov := p.Config, config.None
+	if p.Overrides != nil {
+		cfg, ov = p.Overrides.Effective()
+	}
+	s := &diagnose.AgentStatus{ConfigFile: p.Config.File, Override: ov.String(), Options: map[string]map[string]any{}}
+	statuses := p.Engine.Statuses()
+	for _, st := range statuses {
+		fs := diagnose.FixState{ID: st.Fix, Enabled: st.Enabled}
+		if st.Refusal != nil {
+			fs.Refused = st.Refusal.Error()
+		}
+		s.Fixes = append(s.Fixes, fs)
+		if st.Enabled {
+			s.Options[st.Fix] = cfg.FixOptions(st.Fix)
+		}
+	}
+	EngineSyncs(s.Fixes, statuses)
+	return s
+}
+
+// withoutLastOK is fixes without the time of their last success, which moves on every sync.
+func withoutLastOK(fixes []diagnose.FixState) []diagnose.FixState {
+	out := make([]diagnose.FixState, len(fixes))
+	for i, f := range fixes {
+		out[i] = f
+		if f.Sync != nil {
+			s := *f.Sync
+			s.LastOK = time.Time{}
+			out[i].Sync = &s
+		}
+	}
+	return out
 }

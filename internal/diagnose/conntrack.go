@@ -111,16 +111,20 @@ func (invalidCheck) Run(ctx context.Context, env *Env) Finding {
 	f.counters = map[string]uint64{"invalid": invalid}
 	_, _, kp := kubeProxyInvalidDrops(ctx, env)
 	f.Evidence = append(f.Evidence, ev("kube-proxy INVALID drop", "%s", kp))
+	drop, whyDrop, evDrop := env.inForce(ctx, fixInvalidDrop, ruleCounters(fixInvalidDrop))
+	lib, whyLib, evLib := env.inForce(ctx, fixLiberal, liberalProof)
+	f.Evidence = append(append(f.Evidence, evDrop...), evLib...)
+	notInForce(&f, whyDrop, whyLib)
 	switch {
-	case env.Enabled(fixInvalidDrop):
+	case drop:
 		f.State, f.HandledBy = Handled, fixInvalidDrop
 		f.Summary = "invalid-drop drops INVALID packets before the node answers them with a reset"
-	case env.Enabled(fixLiberal):
+	case lib:
 		f.State, f.HandledBy = Handled, fixLiberal
 		f.Summary = "conntrack-liberal makes conntrack accept out-of-window TCP segments"
 	case liberal == "1":
 		f.State = OK
-		f.Summary = "nf_conntrack_tcp_be_liberal=1 (set outside the agent): out-of-window segments are not marked INVALID"
+		f.Summary = "nf_conntrack_tcp_be_liberal=1: out-of-window segments are not marked INVALID"
 	case !statsOK:
 		return Finding{State: CannotTell, Summary: "conntrack's statistics cannot be read (needs CAP_NET_ADMIN in the node's network namespace)", Evidence: f.Evidence, Remedy: f.Remedy}
 	case invalid == 0:
@@ -132,8 +136,48 @@ func (invalidCheck) Run(ctx context.Context, env *Env) Finding {
 	default:
 		f.State = Problem
 		f.Summary = fmt.Sprintf("%d packets were marked INVALID and no enabled fix drops them before the node answers with a reset", invalid)
+		f.Summary += whyNot(whyDrop, whyLib)
 	}
 	return f
+}
+
+// liberalProof is conntrack-liberal's proof: the sysctl holds 1 now.
+func liberalProof(_ context.Context, env *Env) (bool, string) {
+	if env.Sysctl == nil {
+		return false, nodestate.ConntrackTCPBeLiberal + " cannot be read here"
+	}
+	v, err := env.Sysctl.Get(nodestate.ConntrackTCPBeLiberal)
+	if err != nil {
+		return false, nodestate.ConntrackTCPBeLiberal + " cannot be read: " + err.Error()
+	}
+	if v != "1" {
+		return false, nodestate.ConntrackTCPBeLiberal + " is " + v + ", not 1"
+	}
+	return true, nodestate.ConntrackTCPBeLiberal + " is 1"
+}
+
+// notInForce adds to f's evidence why each enabled fix does not handle the problem ("" for a fix
+// that is simply not enabled).
+func notInForce(f *Finding, whys ...string) {
+	for _, w := range whys {
+		if w != "" {
+			f.Evidence = append(f.Evidence, ev("not in force", "%s", w))
+		}
+	}
+}
+
+// whyNot is the tail of a problem's summary naming the enabled fixes that do not handle it now.
+func whyNot(whys ...string) string {
+	var parts []string
+	for _, w := range whys {
+		if w != "" {
+			parts = append(parts, w)
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, "; ") + ")"
 }
 
 // iptRule is one rule of iptables-save -c output.

@@ -8,16 +8,18 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
-	"github.com/network-node-manager/network-node-manager/core/inputs"
-
+	"github.com/mdlayher/netlink"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs"
 	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
@@ -105,9 +107,9 @@ func troubled() *Env {
 		Kernel: &fakeKernel{
 			links: []Link{{"lo", 65536, true}, {"eth0", 1450, true}, {"cni0", 1500, true}},
 			routes: []Route{
-				{rules.IPv4, netip.MustParsePrefix("0.0.0.0/0"), "eth0"},
-				{rules.IPv4, netip.MustParsePrefix("192.0.2.0/24"), "eth0"},
-				{rules.IPv4, netip.MustParsePrefix("10.244.1.0/24"), "cni0"},
+				{rules.IPv4, netip.MustParsePrefix("0.0.0.0/0"), "eth0", 0},
+				{rules.IPv4, netip.MustParsePrefix("192.0.2.0/24"), "eth0", 0},
+				{rules.IPv4, netip.MustParsePrefix("10.244.1.0/24"), "cni0", 0},
 			},
 			neigh:  map[rules.Family]int{rules.IPv4: 1000, rules.IPv6: 3},
 			ifconf: map[string]string{"all/rp_filter": "0", "eth0/rp_filter": "1", "cni0/rp_filter": "0"},
@@ -115,17 +117,36 @@ func troubled() *Env {
 			ipt: map[rules.Family]string{rules.IPv4: "*nat\n[999:9999] -A KUBE-SERVICES -m conntrack --ctstate INVALID -j DROP\nCOMMIT\n" +
 				"*filter\n[12:720] -A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\nCOMMIT\n"},
 		},
-		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")},
-		Cluster:  snap,
-		Missing:  map[string]string{},
+		PodCIDRs:     []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")},
+		Cluster:      snap,
+		Missing:      map[string]string{},
+		Families:     []rules.Family{rules.IPv4},
+		RuleCounters: kernelRules.counters,
+		Agent:        "the running agent (pid 1, status written 2026-12-08T10:00:00Z)",
 	}
 }
 
+// kernelRules holds, per rule fix, the counters its rules have in the kernel of every family.
+type rulesInKernel map[string]map[string]uint64
+
+func (k rulesInKernel) counters(_ context.Context, fix string, _ rules.Family) (map[string]uint64, error) {
+	return k[fix], nil
+}
+
+var kernelRules = rulesInKernel{
+	"invalid-drop": {"dropped-input": 3},
+	"mss-clamp":    {"from-pods": 1, "to-pods": 1},
+}
+
+var lastOK = time.Date(2026, 12, 8, 10, 0, 0, 0, time.UTC)
+
+// enable enables the fixes as the running agent reports them: last sync ok.
 func enable(env *Env, ids ...string) {
 	for i := range env.Fixes {
 		for _, id := range ids {
 			if env.Fixes[i].ID == id {
 				env.Fixes[i].Enabled = true
+				env.Fixes[i].Sync = &SyncState{OK: true, LastOK: lastOK}
 			}
 		}
 	}
@@ -190,8 +211,66 @@ func TestHandledBy(t *testing.T) {
 	}
 	env = troubled()
 	enable(env, "conntrack-liberal")
+	if got := states(Run(context.Background(), env, Checks()))["invalid-replies"]; got != "problem" {
+		t.Errorf("invalid-replies with conntrack-liberal enabled and the sysctl at 0: %s", got)
+	}
+	_ = env.Sysctl.Set(nodestate.ConntrackTCPBeLiberal, "1")
 	if got := states(Run(context.Background(), env, Checks()))["invalid-replies"]; got != "handled by conntrack-liberal" {
 		t.Errorf("invalid-replies with conntrack-liberal: %s", got)
+	}
+}
+
+// #61: a fix counts as handling a problem only when it is in force: enabled and not refused, its
+// last sync succeeded (the running agent's status) and its rules are in the kernel. Otherwise the
+// check stays a problem and says what is missing.
+func TestHandledOnlyInForce(t *testing.T) {
+	for name, c := range map[string]struct {
+		set  func(*Env)
+		want string
+	}{
+		"in force":            {func(*Env) {}, ""},
+		"no running agent":    {func(e *Env) { e.Fixes[0].Sync = nil; e.Agent = "no running agent's status" }, "no running agent's status says its last sync succeeded (no running agent's status)"},
+		"last sync failed":    {func(e *Env) { e.Fixes[0].Sync = &SyncState{Error: "nft: command not found"} }, "its last sync failed: nft: command not found"},
+		"never synced":        {func(e *Env) { e.Fixes[0].Sync = &SyncState{} }, "its last sync failed: no successful sync yet"},
+		"refused":             {func(e *Env) { e.Fixes[0].Refused = "kube-proxy runs in nftables mode" }, "refuses to run here: kube-proxy runs in nftables mode"},
+		"rules not in kernel": {func(e *Env) { e.RuleCounters = rulesInKernel{}.counters }, "its rules are not in the kernel (ipv4: none)"},
+		"rules unreadable":    {func(e *Env) { e.RuleCounters = nil }, "its rules cannot be read here"},
+	} {
+		env := troubled()
+		enable(env, "invalid-drop")
+		c.set(env)
+		f := Run(context.Background(), env, []Check{invalidCheck{}}).Findings[0]
+		if c.want == "" {
+			if f.State != Handled {
+				t.Errorf("%s: %s %s", name, f.State, f.Summary)
+			}
+			continue
+		}
+		if f.State != Problem || !strings.Contains(f.Summary, c.want) {
+			t.Errorf("%s: %s %q, want a problem naming %q", name, f.State, f.Summary, c.want)
+		}
+	}
+}
+
+// #61: report-only problems do not make the exit status; an acknowledged check is reported as
+// acknowledged, counts as no problem and makes no exit status either.
+func TestAcknowledgedAndReportOnly(t *testing.T) {
+	env := troubled()
+	enable(env, "invalid-drop", "ipvs-externalip-dnat", "mss-clamp", "stale-udp-conntrack")
+	r := Run(context.Background(), env, Checks())
+	if r.Problems == 0 || r.Open != 0 || r.ExitCode() != 0 {
+		t.Errorf("only report-only problems left: problems %d, open %d, exit %d; want exit 0", r.Problems, r.Open, r.ExitCode())
+	}
+	env = troubled()
+	env.Acknowledged = []string{"rp-filter", "pmtu"}
+	r = Run(context.Background(), env, Checks())
+	for _, c := range env.Acknowledged {
+		if f := r.Find(c); f.State != Acknowledged {
+			t.Errorf("%s: %s, want acknowledged", c, f.State)
+		}
+	}
+	if r.ExitCode() != ExitProblem || r.Find("invalid-replies").State != Problem {
+		t.Errorf("the other problems stay: exit %d", r.ExitCode())
 	}
 }
 
@@ -250,15 +329,38 @@ func TestBlackholedExternalIPs(t *testing.T) {
 }
 
 func TestParsers(t *testing.T) {
-	r4 := parseRoute4("Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n" +
-		"eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n" +
-		"eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n")
-	if len(r4) != 2 || r4[0].Dst.String() != "0.0.0.0/0" || r4[1].Dst.String() != "192.0.2.0/24" {
-		t.Errorf("routes4: %v", r4)
+	names := map[int]string{2: "eth0", 3: "eth1"}
+	route := func(family byte, dstLen byte, attrs func(ae *netlink.AttributeEncoder)) []byte {
+		hdr := make([]byte, unix.SizeofRtMsg)
+		hdr[0], hdr[1], hdr[4], hdr[7] = family, dstLen, unix.RT_TABLE_MAIN, unix.RTN_UNICAST
+		ae := netlink.NewAttributeEncoder()
+		attrs(ae)
+		b, err := ae.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append(hdr, b...)
 	}
-	r6 := parseRoute6("20010db8000100000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth0\n")
-	if len(r6) != 1 || r6[0].Dst.String() != "2001:db8:1::/64" || r6[0].Dev != "eth0" {
-		t.Errorf("routes6: %v", r6)
+	def := parseRouteMsg(route(unix.AF_INET, 0, func(ae *netlink.AttributeEncoder) {
+		ae.Uint32(unix.RTA_OIF, 2)
+		ae.Nested(unix.RTA_METRICS, func(nae *netlink.AttributeEncoder) error { nae.Uint32(unix.RTAX_MTU, 1400); return nil })
+	}), names)
+	if len(def) != 1 || def[0] != (Route{rules.IPv4, netip.MustParsePrefix("0.0.0.0/0"), "eth0", 1400}) {
+		t.Errorf("default route with mtu 1400: %v", def)
+	}
+	v6 := parseRouteMsg(route(unix.AF_INET6, 64, func(ae *netlink.AttributeEncoder) {
+		ae.Bytes(unix.RTA_DST, netip.MustParseAddr("2001:db8:1::").AsSlice())
+		ae.Uint32(unix.RTA_OIF, 3)
+	}), names)
+	if len(v6) != 1 || v6[0] != (Route{rules.IPv6, netip.MustParsePrefix("2001:db8:1::/64"), "eth1", 0}) {
+		t.Errorf("IPv6 route: %v", v6)
+	}
+	ll := parseRouteMsg(route(unix.AF_INET6, 64, func(ae *netlink.AttributeEncoder) {
+		ae.Bytes(unix.RTA_DST, netip.MustParseAddr("fe80::").AsSlice())
+		ae.Uint32(unix.RTA_OIF, 3)
+	}), names)
+	if len(ll) != 0 {
+		t.Errorf("link-local route kept: %v", ll)
 	}
 	drops := NoEndpointDrops(`table ip kube-proxy {
 	map no-endpoint-services {

@@ -79,15 +79,66 @@ func (lr *linkRoutes) mtus(names []string) string {
 	return strings.Join(parts, ", ")
 }
 
-// pmtuCheck: pod traffic leaves through a link narrower than the pods' own (mss-clamp).
+// pathMTU is the MTU of route r: its own mtu attribute, else its link's.
+func (lr *linkRoutes) pathMTU(r Route) int {
+	if r.MTU > 0 {
+		return r.MTU
+	}
+	return lr.links[r.Dev].MTU
+}
+
+// describe is "dev mtu N" for a route without an mtu attribute, "DST dev mtu N (route)" for one.
+func (lr *linkRoutes) describe(r Route) string {
+	if r.MTU > 0 {
+		dst := r.Dst.String()
+		if r.Dst.Bits() == 0 {
+			dst = "default"
+		}
+		return fmt.Sprintf("%s dev %s mtu %d (route; link %d)", dst, r.Dev, r.MTU, lr.links[r.Dev].MTU)
+	}
+	return fmt.Sprintf("%s mtu %d", r.Dev, lr.links[r.Dev].MTU)
+}
+
+// narrower returns the routes (not into the pod CIDRs, through an up link other than a pod link)
+// whose path MTU is below mtu, described once each, and the smallest MSS any of them carries (the
+// path MTU less the IPv4 or IPv6 and TCP headers).
+func (lr *linkRoutes) narrower(mtu int) (desc []string, minMSS int) {
+	for _, r := range lr.routes {
+		if slices.Contains(lr.pod, r.Dev) || !slices.Contains(lr.carriers, r.Dev) {
+			continue
+		}
+		p := lr.pathMTU(r)
+		if p >= mtu {
+			continue
+		}
+		if d := lr.describe(r); !slices.Contains(desc, d) {
+			desc = append(desc, d)
+		}
+		if m := p - tcpHeaders(r.Family); minMSS == 0 || m < minMSS {
+			minMSS = m
+		}
+	}
+	sort.Strings(desc)
+	return desc, minMSS
+}
+
+// tcpHeaders is what an IP and a TCP header take of a packet: the MSS is the MTU less this.
+func tcpHeaders(f rules.Family) int {
+	if f == rules.IPv6 {
+		return 60
+	}
+	return 40
+}
+
+// pmtuCheck: pod traffic leaves through a route narrower than the pods' links (mss-clamp).
 type pmtuCheck struct{}
 
 func (pmtuCheck) ID() string { return "pmtu" }
 func (pmtuCheck) Title() string {
-	return "pod TCP crosses a link narrower than the pods' MTU and no MSS clamp makes the handshake fit (large transfers hang when ICMP is filtered)"
+	return "pod TCP crosses a route narrower than the pods' MTU and no MSS clamp makes the handshake fit (large transfers hang when ICMP is filtered)"
 }
 
-func (pmtuCheck) Run(_ context.Context, env *Env) Finding {
+func (pmtuCheck) Run(ctx context.Context, env *Env) Finding {
 	lr, err := readLinkRoutes(env)
 	if err != nil {
 		return cannot("%v", err)
@@ -103,30 +154,60 @@ func (pmtuCheck) Run(_ context.Context, env *Env) Finding {
 	for _, n := range lr.pod {
 		podMTU = max(podMTU, lr.links[n].MTU)
 	}
-	var narrow []string
-	for _, n := range lr.carriers {
-		if !slices.Contains(lr.pod, n) && lr.links[n].MTU < podMTU {
-			narrow = append(narrow, n)
+	narrow, minMSS := lr.narrower(podMTU)
+	var defaults []string
+	for _, r := range lr.routes {
+		if r.Dst.Bits() == 0 && slices.Contains(lr.uplink, r.Dev) {
+			defaults = append(defaults, lr.describe(r))
 		}
 	}
-	f := Finding{Remedy: "enable mss-clamp (fixes.mss-clamp.enabled: true): the clamp follows the route's MTU",
+	sort.Strings(defaults)
+	f := Finding{Remedy: "enable mss-clamp (fixes.mss-clamp.enabled: true) without a fixed mss: the clamp follows the route's MTU",
 		Evidence: []Evidence{
 			ev("pod interfaces", "%s", lr.mtus(lr.pod)),
-			ev("default route", "%s", lr.mtus(lr.uplink)),
-			ev("narrower links with routes", "%s", lr.mtus(narrow)),
+			ev("default route", "%s", orNone(slices.Compact(defaults))),
+			ev("narrower routes", "%s", orNone(narrow)),
 		}}
-	switch {
-	case len(narrow) == 0:
+	if len(narrow) == 0 {
 		f.State, f.Remedy = OK, ""
-		f.Summary = fmt.Sprintf("no link that carries routes is narrower than the pods' MTU %d", podMTU)
-	case env.Enabled(fixMSSClamp):
-		f.State, f.HandledBy = Handled, fixMSSClamp
-		f.Summary = fmt.Sprintf("mss-clamp clamps pod SYNs to the route's MTU (pods %d, %s)", podMTU, lr.mtus(narrow))
-	default:
-		f.State = Problem
-		f.Summary = fmt.Sprintf("pods send segments sized for MTU %d, routes leave through %s: where ICMP \"fragmentation needed\" is filtered, large transfers hang", podMTU, lr.mtus(narrow))
+		f.Summary = fmt.Sprintf("no route is narrower than the pods' MTU %d", podMTU)
+		return f
 	}
+	clamp, why, evs := env.inForce(ctx, fixMSSClamp, ruleCounters(fixMSSClamp))
+	f.Evidence = append(f.Evidence, evs...)
+	if clamp {
+		if mss := optionInt(env, fixMSSClamp, "mss"); mss > minMSS {
+			clamp, why = false, fmt.Sprintf("mss-clamp clamps to a fixed mss %d, above the %d the narrowest route carries", mss, minMSS)
+		}
+	}
+	notInForce(&f, why)
+	if clamp {
+		f.State, f.HandledBy = Handled, fixMSSClamp
+		f.Summary = fmt.Sprintf("mss-clamp clamps pod SYNs to what the route carries (pods %d; %s)", podMTU, strings.Join(narrow, ", "))
+		return f
+	}
+	f.State = Problem
+	f.Summary = fmt.Sprintf("pods send segments sized for MTU %d, routes leave through %s: where ICMP \"fragmentation needed\" is filtered, large transfers hang", podMTU, strings.Join(narrow, ", "))
+	f.Summary += whyNot(why)
 	return f
+}
+
+func orNone(list []string) string {
+	if len(list) == 0 {
+		return "none"
+	}
+	return strings.Join(list, ", ")
+}
+
+// optionInt reads an integer option of a fix as configured (a file's number, an environment's
+// string); 0 when it is unset or not a number.
+func optionInt(env *Env, fix, key string) int {
+	for k, v := range env.Options[fix] {
+		if strings.EqualFold(k, key) {
+			return atoi(fmt.Sprint(v))
+		}
+	}
+	return 0
 }
 
 // NeighbourFillLimit is the share of gc_thresh3 above which the neighbour table is reported.
