@@ -369,6 +369,8 @@ func TestBaseObjects(t *testing.T) {
 		"RoleBinding kube-system/network-node-manager-kube-proxy-config",
 		"Role default/network-node-manager-events",
 		"RoleBinding default/network-node-manager-events",
+		"ClusterRole /network-node-manager-health",
+		"ClusterRoleBinding /network-node-manager-health",
 		"ClusterRole /network-node-manager-metrics-reader",
 		"ConfigMap kube-system/network-node-manager",
 		"DaemonSet kube-system/network-node-manager",
@@ -380,7 +382,8 @@ func TestBaseObjects(t *testing.T) {
 
 // The ClusterRole grants exactly Services list/watch, Nodes get/list/watch, ServiceCIDRs list/watch
 // (networking.k8s.io, for ipvs-externalip-dnat) and the two reviews behind
-// the protected /metrics; the namespaced grants are get on the one ConfigMap kube-system/kube-proxy and
+// the protected /metrics; the health ClusterRole patch of nodes/status (the Node conditions) and list
+// of EndpointSlices (diagnose); the namespaced grants are get on the one ConfigMap kube-system/kube-proxy and
 // create/patch of events.k8s.io Events in default (a Node's Events live there); all bind the agent's
 // ServiceAccount. The metrics reader role allows get /metrics and nothing else.
 func TestLeastPrivilege(t *testing.T) {
@@ -411,8 +414,17 @@ func TestLeastPrivilege(t *testing.T) {
 	if fmt.Sprint(evRole.Rules) != fmt.Sprint(wantEv) || evRole.Namespace != "default" {
 		t.Errorf("Role %s/%s rules = %+v, want exactly %+v in default", evRole.Namespace, evRole.Name, evRole.Rules, wantEv)
 	}
+	health := typed[rbacv1.ClusterRole](t, find(t, objs, "ClusterRole", "network-node-manager-health"))
+	wantHealth := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
+		{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list"}},
+	}
+	if fmt.Sprint(health.Rules) != fmt.Sprint(wantHealth) || health.AggregationRule != nil {
+		t.Errorf("ClusterRole %s rules = %+v, want exactly %+v", health.Name, health.Rules, wantHealth)
+	}
 	sa := typed[corev1.ServiceAccount](t, find(t, objs, "ServiceAccount", "network-node-manager"))
 	subject := rbacv1.Subject{Kind: "ServiceAccount", Name: sa.Name, Namespace: sa.Namespace}
+	healthRB := typed[rbacv1.ClusterRoleBinding](t, find(t, objs, "ClusterRoleBinding", "network-node-manager-health"))
 	crb := typed[rbacv1.ClusterRoleBinding](t, find(t, objs, "ClusterRoleBinding", "network-node-manager"))
 	rb := typed[rbacv1.RoleBinding](t, find(t, objs, "RoleBinding", "network-node-manager-kube-proxy-config"))
 	evRB := typed[rbacv1.RoleBinding](t, find(t, objs, "RoleBinding", "network-node-manager-events"))
@@ -425,6 +437,7 @@ func TestLeastPrivilege(t *testing.T) {
 		{"ClusterRoleBinding", crb.RoleRef, crb.Subjects, rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: cr.Name}},
 		{"RoleBinding", rb.RoleRef, rb.Subjects, rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: role.Name}},
 		{"events RoleBinding", evRB.RoleRef, evRB.Subjects, rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: evRole.Name}},
+		{"health ClusterRoleBinding", healthRB.RoleRef, healthRB.Subjects, rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: health.Name}},
 	} {
 		if b.ref != b.want || len(b.subjects) != 1 || b.subjects[0] != subject {
 			t.Errorf("%s: roleRef %+v subjects %+v, want %+v and only %+v", b.name, b.ref, b.subjects, b.want, subject)

@@ -8,9 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -225,4 +227,129 @@ func TestDiagnoseBesideKubeProxy(t *testing.T) {
 			return nil
 		})
 	})
+}
+
+// scaleSlices and scaleEndpoints: the EndpointSlices TestDiagnoseReadsPaged creates, each with as many
+// endpoints (on other nodes): 200,000 endpoints, at which diagnose's one unpaginated list peaked at
+// 149 MiB before #61.
+const (
+	scaleSlices    = 2000
+	scaleEndpoints = 100
+)
+
+// diagnoseRSSLimit is what diagnose may take at scaleSlices × scaleEndpoints: the agent container's
+// memory budget (128Mi limit, 25 % spare), with the DaemonSet's GOMEMLIMIT.
+const diagnoseRSSLimit = 96 << 20
+
+// TestDiagnoseUnderShippedRBAC (#61): `diagnose` as the agent's ServiceAccount with deploy/base's
+// RBAC, in a node namespace.
+//   - rbac: the ipvs-external-ip check evaluates (before #61 the EndpointSlices were forbidden and it
+//     said cannot tell, or handled when the fix was enabled): an eTP=Local Service whose endpoint is
+//     on another node is named, exit status 2; every check that reads the API but the Pods (which
+//     deploy/components/stale-udp-conntrack grants) gets what it lists.
+//   - paged: with scaleSlices EndpointSlices of scaleEndpoints endpoints each, its reads are paged
+//     and stripped: its peak RSS stays under diagnoseRSSLimit with the DaemonSet's GOMEMLIMIT.
+func TestDiagnoseUnderShippedRBAC(t *testing.T) {
+	require(t)
+	c := sharedCluster(t, "kube-proxy")
+	ctx := t.Context()
+	ns := netns.New(t, "nnm-diag")
+	if _, err := c.cp.ConnectNamespace(ns.Name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.cp.DisconnectNamespace(ns.Name) })
+	kc, err := c.cp.ServiceAccountKubeconfig(ctx, saNamespace, saName, ns.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin, err := agenttest.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(t *testing.T) (*diagnose.Report, int, *syscall.Rusage) {
+		t.Helper()
+		cmd := ns.Command(bin, "diagnose", "--output", "json", "--kubeconfig", kc, "--node-name", "diag-node",
+			"--proxy-mode", "ipvs", "--set", "fixes.ipvs-externalip-dnat.enabled=false", "--log-level", "warn")
+		cmd.Env = append(os.Environ(), "GOMEMLIMIT=64MiB")
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatalf("diagnose: %v\n%s", err, stderr.String())
+		}
+		var r diagnose.Report
+		if err := json.Unmarshal(out, &r); err != nil {
+			t.Fatalf("diagnose (exit %d): %v\n%s", code, err, stderr.String())
+		}
+		return &r, code, cmd.ProcessState.SysUsage().(*syscall.Rusage)
+	}
+	t.Run("rbac", func(t *testing.T) {
+		createExtService(t, c, "diag-rbac")
+		r, code, _ := run(t)
+		f := findingOf(t, r, "ipvs-external-ip")
+		if f.State != diagnose.Problem || !strings.Contains(fmt.Sprint(f.Evidence), "diag-rbac/ext "+diagnoseExtIP) || code != diagnose.ExitProblem {
+			t.Errorf("ipvs-external-ip under deploy/base's RBAC: %s %q %v, exit %d; want a problem naming diag-rbac/ext %s, exit 2", f.State, f.Summary, f.Evidence, code, diagnoseExtIP)
+		}
+		for _, table := range []string{"EndpointSlices:", "Services:", "Node: list"} {
+			if strings.Contains(r.API, table) {
+				t.Errorf("%s cannot be read under the shipped RBAC: %s", table, r.API)
+			}
+		}
+	})
+	t.Run("paged", func(t *testing.T) {
+		createScaleSlices(t, c, "diag-scale")
+		start := time.Now()
+		r, _, ru := run(t)
+		rss := ru.Maxrss << 10
+		t.Logf("diagnose with %d EndpointSlices × %d endpoints: %v, peak RSS %.1f MiB (GOMEMLIMIT 64MiB), api %s",
+			scaleSlices, scaleEndpoints, time.Since(start).Round(time.Millisecond), float64(rss)/(1<<20), r.API)
+		if f := findingOf(t, r, "ipvs-external-ip"); f.State == diagnose.CannotTell {
+			t.Errorf("ipvs-external-ip: cannot tell: %s", f.Summary)
+		}
+		if rss > diagnoseRSSLimit {
+			t.Errorf("diagnose peaked at %.1f MiB RSS, above %d MiB", float64(rss)/(1<<20), diagnoseRSSLimit>>20)
+		}
+	})
+}
+
+// createScaleSlices creates scaleSlices EndpointSlices of scaleEndpoints ready endpoints each (on
+// nodes other than diagnose's) in namespace ns, eight writers at a time.
+func createScaleSlices(t *testing.T, c *cluster, ns string) {
+	t.Helper()
+	ctx := t.Context()
+	if _, err := c.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.admin.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	start := time.Now()
+	var g errgroup.Group
+	g.SetLimit(8)
+	for i := range scaleSlices {
+		g.Go(func() error {
+			s := &discoveryv1.EndpointSlice{
+				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("svc-%05d-1", i), Namespace: ns,
+					Labels: map[string]string{discoveryv1.LabelServiceName: fmt.Sprintf("svc-%05d", i), discoveryv1.LabelManagedBy: "nnm-e2e"}},
+				AddressType: discoveryv1.AddressTypeIPv4,
+				Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Protocol: ptr(corev1.ProtocolTCP), Port: ptr[int32](8080)}},
+			}
+			for j := range scaleEndpoints {
+				n := i*scaleEndpoints + j
+				s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
+					Addresses:  []string{fmt.Sprintf("10.%d.%d.%d", 128+n>>16, n>>8&255, n&255)},
+					Conditions: discoveryv1.EndpointConditions{Ready: ptr(true), Serving: ptr(true), Terminating: ptr(false)},
+					NodeName:   ptr(fmt.Sprintf("scale-node-%d", n%500)),
+					TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: fmt.Sprintf("pod-%07d", n)},
+				})
+			}
+			_, err := c.admin.DiscoveryV1().EndpointSlices(ns).Create(ctx, s, metav1.CreateOptions{})
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("created %d EndpointSlices of %d endpoints in %v", scaleSlices, scaleEndpoints, time.Since(start).Round(time.Millisecond))
 }
