@@ -24,6 +24,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/fixes/conntrackcapacity"
 )
 
 // SchemaVersion is the version of the JSON document (Report). It changes when a field is renamed,
@@ -187,6 +188,9 @@ type Env struct {
 	// APIErr is why the API could not be used at all ("" when it could).
 	APIErr string
 
+	// Host reads the node's memory and CPUs (nil: conntrackcapacity.HostInfo).
+	Host func() (memBytes uint64, cpus int, err error)
+
 	// Previous is the last Report of the running agent (nil in the command): checks of counters
 	// compare against it.
 	Previous *Report
@@ -286,6 +290,13 @@ func ruleCounters(id string) func(context.Context, *Env) (bool, string) {
 	}
 }
 
+func (e *Env) host() (uint64, int, error) {
+	if e.Host != nil {
+		return e.Host()
+	}
+	return conntrackcapacity.HostInfo()
+}
+
 // table returns why the cluster table t cannot be read ("" when it can).
 func (e *Env) missing(t fix.TableRef) string {
 	if why, ok := e.Missing[t.Name()]; ok {
@@ -353,7 +364,7 @@ func runOne(ctx context.Context, env *Env, c Check) (f Finding) {
 func Checks() []Check {
 	return []Check{
 		invalidCheck{}, ipvsExternalIPCheck{}, nftNoEndpointCheck{}, pmtuCheck{}, staleUDPCheck{},
-		conntrackFillCheck{}, neighbourCheck{}, rpFilterCheck{}, migrationCheck{},
+		conntrackFillCheck{}, neighbourCheck{}, nodePortCheck{}, rpFilterCheck{}, migrationCheck{},
 	}
 }
 

@@ -30,6 +30,7 @@ type fakeKernel struct {
 	links   []Link
 	routes  []Route
 	neigh   map[rules.Family]int
+	fulls   map[rules.Family]uint64
 	ifconf  map[string]string // "dev/name" → value
 	ipt     map[rules.Family]string
 	nft     map[string]string // args joined by " " → output
@@ -39,6 +40,9 @@ type fakeKernel struct {
 func (k *fakeKernel) Links() ([]Link, error)                    { return k.links, nil }
 func (k *fakeKernel) Routes() ([]Route, error)                  { return k.routes, nil }
 func (k *fakeKernel) Neighbours() (map[rules.Family]int, error) { return k.neigh, nil }
+func (k *fakeKernel) NeighbourStats(f rules.Family) (int, uint64, error) {
+	return k.neigh[f], k.fulls[f], nil
+}
 func (k *fakeKernel) InterfaceSysctl(_ rules.Family, dev, name string) (string, error) {
 	if v, ok := k.ifconf[dev+"/"+name]; ok {
 		return v, nil
@@ -90,14 +94,23 @@ func troubled() *Env {
 	inputs.Pods.Set(snap, []*corev1.Pod{pod})
 	return &Env{
 		Node: "n1", ProxyMode: "ipvs", ProxyModeSource: "metrics-endpoint", IptablesVariant: "nft", Override: "override 0 (pool=canary)",
-		Fixes: []FixState{{ID: "invalid-drop"}, {ID: "conntrack-liberal"}, {ID: "ipvs-externalip-dnat"}, {ID: "mss-clamp"}, {ID: "stale-udp-conntrack"}},
+		Fixes: []FixState{{ID: "invalid-drop"}, {ID: "conntrack-liberal"}, {ID: "ipvs-externalip-dnat"}, {ID: "mss-clamp"}, {ID: "stale-udp-conntrack"},
+			{ID: "conntrack-capacity"}, {ID: "neighbour-table"}, {ID: "nodeport-reserved-ports"}},
 		Sysctl: nodestate.NewFakeSysctl(map[string]string{
-			nodestate.ConntrackTCPBeLiberal:     "0",
-			"net.netfilter.nf_conntrack_count":  "950",
-			"net.netfilter.nf_conntrack_max":    "1000",
-			"net.ipv4.neigh.default.gc_thresh3": "1024",
-			"net.ipv6.neigh.default.gc_thresh3": "1024",
+			nodestate.ConntrackTCPBeLiberal:      "0",
+			"net.netfilter.nf_conntrack_count":   "950",
+			"net.netfilter.nf_conntrack_max":     "1000",
+			"net.netfilter.nf_conntrack_buckets": "1000",
+			"net.ipv4.neigh.default.gc_thresh1":  "128",
+			"net.ipv4.neigh.default.gc_thresh2":  "512",
+			"net.ipv4.neigh.default.gc_thresh3":  "1024",
+			"net.ipv6.neigh.default.gc_thresh1":  "128",
+			"net.ipv6.neigh.default.gc_thresh2":  "512",
+			"net.ipv6.neigh.default.gc_thresh3":  "1024",
+			"net.ipv4.ip_local_port_range":       "1024\t65535",
+			"net.ipv4.ip_local_reserved_ports":   "10250",
 		}),
+		Host:  func() (uint64, int, error) { return 8 << 30, 4, nil },
 		Stats: fakeStats{nodestate.ConntrackStats{Invalid: 42, InsertFailed: 3, Drop: 0, EarlyDrop: 7, CPUs: 2}},
 		Conntrack: nodestate.NewFakeConntrack(
 			entry(rules.UDP, "192.0.2.50:40000", "192.0.2.1:8125", "10.244.1.9:8125"), // pod gone
@@ -185,25 +198,25 @@ func TestGoldenReport(t *testing.T) {
 	}
 }
 
-// Each problem a fix handles says "handled by" that fix once it is enabled; the report-only ones
-// stay problems; with every such fix on, only those are left.
+// Each problem a fix handles says "handled by" that fix once it is enabled and in force (the
+// kernel holds what it asks for); the report-only ones stay problems.
 func TestHandledBy(t *testing.T) {
 	before := states(Run(context.Background(), troubled(), Checks()))
 	for check, want := range map[string]string{
 		"invalid-replies": "problem", "ipvs-external-ip": "problem", "pmtu": "problem", "stale-udp": "problem",
-		"conntrack-table": "problem", "neighbour-table": "problem", "rp-filter": "problem",
+		"conntrack-table": "problem", "neighbour-table": "problem", "nodeport-ephemeral": "problem", "rp-filter": "problem",
 	} {
 		if before[check] != want {
 			t.Errorf("%s: %s, want %s", check, before[check], want)
 		}
 	}
-	env := troubled()
-	enable(env, "invalid-drop", "ipvs-externalip-dnat", "mss-clamp", "stale-udp-conntrack")
+	env := inForce(troubled())
 	after := states(Run(context.Background(), env, Checks()))
 	for check, want := range map[string]string{
 		"invalid-replies": "handled by invalid-drop", "ipvs-external-ip": "handled by ipvs-externalip-dnat",
 		"pmtu": "handled by mss-clamp", "stale-udp": "handled by stale-udp-conntrack",
-		"conntrack-table": "problem",
+		"conntrack-table": "handled by conntrack-capacity", "neighbour-table": "handled by neighbour-table",
+		"nodeport-ephemeral": "handled by nodeport-reserved-ports", "rp-filter": "problem",
 	} {
 		if after[check] != want {
 			t.Errorf("%s with the fixes enabled: %s, want %s", check, after[check], want)
@@ -218,6 +231,23 @@ func TestHandledBy(t *testing.T) {
 	if got := states(Run(context.Background(), env, Checks()))["invalid-replies"]; got != "handled by conntrack-liberal" {
 		t.Errorf("invalid-replies with conntrack-liberal: %s", got)
 	}
+}
+
+// inForce is troubled with every fix enabled and in force: the sysctl fixes' values where their
+// passes put them (nf_conntrack_max for 950 entries, gc_thresh for 1,000 neighbours, the NodePort
+// range reserved).
+func inForce(env *Env) *Env {
+	enable(env, "invalid-drop", "ipvs-externalip-dnat", "mss-clamp", "stale-udp-conntrack", "conntrack-capacity", "neighbour-table", "nodeport-reserved-ports")
+	env.Stats = fakeStats{nodestate.ConntrackStats{Invalid: 42, EarlyDrop: 7, CPUs: 2}}
+	env.Kernel.(*fakeKernel).fulls = map[rules.Family]uint64{rules.IPv4: 5} // refused before the raise
+	for name, v := range map[string]string{
+		"net.netfilter.nf_conntrack_max": "4096", "net.netfilter.nf_conntrack_buckets": "1024",
+		"net.ipv4.neigh.default.gc_thresh1": "256", "net.ipv4.neigh.default.gc_thresh2": "1024", "net.ipv4.neigh.default.gc_thresh3": "2048",
+		"net.ipv4.ip_local_reserved_ports": "10250,30000-32767",
+	} {
+		_ = env.Sysctl.Set(name, v)
+	}
+	return env
 }
 
 // #61: a fix counts as handling a problem only when it is in force: enabled and not refused, its
@@ -255,13 +285,11 @@ func TestHandledOnlyInForce(t *testing.T) {
 // #61: report-only problems do not make the exit status; an acknowledged check is reported as
 // acknowledged, counts as no problem and makes no exit status either.
 func TestAcknowledgedAndReportOnly(t *testing.T) {
-	env := troubled()
-	enable(env, "invalid-drop", "ipvs-externalip-dnat", "mss-clamp", "stale-udp-conntrack")
-	r := Run(context.Background(), env, Checks())
+	r := Run(context.Background(), inForce(troubled()), Checks())
 	if r.Problems == 0 || r.Open != 0 || r.ExitCode() != 0 {
 		t.Errorf("only report-only problems left: problems %d, open %d, exit %d; want exit 0", r.Problems, r.Open, r.ExitCode())
 	}
-	env = troubled()
+	env := troubled()
 	env.Acknowledged = []string{"rp-filter", "pmtu"}
 	r = Run(context.Background(), env, Checks())
 	for _, c := range env.Acknowledged {

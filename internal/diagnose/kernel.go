@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/fixes/neighbourtable"
 	"github.com/network-node-manager/network-node-manager/internal/detect"
 )
 
@@ -41,7 +42,11 @@ type Route struct {
 type Kernel interface {
 	Links() ([]Link, error)
 	Routes() ([]Route, error)
-	// Neighbours counts the neighbour (ARP, NDP) entries per family.
+	// NeighbourStats reads a family's neighbour table (ARP, NDP): its entries over every network
+	// namespace (what the kernel holds against gc_thresh3) and table_fulls (neighbours it refused).
+	// Only the initial network namespace has them: elsewhere the error wraps os.ErrNotExist.
+	NeighbourStats(family rules.Family) (entries int, fulls uint64, err error)
+	// Neighbours counts the neighbour entries of this network namespace per family (one dump).
 	Neighbours() (map[rules.Family]int, error)
 	// InterfaceSysctl reads net.<ipv4|ipv6>.conf.<dev>.<name> (dev may hold dots).
 	InterfaceSysctl(family rules.Family, dev, name string) (string, error)
@@ -215,6 +220,11 @@ func (RealKernel) Neighbours() (map[rules.Family]int, error) {
 		}
 	}
 	return out, nil
+}
+
+// NeighbourStats implements Kernel: neighbour-table's reader (/proc/net/stat/arp_cache, ndisc_cache).
+func (RealKernel) NeighbourStats(family rules.Family) (int, uint64, error) {
+	return neighbourtable.ReadStats(family)
 }
 
 func procSysFamily(f rules.Family) string {

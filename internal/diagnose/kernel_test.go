@@ -268,6 +268,8 @@ func TestLabTables(t *testing.T) {
 		env := labEnv("iptables")
 		env.Sysctl = &overlay{real: &nodestate.ProcSysctl{}, values: map[string]string{
 			"net.netfilter.nf_conntrack_max":    ctMax,
+			"net.ipv4.neigh.default.gc_thresh1": "16", "net.ipv6.neigh.default.gc_thresh1": "16",
+			"net.ipv4.neigh.default.gc_thresh2": "24", "net.ipv6.neigh.default.gc_thresh2": "24",
 			"net.ipv4.neigh.default.gc_thresh3": thresh3, "net.ipv6.neigh.default.gc_thresh3": thresh3}}
 		return env
 	}

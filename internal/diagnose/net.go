@@ -2,14 +2,17 @@ package diagnose
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/fixes/neighbourtable"
 )
 
 // linkRoutes is what the network checks share: the links, the routes, which links face the pods
@@ -213,48 +216,106 @@ func optionInt(env *Env, fix, key string) int {
 // NeighbourFillLimit is the share of gc_thresh3 above which the neighbour table is reported.
 const NeighbourFillLimit = 0.8
 
-// neighbourCheck: the neighbour table near gc_thresh3 (report-only).
+// neighbourCheck: the neighbour table near gc_thresh3, or neighbours refused (neighbour-table).
 type neighbourCheck struct{}
 
 func (neighbourCheck) ID() string { return "neighbour-table" }
 func (neighbourCheck) Title() string {
-	return "the neighbour (ARP/NDP) table is near gc_thresh3: new neighbours fail (\"neighbour table overflow\")"
+	return "the neighbour (ARP/NDP) table is near gc_thresh3 or full: new neighbours fail (\"neighbour table overflow\", kops#4533)"
 }
 
-func (neighbourCheck) Run(_ context.Context, env *Env) Finding {
+func (neighbourCheck) Run(ctx context.Context, env *Env) Finding {
 	if env.Kernel == nil || env.Sysctl == nil {
 		return cannot("%v", errNoKernel)
 	}
-	counts, err := env.Kernel.Neighbours()
-	if err != nil {
-		return cannot("%v", err)
-	}
-	f := Finding{ReportOnly: true, State: OK,
-		Remedy: "no fix: raise net.ipv4.neigh.default.gc_thresh3 (and gc_thresh1/2; ipv6 too) above the number of neighbours"}
+	f := Finding{State: OK, Remedy: "enable neighbour-table (fixes.neighbour-table.enabled: true), or raise net.ipv{4,6}.neigh.default.gc_thresh1/2/3 above the number of neighbours"}
+	f.counters = map[string]uint64{}
 	var full []string
+	obs := map[rules.Family]neighbourtable.Observation{}
 	read := 0
+	scope := "every namespace"
+	var here map[rules.Family]int // this namespace's, where the global count is not shown
 	for _, fam := range rules.Families {
-		name := "net." + procSysFamily(fam) + ".neigh.default.gc_thresh3"
-		v, err := env.Sysctl.Get(name)
-		t, perr := strconv.Atoi(v)
-		if err != nil || perr != nil || t <= 0 {
-			f.Evidence = append(f.Evidence, ev(string(fam), "%d neighbours, %s unreadable", counts[fam], name))
+		entries, fulls, err := env.Kernel.NeighbourStats(fam)
+		if errors.Is(err, os.ErrNotExist) {
+			if here == nil {
+				if here, err = env.Kernel.Neighbours(); err != nil {
+					return cannot("%v", err)
+				}
+			}
+			entries, scope = here[fam], "this namespace only: the global count is in the initial one"
+		} else if err != nil {
+			f.Evidence = append(f.Evidence, ev(string(fam), "unreadable: %v", err))
+			continue
+		}
+		o := neighbourtable.Observation{Entries: entries}
+		ok := true
+		for i := range o.Thresh {
+			v, err := env.Sysctl.Get(neighbourtable.Thresh(fam, i+1))
+			if o.Thresh[i] = atoi(v); err != nil || o.Thresh[i] <= 0 {
+				ok = false
+			}
+		}
+		if !ok {
+			f.Evidence = append(f.Evidence, ev(string(fam), "%d entries, %s unreadable", entries, neighbourtable.Thresh(fam, 3)))
 			continue
 		}
 		read++
-		f.Evidence = append(f.Evidence, ev(string(fam), "%d neighbours of gc_thresh3 %d (%.0f%%)", counts[fam], t, 100*float64(counts[fam])/float64(t)))
-		if float64(counts[fam]) >= NeighbourFillLimit*float64(t) {
-			full = append(full, fmt.Sprintf("%s: %d of %d", fam, counts[fam], t))
+		t3 := o.Thresh[2]
+		f.counters[string(fam)+" table_fulls"] = fulls
+		f.Evidence = append(f.Evidence, ev(string(fam), "%d entries (%s) of gc_thresh3 %d (%.0f%%); gc_thresh1/2 %d/%d; table_fulls %d",
+			entries, scope, t3, 100*float64(entries)/float64(t3), o.Thresh[0], o.Thresh[1], fulls))
+		if float64(entries) >= NeighbourFillLimit*float64(t3) {
+			full = append(full, fmt.Sprintf("%s: %d of %d", fam, entries, t3))
 		}
+		if fulls > 0 {
+			if d := risen(env, "neighbour-table", string(fam)+" table_fulls", fulls, &f); d > 0 {
+				full = append(full, fmt.Sprintf("%s: %d neighbours refused (table_fulls)", fam, d))
+				if env.Previous != nil {
+					o.Fulls = d
+				}
+			}
+		}
+		obs[fam] = o
 	}
 	if read == 0 {
 		return Finding{State: CannotTell, Evidence: f.Evidence, Summary: "gc_thresh3 cannot be read (the neigh.default sysctls exist only in the node's initial network namespace)"}
 	}
-	if len(full) > 0 {
-		f.State, f.Summary = Problem, "the neighbour table is near gc_thresh3 ("+strings.Join(full, "; ")+")"
+	if len(full) == 0 {
+		f.Summary, f.Remedy = fmt.Sprintf("below %.0f%% of gc_thresh3, no neighbour refused", 100*NeighbourFillLimit), ""
 		return f
 	}
-	f.Summary, f.Remedy = fmt.Sprintf("below %.0f%% of gc_thresh3", 100*NeighbourFillLimit), ""
+	// neighbour-table handles it while in force and each family holds the thresholds it asks for now.
+	raise, why, evs := env.inForce(ctx, fixNeighbours, func(_ context.Context, env *Env) (bool, string) {
+		opts, err := neighbourtable.Options(env.Options[fixNeighbours])
+		if err != nil {
+			return false, "its options do not parse: " + err.Error()
+		}
+		var held []string
+		for _, fam := range rules.Families {
+			o, ok := obs[fam]
+			if !ok {
+				continue
+			}
+			d := neighbourtable.Desired(o, opts)
+			switch {
+			case d.Limited && d.Thresh[2] <= o.Thresh[2]:
+				return false, fmt.Sprintf("%s gc_thresh3 %d is at maxThresh3 %d", fam, o.Thresh[2], opts.MaxThresh3)
+			case d.Thresh != o.Thresh:
+				return false, fmt.Sprintf("%s gc_thresh3 is %d; the fix raises it to %d on its next pass (%s)", fam, o.Thresh[2], d.Thresh[2], d.Why)
+			}
+			held = append(held, fmt.Sprintf("%s gc_thresh3 %d", fam, o.Thresh[2]))
+		}
+		return true, strings.Join(held, ", ")
+	})
+	f.Evidence = append(f.Evidence, evs...)
+	notInForce(&f, why)
+	if raise {
+		f.State, f.HandledBy = Handled, fixNeighbours
+		f.Summary = "the neighbour table is near gc_thresh3 or was full (" + strings.Join(full, "; ") + "); neighbour-table raises the thresholds"
+		return f
+	}
+	f.State, f.Summary = Problem, "the neighbour table is near gc_thresh3 or was full ("+strings.Join(full, "; ")+")"+whyNot(why)
 	return f
 }
 
