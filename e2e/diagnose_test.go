@@ -287,6 +287,7 @@ func TestDiagnoseUnderShippedRBAC(t *testing.T) {
 		return &r, code, cmd.ProcessState.SysUsage().(*syscall.Rusage)
 	}
 	t.Run("rbac", func(t *testing.T) {
+		newServices(t, c, "diag-rbac") // the namespace
 		createExtService(t, c, "diag-rbac")
 		r, code, _ := run(t)
 		f := findingOf(t, r, "ipvs-external-ip")

@@ -81,7 +81,7 @@ var Agent = fx.Options(
 	Module,
 	// First: nothing is programmed, taken over or cleaned up while another agent holds the node.
 	fx.Invoke(TakeNodeLock),
-	fx.Provide(NewServer, RunProbes, NewEvents),
+	fx.Provide(NewServer, RunProbes, NewEvents, NodeConditionsFor, NewDiagnosisKick),
 	// client-go logs through klog; in the agent its lines join the agent's stream and format.
 	fx.Invoke(logging.RouteKlog),
 	// The backend can change while the agent runs (Follow): the engine and the fixes hold a Live.

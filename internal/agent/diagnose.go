@@ -112,12 +112,36 @@ func kubeProxyMetrics(url string) func(context.Context) (string, error) {
 	return detect.HTTPGet(url, 4<<20)
 }
 
-// RunDiagnosis runs the checks in the agent every DiagnosePeriod and exports the findings
-// (nnm_diagnosis_*). The cluster's objects are the engine's snapshot: only the tables the enabled
-// fixes read; the checks that need others say so.
-func RunDiagnosis(lc fx.Lifecycle, p DiagnoseParams, m *diagnose.Metrics, log *slog.Logger) {
+// DiagnosisKick asks the running agent for a diagnosis run before the next DiagnosePeriod: a fix's
+// state changed (PublishStatus sends it). A kick within diagnoseMinGap of the last run waits for the
+// rest of it.
+type DiagnosisKick chan struct{}
+
+// NewDiagnosisKick returns the kick channel of `run`.
+func NewDiagnosisKick() DiagnosisKick { return make(DiagnosisKick, 1) }
+
+// diagnoseMinGap is the shortest time between two runs of the checks (they dump conntrack).
+const diagnoseMinGap = 10 * time.Second
+
+// DiagnosisParams are RunDiagnosis's dependencies.
+type DiagnosisParams struct {
+	fx.In
+	Diagnose   DiagnoseParams
+	Metrics    *diagnose.Metrics
+	Log        *slog.Logger
+	Conditions *NodeConditions `optional:"true"`
+	Kick       DiagnosisKick   `optional:"true"`
+}
+
+// RunDiagnosis runs the checks in the agent every DiagnosePeriod, and after a kick, and exports the
+// findings (nnm_diagnosis_*) and, with an API client, as conditions of this node's Node. The
+// cluster's objects are the engine's snapshot: only the tables the enabled fixes read; the checks
+// that need others say so.
+func RunDiagnosis(lc fx.Lifecycle, dp DiagnosisParams) {
+	p, m, log := dp.Diagnose, dp.Metrics, dp.Log
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
+	lastAck := ""
 	run := func() {
 		cfg, ov := p.Config, config.None
 		if p.Overrides != nil {
@@ -126,8 +150,9 @@ func RunDiagnosis(lc fx.Lifecycle, p DiagnoseParams, m *diagnose.Metrics, log *s
 		env := DiagnoseEnv(p, cfg, ov)
 		EngineSyncs(env.Fixes, p.Engine.Statuses())
 		env.Agent = "from this agent's engine"
-		if err := diagnose.ValidateAcknowledged(env.Acknowledged); err != nil {
+		if err := diagnose.ValidateAcknowledged(env.Acknowledged); err != nil && err.Error() != lastAck {
 			log.Error("diagnosis: acknowledgedChecks names no check; it stays unacknowledged", "err", err)
+			lastAck = err.Error()
 		}
 		env.Cluster = p.Engine.Snapshot()
 		env.Missing = diagnose.FromAgent(env.Cluster, p.Engine.Reads())
@@ -139,6 +164,11 @@ func RunDiagnosis(lc fx.Lifecycle, p DiagnoseParams, m *diagnose.Metrics, log *s
 		if r.Problems > 0 {
 			log.Info("diagnosis: problems no enabled fix handles (nnm_diagnosis_state; `network-node-manager diagnose` for details)", "problems", r.Problems)
 		}
+		if dp.Conditions != nil {
+			if err := dp.Conditions.Publish(ctx, r); err != nil && ctx.Err() == nil {
+				log.Warn("diagnosis: the Node's conditions were not updated", "err", err)
+			}
+		}
 	}
 	lc.Append(fx.Hook{
 		OnStart: func(context.Context) error {
@@ -147,13 +177,20 @@ func RunDiagnosis(lc fx.Lifecycle, p DiagnoseParams, m *diagnose.Metrics, log *s
 				defer wg.Done()
 				t := time.NewTimer(diagnoseDelay)
 				defer t.Stop()
+				var last time.Time
 				for {
 					select {
 					case <-ctx.Done():
 						return
+					case <-dp.Kick:
+						if wait := diagnoseMinGap - time.Since(last); !last.IsZero() && wait > 0 {
+							t.Reset(wait)
+							continue
+						}
 					case <-t.C:
 					}
 					run()
+					last = time.Now()
 					t.Reset(DiagnosePeriod)
 				}
 			}()
@@ -170,7 +207,7 @@ const statusCheck = 5 * time.Second
 // sync) in its state directory for `diagnose` run beside it: written when a fix's state, error or
 // options change, renewed every diagnose.StatusRefresh, removed when the agent stops. A write that
 // fails is logged once per error text; the agent runs on.
-func PublishStatus(lc fx.Lifecycle, p DiagnoseParams, log *slog.Logger) {
+func PublishStatus(lc fx.Lifecycle, p DiagnoseParams, kick DiagnosisKick, log *slog.Logger) {
 	path, err := diagnose.StatusPath(diagnose.DefaultStatusDir)
 	if err != nil {
 		log.Warn("no agent status for diagnose", "err", err)
@@ -189,6 +226,12 @@ func PublishStatus(lc fx.Lifecycle, p DiagnoseParams, log *slog.Logger) {
 			V string
 		}{withoutLastOK(s.Fixes), s.Options, s.Override})
 		now := time.Now()
+		if !bytes.Equal(key, last) && last != nil {
+			select { // a fix's state changed: the diagnosis (and the Node's conditions) follow
+			case kick <- struct{}{}:
+			default:
+			}
+		}
 		if bytes.Equal(key, last) && now.Sub(written) < diagnose.StatusRefresh {
 			return
 		}

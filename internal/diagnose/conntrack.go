@@ -168,6 +168,10 @@ func notInForce(f *Finding, whys ...string) {
 	for _, w := range whys {
 		if w != "" {
 			f.Evidence = append(f.Evidence, ev("not in force", "%s", w))
+			if f.NotInForce != "" {
+				f.NotInForce += "; "
+			}
+			f.NotInForce += w
 		}
 	}
 }

@@ -73,6 +73,9 @@ type Finding struct {
 	Remedy string `json:"remedy,omitempty"`
 	// ReportOnly: no fix of the agent handles this problem; it is reported for the operator.
 	ReportOnly bool `json:"reportOnly,omitempty"`
+	// NotInForce says why an enabled fix that would handle the problem does not (refused, its last
+	// sync failed, its rules or settings are not in the kernel); empty when none is enabled.
+	NotInForce string `json:"notInForce,omitempty"`
 
 	// counters are the raw counters the check read, for the next run's rise (Env.Previous).
 	counters map[string]uint64

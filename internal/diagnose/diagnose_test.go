@@ -488,3 +488,35 @@ func TestGoldenNFTables(t *testing.T) {
 	}
 	testkit.Golden(t, "testdata/nftables.txt", text.String())
 }
+
+// #61: one condition per check, True only for a problem no enabled fix handles, its reason saying
+// why; handled, acknowledged and ok are False, cannot tell is Unknown.
+func TestConditions(t *testing.T) {
+	env := troubled()
+	env.Acknowledged = []string{"rp-filter"}
+	enable(env, "invalid-drop")
+	env.RuleCounters = rulesInKernel{}.counters // invalid-drop enabled, its rules not in the kernel
+	env.NoAPI(errors.New("no kubeconfig"))
+	got := map[string]string{}
+	conds := Conditions(Run(context.Background(), env, Checks()))
+	for _, c := range conds {
+		got[string(c.Type)] = string(c.Status) + " " + c.Reason
+	}
+	for typ, want := range map[string]string{
+		"ConntrackInvalidResets":   "True FixNotInForce",
+		"PathMTUBlackhole":         "True NoEnabledFix",
+		"StaleUDPConntrack":        "Unknown CannotTell",
+		"StrictReversePathFilter":  "False Acknowledged",
+		"NFTablesMigrationBlocked": "False NoProblem",
+	} {
+		if got[typ] != want {
+			t.Errorf("%s: %q, want %q", typ, got[typ], want)
+		}
+	}
+	if len(conds) != len(Checks()) || len(ConditionTypes) != len(Checks()) {
+		t.Errorf("%d conditions, %d types, %d checks", len(conds), len(ConditionTypes), len(Checks()))
+	}
+	if c := Conditions(Run(context.Background(), inForce(troubled()), Checks())); c[0].Reason != "HandledByInvalidDrop" || c[0].Status != "False" {
+		t.Errorf("handled: %+v", c[0])
+	}
+}
