@@ -59,6 +59,13 @@ func NewNodeConditions(client kube.Interface, node string, reg prometheus.Regist
 	return c, nil
 }
 
+// SetClock replaces the publisher's clock (the fleet benchmark simulates days of diagnoses).
+func (c *NodeConditions) SetClock(now func() time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = now
+}
+
 // Publish makes the Node's conditions r's, patching those that changed.
 func (c *NodeConditions) Publish(ctx context.Context, r *diagnose.Report) error {
 	c.mu.Lock()

@@ -129,15 +129,15 @@ func (invalidCheck) Run(ctx context.Context, env *Env) Finding {
 		f.State, f.HandledBy = Handled, fixLiberal
 		f.Summary = "conntrack-liberal makes conntrack accept out-of-window TCP segments"
 	case liberal == "1":
-		f.State = OK
+		f.State, f.Remedy = OK, ""
 		f.Summary = "nf_conntrack_tcp_be_liberal=1: out-of-window segments are not marked INVALID"
 	case !statsOK:
 		return Finding{State: CannotTell, Summary: "conntrack's statistics cannot be read (needs CAP_NET_ADMIN in the node's network namespace)", Evidence: f.Evidence, Remedy: f.Remedy}
 	case invalid == 0:
-		f.State = OK
+		f.State, f.Remedy = OK, ""
 		f.Summary = "no packet was marked INVALID"
 	case risen(env, "invalid-replies", "invalid", invalid, &f) == 0:
-		f.State = OK
+		f.State, f.Remedy = OK, ""
 		f.Summary = "no packet was marked INVALID since the last run"
 	default:
 		f.State = Problem
