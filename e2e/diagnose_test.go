@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -229,13 +230,28 @@ func TestDiagnoseBesideKubeProxy(t *testing.T) {
 	})
 }
 
-// scaleSlices and scaleEndpoints: the EndpointSlices TestDiagnoseReadsPaged creates, each with as many
-// endpoints (on other nodes): 200,000 endpoints, at which diagnose's one unpaginated list peaked at
-// 149 MiB before #61.
+// scaleSlices and scaleEndpoints: the EndpointSlices TestDiagnoseUnderShippedRBAC creates, each with
+// as many endpoints (on other nodes): 200,000 endpoints, at which diagnose's one unpaginated list
+// peaked at 149 MiB before #61. NNM_E2E_DIAGNOSE_SERVICES=10000 makes it that many Services, each
+// with its slice (the figure of docs/diagnose.md; about 3 minutes more).
 const (
 	scaleSlices    = 2000
 	scaleEndpoints = 100
 )
+
+// scaleServices is how many Services (and slices) the paged case creates: scaleSlices slices
+// without Services, or NNM_E2E_DIAGNOSE_SERVICES Services with theirs.
+func scaleServices(t *testing.T) (slices int, services bool) {
+	v := os.Getenv("NNM_E2E_DIAGNOSE_SERVICES")
+	if v == "" {
+		return scaleSlices, false
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		t.Fatalf("NNM_E2E_DIAGNOSE_SERVICES=%q is not a count", v)
+	}
+	return n, true
+}
 
 // diagnoseRSSLimit is what diagnose may take at scaleSlices × scaleEndpoints: the agent container's
 // memory budget (128Mi limit, 25 % spare), with the DaemonSet's GOMEMLIMIT.
@@ -301,12 +317,13 @@ func TestDiagnoseUnderShippedRBAC(t *testing.T) {
 		}
 	})
 	t.Run("paged", func(t *testing.T) {
-		createScaleSlices(t, c, "diag-scale")
+		n, withServices := scaleServices(t)
+		createScaleSlices(t, c, "diag-scale", n, withServices)
 		start := time.Now()
 		r, _, ru := run(t)
 		rss := ru.Maxrss << 10
-		t.Logf("diagnose with %d EndpointSlices × %d endpoints: %v, peak RSS %.1f MiB (GOMEMLIMIT 64MiB), api %s",
-			scaleSlices, scaleEndpoints, time.Since(start).Round(time.Millisecond), float64(rss)/(1<<20), r.API)
+		t.Logf("diagnose with %d Services: %v, %d EndpointSlices × %d endpoints: %v, peak RSS %.1f MiB (GOMEMLIMIT 64MiB), api %s",
+			n, withServices, n, scaleEndpoints, time.Since(start).Round(time.Millisecond), float64(rss)/(1<<20), r.API)
 		if f := findingOf(t, r, "ipvs-external-ip"); f.State == diagnose.CannotTell {
 			t.Errorf("ipvs-external-ip: cannot tell: %s", f.Summary)
 		}
@@ -316,9 +333,9 @@ func TestDiagnoseUnderShippedRBAC(t *testing.T) {
 	})
 }
 
-// createScaleSlices creates scaleSlices EndpointSlices of scaleEndpoints ready endpoints each (on
-// nodes other than diagnose's) in namespace ns, eight writers at a time.
-func createScaleSlices(t *testing.T, c *cluster, ns string) {
+// createScaleSlices creates n EndpointSlices of scaleEndpoints ready endpoints each (on nodes other
+// than diagnose's) in namespace ns, with their Services if withServices, eight writers at a time.
+func createScaleSlices(t *testing.T, c *cluster, ns string, n int, withServices bool) {
 	t.Helper()
 	ctx := t.Context()
 	if _, err := c.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
@@ -328,8 +345,15 @@ func createScaleSlices(t *testing.T, c *cluster, ns string) {
 	start := time.Now()
 	var g errgroup.Group
 	g.SetLimit(8)
-	for i := range scaleSlices {
+	for i := range n {
 		g.Go(func() error {
+			if withServices {
+				svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("svc-%05d", i), Namespace: ns},
+					Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}}}}
+				if _, err := c.admin.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+					return err
+				}
+			}
 			s := &discoveryv1.EndpointSlice{
 				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("svc-%05d-1", i), Namespace: ns,
 					Labels: map[string]string{discoveryv1.LabelServiceName: fmt.Sprintf("svc-%05d", i), discoveryv1.LabelManagedBy: "nnm-e2e"}},
@@ -337,12 +361,12 @@ func createScaleSlices(t *testing.T, c *cluster, ns string) {
 				Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Protocol: ptr(corev1.ProtocolTCP), Port: ptr[int32](8080)}},
 			}
 			for j := range scaleEndpoints {
-				n := i*scaleEndpoints + j
+				k := i*scaleEndpoints + j
 				s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
-					Addresses:  []string{fmt.Sprintf("10.%d.%d.%d", 128+n>>16, n>>8&255, n&255)},
+					Addresses:  []string{fmt.Sprintf("10.%d.%d.%d", 128+k>>16, k>>8&255, k&255)},
 					Conditions: discoveryv1.EndpointConditions{Ready: ptr(true), Serving: ptr(true), Terminating: ptr(false)},
-					NodeName:   ptr(fmt.Sprintf("scale-node-%d", n%500)),
-					TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: fmt.Sprintf("pod-%07d", n)},
+					NodeName:   ptr(fmt.Sprintf("scale-node-%d", k%500)),
+					TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: fmt.Sprintf("pod-%07d", k)},
 				})
 			}
 			_, err := c.admin.DiscoveryV1().EndpointSlices(ns).Create(ctx, s, metav1.CreateOptions{})
@@ -352,5 +376,5 @@ func createScaleSlices(t *testing.T, c *cluster, ns string) {
 	if err := g.Wait(); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("created %d EndpointSlices of %d endpoints in %v", scaleSlices, scaleEndpoints, time.Since(start).Round(time.Millisecond))
+	t.Logf("created %d EndpointSlices of %d endpoints (Services: %v) in %v", n, scaleEndpoints, withServices, time.Since(start).Round(time.Millisecond))
 }
