@@ -332,6 +332,9 @@ func CleanupPlan(ctx context.Context, w io.Writer, fixes []fix.Fix, cfg *config.
 			fmt.Fprintf(w, "would remove the node lock file %s (unless an agent still holds it)\n", path)
 		}
 	}
+	if cfg.NodeName != "" {
+		fmt.Fprintf(w, "would remove the agent's conditions from Node %s, with API access (%s)\n", cfg.NodeName, diagnose.ConditionTypeList())
+	}
 	fmt.Fprintf(w, "dry run: %d chains or tables to remove; nothing was changed\n", n)
 	return errors.Join(errs...)
 }

@@ -1,6 +1,7 @@
 package diagnose
 
 import (
+	"slices"
 	"strings"
 	"unicode"
 
@@ -21,6 +22,16 @@ var ConditionTypes = map[string]corev1.NodeConditionType{
 	"nodeport-ephemeral":   "NodePortEphemeralOverlap",
 	"rp-filter":            "StrictReversePathFilter",
 	"nftables-migration":   "NFTablesMigrationBlocked",
+}
+
+// ConditionTypeList is the agent's condition types, sorted and comma-separated (for messages).
+func ConditionTypeList() string {
+	var out []string
+	for _, t := range ConditionTypes {
+		out = append(out, string(t))
+	}
+	slices.Sort(out)
+	return strings.Join(out, ", ")
 }
 
 // The conditions' reasons (CamelCase, as the API's conventions ask).
