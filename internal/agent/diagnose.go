@@ -178,11 +178,13 @@ func RunDiagnosis(lc fx.Lifecycle, dp DiagnosisParams) {
 				t := time.NewTimer(diagnoseDelay)
 				defer t.Stop()
 				var last time.Time
+				settle := false // a kicked run is followed by one more after diagnoseMinGap
 				for {
 					select {
 					case <-ctx.Done():
 						return
 					case <-dp.Kick:
+						settle = true
 						if wait := diagnoseMinGap - time.Since(last); !last.IsZero() && wait > 0 {
 							t.Reset(wait)
 							continue
@@ -191,7 +193,14 @@ func RunDiagnosis(lc fx.Lifecycle, dp DiagnosisParams) {
 					}
 					run()
 					last = time.Now()
-					t.Reset(DiagnosePeriod)
+					next := DiagnosePeriod
+					if settle {
+						// The kick came with the fix's new state, not always after its work (a
+						// disabled fix reverts after its status says so): look again once it
+						// settled.
+						next, settle = diagnoseMinGap, false
+					}
+					t.Reset(next)
 				}
 			}()
 			return nil
