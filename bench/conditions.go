@@ -210,10 +210,11 @@ func runConditions(ctx context.Context, cp *controlplane.ControlPlane, k int) ([
 	}); err != nil {
 		return nil, err
 	}
+	fill := func(i int) int { return 91 + i%9 }
 	if err := phase("steady, a problem stays (its numbers move every run)", 24, func() error {
 		return each(func(m *conditionsMember) error {
 			for i := range day {
-				if err := publish(m, fleetReport(diagnose.Problem, 91+i%9)); err != nil {
+				if err := publish(m, fleetReport(diagnose.Problem, fill(i))); err != nil {
 					return err
 				}
 			}
@@ -222,12 +223,14 @@ func runConditions(ctx context.Context, cp *controlplane.ControlPlane, k int) ([
 	}); err != nil {
 		return nil, err
 	}
+	// The restarted agent's first diagnosis finds what its predecessor's last one found, within the
+	// same 5 minutes (the rollout restarts it once, not an hour later).
 	if err := phase("rollout (every agent restarted once)", 0, func() error {
 		return each(func(m *conditionsMember) error {
 			if err := newPublisher(m); err != nil {
 				return err
 			}
-			return publish(m, fleetReport(diagnose.Problem, 95))
+			return m.nc.Publish(ctx, fleetReport(diagnose.Problem, fill(day-1)))
 		})
 	}); err != nil {
 		return nil, err

@@ -141,6 +141,14 @@ func TestGuestNodeTables(t *testing.T) {
 		all = append(all, net.JoinHostPort(peerAddr(i), "8080"))
 	}
 
+	// Connections are tracked once something uses conntrack (kube-proxy's and the CNI's rules do on
+	// every node); a node with no rule at all tracks nothing. A stateful rule of the lab's own:
+	rules := filepath.Join(t.TempDir(), "lab.nft")
+	if err := os.WriteFile(rules, []byte("table inet nnm-lab {\n\tchain out {\n\t\ttype filter hook output priority 0; policy accept;\n\t\tct state established,related accept\n\t}\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, "nft", "-f", rules)
+
 	client := guestClient(t, kubeconfig)
 	conditions := func(when string) map[corev1.NodeConditionType]corev1.NodeCondition {
 		t.Helper()
