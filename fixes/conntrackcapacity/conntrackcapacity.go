@@ -144,8 +144,7 @@ type Fix struct {
 	host func() (memBytes uint64, cpus int, err error)
 
 	mu       sync.Mutex
-	keeper   *nodestate.Keeper
-	keptIn   string
+	keepers  *nodestate.Keepers
 	lost     uint64 // drop + early_drop at the last observation
 	seenLost bool
 	last     Decision
@@ -159,7 +158,7 @@ func New(p fix.Params) (*Fix, error) {
 	if p.Sysctl == nil {
 		return nil, errors.New(ID + ": no nodestate.Sysctl")
 	}
-	f := &Fix{sys: p.Sysctl, host: HostInfo}
+	f := &Fix{sys: p.Sysctl, host: HostInfo, keepers: nodestate.NewKeepers(p.Sysctl, StateFile)}
 	if s, ok := p.Conntrack.(nodestate.ConntrackStatsReader); ok {
 		f.stats = s
 	}
@@ -206,7 +205,7 @@ func (f *Fix) Ensure(ctx context.Context, _ *fix.Snapshot, _ bool) (fix.Result, 
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	res := fix.Result{Report: fix.Report{Covered: 1}}
-	k := f.keeperLocked()
+	k := f.keepers.In(f.Config().StateDir)
 	o, err := f.observe(ctx)
 	if err != nil {
 		return res, err
@@ -247,7 +246,7 @@ func (f *Fix) Ensure(ctx context.Context, _ *fix.Snapshot, _ bool) (fix.Result, 
 func (f *Fix) Revert(context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	restored, left, err := f.keeperLocked().Revert()
+	restored, left, err := f.keepers.ToRevert(f.Config().StateDir).Revert()
 	if len(restored) > 0 {
 		f.Log.Info("restored the conntrack table's previous size", "sysctls", restored)
 	}
@@ -256,19 +255,6 @@ func (f *Fix) Revert(context.Context) error {
 	}
 	f.last = Decision{}
 	return err
-}
-
-// keeperLocked is the Keeper of the configured state directory.
-func (f *Fix) keeperLocked() *nodestate.Keeper {
-	dir := f.Config().StateDir
-	if f.keeper == nil || f.keptIn != dir {
-		path := ""
-		if dir != "" {
-			path = filepath.Join(dir, StateFile)
-		}
-		f.keeper, f.keptIn = nodestate.NewKeeper(f.sys, path), dir
-	}
-	return f.keeper
 }
 
 // HostInfo reads the node's memory (MemTotal of /proc/meminfo) and its online CPUs.

@@ -112,12 +112,11 @@ type Fix struct {
 	// stats reads a family's entries and table_fulls (ReadStats; tests replace it).
 	stats func(rules.Family) (entries int, fulls uint64, err error)
 
-	mu     sync.Mutex
-	keeper *nodestate.Keeper
-	keptIn string
-	fulls  map[rules.Family]uint64
-	last   map[rules.Family]Decision
-	raises map[rules.Family]int
+	mu      sync.Mutex
+	keepers *nodestate.Keepers
+	fulls   map[rules.Family]uint64
+	last    map[rules.Family]Decision
+	raises  map[rules.Family]int
 }
 
 var _ fix.Actuator = (*Fix)(nil)
@@ -127,7 +126,7 @@ func New(p fix.Params) (*Fix, error) {
 	if p.Sysctl == nil {
 		return nil, errors.New(ID + ": no nodestate.Sysctl")
 	}
-	f := &Fix{sys: p.Sysctl, stats: ReadStats, fulls: map[rules.Family]uint64{},
+	f := &Fix{sys: p.Sysctl, keepers: nodestate.NewKeepers(p.Sysctl, StateFile), stats: ReadStats, fulls: map[rules.Family]uint64{},
 		last: map[rules.Family]Decision{}, raises: map[rules.Family]int{}}
 	if err := f.Init(spec, p, newMetrics(f)); err != nil {
 		return nil, err
@@ -171,7 +170,7 @@ func (f *Fix) Ensure(_ context.Context, _ *fix.Snapshot, _ bool) (fix.Result, er
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	res := fix.Result{}
-	k := f.keeperLocked()
+	k := f.keepers.In(f.Config().StateDir)
 	kept := k.Kept()
 	for _, fam := range rules.Families {
 		o, err := f.observe(fam, kept)
@@ -215,7 +214,7 @@ func (f *Fix) Ensure(_ context.Context, _ *fix.Snapshot, _ bool) (fix.Result, er
 func (f *Fix) Revert(context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	restored, left, err := f.keeperLocked().Revert()
+	restored, left, err := f.keepers.ToRevert(f.Config().StateDir).Revert()
 	if len(restored) > 0 {
 		f.Log.Info("restored the neighbour tables' previous thresholds", "sysctls", restored)
 	}
@@ -224,18 +223,6 @@ func (f *Fix) Revert(context.Context) error {
 	}
 	clear(f.last)
 	return err
-}
-
-func (f *Fix) keeperLocked() *nodestate.Keeper {
-	dir := f.Config().StateDir
-	if f.keeper == nil || f.keptIn != dir {
-		path := ""
-		if dir != "" {
-			path = filepath.Join(dir, StateFile)
-		}
-		f.keeper, f.keptIn = nodestate.NewKeeper(f.sys, path), dir
-	}
-	return f.keeper
 }
 
 // ReadStats reads family's table statistics from /proc/net/stat/arp_cache (IPv4) or ndisc_cache

@@ -197,10 +197,9 @@ type Fix struct {
 	fix.Base[Config, Settings]
 	sys nodestate.Sysctl
 
-	mu     sync.Mutex
-	keeper *nodestate.Keeper
-	keptIn string
-	last   Decision
+	mu      sync.Mutex
+	keepers *nodestate.Keepers
+	last    Decision
 }
 
 var _ fix.Actuator = (*Fix)(nil)
@@ -210,7 +209,7 @@ func New(p fix.Params) (*Fix, error) {
 	if p.Sysctl == nil {
 		return nil, errors.New(ID + ": no nodestate.Sysctl")
 	}
-	f := &Fix{sys: p.Sysctl}
+	f := &Fix{sys: p.Sysctl, keepers: nodestate.NewKeepers(p.Sysctl, StateFile)}
 	if err := f.Init(spec, p, newMetrics(f)); err != nil {
 		return nil, err
 	}
@@ -244,7 +243,7 @@ func (f *Fix) Ensure(_ context.Context, snap *fix.Snapshot, _ bool) (fix.Result,
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	res := fix.Result{}
-	k := f.keeperLocked()
+	k := f.keepers.In(f.Config().StateDir)
 	o, err := Observe(f.sys)
 	if err != nil {
 		return res, err
@@ -281,7 +280,7 @@ func (f *Fix) Ensure(_ context.Context, snap *fix.Snapshot, _ bool) (fix.Result,
 func (f *Fix) Revert(context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	restored, left, err := f.keeperLocked().Revert()
+	restored, left, err := f.keepers.ToRevert(f.Config().StateDir).Revert()
 	if len(restored) > 0 {
 		f.Log.Info("restored the previous reserved ports", "sysctls", restored)
 	}
@@ -290,18 +289,6 @@ func (f *Fix) Revert(context.Context) error {
 	}
 	f.last = Decision{}
 	return err
-}
-
-func (f *Fix) keeperLocked() *nodestate.Keeper {
-	dir := f.Config().StateDir
-	if f.keeper == nil || f.keptIn != dir {
-		path := ""
-		if dir != "" {
-			path = filepath.Join(dir, StateFile)
-		}
-		f.keeper, f.keptIn = nodestate.NewKeeper(f.sys, path), dir
-	}
-	return f.keeper
 }
 
 func (f *Fix) state() Decision {

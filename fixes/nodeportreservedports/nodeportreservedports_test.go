@@ -83,3 +83,18 @@ func TestConfigErrors(t *testing.T) {
 		e.ConfigureFails(testkit.Snapshot(), map[string]any{key: val}, key)
 	}
 }
+
+// A fix disabled by a reload sees its options fall back to the defaults (another stateDir): it
+// still reverts from the record it made (TestNodeConditions found the reservation left behind).
+func TestRevertAfterTheStateDirChanged(t *testing.T) {
+	e := testkit.NewFixEnv(t, New, map[string]any{"stateDir": t.TempDir()})
+	e.Sysctl.Values[LocalPortRange] = "1024\t65535"
+	e.Sysctl.Values[ReservedPorts] = ""
+	if res := e.Ensure(testkit.Snapshot(), true); !res.Changed || e.Sysctl.Values[ReservedPorts] != "30000-32767" {
+		t.Fatalf("Ensure: %+v, reserved %q", res, e.Sysctl.Values[ReservedPorts])
+	}
+	e.Configure(map[string]any{"stateDir": t.TempDir()})
+	if err := e.Fix.Revert(context.Background()); err != nil || e.Sysctl.Values[ReservedPorts] != "" {
+		t.Errorf("Revert after the state directory changed: %v, reserved %q, want it empty again", err, e.Sysctl.Values[ReservedPorts])
+	}
+}
