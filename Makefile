@@ -159,7 +159,7 @@ bench-datapath: deps
 ## control plane (make controlplane); 10-20 min on 2 cores. Writes bin/bench-fleet.md;
 ## BENCH_FLEET_ARGS replaces the sizes (go run ./bench -h lists the -fleet flags).
 .PHONY: bench-fleet
-BENCH_FLEET_ARGS ?= -fleet 50,200 -fleet-kinds agent,list -fleet-restart 50 -fleet-outage 50
+BENCH_FLEET_ARGS ?= -fleet 50,200 -fleet-kinds agent,list -fleet-restart 50 -fleet-outage 50 -fleet-conditions 500
 bench-fleet: controlplane
 	$(GO) run ./bench -out bin/bench-fleet.md $(BENCH_FLEET_ARGS)
 

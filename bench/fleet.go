@@ -52,7 +52,9 @@ type fleetOptions struct {
 	// only limits a kind to some of the Ks (-fleet-kinds kube-proxy@50).
 	only     map[string][]int
 	downtime time.Duration // how long the apiserver is down in those phases
-	out      string
+	// conditionsK: the Node conditions' phases with this many agents (0: none; conditions.go).
+	conditionsK int
+	out         string
 }
 
 // fleetRow is one phase's result.
@@ -132,8 +134,17 @@ func runFleet(ctx context.Context, fo fleetOptions) error {
 			outages = append(outages, outage)
 		}
 	}
+	var conds []conditionsRow
+	if fo.conditionsK > 0 {
+		if conds, err = runConditions(ctx, cp, fo.conditionsK); err != nil {
+			return err
+		}
+	}
 	machine.loadAfter = loadAvg()
 	table := renderFleet(machine, fo, rows, restarts, outages)
+	if len(conds) > 0 {
+		table += renderConditions(fo.conditionsK, conds)
+	}
 	fmt.Println()
 	fmt.Println(table)
 	if fo.out != "" {

@@ -84,6 +84,7 @@ func main() {
 	fleetOutage := flag.Int("fleet-outage", 0, "with -fleet: also start this many agents while kube-apiserver is down")
 	fleetBefore := flag.String("fleet-outage-before", "", "with -fleet-outage: another build of the bench (e.g. before a fix) whose child runs the outage phase first, for a before/after")
 	fleetDown := flag.Duration("fleet-downtime", 5*time.Second, "with -fleet-restart and -fleet-outage: how long kube-apiserver is down")
+	fleetConditions := flag.Int("fleet-conditions", 0, "with -fleet: also the Node conditions' API cost with this many agents' publishers (conditions.go)")
 	flag.Parse()
 	if *agentEnv != "" {
 		o.agentEnv = strings.Split(*agentEnv, ",")
@@ -133,7 +134,7 @@ func main() {
 	o.backends = strings.Split(*backends, ",")
 
 	if *fleet != "" {
-		fo := fleetOptions{n: *fleetN, restartK: *fleetRestart, outageK: *fleetOutage, downtime: *fleetDown, out: o.out}
+		fo := fleetOptions{n: *fleetN, restartK: *fleetRestart, outageK: *fleetOutage, downtime: *fleetDown, conditionsK: *fleetConditions, out: o.out}
 		fo.outageBefore, fo.only = *fleetBefore, map[string][]int{}
 		if *fleetKinds != "none" {
 			for _, kind := range strings.Split(*fleetKinds, ",") {

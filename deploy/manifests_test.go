@@ -369,6 +369,8 @@ func TestBaseObjects(t *testing.T) {
 		"RoleBinding kube-system/network-node-manager-kube-proxy-config",
 		"Role default/network-node-manager-events",
 		"RoleBinding default/network-node-manager-events",
+		"ClusterRole /network-node-manager-health",
+		"ClusterRoleBinding /network-node-manager-health",
 		"ClusterRole /network-node-manager-metrics-reader",
 		"ConfigMap kube-system/network-node-manager",
 		"DaemonSet kube-system/network-node-manager",
@@ -380,7 +382,8 @@ func TestBaseObjects(t *testing.T) {
 
 // The ClusterRole grants exactly Services list/watch, Nodes get/list/watch, ServiceCIDRs list/watch
 // (networking.k8s.io, for ipvs-externalip-dnat) and the two reviews behind
-// the protected /metrics; the namespaced grants are get on the one ConfigMap kube-system/kube-proxy and
+// the protected /metrics; the health ClusterRole patch of nodes/status (the Node conditions) and list
+// of EndpointSlices (diagnose); the namespaced grants are get on the one ConfigMap kube-system/kube-proxy and
 // create/patch of events.k8s.io Events in default (a Node's Events live there); all bind the agent's
 // ServiceAccount. The metrics reader role allows get /metrics and nothing else.
 func TestLeastPrivilege(t *testing.T) {
@@ -411,8 +414,17 @@ func TestLeastPrivilege(t *testing.T) {
 	if fmt.Sprint(evRole.Rules) != fmt.Sprint(wantEv) || evRole.Namespace != "default" {
 		t.Errorf("Role %s/%s rules = %+v, want exactly %+v in default", evRole.Namespace, evRole.Name, evRole.Rules, wantEv)
 	}
+	health := typed[rbacv1.ClusterRole](t, find(t, objs, "ClusterRole", "network-node-manager-health"))
+	wantHealth := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
+		{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list"}},
+	}
+	if fmt.Sprint(health.Rules) != fmt.Sprint(wantHealth) || health.AggregationRule != nil {
+		t.Errorf("ClusterRole %s rules = %+v, want exactly %+v", health.Name, health.Rules, wantHealth)
+	}
 	sa := typed[corev1.ServiceAccount](t, find(t, objs, "ServiceAccount", "network-node-manager"))
 	subject := rbacv1.Subject{Kind: "ServiceAccount", Name: sa.Name, Namespace: sa.Namespace}
+	healthRB := typed[rbacv1.ClusterRoleBinding](t, find(t, objs, "ClusterRoleBinding", "network-node-manager-health"))
 	crb := typed[rbacv1.ClusterRoleBinding](t, find(t, objs, "ClusterRoleBinding", "network-node-manager"))
 	rb := typed[rbacv1.RoleBinding](t, find(t, objs, "RoleBinding", "network-node-manager-kube-proxy-config"))
 	evRB := typed[rbacv1.RoleBinding](t, find(t, objs, "RoleBinding", "network-node-manager-events"))
@@ -425,6 +437,7 @@ func TestLeastPrivilege(t *testing.T) {
 		{"ClusterRoleBinding", crb.RoleRef, crb.Subjects, rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: cr.Name}},
 		{"RoleBinding", rb.RoleRef, rb.Subjects, rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: role.Name}},
 		{"events RoleBinding", evRB.RoleRef, evRB.Subjects, rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: evRole.Name}},
+		{"health ClusterRoleBinding", healthRB.RoleRef, healthRB.Subjects, rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: health.Name}},
 	} {
 		if b.ref != b.want || len(b.subjects) != 1 || b.subjects[0] != subject {
 			t.Errorf("%s: roleRef %+v subjects %+v, want %+v and only %+v", b.name, b.ref, b.subjects, b.want, subject)
@@ -488,7 +501,14 @@ func TestDaemonSet(t *testing.T) {
 	m, ok := mounts[cfgVol]
 	check(ok && m.SubPath == "" && m.ReadOnly, "ConfigMap %s must be mounted read-only as a directory (no subPath): %+v", cm.Name, m)
 	cfgPath := filepath.Join(m.MountPath, "config.yaml")
-	check(slices.Contains(c.Args, "--config="+cfgPath), "args %v must pass --config=%s", c.Args, cfgPath)
+	cfgEnv := ""
+	for _, e := range c.Env {
+		if e.Name == "NNM_CONFIG" {
+			cfgEnv = e.Value
+		}
+	}
+	check(cfgEnv == cfgPath && !slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--config") }),
+		"NNM_CONFIG %q, args %v: the environment must name %s, for run and every command exec'd in the container", cfgEnv, c.Args, cfgPath)
 	_, hasKey := cm.Data["config.yaml"]
 	check(hasKey, "ConfigMap has no config.yaml key")
 
@@ -979,4 +999,63 @@ func podMounts(pod corev1.PodSpec, c corev1.Container) map[string]podMount {
 		out[m.Name] = pm
 	}
 	return out
+}
+
+// #61: a command exec'd in the agent's container (`kubectl exec ds/network-node-manager --
+// network-node-manager diagnose`, no flags) reads the configuration `run` reads: the file comes
+// from the container's environment, not from run's arguments alone.
+func TestExecReadsTheAgentsConfig(t *testing.T) {
+	objs := render(t, "base")
+	ds := typed[appsv1.DaemonSet](t, find(t, objs, "DaemonSet", "network-node-manager"))
+	cm := typed[corev1.ConfigMap](t, find(t, objs, "ConfigMap", "network-node-manager"))
+	c := ds.Spec.Template.Spec.Containers[0]
+	// The ConfigMap's file, where the container mounts it, here.
+	dir := t.TempDir()
+	mount := ""
+	for _, m := range c.VolumeMounts {
+		if m.Name == "config" {
+			mount = m.MountPath
+		}
+	}
+	if mount == "" {
+		t.Fatal("the container mounts no volume named config")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(cm.Data["config.yaml"]+"acknowledgedChecks: [rp-filter]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	local := func(s string) string { return strings.ReplaceAll(s, mount, dir) }
+	var environ []string
+	for _, e := range c.Env {
+		if e.ValueFrom == nil {
+			environ = append(environ, e.Name+"="+local(e.Value))
+		}
+	}
+	var ids fix.IDs
+	if err := fx.New(fx.NopLogger, fixes.Standard, fx.Invoke(func(in fix.IDs) { ids = in })).Err(); err != nil {
+		t.Fatal(err)
+	}
+	root := app.NewCommand("test", fixes.Standard)
+	load := func(args []string) *config.Config {
+		t.Helper()
+		cmd, rest, err := root.Find(args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range rest {
+			rest[i] = local(rest[i])
+		}
+		if err := cmd.ParseFlags(rest); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := config.Load(cmd.Flags(), environ, ids.IDs, ids.Legacy...)
+		if err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		return cfg
+	}
+	run, exec := load(slices.Clone(c.Args)), load([]string{"diagnose"})
+	if run.File == "" || exec.File != run.File || !slices.Equal(exec.AcknowledgedChecks, run.AcknowledgedChecks) {
+		t.Errorf("run %v reads %q (acknowledgedChecks %v), `diagnose` exec'd in the container reads %q (%v): set the file in the environment (NNM_CONFIG)",
+			c.Args, run.File, run.AcknowledgedChecks, exec.File, exec.AcknowledgedChecks)
+	}
 }

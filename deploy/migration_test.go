@@ -223,6 +223,7 @@ func TestMigrationFromPredecessor(t *testing.T) {
 	got := agentBindings(ctx, t, cs)
 	want := []string{
 		"ClusterRoleBinding network-node-manager -> ClusterRole network-node-manager",
+		"ClusterRoleBinding network-node-manager-health -> ClusterRole network-node-manager-health",
 		"RoleBinding default/network-node-manager-events -> Role network-node-manager-events",
 		"RoleBinding kube-system/network-node-manager-kube-proxy-config -> Role network-node-manager-kube-proxy-config",
 	}

@@ -7,10 +7,13 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -114,7 +117,8 @@ func createExtService(t *testing.T, c *cluster, ns string) func() {
 // check says so), a config whose nodeOverrides entry enables mss-clamp.
 //   - nftables mode: on the clean node the no-endpoint-services check names nothing; an eTP=Local
 //     Service whose one endpoint is on another node puts its External-IP in kube-proxy's
-//     no-endpoint-services map with a drop verdict, and diagnose names it (exit status 2); deleted,
+//     no-endpoint-services map with a drop verdict, and diagnose names it (report only: exit status
+//     0 since #61); deleted,
 //     nothing again.
 //   - iptables mode: nftables-migration names nothing before, and the localhost NodePorts after a
 //     connection to 127.0.0.1:<NodePort> (kube-proxy's own counter); invalid-replies shows
@@ -152,7 +156,8 @@ func TestDiagnoseBesideKubeProxy(t *testing.T) {
 		var f diagnose.Finding
 		agenttest.Eventually(t, 30*time.Second, func() error {
 			r, code = n.runDiagnose(t)
-			if f = findingOf(t, r, "nft-no-endpoint-drop"); f.State != diagnose.Problem || code != diagnose.ExitProblem {
+			// Report only (#61): named and counted, but no exit status 2.
+			if f = findingOf(t, r, "nft-no-endpoint-drop"); f.State != diagnose.Problem || !f.ReportOnly || r.Problems == 0 || code != 0 {
 				return fmt.Errorf("nft-no-endpoint-drop %s %q, exit %d", f.State, f.Summary, code)
 			}
 			return nil
@@ -225,4 +230,153 @@ func TestDiagnoseBesideKubeProxy(t *testing.T) {
 			return nil
 		})
 	})
+}
+
+// scaleSlices and scaleEndpoints: the EndpointSlices TestDiagnoseUnderShippedRBAC creates, each with
+// as many endpoints (on other nodes): 200,000 endpoints, at which diagnose's one unpaginated list
+// peaked at 149 MiB before #61. NNM_E2E_DIAGNOSE_SERVICES=10000 makes it that many Services, each
+// with its slice (the figure of docs/diagnose.md; about 3 minutes more).
+const (
+	scaleSlices    = 2000
+	scaleEndpoints = 100
+)
+
+// scaleServices is how many Services (and slices) the paged case creates: scaleSlices slices
+// without Services, or NNM_E2E_DIAGNOSE_SERVICES Services with theirs.
+func scaleServices(t *testing.T) (slices int, services bool) {
+	v := os.Getenv("NNM_E2E_DIAGNOSE_SERVICES")
+	if v == "" {
+		return scaleSlices, false
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		t.Fatalf("NNM_E2E_DIAGNOSE_SERVICES=%q is not a count", v)
+	}
+	return n, true
+}
+
+// diagnoseRSSLimit is what diagnose may take at scaleSlices × scaleEndpoints: the agent container's
+// memory budget (128Mi limit, 25 % spare), with the DaemonSet's GOMEMLIMIT.
+const diagnoseRSSLimit = 96 << 20
+
+// TestDiagnoseUnderShippedRBAC (#61): `diagnose` as the agent's ServiceAccount with deploy/base's
+// RBAC, in a node namespace.
+//   - rbac: the ipvs-external-ip check evaluates (before #61 the EndpointSlices were forbidden and it
+//     said cannot tell, or handled when the fix was enabled): an eTP=Local Service whose endpoint is
+//     on another node is named, exit status 2; every check that reads the API but the Pods (which
+//     deploy/components/stale-udp-conntrack grants) gets what it lists.
+//   - paged: with scaleSlices EndpointSlices of scaleEndpoints endpoints each, its reads are paged
+//     and stripped: its peak RSS stays under diagnoseRSSLimit with the DaemonSet's GOMEMLIMIT.
+func TestDiagnoseUnderShippedRBAC(t *testing.T) {
+	require(t)
+	c := sharedCluster(t, "kube-proxy")
+	ctx := t.Context()
+	ns := netns.New(t, "nnm-diag")
+	if _, err := c.cp.ConnectNamespace(ns.Name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.cp.DisconnectNamespace(ns.Name) })
+	kc, err := c.cp.ServiceAccountKubeconfig(ctx, saNamespace, saName, ns.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin, err := agenttest.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(t *testing.T) (*diagnose.Report, int, *syscall.Rusage) {
+		t.Helper()
+		cmd := ns.Command(bin, "diagnose", "--output", "json", "--kubeconfig", kc, "--node-name", "diag-node",
+			"--proxy-mode", "ipvs", "--set", "fixes.ipvs-externalip-dnat.enabled=false", "--log-level", "warn")
+		cmd.Env = append(os.Environ(), "GOMEMLIMIT=64MiB")
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatalf("diagnose: %v\n%s", err, stderr.String())
+		}
+		var r diagnose.Report
+		if err := json.Unmarshal(out, &r); err != nil {
+			t.Fatalf("diagnose (exit %d): %v\n%s", code, err, stderr.String())
+		}
+		return &r, code, cmd.ProcessState.SysUsage().(*syscall.Rusage)
+	}
+	t.Run("rbac", func(t *testing.T) {
+		newServices(t, c, "diag-rbac") // the namespace
+		createExtService(t, c, "diag-rbac")
+		r, code, _ := run(t)
+		f := findingOf(t, r, "ipvs-external-ip")
+		if f.State != diagnose.Problem || !strings.Contains(fmt.Sprint(f.Evidence), "diag-rbac/ext "+diagnoseExtIP) || code != diagnose.ExitProblem {
+			t.Errorf("ipvs-external-ip under deploy/base's RBAC: %s %q %v, exit %d; want a problem naming diag-rbac/ext %s, exit 2", f.State, f.Summary, f.Evidence, code, diagnoseExtIP)
+		}
+		for _, table := range []string{"EndpointSlices:", "Services:", "Node: list"} {
+			if strings.Contains(r.API, table) {
+				t.Errorf("%s cannot be read under the shipped RBAC: %s", table, r.API)
+			}
+		}
+	})
+	t.Run("paged", func(t *testing.T) {
+		n, withServices := scaleServices(t)
+		createScaleSlices(t, c, "diag-scale", n, withServices)
+		start := time.Now()
+		r, _, ru := run(t)
+		rss := ru.Maxrss << 10
+		t.Logf("diagnose with %d Services: %v, %d EndpointSlices × %d endpoints: %v, peak RSS %.1f MiB (GOMEMLIMIT 64MiB), api %s",
+			n, withServices, n, scaleEndpoints, time.Since(start).Round(time.Millisecond), float64(rss)/(1<<20), r.API)
+		if f := findingOf(t, r, "ipvs-external-ip"); f.State == diagnose.CannotTell {
+			t.Errorf("ipvs-external-ip: cannot tell: %s", f.Summary)
+		}
+		if rss > diagnoseRSSLimit {
+			t.Errorf("diagnose peaked at %.1f MiB RSS, above %d MiB", float64(rss)/(1<<20), diagnoseRSSLimit>>20)
+		}
+	})
+}
+
+// createScaleSlices creates n EndpointSlices of scaleEndpoints ready endpoints each (on nodes other
+// than diagnose's) in namespace ns, with their Services if withServices, eight writers at a time.
+func createScaleSlices(t *testing.T, c *cluster, ns string, n int, withServices bool) {
+	t.Helper()
+	ctx := t.Context()
+	if _, err := c.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.admin.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	start := time.Now()
+	var g errgroup.Group
+	g.SetLimit(8)
+	for i := range n {
+		g.Go(func() error {
+			if withServices {
+				svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("svc-%05d", i), Namespace: ns},
+					Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}}}}
+				if _, err := c.admin.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+					return err
+				}
+			}
+			s := &discoveryv1.EndpointSlice{
+				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("svc-%05d-1", i), Namespace: ns,
+					Labels: map[string]string{discoveryv1.LabelServiceName: fmt.Sprintf("svc-%05d", i), discoveryv1.LabelManagedBy: "nnm-e2e"}},
+				AddressType: discoveryv1.AddressTypeIPv4,
+				Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Protocol: ptr(corev1.ProtocolTCP), Port: ptr[int32](8080)}},
+			}
+			for j := range scaleEndpoints {
+				k := i*scaleEndpoints + j
+				s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
+					Addresses:  []string{fmt.Sprintf("10.%d.%d.%d", 128+k>>16, k>>8&255, k&255)},
+					Conditions: discoveryv1.EndpointConditions{Ready: ptr(true), Serving: ptr(true), Terminating: ptr(false)},
+					NodeName:   ptr(fmt.Sprintf("scale-node-%d", k%500)),
+					TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: fmt.Sprintf("pod-%07d", k)},
+				})
+			}
+			_, err := c.admin.DiscoveryV1().EndpointSlices(ns).Create(ctx, s, metav1.CreateOptions{})
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("created %d EndpointSlices of %d endpoints (Services: %v) in %v", n, scaleEndpoints, withServices, time.Since(start).Round(time.Millisecond))
 }

@@ -4,10 +4,13 @@ package fixes
 import (
 	"go.uber.org/fx"
 
+	"github.com/network-node-manager/network-node-manager/fixes/conntrackcapacity"
 	"github.com/network-node-manager/network-node-manager/fixes/conntrackliberal"
 	"github.com/network-node-manager/network-node-manager/fixes/invaliddrop"
 	"github.com/network-node-manager/network-node-manager/fixes/ipvsexternalipdnat"
 	"github.com/network-node-manager/network-node-manager/fixes/mssclamp"
+	"github.com/network-node-manager/network-node-manager/fixes/neighbourtable"
+	"github.com/network-node-manager/network-node-manager/fixes/nodeportreservedports"
 	"github.com/network-node-manager/network-node-manager/fixes/staleudpconntrack"
 )
 
@@ -18,6 +21,9 @@ var Modules = []fx.Option{
 	conntrackliberal.Module,
 	mssclamp.Module,
 	staleudpconntrack.Module,
+	conntrackcapacity.Module,
+	neighbourtable.Module,
+	nodeportreservedports.Module,
 }
 
 // Standard is every in-tree fix.

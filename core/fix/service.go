@@ -119,6 +119,8 @@ type ServicePort struct {
 	Name     string
 	Protocol corev1.Protocol // "" means TCP, as the API server defaults it
 	Port     int32
+	// NodePort is the port on every node (0: none; a NodePort or LoadBalancer Service has one).
+	NodePort int32
 }
 
 // InvalidAddr is a field value that is not an IP address.
@@ -171,7 +173,7 @@ func ServiceFrom(svc *corev1.Service) *Service {
 	if ports := held(out, "spec.ports", svc.Spec.Ports); len(ports) > 0 {
 		out.Ports = make([]ServicePort, len(ports))
 		for i, p := range ports {
-			out.Ports[i] = ServicePort{Name: intern(p.Name), Protocol: intern(p.Protocol), Port: p.Port}
+			out.Ports[i] = ServicePort{Name: intern(p.Name), Protocol: intern(p.Protocol), Port: p.Port, NodePort: p.NodePort}
 		}
 	}
 	return out

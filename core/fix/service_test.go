@@ -28,7 +28,7 @@ func TestServiceFromKeepsWhatFixesRead(t *testing.T) {
 		ClusterIPs:  []netip.Addr{netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("fd00::1")},
 		ExternalIPs: []netip.Addr{netip.MustParseAddr("203.0.113.1")},
 		Ingress:     []fix.Ingress{{IP: netip.MustParseAddr("203.0.113.2"), Proxy: true}, {IP: netip.MustParseAddr("::ffff:203.0.113.3")}},
-		Ports:       []fix.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}, {Protocol: corev1.ProtocolUDP, Port: 53}},
+		Ports:       []fix.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, NodePort: 30080}, {Protocol: corev1.ProtocolUDP, Port: 53}},
 		Invalid: []fix.InvalidAddr{{Field: "spec.externalIPs[1]", Value: "not-an-ip"}, {Field: "spec.externalIPs[2]", Value: "fe80::1%eth0"},
 			{Field: "status.loadBalancer.ingress[3].ip", Value: "203.0.113.999"}},
 	}

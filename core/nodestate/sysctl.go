@@ -59,13 +59,14 @@ func (p *ProcSysctl) Get(name string) (string, error) {
 	return strings.TrimSpace(string(b)), nil
 }
 
-// Set writes the sysctl.
+// Set writes the sysctl, with a newline as sysctl(8) does: an empty value is then written too (a
+// write of nothing leaves a list such as ip_local_reserved_ports as it was).
 func (p *ProcSysctl) Set(name, value string) error {
 	path, err := p.path(name)
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(path, []byte(value), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte(value+"\n"), 0o644); err != nil {
 		return fmt.Errorf("write sysctl %s=%s: %w", name, value, err)
 	}
 	return nil

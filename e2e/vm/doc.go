@@ -28,6 +28,13 @@
 //     100 ms), the agent is not restarted.
 //     Both families in one run: a dual-stack Node, dual-stack Services and one address plan per
 //     family (plans in host_test.go); the guest's IPv6 addresses exist only inside it.
+//   - e2e/vm TestNodeTablesInVM (#61, a second boot, no kube-proxy): the node's two global tables,
+//     which no network namespace can change: a conntrack table left 200 entries short of full and
+//     2,048 peers on one flat /16 fail connections without the agent (conntrack drop, neighbour
+//     table_fulls); the agent with conntrack-capacity and neighbour-table off puts
+//     ConntrackTableFull and NeighbourTableFull on the Node (read from the guest through the
+//     apiserver), a reload enabling them turns them False, the same loads then fail nothing, and
+//     cleanup restores the kernel's values and removes the conditions (tables_test.go).
 //   - dataplane/reset_test.go and dataplane/kubeproxy_test.go (host kernel): the same reset
 //     reproduction on a bare node and beside kube-proxy's iptables and nftables modes.
 //   - e2e/kubeproxy_test.go (host kernel): the agent beside a real kube-proxy in iptables and

@@ -292,15 +292,16 @@ func TestGuestKubeProxyIPVS(t *testing.T) {
 		}
 	})
 	// diagnose (#40) beside the real kube-proxy IPVS mode: the eTP Local External-IPs without a local
-	// endpoint are named as a problem when ipvs-externalip-dnat is off, and as handled by it with the
-	// defaults (on in IPVS mode).
+	// endpoint are named as a problem when ipvs-externalip-dnat is off, and also with the defaults (on
+	// in IPVS mode) while no agent runs (#61: "handled" needs the running agent's last sync); with
+	// the agent running, as handled (each backend below).
 	t.Run("diagnose/ipvs-external-ip", func(t *testing.T) {
 		for _, c := range []struct {
 			args  []string
 			state diagnose.State
 		}{
 			{[]string{"--set", "fixes.ipvs-externalip-dnat.enabled=false"}, diagnose.Problem},
-			{nil, diagnose.Handled},
+			{nil, diagnose.Problem},
 		} {
 			f, code := diagnoseIPVS(t, kubeconfig, c.args...)
 			t.Logf("diagnose %v: exit %d, %s: %s %v", c.args, code, f.State, f.Summary, f.Evidence)
@@ -352,6 +353,16 @@ func TestGuestKubeProxyIPVS(t *testing.T) {
 				t.Fatalf("nnm_agent_info should say ipvs from kube-proxy's /proxyMode with backend %s: %v", backend, m.Find("nnm_agent_info"))
 			}
 			ours := ourRules(t, backend)
+			t.Run("diagnose", func(t *testing.T) {
+				var f diagnose.Finding
+				agenttest.Eventually(t, 30*time.Second, func() error {
+					if f, _ = diagnoseIPVS(t, kubeconfig); f.State != diagnose.Handled {
+						return fmt.Errorf("ipvs-external-ip beside the running agent: %s: %s", f.State, f.Summary)
+					}
+					return nil
+				})
+				t.Logf("diagnose beside the running agent: %s by %s: %s %v", f.State, f.HandledBy, f.Summary, f.Evidence)
+			})
 			t.Run("external-ip", func(t *testing.T) {
 				for _, p := range plans {
 					lb := addr(p.lbLocal, servicePort)

@@ -82,13 +82,14 @@ var Agent = fx.Options(
 	Module,
 	// First: nothing is programmed, taken over or cleaned up while another agent holds the node.
 	fx.Invoke(TakeNodeLock),
-	fx.Provide(NewServer, RunProbes, NewEvents),
+	fx.Provide(NewServer, RunProbes, NewEvents, NodeConditionsFor, NewDiagnosisKick),
 	// client-go logs through klog; in the agent its lines join the agent's stream and format.
 	fx.Invoke(logging.RouteKlog),
 	// The backend can change while the agent runs (Follow): the engine and the fixes hold a Live.
 	fx.Decorate(func(be backend.Backend) backend.Backend { return engine.NewLive(be) }),
 	fx.Invoke(CleanPredecessor),
 	fx.Invoke(RunDiagnosis),
+	fx.Invoke(PublishStatus),
 	fx.Invoke(func(lc fx.Lifecycle, e *engine.Engine, s *server.Server) {
 		lc.Append(fx.Hook{OnStart: s.Start, OnStop: s.Stop})
 		lc.Append(fx.Hook{OnStart: e.Start, OnStop: e.Stop})
@@ -418,8 +419,8 @@ func FileHubOf(f *watch.File, cfg *config.Config, log *slog.Logger) *watch.Hub {
 }
 
 // InputResources lists the resources the inputs watch.
-func InputResources(ins []inputs.Input) []kube.Resource {
-	var out []kube.Resource
+func InputResources(ins []inputs.Input) []inputs.Resource {
+	var out []inputs.Resource
 	for _, in := range ins {
 		if w, ok := in.(inputs.Watcher); ok {
 			out = append(out, w.Resources()...)

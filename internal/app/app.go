@@ -32,6 +32,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/internal/agent"
 	"github.com/network-node-manager/network-node-manager/internal/config"
 	"github.com/network-node-manager/network-node-manager/internal/detect"
+	"github.com/network-node-manager/network-node-manager/internal/diagnose"
 	"github.com/network-node-manager/network-node-manager/internal/engine"
 	"github.com/network-node-manager/network-node-manager/internal/inputs/node"
 	"github.com/network-node-manager/network-node-manager/internal/nodelock"
@@ -245,17 +246,20 @@ func cleanupCommand(version string, fixModules fx.Option) *cobra.Command {
 			var cfg *config.Config
 			var log *slog.Logger
 			var fixes fix.In
+			var api *agent.APIClient
 			// The fixes are built (not started) so that node-state fixes can be reverted; their
 			// constructors need a backend value but use it only when syncing.
 			if _, err := buildApp(fixModules, agent.Module, fx.Supply(agentInputs(cmd, version)),
 				fx.Provide(func() backend.Backend { return nil }),
-				fx.Populate(&cfg, &log, &fixes)); err != nil {
+				fx.Populate(&cfg, &log, &fixes, &api)); err != nil {
 				return err
 			}
 			if dryRun {
 				return CleanupPlan(cmd.Context(), cmd.OutOrStdout(), fixes.Fixes, cfg, log)
 			}
-			err := errors.Join(Cleanup(cmd.Context(), cfg, log), RevertNodeState(cmd.Context(), fixes.Fixes, cfg, log))
+			err := errors.Join(Cleanup(cmd.Context(), cfg, log), RevertNodeState(cmd.Context(), fixes.Fixes, cfg, log),
+				RemoveNodeConditions(cmd.Context(), cfg, api, log))
+			removeAgentStatus(log)
 			removeNodeLock(log)
 			return err
 		},
@@ -271,9 +275,10 @@ func cleanupCommand(version string, fixModules fx.Option) *cobra.Command {
 	return cmd
 }
 
-// cleanupKeys are the configuration keys cleanup reads: the iptables variant to clean first, where
-// sysctls are reverted, and how it logs (fix options come with --set or the file).
-var cleanupKeys = []string{"iptablesVariant", "procSysPath", "logLevel", "logFormat"}
+// cleanupKeys are the configuration keys cleanup reads: this node and the API (to remove its Node's
+// conditions), the iptables variant to clean first, where sysctls are reverted, and how it logs
+// (fix options come with --set or the file).
+var cleanupKeys = []string{"nodeName", "kubeconfig", "iptablesVariant", "procSysPath", "logLevel", "logFormat"}
 
 func cleanupFlags() []string {
 	var out []string
@@ -327,6 +332,9 @@ func CleanupPlan(ctx context.Context, w io.Writer, fixes []fix.Fix, cfg *config.
 			fmt.Fprintf(w, "would remove the node lock file %s (unless an agent still holds it)\n", path)
 		}
 	}
+	if cfg.NodeName != "" {
+		fmt.Fprintf(w, "would remove the agent's conditions from Node %s, with API access (%s)\n", cfg.NodeName, diagnose.ConditionTypeList())
+	}
 	fmt.Fprintf(w, "dry run: %d chains or tables to remove; nothing was changed\n", n)
 	return errors.Join(errs...)
 }
@@ -343,6 +351,39 @@ func removeNodeLock(log *slog.Logger) {
 		log.Warn("the node lock file was not removed", "err", err)
 	case path != "":
 		log.Info("node lock file removed", "file", path)
+	}
+}
+
+// RemoveNodeConditions removes the agent's conditions (diagnose.ConditionTypes) from this node's
+// Node. Without an API client or a node name there is nothing it can reach: that is logged, not an
+// error (the uninstall pods of deploy/uninstall have both).
+func RemoveNodeConditions(ctx context.Context, cfg *config.Config, api *agent.APIClient, log *slog.Logger) error {
+	client, err := api.Get()
+	if err != nil || cfg.NodeName == "" {
+		log.Info("the Node's conditions were not removed: no API client or no node name (NNM_NODE_NAME)", "err", err)
+		return nil
+	}
+	nc, err := agent.NewNodeConditions(client, cfg.NodeName, nil, log)
+	if err != nil {
+		return err
+	}
+	n, err := nc.Remove(ctx)
+	if err != nil {
+		return err
+	}
+	log.Info("node conditions removed", "node", cfg.NodeName, "conditions", n)
+	return nil
+}
+
+// removeAgentStatus deletes the agent's status file of this network namespace (diagnose's view of
+// the running agent).
+func removeAgentStatus(log *slog.Logger) {
+	path, err := diagnose.StatusPath(diagnose.DefaultStatusDir)
+	if err == nil {
+		err = diagnose.RemoveStatus(path)
+	}
+	if err != nil {
+		log.Warn("the agent status file was not removed", "err", err)
 	}
 }
 

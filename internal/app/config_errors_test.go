@@ -131,11 +131,11 @@ func TestREADMEShowsConfigErrors(t *testing.T) {
 // cleanup refuses flags it does not read (#23): it removes what both backends own in both families,
 // so --backend or --families would only mislead. Refused while parsing: nothing is cleaned.
 func TestCleanupRefusesFlagsItDoesNotRead(t *testing.T) {
-	const reads = "cleanup reads only --config, --set, --dry-run and --iptables-variant, --proc-sys-path, --log-level, --log-format (it removes what both backends own, in both families)"
+	const reads = "cleanup reads only --config, --set, --dry-run and --node-name, --kubeconfig, --iptables-variant, --proc-sys-path, --log-level, --log-format (it removes what both backends own, in both families)"
 	for _, args := range [][]string{
 		{"--backend", "x"},
 		{"--families", "ipv4"},
-		{"--kubeconfig", "/does/not/exist"},
+		{"--pod-cidrs", "10.0.0.0/8"},
 		{"--enable-fix", "invalid-drop"},
 		{"--bogus-flag"},
 	} {

@@ -90,8 +90,21 @@ func diagnoseCommand(version string, fixModules fx.Option) *cobra.Command {
 				return err
 			}
 			env := agent.DiagnoseEnv(p, eff, ov)
+			if err := diagnose.ValidateAcknowledged(env.Acknowledged); err != nil {
+				return err
+			}
 			if len(cfg.NodeOverrides()) > 0 && labels == nil {
 				env.Override += " (this node's Node was not read: the base configuration)"
+			}
+			// Which fixes run, with which options, and whether their last sync succeeded is the
+			// running agent's to say (its status file); without one, the configuration says which
+			// fixes would run, and none counts as handling a problem.
+			if path, err := diagnose.StatusPath(diagnose.DefaultStatusDir); err != nil {
+				env.Agent = "as configured: " + err.Error()
+			} else if st, why := diagnose.ReadStatus(path, time.Now()); st != nil {
+				st.Use(env)
+			} else {
+				env.Agent = "as configured: " + why
 			}
 			if apiErr != nil {
 				env.NoAPI(apiErr)

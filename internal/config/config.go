@@ -81,6 +81,9 @@ type Config struct {
 	LogLevel string `mapstructure:"logLevel"`
 	// LogFormat is text or json (internal/logging).
 	LogFormat string `mapstructure:"logFormat"`
+	// AcknowledgedChecks are diagnose checks whose problem the operator accepts on these nodes:
+	// reported as acknowledged, not as a problem (no exit status 2, no alert, no True condition).
+	AcknowledgedChecks []string `mapstructure:"acknowledgedChecks"`
 	// Fixes holds one section per fix id: "enabled" plus the fix's own options.
 	Fixes map[string]map[string]any `mapstructure:"fixes"`
 
@@ -175,6 +178,8 @@ var Keys = []Key{
 		Help: "the container's memory limit (the DaemonSet sets it from `limits.memory`); the fixes' entry budgets follow it"},
 	{Key: "logLevel", Flag: "log-level", Default: "info", Help: "`debug`, `info`, `warn`, `error`"},
 	{Key: "logFormat", Flag: "log-format", Default: "text", Restart: true, Help: "`text`, `json`; client-go's log lines use it too"},
+	{Key: "acknowledgedChecks", Flag: "acknowledged-checks", Default: []string{},
+		Help: "`diagnose` checks whose problem is accepted here (e.g. `rp-filter`): reported as acknowledged, with no exit status 2, alert or `True` Node condition"},
 }
 
 // Defaults returns the configuration used when nothing is set.

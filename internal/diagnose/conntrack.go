@@ -9,6 +9,9 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/fixes/conntrackcapacity"
+	"github.com/network-node-manager/network-node-manager/fixes/neighbourtable"
+	"github.com/network-node-manager/network-node-manager/fixes/nodeportreservedports"
 )
 
 // Fix ids the checks name (the fixes' own ID constants live in fixes/, which the runtime does not
@@ -19,6 +22,9 @@ const (
 	fixIPVS        = "ipvs-externalip-dnat"
 	fixMSSClamp    = "mss-clamp"
 	fixStaleUDP    = "stale-udp-conntrack"
+	fixCapacity    = conntrackcapacity.ID
+	fixNeighbours  = neighbourtable.ID
+	fixReserved    = nodeportreservedports.ID
 )
 
 // invalidCheck: replies marked INVALID reach the node (kubernetes#74839).
@@ -111,29 +117,77 @@ func (invalidCheck) Run(ctx context.Context, env *Env) Finding {
 	f.counters = map[string]uint64{"invalid": invalid}
 	_, _, kp := kubeProxyInvalidDrops(ctx, env)
 	f.Evidence = append(f.Evidence, ev("kube-proxy INVALID drop", "%s", kp))
+	drop, whyDrop, evDrop := env.inForce(ctx, fixInvalidDrop, ruleCounters(fixInvalidDrop))
+	lib, whyLib, evLib := env.inForce(ctx, fixLiberal, liberalProof)
+	f.Evidence = append(append(f.Evidence, evDrop...), evLib...)
+	notInForce(&f, whyDrop, whyLib)
 	switch {
-	case env.Enabled(fixInvalidDrop):
+	case drop:
 		f.State, f.HandledBy = Handled, fixInvalidDrop
 		f.Summary = "invalid-drop drops INVALID packets before the node answers them with a reset"
-	case env.Enabled(fixLiberal):
+	case lib:
 		f.State, f.HandledBy = Handled, fixLiberal
 		f.Summary = "conntrack-liberal makes conntrack accept out-of-window TCP segments"
 	case liberal == "1":
-		f.State = OK
-		f.Summary = "nf_conntrack_tcp_be_liberal=1 (set outside the agent): out-of-window segments are not marked INVALID"
+		f.State, f.Remedy = OK, ""
+		f.Summary = "nf_conntrack_tcp_be_liberal=1: out-of-window segments are not marked INVALID"
 	case !statsOK:
 		return Finding{State: CannotTell, Summary: "conntrack's statistics cannot be read (needs CAP_NET_ADMIN in the node's network namespace)", Evidence: f.Evidence, Remedy: f.Remedy}
 	case invalid == 0:
-		f.State = OK
+		f.State, f.Remedy = OK, ""
 		f.Summary = "no packet was marked INVALID"
 	case risen(env, "invalid-replies", "invalid", invalid, &f) == 0:
-		f.State = OK
+		f.State, f.Remedy = OK, ""
 		f.Summary = "no packet was marked INVALID since the last run"
 	default:
 		f.State = Problem
 		f.Summary = fmt.Sprintf("%d packets were marked INVALID and no enabled fix drops them before the node answers with a reset", invalid)
+		f.Summary += whyNot(whyDrop, whyLib)
 	}
 	return f
+}
+
+// liberalProof is conntrack-liberal's proof: the sysctl holds 1 now.
+func liberalProof(_ context.Context, env *Env) (bool, string) {
+	if env.Sysctl == nil {
+		return false, nodestate.ConntrackTCPBeLiberal + " cannot be read here"
+	}
+	v, err := env.Sysctl.Get(nodestate.ConntrackTCPBeLiberal)
+	if err != nil {
+		return false, nodestate.ConntrackTCPBeLiberal + " cannot be read: " + err.Error()
+	}
+	if v != "1" {
+		return false, nodestate.ConntrackTCPBeLiberal + " is " + v + ", not 1"
+	}
+	return true, nodestate.ConntrackTCPBeLiberal + " is 1"
+}
+
+// notInForce adds to f's evidence why each enabled fix does not handle the problem ("" for a fix
+// that is simply not enabled).
+func notInForce(f *Finding, whys ...string) {
+	for _, w := range whys {
+		if w != "" {
+			f.Evidence = append(f.Evidence, ev("not in force", "%s", w))
+			if f.NotInForce != "" {
+				f.NotInForce += "; "
+			}
+			f.NotInForce += w
+		}
+	}
+}
+
+// whyNot is the tail of a problem's summary naming the enabled fixes that do not handle it now.
+func whyNot(whys ...string) string {
+	var parts []string
+	for _, w := range whys {
+		if w != "" {
+			parts = append(parts, w)
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, "; ") + ")"
 }
 
 // iptRule is one rule of iptables-save -c output.
@@ -167,12 +221,12 @@ func parseIptablesSave(text string) []iptRule {
 // full.
 const ConntrackFillLimit = 0.9
 
-// conntrackFillCheck: table fill and the counters of lost connections (report-only).
+// conntrackFillCheck: table fill and the counters of lost connections (conntrack-capacity).
 type conntrackFillCheck struct{}
 
 func (conntrackFillCheck) ID() string { return "conntrack-table" }
 func (conntrackFillCheck) Title() string {
-	return "the conntrack table is nearly full, or connections are lost (drop, early_drop, insert_failed)"
+	return "the conntrack table is nearly full, or connections are lost (drop, early_drop, insert_failed) (kubernetes#18604)"
 }
 
 func (conntrackFillCheck) Run(ctx context.Context, env *Env) Finding {
@@ -183,15 +237,18 @@ func (conntrackFillCheck) Run(ctx context.Context, env *Env) Finding {
 	if err != nil {
 		return cannot("conntrack's statistics cannot be read: %v", err)
 	}
-	f := Finding{ReportOnly: true, Remedy: "no fix: find what fills the table (conntrack -L), or raise nf_conntrack_max (kube-proxy's --conntrack-max-per-core sets it)"}
+	f := Finding{Remedy: "enable conntrack-capacity (fixes.conntrack-capacity.enabled: true), or find what fills the table (conntrack -L)"}
 	fill, size := 0.0, "unreadable"
+	var o conntrackcapacity.Observation
 	if env.Sysctl != nil {
-		n, err1 := env.Sysctl.Get("net.netfilter.nf_conntrack_count")
-		m, err2 := env.Sysctl.Get("net.netfilter.nf_conntrack_max")
+		n, err1 := env.Sysctl.Get(conntrackcapacity.Count)
+		m, err2 := env.Sysctl.Get(conntrackcapacity.Max)
+		b, _ := env.Sysctl.Get(conntrackcapacity.Buckets)
 		if err1 == nil && err2 == nil {
-			if c, mx := atoi(n), atoi(m); mx > 0 {
-				fill = float64(c) / float64(mx)
-				size = fmt.Sprintf("%d of nf_conntrack_max %d (%.0f%%)", c, mx, 100*fill)
+			o.Entries, o.Max, o.Buckets = atoi(n), atoi(m), atoi(b)
+			if o.Max > 0 {
+				fill = float64(o.Entries) / float64(o.Max)
+				size = fmt.Sprintf("%d of nf_conntrack_max %d (%.0f%%)", o.Entries, o.Max, 100*fill)
 			}
 		}
 	}
@@ -202,7 +259,8 @@ func (conntrackFillCheck) Run(ctx context.Context, env *Env) Finding {
 		ev("insert_failed", "%d (entries that lost an insertion race)", s.InsertFailed),
 	}
 	var bad []string
-	if fill >= ConntrackFillLimit {
+	sizeBad, insertBad := fill >= ConntrackFillLimit, false
+	if sizeBad {
 		bad = append(bad, fmt.Sprintf("the table is %.0f%% full", 100*fill))
 	}
 	f.counters = map[string]uint64{"drop": s.Drop, "early_drop": s.EarlyDrop, "insert_failed": s.InsertFailed}
@@ -212,6 +270,12 @@ func (conntrackFillCheck) Run(ctx context.Context, env *Env) Finding {
 	}{{"drop", s.Drop}, {"early_drop", s.EarlyDrop}, {"insert_failed", s.InsertFailed}} {
 		if c.n > 0 && risen(env, "conntrack-table", c.name, c.n, &f) > 0 {
 			bad = append(bad, fmt.Sprintf("%s=%d", c.name, c.n))
+			if c.name == "insert_failed" {
+				insertBad = true
+			} else {
+				o.Lost += c.n
+				sizeBad = true
+			}
 		}
 	}
 	if len(bad) == 0 {
@@ -222,7 +286,37 @@ func (conntrackFillCheck) Run(ctx context.Context, env *Env) Finding {
 		f.State, f.Summary, f.Remedy = OK, fmt.Sprintf("the table is %.0f%% full, no connection lost%s", 100*fill, since), ""
 		return f
 	}
-	f.State, f.Summary = Problem, strings.Join(bad, ", ")
+	// conntrack-capacity handles a table that is too small while it is in force and the table holds
+	// what the fix asks for now, within its bound. insert_failed alone (clashing inserts: the DNS
+	// race, fixed in the kernel) is not a size problem.
+	grow, why, evs := env.inForce(ctx, fixCapacity, func(_ context.Context, env *Env) (bool, string) {
+		opts, err := conntrackcapacity.Options(env.Options[fixCapacity])
+		if err != nil {
+			return false, "its options do not parse: " + err.Error()
+		}
+		if o.MemoryBytes, o.CPUs, err = env.host(); err != nil {
+			return false, "the node's memory cannot be read: " + err.Error()
+		}
+		if env.Previous == nil {
+			o.Lost = 0 // counted since conntrack started, not since the fix's last pass
+		}
+		d := conntrackcapacity.Desired(o, opts)
+		switch {
+		case d.Limited && d.Max <= o.Max:
+			return false, fmt.Sprintf("nf_conntrack_max %d is at its bound %d (maxMemoryPercent %v of the node's memory)", o.Max, d.Bound, opts.MaxMemoryPercent)
+		case d.Max > o.Max:
+			return false, fmt.Sprintf("nf_conntrack_max is %d; the fix raises it to %d on its next pass (%s)", o.Max, d.Max, d.Why)
+		}
+		return true, fmt.Sprintf("nf_conntrack_max %d within its bound %d", o.Max, d.Bound)
+	})
+	f.Evidence = append(f.Evidence, evs...)
+	notInForce(&f, why)
+	if grow && sizeBad && !insertBad {
+		f.State, f.HandledBy = Handled, fixCapacity
+		f.Summary = strings.Join(bad, ", ") + "; conntrack-capacity sizes the table to what it holds"
+		return f
+	}
+	f.State, f.Summary = Problem, strings.Join(bad, ", ")+whyNot(why)
 	return f
 }
 

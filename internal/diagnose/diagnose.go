@@ -6,19 +6,25 @@
 // running agent exports the same findings as metrics (Metrics).
 //
 // Nothing here writes: no rule, table, sysctl, link or conntrack entry is created or changed
-// (internal/app's TestDiagnoseChangesNothing).
+// (core/app's TestDiagnoseChangesNothing).
 package diagnose
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
+	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/nodestate"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/fixes/conntrackcapacity"
 )
 
 // SchemaVersion is the version of the JSON document (Report). It changes when a field is renamed,
@@ -28,19 +34,22 @@ const SchemaVersion = 1
 // State is a check's verdict.
 type State string
 
-// The states. Problem is a problem that no enabled fix handles.
+// The states. Problem is a problem that no enabled fix handles; Acknowledged is such a problem that
+// the configuration acknowledges (acknowledgedChecks): reported, but no alert, no exit status 2.
 const (
-	OK         State = "ok"
-	Problem    State = "problem"
-	Handled    State = "handled"
-	CannotTell State = "cannot-tell"
+	OK           State = "ok"
+	Problem      State = "problem"
+	Handled      State = "handled"
+	CannotTell   State = "cannot-tell"
+	Acknowledged State = "acknowledged"
 )
 
 // States are all states, in the order the metric lists them.
-var States = []State{OK, Problem, Handled, CannotTell}
+var States = []State{OK, Problem, Handled, CannotTell, Acknowledged}
 
-// ExitProblem is the exit status of `diagnose` when some check found a problem that no enabled fix
-// handles (1 is an error of the command itself, 0 no such problem).
+// ExitProblem is the exit status of `diagnose` when some check found a problem that a fix of the
+// agent would handle and no enabled fix handles now (1 is an error of the command itself, 0 no such
+// problem). Report-only and acknowledged findings do not make it.
 const ExitProblem = 2
 
 // Evidence is one thing a check read: a counter, a sysctl, an object, addresses.
@@ -64,6 +73,9 @@ type Finding struct {
 	Remedy string `json:"remedy,omitempty"`
 	// ReportOnly: no fix of the agent handles this problem; it is reported for the operator.
 	ReportOnly bool `json:"reportOnly,omitempty"`
+	// NotInForce says why an enabled fix that would handle the problem does not (refused, its last
+	// sync failed, its rules or settings are not in the kernel); empty when none is enabled.
+	NotInForce string `json:"notInForce,omitempty"`
 
 	// counters are the raw counters the check read, for the next run's rise (Env.Previous).
 	counters map[string]uint64
@@ -84,8 +96,13 @@ type Report struct {
 	// API says whether the cluster's objects could be read ("ok", or why not).
 	API      string    `json:"api"`
 	Findings []Finding `json:"findings"`
-	// Problems counts the findings with State Problem.
+	// Problems counts the findings with State Problem; Open those of them that are not report-only:
+	// the exit status is ExitProblem when Open is above 0.
 	Problems int `json:"problems"`
+	Open     int `json:"open"`
+	// Agent says where the fixes' states come from: the running agent's status (AgentStatus), or
+	// the configuration when no running agent's status was found, and why.
+	Agent string `json:"agent,omitempty"`
 }
 
 // FixState is one fix in a Report.
@@ -94,11 +111,25 @@ type FixState struct {
 	Enabled bool   `json:"enabled"`
 	// Refused is why an enabled fix refuses to run here ("" when it runs or is disabled).
 	Refused string `json:"refused,omitempty"`
+	// Sync is the fix's last sync as the running agent's engine reports it; nil when no running
+	// agent's status was read (a fix counts as handling a problem only when its last sync succeeded).
+	Sync *SyncState `json:"sync,omitempty"`
 }
 
-// ExitCode is the command's exit status for r: ExitProblem when a check found a problem.
+// SyncState is what the engine says of a fix's last sync.
+type SyncState struct {
+	// OK: the last pass of every unit (family) of the fix succeeded, which reads the kernel back and
+	// restores what differs; Error joins the failing units' last errors otherwise.
+	OK    bool   `json:"ok"`
+	Error string `json:"error,omitempty"`
+	// LastOK is when every unit had last synced successfully (zero: not yet).
+	LastOK time.Time `json:"lastOK,omitzero"`
+}
+
+// ExitCode is the command's exit status for r: ExitProblem when a check found an open problem (one
+// that is not report-only).
 func (r *Report) ExitCode() int {
-	if r.Problems > 0 {
+	if r.Open > 0 {
 		return ExitProblem
 	}
 	return 0
@@ -128,6 +159,15 @@ type Env struct {
 	Fixes []FixState
 	// Options are the effective options of the fixes (fix id → key → value), as configured.
 	Options map[string]map[string]any
+	// Agent says where Fixes come from (Report.Agent).
+	Agent string
+	// Acknowledged are the checks whose problem the configuration acknowledges (acknowledgedChecks).
+	Acknowledged []string
+	// Families are the IP families the agent programs (the fixes' rules are looked for in these).
+	Families []rules.Family
+	// RuleCounters reads the named counters of a rule fix's rules in the kernel (the backend the
+	// agent runs): present counters prove its rules are there. nil: rules cannot be read.
+	RuleCounters func(ctx context.Context, fix string, family rules.Family) (map[string]uint64, error)
 
 	Sysctl    nodestate.Sysctl
 	Conntrack nodestate.Conntrack
@@ -151,6 +191,9 @@ type Env struct {
 	// APIErr is why the API could not be used at all ("" when it could).
 	APIErr string
 
+	// Host reads the node's memory and CPUs (nil: conntrackcapacity.HostInfo).
+	Host func() (memBytes uint64, cpus int, err error)
+
 	// Previous is the last Report of the running agent (nil in the command): checks of counters
 	// compare against it.
 	Previous *Report
@@ -160,12 +203,101 @@ type Env struct {
 
 // Enabled says whether fix id runs here (enabled and not refused).
 func (e *Env) Enabled(id string) bool {
-	for _, f := range e.Fixes {
-		if f.ID == id {
-			return f.Enabled && f.Refused == ""
+	f := e.fix(id)
+	return f != nil && f.Enabled && f.Refused == ""
+}
+
+func (e *Env) fix(id string) *FixState {
+	for i := range e.Fixes {
+		if e.Fixes[i].ID == id {
+			return &e.Fixes[i]
 		}
 	}
-	return false
+	return nil
+}
+
+// inForce says whether fix id handles a problem now: it is enabled and not refused, its last sync
+// succeeded (the running agent's engine says so) and proof, the check's reading of the fix's rules or
+// settings in the kernel, finds them there (nil: the last sync is the only proof, for a fix whose
+// work leaves nothing to read). When it does not, why says what is missing (and "" when the fix is
+// simply not enabled); ev is what was read.
+func (e *Env) inForce(ctx context.Context, id string, proof func(context.Context, *Env) (bool, string)) (ok bool, why string, evs []Evidence) {
+	f := e.fix(id)
+	switch {
+	case f == nil || !f.Enabled:
+		return false, "", nil
+	case f.Refused != "":
+		return false, id + " is enabled but refuses to run here: " + f.Refused, nil
+	case f.Sync == nil:
+		return false, id + " is enabled but no running agent's status says its last sync succeeded (" + e.Agent + ")", nil
+	case !f.Sync.OK:
+		msg := f.Sync.Error
+		if msg == "" {
+			msg = "no successful sync yet"
+		}
+		return false, id + " is enabled but its last sync failed: " + msg, nil
+	}
+	evs = append(evs, ev(id+" last sync", "ok at %s", f.Sync.LastOK.UTC().Format(time.RFC3339)))
+	if proof != nil {
+		found, what := proof(ctx, e)
+		evs = append(evs, ev(id+" in the kernel", "%s", what))
+		if !found {
+			return false, id + " is enabled and its last sync succeeded, but " + what, evs
+		}
+	}
+	return true, "", evs
+}
+
+// BackendCounters reads a fix's named rule counters through be (Env.RuleCounters).
+func BackendCounters(be backend.Backend) func(context.Context, string, rules.Family) (map[string]uint64, error) {
+	return func(ctx context.Context, fix string, family rules.Family) (map[string]uint64, error) {
+		cs, err := be.Counters(ctx, fix, family)
+		if err != nil {
+			return nil, err
+		}
+		out := make(map[string]uint64, len(cs))
+		for n, c := range cs {
+			out[n] = c.Packets
+		}
+		return out, nil
+	}
+}
+
+// ruleCounters is the proof of a rule fix whose rules carry named counters: every family the agent
+// programs holds at least one of them.
+func ruleCounters(id string) func(context.Context, *Env) (bool, string) {
+	return func(ctx context.Context, e *Env) (bool, string) {
+		if e.RuleCounters == nil {
+			return false, "its rules cannot be read here"
+		}
+		var have, miss []string
+		for _, fam := range e.Families {
+			c, err := e.RuleCounters(ctx, id, fam)
+			switch {
+			case err != nil:
+				miss = append(miss, fmt.Sprintf("%s: %v", fam, err))
+			case len(c) == 0:
+				miss = append(miss, string(fam)+": none")
+			default:
+				names := slices.Sorted(maps.Keys(c))
+				have = append(have, string(fam)+": "+strings.Join(names, ", "))
+			}
+		}
+		if len(miss) > 0 {
+			return false, "its rules are not in the kernel (" + strings.Join(miss, "; ") + ")"
+		}
+		if len(have) == 0 {
+			return false, "no IP family is programmed"
+		}
+		return true, "its counted rules are in the kernel (" + strings.Join(have, "; ") + ")"
+	}
+}
+
+func (e *Env) host() (uint64, int, error) {
+	if e.Host != nil {
+		return e.Host()
+	}
+	return conntrackcapacity.HostInfo()
 }
 
 // table returns why the cluster table t cannot be read ("" when it can).
@@ -186,7 +318,8 @@ func Run(ctx context.Context, env *Env, checks []Check) *Report {
 		env.Now = time.Now()
 	}
 	r := &Report{SchemaVersion: SchemaVersion, Node: env.Node, ProxyMode: env.ProxyMode,
-		ProxyModeSource: env.ProxyModeSource, Override: env.Override, Fixes: slices.Clone(env.Fixes), API: "ok"}
+		ProxyModeSource: env.ProxyModeSource, Override: env.Override, Fixes: slices.Clone(env.Fixes), API: "ok",
+		Agent: env.Agent}
 	sort.Slice(r.Fixes, func(i, j int) bool { return r.Fixes[i].ID < r.Fixes[j].ID })
 	if env.Cluster == nil {
 		r.API = "not read"
@@ -207,8 +340,14 @@ func Run(ctx context.Context, env *Env, checks []Check) *Report {
 		if f.State == "" {
 			f.State = CannotTell
 		}
+		if f.State == Problem && slices.Contains(env.Acknowledged, f.Check) {
+			f.State = Acknowledged
+		}
 		if f.State == Problem {
 			r.Problems++
+			if !f.ReportOnly {
+				r.Open++
+			}
 		}
 		r.Findings = append(r.Findings, f)
 	}
@@ -228,8 +367,35 @@ func runOne(ctx context.Context, env *Env, c Check) (f Finding) {
 func Checks() []Check {
 	return []Check{
 		invalidCheck{}, ipvsExternalIPCheck{}, nftNoEndpointCheck{}, pmtuCheck{}, staleUDPCheck{},
-		conntrackFillCheck{}, neighbourCheck{}, rpFilterCheck{}, migrationCheck{},
+		conntrackFillCheck{}, neighbourCheck{}, nodePortCheck{}, rpFilterCheck{}, migrationCheck{},
 	}
+}
+
+// CheckIDs are the ids of the standard checks.
+func CheckIDs() []string {
+	var out []string
+	for _, c := range Checks() {
+		out = append(out, c.ID())
+	}
+	return out
+}
+
+// ValidateAcknowledged fails naming each id of acknowledgedChecks that is no check, with the
+// nearest one.
+func ValidateAcknowledged(ids []string) error {
+	known := CheckIDs()
+	var errs []error
+	for _, id := range ids {
+		if slices.Contains(known, id) {
+			continue
+		}
+		hint := ""
+		if n := fix.Nearest(id, known); n != "" {
+			hint = "; did you mean " + n + "?"
+		}
+		errs = append(errs, fmt.Errorf("config: acknowledgedChecks: no check named %q%s (checks: %s)", id, hint, strings.Join(known, ", ")))
+	}
+	return errors.Join(errs...)
 }
 
 // Find returns the finding of check id in r, or nil.

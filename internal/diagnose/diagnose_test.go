@@ -8,16 +8,18 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
-	"github.com/network-node-manager/network-node-manager/core/inputs"
-
+	"github.com/mdlayher/netlink"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs"
 	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
@@ -28,6 +30,7 @@ type fakeKernel struct {
 	links   []Link
 	routes  []Route
 	neigh   map[rules.Family]int
+	fulls   map[rules.Family]uint64
 	ifconf  map[string]string // "dev/name" → value
 	ipt     map[rules.Family]string
 	nft     map[string]string // args joined by " " → output
@@ -37,6 +40,9 @@ type fakeKernel struct {
 func (k *fakeKernel) Links() ([]Link, error)                    { return k.links, nil }
 func (k *fakeKernel) Routes() ([]Route, error)                  { return k.routes, nil }
 func (k *fakeKernel) Neighbours() (map[rules.Family]int, error) { return k.neigh, nil }
+func (k *fakeKernel) NeighbourStats(f rules.Family) (int, uint64, error) {
+	return k.neigh[f], k.fulls[f], nil
+}
 func (k *fakeKernel) InterfaceSysctl(_ rules.Family, dev, name string) (string, error) {
 	if v, ok := k.ifconf[dev+"/"+name]; ok {
 		return v, nil
@@ -88,14 +94,23 @@ func troubled() *Env {
 	inputs.Pods.Set(snap, []*corev1.Pod{pod})
 	return &Env{
 		Node: "n1", ProxyMode: "ipvs", ProxyModeSource: "metrics-endpoint", IptablesVariant: "nft", Override: "override 0 (pool=canary)",
-		Fixes: []FixState{{ID: "invalid-drop"}, {ID: "conntrack-liberal"}, {ID: "ipvs-externalip-dnat"}, {ID: "mss-clamp"}, {ID: "stale-udp-conntrack"}},
+		Fixes: []FixState{{ID: "invalid-drop"}, {ID: "conntrack-liberal"}, {ID: "ipvs-externalip-dnat"}, {ID: "mss-clamp"}, {ID: "stale-udp-conntrack"},
+			{ID: "conntrack-capacity"}, {ID: "neighbour-table"}, {ID: "nodeport-reserved-ports"}},
 		Sysctl: nodestate.NewFakeSysctl(map[string]string{
-			nodestate.ConntrackTCPBeLiberal:     "0",
-			"net.netfilter.nf_conntrack_count":  "950",
-			"net.netfilter.nf_conntrack_max":    "1000",
-			"net.ipv4.neigh.default.gc_thresh3": "1024",
-			"net.ipv6.neigh.default.gc_thresh3": "1024",
+			nodestate.ConntrackTCPBeLiberal:      "0",
+			"net.netfilter.nf_conntrack_count":   "950",
+			"net.netfilter.nf_conntrack_max":     "1000",
+			"net.netfilter.nf_conntrack_buckets": "1000",
+			"net.ipv4.neigh.default.gc_thresh1":  "128",
+			"net.ipv4.neigh.default.gc_thresh2":  "512",
+			"net.ipv4.neigh.default.gc_thresh3":  "1024",
+			"net.ipv6.neigh.default.gc_thresh1":  "128",
+			"net.ipv6.neigh.default.gc_thresh2":  "512",
+			"net.ipv6.neigh.default.gc_thresh3":  "1024",
+			"net.ipv4.ip_local_port_range":       "1024\t65535",
+			"net.ipv4.ip_local_reserved_ports":   "10250",
 		}),
+		Host:  func() (uint64, int, error) { return 8 << 30, 4, nil },
 		Stats: fakeStats{nodestate.ConntrackStats{Invalid: 42, InsertFailed: 3, Drop: 0, EarlyDrop: 7, CPUs: 2}},
 		Conntrack: nodestate.NewFakeConntrack(
 			entry(rules.UDP, "192.0.2.50:40000", "192.0.2.1:8125", "10.244.1.9:8125"), // pod gone
@@ -105,9 +120,9 @@ func troubled() *Env {
 		Kernel: &fakeKernel{
 			links: []Link{{"lo", 65536, true}, {"eth0", 1450, true}, {"cni0", 1500, true}},
 			routes: []Route{
-				{rules.IPv4, netip.MustParsePrefix("0.0.0.0/0"), "eth0"},
-				{rules.IPv4, netip.MustParsePrefix("192.0.2.0/24"), "eth0"},
-				{rules.IPv4, netip.MustParsePrefix("10.244.1.0/24"), "cni0"},
+				{rules.IPv4, netip.MustParsePrefix("0.0.0.0/0"), "eth0", 0},
+				{rules.IPv4, netip.MustParsePrefix("192.0.2.0/24"), "eth0", 0},
+				{rules.IPv4, netip.MustParsePrefix("10.244.1.0/24"), "cni0", 0},
 			},
 			neigh:  map[rules.Family]int{rules.IPv4: 1000, rules.IPv6: 3},
 			ifconf: map[string]string{"all/rp_filter": "0", "eth0/rp_filter": "1", "cni0/rp_filter": "0"},
@@ -115,17 +130,36 @@ func troubled() *Env {
 			ipt: map[rules.Family]string{rules.IPv4: "*nat\n[999:9999] -A KUBE-SERVICES -m conntrack --ctstate INVALID -j DROP\nCOMMIT\n" +
 				"*filter\n[12:720] -A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\nCOMMIT\n"},
 		},
-		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")},
-		Cluster:  snap,
-		Missing:  map[string]string{},
+		PodCIDRs:     []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")},
+		Cluster:      snap,
+		Missing:      map[string]string{},
+		Families:     []rules.Family{rules.IPv4},
+		RuleCounters: kernelRules.counters,
+		Agent:        "the running agent (pid 1, status written 2026-12-08T10:00:00Z)",
 	}
 }
 
+// kernelRules holds, per rule fix, the counters its rules have in the kernel of every family.
+type rulesInKernel map[string]map[string]uint64
+
+func (k rulesInKernel) counters(_ context.Context, fix string, _ rules.Family) (map[string]uint64, error) {
+	return k[fix], nil
+}
+
+var kernelRules = rulesInKernel{
+	"invalid-drop": {"dropped-input": 3},
+	"mss-clamp":    {"from-pods": 1, "to-pods": 1},
+}
+
+var lastOK = time.Date(2026, 12, 8, 10, 0, 0, 0, time.UTC)
+
+// enable enables the fixes as the running agent reports them: last sync ok.
 func enable(env *Env, ids ...string) {
 	for i := range env.Fixes {
 		for _, id := range ids {
 			if env.Fixes[i].ID == id {
 				env.Fixes[i].Enabled = true
+				env.Fixes[i].Sync = &SyncState{OK: true, LastOK: lastOK}
 			}
 		}
 	}
@@ -164,25 +198,25 @@ func TestGoldenReport(t *testing.T) {
 	}
 }
 
-// Each problem a fix handles says "handled by" that fix once it is enabled; the report-only ones
-// stay problems; with every such fix on, only those are left.
+// Each problem a fix handles says "handled by" that fix once it is enabled and in force (the
+// kernel holds what it asks for); the report-only ones stay problems.
 func TestHandledBy(t *testing.T) {
 	before := states(Run(context.Background(), troubled(), Checks()))
 	for check, want := range map[string]string{
 		"invalid-replies": "problem", "ipvs-external-ip": "problem", "pmtu": "problem", "stale-udp": "problem",
-		"conntrack-table": "problem", "neighbour-table": "problem", "rp-filter": "problem",
+		"conntrack-table": "problem", "neighbour-table": "problem", "nodeport-ephemeral": "problem", "rp-filter": "problem",
 	} {
 		if before[check] != want {
 			t.Errorf("%s: %s, want %s", check, before[check], want)
 		}
 	}
-	env := troubled()
-	enable(env, "invalid-drop", "ipvs-externalip-dnat", "mss-clamp", "stale-udp-conntrack")
+	env := inForce(troubled())
 	after := states(Run(context.Background(), env, Checks()))
 	for check, want := range map[string]string{
 		"invalid-replies": "handled by invalid-drop", "ipvs-external-ip": "handled by ipvs-externalip-dnat",
 		"pmtu": "handled by mss-clamp", "stale-udp": "handled by stale-udp-conntrack",
-		"conntrack-table": "problem",
+		"conntrack-table": "handled by conntrack-capacity", "neighbour-table": "handled by neighbour-table",
+		"nodeport-ephemeral": "handled by nodeport-reserved-ports", "rp-filter": "problem",
 	} {
 		if after[check] != want {
 			t.Errorf("%s with the fixes enabled: %s, want %s", check, after[check], want)
@@ -190,8 +224,81 @@ func TestHandledBy(t *testing.T) {
 	}
 	env = troubled()
 	enable(env, "conntrack-liberal")
+	if got := states(Run(context.Background(), env, Checks()))["invalid-replies"]; got != "problem" {
+		t.Errorf("invalid-replies with conntrack-liberal enabled and the sysctl at 0: %s", got)
+	}
+	_ = env.Sysctl.Set(nodestate.ConntrackTCPBeLiberal, "1")
 	if got := states(Run(context.Background(), env, Checks()))["invalid-replies"]; got != "handled by conntrack-liberal" {
 		t.Errorf("invalid-replies with conntrack-liberal: %s", got)
+	}
+}
+
+// inForce is troubled with every fix enabled and in force: the sysctl fixes' values where their
+// passes put them (nf_conntrack_max for 950 entries, gc_thresh for 1,000 neighbours, the NodePort
+// range reserved).
+func inForce(env *Env) *Env {
+	enable(env, "invalid-drop", "ipvs-externalip-dnat", "mss-clamp", "stale-udp-conntrack", "conntrack-capacity", "neighbour-table", "nodeport-reserved-ports")
+	env.Stats = fakeStats{nodestate.ConntrackStats{Invalid: 42, EarlyDrop: 7, CPUs: 2}}
+	env.Kernel.(*fakeKernel).fulls = map[rules.Family]uint64{rules.IPv4: 5} // refused before the raise
+	for name, v := range map[string]string{
+		"net.netfilter.nf_conntrack_max": "4096", "net.netfilter.nf_conntrack_buckets": "1024",
+		"net.ipv4.neigh.default.gc_thresh1": "256", "net.ipv4.neigh.default.gc_thresh2": "1024", "net.ipv4.neigh.default.gc_thresh3": "2048",
+		"net.ipv4.ip_local_reserved_ports": "10250,30000-32767",
+	} {
+		_ = env.Sysctl.Set(name, v)
+	}
+	return env
+}
+
+// #61: a fix counts as handling a problem only when it is in force: enabled and not refused, its
+// last sync succeeded (the running agent's status) and its rules are in the kernel. Otherwise the
+// check stays a problem and says what is missing.
+func TestHandledOnlyInForce(t *testing.T) {
+	for name, c := range map[string]struct {
+		set  func(*Env)
+		want string
+	}{
+		"in force":            {func(*Env) {}, ""},
+		"no running agent":    {func(e *Env) { e.Fixes[0].Sync = nil; e.Agent = "no running agent's status" }, "no running agent's status says its last sync succeeded (no running agent's status)"},
+		"last sync failed":    {func(e *Env) { e.Fixes[0].Sync = &SyncState{Error: "nft: command not found"} }, "its last sync failed: nft: command not found"},
+		"never synced":        {func(e *Env) { e.Fixes[0].Sync = &SyncState{} }, "its last sync failed: no successful sync yet"},
+		"refused":             {func(e *Env) { e.Fixes[0].Refused = "kube-proxy runs in nftables mode" }, "refuses to run here: kube-proxy runs in nftables mode"},
+		"rules not in kernel": {func(e *Env) { e.RuleCounters = rulesInKernel{}.counters }, "its rules are not in the kernel (ipv4: none)"},
+		"rules unreadable":    {func(e *Env) { e.RuleCounters = nil }, "its rules cannot be read here"},
+	} {
+		env := troubled()
+		enable(env, "invalid-drop")
+		c.set(env)
+		f := Run(context.Background(), env, []Check{invalidCheck{}}).Findings[0]
+		if c.want == "" {
+			if f.State != Handled {
+				t.Errorf("%s: %s %s", name, f.State, f.Summary)
+			}
+			continue
+		}
+		if f.State != Problem || !strings.Contains(f.Summary, c.want) {
+			t.Errorf("%s: %s %q, want a problem naming %q", name, f.State, f.Summary, c.want)
+		}
+	}
+}
+
+// #61: report-only problems do not make the exit status; an acknowledged check is reported as
+// acknowledged, counts as no problem and makes no exit status either.
+func TestAcknowledgedAndReportOnly(t *testing.T) {
+	r := Run(context.Background(), inForce(troubled()), Checks())
+	if r.Problems == 0 || r.Open != 0 || r.ExitCode() != 0 {
+		t.Errorf("only report-only problems left: problems %d, open %d, exit %d; want exit 0", r.Problems, r.Open, r.ExitCode())
+	}
+	env := troubled()
+	env.Acknowledged = []string{"rp-filter", "pmtu"}
+	r = Run(context.Background(), env, Checks())
+	for _, c := range env.Acknowledged {
+		if f := r.Find(c); f.State != Acknowledged {
+			t.Errorf("%s: %s, want acknowledged", c, f.State)
+		}
+	}
+	if r.ExitCode() != ExitProblem || r.Find("invalid-replies").State != Problem {
+		t.Errorf("the other problems stay: exit %d", r.ExitCode())
 	}
 }
 
@@ -250,15 +357,38 @@ func TestBlackholedExternalIPs(t *testing.T) {
 }
 
 func TestParsers(t *testing.T) {
-	r4 := parseRoute4("Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n" +
-		"eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n" +
-		"eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n")
-	if len(r4) != 2 || r4[0].Dst.String() != "0.0.0.0/0" || r4[1].Dst.String() != "192.0.2.0/24" {
-		t.Errorf("routes4: %v", r4)
+	names := map[int]string{2: "eth0", 3: "eth1"}
+	route := func(family byte, dstLen byte, attrs func(ae *netlink.AttributeEncoder)) []byte {
+		hdr := make([]byte, unix.SizeofRtMsg)
+		hdr[0], hdr[1], hdr[4], hdr[7] = family, dstLen, unix.RT_TABLE_MAIN, unix.RTN_UNICAST
+		ae := netlink.NewAttributeEncoder()
+		attrs(ae)
+		b, err := ae.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append(hdr, b...)
 	}
-	r6 := parseRoute6("20010db8000100000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth0\n")
-	if len(r6) != 1 || r6[0].Dst.String() != "2001:db8:1::/64" || r6[0].Dev != "eth0" {
-		t.Errorf("routes6: %v", r6)
+	def := parseRouteMsg(route(unix.AF_INET, 0, func(ae *netlink.AttributeEncoder) {
+		ae.Uint32(unix.RTA_OIF, 2)
+		ae.Nested(unix.RTA_METRICS, func(nae *netlink.AttributeEncoder) error { nae.Uint32(unix.RTAX_MTU, 1400); return nil })
+	}), names)
+	if len(def) != 1 || def[0] != (Route{rules.IPv4, netip.MustParsePrefix("0.0.0.0/0"), "eth0", 1400}) {
+		t.Errorf("default route with mtu 1400: %v", def)
+	}
+	v6 := parseRouteMsg(route(unix.AF_INET6, 64, func(ae *netlink.AttributeEncoder) {
+		ae.Bytes(unix.RTA_DST, netip.MustParseAddr("2001:db8:1::").AsSlice())
+		ae.Uint32(unix.RTA_OIF, 3)
+	}), names)
+	if len(v6) != 1 || v6[0] != (Route{rules.IPv6, netip.MustParsePrefix("2001:db8:1::/64"), "eth1", 0}) {
+		t.Errorf("IPv6 route: %v", v6)
+	}
+	ll := parseRouteMsg(route(unix.AF_INET6, 64, func(ae *netlink.AttributeEncoder) {
+		ae.Bytes(unix.RTA_DST, netip.MustParseAddr("fe80::").AsSlice())
+		ae.Uint32(unix.RTA_OIF, 3)
+	}), names)
+	if len(ll) != 0 {
+		t.Errorf("link-local route kept: %v", ll)
 	}
 	drops := NoEndpointDrops(`table ip kube-proxy {
 	map no-endpoint-services {
@@ -357,4 +487,36 @@ func TestGoldenNFTables(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.Golden(t, "testdata/nftables.txt", text.String())
+}
+
+// #61: one condition per check, True only for a problem no enabled fix handles, its reason saying
+// why; handled, acknowledged and ok are False, cannot tell is Unknown.
+func TestConditions(t *testing.T) {
+	env := troubled()
+	env.Acknowledged = []string{"rp-filter"}
+	enable(env, "invalid-drop")
+	env.RuleCounters = rulesInKernel{}.counters // invalid-drop enabled, its rules not in the kernel
+	env.NoAPI(errors.New("no kubeconfig"))
+	got := map[string]string{}
+	conds := Conditions(Run(context.Background(), env, Checks()))
+	for _, c := range conds {
+		got[string(c.Type)] = string(c.Status) + " " + c.Reason
+	}
+	for typ, want := range map[string]string{
+		"ConntrackInvalidResets":   "True FixNotInForce",
+		"PathMTUBlackhole":         "True NoEnabledFix",
+		"StaleUDPConntrack":        "Unknown CannotTell",
+		"StrictReversePathFilter":  "False Acknowledged",
+		"NFTablesMigrationBlocked": "False NoProblem",
+	} {
+		if got[typ] != want {
+			t.Errorf("%s: %q, want %q", typ, got[typ], want)
+		}
+	}
+	if len(conds) != len(Checks()) || len(ConditionTypes) != len(Checks()) {
+		t.Errorf("%d conditions, %d types, %d checks", len(conds), len(ConditionTypes), len(Checks()))
+	}
+	if c := Conditions(Run(context.Background(), inForce(troubled()), Checks())); c[0].Reason != "HandledByInvalidDrop" || c[0].Status != "False" {
+		t.Errorf("handled: %+v", c[0])
+	}
 }

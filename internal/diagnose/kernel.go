@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -12,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/fixes/neighbourtable"
 	"github.com/network-node-manager/network-node-manager/internal/detect"
 )
 
@@ -30,18 +29,24 @@ type Link struct {
 	Up   bool
 }
 
-// Route is one route of the main table: where packets to Dst leave (Dev).
+// Route is one route of the main table: where packets to Dst leave (Dev), and the route's own mtu
+// attribute (`ip route ... mtu 1400`; 0 when it has none, and the link's MTU applies).
 type Route struct {
 	Family rules.Family
 	Dst    netip.Prefix
 	Dev    string
+	MTU    int
 }
 
 // Kernel is what the checks read from the node's network namespace besides conntrack and sysctls.
 type Kernel interface {
 	Links() ([]Link, error)
 	Routes() ([]Route, error)
-	// Neighbours counts the neighbour (ARP, NDP) entries per family.
+	// NeighbourStats reads a family's neighbour table (ARP, NDP): its entries over every network
+	// namespace (what the kernel holds against gc_thresh3) and table_fulls (neighbours it refused).
+	// Only the initial network namespace has them: elsewhere the error wraps os.ErrNotExist.
+	NeighbourStats(family rules.Family) (entries int, fulls uint64, err error)
+	// Neighbours counts the neighbour entries of this network namespace per family (one dump).
 	Neighbours() (map[rules.Family]int, error)
 	// InterfaceSysctl reads net.<ipv4|ipv6>.conf.<dev>.<name> (dev may hold dots).
 	InterfaceSysctl(family rules.Family, dev, name string) (string, error)
@@ -82,63 +87,107 @@ func (RealKernel) Links() ([]Link, error) {
 	return out, nil
 }
 
-// Routes implements Kernel: /proc/net/route and /proc/net/ipv6_route (the main table).
+// Routes implements Kernel: one RTM_GETROUTE dump of the main table (both families), with each
+// route's mtu metric, which /proc/net/route does not show.
 func (RealKernel) Routes() ([]Route, error) {
-	var out []Route
-	v4, err := os.ReadFile(procNet("route"))
+	c, err := netlink.Dial(unix.NETLINK_ROUTE, nil)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("open rtnetlink: %w", err)
 	}
-	out = append(out, parseRoute4(string(v4))...)
-	if v6, err := os.ReadFile(procNet("ipv6_route")); err == nil {
-		out = append(out, parseRoute6(string(v6))...)
+	defer c.Close()
+	msgs, err := c.Execute(netlink.Message{
+		Header: netlink.Header{Type: unix.RTM_GETROUTE, Flags: netlink.Request | netlink.Dump},
+		Data:   make([]byte, unix.SizeofRtMsg), // family AF_UNSPEC: every family
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dump the routes: %w", err)
+	}
+	names := map[int]string{}
+	if ifs, err := net.Interfaces(); err == nil {
+		for _, i := range ifs {
+			names[i.Index] = i.Name
+		}
+	}
+	var out []Route
+	for _, m := range msgs {
+		out = append(out, parseRouteMsg(m.Data, names)...)
 	}
 	return out, nil
 }
 
-// parseRoute4 reads /proc/net/route: Iface Destination Gateway Flags RefCnt Use Metric Mask …, the
-// addresses in host byte order (little-endian on the architectures the agent is built for).
-func parseRoute4(text string) []Route {
-	var out []Route
-	for i, line := range strings.Split(text, "\n") {
-		f := strings.Fields(line)
-		if i == 0 || len(f) < 8 {
-			continue
-		}
-		dst, err1 := hex.DecodeString(f[1])
-		mask, err2 := hex.DecodeString(f[7])
-		if err1 != nil || err2 != nil || len(dst) != 4 || len(mask) != 4 {
-			continue
-		}
-		// The hex is the network-order address read as a little-endian integer: reversed bytes.
-		a := [4]byte{dst[3], dst[2], dst[1], dst[0]}
-		bits := 0
-		for mm := binary.BigEndian.Uint32([]byte{mask[3], mask[2], mask[1], mask[0]}); mm&(1<<31) != 0; mm <<= 1 {
-			bits++
-		}
-		out = append(out, Route{Family: rules.IPv4, Dst: netip.PrefixFrom(netip.AddrFrom4(a), bits).Masked(), Dev: f[0]})
+// parseRouteMsg reads one RTM_NEWROUTE message: a unicast route of the main table, one Route per
+// outgoing interface (a multipath route has several). Link-local and multicast IPv6 destinations
+// are left out, as are routes through interfaces not in names.
+func parseRouteMsg(b []byte, names map[int]string) []Route {
+	if len(b) < unix.SizeofRtMsg {
+		return nil
 	}
-	return out
-}
-
-// parseRoute6 reads /proc/net/ipv6_route: dst dstlen src srclen nexthop metric refcnt use flags dev.
-func parseRoute6(text string) []Route {
+	family, dstLen, table, typ := b[0], int(b[1]), uint32(b[4]), b[7]
+	var fam rules.Family
+	var dst netip.Addr
+	switch family {
+	case unix.AF_INET:
+		fam, dst = rules.IPv4, netip.IPv4Unspecified()
+	case unix.AF_INET6:
+		fam, dst = rules.IPv6, netip.IPv6Unspecified()
+	default:
+		return nil
+	}
+	if typ != unix.RTN_UNICAST {
+		return nil
+	}
+	ad, err := netlink.NewAttributeDecoder(b[unix.SizeofRtMsg:])
+	if err != nil {
+		return nil
+	}
+	var oifs []int
+	mtu := 0
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.RTA_TABLE:
+			table = ad.Uint32()
+		case unix.RTA_DST:
+			if a, ok := netip.AddrFromSlice(ad.Bytes()); ok {
+				dst = a
+			}
+		case unix.RTA_OIF:
+			oifs = append(oifs, int(int32(ad.Uint32())))
+		case unix.RTA_MULTIPATH:
+			nh := ad.Bytes()
+			for len(nh) >= unix.SizeofRtNexthop {
+				n := int(binary.NativeEndian.Uint16(nh[0:2]))
+				oifs = append(oifs, int(int32(binary.NativeEndian.Uint32(nh[4:8]))))
+				if n < unix.SizeofRtNexthop || n > len(nh) {
+					break
+				}
+				nh = nh[(n+3)&^3:]
+			}
+		case unix.RTA_METRICS:
+			ad.Nested(func(nad *netlink.AttributeDecoder) error {
+				for nad.Next() {
+					if nad.Type() == unix.RTAX_MTU {
+						mtu = int(nad.Uint32())
+					}
+				}
+				return nil
+			})
+		}
+	}
+	if ad.Err() != nil || table != unix.RT_TABLE_MAIN {
+		return nil
+	}
+	if fam == rules.IPv6 && (dst.IsLinkLocalUnicast() || dst.IsMulticast()) {
+		return nil
+	}
+	p, err := dst.Prefix(dstLen)
+	if err != nil {
+		return nil
+	}
 	var out []Route
-	for _, line := range strings.Split(text, "\n") {
-		f := strings.Fields(line)
-		if len(f) < 10 || f[9] == "lo" {
-			continue
+	for _, i := range oifs {
+		if name, ok := names[i]; ok && name != "lo" {
+			out = append(out, Route{Family: fam, Dst: p, Dev: name, MTU: mtu})
 		}
-		b, err := hex.DecodeString(f[0])
-		bits, err2 := strconv.ParseInt(f[1], 16, 32)
-		if err != nil || err2 != nil || len(b) != 16 {
-			continue
-		}
-		a := netip.AddrFrom16([16]byte(b))
-		if a.IsLinkLocalUnicast() || a.IsMulticast() {
-			continue
-		}
-		out = append(out, Route{Family: rules.IPv6, Dst: netip.PrefixFrom(a, int(bits)).Masked(), Dev: f[9]})
 	}
 	return out
 }
@@ -171,6 +220,11 @@ func (RealKernel) Neighbours() (map[rules.Family]int, error) {
 		}
 	}
 	return out, nil
+}
+
+// NeighbourStats implements Kernel: neighbour-table's reader (/proc/net/stat/arp_cache, ndisc_cache).
+func (RealKernel) NeighbourStats(family rules.Family) (int, uint64, error) {
+	return neighbourtable.ReadStats(family)
 }
 
 func procSysFamily(f rules.Family) string {

@@ -3,19 +3,26 @@ package diagnose
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
-
-	"github.com/network-node-manager/network-node-manager/core/inputs"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/network-node-manager/network-node-manager/backends/nftables"
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs"
 	"github.com/network-node-manager/network-node-manager/core/nodestate"
+	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/fixes/invaliddrop"
+	"github.com/network-node-manager/network-node-manager/fixes/mssclamp"
 	"github.com/network-node-manager/network-node-manager/internal/testing/ctfill"
 	"github.com/network-node-manager/network-node-manager/internal/testing/resettest"
 )
@@ -27,19 +34,49 @@ import (
 
 var fixIDs = []string{fixInvalidDrop, fixLiberal, fixIPVS, fixMSSClamp, fixStaleUDP}
 
-// labEnv is the Env of a node namespace: the real readers, no fix enabled except those in on.
+// labEnv is the Env of a node namespace: the real readers, no fix enabled except those in on, whose
+// last sync succeeded as a running agent would report it; the rule fixes' rules are read from the
+// kernel by the nftables backend (labRules puts them there).
 func labEnv(mode string, on ...string) *Env {
+	be, err := nftables.New(nftables.Options{Logger: slog.Default()})
+	if err != nil {
+		panic(err)
+	}
 	env := &Env{Node: "n1", ProxyMode: mode, IptablesVariant: "nft", Sysctl: &nodestate.ProcSysctl{},
 		Conntrack: nodestate.NewConntrack(), Stats: nodestate.NewConntrack(), Kernel: RealKernel{}, Missing: map[string]string{},
-		Options: map[string]map[string]any{}}
+		Options: map[string]map[string]any{}, Families: []rules.Family{rules.IPv4},
+		RuleCounters: BackendCounters(be), Agent: "a lab agent"}
 	for _, id := range fixIDs {
-		enabled := false
-		for _, o := range on {
-			enabled = enabled || o == id
+		fs := FixState{ID: id}
+		if slices.Contains(on, id) {
+			fs.Enabled, fs.Sync = true, &SyncState{OK: true, LastOK: time.Now()}
 		}
-		env.Fixes = append(env.Fixes, FixState{ID: id, Enabled: enabled})
+		env.Fixes = append(env.Fixes, fs)
 	}
 	return env
+}
+
+// labRules applies a rule fix's rules for a node with pod CIDR 10.244.1.0/24 in ns, IPv4, with
+// the nftables backend, as the agent's sync would.
+func labRules[F fix.RuleFix](t *testing.T, ns *netns.NS, newFix func(fix.Params) (F, error)) {
+	t.Helper()
+	be, err := nftables.New(nftables.Options{Logger: slog.Default()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := newFix(fix.Params{Backend: be, Sysctl: nodestate.NewFakeSysctl(nil), Conntrack: nodestate.NewFakeConntrack()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := fix.NewSnapshot(fix.Env{NodeName: "n1"}, nil)
+	inputs.PodCIDRs.Set(snap, []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")})
+	rs, _, err := f.Rules(snap, rules.IPv4)
+	if err != nil || rs == nil {
+		t.Fatalf("%s rules: %v %v", f.ID(), rs, err)
+	}
+	if err := ns.Do(func() error { return testkit.Apply(t.Context(), be, rs) }); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // runIn runs check in ns with env and returns its finding.
@@ -75,9 +112,26 @@ func TestLabInvalidReplies(t *testing.T) {
 		t.Fatalf("the reset was not reproduced: %v", err)
 	}
 	wantState(t, "after the out-of-window segment", runIn(t, tp.Node, labEnv("iptables"), invalidCheck{}), Problem, "")
-	wantState(t, "with invalid-drop", runIn(t, tp.Node, labEnv("iptables", fixInvalidDrop), invalidCheck{}), Handled, fixInvalidDrop)
-	wantState(t, "with conntrack-liberal", runIn(t, tp.Node, labEnv("iptables", fixLiberal), invalidCheck{}), Handled, fixLiberal)
+	// #61: "handled" is judged from the kernel and the last sync, not from the configuration.
+	f := runIn(t, tp.Node, labEnv("iptables", fixInvalidDrop), invalidCheck{})
+	wantState(t, "invalid-drop enabled, none of its rules in the kernel", f, Problem, "")
+	if !strings.Contains(f.Summary, "invalid-drop is enabled and its last sync succeeded, but its rules are not in the kernel") {
+		t.Errorf("the summary does not say what is missing: %s", f.Summary)
+	}
+	failing := labEnv("iptables", fixInvalidDrop)
+	failing.Fixes[0].Sync = &SyncState{Error: "ipv4: iptables-restore: Another app is currently holding the xtables lock"}
+	if f := runIn(t, tp.Node, failing, invalidCheck{}); f.State != Problem || !strings.Contains(f.Summary, "its last sync failed: ipv4: iptables-restore: Another app") {
+		t.Errorf("invalid-drop failing: %s %s", f.State, f.Summary)
+	}
+	labRules(t, tp.Node, invaliddrop.New)
+	wantState(t, "with invalid-drop's rules", runIn(t, tp.Node, labEnv("iptables", fixInvalidDrop), invalidCheck{}), Handled, fixInvalidDrop)
+	f = runIn(t, tp.Node, labEnv("iptables", fixLiberal), invalidCheck{})
+	wantState(t, "conntrack-liberal enabled, the sysctl still 0", f, Problem, "")
+	if !strings.Contains(f.Summary, "nf_conntrack_tcp_be_liberal is 0, not 1") {
+		t.Errorf("the summary does not name the sysctl: %s", f.Summary)
+	}
 	tp.Node.MustExec("sysctl", "-qw", nodestate.ConntrackTCPBeLiberal+"=1")
+	wantState(t, "with conntrack-liberal", runIn(t, tp.Node, labEnv("iptables", fixLiberal), invalidCheck{}), Handled, fixLiberal)
 	wantState(t, "with nf_conntrack_tcp_be_liberal=1 set by someone else", runIn(t, tp.Node, labEnv("iptables"), invalidCheck{}), OK, "")
 }
 
@@ -110,10 +164,28 @@ func TestLabPMTU(t *testing.T) {
 	}
 	env = labEnv("iptables", fixMSSClamp)
 	env.PodCIDRs = cidrs
+	wantState(t, "1400-byte uplink, mss-clamp enabled, its rules not in the kernel", runIn(t, narrow, env, pmtuCheck{}), Problem, "")
+	labRules(t, narrow, mssclamp.New)
 	wantState(t, "1400-byte uplink, mss-clamp", runIn(t, narrow, env, pmtuCheck{}), Handled, fixMSSClamp)
+	// #61: a fixed mss larger than the narrow route carries is no clamp.
+	env.Options[fixMSSClamp] = map[string]any{"mss": 8000}
+	f = runIn(t, narrow, env, pmtuCheck{})
+	wantState(t, "mss-clamp with a fixed mss 8000 over a 1400-byte uplink", f, Problem, "")
+	if !strings.Contains(f.Summary, "fixed mss 8000, above the 1340") {
+		t.Errorf("the summary does not name the mss: %s", f.Summary)
+	}
 	env = labEnv("iptables")
 	env.PodCIDRs = cidrs
 	wantState(t, "1500-byte uplink", runIn(t, pmtuLab(t, 1500), env, pmtuCheck{}), OK, "")
+	// #61: the route's mtu counts, not only the link's: pods and uplink at 9000, the default route at 1400.
+	jumbo := pmtuLab(t, 9000)
+	jumbo.MustExec("ip", "link", "set", "pod0", "mtu", "9000")
+	jumbo.MustExec("ip", "route", "replace", "default", "via", "192.0.2.2", "mtu", "1400")
+	f = runIn(t, jumbo, env, pmtuCheck{})
+	wantState(t, "links at 9000, default route mtu 1400", f, Problem, "")
+	if !strings.Contains(f.Summary, "default dev ext0 mtu 1400 (route; link 9000)") {
+		t.Errorf("the route is not named: %s", f.Summary)
+	}
 	env = labEnv("iptables")
 	env.PodCIDRsWhy = "no API access"
 	wantState(t, "no pod CIDR known", runIn(t, narrow, env, pmtuCheck{}), CannotTell, "")
@@ -196,6 +268,8 @@ func TestLabTables(t *testing.T) {
 		env := labEnv("iptables")
 		env.Sysctl = &overlay{real: &nodestate.ProcSysctl{}, values: map[string]string{
 			"net.netfilter.nf_conntrack_max":    ctMax,
+			"net.ipv4.neigh.default.gc_thresh1": "16", "net.ipv6.neigh.default.gc_thresh1": "16",
+			"net.ipv4.neigh.default.gc_thresh2": "24", "net.ipv6.neigh.default.gc_thresh2": "24",
 			"net.ipv4.neigh.default.gc_thresh3": thresh3, "net.ipv6.neigh.default.gc_thresh3": thresh3}}
 		return env
 	}

@@ -10,12 +10,11 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/network-node-manager/network-node-manager/core/inputs"
-
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
+	"github.com/network-node-manager/network-node-manager/core/inputs"
 	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 )
@@ -72,16 +71,21 @@ func BlackholedExternalIPs(svcs []*fix.Service, slices []*discoveryv1.EndpointSl
 	return out
 }
 
-func (ipvsExternalIPCheck) Run(_ context.Context, env *Env) Finding {
+func (ipvsExternalIPCheck) Run(ctx context.Context, env *Env) Finding {
 	if f, other := otherMode(env, "ipvs"); other {
 		return f
 	}
+	// ipvs-externalip-dnat's work leaves nothing a check could read without its backend's record:
+	// its last sync, which reads its rules back, is the proof.
+	dnat, why, evs := env.inForce(ctx, fixIPVS, nil)
 	for _, t := range []fix.TableRef{inputs.Services, inputs.EndpointSlices} {
-		if why := env.missing(t); why != "" {
-			if env.Enabled(fixIPVS) {
-				return Finding{State: Handled, HandledBy: fixIPVS, Summary: "ipvs-externalip-dnat sends this node's traffic to External-IPs through the Cluster-IP (" + t.Name() + " not read: " + why + ")"}
+		if miss := env.missing(t); miss != "" {
+			if dnat {
+				return Finding{State: Handled, HandledBy: fixIPVS, Evidence: evs, Summary: "ipvs-externalip-dnat sends this node's traffic to every External-IP of an externalTrafficPolicy: Local Service through the Cluster-IP (" + t.Name() + " not read: " + miss + ")"}
 			}
-			return cannot("%s cannot be read: %s", t.Name(), why)
+			f := cannot("%s cannot be read: %s", t.Name(), miss)
+			notInForce(&f, why)
+			return f
 		}
 	}
 	if env.Node == "" {
@@ -97,15 +101,18 @@ func (ipvsExternalIPCheck) Run(_ context.Context, env *Env) Finding {
 		}
 		f.Evidence = append(f.Evidence, ev("service", "%s", h))
 	}
+	f.Evidence = append(f.Evidence, evs...)
+	notInForce(&f, why)
 	switch {
 	case len(hit) == 0:
 		f.State, f.Remedy, f.Summary = OK, "", "every External-IP of an externalTrafficPolicy: Local Service has an endpoint on this node"
-	case env.Enabled(fixIPVS):
+	case dnat:
 		f.State, f.HandledBy = Handled, fixIPVS
 		f.Summary = fmt.Sprintf("%s have no local endpoint; ipvs-externalip-dnat sends this node's traffic to them through the Cluster-IP", plural(len(hit), "External-IP"))
 	default:
 		f.State = Problem
 		f.Summary = fmt.Sprintf("%s without a local endpoint: host-network processes (and pods, before kubernetes#97081) on this node cannot reach them", plural(len(hit), "External-IP"))
+		f.Summary += whyNot(why)
 	}
 	return f
 }

@@ -57,6 +57,9 @@ func Text(w io.Writer, r *Report) error {
 		cfg = " (config: " + r.Override + ")"
 	}
 	fmt.Fprintf(&b, "enabled fixes: %s%s\n", strings.Join(on, ", "), cfg)
+	if r.Agent != "" {
+		fmt.Fprintf(&b, "fixes' state: %s\n", r.Agent)
+	}
 	for _, f := range r.Findings {
 		tag := ""
 		if f.ReportOnly {
@@ -71,11 +74,14 @@ func Text(w io.Writer, r *Report) error {
 			fmt.Fprintf(&b, "  → %s\n", f.Remedy)
 		}
 	}
-	switch r.Problems {
+	switch r.Open {
 	case 0:
 		fmt.Fprintf(&b, "\nno problem that an enabled fix leaves open\n")
 	default:
-		fmt.Fprintf(&b, "\n%s that no enabled fix handles (exit status %d)\n", plural(r.Problems, "problem"), ExitProblem)
+		fmt.Fprintf(&b, "\n%s that no enabled fix handles (exit status %d)\n", plural(r.Open, "problem"), ExitProblem)
+	}
+	if n := r.Problems - r.Open; n > 0 {
+		fmt.Fprintf(&b, "%s that no fix of the agent handles (report only; acknowledgedChecks silences one)\n", plural(n, "problem"))
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

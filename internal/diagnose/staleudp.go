@@ -6,7 +6,6 @@ import (
 	"net/netip"
 
 	"github.com/network-node-manager/network-node-manager/core/inputs"
-
 	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/fixes/staleudpconntrack"
@@ -68,11 +67,15 @@ func (staleUDPCheck) Run(ctx context.Context, env *Env) Finding {
 	if len(env.PodCIDRs) == 0 {
 		return cannot("this node's pod CIDRs are unknown: %s", env.PodCIDRsWhy)
 	}
+	// stale-udp-conntrack's work (deletions) leaves nothing to read: its last sync is the proof.
+	fixOn, whyOff, evs := env.inForce(ctx, fixStaleUDP, nil)
 	if why := env.missing(inputs.Pods); why != "" {
-		if env.Enabled(fixStaleUDP) {
-			return Finding{State: Handled, HandledBy: fixStaleUDP, Summary: "stale-udp-conntrack deletes the entries of the pod addresses it sees go (this node's Pods were not read: " + why + ")"}
+		if fixOn {
+			return Finding{State: Handled, HandledBy: fixStaleUDP, Evidence: evs, Summary: "stale-udp-conntrack deletes the entries of the pod addresses it sees go (this node's Pods were not read: " + why + ")"}
 		}
-		return cannot("this node's Pods cannot be read: %s", why)
+		f := cannot("this node's Pods cannot be read: %s", why)
+		notInForce(&f, whyOff)
+		return f
 	}
 	live := staleudpconntrack.LiveAddrs(inputs.Pods.Get(env.Cluster))
 	n, examples, err := StaleUDP(ctx, env.Conntrack, live, env.PodCIDRs)
@@ -88,16 +91,19 @@ func (staleUDPCheck) Run(ctx context.Context, env *Env) Finding {
 	for _, e := range examples {
 		f.Evidence = append(f.Evidence, ev("example", "%s", e))
 	}
+	f.Evidence = append(f.Evidence, evs...)
+	notInForce(&f, whyOff)
 	switch {
 	case n == 0:
 		f.State, f.Remedy = OK, ""
 		f.Summary = "no UDP entry is DNATed to a pod address of this node that no Pod holds"
-	case env.Enabled(fixStaleUDP):
+	case fixOn:
 		f.State, f.HandledBy = Handled, fixStaleUDP
 		f.Summary = fmt.Sprintf("%d UDP entries point to no Pod; stale-udp-conntrack deletes those whose Pod it saw go (within its retention)", n)
 	default:
 		f.State = Problem
 		f.Summary = fmt.Sprintf("%d UDP entries DNAT to a pod address of this node that no Pod holds: their clients' packets go nowhere", n)
+		f.Summary += whyNot(whyOff)
 	}
 	return f
 }

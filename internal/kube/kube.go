@@ -49,6 +49,9 @@ type Interface interface {
 	CreateSubjectAccessReview(ctx context.Context, sar *authzv1.SubjectAccessReview) (*authzv1.SubjectAccessReview, error)
 	CreateEvent(ctx context.Context, ev *eventsv1.Event) (*eventsv1.Event, error)
 	PatchEvent(ctx context.Context, namespace, name string, pt types.PatchType, data []byte) (*eventsv1.Event, error)
+	// GetNode gets one Node; PatchNodeStatus patches its status subresource (the conditions).
+	GetNode(ctx context.Context, name string) (*corev1.Node, error)
+	PatchNodeStatus(ctx context.Context, name string, pt types.PatchType, data []byte) (*corev1.Node, error)
 }
 
 // Resource is a kind of object the agent lists and watches (declared by the input modules).
@@ -222,4 +225,16 @@ func (c *Client) CreateEvent(ctx context.Context, ev *eventsv1.Event) (*eventsv1
 func (c *Client) PatchEvent(ctx context.Context, namespace, name string, pt types.PatchType, data []byte) (*eventsv1.Event, error) {
 	out := &eventsv1.Event{}
 	return out, c.events.Patch(pt).Namespace(namespace).Resource("events").Name(name).Body(data).Do(ctx).Into(out)
+}
+
+// GetNode gets one Node.
+func (c *Client) GetNode(ctx context.Context, name string) (*corev1.Node, error) {
+	out := &corev1.Node{}
+	return out, c.core.Get().Resource("nodes").Name(name).Do(ctx).Into(out)
+}
+
+// PatchNodeStatus patches a Node's status subresource.
+func (c *Client) PatchNodeStatus(ctx context.Context, name string, pt types.PatchType, data []byte) (*corev1.Node, error) {
+	out := &corev1.Node{}
+	return out, c.core.Patch(pt).Resource("nodes").Name(name).SubResource("status").Body(data).Do(ctx).Into(out)
 }

@@ -222,3 +222,11 @@ func (f *File) CreateEvent(context.Context, *eventsv1.Event) (*eventsv1.Event, e
 func (f *File) PatchEvent(context.Context, string, string, types.PatchType, []byte) (*eventsv1.Event, error) {
 	return nil, errOffline
 }
+
+// GetNode fails: offline.
+func (f *File) GetNode(context.Context, string) (*corev1.Node, error) { return nil, errOffline }
+
+// PatchNodeStatus fails: offline.
+func (f *File) PatchNodeStatus(context.Context, string, types.PatchType, []byte) (*corev1.Node, error) {
+	return nil, errOffline
+}

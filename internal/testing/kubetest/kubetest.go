@@ -129,3 +129,11 @@ func (c clientset) CreateEvent(ctx context.Context, ev *eventsv1.Event) (*events
 func (c clientset) PatchEvent(ctx context.Context, namespace, name string, pt types.PatchType, data []byte) (*eventsv1.Event, error) {
 	return c.cs.EventsV1().Events(namespace).Patch(ctx, name, pt, data, metav1.PatchOptions{})
 }
+
+func (c clientset) GetNode(ctx context.Context, name string) (*corev1.Node, error) {
+	return c.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+}
+
+func (c clientset) PatchNodeStatus(ctx context.Context, name string, pt types.PatchType, data []byte) (*corev1.Node, error) {
+	return c.cs.CoreV1().Nodes().Patch(ctx, name, pt, data, metav1.PatchOptions{}, "status")
+}
