@@ -73,9 +73,14 @@ func TestReloadStartsTheWatchesOfAnEnabledFix(t *testing.T) {
 	if v := enabled(); v != 0 {
 		t.Errorf("nnm_fix_enabled = %v while the fix waits for its watch, want 0", v)
 	}
-	if err := e.Ready(); err == nil || !strings.Contains(err.Error(), "waiting for the watches it reads") {
-		t.Errorf("Ready = %v; want the fix waiting for its watches", err)
-	}
+	// Ready says why once the worker's waiting pass is accounted (a CI run read it a moment before:
+	// "no successful sync yet" without the reason).
+	agenttest.Eventually(t, wait, func() error {
+		if err := e.Ready(); err == nil || !strings.Contains(err.Error(), "waiting for the watches it reads") {
+			return fmt.Errorf("Ready = %v; want the fix waiting for its watches", err)
+		}
+		return nil
+	})
 	src.pods.setSynced(nil)
 	// Ready clears when the first pass has been accounted, just after the fix's Ensure ran: wait
 	// for both rather than read Ready the moment Ensure has been counted (a race under load).
