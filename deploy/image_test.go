@@ -398,7 +398,12 @@ func runImage(t *testing.T, cp *controlplane.ControlPlane, ds *appsv1.DaemonSet,
 	// hostPath volumes are the agent's), removes the rules and writes back the sysctl's value.
 	var un *appsv1.DaemonSet
 	for _, o := range render(t, "uninstall") {
-		un = typed[appsv1.DaemonSet](t, o)
+		if o.u.GetKind() == "DaemonSet" { // beside it: the cleanup pods' identity (Node conditions)
+			un = typed[appsv1.DaemonSet](t, o)
+		}
+	}
+	if un == nil {
+		t.Fatal("deploy/uninstall renders no DaemonSet")
 	}
 	cleanup := un.Spec.Template.Spec.InitContainers[0]
 	cleanScript := containerScript(t, containerRun{dir: filepath.Join(dir, "cleanup"), hostRoot: hostRoot, rootfs: rootfs,
