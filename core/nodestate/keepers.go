@@ -1,6 +1,9 @@
 package nodestate
 
-import "path/filepath"
+import (
+	"log/slog"
+	"path/filepath"
+)
 
 // Keepers hands a node-state fix the Keeper of its configured state directory (the fix's own
 // lock guards it). The Keeper that wrote last stays the one Revert uses: a fix disabled by a
@@ -39,4 +42,17 @@ func (ks *Keepers) ToRevert(dir string) *Keeper {
 		return ks.current
 	}
 	return ks.In(dir)
+}
+
+// Revert reverts through ToRevert(dir) and logs what it restored and what someone else changed
+// since (left as they set it); what names the settings in the log lines ("the reserved ports").
+func (ks *Keepers) Revert(dir string, log *slog.Logger, what string) error {
+	restored, left, err := ks.ToRevert(dir).Revert()
+	if len(restored) > 0 {
+		log.Info("restored the previous value of "+what, "sysctls", restored)
+	}
+	if len(left) > 0 {
+		log.Warn("someone else changed "+what+" since; leaving their values", "sysctls", left)
+	}
+	return err
 }

@@ -246,13 +246,7 @@ func (f *Fix) Ensure(ctx context.Context, _ *fix.Snapshot, _ bool) (fix.Result, 
 func (f *Fix) Revert(context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	restored, left, err := f.keepers.ToRevert(f.Config().StateDir).Revert()
-	if len(restored) > 0 {
-		f.Log.Info("restored the conntrack table's previous size", "sysctls", restored)
-	}
-	if len(left) > 0 {
-		f.Log.Warn("someone else changed the conntrack table's size since; leaving their values", "sysctls", left)
-	}
+	err := f.keepers.Revert(f.Config().StateDir, f.Log, "the conntrack table's size")
 	f.last = Decision{}
 	return err
 }

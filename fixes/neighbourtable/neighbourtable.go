@@ -214,13 +214,7 @@ func (f *Fix) Ensure(_ context.Context, _ *fix.Snapshot, _ bool) (fix.Result, er
 func (f *Fix) Revert(context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	restored, left, err := f.keepers.ToRevert(f.Config().StateDir).Revert()
-	if len(restored) > 0 {
-		f.Log.Info("restored the neighbour tables' previous thresholds", "sysctls", restored)
-	}
-	if len(left) > 0 {
-		f.Log.Warn("someone else changed the neighbour tables' thresholds since; leaving their values", "sysctls", left)
-	}
+	err := f.keepers.Revert(f.Config().StateDir, f.Log, "the neighbour tables' thresholds")
 	clear(f.last)
 	return err
 }

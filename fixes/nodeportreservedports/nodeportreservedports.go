@@ -280,13 +280,7 @@ func (f *Fix) Ensure(_ context.Context, snap *fix.Snapshot, _ bool) (fix.Result,
 func (f *Fix) Revert(context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	restored, left, err := f.keepers.ToRevert(f.Config().StateDir).Revert()
-	if len(restored) > 0 {
-		f.Log.Info("restored the previous reserved ports", "sysctls", restored)
-	}
-	if len(left) > 0 {
-		f.Log.Warn("someone else changed the reserved ports since; leaving their value", "sysctls", left)
-	}
+	err := f.keepers.Revert(f.Config().StateDir, f.Log, "the reserved ports")
 	f.last = Decision{}
 	return err
 }
