@@ -640,54 +640,6 @@ func TestSecurityListsEveryGrant(t *testing.T) {
 	}
 }
 
-// TestVersionScript: hack/version.sh prints a pre-release of the commit by default and exactly the
-// CHANGELOG's release with --release; git tags do not change either; a CHANGELOG without a release
-// heading or an unknown argument is an error naming it.
-func TestVersionScript(t *testing.T) {
-	release := releaseVersion(t)
-	out, err := exec.Command("../hack/version.sh").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v := strings.TrimSpace(string(out)); !regexp.MustCompile(`^` + regexp.QuoteMeta(release) + `-dev\.g[0-9a-f]{7}(\.dirty)?$`).MatchString(v) {
-		t.Errorf("hack/version.sh = %q, want %s-dev.g<commit>[.dirty]", v, release)
-	}
-	if out, err := exec.Command("../hack/version.sh", "--relase").CombinedOutput(); err == nil || !strings.Contains(string(out), "unknown argument --relase") {
-		t.Errorf("hack/version.sh --relase: %v %s, want an error naming the argument", err, out)
-	}
-	// Outside git, in a copy with another CHANGELOG: the heading is the version, a tag-like
-	// heading suffix is allowed, and no heading is an error.
-	dir := t.TempDir()
-	script, err := os.ReadFile("../hack/version.sh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(filepath.Join(dir, "hack"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "hack", "version.sh"), script, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range []struct{ changelog, arg, want string }{
-		{"# Changelog\n\n## Unreleased\n\n## v1.2.3 — 2027-01-01\n\n## v1.2.2\n", "--release", "v1.2.3"},
-		{"# Changelog\n\n## v1.2.3 — 2027-01-01\n", "", "v1.2.3-dev"},
-		{"# Changelog\n\n## Unreleased\n", "--release", "no '## vX.Y.Z' heading in CHANGELOG.md"},
-	} {
-		if err := os.WriteFile(filepath.Join(dir, "CHANGELOG.md"), []byte(c.changelog), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command(filepath.Join(dir, "hack", "version.sh"))
-		if c.arg != "" {
-			cmd.Args = append(cmd.Args, c.arg)
-		}
-		cmd.Env = append(os.Environ(), "GIT_CEILING_DIRECTORIES="+filepath.Dir(dir))
-		out, _ := cmd.CombinedOutput()
-		if got := strings.TrimSpace(string(out)); !strings.Contains(got, c.want) {
-			t.Errorf("hack/version.sh %s with %q = %q, want %q", c.arg, c.changelog, got, c.want)
-		}
-	}
-}
-
 // TestDocsKubectlNamesExist: every object a page's kubectl command names (daemonset/…, job/…,
 // configmap …, secret …) is one the manifests the docs apply create, in the namespace the command
 // gives.
