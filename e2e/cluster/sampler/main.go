@@ -18,6 +18,13 @@
 //
 // The agent's rules are: every rule and set element of an nnm-* table; in other tables, the rules of
 // chains named NNM-* and the rules that jump to them. Counters are left out.
+//
+// A sample lacks the baseline's rules when it lacks one of its lines. With NNM_SAMPLER_MODE=fixes
+// (an upgrade from another release, whose rules may be written differently) a sample lacks them
+// when one of the baseline's fixes has no rules in a rule set: a fix has rules in IPv4 (IPv6) when
+// its nnm-<fix> table of that family holds a rule, or when a rule commented
+// network-node-manager:<fix> jumps to an NNM- chain that holds a rule, in whichever table and form
+// either release writes them.
 package main
 
 import (
@@ -66,7 +73,7 @@ func run(args []string) error {
 		if err != nil {
 			return err
 		}
-		for _, l := range missing(base, cur) {
+		for _, l := range lacks(base, cur) {
 			fmt.Println(l.text)
 		}
 		return nil
@@ -151,7 +158,7 @@ func sampleUntilStopped(s source, dir string, interval time.Duration) error {
 		n++
 		intervals = append(intervals, t0.Sub(prev))
 		prev = t0
-		gone := missing(base, cur)
+		gone := lacks(base, cur)
 		if len(gone) > 0 {
 			lacking++
 			if lacking <= 5 {
@@ -178,6 +185,16 @@ func sampleUntilStopped(s source, dir string, interval time.Duration) error {
 		st := sets[name]
 		st.end(prev)
 		fmt.Fprintf(&sum, "\n  %s: %d lines, lacking in %d samples, longest_absence_ms=%d", name, countSet(base, name), st.lacking, st.longest.Milliseconds())
+		if os.Getenv("NNM_SAMPLER_MODE") == "fixes" {
+			var fixes []string
+			for u := range fixUnits(base) {
+				if u.set == name {
+					fixes = append(fixes, strings.TrimPrefix(u.text, name+": the rules of "))
+				}
+			}
+			sort.Strings(fixes)
+			fmt.Fprintf(&sum, ", fixes %s", strings.Join(fixes, " "))
+		}
 	}
 	if err := os.WriteFile(filepath.Join(dir, "missing"), report.Bytes(), 0o644); err != nil {
 		return err
@@ -249,6 +266,57 @@ func quantile(d []time.Duration, q float64) time.Duration {
 	s := slices.Clone(d)
 	slices.Sort(s)
 	return s[min(len(s)-1, int(q*float64(len(s)-1)+0.5))]
+}
+
+// lacks is what cur lacks of base: missing, or missingFixes with NNM_SAMPLER_MODE=fixes.
+func lacks(base, cur ruleset) []line {
+	if os.Getenv("NNM_SAMPLER_MODE") == "fixes" {
+		return missingFixes(base, cur)
+	}
+	return missing(base, cur)
+}
+
+var (
+	unitTable   = regexp.MustCompile(`^\S+ (nnm-[a-z0-9-]+) `)                                  // nf_tables: "ip nnm-invalid-drop chain: rule …"
+	unitChain   = regexp.MustCompile(`^\S+ \S+ (NNM-[A-Z0-9-]+): rule |: -A (NNM-[A-Z0-9-]+) `) // a rule of an NNM- chain
+	unitJump    = regexp.MustCompile(`(?:→ |-j )(NNM-[A-Z0-9-]+)`)
+	unitComment = regexp.MustCompile(`network-node-manager:([a-z0-9-]+)`)
+)
+
+// fixUnits is, per rule set, the fixes that have rules in r (NNM_SAMPLER_MODE=fixes).
+func fixUnits(r ruleset) map[line]bool {
+	chains := map[string]bool{} // set + chain holding a rule
+	for l := range r {
+		if m := unitChain.FindStringSubmatch(l.text); m != nil {
+			chains[l.set+" "+m[1]+m[2]] = true
+		}
+	}
+	units := map[line]bool{}
+	for l := range r {
+		fix := ""
+		if m := unitTable.FindStringSubmatch(l.text); m != nil {
+			fix = strings.TrimPrefix(m[1], "nnm-")
+		} else if j, c := unitJump.FindStringSubmatch(l.text), unitComment.FindStringSubmatch(l.text); j != nil && c != nil && chains[l.set+" "+j[1]] {
+			fix = c[1]
+		}
+		if fix != "" {
+			text := l.set + ": the rules of " + fix
+			units[line{set: l.set, key: text, text: text}] = true
+		}
+	}
+	return units
+}
+
+func missingFixes(base, cur ruleset) []line {
+	have := fixUnits(cur)
+	var out []line
+	for u := range fixUnits(base) {
+		if !have[u] {
+			out = append(out, u)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].text < out[j].text })
+	return out
 }
 
 // missing is the lines of base that cur has fewer of, in a stable order.
