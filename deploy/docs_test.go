@@ -37,8 +37,21 @@ func docBlock(t *testing.T, marker string) string {
 	return string(m[1])
 }
 
+// The bundle the docs' blocks run with when their tools are recorded: this checkout's version (what
+// `make -s version` prints) and a made-up digest in bin/release/<version>/image.digest.
+const docsDigest = "sha256:5f0e2c8a9b7d4e3f1a6c0b9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f"
+
+func checkoutVersion(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("../hack/version.sh").Output()
+	if err != nil {
+		t.Fatalf("hack/version.sh: %v", err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
 // docsLayout is a directory laid out as the checkout the docs' commands run in (deploy/, hack/,
-// CHANGELOG.md), where they may write their overlays.
+// CHANGELOG.md, and the bundle's image.digest), where they may write their overlays.
 func docsLayout(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -51,28 +64,39 @@ func docsLayout(t *testing.T) string {
 			t.Fatal(err)
 		}
 	}
+	bundle := filepath.Join(dir, "bin", "release", checkoutVersion(t))
+	if err := os.MkdirAll(bundle, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "image.digest"), []byte(docsDigest+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	return dir
 }
 
-// docsOverlays runs docs/deploy.md's install block (tools recorded, not run) and returns the
-// directory holding the overlays it wrote (my-cluster/…).
+// docsOverlays runs docs/deploy.md's bundle and install blocks (tools recorded, not run) and returns
+// the directory holding the overlays they wrote (my-cluster/…).
 func docsOverlays(t *testing.T) string {
 	t.Helper()
 	dir := docsLayout(t)
-	recordedRun(t, dir, docBlock(t, "install-steps"))
+	recordedRun(t, dir, docBlock(t, "bundle-steps")+docBlock(t, "install-steps"))
 	return dir
 }
 
-// recordedRun runs script with bash -e in dir, with make, buildah and kubectl replaced by stubs that
-// record their arguments (kubectl get prints one pod name), and returns the calls, one per line.
+// recordedRun runs script with bash -e in dir, with make, cosign, helm, kubectl, tar and sha256sum
+// replaced by stubs that record their arguments (`make -s version` prints the checkout's version,
+// kubectl get prints one pod name), and returns the calls, one per line.
 func recordedRun(t *testing.T, dir, script string) []string {
 	t.Helper()
 	stubs := t.TempDir()
 	calls := filepath.Join(stubs, "calls")
-	for _, tool := range []string{"make", "buildah", "kubectl"} {
+	for _, tool := range []string{"make", "cosign", "helm", "kubectl", "tar", "sha256sum"} {
 		stub := "#!/bin/sh\nprintf '%s\\n' \"" + tool + " $*\" >>\"$DOC_CALLS\"\n"
-		if tool == "kubectl" {
+		switch tool {
+		case "kubectl":
 			stub += "case \" $* \" in *' get '*) echo pod/network-node-manager-x7k2p ;; esac\n"
+		case "make":
+			stub += "[ \"$*\" != \"-s version\" ] || echo \"$DOC_VERSION\"\n"
 		}
 		if err := os.WriteFile(filepath.Join(stubs, tool), []byte(stub), 0o755); err != nil {
 			t.Fatal(err)
@@ -80,13 +104,13 @@ func recordedRun(t *testing.T, dir, script string) []string {
 	}
 	cmd := exec.Command("bash", "-euo", "pipefail", "-c", script)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"), "DOC_CALLS="+calls)
+	cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"), "DOC_CALLS="+calls, "DOC_VERSION="+checkoutVersion(t))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("the docs' block fails: %v\n%s\nblock:\n%s", err, out, script)
 	}
 	data, err := os.ReadFile(calls)
 	if err != nil {
-		t.Fatalf("the block ran none of make, buildah, kubectl: %v", err)
+		t.Fatalf("the block ran none of the recorded tools: %v", err)
 	}
 	return strings.Split(strings.TrimSpace(string(data)), "\n")
 }
@@ -97,7 +121,7 @@ func madeTag(t *testing.T, args []string) string {
 	t.Helper()
 	cmd := exec.Command("make", append([]string{"-n", "--no-print-directory", "-C", ".."}, args...)...)
 	for _, e := range os.Environ() {
-		if !strings.HasPrefix(e, "VERSION=") && !strings.HasPrefix(e, "RELEASE=") && !strings.HasPrefix(e, "MAKEFLAGS=") {
+		if !strings.HasPrefix(e, "VERSION=") && !strings.HasPrefix(e, "MAKEFLAGS=") {
 			cmd.Env = append(cmd.Env, e)
 		}
 	}
@@ -182,6 +206,20 @@ func checkKubectl(t *testing.T, dir, call string, applied map[string][]object) {
 		return nil
 	}
 	switch args[0] {
+	case "annotate", "label", "delete":
+		sel := flagValue(args, "-l", "--selector")
+		if sel == "" && args[0] == "delete" {
+			goto kustomization
+		}
+		if k, v, _ := strings.Cut(sel, "="); !slices.ContainsFunc(slices.Collect(maps.Values(applied)), func(objs []object) bool {
+			return slices.ContainsFunc(objs, func(o object) bool { return o.u.GetLabels()[k] == v })
+		}) {
+			t.Errorf("%q: no object the docs applied carries the label %s", call, sel)
+		}
+		return
+	}
+kustomization:
+	switch args[0] {
 	case "apply", "delete":
 		k := flagValue(args, "-k", "--kustomize")
 		if k == "" {
@@ -255,56 +293,146 @@ func checkAgentCommand(t *testing.T, call string, argv []string, daemonSets []*a
 	}
 }
 
-// checkDocsInstall runs docs/deploy.md's install, dry-run and uninstall blocks in order, in a copy of
-// the checkout's layout, with the tools recorded: the tag `make` builds is the release (the tag the
-// manifests run), that tag is the one pushed, every kustomization the blocks apply runs exactly the
-// pushed image, and every kubectl call names objects, labels, containers and agent flags that exist.
-func checkDocsInstall(t *testing.T, release string) {
-	dir := docsLayout(t)
-	applied := map[string][]object{}
-	var built, pushed string
-	for _, marker := range []string{"install-steps", "dry-run-steps", "uninstall-steps"} {
-		for _, call := range recordedRun(t, dir, docBlock(t, marker)) {
-			f := strings.Fields(call)
-			switch f[0] {
-			case "make":
-				built = madeTag(t, f[1:])
-				if built != release {
-					t.Errorf("docs/deploy.md %s: %q builds network-node-manager:%s, the manifests run %s", marker, call, built, release)
+// checkDocsInstall runs docs/deploy.md's blocks as an operator would, in a copy of the checkout's
+// layout, with the tools recorded: with kustomize the bundle, install, dry-run, kustomize-to-Helm
+// and uninstall blocks; with Helm the bundle, Helm install and Helm uninstall blocks. The version
+// `make release` builds is this checkout's (`make -s version`), that version is pushed (cosign load)
+// and verified by digest (cosign verify), every kustomization and chart render the blocks apply runs
+// exactly the pushed image by digest, and every kubectl call names objects, labels, containers and
+// agent flags that exist.
+func checkDocsInstall(t *testing.T) {
+	version := checkoutVersion(t)
+	for _, flow := range [][]string{
+		{"bundle-steps+install-steps", "dry-run-steps", "helm-adopt-steps", "uninstall-steps"},
+		{"bundle-steps+helm-install-steps", "helm-uninstall-steps"},
+	} {
+		dir := docsLayout(t)
+		applied := map[string][]object{}
+		var pushed string
+		verified := map[string]bool{}
+		preamble := ""
+		for _, step := range flow {
+			var script string
+			for _, marker := range strings.Split(step, "+") {
+				script += docBlock(t, marker)
+			}
+			if strings.HasPrefix(step, "bundle-steps") {
+				preamble = docsVariables(script)
+			} else {
+				script = preamble + script
+			}
+			for _, call := range recordedRun(t, dir, script) {
+				f := strings.Fields(call)
+				switch f[0] {
+				case "make":
+					if f[1] == "-s" && f[2] == "version" {
+						continue
+					}
+					if built := madeTag(t, f[1:]); built != version {
+						t.Errorf("docs/deploy.md %s: %q builds %s, make -s version says %s", step, call, built, version)
+					}
+				case "cosign":
+					switch f[1] {
+					case "load":
+						pushed = f[len(f)-1]
+						if !strings.HasSuffix(pushed, "/network-node-manager:"+version) || flagValue(f, "--dir", "") == "" {
+							t.Errorf("docs/deploy.md %s: %q does not push the bundle's image as REGISTRY/network-node-manager:%s", step, call, version)
+						}
+					case "verify", "verify-attestation":
+						verified[f[1]] = strings.HasSuffix(f[len(f)-1], "/network-node-manager@"+docsDigest) && strings.Contains(call, "--key ")
+					case "verify-blob":
+						verified[f[1]] = strings.HasSuffix(call, "SHA256SUMS") && strings.Contains(call, "--signature ")
+					}
+				case "helm":
+					checkHelm(t, call, version, applied)
+				case "kubectl":
+					checkKubectl(t, dir, call, applied)
 				}
-			case "buildah":
-				// buildah manifest push --all SRC docker://DST
-				if len(f) != 6 || f[1] != "manifest" || f[2] != "push" || f[3] != "--all" || !strings.HasPrefix(f[5], "docker://") {
-					t.Errorf("docs/deploy.md %s: %q is not `buildah manifest push --all SRC docker://DST`", marker, call)
-					continue
-				}
-				if want := "network-node-manager:" + built; f[4] != want {
-					t.Errorf("docs/deploy.md %s: pushes %s, but make built %s", marker, f[4], want)
-				}
-				pushed = strings.TrimPrefix(f[5], "docker://")
-				if !strings.HasSuffix(pushed, "/network-node-manager:"+release) {
-					t.Errorf("docs/deploy.md %s: pushes to %s, want REGISTRY/network-node-manager:%s", marker, pushed, release)
-				}
-			case "kubectl":
-				checkKubectl(t, dir, call, applied)
 			}
 		}
-	}
-	if pushed == "" || len(applied) < 2 {
-		t.Fatalf("the docs' blocks push %q and apply %d kustomizations: want one push, an install and an uninstall", pushed, len(applied))
-	}
-	for k, objs := range applied {
-		images := podImages(t, objs)
-		if len(images) == 0 {
-			t.Errorf("%s: no pod template", k)
-		}
-		for _, img := range images {
-			if img != pushed {
-				t.Errorf("%s runs %s, the docs pushed %s", k, img, pushed)
+		for _, v := range []string{"verify-blob", "verify", "verify-attestation"} {
+			if !verified[v] {
+				t.Errorf("%v: the docs do not run cosign %s on the bundle's checksums or the pushed digest with a key", flow, v)
 			}
 		}
+		if pushed == "" || len(applied) < 2 {
+			t.Fatalf("%v: the docs' blocks push %q and apply %d sets: want one push, an install and an uninstall", flow, pushed, len(applied))
+		}
+		want := pushed + "@" + docsDigest
+		for k, objs := range applied {
+			images := podImages(t, objs)
+			if len(images) == 0 && !strings.Contains(k, "adopt") {
+				t.Errorf("%s: no pod template", k)
+			}
+			for _, img := range images {
+				if img != want {
+					t.Errorf("%s runs %s, the docs pushed and verified %s", k, img, want)
+				}
+			}
+		}
+		t.Logf("%v: make release builds %s, pushed as %s; applied %v", flow, version, want, slices.Sorted(maps.Keys(applied)))
 	}
-	t.Logf("make builds %s, pushed as %s; applied %v", built, pushed, slices.Sorted(maps.Keys(applied)))
+}
+
+// docsVariables is the bundle block's variable assignments, for the blocks an operator runs in the
+// same shell later.
+func docsVariables(script string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(script, "\n") {
+		if regexp.MustCompile(`^[A-Z]+=`).MatchString(l) {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
+}
+
+// checkHelm checks a recorded helm call: install and upgrade --install render this checkout's chart
+// as the bundle packages it (tag and digest set) with the call's --set values, which applied
+// collects; uninstall names a release the docs installed.
+func checkHelm(t *testing.T, call, version string, applied map[string][]object) {
+	t.Helper()
+	f := strings.Fields(call)
+	switch {
+	case len(f) > 3 && (f[1] == "install" || f[1] == "upgrade" && f[2] == "--install"):
+		args := f[2:]
+		if f[1] == "upgrade" {
+			args = f[3:]
+		}
+		name, chart := args[0], args[1]
+		if want := "bin/release/" + version + "/network-node-manager-" + strings.TrimPrefix(version, "v") + ".tgz"; chart != want {
+			t.Errorf("%q: the chart %s, want the bundle's %s", call, chart, want)
+		}
+		if ns := flagValue(f, "--namespace", "--namespace"); ns != "kube-system" {
+			t.Errorf("%q: --namespace %q, want kube-system", call, ns)
+		}
+		values := map[string]any{"image": map[string]any{"tag": version, "digest": docsDigest}}
+		for i, a := range f {
+			if a != "--set" || i+1 >= len(f) {
+				continue
+			}
+			k, v, _ := strings.Cut(f[i+1], "=")
+			m := values
+			keys := strings.Split(k, ".")
+			for _, key := range keys[:len(keys)-1] {
+				if _, ok := m[key].(map[string]any); !ok {
+					m[key] = map[string]any{}
+				}
+				m = m[key].(map[string]any)
+			}
+			var val any = v
+			if v == "true" || v == "false" {
+				val = v == "true"
+			}
+			m[keys[len(keys)-1]] = val
+		}
+		applied["helm "+name] = fromManifests(t, call, helmTemplate(t, values))
+	case len(f) > 2 && f[1] == "uninstall":
+		if _, ok := applied["helm "+f[2]]; !ok {
+			t.Errorf("%q uninstalls what the docs never installed", call)
+		}
+	default:
+		t.Errorf("%q: teach this test helm %s", call, f[1])
+	}
 }
 
 func TestChainTables(t *testing.T) {

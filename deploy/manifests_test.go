@@ -5,7 +5,6 @@
 package deploy
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -30,7 +29,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"sigs.k8s.io/yaml"
 
 	"github.com/network-node-manager/network-node-manager/core/backend"
@@ -38,6 +36,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/fixes"
 	"github.com/network-node-manager/network-node-manager/fixes/conntrackliberal"
+	"github.com/network-node-manager/network-node-manager/hack/manifests"
 	"github.com/network-node-manager/network-node-manager/internal/agent"
 	"github.com/network-node-manager/network-node-manager/internal/app"
 	"github.com/network-node-manager/network-node-manager/internal/config"
@@ -49,72 +48,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
 
-// ---- a kustomize renderer for what our kustomizations use ----
-
-// kustomization is the subset of kustomize's Kustomization/Component that deploy/ uses. It is
-// decoded strictly: a kustomization that starts using other transformers (namespace, labels, …) or
-// other forms of these fails here until the renderer learns them, instead of being checked as if they
-// were not there.
-type kustomization struct {
-	APIVersion         string               `json:"apiVersion"`
-	Kind               string               `json:"kind"`
-	Resources          []string             `json:"resources"`
-	Components         []string             `json:"components"`
-	ConfigMapGenerator []configMapGenerator `json:"configMapGenerator"`
-	Images             []imageSetting       `json:"images"`
-	Patches            []patchFile          `json:"patches"`
-}
-
-// imageSetting is kustomize's images entry: containers whose image has this name get newName and
-// newTag.
-type imageSetting struct {
-	Name    string `json:"name"`
-	NewName string `json:"newName"`
-	NewTag  string `json:"newTag"`
-}
-
-// patchFile is a patches entry in its file form: a strategic merge patch naming its target by kind,
-// namespace and name.
-type patchFile struct {
-	Path string `json:"path"`
-}
-
-// patchTypes are the kinds deploy/ patches, with the Go type whose patch strategy (merge keys)
-// apimachinery's strategicpatch applies, as kustomize does for built-in kinds.
-var patchTypes = map[string]any{"DaemonSet": appsv1.DaemonSet{}, "Job": batchv1.Job{}}
-
-// configMapGenerator is the subset of kustomize's generator that deploy/ uses: files as keys, labels,
-// and no name hash (the renderer does not compute kustomize's hash suffix).
-type configMapGenerator struct {
-	Name      string   `json:"name"`
-	Namespace string   `json:"namespace"`
-	Files     []string `json:"files"`
-	Options   struct {
-		DisableNameSuffixHash bool              `json:"disableNameSuffixHash"`
-		Labels                map[string]string `json:"labels"`
-	} `json:"options"`
-}
-
-func (g configMapGenerator) render(t *testing.T, dir string) object {
-	t.Helper()
-	if !g.Options.DisableNameSuffixHash {
-		t.Fatalf("%s: configMapGenerator %s: the test renderer needs options.disableNameSuffixHash: true", dir, g.Name)
-	}
-	cm := &corev1.ConfigMap{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
-		ObjectMeta: metav1.ObjectMeta{Name: g.Name, Namespace: g.Namespace, Labels: g.Options.Labels}, Data: map[string]string{}}
-	for _, f := range g.Files {
-		data, err := os.ReadFile(filepath.Join(dir, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cm.Data[filepath.Base(f)] = string(data)
-	}
-	data, err := json.Marshal(cm)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return objectFromJSON(t, filepath.Join(dir, "kustomization.yaml"), data)
-}
+// ---- kustomize ----
 
 type object struct {
 	file string
@@ -126,146 +60,38 @@ func (o object) String() string {
 	return fmt.Sprintf("%s %s/%s (%s)", o.u.GetKind(), o.u.GetNamespace(), o.u.GetName(), o.file)
 }
 
-// render returns the objects `kubectl apply -k dir` applies, in order.
+// render returns the objects `kubectl apply -k dir` applies, in order: kustomize itself renders
+// them (sigs.k8s.io/kustomize/api, the version kubectl embeds; hack/manifests).
 func render(t *testing.T, dir string) []object {
 	t.Helper()
-	return renderInto(t, dir, nil, "Kustomization")
-}
-
-// renderInto adds dir's resources to acc, then applies its components (each adds its resources and
-// transforms everything accumulated so far) and its own transformers, as kustomize orders them.
-func renderInto(t *testing.T, dir string, acc []object, wantKind string) []object {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	objs, err := manifests.Render(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var k kustomization
-	if err := yaml.UnmarshalStrict(data, &k); err != nil {
-		t.Fatalf("%s/kustomization.yaml: %v (the test renderer knows resources, components, configMapGenerator, images and patches)", dir, err)
-	}
-	switch {
-	case k.Kind == "Kustomization" && k.APIVersion == "kustomize.config.k8s.io/v1beta1":
-	case k.Kind == "Component" && k.APIVersion == "kustomize.config.k8s.io/v1alpha1":
-	default:
-		t.Fatalf("%s: %s %s is not a kustomization", dir, k.APIVersion, k.Kind)
-	}
-	if k.Kind != wantKind {
-		t.Fatalf("%s is a %s, used as a %s", dir, k.Kind, wantKind)
-	}
-	out := acc
-	for _, r := range k.Resources {
-		p := filepath.Join(dir, r)
-		if fi, err := os.Stat(p); err == nil && fi.IsDir() {
-			out = append(out, render(t, p)...)
-			continue
-		}
-		out = append(out, loadFile(t, p)...)
-	}
-	for _, g := range k.ConfigMapGenerator {
-		out = append(out, g.render(t, dir))
-	}
-	for _, c := range k.Components {
-		out = renderInto(t, filepath.Join(dir, c), out, "Component")
-	}
-	for _, p := range k.Patches {
-		out = applyPatch(t, filepath.Join(dir, p.Path), out)
-	}
-	if len(k.Images) > 0 {
-		for i, o := range out {
-			out[i] = setImages(t, o, k.Images)
-		}
-	}
-	seen := map[string]string{}
-	for _, o := range out {
-		id := o.u.GroupVersionKind().GroupKind().String() + " " + o.u.GetNamespace() + "/" + o.u.GetName()
-		if prev, dup := seen[id]; dup {
-			t.Fatalf("%s defined twice (%s and %s): kustomize refuses that", id, prev, o.file)
-		}
-		seen[id] = o.file
+	return fromManifests(t, dir, objs)
+}
+
+func fromManifests(t *testing.T, file string, objs []manifests.Object) []object {
+	t.Helper()
+	out := make([]object, 0, len(objs))
+	for _, o := range objs {
+		out = append(out, object{file: file, doc: o.YAML(), u: &unstructured.Unstructured{Object: o}})
 	}
 	return out
 }
 
-// applyPatch applies the strategic merge patch in file to the object it names; a patch whose target
-// is missing fails, as in kustomize.
-func applyPatch(t *testing.T, file string, objs []object) []object {
-	t.Helper()
-	patches := loadFile(t, file)
-	for _, p := range patches {
-		typ, ok := patchTypes[p.u.GetKind()]
-		if !ok {
-			t.Fatalf("%s: the test renderer patches only %v", p, slices.Sorted(maps.Keys(patchTypes)))
-		}
-		i := slices.IndexFunc(objs, func(o object) bool {
-			return o.u.GetKind() == p.u.GetKind() && o.u.GetName() == p.u.GetName() && o.u.GetNamespace() == p.u.GetNamespace()
-		})
-		if i < 0 {
-			t.Fatalf("%s: no such object to patch", p)
-		}
-		orig, err := yaml.YAMLToJSON(objs[i].doc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		patch, err := yaml.YAMLToJSON(p.doc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		merged, err := strategicpatch.StrategicMergePatch(orig, patch, typ)
-		if err != nil {
-			t.Fatalf("%s: %v", p, err)
-		}
-		objs[i] = objectFromJSON(t, objs[i].file+" + "+file, merged)
+// generatedName is o's name without the content hash kustomize's generator appends (a ConfigMap
+// named NAME-<kustomize's hash of its data>), else its name.
+func generatedName(o object) string {
+	name := o.u.GetName()
+	if o.u.GetKind() != "ConfigMap" {
+		return name
 	}
-	return objs
-}
-
-// setImages applies kustomize's images transformer to o's pod template containers.
-func setImages(t *testing.T, o object, images []imageSetting) object {
-	t.Helper()
-	changed := false
-	for _, field := range []string{"containers", "initContainers"} {
-		cs, found, err := unstructured.NestedSlice(o.u.Object, "spec", "template", "spec", field)
-		if err != nil || !found {
-			continue
-		}
-		for j, c := range cs {
-			cm := c.(map[string]any)
-			ref, _ := cm["image"].(string)
-			name, tag := ref, ""
-			if k := strings.LastIndexAny(ref, ":@"); k > strings.LastIndex(ref, "/") {
-				name, tag = ref[:k], ref[k:]
-			}
-			for _, im := range images {
-				if im.Name != name {
-					continue
-				}
-				// As kustomize: newName alone keeps the tag (an overlay naming the registry keeps
-				// components/release's tag), newTag alone keeps the name.
-				if im.NewName != "" {
-					name = im.NewName
-				}
-				if im.NewTag != "" {
-					tag = ":" + im.NewTag
-				}
-				ref = name + tag
-				cm["image"] = ref
-				cs[j] = cm
-				changed = true
-			}
-		}
-		if err := unstructured.SetNestedSlice(o.u.Object, cs, "spec", "template", "spec", field); err != nil {
-			t.Fatal(err)
-		}
+	data, _, _ := unstructured.NestedStringMap(o.u.Object, "data")
+	if base, ok := strings.CutSuffix(name, "-"+manifests.KustomizeHash(data)); ok {
+		return base
 	}
-	if !changed {
-		return o
-	}
-	data, err := o.u.MarshalJSON()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return objectFromJSON(t, o.file, data)
+	return name
 }
 
 func objectFromJSON(t *testing.T, file string, data []byte) object {
@@ -331,7 +157,7 @@ func podSpec(t *testing.T, o object) *corev1.PodSpec {
 func find(t *testing.T, objs []object, kind, name string) object {
 	t.Helper()
 	for _, o := range objs {
-		if o.u.GetKind() == kind && o.u.GetName() == name {
+		if o.u.GetKind() == kind && (o.u.GetName() == name || generatedName(o) == name) {
 			return o
 		}
 	}
@@ -352,6 +178,17 @@ var manifestSets = map[string]func(t *testing.T) []object{
 	},
 	"uninstall":     func(t *testing.T) []object { return render(t, "uninstall") },
 	"uninstall/job": func(t *testing.T) []object { return render(t, "uninstall/job") },
+	// The Helm chart (chart_test.go proves it renders what the kustomizations above render).
+	"helm chart, every component": func(t *testing.T) []object {
+		all := map[string]any{}
+		for _, c := range manifests.ChartComponents {
+			all[c.Value] = true
+		}
+		return fromManifests(t, "helm template", helmTemplate(t, map[string]any{"components": all}))
+	},
+	"helm chart, cleanup": func(t *testing.T) []object {
+		return fromManifests(t, "helm template", helmTemplate(t, map[string]any{"cleanup": true}))
+	},
 }
 
 // ---- static checks ----
@@ -359,7 +196,7 @@ var manifestSets = map[string]func(t *testing.T) []object{
 func TestBaseObjects(t *testing.T) {
 	var got []string
 	for _, o := range render(t, "base") {
-		got = append(got, o.u.GetKind()+" "+o.u.GetNamespace()+"/"+o.u.GetName())
+		got = append(got, o.u.GetKind()+" "+o.u.GetNamespace()+"/"+generatedName(o))
 	}
 	want := []string{
 		"ServiceAccount kube-system/network-node-manager",
@@ -375,6 +212,8 @@ func TestBaseObjects(t *testing.T) {
 		"ConfigMap kube-system/network-node-manager",
 		"DaemonSet kube-system/network-node-manager",
 	}
+	slices.Sort(got)
+	slices.Sort(want)
 	if !slices.Equal(got, want) {
 		t.Errorf("deploy/base renders\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
 	}
@@ -584,13 +423,13 @@ func TestDaemonSet(t *testing.T) {
 // releaseVersion is CHANGELOG.md's latest release, as hack/version.sh reads it (the one parser).
 func releaseVersion(t *testing.T) string {
 	t.Helper()
-	out, err := exec.Command("../hack/version.sh", "--release").Output()
+	out, err := exec.Command("../hack/version.sh", "--latest").Output()
 	if err != nil {
-		t.Fatalf("hack/version.sh --release: %v", err)
+		t.Fatalf("hack/version.sh --latest: %v", err)
 	}
 	v := strings.TrimSpace(string(out))
 	if !regexp.MustCompile(`^v\d+\.\d+\.\d+$`).MatchString(v) {
-		t.Fatalf("hack/version.sh --release = %q, want vX.Y.Z", v)
+		t.Fatalf("hack/version.sh --latest = %q, want vX.Y.Z", v)
 	}
 	return v
 }
@@ -601,7 +440,7 @@ func releaseVersion(t *testing.T) string {
 // the image docs/deploy.md tells you to build is that tag, pushed and run by the overlays it writes
 // (checkDocsInstall).
 func TestImageTagIsTheRelease(t *testing.T) {
-	t.Run("docs/deploy.md install and uninstall", func(t *testing.T) { checkDocsInstall(t, releaseVersion(t)) })
+	t.Run("docs/deploy.md install and uninstall", func(t *testing.T) { checkDocsInstall(t) })
 	want := "network-node-manager:" + releaseVersion(t)
 	for _, set := range slices.Sorted(maps.Keys(manifestSets)) {
 		pods := 0
