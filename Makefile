@@ -10,10 +10,13 @@
 
 SHELL       := /bin/bash
 GO          ?= go
-# The version: CHANGELOG.md's latest release as a pre-release of this commit (v0.1.0-dev.g<commit>);
-# with RELEASE=1, and always for `make release`, the release itself (v0.1.0), the tag the manifests
-# run (hack/version.sh says how). COMMIT is stamped next to it (`network-node-manager version`).
-VERSION     ?= $(shell ./hack/version.sh $(if $(filter 1,$(RELEASE)),--release))
+# The version a build of this commit gets (`make -s version` prints it): the release vX.Y.Z at the
+# commit that wrote CHANGELOG.md's "## vX.Y.Z" heading, v<next>-dev.<n>.g<commit> at any other
+# (hack/version.sh says how). Computed once per make run. COMMIT is stamped next to it
+# (`network-node-manager version`).
+ifndef VERSION
+VERSION     := $(shell ./hack/version.sh)
+endif
 COMMIT      ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
 BIN         := $(CURDIR)/bin
 AGENT       := $(BIN)/network-node-manager
@@ -58,12 +61,16 @@ FUZZTIME      ?= 2m
 
 export NNM_BIN_DIR := $(BIN)
 
-.PHONY: bench-datapath all build deps controlplane promtool image-deps test-image vm test test-vm test-unit fuzz demo bench lint fmt vet clean image release test-felix plan
+.PHONY: version image-lock release-tools helm helm-chart bench-datapath all build deps controlplane promtool image-deps test-image vm test test-vm test-unit fuzz demo bench lint fmt vet clean image release test-felix plan
 
 all: build
 
 include Makefile.controlplane.mk
 include Makefile.cluster.mk
+
+## version: the version a build of this commit gets, the tag `make release` and `make image` build.
+version:
+	@echo $(VERSION)
 
 ## deps: install missing system packages (root on Debian); otherwise say what is missing.
 deps:
@@ -119,7 +126,7 @@ test-felix: deps build controlplane
 ## go vet runs inside go test (-vet=all: every analyzer on every package, test files included), as a
 ## step of each package's build, so it no longer holds back the start of the longest packages.
 ## The raw `go test -json` stream is kept in bin/test-events.json (timings per test and package).
-test: deps build controlplane promtool
+test: deps build controlplane promtool helm
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	@set -o pipefail; { rc=0; \
@@ -172,16 +179,37 @@ fmt:
 
 ## image: the container image network-node-manager:$(VERSION) and :latest for this machine's
 ## architecture in buildah's local storage, without a Docker engine (hack/image.sh: debootstrap
-## bookworm + iptables + nftables, as the Dockerfile). A pre-release tag; RELEASE=1 for the release's.
+## bookworm + iptables + nftables, pinned by hack/image/, as the Dockerfile).
 image: image-deps
 	VERSION=$(VERSION) COMMIT=$(COMMIT) ./hack/image.sh
 
-## release: network-node-manager:$(VERSION) for linux/amd64 and linux/arm64 as one manifest list, with
-## OCI labels, without a Docker engine; prints the platforms, the binaries' file types and each
-## image's `version` (arm64 under qemu-user). Slow (debootstrap per architecture): not in make test.
-release: RELEASE = 1
-release: image-deps
+## image-lock: write hack/image/bookworm-<arch>.lock, the base's pinned packages, from what the Debian
+## archive serves now (after a point or security release: review the change, then commit it).
+image-lock: image-deps
+	for arch in $(or $(ARCHES),amd64 arm64); do ARCH=$$arch IMAGE_LOCK=1 ./hack/image.sh || exit 1; done
+
+## release: the release bundle of this commit in bin/release/$(VERSION)/ (hack/release.sh): the
+## image for linux/amd64 and linux/arm64 with its cosign signature and SBOM attestations, the SBOMs,
+## install.yaml and uninstall.yaml pinned by digest, the Helm chart, cosign.pub, SHA256SUMS and its
+## signature. $(VERSION) is vX.Y.Z only at the commit that wrote that CHANGELOG.md heading
+## (`make -s version`). ARCHES=amd64 for one architecture; COSIGN_KEY for a release's key. Slow
+## (debootstrap per architecture the first time): not in make test.
+release: image-deps release-tools
 	VERSION=$(VERSION) COMMIT=$(COMMIT) ./hack/release.sh
+
+## release-tools: cosign, helm, the OCI registry and syft, each built from its pinned module
+## (tools/cosign, tools/helm, tools/registry, tools/sbom) into bin/ (hack/build-release-tools.sh).
+release-tools:
+	./hack/build-release-tools.sh
+
+## helm: bin/helm only (make test renders the chart with it).
+helm:
+	./hack/build-release-tools.sh helm
+
+## helm-chart: write deploy/helm/network-node-manager from deploy/'s kustomizations (the chart is
+## generated: edit deploy/, then run this; make test fails while they differ).
+helm-chart:
+	$(GO) run ./hack/manifests/cmd/manifests chart
 
 ## test-image: build the image and run it as deploy/base's DaemonSet would (read-only root, the
 ## manifest's capabilities and mounts, in a node network namespace, against the local API server).

@@ -178,7 +178,7 @@ func TestDockerfile(t *testing.T) {
 	}
 	pkgs := map[string]bool{}
 	for _, p := range []string{"iptables", "nftables"} {
-		if !regexp.MustCompile(`\s` + p + `(\s|$)`).MatchString(install) {
+		if !regexp.MustCompile(`\s` + p + `(=\S+)?(\s|$)`).MatchString(install) {
 			t.Errorf("runtime does not install %s: %q", p, install)
 		}
 		pkgs[p] = true
@@ -305,9 +305,30 @@ func TestImageScriptMatchesDockerfile(t *testing.T) {
 			install = r
 		}
 	}
+	// The Dockerfile installs each package at the version hack/image/'s locks pin (the same for
+	// every architecture).
+	locked := map[string]string{}
+	locks, _ := filepath.Glob(filepath.Join(root, "hack", "image", field(`(?m)^SUITE=(\S+)`)+"-*.lock"))
+	if len(locks) == 0 {
+		t.Fatalf("no hack/image/%s-<arch>.lock", field(`(?m)^SUITE=(\S+)`))
+	}
+	for _, lock := range locks {
+		data, err := os.ReadFile(lock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(string(data), "\n") {
+			if p, v, ok := strings.Cut(l, "="); ok && !strings.HasPrefix(l, "#") {
+				if prev, seen := locked[p]; seen && prev != v && strings.Contains(install, p+"=") {
+					t.Errorf("%s: %s=%s, another architecture's lock pins %s", lock, p, v, prev)
+				}
+				locked[p] = v
+			}
+		}
+	}
 	for _, p := range strings.Split(field(`(?m)^PACKAGES=(\S+)`), ",") {
-		if !regexp.MustCompile(`\s` + p + `(\s|$)`).MatchString(install) {
-			t.Errorf("image.sh includes %s, the Dockerfile does not install it: %q", p, install)
+		if !regexp.MustCompile(`\s` + regexp.QuoteMeta(p+"="+locked[p]) + `(\s|$)`).MatchString(install) {
+			t.Errorf("image.sh includes %s, pinned at %s; the Dockerfile does not install that version: %q", p, locked[p], install)
 		}
 	}
 	var goBuild string
@@ -326,7 +347,7 @@ func TestImageScriptMatchesDockerfile(t *testing.T) {
 		t.Errorf("image.sh does not install the agent at the Dockerfile's %s", cf[2])
 	}
 	for src, dst := range imageFiles(t, runtime) {
-		if !regexp.MustCompile(`install -D -m 0644 "\$ROOT/` + regexp.QuoteMeta(src) + `" "\$mnt` + regexp.QuoteMeta(dst) + `"`).MatchString(sh) {
+		if !regexp.MustCompile(`install -D -m 0644 "\$(ROOT|SRC)/` + regexp.QuoteMeta(src) + `" "\$mnt` + regexp.QuoteMeta(dst) + `"`).MatchString(sh) {
 			t.Errorf("image.sh does not install %s at %s as the Dockerfile does", src, dst)
 		}
 	}

@@ -21,37 +21,48 @@
 #   - ENTRYPOINT, CMD, USER, EXPOSE as in the Dockerfile; OCI labels (version, revision, created,
 #     source, licenses, title).
 #
-# The debootstrapped base is cached as bin/image-base-$ARCH.tar, keyed by a hash of this script
-# (suite, mirror, packages), the downloaded packages in bin/debootstrap-cache-$ARCH; rebuilding the
-# image after a code change takes seconds.
+# The base is pinned: the packages debootstrap installs (minbase + iptables + nftables and their
+# dependencies) must be exactly those of hack/image/$SUITE-$ARCH.lock ("package=version" a line),
+# or the build fails naming what the Debian archive serves instead (the archive keeps only the
+# current point release: review the change, then `make image-lock` writes the lock anew). Files that
+# record when or where the base was made (logs, caches, /etc/shadow's change dates, machine-id) are
+# removed or fixed, and the image's layers and config carry the source commit's time
+# (SOURCE_DATE_EPOCH: `buildah commit --timestamp`, the created label), so two builds of one commit
+# from one base give the same image digest (docs/deploy.md, Images, says what differs otherwise).
+#
+# The base is cached as bin/image-base-$ARCH.tar, keyed by a hash of this script and the lock, the
+# downloaded packages in bin/debootstrap-cache-$ARCH; rebuilding the image after a code change takes
+# seconds.
 #
 # Environment:
-#   VERSION          main.version and the default tag (default: hack/version.sh, a pre-release of
-#                    this commit; RELEASE=1: hack/version.sh --release, the manifests' tag). A release
-#                    version (vX.Y.Z, no pre-release part) names a commit: it is refused from a tree
-#                    with uncommitted changes (NNM_ALLOW_DIRTY_RELEASE=1 overrides, for tests only)
-#   COMMIT           main.commit (default: git rev-parse --short=12 HEAD)
+#   VERSION          main.version and the default tag (default: hack/version.sh of the source: a
+#                    release vX.Y.Z only at its release commit, else a pre-release of the commit).
+#                    A release version is refused unless it is hack/version.sh's for the source (a
+#                    release builds only from its own commit, with no uncommitted changes)
+#   COMMIT           main.commit (default: git rev-parse --short=12 HEAD of the source)
+#   NNM_SOURCE_DIR   the checkout whose agent is built (default: this one); the cluster lane builds
+#                    the previous release from a worktree of its commit with this script
 #   ARCH             Debian/Go architecture: amd64, arm64 (default: the build machine's)
 #   TAG              image tag (default: $VERSION, plus :latest for the build machine's architecture)
 #   NNM_BIN_DIR      cache and binary directory (default <repo>/bin)
 #   DEBIAN_MIRROR    default http://deb.debian.org/debian
 #   IMAGE_EXPORT=DIR also copy the image's root filesystem to DIR (for tests)
+#   IMAGE_LOCK=1     write hack/image/$SUITE-$ARCH.lock from what debootstrap installed (make image-lock)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${NNM_BIN_DIR:-$ROOT/bin}"
-if [[ "${RELEASE:-}" == 1 ]]; then
-	VERSION="${VERSION:-$("$ROOT/hack/version.sh" --release)}"
-else
-	VERSION="${VERSION:-$("$ROOT/hack/version.sh")}"
-fi
-# A release tag must be the image of a commit, the same bytes whoever builds it.
-if [[ "$VERSION" =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ && "${NNM_ALLOW_DIRTY_RELEASE:-}" != 1 ]] &&
-	! git -C "$ROOT" diff --quiet HEAD -- 2>/dev/null; then
-	echo "hack/image.sh: $VERSION is a release tag, and this tree has uncommitted changes: commit them, or build a pre-release (make image without RELEASE=1)" >&2
+SRC="$(cd "${NNM_SOURCE_DIR:-$ROOT}" && pwd)"
+# What this source's commit is: its version (hack/version.sh of this checkout applied to the source)
+# and its time, which the image carries instead of the build's.
+SRC_VERSION="$(NNM_SOURCE_DIR="$SRC" "$ROOT/hack/version.sh")"
+VERSION="${VERSION:-$SRC_VERSION}"
+if [[ "$VERSION" =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ && "$VERSION" != "$SRC_VERSION" ]]; then
+	echo "hack/image.sh: $VERSION is a release version, and this source builds $SRC_VERSION: a release builds only from the commit that wrote its CHANGELOG.md heading, without uncommitted changes" >&2
 	exit 1
 fi
-COMMIT="${COMMIT:-$(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null || true)}"
+COMMIT="${COMMIT:-$(git -C "$SRC" rev-parse --short=12 HEAD 2>/dev/null || true)}"
+export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git -C "$SRC" log -1 --format=%ct HEAD 2>/dev/null || date +%s)}"
 HOST_ARCH="$(dpkg --print-architecture)"
 ARCH="${ARCH:-$HOST_ARCH}"
 TAG="${TAG:-$VERSION}"
@@ -83,14 +94,47 @@ done
 [[ "$(id -u)" == 0 ]] || { echo "hack/image.sh needs root (debootstrap, buildah's storage)" >&2; exit 1; }
 mkdir -p "$BIN"
 
-base_hash() { { sha256sum "$ROOT/hack/image.sh"; echo "$SUITE $MIRROR $PACKAGES $ARCH"; } | sha256sum | cut -d' ' -f1; }
+LOCK="$ROOT/hack/image/$SUITE-$ARCH.lock"
+base_hash() { { sha256sum "$ROOT/hack/image.sh"; cat "$LOCK" 2>/dev/null; echo "$SUITE $MIRROR $PACKAGES $ARCH"; } | sha256sum | cut -d' ' -f1; }
+
+# installed ROOTFS: the base's packages as "package=version", sorted, from its dpkg database.
+installed() {
+	awk -F': ' '/^Package: /{p=$2} /^Version: /{v=$2} /^$/{if (p) print p "=" v; p=""} END{if (p) print p "=" v}' "$1/var/lib/dpkg/status" | LC_ALL=C sort
+}
+
+# check_lock ROOTFS: the packages debootstrap installed are the lock's, or the build stops naming
+# the difference (IMAGE_LOCK=1 writes the lock instead).
+check_lock() {
+	local got
+	got="$(installed "$1")"
+	if [[ "${IMAGE_LOCK:-}" == 1 ]]; then
+		mkdir -p "$(dirname "$LOCK")"
+		{
+			echo "# The packages of the image's Debian $SUITE base for $ARCH (debootstrap --variant=minbase"
+			echo "# --include=$PACKAGES), package=version. hack/image.sh fails when the archive serves others."
+			echo "# Written by make image-lock; review the change (a Debian point or security release) before committing it."
+			echo "$got"
+		} >"$LOCK"
+		echo "wrote $LOCK ($(wc -l <<<"$got") packages)"
+		return
+	fi
+	[[ -f "$LOCK" ]] || { echo "hack/image.sh: no $LOCK: make image-lock writes it" >&2; exit 1; }
+	local want diff
+	want="$(grep -v '^#' "$LOCK" | LC_ALL=C sort)"
+	if ! diff="$(diff <(echo "$want") <(echo "$got"))"; then
+		echo "hack/image.sh: the Debian archive ($MIRROR) serves other packages for $SUITE/$ARCH than $LOCK pins ('<' pinned, '>' served):" >&2
+		echo "$diff" | grep '^[<>]' >&2
+		echo "review the change (a point or security release), then make image-lock and commit the lock" >&2
+		exit 1
+	fi
+}
 
 # base: bookworm minbase + iptables + nftables of $ARCH, as a tarball of its root filesystem.
 base() {
 	local want
 	want="$(base_hash)"
-	if [[ -f "$BASE" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
-		echo "base $SUITE/$ARCH ($PACKAGES) cached in $BASE"
+	if [[ "${IMAGE_LOCK:-}" != 1 && -f "$BASE" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
+		echo "base $SUITE/$ARCH ($PACKAGES, pinned by ${LOCK#$ROOT/}) cached in $BASE"
 		return
 	fi
 	local dir foreign=() cache="$BIN/debootstrap-cache-$ARCH"
@@ -103,14 +147,20 @@ base() {
 	local r="$dir/rootfs"
 	if [[ ${#foreign[@]} -gt 0 ]]; then
 		# Stage one unpacked only the required packages; unpack every downloaded one (iptables,
-		# nftables and their libraries) the way debootstrap does, keeping merged-/usr's symlinks.
+		# nftables and their libraries) the way debootstrap does, keeping merged-/usr's symlinks,
+		# and record each in the dpkg database as unpacked (its maintainer scripts did not run:
+		# above), so that the database, and the SBOM read from it, lists what the image holds.
 		local deb
-		for deb in $(cat "$r/debootstrap/debpaths" | cut -d' ' -f2); do
+		: >"$r/var/lib/dpkg/status"
+		for deb in $(cut -d' ' -f2 "$r/debootstrap/debpaths"); do
 			dpkg-deb --fsys-tarfile "$r$deb" | tar -C "$r" --keep-directory-symlink -xf -
+			{ dpkg-deb -f "$r$deb" | sed '/^Package: /a Status: install ok unpacked'; echo; } >>"$r/var/lib/dpkg/status"
 		done
 	fi
 	# The debs a --foreign stage keeps for its second stage are not part of the image.
 	rm -rf "$r/debootstrap"
+	check_lock "$r"
+	want="$(base_hash)" # a lock just written is part of the key
 	# What debian:*-slim drops: package lists, caches, docs; and the check the Dockerfile runs.
 	if [[ "$ARCH" == "$HOST_ARCH" ]]; then
 		chroot "$r" sh -c 'iptables-nft-save --version && iptables-legacy-save --version && nft --version'
@@ -125,20 +175,32 @@ base() {
 	fi
 	rm -rf "$r"/var/lib/apt/lists/* "$r"/var/cache/apt/*.bin "$r"/var/cache/apt/archives/*.deb \
 		"$r"/usr/share/doc/* "$r"/usr/share/man/* "$r"/usr/share/info/* "$r"/var/log/*.log
-	tar -C "$r" --numeric-owner -cf "$BASE.tmp" .
+	# What records when or on which machine the base was made, so that a rebuild gives the same
+	# bytes: logs, caches of the package tools and ld.so, dpkg's backup files, the machine id, and
+	# the day of the last password change in /etc/shadow (set to 0, "change at next login", for
+	# accounts that have no password to change).
+	rm -rf "$r"/var/log/apt "$r"/var/log/alternatives.log "$r"/var/log/bootstrap.log "$r"/var/cache/ldconfig/aux-cache \
+		"$r"/var/cache/debconf/*-old "$r"/var/lib/dpkg/*-old "$r"/etc/*- "$r"/var/lib/dpkg/lock* "$r"/var/cache/apt/archives/lock \
+		"$r"/var/lib/dpkg/triggers/Lock "$r"/var/cache/apt/archives/partial
+	[[ ! -e "$r/etc/machine-id" ]] || : >"$r/etc/machine-id"
+	[[ ! -f "$r/etc/shadow" ]] || sed -i -E 's/^([^:]*:[^:]*:)[0-9]+:/\10:/' "$r/etc/shadow"
+	# Sorted, with the owners and modes of the files and the times of a fixed epoch: the tarball is a
+	# function of the packages (buildah commit --timestamp sets the layer's times anyway).
+	tar -C "$r" --sort=name --numeric-owner --mtime=@0 --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime -cf "$BASE.tmp" .
 	mv -f "$BASE.tmp" "$BASE"
 	rm -rf "$dir"
 	echo "$want" >"$STAMP"
 }
 
 agent() {
-	echo "building the agent $VERSION for linux/$ARCH"
-	(cd "$ROOT" && CGO_ENABLED=0 GOOS=linux GOARCH="$ARCH" go build -trimpath -ldflags "-s -w -X main.version=$VERSION -X main.commit=$COMMIT" \
+	echo "building the agent $VERSION for linux/$ARCH from ${SRC}"
+	(cd "$SRC" && CGO_ENABLED=0 GOOS=linux GOARCH="$ARCH" go build -trimpath -ldflags "-s -w -X main.version=$VERSION -X main.commit=$COMMIT" \
 		-o "$BIN/.image-agent-$ARCH" ./cmd/network-node-manager)
 }
 
 main() {
 	base
+	[[ "${IMAGE_LOCK:-}" != 1 ]] || return 0
 	agent
 	local ctr mnt
 	ctr="$(buildah from scratch)"
@@ -146,7 +208,9 @@ main() {
 	mnt="$(buildah mount "$ctr")"
 	tar -C "$mnt" --numeric-owner -xf "$BASE"
 	install -D -m 0755 "$BIN/.image-agent-$ARCH" "$mnt/usr/local/bin/network-node-manager"
-	install -D -m 0644 "$ROOT/deploy/image/connlabel.conf" "$mnt/etc/xtables/connlabel.conf"
+	# (a source from before the file existed, such as an older release, goes without it)
+	[[ ! -f "$SRC/deploy/image/connlabel.conf" ]] ||
+		install -D -m 0644 "$SRC/deploy/image/connlabel.conf" "$mnt/etc/xtables/connlabel.conf"
 	# The image's agent runs (natively or under qemu-user) and says what it is.
 	run_arch "$mnt" "$mnt/usr/local/bin/network-node-manager" version | sed -n '1,3p'
 	if [[ -n "${IMAGE_EXPORT:-}" ]]; then
@@ -158,11 +222,12 @@ main() {
 		--label org.opencontainers.image.title=network-node-manager \
 		--label org.opencontainers.image.version="$VERSION" \
 		--label org.opencontainers.image.revision="$COMMIT" \
-		--label org.opencontainers.image.created="$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
+		--label org.opencontainers.image.created="$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)" \
 		--label org.opencontainers.image.source=https://github.com/network-node-manager/network-node-manager \
 		--label org.opencontainers.image.licenses=Apache-2.0 \
 		--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$ctr"
-	buildah commit --quiet --rm "$ctr" "$IMAGE:$TAG" >/dev/null
+	# The commit's time as the image's creation time and every file's time in the layer.
+	buildah commit --quiet --rm --timestamp "$SOURCE_DATE_EPOCH" "$ctr" "$IMAGE:$TAG" >/dev/null
 	trap - EXIT
 	if [[ "$ARCH" == "$HOST_ARCH" && "$TAG" == "$VERSION" ]]; then
 		buildah tag "$IMAGE:$TAG" "$IMAGE:latest" # local convenience (make test-image); manifests never use it
