@@ -30,15 +30,18 @@ CLUSTER_TEST_FLAGS ?= -count=1 -timeout 60m
 
 ## cluster: everything the cluster lane needs: the packages, the VM lane's kernel and initramfs
 ## (a failure here fails, unlike `make vm`), kubelet, kube-controller-manager, kube-scheduler and
-## kubectl (hack/cluster/build.sh), the pause and workload images (hack/cluster/images.sh). The
-## agent's image is built by docs/deploy.md's install steps themselves (make release, in the test);
-## one release build here first (linux/amd64, the nodes' architecture) makes that run a cache hit of
+## kubectl (hack/cluster/build.sh), the release tools (cosign, helm, the registry, syft), the pause
+## and workload images (hack/cluster/images.sh) and the previous release's bundle
+## (hack/cluster/previous-release.sh), which the lane installs and upgrades from. This commit's
+## bundle is built by docs/deploy.md's install steps themselves (make release, in the test); one
+## release build here first (linux/amd64, the nodes' architecture) makes that run a cache hit of
 ## seconds instead of a debootstrap while the nodes wait.
-cluster: build controlplane image-deps
+cluster: build controlplane image-deps release-tools
 	@$(MAKE) --no-print-directory deps SYSTEM_DEPS="$(CLUSTER_DEPS)"
 	./hack/vm/prepare.sh >/dev/null
 	./hack/cluster/build.sh
 	./hack/cluster/images.sh
+	./hack/cluster/previous-release.sh
 	ARCHES=amd64 $(MAKE) --no-print-directory release >/dev/null
 
 ## test-cluster: the cluster lane; prints how long it took. Fails (never skips) when a part cannot start.

@@ -115,9 +115,9 @@ func require(t *testing.T) prerequisites {
 	p.vm = readEnv(t, strings.TrimSpace(string(out)), "NNM_VM_KERNEL", "NNM_VM_INITRD", "NNM_VM_MODULES", "NNM_VM_QEMU")
 	p.imagesDir = filepath.Join(p.bin, "cluster-images")
 	p.images = readEnv(t, filepath.Join(p.imagesDir, "images.env"), "NNM_CLUSTER_PAUSE_IMAGE", "NNM_CLUSTER_WORKLOAD_IMAGE")
-	for _, b := range []string{"kubelet", "kubectl", "kube-proxy", "kube-controller-manager", "kube-scheduler"} {
+	for _, b := range []string{"kubelet", "kubectl", "kube-proxy", "kube-controller-manager", "kube-scheduler", "registry", "cosign", "helm"} {
 		if st, err := os.Stat(filepath.Join(p.bin, b)); err != nil || st.Mode()&0o111 == 0 {
-			netns.Unavailable(t, "%s/%s missing: run `make test-cluster` (hack/cluster/build.sh)", p.bin, b)
+			netns.Unavailable(t, "%s/%s missing: run `make test-cluster` (hack/cluster/build.sh, hack/build-release-tools.sh)", p.bin, b)
 		}
 	}
 	for _, f := range []string{"pause.tar", "workload.tar", "sampler"} {
@@ -138,6 +138,11 @@ type Cluster struct {
 	nodes  []*Node
 	// kubeconfig is the admin's, usable from this (the root) namespace.
 	kubeconfig string
+	// registry is the OCI registry the kubelets pull the agent from (release_test.go); helm: this
+	// mode installs with Helm, the other with kustomize; rollouts: the sampled ones, for the report.
+	registry *laneRegistry
+	helm     bool
+	rollouts []rollout
 }
 
 // Node is one qemu guest.
@@ -158,12 +163,14 @@ func startCluster(t *testing.T, p prerequisites, mode string) *Cluster {
 		// (kubectl exec, logs) are dialled by their InternalIP: no DNS knows the nodes' names.
 		ExtraAPIServerArgs: []string{"--advertise-address=" + gatewayIP, "--kubelet-preferred-address-types=InternalIP"},
 	})
-	c := &Cluster{t: t, p: p, mode: mode, cp: cp, client: cp.AdminClient(), kubeconfig: cp.AdminKubeconfig()}
+	c := &Cluster{t: t, p: p, mode: mode, cp: cp, client: cp.AdminClient(), kubeconfig: cp.AdminKubeconfig(),
+		registry: newLaneRegistry(t), helm: mode == helmMode()}
 	t.Logf("control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) up after %v", time.Since(start).Round(100*time.Millisecond))
 	ns := cp.Netns()
 	mustNS(t, ns, "ip", "link", "add", bridge, "type", "bridge")
 	mustNS(t, ns, "ip", "addr", "add", gatewayIP+bridgeBits, "dev", bridge)
 	mustNS(t, ns, "ip", "link", "set", bridge, "up")
+	c.registry.start(t, c)
 
 	data, err := os.ReadFile(cp.AdminKubeconfig())
 	if err != nil {
@@ -188,6 +195,8 @@ func startCluster(t *testing.T, p prerequisites, mode string) *Cluster {
 			"CLUSTER_CIDR": clusterCIDR, "ROUTES": strings.Join(own, " "), "PROXY_MODE": mode, "BIN": p.bin,
 			"IMAGES":      filepath.Join(p.imagesDir, "pause.tar") + " " + filepath.Join(p.imagesDir, "workload.tar"),
 			"PAUSE_IMAGE": p.images["NNM_CLUSTER_PAUSE_IMAGE"],
+			// The agent's image is pulled from the lane's registry, whose CA containerd trusts.
+			"REGISTRY": c.registry.addr, "REGISTRY_CA": c.registry.caFile,
 		}
 		var b strings.Builder
 		for k, v := range nodeEnv {

@@ -1,11 +1,11 @@
 package cluster
 
-// Day 2 on the same cluster boot, after the fixes' proofs (issue #38): a rolling upgrade to a second
-// image tag built as the install builds the first, with the agent's rules sampled on every node
-// through it and a connection held across it; a ConfigMap that does not load; /metrics scraped by a
-// Pod with real ServiceAccount tokens; the agent's Node Events; 10,000 Services under the
-// manifest's memory limit; the kubelet's probes and restarts over the run; the uninstall, which must
-// return each node's netfilter state to what it was before the install.
+// Day 2 on the same cluster boot, after the upgrade from the previous release and the fixes' proofs
+// (issue #38): a configuration change through the overlay, rolled out node by node; a ConfigMap
+// edited in place that does not load; /metrics scraped by a Pod with real ServiceAccount tokens; the
+// agent's Node Events; 10,000 Services under the manifest's memory limit; the kubelet's probes and
+// restarts over the run; the uninstall, which must return each node's netfilter state to what it was
+// before the install.
 
 import (
 	"bufio"
@@ -17,7 +17,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -84,15 +83,10 @@ const (
 
 // day2 runs the stages in order; each is a subtest, so one failing does not hide the next. It
 // returns the mss-clamp row of the without/with table (without: measured before the install).
-func day2(t *testing.T, c *Cluster, before map[string][]string, mssAddr, mssWithout string) []row {
-	registry := regexp.MustCompile(`(?m)^REGISTRY=(\S+)$`).FindStringSubmatch(installSteps(t, c.p.root))
-	if registry == nil {
-		t.Fatal("docs/deploy.md's install steps set no REGISTRY=")
-	}
-	d := &day2State{c: c}
+func day2(t *testing.T, c *Cluster, cur *bundle, before map[string][]string, mssAddr, mssWithout string) []row {
+	d := &day2State{c: c, newTag: cur.version}
 	mssWith := "not run"
 	t.Run("mss-clamp", func(t *testing.T) { mssWith = d.enableMSSClamp(t, mssAddr) })
-	t.Run("rolling-upgrade", func(t *testing.T) { d.newTag = rollingUpgrade(t, c, registry[1], d.mss) })
 	t.Run("bad-configmap", func(t *testing.T) { d.badConfigMap(t) })
 	t.Run("metrics-scrape", func(t *testing.T) { scrapeMetrics(t, c) })
 	t.Run("node-events", func(t *testing.T) { d.nodeEvents(t) })
@@ -106,16 +100,14 @@ type day2State struct {
 	c      *Cluster
 	mss    bool   // mss-clamp enabled and its rules seen on every node
 	good   string // the ConfigMap's file before the bad one
-	newTag string
+	newTag string // the version the agents run
 }
 
-// updateConfig replaces the ConfigMap's file with edit(file) and makes the kubelets refresh it.
+// updateConfig replaces the file of the ConfigMap the agents mount with edit(file), in place (the
+// hot reload of docs/deploy.md's "Changing the configuration"), and makes the kubelets refresh it.
 func (d *day2State) updateConfig(t *testing.T, edit func(string) string) {
 	ctx := t.Context()
-	cm, err := d.c.client.CoreV1().ConfigMaps(agentNS).Get(ctx, configMapName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cm := liveConfig(t, d.c)
 	cm.Data["config.yaml"] = edit(cm.Data["config.yaml"])
 	if _, err := d.c.client.CoreV1().ConfigMaps(agentNS).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
@@ -126,12 +118,12 @@ func (d *day2State) updateConfig(t *testing.T, edit func(string) string) {
 }
 
 // enableMSSClamp enables mss-clamp as docs/deploy.md's "Changing the configuration" says: a patch of
-// the ConfigMap in the install overlay, applied (no restart; the next apply of the overlay, the
-// upgrade's, keeps it), waits for its rules on every node and downloads again.
+// the ConfigMap in the install overlay, applied and rolled out node by node (applyConfig), waits for
+// its rules on every node and downloads again.
 func (d *day2State) enableMSSClamp(t *testing.T, addr string) string {
 	ctx := t.Context()
 	c := d.c
-	out := applyOverlayConfig(t, c, enableFix(mssclamp.ID))
+	out := applyConfig(t, c, enableFix(mssclamp.ID))
 	t.Logf("kubectl apply -k %s (mss-clamp enabled in a ConfigMap patch of the overlay):\n%s", installOverlay, strings.TrimSpace(out))
 	start := time.Now()
 	markers := mssMarkers(c.mode)
@@ -154,7 +146,7 @@ func (d *day2State) enableMSSClamp(t *testing.T, addr string) string {
 			t.Fatalf("mss-clamp enabled in the overlay's ConfigMap: %v", err)
 		}
 	}
-	t.Logf("mss-clamp's rules on every node %v after the apply (no restart)", time.Since(start).Round(time.Second))
+	t.Logf("mss-clamp's rules on every node %v after the rollout", time.Since(start).Round(time.Second))
 	d.mss = true
 	with, ok := download(ctx, c, addr)
 	t.Logf("with the agent (mss-clamp): %s from client-a: %s", addr, with)
@@ -345,121 +337,6 @@ func conntrackID(ctx context.Context, c *Cluster, n *Node, addr string) (string,
 		return "", fmt.Errorf("%s: no conntrack entry from %s: %q", n.name, addr, out)
 	}
 	return m[1] + " (" + strings.TrimSpace(lastLine(out)) + ")", nil
-}
-
-// rollingUpgrade builds a second tag the way the install builds the release's (make release with
-// another VERSION; the lane's buildah hands the pushed image to the nodes), points the registry
-// Component at it (newTag, as docs/deploy.md says for a pre-release) and applies the install overlay;
-// meanwhile each node's rules are sampled every 100 ms and client-a holds a connection to the
-// lb-local Service's ClusterIP (endpoint server-b on node-b), whose conntrack entry on node-a must
-// be the same one afterwards. It returns the new tag.
-func rollingUpgrade(t *testing.T, c *Cluster, registry string, mss bool) string {
-	ctx := t.Context()
-	for _, pod := range agentPods(t, c) {
-		for _, st := range pod.Status.ContainerStatuses {
-			if st.RestartCount != 0 || !st.Ready {
-				t.Errorf("before the upgrade: agent %s on %s: ready %v, %d restarts", pod.Name, pod.Spec.NodeName, st.Ready, st.RestartCount)
-			}
-		}
-	}
-	for _, n := range c.nodes {
-		env, err := samplerEnv(ctx, c, n.name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		baseline, err := startSampler(ctx, c, n, env)
-		if err != nil {
-			t.Fatalf("%s: sampler: %v: %s", n.name, err, baseline)
-		}
-		for _, m := range ruleMarkers(c.mode, mss) {
-			if !slices.ContainsFunc(m, func(m string) bool { return strings.Contains(baseline, m) }) {
-				t.Fatalf("%s: the agent's rules before the upgrade lack %q:\n%s", n.name, m, baseline)
-			}
-		}
-		how := "nf_tables over netlink"
-		if env != "" {
-			how = env
-		}
-		t.Logf("%s: sampling the agent's rules every 100 ms (%d lines, %s)", n.name, strings.Count(baseline, "\n"), how)
-	}
-	svc, err := c.client.CoreV1().Services(testNS).Get(ctx, "lb-local", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hold := startHold(t, c, fmt.Sprintf("%s:%d", svc.Spec.ClusterIP, servicePort))
-	nodeA := c.node("node-a")
-	idBefore, err := conntrackID(ctx, c, nodeA, hold.from)
-	if err != nil {
-		t.Error(err)
-	}
-	t.Logf("client-a holds a connection from %s to %s:%d; node-a's conntrack entry: id=%s", hold.from, svc.Spec.ClusterIP, servicePort, idBefore)
-
-	release := strings.TrimSpace(mustOutput(t, exec.Command(filepath.Join(c.p.root, "hack/version.sh"), "--release")))
-	newTag := release + upgradeSuffix
-	script := fmt.Sprintf(`NEW=%[1]s
-REGISTRY=%[2]s
-ARCHES=amd64 make release VERSION=$NEW
-buildah manifest push --all network-node-manager:$NEW docker://$REGISTRY/network-node-manager:$NEW
-echo "    newTag: $NEW" >> my-cluster/registry/kustomization.yaml
-echo "== apply"
-kubectl apply -k my-cluster/install
-kubectl -n kube-system rollout status daemonset/network-node-manager --timeout=15m
-`, newTag, registry)
-	applied := make(chan time.Time, 1)
-	out := &stampWriter{mark: "== apply", at: applied}
-	start := time.Now()
-	runErr := docsScript(ctx, t, c, script, out)
-	var took time.Duration
-	select {
-	case from := <-applied:
-		took = time.Since(from)
-	default:
-	}
-	t.Logf("upgrade to %s (make release, push, newTag, apply, rollout status) took %v, %v of it from the apply to the rollout complete:\n%s",
-		newTag, time.Since(start).Round(time.Second), took.Round(100*time.Millisecond), tailString(out.String(), 12))
-	// Keep sampling a moment after the last new pod turned Ready.
-	time.Sleep(3 * time.Second)
-	for _, n := range c.nodes {
-		sum, err := stopSampler(ctx, c, n)
-		if err != nil {
-			t.Errorf("%s: sampler: %v", n.name, err)
-			continue
-		}
-		t.Logf("%s: the agent's rules through the rollout: %s", n.name, strings.TrimSpace(sum))
-		if !strings.Contains(sum, "lacking=0 ") || strings.Contains(sum, "samples=0 ") {
-			t.Errorf("%s: a sample during the rollout lacked the agent's rules (or none was taken):\n%s", n.name, sum)
-		}
-	}
-	line, holdErr := hold.stop()
-	t.Logf("client-a's held connection: %s", line)
-	if holdErr != nil {
-		t.Errorf("the connection held across the rollout failed: %v: %s", holdErr, hold.output())
-	}
-	if idBefore != "" {
-		idAfter, err := conntrackID(ctx, c, nodeA, hold.from)
-		switch {
-		case err != nil:
-			t.Errorf("after the rollout: %v", err)
-		case strings.Fields(idAfter)[0] != strings.Fields(idBefore)[0]:
-			t.Errorf("node-a's conntrack entry of the held connection changed: before id=%s, after id=%s", idBefore, idAfter)
-		default:
-			t.Logf("node-a's conntrack entry after the rollout: id=%s (the same entry)", idAfter)
-		}
-	}
-	if runErr != nil {
-		t.Fatalf("upgrade: %v:\n%s", runErr, tailString(out.String(), 40))
-	}
-	want := registry + "/network-node-manager:" + newTag
-	for _, pod := range agentPods(t, c) {
-		if got := pod.Spec.Containers[0].Image; got != want {
-			t.Errorf("agent %s on %s runs %s, want %s", pod.Name, pod.Spec.NodeName, got, want)
-		}
-		v, err := c.Kubectl(ctx, "", "-n", agentNS, "exec", pod.Name, "--", "network-node-manager", "version")
-		if err != nil || !strings.Contains(v, newTag) {
-			t.Errorf("agent %s on %s: `network-node-manager version` does not say %s: %v %s", pod.Name, pod.Spec.NodeName, newTag, err, v)
-		}
-	}
-	return newTag
 }
 
 func mustOutput(t *testing.T, cmd *exec.Cmd) string {
@@ -988,6 +865,14 @@ func uninstall(t *testing.T, c *Cluster, before map[string][]string) {
 	if err != nil {
 		t.Fatalf("docs/deploy.md's uninstall steps: %v", err)
 	}
+	compareAfterUninstall(t, c, before)
+}
+
+// compareAfterUninstall: no agent Pod is left, and each node's netfilter state and sysctls are what
+// they were before the install.
+func compareAfterUninstall(t *testing.T, c *Cluster, before map[string][]string) {
+	t.Helper()
+	ctx := t.Context()
 	if pods := agentPods(t, c); len(pods) != 0 {
 		t.Errorf("agent Pods left after the uninstall: %d", len(pods))
 	}

@@ -46,6 +46,9 @@ func TestCluster(t *testing.T) {
 		if mode != "ipvs" && mode != "nftables" {
 			t.Fatalf("%s=%q: unknown kube-proxy mode %q (ipvs, nftables, all, 0)", day2Env, os.Getenv(day2Env), mode)
 		}
+		if mode == helmMode() {
+			t.Fatalf("%s=%q: day 2 changes the kustomize overlay, and %s mode installs with Helm (%s=%s): run day 2 in the other mode", day2Env, os.Getenv(day2Env), mode, helmModeEnv, helmMode())
+		}
 	}
 	var rows []row
 	for _, mode := range modes {
@@ -139,7 +142,13 @@ func runMode(t *testing.T, p prerequisites, mode string) []row {
 	if err != nil {
 		t.Fatal(err)
 	}
-	installFromDocs(t, c)
+	// The release (release_test.go): the previous one installed, upgraded to this commit's as
+	// docs/deploy.md says (kustomize, or Helm in helmMode), rolled back and forward, sampled.
+	prev := previousRelease(t, c)
+	pushBundle(t, c, prev)
+	installPrevious(t, c, prev)
+	cur := upgradeFromPrevious(t, c, prev)
+	rollbackAndForward(t, c, prev, cur)
 	checkAgents(t, c)
 
 	with := map[string]string{}
@@ -178,11 +187,19 @@ func runMode(t *testing.T, p prerequisites, mode string) []row {
 		row{"kubernetes#58336 (stale-udp-conntrack)", mode, udpClient + "the Pod deleted and recreated with the same hostPort", udpRecreatedWithout.String(), udpRecreatedWith.String()},
 		row{"kubernetes#58336 (stale-udp-conntrack)", mode, udpClient + "the Pod deleted, a host-network Pod on the port", udpHostNetWithout.String(), udpHostNetWith.String()})
 	// Day 2 in the same cluster boot, after the proofs, in the modes day2Modes selects.
-	if !day2Modes()[mode] {
-		t.Logf("day 2 not run in %s mode (%s=%q)", mode, day2Env, os.Getenv(day2Env))
+	if c.helm {
+		// Day 2 changes the kustomize overlay: the Helm install ends with its own uninstall.
+		t.Run("helm-uninstall", func(t *testing.T) { helmUninstall(t, c, cur, before) })
+		releaseReport(t, c)
 		return rows
 	}
-	t.Run("day2", func(t *testing.T) { rows = append(rows, day2(t, c, before, mssAddr, mssWithout)...) })
+	if !day2Modes()[mode] {
+		t.Logf("day 2 not run in %s mode (%s=%q)", mode, day2Env, os.Getenv(day2Env))
+		releaseReport(t, c)
+		return rows
+	}
+	t.Run("day2", func(t *testing.T) { rows = append(rows, day2(t, c, cur, before, mssAddr, mssWithout)...) })
+	releaseReport(t, c)
 	return rows
 }
 

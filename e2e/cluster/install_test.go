@@ -2,27 +2,24 @@ package cluster
 
 import (
 	"context"
-	"io"
+	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/network-node-manager/network-node-manager/hack/manifests"
 )
 
-// The install as docs/deploy.md gives it: the shell block after "<!-- install-steps -->" in its
-// "## Install" section, run for real with bash -e from the root of this checkout (as the doc says),
-// with ARCHES=amd64 (the doc's knob for one architecture: the nodes are amd64) and the lane's
-// kubectl. The one command that cannot run here is the push to "your registry": the lane's buildah
-// (hack/cluster/docshims/buildah) hands the pushed image to the nodes' containerd under the pushed
-// name instead. So the image the doc builds, under the tag the doc pushes, is what the overlay the
-// doc writes runs, or the rollout fails (ImagePullBackOff: no registry answers).
+// docs/deploy.md's blocks: the shell block after a marker ("<!-- install-steps -->", ...), run for
+// real with bash -e from the root of this checkout (as the doc says), in the control plane's
+// namespace, where the lane's registry is on the nodes' bridge (release_test.go: Cluster.run).
 
 const installMarker = "<!-- install-steps -->"
 
@@ -43,94 +40,15 @@ func docBlock(t *testing.T, root, marker string) string {
 	return m[1]
 }
 
-// installSteps returns the doc's install script.
+// installSteps returns the doc's kustomize install script (after its bundle steps).
 func installSteps(t *testing.T, root string) string { return docBlock(t, root, installMarker) }
 
-// docsScript runs script as the doc's blocks run: bash -e in the checkout's root, the lane's kubectl
-// and buildah (hack/cluster/docshims/buildah) first on the PATH, ARCHES=amd64. out receives its
+// docsScript runs one of the doc's blocks as the install ran them: bash -e in the checkout's root,
+// in the control plane's namespace, the lane's tools and registry (Cluster.run). out receives its
 // output.
-func docsScript(ctx context.Context, t *testing.T, c *Cluster, script string, out io.Writer) error {
+func docsScript(ctx context.Context, t *testing.T, c *Cluster, script string, out *strings.Builder) error {
 	t.Helper()
-	realBuildah, err := exec.LookPath("buildah")
-	if err != nil {
-		t.Fatalf("buildah: %v (make test-cluster installs it)", err)
-	}
-	shims := t.TempDir()
-	for name, target := range map[string]string{
-		"buildah": filepath.Join(c.p.root, "hack/cluster/docshims/buildah"),
-		"kubectl": filepath.Join(c.p.bin, "kubectl"),
-	} {
-		if err := os.Symlink(target, filepath.Join(shims, name)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var dirs []string
-	for _, n := range c.nodes {
-		dirs = append(dirs, n.dir)
-	}
-	cmd := exec.CommandContext(ctx, "bash", "-e", "-c", script)
-	cmd.Dir = c.p.root
-	cmd.Env = append(os.Environ(),
-		"PATH="+shims+":"+os.Getenv("PATH"), "KUBECONFIG="+c.kubeconfig, "ARCHES=amd64",
-		"NNM_CLUSTER_REAL_BUILDAH="+realBuildah, "NNM_CLUSTER_PUSH_DIR="+t.TempDir(),
-		"NNM_CLUSTER_NODE_DIRS="+strings.Join(dirs, " "))
-	cmd.Stdout, cmd.Stderr = out, out
-	return cmd.Run()
-}
-
-// installFromDocs runs the doc's install steps and returns how long from the first `kubectl apply`
-// until `kubectl rollout status` said every agent is Ready.
-func installFromDocs(t *testing.T, c *Cluster) time.Duration {
-	t.Helper()
-	script := installSteps(t, c.p.root)
-	if !strings.Contains(script, "kubectl apply -k") || !strings.Contains(script, "rollout status daemonset/network-node-manager") {
-		t.Fatalf("docs/deploy.md's install steps no longer apply and wait for the DaemonSet; teach e2e/cluster:\n%s", script)
-	}
-	// The doc writes its overlay (my-cluster/) into the checkout; it is not the repository's.
-	for _, d := range regexp.MustCompile(`mkdir -p (\S+)`).FindAllStringSubmatch(script, -1) {
-		top := filepath.Join(c.p.root, strings.SplitN(d[1], "/", 2)[0])
-		if _, err := os.Stat(top); err == nil {
-			t.Fatalf("%s exists before the install steps ran: remove it", top)
-		}
-		t.Cleanup(func() { os.RemoveAll(top) })
-	}
-	// Time the steps from the apply on: kubectl prints "… created" for it, the rest is make release.
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Minute)
-	defer cancel()
-	applied := make(chan time.Time, 1)
-	out := &stampWriter{mark: "daemonset.apps/network-node-manager", at: applied}
-	start := time.Now()
-	err := docsScript(ctx, t, c, script, out)
-	t.Logf("docs/deploy.md install steps (bash -e, ARCHES=amd64, in the checkout's root) took %v:\n%s", time.Since(start).Round(time.Second), tailString(out.String(), 40))
-	if err != nil {
-		t.Fatalf("docs/deploy.md's install steps failed: %v", err)
-	}
-	var from time.Time
-	select {
-	case from = <-applied:
-	default:
-		t.Fatalf("`kubectl apply -k` printed no daemonset.apps/network-node-manager line")
-	}
-	took := time.Since(from)
-	t.Logf("from `kubectl apply -k` (the DaemonSet created) to the rollout complete (every agent Ready): %v", took.Round(100*time.Millisecond))
-	return took
-}
-
-// stampWriter keeps what is written and sends the time the first line containing mark arrived.
-type stampWriter struct {
-	strings.Builder
-	mark string
-	at   chan time.Time
-	sent bool
-}
-
-func (w *stampWriter) Write(p []byte) (int, error) {
-	w.Builder.Write(p)
-	if !w.sent && strings.Contains(w.String(), w.mark) {
-		w.sent = true
-		w.at <- time.Now()
-	}
-	return len(p), nil
+	return c.run(ctx, t, c.p.root, laneScript(t, c, script), out)
 }
 
 func tailString(s string, n int) string {
@@ -144,20 +62,56 @@ func tailString(s string, n int) string {
 // installOverlay is the install overlay docs/deploy.md's install steps write into the checkout.
 const installOverlay = "my-cluster/install"
 
-// applyOverlayConfig changes the agent's configuration as docs/deploy.md's "Changing the
-// configuration" says: the ConfigMap as a patch in the install overlay (its config.yaml: the live
-// file with edit applied), the components a fix needs added under the overlay's components: (as
-// "For an optional part" in Install says), then `kubectl apply -k` of the overlay; the kubelets are
-// made to refresh the ConfigMap volume at once. It returns kubectl's output. The upgrade's apply
-// keeps all of it: it is the overlay's.
-func applyOverlayConfig(t *testing.T, c *Cluster, edit func(string) string, components ...string) string {
+// liveConfig is the ConfigMap the agent's DaemonSet mounts now (its name carries a content hash).
+func liveConfig(t *testing.T, c *Cluster) *corev1.ConfigMap {
 	t.Helper()
 	ctx := t.Context()
-	cm, err := c.client.CoreV1().ConfigMaps(agentNS).Get(ctx, configMapName, metav1.GetOptions{})
+	ds, err := c.client.AppsV1().DaemonSets(agentNS).Get(ctx, "network-node-manager", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := cm.Data["config.yaml"]
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.ConfigMap != nil {
+			cm, err := c.client.CoreV1().ConfigMaps(agentNS).Get(ctx, v.ConfigMap.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return cm
+		}
+	}
+	t.Fatal("the agent's DaemonSet mounts no ConfigMap")
+	return nil
+}
+
+// applyConfig changes the agent's configuration as docs/deploy.md's "Changing the configuration"
+// says for the mode's install: the config file edit(live file) and the components a fix needs,
+// through the kustomize overlay (applyOverlayConfig) or Helm's values (helmConfig). Either is a new
+// ConfigMap (a new content hash) and so a rollout of the DaemonSet, node by node, sampled like an
+// upgrade; it returns what the apply printed.
+func applyConfig(t *testing.T, c *Cluster, edit func(string) string, components ...string) string {
+	t.Helper()
+	var out string
+	r := sampled(t, c, fmt.Sprintf("a configuration change (%s)", map[bool]string{true: "helm upgrade --reuse-values", false: "kubectl apply -k of the overlay"}[c.helm]), func() error {
+		if c.helm {
+			out = helmConfig(t, c, edit, components...)
+		} else {
+			out = applyOverlayConfig(t, c, edit, components...)
+		}
+		_, err := c.Kubectl(t.Context(), "", "-n", agentNS, "rollout", "status", "daemonset/network-node-manager", "--timeout=10m")
+		return err
+	})
+	c.rollouts = append(c.rollouts, r)
+	return out
+}
+
+// applyOverlayConfig: the ConfigMap as a patch in the install overlay (its config.yaml: the live
+// file with edit applied), the components a fix needs added under the overlay's components: (as
+// "For an optional part" in Install says), then `kubectl apply -k` of the overlay. The ConfigMap
+// gets a new name and the DaemonSet a new pod template: both are in what kubectl says it changed.
+func applyOverlayConfig(t *testing.T, c *Cluster, edit func(string) string, components ...string) string {
+	t.Helper()
+	ctx := t.Context()
+	f := liveConfig(t, c).Data["config.yaml"]
 	if !strings.Contains(f, "\nfixes:\n") {
 		t.Fatalf("the ConfigMap's file has no top-level fixes: block:\n%s", f)
 	}
@@ -184,8 +138,8 @@ func applyOverlayConfig(t *testing.T, c *Cluster, edit func(string) string, comp
 	}
 	comps, _ := k["components"].([]any)
 	for _, want := range components {
-		if !slices.Contains(comps, any(want)) {
-			comps = append(comps, want)
+		if !slices.Contains(comps, any("../../deploy/components/"+want)) {
+			comps = append(comps, "../../deploy/components/"+want)
 		}
 	}
 	k["components"] = comps
@@ -200,11 +154,40 @@ func applyOverlayConfig(t *testing.T, c *Cluster, edit func(string) string, comp
 	if err != nil {
 		t.Fatalf("kubectl apply -k %s (a ConfigMap patch, components %v): %v:\n%s", installOverlay, components, err, out)
 	}
-	if !strings.Contains(out, "configmap/"+configMapName+" configured") || strings.Contains(out, "daemonset.apps/network-node-manager configured") {
-		t.Errorf("the apply should change the ConfigMap and nothing of the DaemonSet:\n%s", out)
-	}
-	if err := kickKubelet(ctx, c); err != nil {
-		t.Error(err)
+	if !regexp.MustCompile(`configmap/`+configMapName+`-\w{10} created`).MatchString(out) || !strings.Contains(out, "daemonset.apps/network-node-manager configured") {
+		t.Errorf("the apply should create a ConfigMap of a new name and change the DaemonSet's pod template:\n%s", out)
 	}
 	return out
+}
+
+// helmConfig: `helm upgrade --reuse-values` of this commit's chart with the edited file as the
+// config value and the components' values set.
+func helmConfig(t *testing.T, c *Cluster, edit func(string) string, components ...string) string {
+	t.Helper()
+	var file map[string]any
+	if err := yaml.Unmarshal([]byte(edit(liveConfig(t, c).Data["config.yaml"])), &file); err != nil {
+		t.Fatal(err)
+	}
+	comps := map[string]any{}
+	for _, dir := range components {
+		i := slices.IndexFunc(manifests.ChartComponents, func(cc manifests.ChartComponent) bool { return cc.Dir == dir })
+		if i < 0 {
+			t.Fatalf("no chart value for components/%s", dir)
+		}
+		comps[manifests.ChartComponents[i].Value] = true
+	}
+	values, err := yaml.Marshal(map[string]any{"config": file, "components": comps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vf := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(vf, values, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	err = c.run(t.Context(), t, c.p.root, "helm upgrade network-node-manager "+currentBundle(t, c).chart()+" --namespace kube-system --reuse-values --values "+vf+"\n", &out)
+	if err != nil {
+		t.Fatalf("helm upgrade (config, components %v): %v:\n%s", components, err, out.String())
+	}
+	return out.String()
 }

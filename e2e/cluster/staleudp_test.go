@@ -298,7 +298,7 @@ func deletePodAndWait(t *testing.T, c *Cluster, name string) {
 // applied; then waits for node-b's agent to post FixSynced for it.
 func enableStaleUDP(t *testing.T, c *Cluster) {
 	start := time.Now()
-	out := applyOverlayConfig(t, c, enableFix(staleudpconntrack.ID), "../../deploy/components/stale-udp-conntrack")
+	out := applyConfig(t, c, enableFix(staleudpconntrack.ID), "stale-udp-conntrack")
 	t.Logf("kubectl apply -k %s (stale-udp-conntrack's component and the fix enabled in the ConfigMap patch):\n%s", installOverlay, strings.TrimSpace(out))
 	took := agenttest.Eventually(t, 4*time.Minute, func() error {
 		evs, err := c.client.EventsV1().Events("default").List(t.Context(), metav1.ListOptions{})

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Exports the cluster lane's own images (make test-cluster) as docker-archive tarballs that each
-# node's containerd imports at boot (`ctr -n k8s.io images import`): no registry is involved. The
-# agent's image is not among them: docs/deploy.md's install steps build and "push" it
-# (hack/cluster/docshims/buildah).
+# node's containerd imports at boot (`ctr -n k8s.io images import`). The agent's image is not among
+# them: docs/deploy.md's install steps build its release bundle and push it to the lane's registry,
+# from which the kubelets pull it (e2e/cluster/release_test.go).
 #   pause.tar     localhost/nnm-cluster-pause:$TAG, the Pod sandbox image (containerd's sandbox_image)
 #   workload.tar  localhost/nnm-cluster-workload:$TAG, the test Pods' server and client
 # pause and workload are the one static binary e2e/cluster/workload (`workload pause`, `workload

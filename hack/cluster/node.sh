@@ -8,8 +8,10 @@
 #
 # It makes what a node needs writable (tmpfs /var and /etc/nnm-cluster; /run is the initramfs's
 # tmpfs), mounts cgroup v2, configures eth0 on the test's bridge and the routes to the other nodes'
-# pod CIDRs, imports the images into containerd (no registry), and starts containerd, kubelet and
-# kube-proxy. A shell on TCP port 2222 (busybox nc) lets the test run commands on the node.
+# pod CIDRs, imports the lane's own images into containerd (pause, workload), trusts the lane's
+# registry (REGISTRY, its CA REGISTRY_CA), from which the kubelet pulls the agent's image, and starts
+# containerd, kubelet and kube-proxy. A shell on TCP port 2222 (busybox nc) lets the test run
+# commands on the node.
 set -eu
 SHARE=/run/nnm-share
 mkdir -p "$SHARE"
@@ -17,7 +19,7 @@ mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 nnmshare "$SHARE"
 exec >>"$SHARE/node.log" 2>&1
 set -x
 . "$SHARE/node.env"
-: "$NODE_NAME" "$NODE_IP" "$GATEWAY" "$POD_CIDR" "$CLUSTER_CIDR" "$PROXY_MODE" "$BIN" "$IMAGES" "$PAUSE_IMAGE"
+: "$NODE_NAME" "$NODE_IP" "$GATEWAY" "$POD_CIDR" "$CLUSTER_CIDR" "$PROXY_MODE" "$BIN" "$IMAGES" "$PAUSE_IMAGE" "$REGISTRY" "$REGISTRY_CA"
 
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mount -t tmpfs -o mode=0755 var /var
@@ -61,6 +63,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "/run/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".registry.configs."$REGISTRY".tls]
+    ca_file = "$REGISTRY_CA"
 TOML
 containerd --config /run/containerd/config.toml >"$SHARE/containerd.log" 2>&1 &
 i=0
@@ -103,16 +107,5 @@ YAML
 "$BIN/kube-proxy" --kubeconfig="$SHARE/kubeconfig" --proxy-mode="$PROXY_MODE" --hostname-override="$NODE_NAME" \
 	--cluster-cidr="$CLUSTER_CIDR" --v=2 >"$SHARE/kube-proxy.log" 2>&1 &
 busybox nc -ll -p 2222 -e /bin/sh &
-# Images "pushed to the registry" later (hack/cluster/docshims/buildah, which writes the archive's
-# path to $SHARE/import); import.done says it is in containerd.
-set +x
-while :; do
-	if [ -f "$SHARE/import" ]; then
-		img="$(cat "$SHARE/import")"
-		rm -f "$SHARE/import"
-		ctr --address /run/containerd/containerd.sock -n k8s.io images import "$img" && touch "$SHARE/import.done"
-	fi
-	sleep 2
-done &
 echo "NNM-NODE-STARTED"
 wait
