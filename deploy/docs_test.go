@@ -805,3 +805,26 @@ func TestDocsKubectlNamesExist(t *testing.T) {
 		t.Errorf("found %d named objects in the pages' kubectl commands", n)
 	}
 }
+
+// TestChangelogIsForOperators: CHANGELOG.md says what changed for operators, at most 60 lines a
+// release (figures live in BENCHMARKS.md, how a lane measured something in docs/development.md),
+// and every release section's heading is a version (or Unreleased).
+func TestChangelogIsForOperators(t *testing.T) {
+	data, err := os.ReadFile("../CHANGELOG.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sections := regexp.MustCompile(`(?m)^## `).Split(string(data), -1)[1:]
+	if len(sections) < 2 {
+		t.Fatalf("CHANGELOG.md has %d sections, want Unreleased and at least one release", len(sections))
+	}
+	for _, s := range sections {
+		heading, _, _ := strings.Cut(s, "\n")
+		if !regexp.MustCompile(`^(Unreleased|v\d+\.\d+\.\d+)\b`).MatchString(heading) {
+			t.Errorf("CHANGELOG.md section %q: want Unreleased or vX.Y.Z", heading)
+		}
+		if n := strings.Count(strings.TrimSpace(s), "\n"); n > 60 {
+			t.Errorf("CHANGELOG.md section %q has %d lines: at most 60 (figures belong in BENCHMARKS.md)", heading, n)
+		}
+	}
+}

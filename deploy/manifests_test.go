@@ -178,6 +178,9 @@ var manifestSets = map[string]func(t *testing.T) []object{
 	},
 	"uninstall":     func(t *testing.T) []object { return render(t, "uninstall") },
 	"uninstall/job": func(t *testing.T) []object { return render(t, "uninstall/job") },
+	"base + components/config-hot-reload": func(t *testing.T) []object {
+		return fromManifests(t, "config-hot-reload", kustomizeWith(t, "base", []string{"config-hot-reload"}, nil))
+	},
 	// The Helm chart (chart_test.go proves it renders what the kustomizations above render).
 	"helm chart, every component": func(t *testing.T) []object {
 		all := map[string]any{}
