@@ -12,10 +12,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/fixes/mssclamp"
 	"github.com/network-node-manager/network-node-manager/hack/manifests"
-	"github.com/network-node-manager/network-node-manager/internal/controlplane"
-	"github.com/network-node-manager/network-node-manager/internal/testenv"
+	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
 )
 
 // The Helm chart (deploy/helm/network-node-manager) is generated from deploy/'s kustomizations
@@ -70,7 +70,7 @@ func helm(t *testing.T) string {
 	}
 	p := filepath.Join(dir, "helm")
 	if _, err := os.Stat(p); err != nil {
-		testenv.Unavailable(t, "%s missing: run `hack/build-release-tools.sh helm` (make test does)", p)
+		netns.Unavailable(t, "%s missing: run `hack/build-release-tools.sh helm` (make test does)", p)
 	}
 	return p
 }
