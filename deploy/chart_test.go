@@ -84,7 +84,13 @@ func helmTemplate(t *testing.T, values map[string]any) []manifests.Object {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f := filepath.Join(t.TempDir(), "values.yaml")
+		// (not under t.TempDir(): helm splits --values at commas, which a subtest's name may hold)
+		dir, err := os.MkdirTemp("", "nnm-helm-values-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		f := filepath.Join(dir, "values.yaml")
 		if err := os.WriteFile(f, data, 0o644); err != nil {
 			t.Fatal(err)
 		}

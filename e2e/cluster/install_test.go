@@ -180,7 +180,12 @@ func helmConfig(t *testing.T, c *Cluster, edit func(string) string, components .
 	if err != nil {
 		t.Fatal(err)
 	}
-	vf := filepath.Join(t.TempDir(), "values.yaml")
+	dir, err := os.MkdirTemp("", "nnm-helm-values-") // helm splits --values at commas, which t.TempDir() may hold
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	vf := filepath.Join(dir, "values.yaml")
 	if err := os.WriteFile(vf, values, 0o644); err != nil {
 		t.Fatal(err)
 	}
