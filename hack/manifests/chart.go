@@ -5,8 +5,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 
@@ -497,6 +499,9 @@ func (g *chartGen) resourceComponents(root string, base []Object) error {
 	return nil
 }
 
+// cleanupIdentity: the kinds deploy/uninstall may render beside its DaemonSet.
+var cleanupIdentity = map[string]bool{"ServiceAccount": true, "ClusterRole": true, "ClusterRoleBinding": true}
+
 // cleanup: the uninstall DaemonSet, rendered instead of the agent with cleanup: true.
 func (g *chartGen) cleanup(root string, d chartDefaults) error {
 	objs, err := RenderWith(root, "uninstall", nil, nil)
@@ -505,10 +510,15 @@ func (g *chartGen) cleanup(root string, d chartDefaults) error {
 	}
 	var ds Object
 	for _, o := range objs {
-		if o.ID() == "DaemonSet kube-system/"+cleanupDaemonSet {
+		switch {
+		case o.ID() == "DaemonSet kube-system/"+cleanupDaemonSet:
 			ds = o
-		} else {
-			return fmt.Errorf("deploy/uninstall renders %s: the chart's cleanup holds only its DaemonSet", o.ID())
+		case cleanupIdentity[kindOf(o)]:
+			// The cleanup pods' identity (components/cleanup-node-conditions) holds no value an
+			// operator sets: it goes into the chart as kustomize renders it.
+			g.add("templates/"+templateName(o), generated+"{{- if .Values.cleanup }}\n"+string(o.YAML())+"{{- end }}\n")
+		default:
+			return fmt.Errorf("deploy/uninstall renders %s: the chart's cleanup holds only its DaemonSet and its identity (%s)", o.ID(), strings.Join(slices.Sorted(maps.Keys(cleanupIdentity)), ", "))
 		}
 	}
 	if ds == nil {
@@ -680,3 +690,8 @@ network-node-manager
 {{- end -}}
 {{- end }}
 `
+
+func kindOf(o Object) string {
+	k, _ := o["kind"].(string)
+	return k
+}
