@@ -10,7 +10,8 @@
 #                                Go modules and the image's Debian packages, with versions
 #   install.yaml, uninstall.yaml deploy/base and deploy/uninstall rendered with the image pinned as
 #                                network-node-manager:$VERSION@<digest> (your registry: an overlay's
-#                                images entry, docs/deploy.md)
+#                                images entry, docs/deploy.md); no uninstall.yaml from a source
+#                                whose deploy/uninstall is not a kustomization (v0.1.0)
 #   network-node-manager-<v>.tgz the Helm chart, its version and image digest set to this build's
 #   cosign.pub                   the public key of the signature and the attestations
 #   SHA256SUMS, SHA256SUMS.sig   the checksums of every file above, and their cosign signature
@@ -121,7 +122,13 @@ tar -C "$work/oci" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -c
 # The manifests, pinned by tag and digest, and the chart of this build.
 manifests() { (cd "$ROOT" && go run ./hack/manifests/cmd/manifests "$@"); }
 manifests release "$SRC" base "$VERSION" "$DIGEST" >"$OUT/install.yaml"
-manifests release "$SRC" uninstall "$VERSION" "$DIGEST" >"$OUT/uninstall.yaml"
+# A source older than deploy/uninstall's kustomization (v0.1.0, which the cluster lane builds as the
+# release it upgrades from) has no uninstall to render: its bundle goes without uninstall.yaml.
+if [[ -f "$SRC/deploy/uninstall/kustomization.yaml" ]]; then
+	manifests release "$SRC" uninstall "$VERSION" "$DIGEST" >"$OUT/uninstall.yaml"
+else
+	echo "== no uninstall.yaml: deploy/uninstall of commit $COMMIT is not a kustomization"
+fi
 if [[ -d "$SRC/deploy/helm/network-node-manager" ]]; then
 	cp -r "$SRC/deploy/helm/network-node-manager" "$work/chart"
 	sed -i -E "s/^version: .*/version: $CHART_VERSION/; s/^appVersion: .*/appVersion: $VERSION/" "$work/chart/Chart.yaml"
