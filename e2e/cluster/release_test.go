@@ -162,7 +162,8 @@ func (r *laneRegistry) start(t *testing.T, c *Cluster) {
 	t.Logf("registry (CNCF Distribution, bin/registry) serving https://%s/v2/ in the control plane's namespace after %v; its CA is the nodes' containerd's", r.addr, took.Round(100*time.Millisecond))
 }
 
-// pulls counts the registry's answers to the nodes (by address) for the agent's image: manifests
+// pulls counts the registry's answers to the nodes (by address) for the agent's image (its access
+// log is the combined log format: the client's address without its port): manifests
 // and blobs GETs, as its access log records them.
 func (r *laneRegistry) pulls(t *testing.T) map[string]int {
 	t.Helper()
@@ -170,7 +171,7 @@ func (r *laneRegistry) pulls(t *testing.T) map[string]int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	re := regexp.MustCompile(`(\d+\.\d+\.\d+\.\d+):\d+ - - \[[^]]*\] "GET /v2/network-node-manager/(manifests|blobs)/`)
+	re := regexp.MustCompile(`(\d+\.\d+\.\d+\.\d+) - - \[[^]]*\] "GET /v2/network-node-manager/(manifests|blobs)/`)
 	n := map[string]int{}
 	for _, m := range re.FindAllStringSubmatch(string(data), -1) {
 		n[m[1]+" "+m[2]]++
