@@ -476,12 +476,13 @@ func upgradeFromPrevious(t *testing.T, c *Cluster, prev *bundle) *bundle {
 	how := "kustomize (docs/deploy.md's install steps)"
 	if c.helm {
 		if !prev.hasChart() {
+			// The steps end with their own Helm install (client-side: the objects were kubectl apply's).
 			script += docBlock(t, c.p.root, helmAdoptMarker) + "\n"
-			how = "Helm (docs/deploy.md's steps from a kustomize install to Helm, then its Helm install)"
+			how = "Helm (docs/deploy.md's steps from a kustomize install to Helm)"
 		} else {
+			script += docBlock(t, c.p.root, helmInstallMarker) + "\n"
 			how = "Helm (docs/deploy.md's Helm install, an upgrade of the previous release's)"
 		}
-		script += docBlock(t, c.p.root, helmInstallMarker) + "\n"
 	} else {
 		script += installSteps(t, c.p.root) + "\n"
 		for _, d := range regexp.MustCompile(`mkdir -p (\S+)`).FindAllStringSubmatch(script, -1) {
@@ -496,7 +497,10 @@ func upgradeFromPrevious(t *testing.T, c *Cluster, prev *bundle) *bundle {
 	r := sampled(t, c, "the upgrade "+prev.version+" → this commit's release with "+how, func() error {
 		ctx, cancel := context.WithTimeout(ctx, 25*time.Minute)
 		defer cancel()
-		return c.run(ctx, t, c.p.root, script, &out)
+		if err := c.run(ctx, t, c.p.root, script, &out); err != nil {
+			return fmt.Errorf("%w; the steps' last lines:\n%s", err, tailString(out.String(), 40))
+		}
+		return nil
 	})
 	t.Logf("the upgrade's steps:\n%s", tailString(out.String(), 60))
 	if m := regexp.MustCompile(`(?s)cosign verify .*?\n(\[\{.*?\}\])`).FindStringSubmatch(out.String()); m != nil {
