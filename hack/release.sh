@@ -144,6 +144,8 @@ fi
 (cd "$OUT" && sha256sum -- * >SHA256SUMS)
 "$COSIGN" sign-blob --key "$COSIGN_KEY" --tlog-upload=false --output-signature "$OUT/SHA256SUMS.sig" "$OUT/SHA256SUMS" 2>"$work/cosign.log" ||
 	{ cat "$work/cosign.log" >&2; exit 1; }
+# cosign writes the signature 0600; it is published like every other file of the bundle.
+chmod 0644 "$OUT/SHA256SUMS.sig"
 
 echo "== $OUT (release bundle of $VERSION, commit $COMMIT)"
 (cd "$OUT" && ls -l --time-style=+ | awk 'NR > 1 {printf "  %10d  %s\n", $5, $NF}')
