@@ -60,6 +60,8 @@ fixes:
 	if err := app.Err(); err != nil {
 		t.Fatalf("the agent must start on a newer config: %v", err)
 	}
+	// SyncOnce starts the file's informers; only Stop ends them.
+	t.Cleanup(func() { _ = e.Stop(context.Background()) })
 	if failed := e.SyncOnce(context.Background(), true); failed {
 		t.Fatal("sync failed")
 	}
