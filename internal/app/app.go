@@ -157,6 +157,9 @@ func planCommand(version string, fixModules fx.Option) *cobra.Command {
 			); err != nil {
 				return err
 			}
+			// planForNode may start the Node's informer; printPlan's engine Stop ends it, but not
+			// when planForNode fails first.
+			defer hub.Stop()
 			cfg, err := planForNode(cmd.Context(), cmd.OutOrStdout(), e, cfg, n, hub)
 			if err != nil {
 				return err
