@@ -21,6 +21,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/internal/config"
 	"github.com/network-node-manager/network-node-manager/internal/inputs/node"
 	"github.com/network-node-manager/network-node-manager/internal/kube"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/testing/kubetest"
 	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
@@ -83,16 +84,6 @@ func TestNodeOverridesFollowLabelsAndReloads(t *testing.T) {
 		return reconfigured[len(reconfigured)-1]
 	}
 	count := func() int { mu.Lock(); defer mu.Unlock(); return len(reconfigured) }
-	until := func(what string, ok func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("never: %s", what)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
 	relabel := func(labels map[string]string) {
 		t.Helper()
 		n, err := cs.CoreV1().Nodes().Get(context.Background(), "n1", metav1.GetOptions{})
@@ -106,7 +97,8 @@ func TestNodeOverridesFollowLabelsAndReloads(t *testing.T) {
 	}
 	relabel(map[string]string{"pool": "canary", "other": "x"})
 	relabel(map[string]string{"pool": "general"})
-	until("the relabel reaches the engine", func() bool { c := last(); return c != nil && !enabled(c) })
+	// The relabel reaches the engine.
+	agenttest.Until(t, 10*time.Second, func() bool { c := last(); return c != nil && !enabled(c) })
 	if n := count(); n != 1 {
 		t.Errorf("%d reconfigurations; a label change that selects the same entry must not reconfigure", n)
 	}

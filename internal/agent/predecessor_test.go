@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/internal/agent"
 	"github.com/network-node-manager/network-node-manager/internal/detect"
 	"github.com/network-node-manager/network-node-manager/internal/engine"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
 
@@ -105,20 +107,14 @@ func TestPredecessorChainsRemovedOnTakeover(t *testing.T) {
 			app.RequireStart()
 			defer app.RequireStop()
 
-			deadline := time.Now().Add(15 * time.Second)
-			for {
-				gone := true
+			agenttest.Eventually(t, 15*time.Second, func() error {
 				for _, bin := range bins {
-					gone = gone && !strings.Contains(save(t, ns, bin), "NMANAGER_")
+					if out := save(t, ns, bin); strings.Contains(out, "NMANAGER_") {
+						return fmt.Errorf("%s: NMANAGER_ chains still present:\n%s", bin, out)
+					}
 				}
-				if gone {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("NMANAGER_ chains still present after 15s:\n%s", save(t, ns, bins[0]))
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
+				return nil
+			})
 			for _, bin := range bins {
 				after := save(t, ns, bin)
 				if !strings.Contains(after, ":NNM-INVALID-INPUT") || !strings.Contains(after, "-j NNM-INVALID-INPUT") {
@@ -156,11 +152,12 @@ func TestLeftoversAfterFirstSync(t *testing.T) {
 	ns := netns.New(t, "nnm-left")
 	type call struct{ fix, kernel string }
 	calls := make(chan call, 4)
+	var takeover *agent.Takeover
 	app := agentApp(t, ns, iptables.NFT, []string{"NNM_MIN_SYNC_PERIOD=0s", "NNM_FIXES_IPVS_EXTERNALIP_DNAT_ENABLED=false"},
 		fx.Supply(agent.Leftovers(func(_ context.Context, fix string) (int, error) {
 			calls <- call{fix, save(t, ns, "iptables-nft")}
 			return 1, nil
-		})))
+		})), fx.Populate(&takeover))
 	app.RequireStart()
 	defer app.RequireStop()
 	for _, fix := range []string{"invalid-drop", ""} {
@@ -176,11 +173,9 @@ func TestLeftoversAfterFirstSync(t *testing.T) {
 			t.Fatalf("the other backend's leftovers of %q were not removed within 15s of the start", fix)
 		}
 	}
-	time.Sleep(2 * predecessorPollForTest)
+	// Once the clean-up has no work left it never calls again: every call it made is in calls.
+	agenttest.Until(t, 5*time.Second, func() bool { return !takeover.Pending() })
 	if n := len(calls); n != 0 {
 		t.Fatalf("the leftovers were removed %d more times; want once per fix and process", n)
 	}
 }
-
-// predecessorPollForTest is core's takeover poll (500ms): twice that passes without a second call.
-const predecessorPollForTest = 500 * time.Millisecond

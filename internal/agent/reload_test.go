@@ -22,6 +22,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/internal/config"
 	"github.com/network-node-manager/network-node-manager/internal/engine"
 	"github.com/network-node-manager/network-node-manager/internal/inputs/builtin"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
 
@@ -183,10 +184,7 @@ func TestConfigReloadRejectsWhatBackendsCannotRender(t *testing.T) {
 	t.Cleanup(func() { _ = w.stop(context.Background()) })
 
 	d.swap(strings.Replace(good, "cali", "abcdefghijklmno", 1))
-	deadline := time.Now().Add(5 * time.Second)
-	for testutil.ToFloat64(m.ConfigReloads.WithLabelValues("error")) == 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	agenttest.Until(t, 5*time.Second, func() bool { return testutil.ToFloat64(m.ConfigReloads.WithLabelValues("error")) > 0 })
 	if got := testutil.ToFloat64(m.ConfigReloads.WithLabelValues("error")); got != 1 {
 		t.Errorf("rejected reloads = %v, want 1", got)
 	}
