@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -85,13 +86,16 @@ func TestKernelChangePreemptsReadBack(t *testing.T) {
 	agenttest.Until(t, wait, func() bool { return run.started.Load() >= 1 })
 	changed := time.Now()
 	src.set(svc("a", "10.96.0.1", "fd00::1"), svc("b", "10.96.0.2", "fd00::2"))
-	deadline := time.Now().Add(20 * time.Second) // the hung read-back would end after 30 s
-	for !inKernel("10.96.0.2", "fd00::2") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the change did not reach the kernel while a Verify read the kernel back (read-backs started %d, canceled %d)",
+	// 20 s: the hung read-back would end after 30 s.
+	err = agenttest.Poll(t.Context(), 20*time.Second, 20*time.Millisecond, func() error {
+		if !inKernel("10.96.0.2", "fd00::2") {
+			return fmt.Errorf("the change did not reach the kernel while a Verify read the kernel back (read-backs started %d, canceled %d)",
 				run.started.Load(), run.canceled.Load())
 		}
-		time.Sleep(20 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("change in the kernel %v after the Services changed, during a hung read-back", time.Since(changed).Round(time.Millisecond))
 	if run.canceled.Load() < 1 {

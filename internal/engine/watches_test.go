@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/metrics"
@@ -149,7 +150,8 @@ func (f *moreFix) Ensure(ctx context.Context, snap *fix.Snapshot, full bool) (fi
 }
 
 // A pass that stops at its bound with work left is followed by the next one after minSyncPeriod,
-// not after the next syncPeriod (issue 19, item 5: the next batch waited a whole syncPeriod).
+// not after the next syncPeriod (issue 19, item 5: the next batch waited a whole syncPeriod). The
+// engine runs on a fake clock that the test steps.
 func TestMoreRunsTheNextPassSoon(t *testing.T) {
 	f := &moreFix{}
 	f.left.Store(4)
@@ -157,13 +159,26 @@ func TestMoreRunsTheNextPassSoon(t *testing.T) {
 	c.MinSyncPeriod = 10 * time.Millisecond
 	c.SyncPeriod = time.Hour
 	c.Fixes = map[string]map[string]any{"bounded": {"enabled": true}}
-	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Config: &c})
+	fc := clocktesting.NewFakeClock(time.Now())
+	e := mustNew(t, Options{Fixes: []fix.Fix{f}, Config: &c, Clock: fc})
 	if err := e.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.Stop(context.Background()) })
-	agenttest.Until(t, wait, func() bool { return f.ensures.Load() >= 4 })
-	time.Sleep(100 * time.Millisecond)
+	// The clock moves minSyncPeriod per poll: far less than syncPeriod within the wait.
+	agenttest.Until(t, wait, func() bool { fc.Step(c.MinSyncPeriod); return f.ensures.Load() >= 4 })
+	// A heartbeat opens each turn of the worker's loop, and a pending pass (work left over) runs in
+	// that turn, before the next beat. Once two beats on the clock are in (the first may open the
+	// turn right after the fourth pass), a fifth pass would have run.
+	for range 2 {
+		fc.Step(heartbeatEvery)
+		at := fc.Now()
+		agenttest.Until(t, wait, func() bool {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			return !e.units[0].beat.Before(at)
+		})
+	}
 	if n := f.ensures.Load(); n != 4 {
 		t.Errorf("%d passes; want 4 (three with work left, then the one that finished), none after", n)
 	}
