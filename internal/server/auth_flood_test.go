@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/internal/server"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
 	"github.com/network-node-manager/network-node-manager/internal/testing/servertest"
 )
@@ -88,9 +90,13 @@ func TestGarbageTokensDoNotStarveAScrape(t *testing.T) {
 			mu.Unlock()
 		}()
 	}
-	for answered.Load() < flood/5 && time.Since(start) < 10*time.Second {
-		time.Sleep(5 * time.Millisecond)
-	}
+	// The scrape goes in the middle of the flood: once a fifth is answered, or after 10 s at most.
+	_ = agenttest.Poll(ctx, 10*time.Second-time.Since(start), 5*time.Millisecond, func() error {
+		if answered.Load() < flood/5 {
+			return errors.New("a fifth of the flood not answered yet")
+		}
+		return nil
+	})
 
 	// A legitimate scrape, its token not cached yet, from another address, in the middle of the flood.
 	scrapeStart := time.Now()

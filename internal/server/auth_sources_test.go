@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/internal/server"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
 	"github.com/network-node-manager/network-node-manager/internal/testing/servertest"
 )
@@ -76,9 +78,13 @@ func TestReviewBudgetPerSlash64AndGlobal(t *testing.T) {
 		sem := make(chan struct{}, 50)
 		start := time.Now()
 		go func() {
-			for answered.Load() < int64(len(sources)) && time.Since(start) < time.Minute {
-				time.Sleep(5 * time.Millisecond)
-			}
+			// during runs once a fifth is answered, or after a minute at most.
+			_ = agenttest.Poll(t.Context(), time.Minute, 5*time.Millisecond, func() error {
+				if answered.Load() < int64(len(sources)) {
+					return errors.New("a fifth of the flood not answered yet")
+				}
+				return nil
+			})
 			during()
 		}()
 		for i, src := range sources {

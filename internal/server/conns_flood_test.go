@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/internal/server"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/testing/controlplane"
 	"github.com/network-node-manager/network-node-manager/internal/testing/servertest"
 )
@@ -41,9 +43,13 @@ func TestIdleFloodDoesNotStarveProbesOrScrape(t *testing.T) {
 	waitMetrics := servertest.Flood(ctx, loopbackSources("127.1.", 0, 30), 20, metricsAddr, true, "/metrics", 2*time.Second, &opened, &failed)
 	defer func() { stop(); waitProbe(); waitMetrics() }()
 	// With the limits at most 2 × 256 are held at a time; the others are refused or closed.
-	for opened.Load() < 2*int64(server.DefaultLimits.MaxConns) && time.Since(start) < 30*time.Second {
-		time.Sleep(50 * time.Millisecond)
-	}
+	// The flood has had its chance to fill both listeners: twice MaxConns answered, or 30 s.
+	_ = agenttest.Poll(ctx, 30*time.Second, 50*time.Millisecond, func() error {
+		if opened.Load() < 2*int64(server.DefaultLimits.MaxConns) {
+			return errors.New("fewer than 2 × MaxConns answered")
+		}
+		return nil
+	})
 	t.Logf("flood: %d connections answered and kept idle in %v (%d closed or refused before an answer)", opened.Load(), time.Since(start).Round(time.Millisecond), failed.Load())
 
 	probeHeld, metricsHeld := established(t, probeAddr), established(t, metricsAddr)

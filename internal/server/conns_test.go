@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/network-node-manager/network-node-manager/core/testkit"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 )
 
 // One IPv6 /64 is one source; an IPv4 address (also written IPv4-mapped) is one source.
@@ -88,10 +90,14 @@ func TestConnectionMetrics(t *testing.T) {
 	}
 	until := func(what string, cond func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: never", what)
+		err := agenttest.Poll(t.Context(), 5*time.Second, 10*time.Millisecond, func() error {
+			if !cond() {
+				return errors.New(what + ": never")
 			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
 	}
 	// Five idle connections from 127.0.0.1 to the probe listener: three held, two refused.

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/internal/server"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/testing/servertest"
 )
 
@@ -38,9 +40,13 @@ func TestSpreadFloodAdmitsANewSource(t *testing.T) {
 	wait := servertest.Flood(ctx, loopbackSources("127.3.", 0, 500), 16, addr, false, "/livez", 2*time.Second, &answered, &failed)
 	defer func() { stop(); wait() }()
 	start := time.Now()
-	for answered.Load() < 2*int64(server.DefaultLimits.MaxConns) && time.Since(start) < 30*time.Second {
-		time.Sleep(50 * time.Millisecond)
-	}
+	// The flood has had its chance to fill the listener: twice MaxConns answered, or 30 s.
+	_ = agenttest.Poll(ctx, 30*time.Second, 50*time.Millisecond, func() error {
+		if answered.Load() < 2*int64(server.DefaultLimits.MaxConns) {
+			return errors.New("fewer than 2 × MaxConns answered")
+		}
+		return nil
+	})
 	_, held := s.Conns()
 	t.Logf("flood: %d answers in %v, %d connections closed or refused before an answer; the listener holds %d (MaxConns %d)",
 		answered.Load(), time.Since(start).Round(time.Millisecond), failed.Load(), held, server.DefaultLimits.MaxConns)
