@@ -2,6 +2,7 @@ package watch_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -22,6 +23,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/fix"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/internal/kube"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/testing/kubetest"
 	"github.com/network-node-manager/network-node-manager/internal/watch"
 )
@@ -142,13 +144,8 @@ func TestInformersSnapshotAndChanges(t *testing.T) {
 	if p := s.Version(podNeeds); p != p0 {
 		t.Fatalf("a Service event moved the version of what reads Pods: %d → %d", p0, p)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for len(s.Services()) != 3 {
-		if time.Now().After(deadline) {
-			t.Fatal("new Service not in the snapshot")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	// The new Service reaches the snapshot.
+	agenttest.Until(t, 5*time.Second, func() bool { return len(s.Services()) == 3 })
 	// The Services the event did not touch are the same objects (what lets fixes skip them), and
 	// the list handed out before is not modified.
 	now := s.Services()
@@ -223,13 +220,12 @@ func fakeClient(cs kubernetes.Interface) func() (kube.Interface, error) {
 // failed ones) and fails the test when they did not: they gave up instead of retrying.
 func waitRetries(t *testing.T, count *atomic.Int64, n int64, what string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for count.Load() < n && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if got := count.Load(); got < n {
-		t.Fatalf("only %d %s in 20s, want %d; the informers did not retry", got, what, n)
-	}
+	agenttest.Eventually(t, 20*time.Second, func() error {
+		if got := count.Load(); got < n {
+			return fmt.Errorf("only %d %s, want %d; the informers did not retry", got, what, n)
+		}
+		return nil
+	})
 }
 
 // TestUnreachableAPIServerIsLoggedOnce guards issue #15 item 2: with the API server down (a closed
