@@ -134,7 +134,7 @@ func judge(t *testing.T, cs kubernetes.Interface, byReload bool) {
 			return testutil.ToFloat64(m.Enabled.WithLabelValues(ID)) == 1 && e.Ready() == nil
 		})
 	}
-	time.Sleep(4 * c.SyncPeriod) // several full resyncs
+	passes(t, m, 4) // several full resyncs
 	after := ids(t, real)
 	for _, j := range judgeEntries {
 		if after[j.name] != before[j.name] {
@@ -146,7 +146,7 @@ func judge(t *testing.T, cs kubernetes.Interface, byReload bool) {
 		t.Fatal(err)
 	}
 	agenttest.Until(t, wait, func() bool { _, ok := ids(t, real)["pod deleted during the test"]; return !ok })
-	time.Sleep(2 * c.SyncPeriod)
+	passes(t, m, 2)
 	after = ids(t, real)
 	for _, j := range judgeEntries {
 		if j.mustSurvive && after[j.name] != before[j.name] {
@@ -177,6 +177,15 @@ func startCluster(t *testing.T, node *corev1.Node) kubernetes.Interface {
 // runEngine runs stale-udp-conntrack on the conntrack seam ct, and others, in the real engine with
 // the real informers of cs and configuration c, until the test ends. It returns the engine, its
 // sync metrics and the registry holding both the engine's and the fix's metrics.
+// passes waits (at most wait) until the fix has run n more passes: nnm_syncs_total counts each
+// pass of a node-state fix once it ended, so what a check reads afterwards is what they left.
+func passes(t *testing.T, m *metrics.Sync, n int) {
+	t.Helper()
+	count := func() float64 { return testutil.ToFloat64(m.Syncs.WithLabelValues(ID, fix.NodeBackend)) }
+	want := count() + float64(n)
+	agenttest.Until(t, wait, func() bool { return count() >= want })
+}
+
 func runEngine(t *testing.T, cs kubernetes.Interface, c *config.Config, ct nodestate.Conntrack, others ...fix.Fix) (*engine.Engine, *metrics.Sync, *prometheus.Registry) {
 	t.Helper()
 	return runEngineLogging(t, io.Discard, cs, c, ct, others...)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/network-node-manager/network-node-manager/core/nodestate"
 	"github.com/network-node-manager/network-node-manager/core/rules"
+	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
 	"github.com/network-node-manager/network-node-manager/internal/config"
 	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
@@ -76,9 +77,9 @@ func TestKernelPodIPReuse(t *testing.T) {
 	c.NodeName = reuseNode
 	c.MinSyncPeriod, c.SyncPeriod = 100*time.Millisecond, 500*time.Millisecond
 	c.Fixes = map[string]map[string]any{ID: {"enabled": true}}
-	e, _, _ := runEngine(t, cs, &c, real)
+	e, m, reg := runEngine(t, cs, &c, real)
 	agenttest.Until(t, wait, func() bool { return e.Ready() == nil })
-	time.Sleep(2 * c.SyncPeriod) // the fix has seen A and D hold their addresses
+	passes(t, m, 2) // the fix has seen A and D hold their addresses
 
 	// A goes: its stale entry is deleted (the fix works).
 	deletePod(t, cs, "a")
@@ -92,7 +93,10 @@ func TestKernelPodIPReuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * c.MinSyncPeriod) // the Pod event's pass
+	agenttest.Until(t, wait, func() bool { // a pass has seen B wait for its addresses
+		v, _ := testkit.Value(t, reg, "nnm_stale_udp_conntrack_waiting_pods")
+		return v == 1
+	})
 	fill(t, node, reuseToB4, reuseToB6)
 	idB4, idB6 := entryID(t, real, reuseToB4), entryID(t, real, reuseToB6)
 	if idB4 == 0 || idB6 == 0 {
@@ -100,7 +104,7 @@ func TestKernelPodIPReuse(t *testing.T) {
 	}
 	// D goes while B waits: its address may be the one B is about to show, so nothing is deleted.
 	deletePod(t, cs, "d")
-	time.Sleep(4 * c.SyncPeriod) // several full passes
+	passes(t, m, 4) // several full passes
 	if got4, got6 := entryID(t, real, reuseToB4), entryID(t, real, reuseToB6); got4 != idB4 || got6 != idB6 {
 		t.Fatalf("B's entries to the reused addresses: ids %d, %d → %d, %d (0: deleted) while B waited for its status", idB4, idB6, got4, got6)
 	}
@@ -116,7 +120,7 @@ func TestKernelPodIPReuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	agenttest.Until(t, wait, func() bool { return entryID(t, real, reuseToD) == 0 })
-	time.Sleep(2 * c.SyncPeriod)
+	passes(t, m, 2)
 	if got4, got6 := entryID(t, real, reuseToB4), entryID(t, real, reuseToB6); got4 != idB4 || got6 != idB6 {
 		t.Errorf("B's entries: ids %d, %d → %d, %d (0: deleted) after B showed its addresses", idB4, idB6, got4, got6)
 	}

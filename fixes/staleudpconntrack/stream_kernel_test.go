@@ -48,9 +48,9 @@ func TestKernelWaitingPodStream(t *testing.T) {
 	grace, retention := 3*time.Second, 2*time.Second
 	c.Fixes = map[string]map[string]any{ID: {"enabled": true, "pendingGrace": grace.String(), "retention": retention.String()}}
 	var log testkit.LogBuffer
-	e, _, reg := runEngineLogging(t, &log, cs, &c, real)
+	e, m, reg := runEngineLogging(t, &log, cs, &c, real)
 	agenttest.Until(t, wait, func() bool { return e.Ready() == nil })
-	time.Sleep(2 * c.SyncPeriod) // the fix has seen A hold its address
+	passes(t, m, 2) // the fix has seen A hold its address
 
 	// The stream of waiting Pods.
 	streamCtx, stop := context.WithCancel(ctx)
