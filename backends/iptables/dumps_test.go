@@ -13,6 +13,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/backend"
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 )
 
 // dumpGauge runs the binaries inside a namespace and records, for the iptables-save and
@@ -128,9 +129,7 @@ func TestDumpWaitEndsWithTheContext(t *testing.T) {
 	}
 	first := make(chan error, 1)
 	go func() { _, err := ops.save(context.Background(), rules.IPv4); first <- err }()
-	for g.now.Load() == 0 {
-		time.Sleep(5 * time.Millisecond)
-	}
+	agenttest.Until(t, 5*time.Second, func() bool { return g.now.Load() > 0 }) // the first dump holds the gate
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	_, err = ops.save(ctx, rules.IPv6)

@@ -16,6 +16,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	tk "github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 )
 
 // The kernel test programs the fix's rules (each backend in turn, both families) in a node namespace
@@ -212,14 +213,11 @@ func TestKernelNeighbourMark(t *testing.T) {
 			}
 			for _, p := range markPlans {
 				// The path works (IPv6 may wait for neighbour discovery) before anything counts.
-				deadline := time.Now().Add(10 * time.Second)
-				for {
-					if _, err := ask(ctx, l.pod, netip.Addr{}, netip.AddrPortFrom(p.backend, nbrFwdPort)); err == nil {
-						break
-					} else if time.Now().After(deadline) {
-						t.Fatalf("%s: the pod cannot reach the backend: %v", p.family, err)
-					}
-					time.Sleep(100 * time.Millisecond)
+				if err := agenttest.Poll(ctx, 10*time.Second, 100*time.Millisecond, func() error {
+					_, err := ask(ctx, l.pod, netip.Addr{}, netip.AddrPortFrom(p.backend, nbrFwdPort))
+					return err
+				}); err != nil {
+					t.Fatalf("%s: the pod cannot reach the backend: %v", p.family, err)
 				}
 				check := func(what string, from *netns.NS, src netip.Addr, dst netip.AddrPort, want netip.Addr) {
 					t.Helper()

@@ -2,6 +2,7 @@ package mssclamp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 	"github.com/network-node-manager/network-node-manager/core/rules"
 	"github.com/network-node-manager/network-node-manager/core/testkit"
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 	"github.com/network-node-manager/network-node-manager/internal/testing/rawtcp"
 )
 
@@ -188,12 +190,13 @@ func listen(ns *netns.NS, addr string) (ln net.Listener, err error) {
 // port, as seen by a capture (0 when not captured). The capture reads in the background, so it
 // waits up to a second for both to show up.
 func handshakeMSS(c *rawtcp.Capture, port uint16) (syn, synAck uint16) {
-	for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
-		syn, synAck = seenMSS(c, port)
-		if (syn != 0 && synAck != 0) || time.Now().After(deadline) {
-			return syn, synAck
+	_ = agenttest.Poll(context.Background(), time.Second, 10*time.Millisecond, func() error {
+		if syn, synAck = seenMSS(c, port); syn == 0 || synAck == 0 {
+			return errors.New("handshake not captured yet")
 		}
-	}
+		return nil
+	})
+	return syn, synAck
 }
 
 func seenMSS(c *rawtcp.Capture, port uint16) (syn, synAck uint16) {
