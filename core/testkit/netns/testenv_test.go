@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // recorder is a testing.TB that records how a helper ended the test instead of ending it.
@@ -116,15 +118,11 @@ func TestDeleteRemovesNamespaceAndIsIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Wait until `ip netns exec` has entered the namespace and exec'd sleep.
-	for i := 0; ; i++ {
+	if err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
 		out, _ := exec.Command("ip", "netns", "pids", name).Output()
-		if strings.TrimSpace(string(out)) != "" {
-			break
-		}
-		if i == 100 {
-			t.Fatalf("the command did not appear in %s", name)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return strings.TrimSpace(string(out)) != "", nil
+	}); err != nil {
+		t.Fatalf("the command did not appear in %s: %v", name, err)
 	}
 	start := time.Now()
 	if err := Delete(ctx, name); err != nil {
@@ -151,10 +149,9 @@ func TestProcessExitLogAndStop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for p.Exited() == nil && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	_ = wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return p.Exited() != nil, nil
+	})
 	if err := p.Exited(); !errors.Is(err, ErrExitedZero) {
 		t.Fatalf("Exited() = %v, want ErrExitedZero", err)
 	}
@@ -165,14 +162,18 @@ func TestProcessExitLogAndStop(t *testing.T) {
 		t.Errorf("log does not say what was started:\n%s", p.Logs())
 	}
 
-	stubborn, err := StartProcess(ns.Name, "stubborn", log, nil, nil, "sh", "-c", "trap '' TERM; sleep 30 & wait")
+	stubborn, err := StartProcess(ns.Name, "stubborn", log, nil, nil, "sh", "-c", "trap '' TERM; echo trap set; sleep 30 & wait")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if stubborn.Exited() != nil {
 		t.Fatal("Exited() of a running program is not nil")
 	}
-	time.Sleep(200 * time.Millisecond) // let the shell set its trap
+	if err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return strings.Contains(stubborn.Logs(), "\ntrap set\n"), nil // the line it echoes, not the command
+	}); err != nil {
+		t.Fatalf("the shell did not set its trap: %v", err)
+	}
 	if err := stubborn.Signal(syscall.SIGTERM, 300*time.Millisecond); err == nil || !strings.Contains(err.Error(), "killed") {
 		t.Errorf("Signal to a program ignoring SIGTERM = %v, want a kill", err)
 	}
