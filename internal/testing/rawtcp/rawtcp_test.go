@@ -3,12 +3,14 @@ package rawtcp
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"net"
 	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/network-node-manager/network-node-manager/core/testkit/netns"
+	"github.com/network-node-manager/network-node-manager/internal/testing/agenttest"
 )
 
 // Test address plan: 192.0.2.0/24 and 2001:db8:9::/64 (documentation prefixes), only inside the test's
@@ -112,17 +114,21 @@ func TestKernelAnswersCraftedSYN(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				var synack []Packet
-				deadline := time.Now().Add(time.Second)
+				// An answer comes within a second; a corrupt SYN gets 300 ms to draw one.
+				within := time.Second
 				if corrupt {
-					deadline = time.Now().Add(300 * time.Millisecond)
+					within = 300 * time.Millisecond
 				}
-				for time.Now().Before(deadline) && len(synack) == 0 {
-					time.Sleep(20 * time.Millisecond)
+				var synack []Packet
+				_ = agenttest.Poll(t.Context(), within, 20*time.Millisecond, func() error {
 					synack = c.Filter(func(p Packet) bool {
 						return !p.Outgoing && p.Dst.Port() == port && p.Has(SYN|ACK) && p.Ack == 1001
 					})
-				}
+					if len(synack) == 0 {
+						return errors.New("no SYN-ACK yet")
+					}
+					return nil
+				})
 				return synack
 			}
 			if got := send(40001, false); len(got) != 1 {
