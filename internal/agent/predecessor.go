@@ -149,15 +149,7 @@ func (t *Takeover) start(context.Context) error {
 		tick := time.NewTicker(predecessorPoll)
 		defer tick.Stop()
 		for {
-			t.mu.Lock()
-			var left []*job
-			for _, j := range t.jobs {
-				if !j.t.step(ctx, j.done) {
-					left = append(left, j)
-				}
-			}
-			t.jobs = left
-			t.mu.Unlock()
+			t.round(ctx)
 			select {
 			case <-ctx.Done():
 				return
@@ -167,6 +159,19 @@ func (t *Takeover) start(context.Context) error {
 		}
 	}()
 	return nil
+}
+
+// round runs a step of every job and drops the jobs that are done.
+func (t *Takeover) round(ctx context.Context) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var left []*job
+	for _, j := range t.jobs {
+		if !j.t.step(ctx, j.done) {
+			left = append(left, j)
+		}
+	}
+	t.jobs = left
 }
 
 func (t *Takeover) stop(context.Context) error {

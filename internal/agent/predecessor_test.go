@@ -135,9 +135,16 @@ func TestPredecessorKeptWithoutEnabledFix(t *testing.T) {
 	for _, args := range predecessorSetup[:3] {
 		ns.MustExec(append([]string{"iptables-nft"}, args...)...)
 	}
-	app := agentApp(t, ns, iptables.NFT, []string{"NNM_FIXES_INVALID_DROP_ENABLED=false", "NNM_FIXES_IPVS_EXTERNALIP_DNAT_ENABLED=false"})
+	var takeover *agent.Takeover
+	app := agentApp(t, ns, iptables.NFT, []string{"NNM_FIXES_INVALID_DROP_ENABLED=false", "NNM_FIXES_IPVS_EXTERNALIP_DNAT_ENABLED=false"},
+		fx.Populate(&takeover))
 	app.RequireStart()
-	time.Sleep(1500 * time.Millisecond)
+	// A round of the clean-up, as the running one makes at every poll, done here so that the check
+	// below follows it: with no fix enabled it removes nothing and keeps waiting.
+	takeover.Round(t.Context())
+	if !takeover.Pending() {
+		t.Error("the clean-up ended although no fix runs")
+	}
 	app.RequireStop()
 	if out := save(t, ns, "iptables-nft"); !strings.Contains(out, ":NMANAGER_DROP_INVALID_INPUT") {
 		t.Errorf("predecessor chain removed although no fix runs:\n%s", out)
