@@ -184,7 +184,7 @@ func TestConfigReloadRejectsWhatBackendsCannotRender(t *testing.T) {
 	t.Cleanup(func() { _ = w.stop(context.Background()) })
 
 	d.swap(strings.Replace(good, "cali", "abcdefghijklmno", 1))
-	agenttest.Until(t, 5*time.Second, func() bool { return testutil.ToFloat64(m.ConfigReloads.WithLabelValues("error")) > 0 })
+	agenttest.Until(t, 20*time.Second, func() bool { return testutil.ToFloat64(m.ConfigReloads.WithLabelValues("error")) > 0 })
 	if got := testutil.ToFloat64(m.ConfigReloads.WithLabelValues("error")); got != 1 {
 		t.Errorf("rejected reloads = %v, want 1", got)
 	}
