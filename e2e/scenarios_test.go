@@ -45,6 +45,10 @@ var scenarios = []scenario{
 // TestScenarios runs every scenario against both backends: the backends in parallel, each on a control
 // plane of its own, the scenarios of one backend one after the other.
 func TestScenarios(t *testing.T) {
+	// Beside TestBlindWatchesAreKnown, which mostly waits for its API server's outage and the
+	// reflectors' backoff: top-level parallel tests run after every sequential one, so the two
+	// overlap instead of adding up at the end of the package.
+	t.Parallel()
 	eachBackend(t, func(t *testing.T, c *cluster, be string) {
 		for _, sc := range scenarios {
 			t.Run(sc.name, func(t *testing.T) { sc.run(t, c, be) })
