@@ -21,7 +21,7 @@
 NNM_CLUSTER_DAY2 ?= ipvs
 
 # What the nodes run from this machine's root (shared read-only into the guests), as
-# "probe:debian-package": containerd 1.6 (kubelet 1.36 accepts it: e2e/cluster/doc.go), runc, the
+# "probe:debian-package": containerd 1.6 (kubelet 1.37 accepts it: e2e/cluster/doc.go), runc, the
 # CNI reference plugins.
 CLUSTER_DEPS := containerd:containerd runc:runc /usr/lib/cni/bridge:containernetworking-plugins
 CLUSTER_TEST_FLAGS ?= -count=1 -timeout 60m

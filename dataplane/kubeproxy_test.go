@@ -1,7 +1,7 @@
 package dataplane
 
 // The connection-reset reproduction (internal/testing/resettest) with a real kube-proxy in the node namespace
-// (bin/kube-proxy, v1.36.3, dual-stack, against the shared control plane), both families in each
+// (bin/kube-proxy, v1.37.2, dual-stack, against the shared control plane), both families in each
 // topology. Which lane proves what:
 //   - reset_test.go: the problem and the fix on a bare node, both families and backends;
 //   - this file: the same beside kube-proxy. In nftables mode kube-proxy installs no INVALID drop at

@@ -1,6 +1,6 @@
 package e2e
 
-// The agent beside a real kube-proxy (bin/kube-proxy, k8s.io/kubernetes v1.36.3 like the apiserver)
+// The agent beside a real kube-proxy (bin/kube-proxy, k8s.io/kubernetes v1.37.2 like the apiserver)
 // in iptables and nftables mode, on the host kernel, in one node namespace per mode:
 //
 //	node  (netns)  kube-proxy --proxy-mode=<mode> --conntrack-max-per-core=0, then the agent

@@ -109,7 +109,7 @@ nnm_deb_unpack() {
 
 # nnm_kube_version_ldflags DIR prints the -X flags that stamp the k8s.io/kubernetes release required by
 # the tools module in DIR into /version and the clients' user agent, as upstream's hack/lib/version.sh
-# does (v1.36.x instead of v0.0.0-master).
+# does (v1.37.x instead of v0.0.0-master).
 nnm_kube_version_ldflags() {
 	local v major minor f p
 	v="$(cd "$1" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"

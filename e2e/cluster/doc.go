@@ -22,10 +22,10 @@
 // workload, e2e/cluster/workload) are imported into each node's containerd from tarballs
 // (hack/cluster/images.sh): no registry.
 //
-// The kubelet of 1.36 accepts containerd 1.6, which lacks the CRI RuntimeConfig call: it logs "CRI
-// implementation should be updated to support RuntimeConfig. Falling back to using cgroupDriver from
-// kubelet config." and sets kubelet_cri_losing_support{version="1.37.0"} (cmd/kubelet/app/server.go,
-// getCgroupDriverFromCRI): 1.37 is the release that will need containerd 2.
+// The kubelet of 1.37 still accepts containerd 1.6, which lacks the CRI RuntimeConfig call: it logs
+// "CRI implementation should be updated to support RuntimeConfig. Falling back to using cgroupDriver
+// from kubelet config." and sets kubelet_cri_losing_support{version="1.38.0"} (cmd/kubelet/app/server.go,
+// getCgroupDriverFromCRI; 1.36 named 1.37.0 there): 1.38 is the release that will need containerd 2.
 //
 // Missing prerequisites skip the lane on a developer's machine and fail it under CI
 // (core/testkit/netns); `make test-cluster` prepares everything and sets NNM_REQUIRE_KERNEL=1.

@@ -10,7 +10,7 @@
 //     with an emulated IPVS (a veth named kube-ipvs0 and a Go forwarder in place of the IPVS
 //     virtual server), both families, both backends, in about a second per case.
 //   - e2e/vm (this package, the VM lane): the problems and the fixes with the real thing: kube-proxy
-//     v1.36 in IPVS mode (kube-ipvs0 dummy, ipsets, IPVS virtual servers) on kernel 6.1, a node with
+//     v1.37 in IPVS mode (kube-ipvs0 dummy, ipsets, IPVS virtual servers) on kernel 6.1, a node with
 //     no local endpoint of an externalTrafficPolicy: Local LoadBalancer (TestGuestKubeProxyIPVS, run
 //     in the guest by TestKubeProxyIPVSInVM):
 //     external-ip: without the agent a host-network process cannot reach the External-IP

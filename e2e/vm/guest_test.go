@@ -208,7 +208,7 @@ func ourRules(t *testing.T, backend string) string {
 	return b.String()
 }
 
-// TestGuestKubeProxyIPVS reproduces, beside kube-proxy v1.36 in IPVS mode on kernel 6.1, the two
+// TestGuestKubeProxyIPVS reproduces, beside kube-proxy v1.37 in IPVS mode on kernel 6.1, the two
 // problems our IPVS-mode fixes exist for, without the agent, and shows each fixed, per backend, for
 // both families:
 //   - external-ip: kubernetes#75262 with real IPVS (ipvs-externalip-dnat);
@@ -265,7 +265,7 @@ func TestGuestKubeProxyIPVS(t *testing.T) {
 			if rs := vs["TCP "+cluster]; len(rs) != 1 || rs[0] != addr(p.endpoint, endpointPort) {
 				t.Fatalf("want the ClusterIP virtual server %s → %s, got %v", cluster, addr(p.endpoint, endpointPort), rs)
 			}
-			// kubernetes#75262 as it stands in v1.36: kube-proxy gives the External-IP's virtual server
+			// kubernetes#75262 as it stands in v1.37: kube-proxy gives the External-IP's virtual server
 			// the cluster-wide endpoints when the node has no local one (kubernetes#97081), so a pod,
 			// whose source address the endpoint routes back here, gets through; a host-network process
 			// does not: its packets leave with the External-IP as source (the address is local, on
