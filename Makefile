@@ -67,6 +67,7 @@ all: build
 
 include Makefile.controlplane.mk
 include Makefile.cluster.mk
+include Makefile.fleet.mk
 
 ## version: the version a build of this commit gets, the tag `make release` and `make image` build.
 version:

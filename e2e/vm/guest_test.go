@@ -28,6 +28,8 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -208,7 +210,7 @@ func ourRules(t *testing.T, backend string) string {
 	return b.String()
 }
 
-// TestGuestKubeProxyIPVS reproduces, beside kube-proxy v1.37 in IPVS mode on kernel 6.1, the two
+// TestGuestKubeProxyIPVS reproduces, beside kube-proxy (v1.37 unless NNM_KUBE_PROXY_BIN names another) in IPVS mode on kernel 6.1, the two
 // problems our IPVS-mode fixes exist for, without the agent, and shows each fixed, per backend, for
 // both families:
 //   - external-ip: kubernetes#75262 with real IPVS (ipvs-externalip-dnat);
@@ -227,13 +229,28 @@ func TestGuestKubeProxyIPVS(t *testing.T) {
 
 	pod := guestTopology(t)
 	reset := resettest.Extend(t, netns.Existing(t, nodeNetns), pod)
+	version, err := kubeproxytest.Version()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// From v1.37 IPVS mode sits behind the KubeProxyIPVS feature gate (deprecated, on by default
+	// until 1.40, KEP-5495): it is set on explicitly here, and off in ipvs-gate-off below.
+	var gate []string
+	if kubeproxytest.MinorAtLeast(version, ipvsGateMinor) {
+		gate = []string{"--feature-gates=" + ipvsGate + "=true"}
+	}
 	start := time.Now()
 	kp := kubeproxytest.StartT(t, kubeproxytest.Options{
 		Netns: nodeNetns, Kubeconfig: kubeconfig, Mode: "ipvs", NodeName: nodeName,
-		ClusterCIDR: "10.244.0.0/16,fd00:10:244::/48", InitialNetns: true,
+		ClusterCIDR: "10.244.0.0/16,fd00:10:244::/48", InitialNetns: true, Args: gate,
 	})
 	kp.WaitModeT(t, 4*time.Minute)
-	t.Logf("kube-proxy serves /proxyMode=ipvs and synced after %v", time.Since(start).Round(100*time.Millisecond))
+	t.Logf("kube-proxy %s %v serves /proxyMode=ipvs and synced after %v", version, gate, time.Since(start).Round(100*time.Millisecond))
+	if l := agenttest.Lines(kp.LogTail(1000), ipvsDeprecated); len(l) > 0 && strings.Contains(l[0], "deprecated") {
+		t.Logf("kube-proxy %s logged: %s", version, l[0])
+	} else if kubeproxytest.MinorAtLeast(version, 35) {
+		t.Errorf("kube-proxy %s in IPVS mode did not log its deprecation (%q ... deprecated)", version, ipvsDeprecated)
+	}
 
 	// kube-proxy's IPVS state: the LoadBalancer IPs are bound to kube-ipvs0 (not the ipMode: Proxy
 	// ones), listed in its LoadBalancer-local ipsets and have virtual servers.
@@ -265,7 +282,7 @@ func TestGuestKubeProxyIPVS(t *testing.T) {
 			if rs := vs["TCP "+cluster]; len(rs) != 1 || rs[0] != addr(p.endpoint, endpointPort) {
 				t.Fatalf("want the ClusterIP virtual server %s → %s, got %v", cluster, addr(p.endpoint, endpointPort), rs)
 			}
-			// kubernetes#75262 as it stands in v1.37: kube-proxy gives the External-IP's virtual server
+			// kubernetes#75262 as it stands in v1.35 to v1.37: kube-proxy gives the External-IP's virtual server
 			// the cluster-wide endpoints when the node has no local one (kubernetes#97081), so a pod,
 			// whose source address the endpoint routes back here, gets through; a host-network process
 			// does not: its packets leave with the External-IP as source (the address is local, on
@@ -428,9 +445,90 @@ func TestGuestKubeProxyIPVS(t *testing.T) {
 		})
 	}
 
+	if kubeproxytest.MinorAtLeast(version, ipvsGateMinor) {
+		t.Run("ipvs-gate-off", func(t *testing.T) { ipvsGateOff(t, kp, kubeconfig, version) })
+	}
+
 	t.Run("follow/ipvs-to-nftables", func(t *testing.T) {
 		followIPVSToNFTables(t, kp, kubeconfig)
 	})
+}
+
+// The KubeProxyIPVS feature gate (KEP-5495): it exists from v1.37, is off by default from 1.40 and
+// locked off from 1.43. kube-proxy says so whenever it starts in IPVS mode (from 1.35: "The ipvs
+// proxier is now deprecated ..."; from 1.37: "The ipvs proxier has been deprecated and will be
+// disabled by default in Kubernetes 1.40 ...").
+const (
+	ipvsGate        = "KubeProxyIPVS"
+	ipvsGateMinor   = 37
+	ipvsDeprecated  = "The ipvs proxier "
+	ipvsGateRefusal = "must be iptables, nftables or blank"
+)
+
+// ipvsGateOff is the node of a fleet that reaches a release with KubeProxyIPVS off while its
+// kube-proxy is still configured for IPVS mode: kube-proxy (restarted with the gate off) refuses to
+// start, and what IPVS mode left in the kernel (kube-ipvs0, the virtual servers) stays, serving the
+// Services as they were when it stopped. The agent, started then with `proxyMode: auto`, reads the
+// mode from those traces (the kube-ipvs0 link) and keeps both IPVS-mode fixes: the host-network
+// client reaches the External-IP through the DNAT onto the ClusterIP that the left-over virtual
+// server still serves. kube-proxy is then started again as before (gate on) for the next subtest.
+func ipvsGateOff(t *testing.T, kp *kubeproxytest.Proxy, kubeconfig, version string) {
+	ctx := t.Context()
+	kp.Stop(30 * time.Second)
+	opts := kp.Options()
+	opts.LogFile = filepath.Join(t.TempDir(), "kube-proxy-gate-off.log")
+	opts.Args = append(slices.Clone(opts.Args), "--feature-gates="+ipvsGate+"=false")
+	off, err := kubeproxytest.Start(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	var exited error
+	agenttest.Eventually(t, 2*time.Minute, func() error {
+		if exited = off.Exited(); exited == nil {
+			return errors.New("kube-proxy with the gate off is still running")
+		}
+		return nil
+	})
+	logs := off.LogTail(20)
+	t.Logf("kube-proxy %s --proxy-mode=ipvs %v: exited after %v (%v); last log lines:\n%s", version, opts.Args, time.Since(start).Round(100*time.Millisecond), exited, logs)
+	if !strings.Contains(logs, ipvsGateRefusal) {
+		t.Errorf("kube-proxy with %s=false should refuse IPVS mode (%q)", ipvsGate, ipvsGateRefusal)
+	}
+	addrs := sh(t, "ip", "addr", "show", "kube-ipvs0")
+	vs := ipvsServices(t)
+	t.Logf("left by IPVS mode: %d virtual servers, kube-ipvs0 holds %s: %v", len(vs), plans[0].lbLocal, strings.Contains(addrs, plans[0].lbLocal+"/"))
+
+	agent := agenttest.StartT(t, agenttest.Options{Netns: nodeNetns, Args: []string{
+		"--kubeconfig", kubeconfig, "--node-name", nodeName, "--backend", "auto",
+		"--proxy-mode", "auto", "--pod-cidrs", plans[0].podCIDR + "," + plans[1].podCIDR,
+		"--families", "ipv4,ipv6", "--min-sync-period", "100ms", "--log-level", "debug",
+	}})
+	agent.WaitReadyT(t, 4*time.Minute)
+	m := scrape(t, agent)
+	t.Logf("the agent beside the refused kube-proxy: %v; ipvs-externalip-dnat enabled %v", m.Find("nnm_agent_info"), m.Find("nnm_fix_enabled", "fix", "ipvs-externalip-dnat"))
+	if info := m.Find("nnm_agent_info", "proxy_mode", "ipvs", "proxy_mode_source", "kube-ipvs0-link"); len(info) != 1 {
+		t.Errorf("want the mode read from the kube-ipvs0 link IPVS mode left: %v", m.Find("nnm_agent_info"))
+	}
+	for i, p := range plans {
+		lb := net.JoinHostPort(p.lbLocal, strconv.Itoa(servicePort))
+		var got string
+		took := agenttest.Eventually(t, time.Minute, func() (err error) {
+			got, err = fetch(ctx, nil, lb)
+			return err
+		})
+		t.Logf("%s: External-IP %s from the host network, kube-proxy refused, the agent's DNAT onto %s and the left-over virtual server: %q after %v", p.family, lb, strings.Split(os.Getenv("NNM_VM_CLUSTER_IPS"), ",")[i], got, took.Round(100*time.Millisecond))
+	}
+	if err := agent.Stop(agenttest.StopGrace); err != nil {
+		t.Fatal(err)
+	}
+	bin, _ := agenttest.Binary()
+	sh(t, bin, "cleanup")
+
+	if err := kp.Restart(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	kp.WaitModeT(t, 4*time.Minute)
 }
 
 // followSyncPeriod is the agent's syncPeriod in followIPVSToNFTables (the default).

@@ -139,7 +139,7 @@ func runGuest(t *testing.T, vm vmEnv, apiserver, guestRun string, env []string) 
 		k, v, _ := strings.Cut(kv, "=")
 		fmt.Fprintf(&b, "export %s=%s\n", k, strconv.Quote(v))
 	}
-	for _, k := range []string{"CI", netns.RequireEnv, agenttest.BinEnv, controlplane.BinDirEnv} {
+	for _, k := range []string{"CI", netns.RequireEnv, agenttest.BinEnv, controlplane.BinDirEnv, kubeproxytest.BinEnv} {
 		if v, ok := os.LookupEnv(k); ok {
 			fmt.Fprintf(&b, "export %s=%s\n", k, strconv.Quote(v))
 		}

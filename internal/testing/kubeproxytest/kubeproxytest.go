@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -41,8 +42,20 @@ const MetricsAddr = "127.0.0.1:10249"
 // ErrUnavailable is wrapped by Binary's error when kube-proxy is not built: tests skip on it.
 var ErrUnavailable = errors.New("kube-proxy unavailable")
 
-// Binary returns bin/kube-proxy next to the control plane's binaries ($NNM_BIN_DIR, else <repo>/bin).
+// BinEnv names another kube-proxy binary to run instead of bin/kube-proxy: the version matrix
+// (make test-kube-versions) runs the same tests beside each supported release's kube-proxy
+// (hack/build-kube-proxies.sh builds bin/kube-proxy-v<release>).
+const BinEnv = "NNM_KUBE_PROXY_BIN"
+
+// Binary returns $NNM_KUBE_PROXY_BIN when set, else bin/kube-proxy next to the control plane's
+// binaries ($NNM_BIN_DIR, else <repo>/bin).
 func Binary() (string, error) {
+	if path := os.Getenv(BinEnv); path != "" {
+		if st, err := os.Stat(path); err != nil || st.Mode()&0o111 == 0 {
+			return "", fmt.Errorf("%w: %s=%s missing or not executable; run `make test-kube-versions` (hack/build-kube-proxies.sh)", ErrUnavailable, BinEnv, path)
+		}
+		return path, nil
+	}
 	dir := os.Getenv(controlplane.BinDirEnv)
 	if dir == "" {
 		root, err := agenttest.RepoRoot()
@@ -56,6 +69,34 @@ func Binary() (string, error) {
 		return "", fmt.Errorf("%w: %s missing or not executable; run `make controlplane` (hack/build-controlplane.sh)", ErrUnavailable, path)
 	}
 	return path, nil
+}
+
+// Version returns the release of the kube-proxy that Binary names, as its --version prints it
+// ("v1.37.2"): the matrix's tests log it and gate what a release lacks (the KubeProxyIPVS feature
+// gate exists from v1.37).
+func Version() (string, error) {
+	bin, err := Binary()
+	if err != nil {
+		return "", err
+	}
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %w", bin, err)
+	}
+	f := strings.Fields(string(out)) // "Kubernetes v1.37.2"
+	if len(f) != 2 || !strings.HasPrefix(f[1], "v") {
+		return "", fmt.Errorf("%s --version printed %q", bin, out)
+	}
+	return f[1], nil
+}
+
+// MinorAtLeast reports whether version ("v1.37.2") is release 1.minor or later.
+func MinorAtLeast(version string, minor int) bool {
+	var maj, min int
+	if _, err := fmt.Sscanf(version, "v%d.%d", &maj, &min); err != nil {
+		return false
+	}
+	return maj > 1 || maj == 1 && min >= minor
 }
 
 // Options says how to run kube-proxy.
@@ -248,6 +289,11 @@ func StartT(tb testing.TB, opts Options) *Proxy {
 	p, err := Start(opts)
 	if err != nil {
 		tb.Fatalf("start kube-proxy: %v", err)
+	}
+	if v, err := Version(); err == nil {
+		tb.Logf("kube-proxy %s (%s), --proxy-mode=%s", v, p.bin, opts.Mode)
+	} else {
+		tb.Logf("kube-proxy: %v", err)
 	}
 	tb.Cleanup(func() {
 		p.Stop(10 * time.Second)
