@@ -73,7 +73,8 @@ var plans = []plan{
 // vmTimeout bounds one boot-run-poweroff cycle: 2.5-4 minutes were measured on 2 cores shared with
 // other builds; the guest's own waits (kube-proxy, agent readiness) allow for twice as slow. On
 // 2026-12-07, with a load average near 30 on the 2 cores, one run had not finished the follow
-// subtest after 12 minutes (kube-proxy's first sync 1m12s, the agent ready after 1m7s).
+// subtest after 12 minutes (kube-proxy's first sync 1m12s, the agent ready after 1m7s); the gate
+// subtest of v1.37 adds a kube-proxy restart and an agent start.
 const vmTimeout = 16 * time.Minute
 
 // vmEnv is what hack/vm/prepare.sh produced (vm.env).
