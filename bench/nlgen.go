@@ -28,6 +28,12 @@ type genEvent struct {
 	at       time.Time
 	proc     string // process that committed (e.g. "nft", "iptables-nft-re"); "" after an overflow
 	overflow bool   // the socket lost messages (ENOBUFS): a commit may have happened at or before at
+
+	// With a tracking watcher (newTxnWatcher): when the commit's first notification arrived (the
+	// kernel sends them all after the commit made the new rules live, then the NEWGEN), and the
+	// commit's net change to the tracked addresses.
+	first time.Time
+	txn   txn
 }
 
 // genWatcher listens for nf_tables commits in one network namespace. It is how the benchmark sees
@@ -42,10 +48,18 @@ type genWatcher struct {
 
 	mu        sync.Mutex
 	overflows int
+
+	track func([4]byte) bool // nil: NEWGEN only; else the addresses whose changes each event carries
+	cur   txn                // the commit being announced (track only)
+	first time.Time          // when its first notification arrived
 }
 
-func newGenWatcher(netnsPath string) (*genWatcher, error) {
-	w := &genWatcher{events: make(chan genEvent, 4096), stop: make(chan struct{})}
+func newGenWatcher(netnsPath string) (*genWatcher, error) { return newTxnWatcher(netnsPath, nil) }
+
+// newTxnWatcher is a genWatcher whose events also say what each commit changed for the addresses
+// track accepts (nltxn.go).
+func newTxnWatcher(netnsPath string, track func([4]byte) bool) (*genWatcher, error) {
+	w := &genWatcher{events: make(chan genEvent, 4096), stop: make(chan struct{}), track: track}
 	err := netns.Do(netnsPath, func() error {
 		fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
 		if err != nil {
@@ -79,7 +93,8 @@ func (w *genWatcher) loop() {
 			w.mu.Lock()
 			w.overflows++
 			w.mu.Unlock()
-			w.send(genEvent{at: now, overflow: true})
+			w.cur, w.first = nil, time.Time{} // part of the commit was lost
+			w.send(genEvent{at: now, first: now, overflow: true})
 			return true
 		}
 		if err != nil {
@@ -90,10 +105,27 @@ func (w *genWatcher) loop() {
 			return true
 		}
 		for _, m := range msgs {
-			if m.Header.Type != nfnlSubsysNFTable<<8|nftMsgNewGen {
+			if m.Header.Type>>8 != nfnlSubsysNFTable {
 				continue
 			}
-			w.send(genEvent{at: now, proc: procName(m.Data)})
+			if w.track != nil && w.first.IsZero() {
+				w.first = now
+			}
+			if m.Header.Type != nfnlSubsysNFTable<<8|nftMsgNewGen {
+				if w.track != nil {
+					if w.cur == nil {
+						w.cur = txn{}
+					}
+					w.cur.add(m.Header.Type&0xff, m.Data, w.track)
+				}
+				continue
+			}
+			e := genEvent{at: now, first: now, proc: procName(m.Data)}
+			if w.track != nil {
+				e.first, e.txn = w.first, w.cur
+				w.cur, w.first = nil, time.Time{}
+			}
+			w.send(e)
 		}
 		return true
 	})
