@@ -36,10 +36,13 @@ const (
 	// flag is --iptables-min-sync-period for both) and the agent's default minSyncPeriod: both are
 	// given it explicitly.
 	sbsMinSync = time.Second
-	// sbsGap: a change is written only after both sides and the benchmark have been quiet this long
-	// (no commit, no API write), longer than sbsMinSync, so that neither side's rate limit holds the
-	// change back: each figure is the reaction to a lone change.
-	sbsGap = sbsMinSync + 200*time.Millisecond
+	// A change is written only when the last commit is sbsGap old and the last API write
+	// sbsWriteGap old, so that neither side's rate limit holds it back by the previous change: each
+	// figure is the reaction to a lone change. The pass for a write may itself wait up to
+	// sbsMinSync behind the one before, commit nothing (a Service created without an ingress IP)
+	// and still hold the next pass back by sbsMinSync: hence twice that after a write.
+	sbsGap      = sbsMinSync + 200*time.Millisecond
+	sbsWriteGap = 2*sbsMinSync + 200*time.Millisecond
 	// sbsTimeout bounds the wait for one change's rules.
 	sbsTimeout = 60 * time.Second
 )
@@ -180,12 +183,19 @@ func waitWants(ctx context.Context, w *genWatcher, since time.Time, timeout time
 	return at, false, nil
 }
 
-// settle waits until gap has passed since *last (the last API write or commit) with no commit
-// announced meanwhile (at most limit in all), and leaves *last at the last commit seen.
-func settle(ctx context.Context, w *genWatcher, last *time.Time, gap, limit time.Duration) error {
+// quiet is when the benchmark last wrote to the API and when the last commit was announced.
+type quiet struct{ write, commit time.Time }
+
+// settle waits until the last commit is commitGap old and the last write writeGap old, raising
+// q.commit with the commits announced meanwhile (at most limit in all).
+func settle(ctx context.Context, w *genWatcher, q *quiet, commitGap, writeGap, limit time.Duration) error {
 	start := time.Now()
 	for {
-		wait := time.Until(last.Add(gap))
+		due := q.write.Add(writeGap)
+		if c := q.commit.Add(commitGap); c.After(due) {
+			due = c
+		}
+		wait := time.Until(due)
 		if wait <= 0 {
 			return nil
 		}
@@ -197,8 +207,8 @@ func settle(ctx context.Context, w *genWatcher, last *time.Time, gap, limit time
 		case <-ctx.Done():
 			return ctx.Err()
 		case e := <-w.events:
-			if e.at.After(*last) {
-				*last = e.at
+			if e.at.After(q.commit) {
+				q.commit = e.at
 			}
 		case <-time.After(wait):
 		}
@@ -216,6 +226,14 @@ type sbsResult struct {
 	overflows     int
 	kpHWM, agHWM  int64 // VmHWM kB at the end
 	loadAfter     string
+	samples       []sbsSample // every latency, in the order measured (-samples)
+}
+
+type sbsSample struct {
+	kind, side string
+	i          int
+	written    time.Time
+	d          time.Duration
 }
 
 func runKubeProxy(ctx context.Context, o options, modes []string) error {
@@ -271,9 +289,27 @@ func runKubeProxy(ctx context.Context, o options, modes []string) error {
 	fmt.Println()
 	fmt.Println(table)
 	if o.out != "" {
-		return os.WriteFile(o.out, []byte(table), 0o644)
+		if err := os.WriteFile(o.out, []byte(table), 0o644); err != nil {
+			return err
+		}
+	}
+	if o.samples != "" {
+		return os.WriteFile(o.samples, []byte(sbsSamples(results)), 0o644)
 	}
 	return nil
+}
+
+// sbsSamples is every latency measured, one per line in the order written: mode, N, kind, the
+// change's index, the side, when the write started (UTC, to be found in the logs) and milliseconds.
+func sbsSamples(rs []*sbsResult) string {
+	var b strings.Builder
+	b.WriteString("# mode n kind index side written ms\n")
+	for _, r := range rs {
+		for _, s := range r.samples {
+			fmt.Fprintf(&b, "%s %d %s %d %s %s %.1f\n", r.mode, r.n, s.kind, s.i, s.side, s.written.UTC().Format("15:04:05.000"), float64(s.d.Microseconds())/1000)
+		}
+	}
+	return b.String()
 }
 
 // sideBySide starts kube-proxy in mode and the agent in a fresh node namespace and measures the changes.
@@ -363,20 +399,20 @@ func sbsChanges(ctx context.Context, c *cluster, w *genWatcher, kp, agent where,
 	name := func(i int) string { return fmt.Sprintf("kp%s-%04d", r.mode[:3], i) }
 	objs := make([]*corev1.Service, count)
 	eps := make([]*discoveryv1.EndpointSlice, count)
-	last := time.Now() // the last API write or commit
+	q := quiet{write: time.Now()}
 	timed := func(kind string, i int, write func() error) error {
-		if err := settle(ctx, w, &last, sbsGap, 30*time.Second); err != nil {
+		if err := settle(ctx, w, &q, sbsGap, sbsWriteGap, 30*time.Second); err != nil {
 			return err
 		}
 		w.drain()
 		tw := time.Now()
 		err := write()
-		last = time.Now()
+		q.write = time.Now()
 		if err != nil {
 			return fmt.Errorf("%s %d: %w", kind, i, err)
 		}
 		wants := wantsFor(kind, i, kp, agent)
-		at, lost, err := waitWants(ctx, w, tw, sbsTimeout, wants, &last)
+		at, lost, err := waitWants(ctx, w, tw, sbsTimeout, wants, &q.commit)
 		if err != nil {
 			return fmt.Errorf("%s %d: %w\n%s", kind, i, err, logs())
 		}
@@ -390,18 +426,19 @@ func sbsChanges(ctx context.Context, c *cluster, w *genWatcher, kp, agent where,
 		}
 		for j, wt := range wants {
 			r.latency[kind][wt.side] = append(r.latency[kind][wt.side], at[j].Sub(tw))
+			r.samples = append(r.samples, sbsSample{kind: kind, side: wt.side, i: i, written: tw, d: at[j].Sub(tw)})
 		}
 		return nil
 	}
 	untimed := func(f func() error) error {
-		if err := settle(ctx, w, &last, sbsGap, 30*time.Second); err != nil {
+		if err := settle(ctx, w, &q, sbsGap, sbsWriteGap, 30*time.Second); err != nil {
 			return err
 		}
 		err := f()
-		last = time.Now()
+		q.write = time.Now()
 		return err
 	}
-	logf("%s mode N=%d: %d creates, %d endpoint changes, %d deletes, each written after %v of quiet", r.mode, r.n, count, count, count, sbsGap)
+	logf("%s mode N=%d: %d creates, %d endpoint changes, %d deletes, each written %v after the last commit and %v after the last write", r.mode, r.n, count, count, count, sbsGap, sbsWriteGap)
 	for i := range count {
 		err := untimed(func() (err error) {
 			if objs[i], err = svcs.Create(ctx, lbService(name(i)), metav1.CreateOptions{}); err != nil {
@@ -486,8 +523,8 @@ func renderKubeProxy(m machine, version string, o options, rs []*sbsResult) stri
 	host, _ := os.Hostname()
 	fmt.Fprintf(&b, "Run of %s on %s: %s CPUs (%s), kernel %s, %s, %s; kube-proxy %s.\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), host, m.nproc, m.cpu, m.kernel, m.iptables, m.nft, version)
 	fmt.Fprintf(&b, "Load average (1/5/15 min) before: %s, after: %s.\n", m.loadBefore, m.loadAfter)
-	fmt.Fprintf(&b, "Command: `go run ./bench %s`. Each change written after %v without a commit or a write (both sides' min-sync-period is %v); time from the start of the API write to the arrival of the first notification of the nf_tables commit that added (removed) the change's address in that side's table.\n\n",
-		strings.Join(os.Args[1:], " "), sbsGap, sbsMinSync)
+	fmt.Fprintf(&b, "Command: `go run ./bench %s`. Each change written %v after the last commit and %v after the last write (both sides' min-sync-period is %v); time from the start of the API write to the arrival of the first notification of the nf_tables commit that added (removed) the change's address in that side's table.\n\n",
+		strings.Join(os.Args[1:], " "), sbsGap, sbsWriteGap, sbsMinSync)
 	b.WriteString("| kube-proxy mode | agent backend | N | change | samples | kube-proxy p50 | kube-proxy p99 | agent p50 | agent p99 | agent p99 ≤ kube-proxy p99 |\n")
 	b.WriteString("|---|---|---:|---|---:|---:|---:|---:|---:|---|\n")
 	for _, r := range rs {

@@ -218,3 +218,77 @@ func TestKernelTxnWatcher(t *testing.T) {
 	ns.MustExec("nft", "delete element ip kube-proxy service-ips { "+ip.String()+" . tcp . 80 }")
 	next("element removed", func(tx txn) bool { return tx.net(true, "kube-proxy", "service-ips", ipA) == -1 })
 }
+
+// fakeWatcher is a genWatcher fed by the test.
+func fakeWatcher() *genWatcher { return &genWatcher{events: make(chan genEvent, 16)} }
+
+// settle returns once the last write is writeGap old and the last commit commitGap old; a commit
+// announced meanwhile moves the end out.
+func TestSettle(t *testing.T) {
+	const commitGap, writeGap = 60 * time.Millisecond, 120 * time.Millisecond
+	w := fakeWatcher()
+	start := time.Now()
+	q := quiet{write: start, commit: start.Add(-time.Hour)}
+	if err := settle(t.Context(), w, &q, commitGap, writeGap, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < writeGap {
+		t.Errorf("settled %v after the write, want ≥ %v", d, writeGap)
+	}
+	start = time.Now()
+	q = quiet{write: start.Add(-time.Hour), commit: start}
+	go func() {
+		time.Sleep(40 * time.Millisecond)
+		w.events <- genEvent{at: time.Now()}
+	}()
+	if err := settle(t.Context(), w, &q, commitGap, writeGap, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < 40*time.Millisecond+commitGap {
+		t.Errorf("settled %v after a commit 40 ms in, want ≥ %v", d, 40*time.Millisecond+commitGap)
+	}
+	if !q.commit.After(start) {
+		t.Error("the commit announced while settling was not recorded")
+	}
+}
+
+// waitWants times each want by the first commit after the write that carries it, skips commits
+// announced before the write, fails naming what never came, and gives up a sample after a lost
+// notification instead of failing.
+func TestWaitWants(t *testing.T) {
+	kp, _ := kubeProxyRules("iptables")
+	ag := agentRules("iptables")
+	lb := nthAddr(createBase, 3)
+	rule := func(table, chain string) txn {
+		tx := txn{}
+		tx.add(unix.NFT_MSG_NEWRULE, ruleMsg(t, table, chain, [][4]byte{lb.As4()}, nil), sbsTrack)
+		return tx
+	}
+	since := time.Now()
+	w := fakeWatcher()
+	w.events <- genEvent{first: since.Add(-time.Millisecond), at: since, txn: rule("nat", "KUBE-SERVICES")}
+	w.events <- genEvent{first: since.Add(5 * time.Millisecond), at: since.Add(6 * time.Millisecond), txn: rule("nat", "NNM-EXTIP-DNAT-AC1F0000")}
+	w.events <- genEvent{first: since.Add(9 * time.Millisecond), at: since.Add(9 * time.Millisecond), txn: txn{}}
+	w.events <- genEvent{first: since.Add(20 * time.Millisecond), at: since.Add(21 * time.Millisecond), txn: rule("nat", "KUBE-SERVICES")}
+	var seen time.Time
+	at, lost, err := waitWants(t.Context(), w, since, time.Second, wantsFor("create", 3, kp, ag), &seen)
+	if err != nil || lost {
+		t.Fatalf("waitWants: %v (lost %v)", err, lost)
+	}
+	if at[0] != since.Add(20*time.Millisecond) || at[1] != since.Add(5*time.Millisecond) {
+		t.Errorf("kube-proxy at +%v, agent at +%v; want +20ms and +5ms", at[0].Sub(since), at[1].Sub(since))
+	}
+	if seen != since.Add(21*time.Millisecond) {
+		t.Errorf("last commit seen at +%v, want +21ms", seen.Sub(since))
+	}
+
+	w.events <- genEvent{first: since.Add(time.Millisecond), at: since.Add(time.Millisecond), txn: rule("nat", "KUBE-SERVICES")}
+	_, _, err = waitWants(t.Context(), w, since, 50*time.Millisecond, wantsFor("create", 3, kp, ag), &seen)
+	if err == nil || !strings.Contains(err.Error(), "agent's add of "+lb.String()) || strings.Contains(err.Error(), "kube-proxy's") {
+		t.Errorf("a missing agent rule: %v", err)
+	}
+	w.events <- genEvent{overflow: true, at: since.Add(time.Millisecond)}
+	if _, lost, err := waitWants(t.Context(), w, since, 50*time.Millisecond, wantsFor("delete", 3, kp, ag), &seen); err != nil || !lost {
+		t.Errorf("after an overflow: lost %v, err %v; want the sample given up", lost, err)
+	}
+}
