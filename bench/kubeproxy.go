@@ -219,6 +219,7 @@ func settle(ctx context.Context, w *genWatcher, q *quiet, commitGap, writeGap, l
 type sbsResult struct {
 	mode, backend string
 	n             int
+	agentMinSync  time.Duration // the agent's --min-sync-period
 	kpReady       time.Duration // kube-proxy start → /proxyMode answers and its first sync is done
 	agentReady    time.Duration // agent start → all N entries in the kernel (polled every second)
 	latency       map[string]map[string][]time.Duration
@@ -350,6 +351,7 @@ func sideBySide(ctx context.Context, cp *controlplane.ControlPlane, c *cluster, 
 	if flagSet("min-sync-period") {
 		minSync = o.minSyncPeriod
 	}
+	r.agentMinSync = minSync
 	// The agent is told kube-proxy's mode is ipvs: ipvs-externalip-dnat, the fix that programs a
 	// rule per Service, refuses to run beside nftables and iptables modes (BENCHMARKS.md says why
 	// this is the comparison).
@@ -517,14 +519,22 @@ func (r *sbsResult) summary() string {
 	return s + fmt.Sprintf("; lost %d, overflows %d", r.lost, r.overflows)
 }
 
+// agentMinSync is the agent's --min-sync-period in rs (one run gives every agent the same).
+func agentMinSync(rs []*sbsResult) time.Duration {
+	if len(rs) == 0 {
+		return sbsMinSync
+	}
+	return rs[0].agentMinSync
+}
+
 // renderKubeProxy prints the side-by-side results as a markdown table.
 func renderKubeProxy(m machine, version string, o options, rs []*sbsResult) string {
 	var b strings.Builder
 	host, _ := os.Hostname()
 	fmt.Fprintf(&b, "Run of %s on %s: %s CPUs (%s), kernel %s, %s, %s; kube-proxy %s.\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), host, m.nproc, m.cpu, m.kernel, m.iptables, m.nft, version)
 	fmt.Fprintf(&b, "Load average (1/5/15 min) before: %s, after: %s.\n", m.loadBefore, m.loadAfter)
-	fmt.Fprintf(&b, "Command: `go run ./bench %s`. Each change written %v after the last commit and %v after the last write (both sides' min-sync-period is %v); time from the start of the API write to the arrival of the first notification of the nf_tables commit that added (removed) the change's address in that side's table.\n\n",
-		strings.Join(os.Args[1:], " "), sbsGap, sbsWriteGap, sbsMinSync)
+	fmt.Fprintf(&b, "Command: `go run ./bench %s`. Each change written %v after the last commit and %v after the last write (kube-proxy's min-sync-period %v, the agent's %v); time from the start of the API write to the arrival of the first notification of the nf_tables commit that added (removed) the change's address in that side's table.\n\n",
+		strings.Join(os.Args[1:], " "), sbsGap, sbsWriteGap, sbsMinSync, agentMinSync(rs))
 	b.WriteString("| kube-proxy mode | agent backend | N | change | samples | kube-proxy p50 | kube-proxy p99 | agent p50 | agent p99 | agent p99 ≤ kube-proxy p99 |\n")
 	b.WriteString("|---|---|---:|---|---:|---:|---:|---:|---:|---|\n")
 	for _, r := range rs {
