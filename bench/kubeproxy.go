@@ -53,20 +53,8 @@ const (
 var (
 	sbsEPBase  = netip.MustParseAddr("10.112.0.0")
 	sbsEPMoved = netip.MustParseAddr("10.113.0.0")
-	sbsTracked = []netip.Prefix{
-		netip.PrefixFrom(createBase, 16), netip.PrefixFrom(sbsEPBase, 16), netip.PrefixFrom(sbsEPMoved, 16),
-	}
+	sbsTrack   = newTracker(netip.PrefixFrom(createBase, 16), netip.PrefixFrom(sbsEPBase, 16), netip.PrefixFrom(sbsEPMoved, 16))
 )
-
-func sbsTrack(ip [4]byte) bool {
-	a := netip.AddrFrom4(ip)
-	for _, p := range sbsTracked {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
-}
 
 // sbsKinds are the changes measured, in order: the ingress IP set on an existing Service (a load
 // balancer controller's status write), its one endpoint moved to another Pod IP (an EndpointSlice

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"net/netip"
 	"strings"
 
 	"github.com/mdlayher/netlink"
@@ -38,11 +40,46 @@ func (t txn) net(elem bool, table, prefix string, ip [4]byte) int {
 	return n
 }
 
+// tracker is the IPv4 prefixes (of whole bytes: /8, /16, /24) whose addresses a txn keeps.
+type tracker struct {
+	prefixes []netip.Prefix
+	leads    [][]byte // each prefix's leading bytes: a message holding none of them is not parsed
+}
+
+func newTracker(prefixes ...netip.Prefix) *tracker {
+	t := &tracker{prefixes: prefixes}
+	for _, p := range prefixes {
+		a := p.Masked().Addr().As4()
+		t.leads = append(t.leads, a[:p.Bits()/8])
+	}
+	return t
+}
+
+func (t *tracker) has(ip [4]byte) bool {
+	a := netip.AddrFrom4(ip)
+	for _, p := range t.prefixes {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// maybe reports whether b could hold a tracked address (a cheap scan before parsing).
+func (t *tracker) maybe(b []byte) bool {
+	for _, l := range t.leads {
+		if bytes.Contains(b, l) {
+			return true
+		}
+	}
+	return false
+}
+
 // add records one nf_tables notification (its nfgenmsg header and attributes, msgType the low byte
 // of the netlink type) into t, keeping only addresses track accepts. Messages other than rule and
 // set element notifications, and malformed ones, change nothing.
-func (t txn) add(msgType uint16, data []byte, track func([4]byte) bool) {
-	if len(data) < 4 {
+func (t txn) add(msgType uint16, data []byte, track *tracker) {
+	if len(data) < 4 || !track.maybe(data[4:]) {
 		return
 	}
 	sign := 0
@@ -78,7 +115,7 @@ func (t txn) add(msgType uint16, data []byte, track func([4]byte) bool) {
 	}
 	seen := map[[4]byte]bool{}
 	for _, ip := range ips {
-		if seen[ip] || !track(ip) {
+		if seen[ip] || !track.has(ip) {
 			continue
 		}
 		seen[ip] = true

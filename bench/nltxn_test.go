@@ -18,7 +18,7 @@ var (
 	ipX = [4]byte{192, 0, 2, 1} // not tracked
 )
 
-func trackTest(ip [4]byte) bool { return ip[0] == 172 && ip[1] == 31 }
+var trackTest = newTracker(netip.MustParsePrefix("172.31.0.0/16"))
 
 func encode(t *testing.T, f func(ae *netlink.AttributeEncoder)) []byte {
 	t.Helper()
@@ -163,8 +163,8 @@ func TestWantsFor(t *testing.T) {
 	if _, err := kubeProxyRules("ipvs"); err == nil {
 		t.Error("ipvs mode accepted: the side-by-side benchmark has no rule to wait for there")
 	}
-	if !sbsTrack(nthAddr(sbsEPBase, 3).As4()) || sbsTrack(nthAddr(scaleBase, 3).As4()) {
-		t.Error("sbsTrack must take the change Services' addresses and leave the scale Services' out")
+	if !sbsTrack.has(nthAddr(sbsEPBase, 3).As4()) || sbsTrack.has(nthAddr(scaleBase, 3).As4()) || sbsTrack.maybe([]byte{172, 16, 0, 4}) || !sbsTrack.maybe([]byte{9, 10, 113, 0}) {
+		t.Error("sbsTrack must take the change Services' addresses and leave the scale Services' out, also in its scan")
 	}
 }
 
