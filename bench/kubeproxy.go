@@ -429,17 +429,23 @@ func sbsChanges(ctx context.Context, c *cluster, w *genWatcher, kp, agent where,
 		return err
 	}
 	logf("%s mode N=%d: %d creates, %d endpoint changes, %d deletes, each written %v after the last commit and %v after the last write", r.mode, r.n, count, count, count, sbsGap, sbsWriteGap)
-	for i := range count {
-		err := untimed(func() (err error) {
+	// The Services and their EndpointSlices are written first, all at once: what is timed is the
+	// status write that gives each its ingress IP.
+	err := untimed(func() (err error) {
+		for i := range count {
 			if objs[i], err = svcs.Create(ctx, lbService(name(i)), metav1.CreateOptions{}); err != nil {
 				return err
 			}
-			eps[i], err = slices.Create(ctx, changeSlice(name(i), nthAddr(sbsEPBase, i)), metav1.CreateOptions{})
-			return err
-		})
-		if err != nil {
-			return err
+			if eps[i], err = slices.Create(ctx, changeSlice(name(i), nthAddr(sbsEPBase, i)), metav1.CreateOptions{}); err != nil {
+				return err
+			}
 		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for i := range count {
 		if err := timed("create", i, func() (err error) {
 			objs[i], err = svcs.UpdateStatus(ctx, withIngress(objs[i], nthAddr(createBase, i)), metav1.UpdateOptions{})
 			return err
@@ -463,8 +469,10 @@ func sbsChanges(ctx context.Context, c *cluster, w *genWatcher, kp, agent where,
 		}); err != nil {
 			return err
 		}
-		// No garbage collector runs here: the EndpointSlice goes as it would after the Service.
-		if err := untimed(func() error { return slices.Delete(ctx, eps[i].Name, metav1.DeleteOptions{}) }); err != nil {
+	}
+	// No garbage collector runs here: the EndpointSlices go after their Services, as they would.
+	for i := range count {
+		if err := slices.Delete(ctx, eps[i].Name, metav1.DeleteOptions{}); err != nil {
 			return err
 		}
 	}
