@@ -98,8 +98,9 @@ func deployBase(t *testing.T) (corev1.Container, map[string]any) {
 		t.Fatal(err)
 	}
 	var ds appsv1.DaemonSet
-	var cm corev1.ConfigMap
-	for file, into := range map[string]any{"daemonset.yaml": &ds, "configmap.yaml": &cm} {
+	var cfg map[string]any
+	// config.yaml is the file kustomization.yaml's configMapGenerator puts in the ConfigMap.
+	for file, into := range map[string]any{"daemonset.yaml": &ds, "config.yaml": &cfg} {
 		data, err := os.ReadFile(filepath.Join(root, "deploy", "base", file))
 		if err != nil {
 			t.Fatal(err)
@@ -107,10 +108,6 @@ func deployBase(t *testing.T) (corev1.Container, map[string]any) {
 		if err := yaml.Unmarshal(data, into); err != nil {
 			t.Fatalf("deploy/base/%s: %v", file, err)
 		}
-	}
-	var cfg map[string]any
-	if err := yaml.Unmarshal([]byte(cm.Data["config.yaml"]), &cfg); err != nil {
-		t.Fatal(err)
 	}
 	return ds.Spec.Template.Spec.Containers[0], cfg
 }
