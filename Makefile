@@ -172,6 +172,17 @@ BENCH_FLEET_ARGS ?= -fleet 50,200 -fleet-kinds agent,list -fleet-restart 50 -fle
 bench-fleet: controlplane
 	$(GO) run ./bench -out bin/bench-fleet.md $(BENCH_FLEET_ARGS)
 
+## bench-kube-proxy: the real kube-proxy (bin/kube-proxy, nftables and iptables modes) beside the agent
+## in one node namespace against one kube-apiserver: for each Service change (ingress IP set, endpoint
+## moved, Service deleted) the time from the API write to each one's rule in the kernel, p50/p99
+## (BENCHMARKS.md, Beside kube-proxy). Needs root; about 7 minutes per mode at 1,000 Services on 2 busy
+## cores (changes are spaced 2.2 s apart so neither side's rate limit holds one back). Writes bin/bench-kube-proxy.md;
+## BENCH_KUBE_PROXY_ARGS replaces the sizes and counts (go run ./bench -h).
+.PHONY: bench-kube-proxy
+BENCH_KUBE_PROXY_ARGS ?= -n 1000,10000 -changes 50
+bench-kube-proxy: deps build controlplane
+	BENCH_OUT=bin/bench-kube-proxy.md ./hack/bench.sh -kube-proxy nftables,iptables $(BENCH_KUBE_PROXY_ARGS)
+
 lint: vet fmt
 vet:
 	$(GO) vet ./...

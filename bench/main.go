@@ -5,6 +5,7 @@
 //	go run ./bench -n 1000,10000 -backends iptables,nftables
 //	go run ./bench -manifest -conntrack 100000,250000   # stale-udp-conntrack's peak RSS (conntrack.go)
 //	go run ./bench -fleet 50,200 -fleet-restart 50      # what K agent starts cost the apiserver (fleet.go)
+//	go run ./bench -kube-proxy nftables,iptables -n 1000,10000 -changes 50  # beside kube-proxy (kubeproxy.go)
 //
 // It needs root (network namespaces), bin/network-node-manager (make build) and bin/etcd,
 // bin/kube-apiserver (make controlplane). Every kernel change happens in namespaces it creates.
@@ -84,6 +85,7 @@ func main() {
 	fleetOutage := flag.Int("fleet-outage", 0, "with -fleet: also start this many agents while kube-apiserver is down")
 	fleetBefore := flag.String("fleet-outage-before", "", "with -fleet-outage: another build of the bench (e.g. before a fix) whose child runs the outage phase first, for a before/after")
 	fleetDown := flag.Duration("fleet-downtime", 5*time.Second, "with -fleet-restart and -fleet-outage: how long kube-apiserver is down")
+	kubeProxy := flag.String("kube-proxy", "", "instead of the Services benchmark: the real kube-proxy (bin/kube-proxy) in each of these modes (nftables,iptables) beside the agent in one node namespace, -changes Service changes of each kind at each -n, the time from the API write to each one's rule in the kernel (kubeproxy.go)")
 	fleetConditions := flag.Int("fleet-conditions", 0, "with -fleet: also the Node conditions' API cost with this many agents' publishers (conditions.go)")
 	flag.Parse()
 	if *agentEnv != "" {
@@ -173,6 +175,13 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *kubeProxy != "" {
+		if err := runKubeProxy(ctx, o, strings.Split(*kubeProxy, ",")); err != nil {
+			log.Printf("bench failed: %v", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *hostile != "" {
 		if err := runHostile(ctx, o, *hostile); err != nil {
 			log.Printf("bench failed: %v", err)

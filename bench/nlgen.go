@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -28,6 +29,12 @@ type genEvent struct {
 	at       time.Time
 	proc     string // process that committed (e.g. "nft", "iptables-nft-re"); "" after an overflow
 	overflow bool   // the socket lost messages (ENOBUFS): a commit may have happened at or before at
+
+	// With a tracking watcher (newTxnWatcher): when the commit's first notification arrived (the
+	// kernel sends them all after the commit made the new rules live, then the NEWGEN), and the
+	// commit's net change to the tracked addresses.
+	first time.Time
+	txn   txn
 }
 
 // genWatcher listens for nf_tables commits in one network namespace. It is how the benchmark sees
@@ -42,10 +49,22 @@ type genWatcher struct {
 
 	mu        sync.Mutex
 	overflows int
+
+	track *tracker    // nil: NEWGEN only; else the addresses whose changes each event carries
+	raw   chan rawMsg // track only: reads waiting to be parsed
+	cur   txn         // the commit being announced (track only)
+	first time.Time   // when its first notification arrived
 }
 
-func newGenWatcher(netnsPath string) (*genWatcher, error) {
-	w := &genWatcher{events: make(chan genEvent, 4096), stop: make(chan struct{})}
+func newGenWatcher(netnsPath string) (*genWatcher, error) { return newTxnWatcher(netnsPath, nil) }
+
+// newTxnWatcher is a genWatcher whose events also say what each commit changed for the addresses
+// track accepts (nltxn.go).
+func newTxnWatcher(netnsPath string, track *tracker) (*genWatcher, error) {
+	w := &genWatcher{events: make(chan genEvent, 4096), stop: make(chan struct{}), track: track}
+	if track != nil {
+		w.raw = make(chan rawMsg, 1<<16)
+	}
 	err := netns.Do(netnsPath, func() error {
 		fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
 		if err != nil {
@@ -68,6 +87,10 @@ func newGenWatcher(netnsPath string) (*genWatcher, error) {
 	}
 	w.wg.Add(1)
 	go w.loop()
+	if w.raw != nil {
+		w.wg.Add(1)
+		go w.parse()
+	}
 	return w, nil
 }
 
@@ -75,28 +98,76 @@ func (w *genWatcher) loop() {
 	defer w.wg.Done()
 	recvloop.Run(w.fd, make([]byte, 4<<20), w.stop, func(msg []byte, _ unix.Sockaddr, err error) bool {
 		now := time.Now()
-		if errors.Is(err, unix.ENOBUFS) {
-			w.mu.Lock()
-			w.overflows++
-			w.mu.Unlock()
-			w.send(genEvent{at: now, overflow: true})
-			return true
-		}
-		if err != nil {
+		overflow := errors.Is(err, unix.ENOBUFS)
+		if err != nil && !overflow {
 			return false
 		}
-		msgs, err := syscall.ParseNetlinkMessage(msg)
-		if err != nil {
+		if w.raw == nil {
+			w.handle(now, msg, overflow)
 			return true
 		}
-		for _, m := range msgs {
-			if m.Header.Type != nfnlSubsysNFTable<<8|nftMsgNewGen {
-				continue
-			}
-			w.send(genEvent{at: now, proc: procName(m.Data)})
-		}
+		// A tracking watcher parses on another goroutine: a sync of kube-proxy's iptables mode at
+		// 10,000 Services sends tens of thousands of notifications, and a message is timed when it
+		// is read, not after the ones queued before it have been parsed.
+		w.raw <- rawMsg{at: now, b: bytes.Clone(msg), overflow: overflow}
 		return true
 	})
+	if w.raw != nil {
+		close(w.raw)
+	}
+}
+
+// rawMsg is one read of the socket, as the reader timed it.
+type rawMsg struct {
+	at       time.Time
+	b        []byte
+	overflow bool
+}
+
+func (w *genWatcher) parse() {
+	defer w.wg.Done()
+	for m := range w.raw {
+		w.handle(m.at, m.b, m.overflow)
+	}
+}
+
+// handle turns one read (read at now) into events.
+func (w *genWatcher) handle(now time.Time, msg []byte, overflow bool) {
+	if overflow {
+		w.mu.Lock()
+		w.overflows++
+		w.mu.Unlock()
+		w.cur, w.first = nil, time.Time{} // part of the commit was lost
+		w.send(genEvent{at: now, first: now, overflow: true})
+		return
+	}
+	msgs, err := syscall.ParseNetlinkMessage(msg)
+	if err != nil {
+		return
+	}
+	for _, m := range msgs {
+		if m.Header.Type>>8 != nfnlSubsysNFTable {
+			continue
+		}
+		if w.track != nil && w.first.IsZero() {
+			w.first = now
+		}
+		if m.Header.Type != nfnlSubsysNFTable<<8|nftMsgNewGen {
+			if w.track != nil {
+				if w.cur == nil {
+					w.cur = txn{}
+				}
+				w.cur.add(m.Header.Type&0xff, m.Data, w.track)
+			}
+			continue
+		}
+		e := genEvent{at: now, first: now, proc: procName(m.Data)}
+		if w.track != nil {
+			e.first, e.txn = w.first, w.cur
+			w.cur, w.first = nil, time.Time{}
+		}
+		w.send(e)
+	}
 }
 
 func (w *genWatcher) send(e genEvent) {

@@ -182,6 +182,9 @@ func (p *Proxy) start() error {
 	return nil
 }
 
+// PID is the process id of the current run (its memory figures in /proc).
+func (p *Proxy) PID() int { return p.proc.Load().PID() }
+
 // Exited returns why the process ended, or nil while it runs.
 func (p *Proxy) Exited() error { return p.proc.Load().Exited() }
 
