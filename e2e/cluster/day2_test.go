@@ -222,7 +222,10 @@ func (c *Cluster) sampler() string { return filepath.Join(c.p.imagesDir, "sample
 // startSampler starts the sampler on n (every 100 ms until stopSampler) with env (samplerEnv); it
 // returns the baseline once taken.
 func startSampler(ctx context.Context, c *Cluster, n *Node, env string) (string, error) {
-	script := env + " setsid " + c.sampler() + " run " + samplerDir + " 100ms </dev/null >/run/nnm-sampler.log 2>&1 &\n" +
+	// The directory goes first: an earlier run's baseline in it would pass the wait below, and the
+	// new sampler's own clearing of it could then remove it under the cat.
+	script := "rm -rf " + samplerDir + "\n" +
+		env + " setsid " + c.sampler() + " run " + samplerDir + " 100ms </dev/null >/run/nnm-sampler.log 2>&1 &\n" +
 		"i=0; until [ -s " + samplerDir + "/baseline ]; do i=$((i+1)); [ $i -lt 300 ] || { cat /run/nnm-sampler.log; exit 1; }; sleep 0.2; done; cat " + samplerDir + "/baseline"
 	return n.Shell(ctx, c, script)
 }
