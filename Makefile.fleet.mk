@@ -15,8 +15,9 @@ kube-proxies:
 # the live follow of iptables → nftables, diagnose), dataplane (kubernetes#74839 beside both modes)
 # and the VM lane (IPVS mode on kernel 6.1: kubernetes#75262 and #74839, both backends, the
 # KubeProxyIPVS gate from v1.37, the live follow of IPVS → nftables).
-KUBE_VERSION_TESTS := ./e2e=^(TestKubeProxy|TestAgentFollowsKubeProxy|TestDiagnoseBesideKubeProxy)$$ \
-	./dataplane=^TestConnectionResetBesideKubeProxy$$ ./e2e/vm=^TestKubeProxyIPVSInVM$$
+# Each word is quoted for the shell's for loop (the patterns hold parentheses).
+KUBE_VERSION_TESTS := './e2e=^(TestKubeProxy|TestAgentFollowsKubeProxy|TestDiagnoseBesideKubeProxy)$$' \
+	'./dataplane=^TestConnectionResetBesideKubeProxy$$' './e2e/vm=^TestKubeProxyIPVSInVM$$'
 # Which releases: "older" (default: make test runs the pin's, bin/kube-proxy) or "all".
 NNM_KUBE_VERSIONS ?= older
 
