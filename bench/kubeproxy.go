@@ -274,18 +274,7 @@ func runKubeProxy(ctx context.Context, o options, modes []string) error {
 		}
 	}
 	machine.loadAfter = loadAvg()
-	table := renderKubeProxy(machine, version, o, results)
-	fmt.Println()
-	fmt.Println(table)
-	if o.out != "" {
-		if err := os.WriteFile(o.out, []byte(table), 0o644); err != nil {
-			return err
-		}
-	}
-	if o.samples != "" {
-		return os.WriteFile(o.samples, []byte(sbsSamples(results)), 0o644)
-	}
-	return nil
+	return report(o, renderKubeProxy(machine, version, o, results), func() string { return sbsSamples(results) })
 }
 
 // sbsSamples is every latency measured, one per line in the order written: mode, N, kind, the

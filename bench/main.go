@@ -249,7 +249,11 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	machine.loadAfter = loadAvg()
-	table := render(machine, o, results)
+	return report(o, render(machine, o, results), func() string { return latencySamples(results) })
+}
+
+// report prints a run's table and writes it to -out and its samples to -samples when they are set.
+func report(o options, table string, samples func() string) error {
 	fmt.Println()
 	fmt.Println(table)
 	if o.out != "" {
@@ -258,7 +262,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	if o.samples != "" {
-		return os.WriteFile(o.samples, []byte(latencySamples(results)), 0o644)
+		return os.WriteFile(o.samples, []byte(samples()), 0o644)
 	}
 	return nil
 }
